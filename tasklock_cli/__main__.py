@@ -1,0 +1,3 @@
+from tasklock_cli.cli import main
+
+main()

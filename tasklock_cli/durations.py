@@ -1,0 +1,51 @@
+"""Duration parsing and formatting: ``500ms``, ``30s``, ``5m``, ``1h30m``, ``2d``, ``12``, ``inf``."""
+
+from __future__ import annotations
+
+import math
+import re
+
+from tasklock_cli.errors import UsageError
+
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_BARE_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+
+
+def parse_duration(text: str, *, option: str = "duration", allow_inf: bool = True) -> float:
+    """Return seconds (``math.inf`` for ``inf``); raise UsageError on anything else."""
+    raw = text.strip().lower()
+    if raw in ("inf", "infinity") and allow_inf:
+        return math.inf
+    if _BARE_NUMBER.fullmatch(raw):
+        return float(raw)
+    if raw and _PART.sub("", raw) == "" and _units_in_order(raw):
+        return sum(float(n) * _UNIT_SECONDS[u] for n, u in _PART.findall(raw))
+    expected = "e.g. 500ms, 30s, 5m, 1h30m, 2d, a number of seconds"
+    if allow_inf:
+        expected += " or inf"
+    raise UsageError(f"invalid {option} {text!r} ({expected})")
+
+
+def _units_in_order(raw: str) -> bool:
+    """Reject ``5s1h`` and ``1m1m``: units must appear once, largest first."""
+    order = ["d", "h", "m", "s", "ms"]
+    positions = [order.index(unit) for _, unit in _PART.findall(raw)]
+    return positions == sorted(set(positions))
+
+
+def format_duration(seconds: float) -> str:
+    """Compact human form: ``1h30m``, ``12s``, ``250ms``, ``inf``."""
+    if math.isinf(seconds):
+        return "inf"
+    if seconds < 1:
+        return f"{round(seconds * 1000)}ms"
+    if seconds < 60:
+        return f"{seconds:.1f}s".replace(".0s", "s")
+    whole = int(round(seconds))
+    parts = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        count, whole = divmod(whole, size)
+        if count:
+            parts.append(f"{count}{unit}")
+    return "".join(parts[:2])

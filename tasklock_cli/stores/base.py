@@ -1,0 +1,160 @@
+"""The store interface every backend implements, and the records it passes around.
+
+A store decides expiry on its own clock. It never sees the client's deadline: that is
+the supervisor's business (see ``tasklock_cli.lease``).
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds a lease; shown by ``peek`` and ``list``."""
+
+    host: str
+    pid: int
+    user: str
+    command: list[str] = field(default_factory=list)
+    note: str | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Holder:
+        return cls(
+            host=str(data.get("host", "")),
+            pid=int(data.get("pid", 0)),
+            user=str(data.get("user", "")),
+            command=[str(part) for part in data.get("command", [])],
+            note=data.get("note"),
+        )
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A lease as its owner knows it. ``owner_token`` is the secret that scopes renew/release."""
+
+    key: str
+    owner_token: str
+    fencing_token: int
+    acquired_at: datetime
+    expires_at: datetime
+
+
+@dataclass(frozen=True)
+class LeaseInfo:
+    """A lease as an observer sees it (``peek``/``list``); the owner token is never exposed."""
+
+    key: str
+    holder: Holder
+    fencing_token: int
+    acquired_at: datetime
+    expires_at: datetime
+    expired: bool
+
+    def to_json(self) -> dict:
+        return {
+            "key": self.key,
+            "holder": self.holder.to_dict(),
+            "fencing_token": self.fencing_token,
+            "acquired_at": rfc3339(self.acquired_at),
+            "expires_at": rfc3339(self.expires_at),
+            "expired": self.expired,
+        }
+
+
+@dataclass(frozen=True)
+class StoreCheck:
+    """One line of ``doctor`` output."""
+
+    name: str
+    ok: bool
+    detail: str
+    warning: bool = False
+
+
+def utc_from_timestamp(seconds: float) -> datetime:
+    return datetime.fromtimestamp(seconds, tz=timezone.utc)
+
+
+def rfc3339(moment: datetime) -> str:
+    return moment.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class Store(ABC):
+    """acquire / renew / release / peek / list / sweep, plus waiting, force release and schema.
+
+    Every method is one round trip where the backend allows it. Methods raise
+    ``StoreUnavailable`` when the store cannot be reached and ``ConfigError`` when it is
+    unusable as configured; ``renew`` raises ``LeaseLost`` when the store rejects the owner.
+    """
+
+    #: Shown by ``doctor`` and in errors, password redacted.
+    display_url: str = ""
+
+    @abstractmethod
+    def acquire(self, key: str, ttl: float, holder: Holder, owner_token: str) -> Lease | None:
+        """Take the lease if it is free or expired, else return None.
+
+        Retrying with the same ``owner_token`` after a lost reply returns the same lease
+        (same fencing token) instead of a conflict with ourselves.
+        """
+
+    @abstractmethod
+    def renew(self, lease: Lease, ttl: float) -> Lease:
+        """Extend a still-live lease we own to ``ttl`` from now; raise LeaseLost otherwise."""
+
+    @abstractmethod
+    def release(self, lease: Lease, keep_for: float = 0.0) -> bool:
+        """Free the lease (or, with ``keep_for`` > 0, let it expire that long from now).
+
+        Returns False when the lease was no longer ours. The fencing counter is kept.
+        """
+
+    @abstractmethod
+    def peek(self, key: str) -> LeaseInfo | None:
+        """The live lease on ``key``, or None when free or expired."""
+
+    @abstractmethod
+    def list(self, prefix: str = "", include_expired: bool = False) -> Iterator[LeaseInfo]:
+        """Leases whose key starts with ``prefix``, ordered by key."""
+
+    @abstractmethod
+    def sweep(self, dry_run: bool = False) -> int:
+        """Clear expired leases left in the store; never touches fencing counters."""
+
+    @abstractmethod
+    def force_release(self, key: str) -> LeaseInfo | None:
+        """Break the lease on ``key`` whoever holds it; return what was broken."""
+
+    def wait_for_release(self, key: str, timeout: float) -> None:
+        """Block up to ``timeout`` seconds, returning early where the store can signal a release."""
+        if timeout > 0:
+            time.sleep(timeout)
+
+    def init_schema(self) -> None:  # noqa: B027 - stores without a schema have nothing to do
+        """Create whatever the store needs; idempotent and safe to race."""
+
+    def schema_sql(self) -> str | None:
+        """DDL for DBAs who create the schema themselves; None where there is none."""
+        return None
+
+    @abstractmethod
+    def doctor(self) -> list[StoreCheck]:
+        """Reachability, schema, round-trip time, clock offset."""
+
+    def close(self) -> None:  # noqa: B027 - nothing to close by default
+        """Release connections."""
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,312 @@
+"""SQLite file store: one machine, many processes.
+
+Expiry runs on CLOCK_BOOTTIME tagged with the kernel's boot id, so a wall-clock jump
+changes nothing and a reboot (which ended every holder) frees every lease.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sqlite3
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+from tasklock_cli.errors import ConfigError, LeaseLost, StoreUnavailable
+from tasklock_cli.stores.base import Holder, Lease, LeaseInfo, Store, StoreCheck, utc_from_timestamp
+
+TABLE = "tasklock_leases"
+SCHEMA_VERSION = 1
+BUSY_TIMEOUT_S = 5.0
+SWEEP_BATCH = 1000
+NETWORK_FILESYSTEMS = {"nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "fuse.sshfs", "glusterfs", "ceph"}
+
+SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS {TABLE} (
+    key           TEXT PRIMARY KEY,
+    fencing_token INTEGER NOT NULL,
+    owner_token   TEXT,
+    boot_id       TEXT,
+    expires_boot  REAL,
+    acquired_at   REAL,
+    expires_at    REAL,
+    holder        TEXT
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS {TABLE}_held ON {TABLE} (expires_boot) WHERE owner_token IS NOT NULL;
+"""
+_COLUMNS = {
+    "key", "fencing_token", "owner_token", "boot_id", "expires_boot", "acquired_at",
+    "expires_at", "holder",
+}
+
+# A lease is live when it has an owner, was granted in this boot, and has not run out.
+_LIVE = "owner_token IS NOT NULL AND boot_id = :boot AND expires_boot > :now"
+_EXPIRED = "owner_token IS NOT NULL AND NOT (boot_id = :boot AND expires_boot > :now)"
+
+_ACQUIRE = f"""
+INSERT INTO {TABLE} (key, fencing_token, owner_token, boot_id, expires_boot,
+                     acquired_at, expires_at, holder)
+VALUES (:key, 1, :owner, :boot, :now + :ttl, :wall, :wall + :ttl, :holder)
+ON CONFLICT (key) DO UPDATE SET
+    fencing_token = CASE WHEN owner_token IS :owner THEN fencing_token ELSE fencing_token + 1 END,
+    acquired_at   = CASE WHEN owner_token IS :owner THEN acquired_at ELSE excluded.acquired_at END,
+    owner_token = excluded.owner_token, boot_id = excluded.boot_id,
+    expires_boot = excluded.expires_boot, expires_at = excluded.expires_at,
+    holder = excluded.holder
+WHERE owner_token IS NULL OR owner_token IS :owner OR NOT ({_LIVE})
+RETURNING fencing_token, acquired_at, expires_at
+"""
+_RENEW = f"""
+UPDATE {TABLE} SET expires_boot = :now + :ttl, expires_at = :wall + :ttl
+WHERE key = :key AND owner_token = :owner AND {_LIVE}
+RETURNING expires_at
+"""
+_RELEASE = f"""
+UPDATE {TABLE} SET owner_token = NULL, boot_id = NULL, expires_boot = NULL,
+                   expires_at = NULL, holder = NULL
+WHERE key = :key AND owner_token = :owner
+"""
+_FORCE_RELEASE = f"""
+UPDATE {TABLE} SET owner_token = NULL, boot_id = NULL, expires_boot = NULL,
+                   expires_at = NULL, holder = NULL
+WHERE key = :key AND owner_token IS NOT NULL
+"""
+_RELEASE_LATER = f"""
+UPDATE {TABLE} SET expires_boot = :now + :keep, expires_at = :wall + :keep
+WHERE key = :key AND owner_token = :owner AND {_LIVE}
+"""
+_SELECT = f"SELECT key, fencing_token, acquired_at, expires_at, holder, ({_LIVE}) AS live FROM {TABLE}"
+
+
+def boot_clock() -> float:
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+def current_boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return "unknown-boot"
+
+
+class SQLiteStore(Store):
+    def __init__(self, path: Path, clock=boot_clock, wall_clock=time.time) -> None:
+        self.path = path
+        self.display_url = f"sqlite:///{path}"
+        self._clock = clock
+        self._wall = wall_clock
+        self._boot = current_boot_id()
+        self._conn: sqlite3.Connection | None = None
+
+    @classmethod
+    def from_url(cls, url: str) -> SQLiteStore:
+        parts = urlsplit(url)
+        raw_path = unquote(parts.netloc + parts.path) if parts.netloc else unquote(parts.path)
+        if not raw_path or raw_path == "/":
+            raise ConfigError(f"sqlite URL {url!r} names no file (use sqlite:///ABS/PATH.db)")
+        return cls(Path(raw_path))
+
+    # -- connection ---------------------------------------------------------------
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            self._conn = self._connect()
+        return self._conn
+
+    def _connect(self) -> sqlite3.Connection:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"cannot create {self.path.parent}: {exc.strerror}") from exc
+        try:
+            conn = sqlite3.connect(
+                self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
+            )
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            self._ensure_schema(conn)
+        except sqlite3.Error as exc:
+            raise self._translate(exc) from exc
+        return conn
+
+    def _ensure_schema(self, conn: sqlite3.Connection) -> None:
+        columns = {row[1] for row in conn.execute(f"PRAGMA table_info({TABLE})")}
+        if not columns:
+            conn.executescript(f"BEGIN IMMEDIATE;{SCHEMA}PRAGMA user_version={SCHEMA_VERSION};COMMIT;")
+        elif columns != _COLUMNS:
+            raise ConfigError(
+                f"{self.path}: table {TABLE} exists but is not a tasklock table "
+                f"(columns: {', '.join(sorted(columns))})"
+            )
+
+    def _translate(self, exc: sqlite3.Error) -> Exception:
+        message = str(exc)
+        lowered = message.lower()
+        if "not a database" in lowered or "malformed" in lowered:
+            return ConfigError(f"{self.path} is not a tasklock SQLite database ({message})")
+        if "readonly" in lowered or "unable to open" in lowered or "permission" in lowered:
+            return ConfigError(f"cannot write {self.path} ({message})")
+        return StoreUnavailable(f"{self.path}: {message}")
+
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        conn = self._connection()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            raise self._translate(exc) from exc
+
+    def _read(self, sql: str, params: dict) -> list[sqlite3.Row]:
+        try:
+            return self._connection().execute(sql, params).fetchall()
+        except sqlite3.Error as exc:
+            raise self._translate(exc) from exc
+
+    def _times(self) -> dict:
+        return {"boot": self._boot, "now": self._clock(), "wall": self._wall()}
+
+    # -- the interface --------------------------------------------------------------
+
+    def acquire(self, key: str, ttl: float, holder: Holder, owner_token: str) -> Lease | None:
+        params = {
+            **self._times(), "key": key, "ttl": ttl, "owner": owner_token,
+            "holder": json.dumps(holder.to_dict()),
+        }
+        with self._write() as conn:
+            row = conn.execute(_ACQUIRE, params).fetchone()
+        if row is None:
+            return None
+        token, acquired_at, expires_at = row
+        return Lease(
+            key, owner_token, token, utc_from_timestamp(acquired_at), utc_from_timestamp(expires_at)
+        )
+
+    def renew(self, lease: Lease, ttl: float) -> Lease:
+        params = {**self._times(), "key": lease.key, "owner": lease.owner_token, "ttl": ttl}
+        with self._write() as conn:
+            row = conn.execute(_RENEW, params).fetchone()
+        if row is None:
+            raise LeaseLost(f"the lease on {lease.key!r} is no longer ours")
+        return Lease(lease.key, lease.owner_token, lease.fencing_token, lease.acquired_at,
+                     utc_from_timestamp(row[0]))
+
+    def release(self, lease: Lease, keep_for: float = 0.0) -> bool:
+        params = {**self._times(), "key": lease.key, "owner": lease.owner_token, "keep": keep_for}
+        with self._write() as conn:
+            cursor = conn.execute(_RELEASE_LATER if keep_for > 0 else _RELEASE, params)
+        return cursor.rowcount == 1
+
+    def peek(self, key: str) -> LeaseInfo | None:
+        rows = self._read(f"{_SELECT} WHERE key = :key AND {_LIVE}", {**self._times(), "key": key})
+        return self._info(rows[0]) if rows else None
+
+    def list(self, prefix: str = "", include_expired: bool = False) -> Iterator[LeaseInfo]:
+        condition = "owner_token IS NOT NULL" if include_expired else _LIVE
+        sql = f"{_SELECT} WHERE {condition} AND key >= :prefix AND substr(key, 1, :n) = :prefix ORDER BY key"
+        params = {**self._times(), "prefix": prefix, "n": len(prefix)}
+        for row in self._read(sql, params):
+            yield self._info(row)
+
+    def sweep(self, dry_run: bool = False) -> int:
+        if dry_run:
+            sql = f"SELECT count(*) FROM {TABLE} WHERE {_EXPIRED}"
+            return int(self._read(sql, self._times())[0][0])
+        removed = 0
+        clear = f"""UPDATE {TABLE} SET owner_token = NULL, boot_id = NULL, expires_boot = NULL,
+                    expires_at = NULL, holder = NULL
+                    WHERE key IN (SELECT key FROM {TABLE} WHERE {_EXPIRED} LIMIT {SWEEP_BATCH})"""
+        while True:  # small batches, so acquirers never wait long on the write lock
+            with self._write() as conn:
+                count = conn.execute(clear, self._times()).rowcount
+            removed += count
+            if count < SWEEP_BATCH:
+                return removed
+
+    def force_release(self, key: str) -> LeaseInfo | None:
+        params = {**self._times(), "key": key}
+        with self._write() as conn:
+            row = conn.execute(f"{_SELECT} WHERE key = :key AND owner_token IS NOT NULL",
+                               params).fetchone()
+            if row is None:
+                return None
+            conn.execute(_FORCE_RELEASE, params)
+        return self._info(row)
+
+    def wait_for_release(self, key: str, timeout: float) -> None:
+        # SQLite cannot signal; the caller's backoff keeps polling cheap (a WAL read).
+        if timeout > 0:
+            time.sleep(timeout)
+
+    def init_schema(self) -> None:
+        self._connection()
+
+    def schema_sql(self) -> str:
+        return SCHEMA.strip() + f"\nPRAGMA user_version = {SCHEMA_VERSION};\n"
+
+    def doctor(self) -> list[StoreCheck]:
+        checks = [StoreCheck("store", True, self.display_url)]
+        started = time.perf_counter()
+        try:
+            self._connection()
+            probe_key = f"tasklock-doctor-{uuid.uuid4()}"
+            self.peek(probe_key)
+        except (ConfigError, StoreUnavailable) as exc:
+            checks.append(StoreCheck("reachable", False, str(exc)))
+            return checks
+        elapsed = (time.perf_counter() - started) * 1000
+        checks.append(StoreCheck("reachable", True, f"opened and queried in {elapsed:.1f} ms"))
+        checks.append(StoreCheck("schema", True, f"table {TABLE}, version {SCHEMA_VERSION}"))
+        checks.append(StoreCheck("clock", True, "this machine's clock (CLOCK_BOOTTIME); no skew"))
+        fstype = filesystem_type(self.path)
+        if fstype in NETWORK_FILESYSTEMS or (fstype or "").startswith("fuse"):
+            checks.append(StoreCheck(
+                "filesystem", True,
+                f"{self.path} is on {fstype}: SQLite locking is unreliable on network "
+                "filesystems; use PostgreSQL or Redis across machines", warning=True))
+        else:
+            checks.append(StoreCheck("filesystem", True, f"{fstype or 'unknown'} (local)"))
+        return checks
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def _info(self, row: tuple) -> LeaseInfo:
+        key, token, acquired_at, expires_at, holder, live = row
+        return LeaseInfo(
+            key=key,
+            holder=Holder.from_dict(json.loads(holder or "{}")),
+            fencing_token=int(token),
+            acquired_at=utc_from_timestamp(acquired_at or 0),
+            expires_at=utc_from_timestamp(expires_at or 0),
+            expired=not live,
+        )
+
+
+def filesystem_type(path: Path) -> str | None:
+    """The filesystem type of the mount holding ``path``, from /proc/self/mountinfo."""
+    try:
+        target = os.path.realpath(path.parent)
+        best, best_type = "", None
+        with open("/proc/self/mountinfo") as mountinfo:
+            for line in mountinfo:
+                fields = line.split()
+                mount_point = fields[4].replace("\\040", " ")
+                fstype = fields[fields.index("-") + 1]
+                inside = target == mount_point or target.startswith(mount_point.rstrip("/") + "/")
+                if inside and len(mount_point) >= len(best):
+                    best, best_type = mount_point, fstype
+        return best_type
+    except (OSError, ValueError, IndexError):
+        return None

@@ -1,0 +1,75 @@
+"""Shared fixtures: every store under the same contract, and the real `tasklock` executable."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from tasklock_cli.stores import open_store
+from tasklock_cli.stores.base import Store
+from tests.support import services
+
+STORE_KINDS = ["sqlite", "postgres", "redis"]
+
+
+def store_url_for(kind: str, tmp_path) -> str:
+    """A URL naming a fresh, empty namespace of the given store kind."""
+    unique = uuid.uuid4().hex[:12]
+    if kind == "sqlite":
+        return f"sqlite:///{tmp_path}/locks-{unique}.db"
+    if kind == "postgres":
+        return services.postgres_url(table=f"tasklock_test_{unique}")
+    if kind == "redis":
+        return services.redis_url(prefix=f"tasklock-test-{unique}:")
+    raise AssertionError(kind)
+
+
+@pytest.fixture(params=STORE_KINDS)
+def store_kind(request) -> str:
+    services.require(request.param)
+    return request.param
+
+
+@pytest.fixture
+def store_url(store_kind, tmp_path) -> Iterator[str]:
+    url = store_url_for(store_kind, tmp_path)
+    yield url
+    services.cleanup(store_kind, url)
+
+
+@pytest.fixture
+def store_factory(store_url) -> Iterator[Callable[[], Store]]:
+    """Opens further clients (own connections) on the same namespace."""
+    opened: list[Store] = []
+
+    def open_client() -> Store:
+        client = open_store(store_url)
+        opened.append(client)
+        return client
+
+    yield open_client
+    for client in opened:
+        client.close()
+
+
+@pytest.fixture
+def store(store_factory) -> Store:
+    return store_factory()
+
+
+@pytest.fixture
+def sqlite_url(tmp_path) -> str:
+    return f"sqlite:///{tmp_path}/locks.db"
+
+
+@pytest.fixture
+def cli_env(tmp_path) -> dict[str, str]:
+    """Environment for running the real executable with no stray user configuration."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TASKLOCK_")}
+    env["XDG_STATE_HOME"] = str(tmp_path / "state")
+    env["XDG_CONFIG_HOME"] = str(tmp_path / "config")
+    env["NO_COLOR"] = "1"
+    return env

@@ -1,0 +1,87 @@
+"""Where the test PostgreSQL and Redis are, whether they are up, and how to clean up after a test.
+
+On a machine without them the store tests skip with the reason; in CI (``CI=true``) a missing
+service is a failure, never a skip.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import socket
+from urllib.parse import urlsplit
+
+import pytest
+
+DEFAULT_POSTGRES_URL = "postgresql://127.0.0.1:5432/test"
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def base_postgres_url() -> str:
+    return os.environ.get("TASKLOCK_TEST_POSTGRES_URL", DEFAULT_POSTGRES_URL)
+
+
+def base_redis_url() -> str:
+    return os.environ.get("TASKLOCK_TEST_REDIS_URL", DEFAULT_REDIS_URL)
+
+
+def _with_query(url: str, **params: str) -> str:
+    separator = "&" if "?" in url else "?"
+    return url + separator + "&".join(f"{k}={v}" for k, v in params.items())
+
+
+def postgres_url(table: str) -> str:
+    return _with_query(base_postgres_url(), table=table)
+
+
+def redis_url(prefix: str) -> str:
+    return _with_query(base_redis_url(), prefix=prefix)
+
+
+@functools.cache
+def unavailable_reason(kind: str) -> str | None:
+    """None when the store kind can be tested here, else why not."""
+    if kind == "sqlite":
+        return None
+    module = {"postgres": "psycopg", "redis": "redis"}[kind]
+    try:
+        __import__(module)
+    except ImportError:
+        return f"{module} is not installed (pip install '.[test]')"
+    url = base_postgres_url() if kind == "postgres" else base_redis_url()
+    parts = urlsplit(url)
+    port = parts.port or (5432 if kind == "postgres" else 6379)
+    try:
+        socket.create_connection((parts.hostname or "127.0.0.1", port), timeout=2).close()
+    except OSError as exc:
+        return f"no {kind} server at {parts.hostname}:{port} ({exc.strerror or exc})"
+    try:
+        __import__(f"tasklock_cli.stores.{kind}")
+    except ImportError as exc:
+        return f"tasklock's {kind} store is not available ({exc})"
+    return None
+
+
+def require(kind: str) -> None:
+    reason = unavailable_reason(kind)
+    if reason is None:
+        return
+    if in_ci():
+        pytest.fail(f"CI=true but the {kind} store cannot be tested: {reason}")
+    pytest.skip(reason)
+
+
+def cleanup(kind: str, url: str) -> None:
+    """Drop what a test's namespace left behind on a shared server."""
+    if kind == "postgres":
+        from tests.support import pg
+
+        pg.drop_namespace(url)
+    elif kind == "redis":
+        from tests.support import redis_support
+
+        redis_support.drop_namespace(url)

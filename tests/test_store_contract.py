@@ -1,0 +1,259 @@
+"""The store contract: the same cases on every store (sqlite, postgres, redis)."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from datetime import timezone
+
+import pytest
+
+from tasklock_cli.errors import LeaseLost
+from tasklock_cli.stores.base import Holder
+
+HOLDER = Holder(host="host-a", pid=4242, user="alice", command=["./job.sh", "--all"], note="nightly")
+OTHER = Holder(host="host-b", pid=99, user="bob", command=["true"], note=None)
+
+SHORT_TTL = 0.4
+PAST_SHORT_TTL = 0.6
+
+
+def token() -> str:
+    return uuid.uuid4().hex
+
+
+def test_acquire_free_key_returns_lease_and_peek_shows_holder(store):
+    lease = store.acquire("jobs:a", 30, HOLDER, token())
+    assert lease is not None
+    assert lease.key == "jobs:a" and lease.fencing_token >= 1
+    assert lease.expires_at.tzinfo is not None
+    remaining = (lease.expires_at - lease.acquired_at).total_seconds()
+    assert 29 <= remaining <= 31
+
+    info = store.peek("jobs:a")
+    assert info is not None
+    assert info.holder == HOLDER
+    assert info.fencing_token == lease.fencing_token
+    assert info.expired is False
+    assert abs((info.expires_at - lease.expires_at).total_seconds()) < 1
+
+
+def test_held_key_cannot_be_acquired_by_another_client(store, store_factory):
+    other = store_factory()
+    assert store.acquire("k", 30, HOLDER, token()) is not None
+    assert other.acquire("k", 30, OTHER, token()) is None
+    assert store.acquire("k", 30, OTHER, token()) is None
+    assert other.peek("k").holder == HOLDER
+
+
+def test_peek_of_unknown_key_is_none(store):
+    assert store.peek("never-used") is None
+
+
+def test_retrying_acquire_with_the_same_owner_token_returns_the_same_lease(store):
+    owner = token()
+    first = store.acquire("k", 30, HOLDER, owner)
+    again = store.acquire("k", 30, HOLDER, owner)
+    assert again is not None
+    assert again.fencing_token == first.fencing_token
+    assert store.peek("k").fencing_token == first.fencing_token
+
+
+def test_release_frees_the_key_and_the_next_token_is_higher(store, store_factory):
+    lease = store.acquire("k", 30, HOLDER, token())
+    assert store.release(lease) is True
+    assert store.peek("k") is None
+    nxt = store_factory().acquire("k", 30, OTHER, token())
+    assert nxt is not None and nxt.fencing_token > lease.fencing_token
+
+
+def test_release_is_scoped_by_owner_token(store):
+    lease = store.acquire("k", 30, HOLDER, token())
+    impostor = type(lease)(lease.key, token(), lease.fencing_token, lease.acquired_at,
+                           lease.expires_at)
+    assert store.release(impostor) is False
+    assert store.peek("k").fencing_token == lease.fencing_token
+
+
+def test_release_after_someone_else_took_over_does_not_touch_their_lease(store, store_factory):
+    old = store.acquire("k", SHORT_TTL, HOLDER, token())
+    time.sleep(PAST_SHORT_TTL)
+    new = store_factory().acquire("k", 30, OTHER, token())
+    assert new is not None and new.fencing_token > old.fencing_token
+    assert store.release(old) is False
+    info = store.peek("k")
+    assert info.holder == OTHER and info.fencing_token == new.fencing_token
+
+
+def test_renew_extends_the_lease(store):
+    lease = store.acquire("k", SHORT_TTL, HOLDER, token())
+    renewed = store.renew(lease, 30)
+    assert renewed.fencing_token == lease.fencing_token
+    assert renewed.expires_at > lease.expires_at
+    time.sleep(PAST_SHORT_TTL)
+    info = store.peek("k")
+    assert info is not None and info.fencing_token == lease.fencing_token
+
+
+def test_renew_with_a_foreign_owner_token_is_rejected(store):
+    lease = store.acquire("k", 30, HOLDER, token())
+    impostor = type(lease)(lease.key, token(), lease.fencing_token, lease.acquired_at,
+                           lease.expires_at)
+    with pytest.raises(LeaseLost):
+        store.renew(impostor, 30)
+
+
+def test_renew_of_an_expired_lease_is_rejected_no_revival(store):
+    lease = store.acquire("k", SHORT_TTL, HOLDER, token())
+    time.sleep(PAST_SHORT_TTL)
+    with pytest.raises(LeaseLost):
+        store.renew(lease, 30)
+    assert store.peek("k") is None
+
+
+def test_renew_after_force_release_is_rejected(store, store_factory):
+    lease = store.acquire("k", 30, HOLDER, token())
+    broken = store_factory().force_release("k")
+    assert broken is not None and broken.holder == HOLDER
+    with pytest.raises(LeaseLost):
+        store.renew(lease, 30)
+
+
+def test_force_release_of_free_key_returns_none(store):
+    assert store.force_release("free") is None
+
+
+def test_lease_expires_on_its_own(store, store_factory):
+    store.acquire("k", SHORT_TTL, HOLDER, token())
+    time.sleep(PAST_SHORT_TTL)
+    assert store.peek("k") is None
+    assert store_factory().acquire("k", 30, OTHER, token()) is not None
+
+
+def test_keep_for_holds_the_lease_after_release_then_frees_it(store, store_factory):
+    lease = store.acquire("k", 30, HOLDER, token())
+    assert store.release(lease, keep_for=SHORT_TTL) is True
+    other = store_factory()
+    assert store.peek("k") is not None
+    assert other.acquire("k", 30, OTHER, token()) is None
+    time.sleep(PAST_SHORT_TTL)
+    assert other.acquire("k", 30, OTHER, token()) is not None
+
+
+def test_fencing_token_never_goes_down(store, store_factory):
+    """Release, expiry, sweep and forced release all keep the per-key counter."""
+    other = store_factory()
+    tokens = []
+
+    lease = store.acquire("k", 30, HOLDER, token())
+    tokens.append(lease.fencing_token)
+    store.release(lease)
+
+    lease = store.acquire("k", SHORT_TTL, HOLDER, token())
+    tokens.append(lease.fencing_token)
+    time.sleep(PAST_SHORT_TTL)
+
+    lease = store.acquire("k", SHORT_TTL, HOLDER, token())
+    tokens.append(lease.fencing_token)
+    time.sleep(PAST_SHORT_TTL)
+    other.sweep()
+
+    lease = store.acquire("k", 30, HOLDER, token())
+    tokens.append(lease.fencing_token)
+    other.force_release("k")
+
+    lease = store.acquire("k", 30, HOLDER, token())
+    tokens.append(lease.fencing_token)
+    assert tokens == sorted(set(tokens)), tokens
+
+
+def test_keys_are_independent(store):
+    a = store.acquire("a", 30, HOLDER, token())
+    b = store.acquire("b", 30, OTHER, token())
+    assert a is not None and b is not None
+    assert store.peek("a").holder == HOLDER and store.peek("b").holder == OTHER
+
+
+@pytest.mark.parametrize("key", [
+    "it's \"quoted\"", "100%_done", "a*b?c[d]", "{tag}x", "ключ 🔒", "semi; DROP TABLE x; --",
+    "back\\slash", "x" * 512, "with spaces  ",
+])
+def test_unusual_keys_are_ordinary_keys(store, key):
+    lease = store.acquire(key, 30, HOLDER, token())
+    assert lease is not None
+    assert store.peek(key).key == key
+    assert [info.key for info in store.list(prefix=key)] == [key]
+    assert store.release(lease) is True
+    assert store.peek(key) is None
+
+
+def test_list_filters_by_prefix_literally_and_orders_by_key(store):
+    for key in ["app:b", "app:a", "app_x", "apple", "db:z"]:
+        store.acquire(key, 30, HOLDER, token())
+    assert [i.key for i in store.list(prefix="app:")] == ["app:a", "app:b"]
+    assert [i.key for i in store.list(prefix="app_")] == ["app_x"]
+    assert [i.key for i in store.list()] == ["app:a", "app:b", "app_x", "apple", "db:z"]
+    assert list(store.list(prefix="nothing")) == []
+
+
+def test_list_hides_expired_unless_asked(store):
+    store.acquire("live", 30, HOLDER, token())
+    store.acquire("dead", SHORT_TTL, HOLDER, token())
+    time.sleep(PAST_SHORT_TTL)
+    assert [i.key for i in store.list()] == ["live"]
+    everything = {i.key: i.expired for i in store.list(include_expired=True)}
+    # Redis frees expired keys itself; SQL stores keep them until a sweep.
+    assert everything.get("live") is False
+    assert everything.get("dead", True) is True
+
+
+def test_sweep_clears_expired_and_keeps_live_leases(store):
+    live = store.acquire("live", 30, HOLDER, token())
+    store.acquire("dead", SHORT_TTL, HOLDER, token())
+    time.sleep(PAST_SHORT_TTL)
+    would = store.sweep(dry_run=True)
+    removed = store.sweep()
+    assert would == removed
+    assert store.sweep() == 0
+    assert [i.key for i in store.list(include_expired=True)] == ["live"]
+    assert store.peek("live").fencing_token == live.fencing_token
+
+
+def test_holder_metadata_round_trips(store):
+    holder = Holder(host="h", pid=1, user="ü", command=["sh", "-c", "echo 'x' \"y\""], note=None)
+    store.acquire("k", 30, holder, token())
+    info = store.peek("k")
+    assert info.holder == holder
+    assert info.acquired_at.tzinfo is not None
+    assert info.acquired_at.utcoffset() == timezone.utc.utcoffset(None)
+
+
+def test_concurrent_acquirers_exactly_one_wins(store_factory):
+    clients = [store_factory() for _ in range(8)]
+    barrier = threading.Barrier(len(clients))
+    results = []
+
+    def race(client):
+        barrier.wait()
+        results.append(client.acquire("hot", 30, HOLDER, token()))
+
+    threads = [threading.Thread(target=race, args=(c,)) for c in clients]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    winners = [r for r in results if r is not None]
+    assert len(results) == 8 and len(winners) == 1
+
+
+def test_wait_for_release_returns_within_its_timeout(store):
+    store.acquire("k", 30, HOLDER, token())
+    started = time.monotonic()
+    store.wait_for_release("k", 0.2)
+    assert time.monotonic() - started < 2
+
+
+def test_doctor_reports_the_store_reachable(store):
+    checks = {check.name: check for check in store.doctor()}
+    assert checks["reachable"].ok
