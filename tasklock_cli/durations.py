@@ -1,4 +1,4 @@
-"""Duration parsing and formatting: ``500ms``, ``30s``, ``5m``, ``1h30m``, ``2d``, ``12``, ``inf``."""
+"""Durations: ``500ms``, ``30s``, ``5m``, ``1h30m``, ``2d``, bare seconds, ``inf``."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def format_duration(seconds: float) -> str:
         return f"{round(seconds * 1000)}ms"
     if seconds < 60:
         return f"{seconds:.1f}s".replace(".0s", "s")
-    whole = int(round(seconds))
+    whole = round(seconds)
     parts = []
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
         count, whole = divmod(whole, size)

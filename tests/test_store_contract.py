@@ -12,7 +12,9 @@ import pytest
 from tasklock_cli.errors import LeaseLost
 from tasklock_cli.stores.base import Holder
 
-HOLDER = Holder(host="host-a", pid=4242, user="alice", command=["./job.sh", "--all"], note="nightly")
+HOLDER = Holder(
+    host="host-a", pid=4242, user="alice", command=["./job.sh", "--all"], note="nightly"
+)
 OTHER = Holder(host="host-b", pid=99, user="bob", command=["true"], note=None)
 
 SHORT_TTL = 0.4
@@ -70,8 +72,9 @@ def test_release_frees_the_key_and_the_next_token_is_higher(store, store_factory
 
 def test_release_is_scoped_by_owner_token(store):
     lease = store.acquire("k", 30, HOLDER, token())
-    impostor = type(lease)(lease.key, token(), lease.fencing_token, lease.acquired_at,
-                           lease.expires_at)
+    impostor = type(lease)(
+        lease.key, token(), lease.fencing_token, lease.acquired_at, lease.expires_at
+    )
     assert store.release(impostor) is False
     assert store.peek("k").fencing_token == lease.fencing_token
 
@@ -98,8 +101,9 @@ def test_renew_extends_the_lease(store):
 
 def test_renew_with_a_foreign_owner_token_is_rejected(store):
     lease = store.acquire("k", 30, HOLDER, token())
-    impostor = type(lease)(lease.key, token(), lease.fencing_token, lease.acquired_at,
-                           lease.expires_at)
+    impostor = type(lease)(
+        lease.key, token(), lease.fencing_token, lease.acquired_at, lease.expires_at
+    )
     with pytest.raises(LeaseLost):
         store.renew(impostor, 30)
 
@@ -175,10 +179,20 @@ def test_keys_are_independent(store):
     assert store.peek("a").holder == HOLDER and store.peek("b").holder == OTHER
 
 
-@pytest.mark.parametrize("key", [
-    "it's \"quoted\"", "100%_done", "a*b?c[d]", "{tag}x", "ключ 🔒", "semi; DROP TABLE x; --",
-    "back\\slash", "x" * 512, "with spaces  ",
-])
+@pytest.mark.parametrize(
+    "key",
+    [
+        'it\'s "quoted"',
+        "100%_done",
+        "a*b?c[d]",
+        "{tag}x",
+        "ключ 🔒",
+        "semi; DROP TABLE x; --",
+        "back\\slash",
+        "x" * 512,
+        "with spaces  ",
+    ],
+)
 def test_unusual_keys_are_ordinary_keys(store, key):
     lease = store.acquire(key, 30, HOLDER, token())
     assert lease is not None

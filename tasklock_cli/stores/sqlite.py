@@ -23,7 +23,17 @@ TABLE = "tasklock_leases"
 SCHEMA_VERSION = 1
 BUSY_TIMEOUT_S = 5.0
 SWEEP_BATCH = 1000
-NETWORK_FILESYSTEMS = {"nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "fuse.sshfs", "glusterfs", "ceph"}
+NETWORK_FILESYSTEMS = {
+    "nfs",
+    "nfs4",
+    "cifs",
+    "smb3",
+    "smbfs",
+    "9p",
+    "fuse.sshfs",
+    "glusterfs",
+    "ceph",
+}
 
 SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS {TABLE} (
@@ -39,8 +49,14 @@ CREATE TABLE IF NOT EXISTS {TABLE} (
 CREATE INDEX IF NOT EXISTS {TABLE}_held ON {TABLE} (expires_boot) WHERE owner_token IS NOT NULL;
 """
 _COLUMNS = {
-    "key", "fencing_token", "owner_token", "boot_id", "expires_boot", "acquired_at",
-    "expires_at", "holder",
+    "key",
+    "fencing_token",
+    "owner_token",
+    "boot_id",
+    "expires_boot",
+    "acquired_at",
+    "expires_at",
+    "holder",
 }
 
 # A lease is live when it has an owner, was granted in this boot, and has not run out.
@@ -79,7 +95,9 @@ _RELEASE_LATER = f"""
 UPDATE {TABLE} SET expires_boot = :now + :keep, expires_at = :wall + :keep
 WHERE key = :key AND owner_token = :owner AND {_LIVE}
 """
-_SELECT = f"SELECT key, fencing_token, acquired_at, expires_at, holder, ({_LIVE}) AS live FROM {TABLE}"
+_SELECT = (
+    f"SELECT key, fencing_token, acquired_at, expires_at, holder, ({_LIVE}) AS live FROM {TABLE}"
+)
 
 
 def boot_clock() -> float:
@@ -136,7 +154,9 @@ class SQLiteStore(Store):
     def _ensure_schema(self, conn: sqlite3.Connection) -> None:
         columns = {row[1] for row in conn.execute(f"PRAGMA table_info({TABLE})")}
         if not columns:
-            conn.executescript(f"BEGIN IMMEDIATE;{SCHEMA}PRAGMA user_version={SCHEMA_VERSION};COMMIT;")
+            conn.executescript(
+                f"BEGIN IMMEDIATE;{SCHEMA}PRAGMA user_version={SCHEMA_VERSION};COMMIT;"
+            )
         elif columns != _COLUMNS:
             raise ConfigError(
                 f"{self.path}: table {TABLE} exists but is not a tasklock table "
@@ -179,7 +199,10 @@ class SQLiteStore(Store):
 
     def acquire(self, key: str, ttl: float, holder: Holder, owner_token: str) -> Lease | None:
         params = {
-            **self._times(), "key": key, "ttl": ttl, "owner": owner_token,
+            **self._times(),
+            "key": key,
+            "ttl": ttl,
+            "owner": owner_token,
             "holder": json.dumps(holder.to_dict()),
         }
         with self._write() as conn:
@@ -197,8 +220,13 @@ class SQLiteStore(Store):
             row = conn.execute(_RENEW, params).fetchone()
         if row is None:
             raise LeaseLost(f"the lease on {lease.key!r} is no longer ours")
-        return Lease(lease.key, lease.owner_token, lease.fencing_token, lease.acquired_at,
-                     utc_from_timestamp(row[0]))
+        return Lease(
+            lease.key,
+            lease.owner_token,
+            lease.fencing_token,
+            lease.acquired_at,
+            utc_from_timestamp(row[0]),
+        )
 
     def release(self, lease: Lease, keep_for: float = 0.0) -> bool:
         params = {**self._times(), "key": lease.key, "owner": lease.owner_token, "keep": keep_for}
@@ -212,7 +240,10 @@ class SQLiteStore(Store):
 
     def list(self, prefix: str = "", include_expired: bool = False) -> Iterator[LeaseInfo]:
         condition = "owner_token IS NOT NULL" if include_expired else _LIVE
-        sql = f"{_SELECT} WHERE {condition} AND key >= :prefix AND substr(key, 1, :n) = :prefix ORDER BY key"
+        sql = (
+            f"{_SELECT} WHERE {condition} AND key >= :prefix"
+            " AND substr(key, 1, :n) = :prefix ORDER BY key"
+        )
         params = {**self._times(), "prefix": prefix, "n": len(prefix)}
         for row in self._read(sql, params):
             yield self._info(row)
@@ -235,8 +266,9 @@ class SQLiteStore(Store):
     def force_release(self, key: str) -> LeaseInfo | None:
         params = {**self._times(), "key": key}
         with self._write() as conn:
-            row = conn.execute(f"{_SELECT} WHERE key = :key AND owner_token IS NOT NULL",
-                               params).fetchone()
+            row = conn.execute(
+                f"{_SELECT} WHERE key = :key AND owner_token IS NOT NULL", params
+            ).fetchone()
             if row is None:
                 return None
             conn.execute(_FORCE_RELEASE, params)
@@ -269,10 +301,15 @@ class SQLiteStore(Store):
         checks.append(StoreCheck("clock", True, "this machine's clock (CLOCK_BOOTTIME); no skew"))
         fstype = filesystem_type(self.path)
         if fstype in NETWORK_FILESYSTEMS or (fstype or "").startswith("fuse"):
-            checks.append(StoreCheck(
-                "filesystem", True,
-                f"{self.path} is on {fstype}: SQLite locking is unreliable on network "
-                "filesystems; use PostgreSQL or Redis across machines", warning=True))
+            checks.append(
+                StoreCheck(
+                    "filesystem",
+                    True,
+                    f"{self.path} is on {fstype}: SQLite locking is unreliable on network "
+                    "filesystems; use PostgreSQL or Redis across machines",
+                    warning=True,
+                )
+            )
         else:
             checks.append(StoreCheck("filesystem", True, f"{fstype or 'unknown'} (local)"))
         return checks
