@@ -139,6 +139,13 @@ class Store(ABC):
         if timeout > 0:
             time.sleep(timeout)
 
+    def set_io_timeout(self, seconds: float) -> None:  # noqa: B027 - local stores need none
+        """Bound each later call (connect, statement, socket read) to about ``seconds``.
+
+        The supervisor sets it from the lease timing so that a renewal against a dead or
+        cut-off server fails fast and can be retried before the local deadline.
+        """
+
     def init_schema(self) -> None:  # noqa: B027 - stores without a schema have nothing to do
         """Create whatever the store needs; idempotent and safe to race."""
 
