@@ -98,6 +98,8 @@ class Store(ABC):
 
     #: Shown by ``doctor`` and in errors, password redacted.
     display_url: str = ""
+    #: True where ``wait_for_release`` wakes on a release (so waiters can poll rarely).
+    signals_release: bool = False
 
     @abstractmethod
     def acquire(self, key: str, ttl: float, holder: Holder, owner_token: str) -> Lease | None:

@@ -274,11 +274,6 @@ class SQLiteStore(Store):
             conn.execute(_FORCE_RELEASE, params)
         return self._info(row)
 
-    def wait_for_release(self, key: str, timeout: float) -> None:
-        # SQLite cannot signal; the caller's backoff keeps polling cheap (a WAL read).
-        if timeout > 0:
-            time.sleep(timeout)
-
     def init_schema(self) -> None:
         self._connection()
 

@@ -1,0 +1,381 @@
+"""Command-line parsing and rendering only; the engine, supervisor and stores do the work."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import traceback
+
+import typer
+
+from tasklock_cli import __version__
+from tasklock_cli.durations import format_duration, parse_duration
+from tasklock_cli.errors import StoreUnavailable, TasklockError, UsageError
+from tasklock_cli.events import NORMAL, QUIET, VERBOSE, EventLog
+from tasklock_cli.keys import validate_key
+
+try:
+    from typer.exceptions import TyperException as _CliException
+except ImportError:  # typer releases that use click directly
+    from click import ClickException as _CliException
+
+app = typer.Typer(
+    name="tasklock",
+    help="Run a command at most once at a time across processes and machines.",
+    add_completion=True,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+class Globals:
+    def __init__(self, store: str | None, config: str | None, log_format: str, verbosity: int):
+        self.store_flag = store
+        self.config_flag = config
+        self.events = EventLog(log_format, verbosity)
+        self._config = None
+
+    @property
+    def config(self):
+        if self._config is None:
+            from tasklock_cli.config import load_config
+
+            self._config = load_config(self.config_flag)
+        return self._config
+
+    def store_url(self) -> str:
+        from tasklock_cli.config import resolve_store_url
+
+        return resolve_store_url(self.store_flag, self.config)
+
+    def open_store(self):
+        from tasklock_cli.stores import open_store
+
+        return open_store(self.store_url())
+
+
+_verbose_traceback = False
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"tasklock {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main_options(
+    ctx: typer.Context,
+    store: str | None = typer.Option(
+        None,
+        "--store",
+        metavar="URL",
+        help="Store URL: sqlite:///PATH, postgresql://..., redis://... [env: TASKLOCK_STORE]",
+    ),
+    config: str | None = typer.Option(
+        None, "--config", metavar="FILE", help="Config file (TOML) [env: TASKLOCK_CONFIG]"
+    ),
+    log_format: str = typer.Option(
+        "text",
+        "--log-format",
+        metavar="text|json",
+        help="Events on stderr as text or one JSON object per line.",
+    ),
+    verbose: int = typer.Option(
+        0, "-v", "--verbose", count=True, help="Show every event; tracebacks on errors."
+    ),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="Only errors on stderr."),
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    global _verbose_traceback
+    if log_format not in ("text", "json"):
+        raise UsageError(f"invalid --log-format {log_format!r} (text or json)")
+    if verbose and quiet:
+        raise UsageError("-v and -q exclude each other")
+    _verbose_traceback = verbose > 0
+    verbosity = QUIET if quiet else VERBOSE if verbose else NORMAL
+    ctx.obj = Globals(store, config, log_format, verbosity)
+
+
+# -- run ---------------------------------------------------------------------------------
+
+
+@app.command(context_settings={"allow_interspersed_args": True})
+def run(
+    ctx: typer.Context,
+    key: str = typer.Argument(..., help="The lock's name, e.g. invoices:nightly."),
+    command: list[str] | None = typer.Argument(
+        None, metavar="-- COMMAND [ARG...]", help="The command to run while the lock is held."
+    ),
+    ttl: str | None = typer.Option(
+        None,
+        "--ttl",
+        metavar="D",
+        help="Lease length; freed D after the last renewal.  [default: 30s]",
+    ),
+    renew_every: str | None = typer.Option(
+        None,
+        "--renew-every",
+        metavar="D",
+        help="Heartbeat interval, less than --ttl.  [default: ttl/3]",
+    ),
+    wait: str | None = typer.Option(
+        None,
+        "--wait",
+        metavar="D",
+        help="Wait up to D for a held lock; 0 = fail at once, inf = forever.  [default: 0]",
+    ),
+    grace: str | None = typer.Option(
+        None,
+        "--grace",
+        metavar="D",
+        help="On loss: SIGTERM the command's process group, SIGKILL after D.  [default: 5s]",
+    ),
+    max_lifetime: str | None = typer.Option(
+        None,
+        "--max-lifetime",
+        metavar="D",
+        help="Terminate the command when it has run this long.  [default: 24h]",
+    ),
+    hold_at_least: str | None = typer.Option(
+        None,
+        "--hold-at-least",
+        metavar="D",
+        help="Keep the lease until D after acquisition even if the command ends sooner.",
+    ),
+    conflict_exit_code: int | None = typer.Option(
+        None,
+        "--conflict-exit-code",
+        metavar="N",
+        help="Exit code when the lock is held by someone else.  [default: 75]",
+    ),
+    note: str | None = typer.Option(None, "--note", metavar="TEXT", help="Shown by peek and list."),
+) -> None:
+    """Run COMMAND while holding the lock KEY."""
+    from tasklock_cli.supervisor import RunOptions, Supervisor
+
+    g: Globals = ctx.obj
+    validate_key(key)
+    if not command:
+        raise UsageError("no command given (tasklock run KEY [OPTIONS] -- COMMAND [ARG...])")
+    options = RunOptions(
+        key=key,
+        command=list(command),
+        **_run_settings(
+            g,
+            key,
+            {
+                "ttl": ttl,
+                "renew-every": renew_every,
+                "wait": wait,
+                "grace": grace,
+                "max-lifetime": max_lifetime,
+                "hold-at-least": hold_at_least,
+                "conflict-exit-code": conflict_exit_code,
+            },
+        ),
+        note=note,
+    )
+    with g.open_store() as store:
+        code = Supervisor(store, options, g.events).run()
+    raise typer.Exit(code)
+
+
+_RUN_DEFAULTS: dict[str, object] = {
+    "ttl": 30.0,
+    "renew-every": None,
+    "wait": 0.0,
+    "grace": 5.0,
+    "max-lifetime": 86400.0,
+    "hold-at-least": 0.0,
+    "conflict-exit-code": 75,
+}
+
+
+def _run_settings(g: Globals, key: str, flags: dict[str, object]) -> dict[str, object]:
+    """Flag > config file (per-key pattern, then file default) > built-in, checked together."""
+    values: dict[str, object] = {}
+    for name, flag in flags.items():
+        if flag is not None:
+            values[name] = (
+                flag
+                if isinstance(flag, int)
+                else parse_duration(
+                    str(flag), option=f"--{name}", allow_inf=name in ("wait", "max-lifetime")
+                )
+            )
+        else:
+            from_file = g.config.run_setting(key, name)
+            values[name] = from_file if from_file is not None else _RUN_DEFAULTS[name]
+    ttl, renew = values["ttl"], values["renew-every"]
+    if not (0 < ttl < math.inf):
+        raise UsageError("--ttl must be a positive, finite duration")
+    if ttl < 0.1:
+        raise UsageError("--ttl must be at least 100ms")
+    if renew is not None and not (0 < renew < ttl):
+        raise UsageError(f"--renew-every must be shorter than --ttl ({format_duration(ttl)})")
+    if math.isinf(values["grace"]) or math.isinf(values["hold-at-least"]):
+        raise UsageError("--grace and --hold-at-least must be finite")
+    if values["max-lifetime"] <= 0:
+        raise UsageError("--max-lifetime must be positive")
+    if not 0 <= values["conflict-exit-code"] <= 255:
+        raise UsageError("--conflict-exit-code must be from 0 to 255")
+    return {name.replace("-", "_"): value for name, value in values.items()}
+
+
+# -- inspection --------------------------------------------------------------------------
+
+
+@app.command()
+def peek(
+    ctx: typer.Context,
+    key: str = typer.Argument(..., help="The lock's name."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Show who holds KEY; exit 0 when held, 1 when free."""
+    g: Globals = ctx.obj
+    validate_key(key)
+    with g.open_store() as store:
+        info = store.peek(key)
+    if as_json:
+        typer.echo(
+            json.dumps(
+                {**info.to_json(), "held": True} if info else {"key": key, "held": False},
+                ensure_ascii=False,
+            )
+        )
+    elif info is None:
+        typer.echo(f"{key} is free")
+    else:
+        from tasklock_cli import render
+
+        render.lease_details(info)
+    raise typer.Exit(0 if info else 1)
+
+
+@app.command("list")
+def list_leases(
+    ctx: typer.Context,
+    prefix: str = typer.Option("", "--prefix", metavar="P", help="Only keys starting with P."),
+    show_all: bool = typer.Option(False, "--all", help="Include expired leases not yet swept."),
+    as_json: bool = typer.Option(False, "--json", help="Print a JSON array."),
+) -> None:
+    """List held locks: who holds what, until when."""
+    g: Globals = ctx.obj
+    with g.open_store() as store:
+        leases = list(store.list(prefix=prefix, include_expired=show_all))
+    if as_json:
+        typer.echo(json.dumps([info.to_json() for info in leases], ensure_ascii=False))
+        return
+    from tasklock_cli import render
+
+    render.lease_table(leases)
+
+
+@app.command()
+def sweep(
+    ctx: typer.Context,
+    dry_run: bool = typer.Option(False, "--dry-run", help="Only count what would be removed."),
+    as_json: bool = typer.Option(False, "--json", help='Print {"removed": N}.'),
+) -> None:
+    """Remove expired leases left in the store (fencing counters are kept)."""
+    g: Globals = ctx.obj
+    with g.open_store() as store:
+        removed = store.sweep(dry_run=dry_run)
+    if as_json:
+        typer.echo(
+            json.dumps(
+                {"removed": removed, "dry_run": dry_run} if dry_run else {"removed": removed}
+            )
+        )
+    else:
+        verb = "would remove" if dry_run else "removed"
+        typer.echo(f"{verb} {removed} expired lease{'' if removed == 1 else 's'}")
+
+
+@app.command()
+def release(
+    ctx: typer.Context,
+    key: str = typer.Argument(..., help="The lock's name."),
+    force: bool = typer.Option(False, "--force", help="Required: this breaks a live lease."),
+) -> None:
+    """Break the lease on KEY (ops). Its holder's command is terminated when it notices."""
+    g: Globals = ctx.obj
+    validate_key(key)
+    if not force:
+        raise UsageError("release breaks whoever holds the lock; confirm with --force")
+    with g.open_store() as store:
+        broken = store.force_release(key)
+    if broken is None:
+        typer.echo(f"{key} was not held")
+    else:
+        from tasklock_cli.lease import describe_holder
+
+        typer.echo(f"broke the lease on {key} held by {describe_holder(broken)}")
+
+
+@app.command()
+def init(
+    ctx: typer.Context,
+    print_sql: bool = typer.Option(
+        False, "--print-sql", help="Print the DDL instead of running it (for DBAs)."
+    ),
+) -> None:
+    """Create the store's schema explicitly (SQL stores; others need none)."""
+    g: Globals = ctx.obj
+    with g.open_store() as store:
+        if print_sql:
+            sql = store.schema_sql()
+            typer.echo(sql if sql is not None else "-- this store needs no schema")
+            return
+        store.init_schema()
+        typer.echo(f"schema ready on {store.display_url}")
+
+
+@app.command()
+def doctor(ctx: typer.Context) -> None:
+    """Check the store: reachable, schema, round-trip time, clock skew."""
+    from tasklock_cli import render
+
+    g: Globals = ctx.obj
+    config_file = g.config.path
+    with g.open_store() as store:
+        checks = store.doctor()
+    render.doctor_report(str(config_file) if config_file else "none (built-in defaults)", checks)
+    failed = [check for check in checks if not check.ok]
+    if any(check.name == "reachable" for check in failed):
+        raise typer.Exit(StoreUnavailable.exit_code)
+    if failed:
+        raise typer.Exit(78)
+
+
+# -- entry point ---------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> None:
+    command = typer.main.get_command(app)
+    try:
+        code = command.main(args=argv, prog_name="tasklock", standalone_mode=False)
+    except TasklockError as exc:
+        _fail(str(exc), exc.exit_code)
+    except _CliException as exc:
+        _fail(exc.format_message(), getattr(exc, "exit_code", 2))
+    except typer.Exit as exc:
+        code = exc.exit_code
+    except typer.Abort:
+        _fail("aborted", 130)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _fail(message: str, code: int) -> None:
+    if _verbose_traceback:
+        traceback.print_exc()
+    sys.stderr.write(f"tasklock: error: {message}\n")
+    sys.exit(code)

@@ -1,0 +1,135 @@
+"""Settings: flag > environment > config file > built-in default.
+
+The config file is TOML, found at ``--config FILE`` > ``$TASKLOCK_CONFIG`` > ``./tasklock.toml``
+> ``$XDG_CONFIG_HOME/tasklock/config.toml`` > ``/etc/tasklock/config.toml``::
+
+    store = "postgresql://db/locks"
+    ttl = "30s"
+    [keys."invoices:*"]
+    ttl = "5m"
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tasklock_cli.durations import parse_duration
+from tasklock_cli.errors import ConfigError, UsageError
+from tasklock_cli.stores import default_store_url
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+DURATION_SETTINGS = ("ttl", "renew-every", "wait", "grace", "max-lifetime", "hold-at-least")
+INTEGER_SETTINGS = ("conflict-exit-code",)
+RUN_SETTINGS = (*DURATION_SETTINGS, *INTEGER_SETTINGS)
+
+
+@dataclass
+class Config:
+    path: Path | None = None
+    store: str | None = None
+    run_defaults: dict[str, object] = field(default_factory=dict)
+    key_overrides: list[tuple[str, dict[str, object]]] = field(default_factory=list)
+
+    def run_setting(self, key: str, name: str) -> object | None:
+        """The file's value of a ``run`` setting for this key: the last matching pattern wins."""
+        value = self.run_defaults.get(name)
+        for pattern, settings in self.key_overrides:
+            if fnmatch.fnmatchcase(key, pattern) and name in settings:
+                value = settings[name]
+        return value
+
+
+def config_candidates(explicit: str | None) -> list[tuple[Path, bool]]:
+    """(path, must_exist) in the order they are looked for."""
+    if explicit:
+        return [(Path(explicit), True)]
+    if os.environ.get("TASKLOCK_CONFIG"):
+        return [(Path(os.environ["TASKLOCK_CONFIG"]), True)]
+    config_home = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return [
+        (Path("tasklock.toml"), False),
+        (Path(config_home) / "tasklock" / "config.toml", False),
+        (Path("/etc/tasklock/config.toml"), False),
+    ]
+
+
+def load_config(explicit: str | None = None) -> Config:
+    for path, must_exist in config_candidates(explicit):
+        if path.is_file():
+            return parse_config_file(path)
+        if must_exist:
+            raise ConfigError(f"config file {path} does not exist")
+    return Config()
+
+
+def parse_config_file(path: Path) -> Config:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+    config = Config(path=path)
+    for name, value in data.items():
+        if name == "store":
+            if not isinstance(value, str) or not value:
+                raise _bad(path, text, name, "must be a store URL string")
+            config.store = value
+        elif name == "keys":
+            if not isinstance(value, dict):
+                raise _bad(path, text, name, 'must be a table of key patterns ([keys."job:*"])')
+            for pattern, settings in value.items():
+                if not isinstance(settings, dict):
+                    raise _bad(path, text, pattern, "must be a table of run settings")
+                config.key_overrides.append((pattern, _run_settings(path, text, settings)))
+        elif name in RUN_SETTINGS:
+            config.run_defaults.update(_run_settings(path, text, {name: value}))
+        else:
+            raise _bad(path, text, name, "is not a tasklock setting")
+    return config
+
+
+def _run_settings(path: Path, text: str, settings: dict) -> dict[str, object]:
+    checked: dict[str, object] = {}
+    for name, value in settings.items():
+        if name in DURATION_SETTINGS:
+            try:
+                checked[name] = parse_duration(str(value), option=name)
+            except UsageError as exc:
+                raise _bad(path, text, name, str(exc)) from None
+        elif name in INTEGER_SETTINGS:
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 255:
+                raise _bad(path, text, name, "must be an integer from 0 to 255")
+            checked[name] = value
+        else:
+            raise _bad(path, text, name, "is not a run setting")
+    return checked
+
+
+def _bad(path: Path, text: str, setting: str, problem: str) -> ConfigError:
+    line = _line_of(text, setting)
+    where = f"{path}:{line}" if line else str(path)
+    return ConfigError(f"{where}: setting {setting!r} {problem}")
+
+
+def _line_of(text: str, setting: str) -> int | None:
+    pattern = re.compile(rf"^\s*(\[[^\]]*)?[\"']?{re.escape(setting)}[\"']?\s*[=\].]")
+    for number, line in enumerate(text.splitlines(), start=1):
+        if pattern.search(line):
+            return number
+    return None
+
+
+def resolve_store_url(flag: str | None, config: Config) -> str:
+    return flag or os.environ.get("TASKLOCK_STORE") or config.store or default_store_url()

@@ -1,0 +1,144 @@
+"""The lease engine: acquiring (with waiting), the client-side deadline, renewal and release.
+
+The store's clock decides expiry. The client keeps its own, stricter deadline: ``ttl``
+after the moment the acquire or renew request was *sent*, on a monotonic clock, so that
+however long the reply took, the client never believes in a lease the store has freed.
+"""
+
+from __future__ import annotations
+
+import random
+import secrets
+import threading
+from dataclasses import dataclass
+
+from tasklock_cli import clock as clocks
+from tasklock_cli.errors import LeaseLost, StoreUnavailable, TasklockError
+from tasklock_cli.stores.base import Holder, Lease, LeaseInfo, Store
+
+# Waiting: first retry soon, then back off; stores that signal releases wake us earlier.
+FIRST_RETRY_S = 0.005
+POLL_CEILING_S = 0.05
+SIGNALLED_POLL_CEILING_S = 1.0
+
+
+class Conflict(TasklockError):
+    """The lock is held by someone else and the wait (if any) ran out."""
+
+    exit_code = 75
+
+    def __init__(self, key: str, holder: LeaseInfo | None) -> None:
+        self.key = key
+        self.holder = holder
+        super().__init__(describe_conflict(key, holder))
+
+
+def describe_holder(info: LeaseInfo) -> str:
+    holder = info.holder
+    return f"{holder.host} pid {holder.pid} (user {holder.user}, token {info.fencing_token})"
+
+
+def describe_conflict(key: str, info: LeaseInfo | None) -> str:
+    if info is None:
+        return f"{key!r} is held by someone else"
+    return f"{key!r} is held by {describe_holder(info)} until {info.expires_at:%Y-%m-%dT%H:%M:%SZ}"
+
+
+@dataclass
+class LeaseKeeper:
+    """Owns one lease: its local deadline, renewals and release, serialised by one lock."""
+
+    store: Store
+    key: str
+    ttl: float
+    holder: Holder
+    clock: clocks.Clock = clocks.monotonic
+
+    def __post_init__(self) -> None:
+        self.owner_token = secrets.token_hex(16)
+        self.lease: Lease | None = None
+        self.deadline = 0.0
+        self.acquired_at = 0.0
+        self.lock = threading.Lock()
+
+    @property
+    def fencing_token(self) -> int | None:
+        return self.lease.fencing_token if self.lease else None
+
+    def remaining(self) -> float:
+        return self.deadline - self.clock()
+
+    def try_acquire(self) -> bool:
+        """One attempt. The owner token stays the same across attempts, so a retry after a
+        lost reply recognises a lease it already holds instead of conflicting with itself."""
+        with self.lock:
+            sent = self.clock()
+            lease = self.store.acquire(self.key, self.ttl, self.holder, self.owner_token)
+            if lease is None:
+                return False
+            self.lease, self.deadline, self.acquired_at = lease, sent + self.ttl, sent
+            return True
+
+    def renew(self) -> Lease:
+        """Extend the lease; raises LeaseLost (rejected) or StoreUnavailable."""
+        with self.lock:
+            if self.lease is None:
+                raise LeaseLost(f"no lease on {self.key!r} to renew")
+            sent = self.clock()
+            self.lease = self.store.renew(self.lease, self.ttl)
+            self.deadline = max(self.deadline, sent + self.ttl)
+            return self.lease
+
+    def release(self, keep_for: float = 0.0, lock_timeout: float = -1) -> bool:
+        """Release once; True when the store confirmed the lease was ours and is now freed
+        (or set to run out after ``keep_for``). The lease is forgotten only on confirmation."""
+        if not self.lock.acquire(timeout=lock_timeout):
+            raise StoreUnavailable(f"a renewal of {self.key!r} is still hanging")
+        try:
+            if self.lease is None:
+                return False
+            released = self.store.release(self.lease, keep_for=keep_for)
+            self.lease = None
+            return released
+        finally:
+            self.lock.release()
+
+
+class Waiter:
+    """Retries an acquisition until it succeeds or ``wait`` seconds have passed."""
+
+    def __init__(self, keeper: LeaseKeeper, wait: float, on_waiting=None, rng=random.random):
+        self.keeper = keeper
+        self.wait = wait
+        self.on_waiting = on_waiting
+        self.rng = rng
+        signals = keeper.store.signals_release
+        self.ceiling = SIGNALLED_POLL_CEILING_S if signals else POLL_CEILING_S
+
+    def acquire(self) -> None:
+        keeper, clock = self.keeper, self.keeper.clock
+        give_up_at = clock() + self.wait
+        delay = FIRST_RETRY_S
+        announced = False
+        while True:
+            try:
+                if keeper.try_acquire():
+                    return
+            except StoreUnavailable:
+                if clock() + delay >= give_up_at:
+                    raise
+                # a blip while waiting is retried like a conflict
+            left = give_up_at - clock()
+            if left <= 0:
+                raise Conflict(keeper.key, self._current_holder())
+            if not announced and self.on_waiting is not None:
+                self.on_waiting(self._current_holder())
+                announced = True
+            keeper.store.wait_for_release(keeper.key, min(delay * (0.5 + self.rng()), left))
+            delay = min(delay * 2, self.ceiling)
+
+    def _current_holder(self) -> LeaseInfo | None:
+        try:
+            return self.keeper.store.peek(self.keeper.key)
+        except TasklockError:
+            return None

@@ -1,0 +1,97 @@
+"""Rendering for people: a rich table on a terminal, plain tab-separated columns when piped."""
+
+from __future__ import annotations
+
+import os
+import sys
+from datetime import datetime, timezone
+
+from tasklock_cli.durations import format_duration
+from tasklock_cli.stores.base import LeaseInfo, StoreCheck, rfc3339
+
+
+def relative(moment: datetime, now: datetime | None = None) -> str:
+    delta = (moment - (now or datetime.now(timezone.utc))).total_seconds()
+    return f"in {format_duration(delta)}" if delta >= 0 else f"{format_duration(-delta)} ago"
+
+
+def _expiry(info: LeaseInfo) -> str:
+    if info.expired:
+        return f"expired {relative(info.expires_at)}"
+    return f"expires {relative(info.expires_at)}"
+
+
+def _to_terminal() -> bool:
+    return sys.stdout.isatty()
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(no_color=bool(os.environ.get("NO_COLOR")) or None, highlight=False)
+
+
+def lease_table(leases: list[LeaseInfo]) -> None:
+    if not _to_terminal():
+        for info in leases:
+            h = info.holder
+            fields = [
+                info.key,
+                h.host,
+                str(h.pid),
+                h.user,
+                str(info.fencing_token),
+                rfc3339(info.expires_at),
+                "expired" if info.expired else "held",
+                h.note or "",
+            ]
+            sys.stdout.write("\t".join(_one_line(f) for f in fields) + "\n")
+        return
+    if not leases:
+        sys.stdout.write("no locks held\n")
+        return
+    from rich.table import Table
+
+    table = Table(box=None, header_style="bold")
+    for column in ("KEY", "HOLDER", "TOKEN", "ACQUIRED", "EXPIRES", "NOTE"):
+        table.add_column(column)
+    for info in leases:
+        h = info.holder
+        table.add_row(
+            info.key,
+            f"{h.user}@{h.host} pid {h.pid}",
+            str(info.fencing_token),
+            relative(info.acquired_at),
+            _expiry(info),
+            h.note or "",
+            style="dim" if info.expired else None,
+        )
+    _console().print(table)
+
+
+def lease_details(info: LeaseInfo) -> None:
+    h = info.holder
+    rows = [
+        ("key", info.key),
+        ("holder", f"{h.host} pid {h.pid} (user {h.user})"),
+        ("command", " ".join(h.command)),
+        ("note", h.note or "-"),
+        ("token", str(info.fencing_token)),
+        ("acquired", f"{rfc3339(info.acquired_at)} ({relative(info.acquired_at)})"),
+        ("expires", f"{rfc3339(info.expires_at)} ({relative(info.expires_at)})"),
+    ]
+    for name, value in rows:
+        sys.stdout.write(f"{name:<9} {_one_line(value)}\n")
+
+
+def doctor_report(config_file: str, checks: list[StoreCheck]) -> None:
+    lines = [("ok", "config", config_file)]
+    for check in checks:
+        status = "fail" if not check.ok else "warn" if check.warning else "ok"
+        lines.append((status, check.name, check.detail))
+    for status, name, detail in lines:
+        sys.stdout.write(f"{status:<5} {name:<12} {detail}\n")
+
+
+def _one_line(text: str) -> str:
+    return text.replace("\t", " ").replace("\n", " ")

@@ -1,0 +1,704 @@
+"""Redis store: Redis's own TTLs decide expiry; the fencing counter lives as long as Redis's data.
+
+Key layout, per lock key ``K`` under the namespace prefix ``P`` (``prefix=`` in the URL,
+default ``tasklock:``)::
+
+    P{K}:lease     hash  owner, fencing_token, holder (JSON), acquired_at, expires_at (ms)
+                         with a PX TTL: the lease exists exactly while it is live
+    P{K}:fence     string  the per-key fencing counter (INCR); never given a TTL, never
+                           deleted by release, expiry, sweep or force release
+    P{K}:released  pub/sub channel: release and force release publish on it
+
+``K`` is stored exactly (no hashing, no truncation). The ``{...}`` hash tag keeps a lease
+and its counter in one Redis Cluster slot (except for keys starting with ``}``, whose tag is
+empty). Every mutation is one Lua script (EVALSHA, reloaded on NOSCRIPT) that checks the
+owner token and takes its times from Redis's ``TIME``, never the client's clock.
+
+Durability: the fencing counter is only as durable as Redis. ``FLUSHALL``/``FLUSHDB``, a
+restart without persistence, or a failover that loses the last writes resets the counter,
+and tokens issued before can be issued again. ``doctor`` warns about the settings that
+matter (AOF with ``appendfsync everysec|always``, ``maxmemory-policy noeviction``).
+
+Connections: sockets are close-on-exec (Python's default), so a child never inherits them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+from urllib.parse import unquote, unquote_plus, urlsplit, urlunsplit
+
+# Absolute import: this is redis-py, not this module (Python 3 has no implicit relative
+# imports, and ``from __future__ import annotations`` changes nothing about that).
+import redis
+import redis.exceptions as rexc
+from redis.backoff import NoBackoff
+from redis.commands.core import Script
+from redis.retry import Retry
+
+from tasklock_cli.errors import ConfigError, LeaseLost, StoreUnavailable, TasklockError
+from tasklock_cli.stores import redact_url
+from tasklock_cli.stores.base import Holder, Lease, LeaseInfo, Store, StoreCheck, utc_from_timestamp
+
+DEFAULT_PREFIX = "tasklock:"
+DEFAULT_IO_TIMEOUT_S = 5.0
+#: Idle connections are PINGed before reuse, so a connection the server closed (restart,
+#: ``timeout`` setting) fails *before* the real command is sent and can be retried safely.
+HEALTH_CHECK_INTERVAL_S = 15
+SCAN_COUNT = 10_000
+FETCH_BATCH = 2_000
+CLOCK_WARN_S = 1.0
+
+_T = TypeVar("_T")
+
+# All scripts: KEYS[1] = lease hash. Types are checked first so that a foreign key under the
+# prefix is reported (as "WRONGTYPE lease|fence <type>") before anything is written.
+_PRELUDE = """
+if redis.replicate_commands then redis.replicate_commands() end
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function ms(n) return string.format('%d', n) end
+local lease_type = redis.call('TYPE', KEYS[1])['ok']
+if lease_type ~= 'none' and lease_type ~= 'hash' then
+  return redis.error_reply('WRONGTYPE lease ' .. lease_type)
+end
+"""
+
+# KEYS[2] = fence; ARGV: owner, ttl_ms, holder_json.
+# -> {fencing_token, acquired_at_ms, expires_at_ms} or nil (held by someone else)
+_ACQUIRE = (
+    _PRELUDE
+    + """
+local fence_type = redis.call('TYPE', KEYS[2])['ok']
+if fence_type ~= 'none' and fence_type ~= 'string' then
+  return redis.error_reply('WRONGTYPE fence ' .. fence_type)
+end
+local now = now_ms()
+local ttl = tonumber(ARGV[2])
+if lease_type == 'hash' then
+  local cur = redis.call('HMGET', KEYS[1], 'owner', 'fencing_token', 'acquired_at')
+  if cur[1] ~= ARGV[1] then return false end
+  -- our own acquisition whose reply was lost: same lease, same token, refreshed TTL
+  redis.call('HSET', KEYS[1], 'expires_at', ms(now + ttl), 'holder', ARGV[3])
+  redis.call('PEXPIRE', KEYS[1], ttl)
+  return {tonumber(cur[2]), tonumber(cur[3]), now + ttl}
+end
+if fence_type == 'string' then
+  local value = redis.call('GET', KEYS[2])
+  if not string.match(value, '^%d+$') then
+    return redis.error_reply('WRONGTYPE fence non-integer string')
+  end
+end
+local token = redis.call('INCR', KEYS[2])
+redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'fencing_token', ms(token), 'holder', ARGV[3],
+           'acquired_at', ms(now), 'expires_at', ms(now + ttl))
+redis.call('PEXPIRE', KEYS[1], ttl)
+return {token, now, now + ttl}
+"""
+)
+
+# ARGV: owner, fencing_token, ttl_ms -> expires_at_ms, or nil when the lease is not ours/live
+_RENEW = (
+    _PRELUDE
+    + """
+if lease_type == 'none' then return false end
+local cur = redis.call('HMGET', KEYS[1], 'owner', 'fencing_token')
+if cur[1] ~= ARGV[1] or cur[2] ~= ARGV[2] then return false end
+local now = now_ms()
+local ttl = tonumber(ARGV[3])
+redis.call('HSET', KEYS[1], 'expires_at', ms(now + ttl))
+redis.call('PEXPIRE', KEYS[1], ttl)
+return now + ttl
+"""
+)
+
+# ARGV: owner, fencing_token, keep_ms (0 = delete now), channel
+# -> 1 released (or kept for keep_ms), 0 no lease at all, -1 someone else's lease
+_RELEASE = (
+    _PRELUDE
+    + """
+if lease_type == 'none' then return 0 end
+local cur = redis.call('HMGET', KEYS[1], 'owner', 'fencing_token')
+if cur[1] ~= ARGV[1] or cur[2] ~= ARGV[2] then return -1 end
+local keep = tonumber(ARGV[3])
+if keep > 0 then
+  redis.call('HSET', KEYS[1], 'expires_at', ms(now_ms() + keep))
+  redis.call('PEXPIRE', KEYS[1], keep)
+  return 1
+end
+redis.call('DEL', KEYS[1])
+redis.call('PUBLISH', ARGV[4], 'released')
+return 1
+"""
+)
+
+# ARGV: channel -> the broken lease's hash as a flat list, or nil when free
+_FORCE_RELEASE = (
+    _PRELUDE
+    + """
+if lease_type == 'none' then return false end
+local data = redis.call('HGETALL', KEYS[1])
+redis.call('DEL', KEYS[1])
+redis.call('PUBLISH', ARGV[1], 'forced')
+return data
+"""
+)
+
+_GLOB_SPECIAL = frozenset(b"*?[]\\^")
+
+
+def glob_escape(raw: bytes) -> bytes:
+    """``raw`` as a literal in a Redis MATCH pattern (every metacharacter backslashed)."""
+    out = bytearray()
+    for byte in raw:
+        if byte in _GLOB_SPECIAL:
+            out.append(0x5C)
+        out.append(byte)
+    return bytes(out)
+
+
+def _ttl_ms(seconds: float, what: str) -> int:
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ConfigError(f"the {what} must be a positive, finite duration (got {seconds!r})")
+    return max(1, math.ceil(seconds * 1000))
+
+
+def _split_url(url: str) -> tuple[str, str, list[str]]:
+    """(url for redis-py without tasklock's own ``prefix=``, prefix, secrets to scrub)."""
+    parts = urlsplit(url)
+    prefix = DEFAULT_PREFIX
+    kept: list[str] = []
+    secrets: list[str] = []
+    for item in parts.query.split("&") if parts.query else []:
+        name, _, value = item.partition("=")
+        name = unquote_plus(name)
+        if name == "prefix":
+            prefix = unquote_plus(value)
+            continue
+        if name == "password" and value:
+            secrets.append(unquote_plus(value))
+        kept.append(item)
+    if parts.password:
+        secrets.append(unquote(parts.password))
+    clean = urlunsplit(parts._replace(query="&".join(kept)))
+    return clean, prefix, secrets
+
+
+class RedisStore(Store):
+    def __init__(self, url: str, prefix: str = DEFAULT_PREFIX, display_url: str | None = None):
+        self._url = url
+        self.prefix = prefix
+        self._prefix_b = prefix.encode("utf-8")
+        self.display_url = display_url or redact_url(url)
+        self._secrets = [s for s in _split_url(url)[2] if s]
+        self._tcp = urlsplit(url).scheme.lower() in ("redis", "rediss")
+        self._io_timeout = DEFAULT_IO_TIMEOUT_S
+        self._scripts = {
+            name: Script(None, source.encode("utf-8"))
+            for name, source in (
+                ("acquire", _ACQUIRE),
+                ("renew", _RENEW),
+                ("release", _RELEASE),
+                ("force_release", _FORCE_RELEASE),
+            )
+        }
+        self._client_lock = threading.Lock()
+        self._sub_lock = threading.Lock()
+        self._sub_conn: Any = None  # lazily created pub/sub connection, see wait_for_release
+        self._client = self._make_client()
+
+    @classmethod
+    def from_url(cls, url: str) -> RedisStore:
+        clean, prefix, _ = _split_url(url)
+        store = cls(clean, prefix=prefix, display_url=redact_url(url))
+        store._secrets = [s for s in _split_url(url)[2] if s]
+        return store
+
+    # -- connection ---------------------------------------------------------------
+
+    def _connection_kwargs(self, health_check: bool = True) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {
+            "socket_connect_timeout": self._io_timeout,
+            "socket_timeout": self._io_timeout,
+            # No silent retries inside redis-py (they would multiply the time a call can
+            # take past the supervisor's deadline); ``_call`` retries once, knowingly.
+            "retry": Retry(NoBackoff(), 0),
+            "health_check_interval": HEALTH_CHECK_INTERVAL_S if health_check else 0,
+            "client_name": "tasklock",
+            "decode_responses": False,
+        }
+        if self._tcp:
+            kwargs["socket_keepalive"] = True
+        return kwargs
+
+    def _make_client(self) -> redis.Redis:
+        try:
+            client = redis.Redis.from_url(self._url, **self._connection_kwargs())
+            pool = client.connection_pool
+            # Build (not connect) one connection so unknown URL parameters fail here, clearly.
+            pool.connection_class(**pool.connection_kwargs)
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"invalid Redis URL {self.display_url!r}: {self._scrub(exc)}") from None
+        return client
+
+    def set_io_timeout(self, seconds: float) -> None:
+        if not math.isfinite(seconds) or seconds <= 0 or seconds == self._io_timeout:
+            return
+        with self._client_lock:
+            self._io_timeout = seconds
+            old, self._client = self._client, self._make_client()
+        # Idle connections of the old pool close now; ones in use close when collected.
+        old.connection_pool.disconnect(inuse_connections=False)
+        self._close_subscriber()
+
+    def _scrub(self, exc: object) -> str:
+        text = str(exc)
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
+
+    def _lease_key(self, key: str) -> bytes:
+        return self._prefix_b + b"{" + key.encode("utf-8") + b"}:lease"
+
+    def _fence_key(self, key: str) -> bytes:
+        return self._prefix_b + b"{" + key.encode("utf-8") + b"}:fence"
+
+    def _channel(self, key: str) -> bytes:
+        return self._prefix_b + b"{" + key.encode("utf-8") + b"}:released"
+
+    def _key_of(self, lease_key: bytes) -> str:
+        return lease_key[len(self._prefix_b) + 1 : -len(b"}:lease")].decode("utf-8", "replace")
+
+    def _call(self, operation: Callable[[redis.Redis], _T], key: str | None = None) -> _T:
+        """Run ``operation`` once more on a fresh connection if the connection broke.
+
+        A broken connection (refused, reset, closed by the server) fails fast; a timeout is
+        not retried here, so one call stays within about one I/O timeout. Every retried
+        operation is safe to repeat: acquire recognises its own owner token, renew and
+        release check it, reads are reads.
+        """
+        for attempt in (1, 2):
+            try:
+                return operation(self._client)
+            except (rexc.AuthenticationError, rexc.AuthorizationError) as exc:
+                raise self._translate(exc, key) from None
+            except rexc.ConnectionError as exc:
+                if attempt == 1 and not isinstance(exc, rexc.BusyLoadingError):
+                    continue
+                raise self._translate(exc, key) from None
+            except rexc.RedisError as exc:
+                raise self._translate(exc, key) from None
+        raise AssertionError("unreachable")
+
+    def _translate(self, exc: Exception, key: str | None = None) -> TasklockError:
+        text = self._scrub(exc)
+        where = self.display_url
+        if isinstance(exc, rexc.AuthenticationError | rexc.AuthorizationError):
+            # 78, not 69: the server answered and refused these credentials. Retrying cannot
+            # help; the store URL (or the server's ACL) has to be fixed.
+            return ConfigError(
+                f"{where}: Redis refused the credentials ({text}); "
+                "check the user name and password of the store URL"
+            )
+        if isinstance(exc, rexc.ConnectionError | rexc.TimeoutError):
+            return StoreUnavailable(f"{where}: {text}")
+        if isinstance(exc, rexc.NoPermissionError):
+            return ConfigError(f"{where}: the Redis user may not run what tasklock needs ({text})")
+        if isinstance(exc, rexc.ResponseError):
+            if text.startswith("WRONGTYPE"):
+                return self._foreign_key_error(text, key)
+            if "unknown command" in text.lower():
+                return ConfigError(f"{where}: this Redis lacks a command tasklock needs ({text})")
+        return StoreUnavailable(f"{where}: Redis answered with an error: {text}")
+
+    def _foreign_key_error(self, text: str, key: str | None) -> ConfigError:
+        words = text.split()
+        which = words[1] if len(words) > 1 and words[1] in ("lease", "fence") else "lease"
+        found = " ".join(words[2:]) if which == words[1:2][0:1] and len(words) > 2 else None
+        if key is not None:
+            name = (self._fence_key(key) if which == "fence" else self._lease_key(key)).decode(
+                "utf-8", "replace"
+            )
+            described = f"Redis key {name!r}"
+        else:
+            described = "a Redis key"
+        expected = "an integer counter" if which == "fence" else "a tasklock lease hash"
+        holds = f" holds a {found}" if found else " holds another type"
+        return ConfigError(
+            f"{self.display_url}: {described}{holds}, not {expected}: another application "
+            f"uses the prefix {self.prefix!r}; remove that key or set another prefix= in the "
+            "store URL (nothing was changed)"
+        )
+
+    # -- the interface --------------------------------------------------------------
+
+    def acquire(self, key: str, ttl: float, holder: Holder, owner_token: str) -> Lease | None:
+        ttl_ms = _ttl_ms(ttl, "lease TTL")
+        holder_json = json.dumps(holder.to_dict())
+        script = self._scripts["acquire"]
+        result = self._call(
+            lambda c: script(
+                keys=[self._lease_key(key), self._fence_key(key)],
+                args=[owner_token, ttl_ms, holder_json],
+                client=c,
+            ),
+            key,
+        )
+        if result is None:
+            return None
+        token, acquired_ms, expires_ms = (int(v) for v in result)
+        return Lease(
+            key,
+            owner_token,
+            token,
+            utc_from_timestamp(acquired_ms / 1000),
+            utc_from_timestamp(expires_ms / 1000),
+        )
+
+    def renew(self, lease: Lease, ttl: float) -> Lease:
+        ttl_ms = _ttl_ms(ttl, "lease TTL")
+        script = self._scripts["renew"]
+        result = self._call(
+            lambda c: script(
+                keys=[self._lease_key(lease.key)],
+                args=[lease.owner_token, lease.fencing_token, ttl_ms],
+                client=c,
+            ),
+            lease.key,
+        )
+        if result is None:
+            raise LeaseLost(f"the lease on {lease.key!r} is no longer ours")
+        return Lease(
+            lease.key,
+            lease.owner_token,
+            lease.fencing_token,
+            lease.acquired_at,
+            utc_from_timestamp(int(result) / 1000),
+        )
+
+    def release(self, lease: Lease, keep_for: float = 0.0) -> bool:
+        keep_ms = _ttl_ms(keep_for, "keep-for time") if keep_for > 0 else 0
+        script = self._scripts["release"]
+        attempts = 0
+
+        def run(client: redis.Redis) -> Any:
+            nonlocal attempts
+            attempts += 1
+            return script(
+                keys=[self._lease_key(lease.key)],
+                args=[lease.owner_token, lease.fencing_token, keep_ms, self._channel(lease.key)],
+                client=client,
+            )
+
+        result = int(self._call(run, lease.key))
+        if result == 1:
+            return True
+        # No lease at all on a second attempt: the first one may have deleted it before its
+        # reply was lost. Either way nobody holds the key in our name or anyone else's.
+        return result == 0 and attempts > 1 and keep_ms == 0
+
+    def peek(self, key: str) -> LeaseInfo | None:
+        name = self._lease_key(key)
+        data = self._call(lambda c: c.hgetall(name), key)
+        return self._info(key, name, data) if data else None
+
+    def list(self, prefix: str = "", include_expired: bool = False) -> Iterator[LeaseInfo]:
+        # Redis frees expired keys itself: include_expired can only ever show live leases.
+        pattern = glob_escape(self._prefix_b + b"{" + prefix.encode("utf-8")) + b"*}:lease"
+        names = sorted(set(self._call(lambda c: self._scan(c, pattern))))
+        infos: list[LeaseInfo] = []
+        for start in range(0, len(names), FETCH_BATCH):
+            batch = names[start : start + FETCH_BATCH]
+            rows = self._call(lambda c, batch=batch: self._fetch(c, batch))
+            for name, data in zip(batch, rows, strict=True):
+                key = self._key_of(name)
+                if isinstance(data, rexc.ResponseError):
+                    raise self._translate(data, key)
+                if isinstance(data, Exception):
+                    raise data
+                if data and key.startswith(prefix):
+                    infos.append(self._info(key, name, data))
+        infos.sort(key=lambda info: info.key)
+        return iter(infos)
+
+    @staticmethod
+    def _scan(client: redis.Redis, pattern: bytes) -> list[bytes]:
+        return list(client.scan_iter(match=pattern, count=SCAN_COUNT))
+
+    @staticmethod
+    def _fetch(client: redis.Redis, names: list[bytes]) -> list[Any]:
+        pipe = client.pipeline(transaction=False)
+        for name in names:
+            pipe.hgetall(name)
+        return pipe.execute(raise_on_error=False)
+
+    def sweep(self, dry_run: bool = False) -> int:
+        # Expired leases vanish by themselves (PX) and there is no index to prune; counters
+        # are never touched. Still check that the store answers, so `sweep` reports an
+        # unreachable store instead of claiming success.
+        self._call(lambda c: c.ping())
+        return 0
+
+    def force_release(self, key: str) -> LeaseInfo | None:
+        script = self._scripts["force_release"]
+        name = self._lease_key(key)
+        flat = self._call(
+            lambda c: script(keys=[name], args=[self._channel(key)], client=c), key
+        )
+        if not flat:
+            return None
+        data = dict(zip(flat[0::2], flat[1::2], strict=True))
+        return self._info(key, name, data)
+
+    def wait_for_release(self, key: str, timeout: float) -> None:
+        """Block until the lease on ``key`` is released or expires, at most ``timeout``.
+
+        Subscribe first, then look at the lease (so a release between the caller's failed
+        acquire and the subscription is not missed), then wait for the release message, at
+        most until the lease's own expiry. Never raises: on any trouble it sleeps the rest
+        of the timeout and the caller's next acquire reports the store's state.
+        """
+        if timeout <= 0:
+            return
+        deadline = time.monotonic() + timeout
+        if not self._sub_lock.acquire(timeout=timeout):
+            return  # another thread is waiting on this store's subscription connection
+        try:
+            try:
+                self._wait_subscribed(key, deadline)
+            except rexc.RedisError:
+                self._close_subscriber_locked()
+                remaining = deadline - time.monotonic()
+                if remaining > 0:
+                    time.sleep(remaining)
+        finally:
+            self._sub_lock.release()
+
+    def _wait_subscribed(self, key: str, deadline: float) -> None:
+        channel = self._channel(key)
+        conn = self._subscriber()
+        conn.send_command("SUBSCRIBE", channel)
+        try:
+            # Skip whatever an earlier wait left unread, up to our own confirmation.
+            while True:
+                message = self._next_message(conn, deadline)
+                if message is None:
+                    return
+                if message[:2] == [b"subscribe", channel]:
+                    break
+            name = self._lease_key(key)
+            pttl = int(self._call(lambda c: c.pttl(name), key))
+            if pttl == -2:
+                return  # already free
+            if pttl >= 0:  # wake at the lease's own expiry (no message is sent for it)
+                deadline = min(deadline, time.monotonic() + pttl / 1000 + 0.002)
+            while True:
+                message = self._next_message(conn, deadline)
+                if message is None or message[:2] == [b"message", channel]:
+                    return
+        finally:
+            if self._sub_conn is conn:
+                conn.send_command("UNSUBSCRIBE", channel)
+
+    @staticmethod
+    def _next_message(conn: Any, deadline: float) -> list[Any] | None:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not conn.can_read(timeout=remaining):
+            return None
+        response = conn.read_response()
+        return response if isinstance(response, list) else [response]
+
+    def _subscriber(self) -> Any:
+        if self._sub_conn is None:
+            pool = self._client.connection_pool
+            kwargs = {**pool.connection_kwargs, **self._connection_kwargs(health_check=False)}
+            kwargs.pop("connection_class", None)
+            self._sub_conn = pool.connection_class(**kwargs)
+        return self._sub_conn
+
+    def _close_subscriber(self) -> None:
+        with self._sub_lock:
+            self._close_subscriber_locked()
+
+    def _close_subscriber_locked(self) -> None:
+        conn, self._sub_conn = self._sub_conn, None
+        if conn is not None:
+            try:
+                conn.disconnect()
+            except Exception:
+                pass
+
+    # -- schema and diagnostics --------------------------------------------------------
+
+    def init_schema(self) -> None:
+        """Nothing to create: keys appear on first use."""
+
+    def schema_sql(self) -> str | None:
+        return None
+
+    def doctor(self) -> list[StoreCheck]:
+        checks = [StoreCheck("store", True, f"{self.display_url} (key prefix {self.prefix!r})")]
+        try:
+            started = time.perf_counter()
+            self._call(lambda c: c.ping())
+            rtt = time.perf_counter() - started
+        except TasklockError as exc:
+            checks.append(StoreCheck("reachable", False, str(exc)))
+            return checks
+        checks.append(StoreCheck("reachable", True, f"PING answered in {rtt * 1000:.1f} ms"))
+        for check in (self._check_server, self._check_persistence, self._check_eviction):
+            try:
+                checks.append(check())
+            except TasklockError as exc:
+                checks.append(StoreCheck(check.__name__[7:], False, str(exc)))
+        checks.append(self._check_clock())
+        return checks
+
+    def _info_section(self, section: str) -> dict[str, Any]:
+        return self._call(lambda c: c.info(section))
+
+    def _config_get(self, name: str) -> str | None:
+        """The setting's value, or None when CONFIG is refused (managed Redis)."""
+        try:
+            values = self._call(lambda c: c.config_get(name))
+        except ConfigError:
+            return None
+        except StoreUnavailable as exc:
+            if "answered with an error" in str(exc):
+                return None
+            raise
+        value = values.get(name.encode()) if values else None
+        return value.decode() if isinstance(value, bytes) else value
+
+    def _check_server(self) -> StoreCheck:
+        info = self._info_section("server")
+        version = info.get("redis_version", "unknown")
+        mode = info.get("redis_mode", "standalone")
+        if mode == "cluster":
+            return StoreCheck(
+                "server",
+                True,
+                f"Redis {version} in cluster mode: tasklock talks to one node; keys of other "
+                "slots get MOVED errors — use a standalone or primary endpoint",
+                warning=True,
+            )
+        return StoreCheck("server", True, f"Redis {version} ({mode})")
+
+    def _check_persistence(self) -> StoreCheck:
+        appendonly = self._config_get("appendonly")
+        fsync = self._config_get("appendfsync")
+        risk = (
+            "fencing tokens are only as durable as Redis: after a restart or failover that "
+            "loses writes, tokens issued before can be issued again"
+        )
+        if appendonly is None or fsync is None:
+            try:
+                aof = self._info_section("persistence").get("aof_enabled")
+            except TasklockError:
+                aof = None
+            known = "" if aof is None else f" (INFO says aof_enabled={aof})"
+            return StoreCheck(
+                "persistence",
+                True,
+                f"could not be checked: CONFIG GET is not allowed{known}; {risk} — "
+                "make sure AOF with appendfsync everysec or always is on",
+                warning=True,
+            )
+        if appendonly == "yes" and fsync in ("everysec", "always"):
+            return StoreCheck("persistence", True, f"AOF on, appendfsync {fsync}")
+        return StoreCheck(
+            "persistence",
+            True,
+            f"appendonly {appendonly}, appendfsync {fsync}: {risk}; "
+            "enable appendonly yes with appendfsync everysec or always",
+            warning=True,
+        )
+
+    def _check_eviction(self) -> StoreCheck:
+        policy = self._config_get("maxmemory-policy")
+        if policy is None:
+            try:
+                policy = self._info_section("memory").get("maxmemory_policy")
+            except TasklockError:
+                policy = None
+        if policy is None:
+            return StoreCheck(
+                "eviction",
+                True,
+                "maxmemory-policy could not be checked (CONFIG GET and INFO refused); it "
+                "must be noeviction",
+                warning=True,
+            )
+        if policy == "noeviction":
+            return StoreCheck("eviction", True, "maxmemory-policy noeviction")
+        what = (
+            "volatile-* policies evict live leases (a second holder can start)"
+            if str(policy).startswith("volatile")
+            else "allkeys-* policies can evict leases and fencing counters"
+        )
+        return StoreCheck(
+            "eviction", True, f"maxmemory-policy {policy}: {what}; use noeviction", warning=True
+        )
+
+    def _check_clock(self) -> StoreCheck:
+        try:
+            sent_wall = time.time()
+            sent = time.perf_counter()
+            seconds, micros = self._call(lambda c: c.time())
+            rtt = time.perf_counter() - sent
+        except TasklockError as exc:
+            return StoreCheck("clock", False, str(exc))
+        server = seconds + micros / 1_000_000
+        offset = server - (sent_wall + rtt / 2)
+        detail = (
+            f"Redis's clock is {abs(offset) * 1000:.0f} ms "
+            f"{'ahead of' if offset >= 0 else 'behind'} this machine's "
+            f"(±{rtt * 500:.1f} ms); expiry runs on Redis's clock"
+        )
+        if abs(offset) > CLOCK_WARN_S:
+            return StoreCheck(
+                "clock",
+                True,
+                detail + "; times shown by peek/list will look off on this machine",
+                warning=True,
+            )
+        return StoreCheck("clock", True, detail)
+
+    def close(self) -> None:
+        self._close_subscriber()
+        with self._client_lock:
+            client = self._client
+        try:
+            client.close()
+            client.connection_pool.disconnect()
+        except Exception:
+            pass
+
+    # -- records ----------------------------------------------------------------------
+
+    def _info(self, key: str, name: bytes, data: dict[bytes, bytes]) -> LeaseInfo:
+        try:
+            holder = Holder.from_dict(json.loads(data[b"holder"]))
+            token = int(data[b"fencing_token"])
+            acquired = int(data[b"acquired_at"]) / 1000
+            expires = int(data[b"expires_at"]) / 1000
+        except (KeyError, ValueError, TypeError, AttributeError) as exc:
+            raise ConfigError(
+                f"{self.display_url}: Redis key {name.decode('utf-8', 'replace')!r} is not a "
+                f"tasklock lease ({type(exc).__name__}: {exc}); another application uses the "
+                f"prefix {self.prefix!r}"
+            ) from None
+        return LeaseInfo(
+            key=key,
+            holder=holder,
+            fencing_token=token,
+            acquired_at=utc_from_timestamp(acquired),
+            expires_at=utc_from_timestamp(expires),
+            expired=False,  # a lease key that exists is live: Redis drops it at its PX
+        )

@@ -1,0 +1,420 @@
+"""`tasklock run`: hold a lease for exactly as long as a command runs, and never longer.
+
+The main thread watches the child and the clock; a heartbeat thread renews the lease.
+Whatever goes wrong with renewals, the child's process group is dead before the local
+deadline, which is itself earlier than the store's expiry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import math
+import os
+import select
+import signal
+import socket
+import threading
+from dataclasses import dataclass, field
+
+from tasklock_cli import clock as clocks
+from tasklock_cli.durations import format_duration
+from tasklock_cli.errors import LeaseLost, StoreUnavailable, TasklockError
+from tasklock_cli.events import EventLog
+from tasklock_cli.lease import Conflict, LeaseKeeper, Waiter, describe_holder
+from tasklock_cli.process import Child, Terminal, become_subreaper
+from tasklock_cli.stores.base import Holder, LeaseInfo, Store, rfc3339
+
+FORWARDED_SIGNALS = (
+    signal.SIGINT,
+    signal.SIGTERM,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+)
+JOB_CONTROL_STOPS = (signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)
+LOST_EXIT_CODE = 70
+GROUP_POLL_S = 0.05
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    key: str
+    command: list[str]
+    ttl: float = 30.0
+    renew_every: float | None = None
+    wait: float = 0.0
+    grace: float = 5.0
+    max_lifetime: float = 86400.0
+    hold_at_least: float = 0.0
+    conflict_exit_code: int = 75
+    note: str | None = None
+
+    @property
+    def renew_interval(self) -> float:
+        return self.renew_every if self.renew_every is not None else self.ttl / 3
+
+    @property
+    def safety_margin(self) -> float:
+        """Kept between the child's SIGKILL and the local deadline."""
+        return min(1.0, max(0.05, self.ttl * 0.05))
+
+    @property
+    def loss_grace(self) -> float:
+        """The SIGTERM-to-SIGKILL window when renewals fail: --grace, shortened where the ttl
+        is too short for it, so that retrying renewals still gets half the time left."""
+        return max(0.0, min(self.grace, (self.ttl - self.renew_interval) / 2))
+
+    @property
+    def renew_retry_interval(self) -> float:
+        return max(0.05, min(1.0, self.renew_interval / 4))
+
+    @property
+    def io_timeout(self) -> float:
+        return max(0.25, min(5.0, self.renew_interval / 2))
+
+
+@dataclass
+class Loss:
+    detected_by: str
+    detail: str
+    kill_at: float  # clock time of the SIGKILL
+
+
+@dataclass
+class _State:
+    loss: Loss | None = None
+    kill_sent: bool = False
+    term_forwarded_at: float | None = None
+    pending_signals: list[int] = field(default_factory=list)
+
+
+def current_holder(command: list[str], note: str | None) -> Holder:
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = str(os.getuid())
+    return Holder(host=socket.gethostname(), pid=os.getpid(), user=user, command=command, note=note)
+
+
+class Supervisor:
+    def __init__(
+        self,
+        store: Store,
+        options: RunOptions,
+        events: EventLog,
+        clock: clocks.Clock = clocks.monotonic,
+    ) -> None:
+        self.store = store
+        self.options = options
+        self.events = events
+        self.clock = clock
+        self.keeper = LeaseKeeper(
+            store, options.key, options.ttl, current_holder(options.command, options.note), clock
+        )
+        self.state = _State()
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._heartbeat_stop = threading.Event()
+        self.child: Child | None = None
+        self._loss_lock = threading.Lock()
+
+    # -- the whole run ------------------------------------------------------------------
+
+    def run(self) -> int:
+        options = self.options
+        self.store.set_io_timeout(options.io_timeout)
+        try:
+            self._acquire()
+        except Conflict as conflict:
+            self._emit_conflict(conflict)
+            return options.conflict_exit_code
+        self._emit(
+            "acquired",
+            f"acquired {options.key!r} (fencing token "
+            f"{self.keeper.fencing_token}, ttl {format_duration(options.ttl)})",
+            expires_at=rfc3339(self.keeper.lease.expires_at),
+        )
+        try:
+            return self._run_child()
+        finally:
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+
+    def _acquire(self) -> None:
+        def announce(info: LeaseInfo | None) -> None:
+            held_by = f" held by {describe_holder(info)}" if info else ""
+            self._emit(
+                "waiting",
+                f"waiting for {self.options.key!r}{held_by}",
+                wait=self.options.wait if math.isfinite(self.options.wait) else "inf",
+                holder=info.holder.to_dict() if info else None,
+            )
+
+        Waiter(self.keeper, self.options.wait, on_waiting=announce).acquire()
+        # Right before starting the child, make sure enough of the lease is left (a long
+        # wait, a slow reply); renew first otherwise.
+        if self.keeper.remaining() < self.options.ttl / 2:
+            self.keeper.renew()
+
+    def _run_child(self) -> int:
+        previous_handlers = self._install_signal_handlers()
+        terminal = Terminal()
+        child: Child | None = None
+        try:
+            if self.state.pending_signals:  # asked to stop before the child even started
+                signum = self.state.pending_signals[0]
+                self._release()
+                return 128 + signum
+            become_subreaper()
+            try:
+                child = Child(self.options.command, self._child_env())
+            except TasklockError:
+                self._release()
+                raise
+            self.child = child
+            terminal.give_to(child.pgid)
+            heartbeat = threading.Thread(
+                target=self._heartbeat, name="tasklock-heartbeat", daemon=True
+            )
+            heartbeat.start()
+            self._watch(child, terminal)
+            self._heartbeat_stop.set()
+            heartbeat.join(timeout=self.options.io_timeout)
+            return self._finish(child)
+        finally:
+            terminal.take_back()
+            self._restore_signal_handlers(previous_handlers)
+
+    def _finish(self, child: Child) -> int:
+        loss = self.state.loss
+        if loss is not None and loss.detected_by == "rejected":
+            return LOST_EXIT_CODE  # the lease is someone else's now: nothing to release
+        keep_for = 0.0
+        if loss is None:
+            keep_for = max(
+                0.0, self.options.hold_at_least - (self.clock() - self.keeper.acquired_at)
+            )
+        self._release(keep_for)
+        return LOST_EXIT_CODE if loss is not None else child.exit_code()
+
+    # -- watching the child and the clock -------------------------------------------------
+
+    def _watch(self, child: Child, terminal: Terminal) -> None:
+        options = self.options
+        started = self.clock()
+        while True:
+            child.reap()
+            if child.stopped_by is not None:
+                self._suspend_with(child, terminal)
+            if child.exited and not child.group_alive():
+                return
+            now = self.clock()
+            state = self.state
+            deadline = self.keeper.deadline
+            if state.loss is None:
+                if now >= deadline:
+                    # Past the deadline without having started to terminate: this process
+                    # was not running (SIGSTOP, VM freeze) while its lease ran out.
+                    self._lose(
+                        "resumed-late",
+                        f"resumed {format_duration(now - deadline)} past the local lease deadline",
+                        kill_at=now,
+                    )
+                elif now >= deadline - options.safety_margin - options.loss_grace:
+                    self._lose(
+                        "unreachable",
+                        "could not renew the lease in time",
+                        kill_at=deadline - options.safety_margin,
+                    )
+                elif now - started >= options.max_lifetime:
+                    self._lose(
+                        "max-lifetime",
+                        f"reached --max-lifetime {format_duration(options.max_lifetime)}",
+                        kill_at=now + options.grace,
+                    )
+            self._enforce(child, now)
+            self._sleep_until_next_event(child, now, started)
+
+    def _enforce(self, child: Child, now: float) -> None:
+        state = self.state
+        if state.loss is not None and not state.kill_sent and now >= state.loss.kill_at:
+            child.signal_group(signal.SIGKILL)
+            child.signal_group(signal.SIGCONT)
+            state.kill_sent = True
+        forwarded = state.term_forwarded_at
+        if forwarded is not None and not state.kill_sent and now >= forwarded + self.options.grace:
+            self.events.debug(
+                f"command ignored SIGTERM for {format_duration(self.options.grace)}; "
+                "sending SIGKILL"
+            )
+            child.signal_group(signal.SIGKILL)
+            state.kill_sent = True
+
+    def _sleep_until_next_event(self, child: Child, now: float, started: float) -> None:
+        options, state = self.options, self.state
+        wake_times = [
+            self.keeper.deadline - options.safety_margin - options.loss_grace,
+            self.keeper.deadline,
+            started + options.max_lifetime,
+        ]
+        if state.loss is not None and not state.kill_sent:
+            wake_times.append(state.loss.kill_at)
+        if state.term_forwarded_at is not None and not state.kill_sent:
+            wake_times.append(state.term_forwarded_at + options.grace)
+        timeout = min(t for t in wake_times) - now
+        if child.exited:  # only the rest of its group is left: poll for it
+            timeout = min(timeout, GROUP_POLL_S)
+        timeout = min(max(timeout, 0.0), 1.0)
+        with contextlib.suppress(InterruptedError):
+            select.select([self._wake_r], [], [], timeout)
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self._wake_r, 512):
+                pass
+
+    def _lose(self, detected_by: str, detail: str, kill_at: float) -> None:
+        with self._loss_lock:
+            if self.state.loss is not None:
+                return
+            self.state.loss = Loss(detected_by, detail, kill_at)
+        child = self.child
+        if child is not None and not child.exited:
+            if kill_at <= self.clock():
+                child.signal_group(signal.SIGKILL)
+                child.signal_group(signal.SIGCONT)
+                self.state.kill_sent = True
+            else:
+                child.signal_group(signal.SIGTERM)
+                child.signal_group(signal.SIGCONT)  # a stopped group must run to handle it
+        self._emit(
+            "lost",
+            f"lost the lease on {self.options.key!r} ({detected_by}: {detail}); "
+            "terminating the command",
+            detected_by=detected_by,
+            detail=detail,
+        )
+        self._wake()
+
+    def _suspend_with(self, child: Child, terminal: Terminal) -> None:
+        """The child was stopped by job control (Ctrl-Z): stop ourselves too, like a shell
+        job, and continue it when we are continued. The lease keeps running meanwhile."""
+        signum = child.stopped_by
+        child.stopped_by = None
+        if not terminal.handed_over or signum not in JOB_CONTROL_STOPS:
+            return
+        terminal.take_back()
+        os.kill(os.getpid(), signal.SIGSTOP)
+        terminal.give_to(child.pgid)
+        child.signal_group(signal.SIGCONT)
+
+    # -- heartbeat --------------------------------------------------------------------
+
+    def _heartbeat(self) -> None:
+        options = self.options
+        next_renewal = self.keeper.acquired_at + options.renew_interval
+        while not self._heartbeat_stop.wait(max(0.0, next_renewal - self.clock())):
+            if self.state.loss is not None and self.state.loss.detected_by == "rejected":
+                return
+            if self.clock() >= self.keeper.deadline:
+                self._wake()  # the watcher decides: we were paused, or could not renew
+                return
+            try:
+                lease = self.keeper.renew()
+            except LeaseLost as exc:
+                self._lose("rejected", str(exc), kill_at=self.clock() + options.grace)
+                return
+            except StoreUnavailable as exc:
+                self.events.debug(f"renewal failed, retrying: {exc}")
+                next_renewal = self.clock() + options.renew_retry_interval
+                continue
+            except Exception as exc:  # a heartbeat that dies silently would let the child run on
+                self._lose(
+                    "unreachable",
+                    f"renewal failed: {exc!r}",
+                    kill_at=self.keeper.deadline - options.safety_margin,
+                )
+                return
+            self._emit(
+                "renewed",
+                f"renewed {options.key!r} until {rfc3339(lease.expires_at)}",
+                expires_at=rfc3339(lease.expires_at),
+            )
+            next_renewal = self.clock() + options.renew_interval
+
+    # -- release, events, signals ---------------------------------------------------------
+
+    def _release(self, keep_for: float = 0.0) -> None:
+        """Release, retrying while the lease could still be ours; never claim a false release."""
+        key = self.options.key
+        token = self.keeper.fencing_token
+        while True:
+            try:
+                released = self.keeper.release(keep_for, lock_timeout=self.options.io_timeout)
+            except StoreUnavailable as exc:
+                if self.keeper.remaining() > self.options.io_timeout:
+                    self.events.debug(f"release failed, retrying: {exc}")
+                    self._heartbeat_stop.wait(self.options.renew_retry_interval)
+                    continue
+                self.events.error(
+                    f"could not release {key!r} ({exc}); it expires on its own "
+                    f"within {format_duration(max(0.0, self.keeper.remaining()))}"
+                )
+                return
+            break
+        if not released:
+            self.events.debug(f"{key!r} was no longer held by us at release")
+            return
+        held = f", held for {format_duration(keep_for)} more (--hold-at-least)" if keep_for else ""
+        self._emit("released", f"released {key!r}{held}", fencing_token=token, kept_for=keep_for)
+
+    def _emit(
+        self, event: str, message: str, fencing_token: int | None = None, **fields: object
+    ) -> None:
+        token = fencing_token if fencing_token is not None else self.keeper.fencing_token
+        self.events.emit(event, self.options.key, token, message, **fields)
+
+    def _emit_conflict(self, conflict: Conflict) -> None:
+        info = conflict.holder
+        self.events.emit(
+            "conflict",
+            self.options.key,
+            info.fencing_token if info else None,
+            f"{conflict}; not running the command",
+            holder=info.holder.to_dict() if info else None,
+            expires_at=rfc3339(info.expires_at) if info else None,
+        )
+
+    def _child_env(self) -> dict[str, str]:
+        lease = self.keeper.lease
+        env = dict(os.environ)
+        env["TASKLOCK_KEY"] = self.options.key
+        env["TASKLOCK_FENCING_TOKEN"] = str(lease.fencing_token)
+        env["TASKLOCK_LEASE_EXPIRES_AT"] = rfc3339(lease.expires_at)
+        return env
+
+    def _wake(self) -> None:
+        with contextlib.suppress(BlockingIOError, OSError):
+            os.write(self._wake_w, b"!")
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        child = self.child
+        if child is None:
+            self.state.pending_signals.append(signum)
+            return
+        child.signal_group(signum)
+        if signum == signal.SIGTERM and self.state.term_forwarded_at is None:
+            self.state.term_forwarded_at = self.clock()
+
+    def _install_signal_handlers(self) -> dict[int, object]:
+        previous: dict[int, object] = {}
+        for signum in FORWARDED_SIGNALS:
+            previous[signum] = signal.signal(signum, self._on_signal)
+        previous[signal.SIGCHLD] = signal.signal(signal.SIGCHLD, lambda *_: None)
+        previous[signal.SIGCONT] = signal.signal(signal.SIGCONT, lambda *_: None)
+        previous["wakeup"] = signal.set_wakeup_fd(self._wake_w)
+        return previous
+
+    def _restore_signal_handlers(self, previous: dict[int, object]) -> None:
+        signal.set_wakeup_fd(previous.pop("wakeup"))
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

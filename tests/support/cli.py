@@ -1,0 +1,68 @@
+"""Running the real `tasklock` executable in subprocesses."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from tasklock_cli.stores import open_store
+from tasklock_cli.stores.base import LeaseInfo
+
+
+def executable() -> str:
+    beside_python = Path(sys.executable).parent / "tasklock"
+    if beside_python.exists():
+        return str(beside_python)
+    found = shutil.which("tasklock")
+    assert found, "the tasklock executable is not installed (pip install -e '.[test]')"
+    return found
+
+
+def tasklock(*args: str, env: dict[str, str], timeout: float = 60, **kwargs
+             ) -> subprocess.CompletedProcess:
+    return subprocess.run([executable(), *args], env=env, capture_output=True, text=True,
+                          timeout=timeout, **kwargs)
+
+
+def start(*args: str, env: dict[str, str], **kwargs) -> subprocess.Popen:
+    kwargs.setdefault("stdout", subprocess.PIPE)
+    kwargs.setdefault("stderr", subprocess.PIPE)
+    return subprocess.Popen([executable(), *args], env=env, text=True, **kwargs)
+
+
+def wait_until(predicate: Callable[[], object], timeout: float = 10, interval: float = 0.02):
+    give_up = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > give_up:
+            raise AssertionError(f"condition not met within {timeout}s")
+        time.sleep(interval)
+
+
+def peek(url: str, key: str) -> LeaseInfo | None:
+    with open_store(url) as store:
+        return store.peek(key)
+
+
+def wait_for_holder(url: str, key: str, timeout: float = 10) -> LeaseInfo:
+    return wait_until(lambda: peek(url, key), timeout)
+
+
+def json_events(stderr: str) -> list[dict]:
+    return [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
+
+
+def one_error_line(stderr: str) -> str:
+    """The stderr of a failed command: exactly one line, the contract's error form."""
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    assert lines[0].startswith("tasklock: error: "), stderr
+    assert "Traceback" not in stderr
+    return lines[0]

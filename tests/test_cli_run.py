@@ -1,0 +1,285 @@
+"""`tasklock run` through the real executable on the default SQLite store."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.support.cli import (
+    json_events,
+    one_error_line,
+    peek,
+    start,
+    tasklock,
+    wait_for_holder,
+    wait_until,
+)
+
+
+@pytest.fixture
+def env(cli_env, sqlite_url):
+    return {**cli_env, "TASKLOCK_STORE": sqlite_url}
+
+
+def test_runs_the_command_and_passes_its_output_and_exit_code(env):
+    result = tasklock("run", "demo", "--", "sh", "-c", "echo hello; echo oops >&2; exit 3",
+                      env=env)
+    assert result.returncode == 3
+    assert result.stdout == "hello\n"
+    assert result.stderr == "oops\n"  # nothing of tasklock's own on a quiet success
+
+
+def test_default_store_is_created_under_xdg_state_home(cli_env):
+    result = tasklock("run", "demo", "--", "echo", "hello", env=cli_env)
+    assert result.returncode == 0 and result.stdout == "hello\n"
+    assert os.path.exists(os.path.join(cli_env["XDG_STATE_HOME"], "tasklock", "locks.db"))
+
+
+def test_child_environment_has_key_token_and_expiry(env):
+    script = 'echo "$TASKLOCK_KEY|$TASKLOCK_FENCING_TOKEN|$TASKLOCK_LEASE_EXPIRES_AT"'
+    first = tasklock("run", "jobs:x", "--ttl", "45s", "--", "sh", "-c", script, env=env)
+    second = tasklock("run", "jobs:x", "--", "sh", "-c", script, env=env)
+    key, token, expires = first.stdout.strip().split("|")
+    assert key == "jobs:x"
+    assert int(second.stdout.split("|")[1]) > int(token) >= 1
+    assert expires.endswith("Z") and "T" in expires
+
+
+def test_killed_child_gives_128_plus_signal(env):
+    result = tasklock("run", "k", "--", "sh", "-c", "kill -KILL $$", env=env)
+    assert result.returncode == 128 + signal.SIGKILL
+
+
+def test_conflict_exits_75_without_running_the_command(env, sqlite_url, tmp_path):
+    holder = start("run", "k", "--note", "the holder", "--", "sleep", "30", env=env)
+    try:
+        wait_for_holder(sqlite_url, "k")
+        marker = tmp_path / "ran"
+        result = tasklock("run", "k", "--", "touch", str(marker), env=env)
+        assert result.returncode == 75
+        assert not marker.exists()
+        line = result.stderr.strip()
+        assert "'k' is held by" in line and f"pid {holder.pid}" in line
+
+        custom = tasklock("run", "k", "--conflict-exit-code", "0", "--", "true", env=env)
+        assert custom.returncode == 0
+
+        quiet = tasklock("-q", "run", "k", "--", "true", env=env)
+        assert quiet.returncode == 75 and quiet.stderr == ""
+
+        as_json = tasklock("--log-format", "json", "run", "k", "--", "true", env=env)
+        (event,) = json_events(as_json.stderr)
+        assert event["event"] == "conflict" and event["key"] == "k"
+        assert event["holder"]["pid"] == holder.pid and event["holder"]["note"] == "the holder"
+    finally:
+        holder.terminate()
+        holder.wait()
+
+
+def test_wait_gets_the_lock_when_the_holder_releases(env, sqlite_url):
+    holder = start("run", "k", "--", "sleep", "1", env=env)
+    wait_for_holder(sqlite_url, "k")
+    result = tasklock("--log-format", "json", "run", "k", "--wait", "20s", "--", "echo", "mine",
+                      env=env)
+    assert holder.wait() == 0
+    assert result.returncode == 0 and result.stdout == "mine\n"
+    events = [e["event"] for e in json_events(result.stderr)]
+    assert events == ["waiting", "acquired", "released"]
+
+
+def test_wait_runs_out_with_a_conflict(env, sqlite_url):
+    holder = start("run", "k", "--", "sleep", "30", env=env)
+    try:
+        wait_for_holder(sqlite_url, "k")
+        started = time.monotonic()
+        result = tasklock("run", "k", "--wait", "600ms", "--", "true", env=env)
+        assert result.returncode == 75
+        assert time.monotonic() - started >= 0.6
+        assert "waiting for 'k' held by" in result.stderr
+    finally:
+        holder.terminate()
+        holder.wait()
+
+
+@pytest.mark.parametrize(("command", "code"), [
+    (["/nonexistent/program"], 127),
+    (["no-such-command-anywhere"], 127),
+    (["/etc/hostname"], 126),
+])
+def test_command_not_found_or_not_executable_releases_the_lock(env, sqlite_url, command, code):
+    result = tasklock("run", "k", "--", *command, env=env)
+    assert result.returncode == code
+    assert command[0] in one_error_line(result.stderr)
+    assert peek(sqlite_url, "k") is None
+
+
+def test_verbose_text_shows_acquired_and_released(env):
+    result = tasklock("-v", "run", "k", "--", "true", env=env)
+    assert result.returncode == 0
+    assert "acquired 'k' (fencing token" in result.stderr
+    assert "released 'k'" in result.stderr
+
+
+def test_release_is_immediate_after_the_child_exits(env, sqlite_url):
+    assert tasklock("run", "k", "--ttl", "1h", "--", "true", env=env).returncode == 0
+    assert peek(sqlite_url, "k") is None
+
+
+def test_hold_at_least_keeps_the_lease_after_an_early_exit(env, sqlite_url):
+    assert tasklock("run", "k", "--hold-at-least", "1500ms", "--", "true", env=env).returncode == 0
+    info = peek(sqlite_url, "k")
+    assert info is not None
+    assert tasklock("run", "k", "--", "true", env=env).returncode == 75
+    wait_until(lambda: peek(sqlite_url, "k") is None, timeout=5)
+    assert tasklock("run", "k", "--", "true", env=env).returncode == 0
+
+
+def test_force_release_terminates_the_holder_with_70(env, sqlite_url, tmp_path):
+    log = tmp_path / "log"
+    holder = start("--log-format", "json", "run", "k", "--ttl", "2s", "--", "sh", "-c",
+                   f"trap 'echo term >> {log}; exit 0' TERM; sleep 30 & wait", env=env)
+    info = wait_for_holder(sqlite_url, "k")
+    broke = tasklock("release", "k", "--force", env=env)
+    assert broke.returncode == 0 and f"pid {holder.pid}" in broke.stdout
+    _, stderr = holder.communicate(timeout=10)
+    assert holder.returncode == 70
+    lost = [e for e in json_events(stderr) if e["event"] == "lost"]
+    assert lost and lost[0]["detected_by"] == "rejected"
+    assert lost[0]["fencing_token"] == info.fencing_token
+    assert log.read_text() == "term\n"
+
+
+def test_max_lifetime_terminates_with_70(env):
+    started = time.monotonic()
+    result = tasklock("--log-format", "json", "run", "k", "--max-lifetime", "700ms", "--",
+                      "sleep", "30", env=env)
+    assert result.returncode == 70
+    assert time.monotonic() - started < 10
+    (lost,) = [e for e in json_events(result.stderr) if e["event"] == "lost"]
+    assert lost["detected_by"] == "max-lifetime"
+
+
+@pytest.mark.parametrize("signame", ["INT", "TERM", "HUP", "QUIT", "USR1", "USR2"])
+def test_signals_are_forwarded_to_the_child(env, sqlite_url, tmp_path, signame):
+    log = tmp_path / "log"
+    ready = tmp_path / "ready"
+    script = (f"trap 'echo {signame} > {log}; exit 9' {signame}; touch {ready}; "
+              "while :; do sleep 0.05; done")
+    wrapper = start("run", "k", "--", "sh", "-c", script, env=env)
+    wait_until(ready.exists)
+    wrapper.send_signal(getattr(signal, f"SIG{signame}"))
+    assert wrapper.wait(timeout=10) == 9
+    assert log.read_text() == f"{signame}\n"
+    assert peek(sqlite_url, "k") is None
+
+
+def test_sigterm_releases_at_once(env, sqlite_url):
+    wrapper = start("run", "k", "--ttl", "1h", "--", "sleep", "30", env=env)
+    wait_for_holder(sqlite_url, "k")
+    wrapper.terminate()
+    assert wrapper.wait(timeout=10) == 128 + signal.SIGTERM
+    assert peek(sqlite_url, "k") is None
+    assert tasklock("run", "k", "--", "true", env=env).returncode == 0
+
+
+def test_child_ignoring_sigterm_is_killed_after_grace(env, sqlite_url, tmp_path):
+    ready = tmp_path / "ready"
+    wrapper = start("run", "k", "--grace", "500ms", "--", "sh", "-c",
+                    f"trap '' TERM; touch {ready}; while :; do sleep 0.05; done", env=env)
+    wait_until(ready.exists)
+    sent = time.monotonic()
+    wrapper.terminate()
+    assert wrapper.wait(timeout=10) == 128 + signal.SIGKILL
+    assert time.monotonic() - sent >= 0.45
+    assert peek(sqlite_url, "k") is None
+
+
+def test_lease_held_until_the_whole_process_group_is_gone(env, sqlite_url, tmp_path):
+    """`sh -c 'job &'` returns at once; the background job still runs under the lock."""
+    done = tmp_path / "done"
+    result = tasklock("run", "k", "--", "sh", "-c", f"(sleep 1; touch {done}) &", env=env)
+    assert result.returncode == 0
+    assert done.exists()
+    assert peek(sqlite_url, "k") is None
+
+
+def test_wrapper_killed_lease_runs_out_after_ttl(env, sqlite_url):
+    wrapper = start("run", "k", "--ttl", "1500ms", "--", "sleep", "30", env=env)
+    info = wait_for_holder(sqlite_url, "k")
+    killed_at = time.monotonic()
+    wrapper.kill()
+    wrapper.wait()
+    early = tasklock("run", "k", "--", "true", env=env)
+    assert early.returncode == 75
+    late = tasklock("--log-format", "json", "run", "k", "--wait", "10s", "--", "true", env=env)
+    assert late.returncode == 0
+    acquired = [e for e in json_events(late.stderr) if e["event"] == "acquired"][0]
+    assert acquired["fencing_token"] > info.fencing_token
+    assert time.monotonic() - killed_at >= 1.0
+    os.system("pkill -f 'sleep 30' >/dev/null 2>&1")  # the orphaned child of the killed wrapper
+
+
+def test_paused_wrapper_and_child_are_terminated_on_resume(env, sqlite_url, tmp_path):
+    """SIGSTOP both past the TTL; another holder gets the lock; on SIGCONT the old child dies."""
+    log = tmp_path / "log"
+    ready = tmp_path / "ready"
+    wrapper = start("--log-format", "json", "run", "k", "--ttl", "1s", "--", "sh", "-c",
+                    f"touch {ready}; while :; do echo alive >> {log}; sleep 0.05; done",
+                    env=env, start_new_session=True)
+    wait_until(ready.exists)
+    old = peek(sqlite_url, "k")
+    os.killpg(wrapper.pid, signal.SIGSTOP)  # the wrapper and its child's group are in this session
+    child_pgids = _process_groups_in_session(wrapper.pid)
+    for pgid in child_pgids:
+        os.killpg(pgid, signal.SIGSTOP)
+    try:
+        time.sleep(1.5)
+        new = tasklock("--log-format", "json", "run", "k", "--", "true", env=env)
+        assert new.returncode == 0
+        new_token = json_events(new.stderr)[0]["fencing_token"]
+        assert new_token > old.fencing_token
+    finally:
+        for pgid in child_pgids:
+            os.killpg(pgid, signal.SIGCONT)
+        os.killpg(wrapper.pid, signal.SIGCONT)
+    _, stderr = wrapper.communicate(timeout=10)
+    assert wrapper.returncode == 70
+    (lost,) = [e for e in json_events(stderr) if e["event"] == "lost"]
+    assert lost["detected_by"] == "resumed-late"
+    lines = log.read_text().count("alive")
+    time.sleep(0.3)
+    assert log.read_text().count("alive") == lines  # the old child is gone
+
+
+def _process_groups_in_session(sid: int) -> list[int]:
+    groups = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.getsid(int(entry)) == sid and int(entry) != sid:
+                    groups.add(os.getpgid(int(entry)))
+            except OSError:
+                continue
+    return sorted(groups - {sid})
+
+
+def test_lazy_imports_sqlite_path_imports_no_network_driver(env):
+    code = (
+        "import sys\n"
+        "from tasklock_cli.cli import main\n"
+        "for argv in (['--help'], ['run', 'k', '--', 'true'], ['list']):\n"
+        "    try:\n"
+        "        main(argv)\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "bad = [m for m in ('psycopg', 'redis') if m in sys.modules]\n"
+        "print(bad)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                            text=True, timeout=30)
+    assert result.stdout.strip().splitlines()[-1] == "[]", result.stderr
