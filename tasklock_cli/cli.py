@@ -23,7 +23,7 @@ except ImportError:  # typer releases that use click directly
 app = typer.Typer(
     name="tasklock",
     help="Run a command at most once at a time across processes and machines.",
-    add_completion=True,
+    add_completion=False,  # completions ship as files in completions/
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
@@ -85,7 +85,12 @@ def main_options(
         help="Events on stderr as text or one JSON object per line.",
     ),
     verbose: int = typer.Option(
-        0, "-v", "--verbose", count=True, help="Show every event; tracebacks on errors."
+        0,
+        "-v",
+        "--verbose",
+        count=True,
+        show_default=False,
+        help="Show every event; tracebacks on errors.",
     ),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="Only errors on stderr."),
     version: bool = typer.Option(
@@ -364,6 +369,9 @@ def main(argv: list[str] | None = None) -> None:
     except TasklockError as exc:
         _fail(str(exc), exc.exit_code)
     except _CliException as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError":  # bare `tasklock`: the help, as usage
+            sys.stderr.write(exc.format_message() + "\n")
+            sys.exit(2)
         _fail(exc.format_message(), getattr(exc, "exit_code", 2))
     except typer.Exit as exc:
         code = exc.exit_code

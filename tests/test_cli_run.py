@@ -27,8 +27,7 @@ def env(cli_env, sqlite_url):
 
 
 def test_runs_the_command_and_passes_its_output_and_exit_code(env):
-    result = tasklock("run", "demo", "--", "sh", "-c", "echo hello; echo oops >&2; exit 3",
-                      env=env)
+    result = tasklock("run", "demo", "--", "sh", "-c", "echo hello; echo oops >&2; exit 3", env=env)
     assert result.returncode == 3
     assert result.stdout == "hello\n"
     assert result.stderr == "oops\n"  # nothing of tasklock's own on a quiet success
@@ -84,8 +83,9 @@ def test_conflict_exits_75_without_running_the_command(env, sqlite_url, tmp_path
 def test_wait_gets_the_lock_when_the_holder_releases(env, sqlite_url):
     holder = start("run", "k", "--", "sleep", "1", env=env)
     wait_for_holder(sqlite_url, "k")
-    result = tasklock("--log-format", "json", "run", "k", "--wait", "20s", "--", "echo", "mine",
-                      env=env)
+    result = tasklock(
+        "--log-format", "json", "run", "k", "--wait", "20s", "--", "echo", "mine", env=env
+    )
     assert holder.wait() == 0
     assert result.returncode == 0 and result.stdout == "mine\n"
     events = [e["event"] for e in json_events(result.stderr)]
@@ -106,11 +106,14 @@ def test_wait_runs_out_with_a_conflict(env, sqlite_url):
         holder.wait()
 
 
-@pytest.mark.parametrize(("command", "code"), [
-    (["/nonexistent/program"], 127),
-    (["no-such-command-anywhere"], 127),
-    (["/etc/hostname"], 126),
-])
+@pytest.mark.parametrize(
+    ("command", "code"),
+    [
+        (["/nonexistent/program"], 127),
+        (["no-such-command-anywhere"], 127),
+        (["/etc/hostname"], 126),
+    ],
+)
 def test_command_not_found_or_not_executable_releases_the_lock(env, sqlite_url, command, code):
     result = tasklock("run", "k", "--", *command, env=env)
     assert result.returncode == code
@@ -141,8 +144,19 @@ def test_hold_at_least_keeps_the_lease_after_an_early_exit(env, sqlite_url):
 
 def test_force_release_terminates_the_holder_with_70(env, sqlite_url, tmp_path):
     log = tmp_path / "log"
-    holder = start("--log-format", "json", "run", "k", "--ttl", "2s", "--", "sh", "-c",
-                   f"trap 'echo term >> {log}; exit 0' TERM; sleep 30 & wait", env=env)
+    holder = start(
+        "--log-format",
+        "json",
+        "run",
+        "k",
+        "--ttl",
+        "2s",
+        "--",
+        "sh",
+        "-c",
+        f"trap 'echo term >> {log}; exit 0' TERM; sleep 30 & wait",
+        env=env,
+    )
     info = wait_for_holder(sqlite_url, "k")
     broke = tasklock("release", "k", "--force", env=env)
     assert broke.returncode == 0 and f"pid {holder.pid}" in broke.stdout
@@ -156,8 +170,9 @@ def test_force_release_terminates_the_holder_with_70(env, sqlite_url, tmp_path):
 
 def test_max_lifetime_terminates_with_70(env):
     started = time.monotonic()
-    result = tasklock("--log-format", "json", "run", "k", "--max-lifetime", "700ms", "--",
-                      "sleep", "30", env=env)
+    result = tasklock(
+        "--log-format", "json", "run", "k", "--max-lifetime", "700ms", "--", "sleep", "30", env=env
+    )
     assert result.returncode == 70
     assert time.monotonic() - started < 10
     (lost,) = [e for e in json_events(result.stderr) if e["event"] == "lost"]
@@ -168,8 +183,10 @@ def test_max_lifetime_terminates_with_70(env):
 def test_signals_are_forwarded_to_the_child(env, sqlite_url, tmp_path, signame):
     log = tmp_path / "log"
     ready = tmp_path / "ready"
-    script = (f"trap 'echo {signame} > {log}; exit 9' {signame}; touch {ready}; "
-              "while :; do sleep 0.05; done")
+    script = (
+        f"trap 'echo {signame} > {log}; exit 9' {signame}; touch {ready}; "
+        "while :; do sleep 0.05; done"
+    )
     wrapper = start("run", "k", "--", "sh", "-c", script, env=env)
     wait_until(ready.exists)
     wrapper.send_signal(getattr(signal, f"SIG{signame}"))
@@ -189,8 +206,17 @@ def test_sigterm_releases_at_once(env, sqlite_url):
 
 def test_child_ignoring_sigterm_is_killed_after_grace(env, sqlite_url, tmp_path):
     ready = tmp_path / "ready"
-    wrapper = start("run", "k", "--grace", "500ms", "--", "sh", "-c",
-                    f"trap '' TERM; touch {ready}; while :; do sleep 0.05; done", env=env)
+    wrapper = start(
+        "run",
+        "k",
+        "--grace",
+        "500ms",
+        "--",
+        "sh",
+        "-c",
+        f"trap '' TERM; touch {ready}; while :; do sleep 0.05; done",
+        env=env,
+    )
     wait_until(ready.exists)
     sent = time.monotonic()
     wrapper.terminate()
@@ -218,7 +244,7 @@ def test_wrapper_killed_lease_runs_out_after_ttl(env, sqlite_url):
     assert early.returncode == 75
     late = tasklock("--log-format", "json", "run", "k", "--wait", "10s", "--", "true", env=env)
     assert late.returncode == 0
-    acquired = [e for e in json_events(late.stderr) if e["event"] == "acquired"][0]
+    acquired = next(e for e in json_events(late.stderr) if e["event"] == "acquired")
     assert acquired["fencing_token"] > info.fencing_token
     assert time.monotonic() - killed_at >= 1.0
     os.system("pkill -f 'sleep 30' >/dev/null 2>&1")  # the orphaned child of the killed wrapper
@@ -228,9 +254,20 @@ def test_paused_wrapper_and_child_are_terminated_on_resume(env, sqlite_url, tmp_
     """SIGSTOP both past the TTL; another holder gets the lock; on SIGCONT the old child dies."""
     log = tmp_path / "log"
     ready = tmp_path / "ready"
-    wrapper = start("--log-format", "json", "run", "k", "--ttl", "1s", "--", "sh", "-c",
-                    f"touch {ready}; while :; do echo alive >> {log}; sleep 0.05; done",
-                    env=env, start_new_session=True)
+    wrapper = start(
+        "--log-format",
+        "json",
+        "run",
+        "k",
+        "--ttl",
+        "1s",
+        "--",
+        "sh",
+        "-c",
+        f"touch {ready}; while :; do echo alive >> {log}; sleep 0.05; done",
+        env=env,
+        start_new_session=True,
+    )
     wait_until(ready.exists)
     old = peek(sqlite_url, "k")
     os.killpg(wrapper.pid, signal.SIGSTOP)  # the wrapper and its child's group are in this session
@@ -280,6 +317,7 @@ def test_lazy_imports_sqlite_path_imports_no_network_driver(env):
         "bad = [m for m in ('psycopg', 'redis') if m in sys.modules]\n"
         "print(bad)\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                            text=True, timeout=30)
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30
+    )
     assert result.stdout.strip().splitlines()[-1] == "[]", result.stderr

@@ -24,6 +24,7 @@ Connections: sockets are close-on-exec (Python's default), so a child never inhe
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import threading
@@ -216,9 +217,7 @@ class RedisStore(Store):
     @classmethod
     def from_url(cls, url: str) -> RedisStore:
         clean, prefix, _ = _split_url(url)
-        store = cls(clean, prefix=prefix, display_url=redact_url(url))
-        store._secrets = [s for s in _split_url(url)[2] if s]
-        return store
+        return cls(clean, prefix=prefix, display_url=redact_url(url))
 
     # -- connection ---------------------------------------------------------------
 
@@ -232,6 +231,9 @@ class RedisStore(Store):
             "health_check_interval": HEALTH_CHECK_INTERVAL_S if health_check else 0,
             "client_name": "tasklock",
             "decode_responses": False,
+            # RESP2: pub/sub messages are plain replies (``wait_for_release`` reads them off
+            # its own connection) and servers/proxies without HELLO work too.
+            "protocol": 2,
         }
         if self._tcp:
             kwargs["socket_keepalive"] = True
@@ -244,7 +246,9 @@ class RedisStore(Store):
             # Build (not connect) one connection so unknown URL parameters fail here, clearly.
             pool.connection_class(**pool.connection_kwargs)
         except (ValueError, TypeError) as exc:
-            raise ConfigError(f"invalid Redis URL {self.display_url!r}: {self._scrub(exc)}") from None
+            raise ConfigError(
+                f"invalid Redis URL {self.display_url!r}: {self._scrub(exc)}"
+            ) from None
         return client
 
     def set_io_timeout(self, seconds: float) -> None:
@@ -308,6 +312,8 @@ class RedisStore(Store):
             )
         if isinstance(exc, rexc.ConnectionError | rexc.TimeoutError):
             return StoreUnavailable(f"{where}: {text}")
+        if isinstance(exc, rexc.InvalidResponse):
+            return StoreUnavailable(f"{where}: the server does not speak Redis ({text})")
         if isinstance(exc, rexc.NoPermissionError):
             return ConfigError(f"{where}: the Redis user may not run what tasklock needs ({text})")
         if isinstance(exc, rexc.ResponseError):
@@ -318,20 +324,22 @@ class RedisStore(Store):
         return StoreUnavailable(f"{where}: Redis answered with an error: {text}")
 
     def _foreign_key_error(self, text: str, key: str | None) -> ConfigError:
+        # Our scripts answer "WRONGTYPE lease|fence <type>"; plain commands "WRONGTYPE ...".
         words = text.split()
         which = words[1] if len(words) > 1 and words[1] in ("lease", "fence") else "lease"
-        found = " ".join(words[2:]) if which == words[1:2][0:1] and len(words) > 2 else None
+        found = " ".join(words[2:]) if len(words) > 2 and words[1] == which else None
         if key is not None:
-            name = (self._fence_key(key) if which == "fence" else self._lease_key(key)).decode(
-                "utf-8", "replace"
-            )
-            described = f"Redis key {name!r}"
+            name = self._fence_key(key) if which == "fence" else self._lease_key(key)
+            described = f"Redis key {name.decode('utf-8', 'replace')!r}"
+            if found is None:
+                with contextlib.suppress(rexc.RedisError):
+                    found = self._client.type(name).decode()
         else:
             described = "a Redis key"
         expected = "an integer counter" if which == "fence" else "a tasklock lease hash"
-        holds = f" holds a {found}" if found else " holds another type"
+        holds = f"holds a {found}" if found else "holds another type"
         return ConfigError(
-            f"{self.display_url}: {described}{holds}, not {expected}: another application "
+            f"{self.display_url}: {described} {holds}, not {expected}: another application "
             f"uses the prefix {self.prefix!r}; remove that key or set another prefix= in the "
             "store URL (nothing was changed)"
         )
@@ -448,9 +456,7 @@ class RedisStore(Store):
     def force_release(self, key: str) -> LeaseInfo | None:
         script = self._scripts["force_release"]
         name = self._lease_key(key)
-        flat = self._call(
-            lambda c: script(keys=[name], args=[self._channel(key)], client=c), key
-        )
+        flat = self._call(lambda c: script(keys=[name], args=[self._channel(key)], client=c), key)
         if not flat:
             return None
         data = dict(zip(flat[0::2], flat[1::2], strict=True))
@@ -472,7 +478,7 @@ class RedisStore(Store):
         try:
             try:
                 self._wait_subscribed(key, deadline)
-            except rexc.RedisError:
+            except (rexc.RedisError, TasklockError, OSError):
                 self._close_subscriber_locked()
                 remaining = deadline - time.monotonic()
                 if remaining > 0:
@@ -529,10 +535,8 @@ class RedisStore(Store):
     def _close_subscriber_locked(self) -> None:
         conn, self._sub_conn = self._sub_conn, None
         if conn is not None:
-            try:
+            with contextlib.suppress(Exception):
                 conn.disconnect()
-            except Exception:
-                pass
 
     # -- schema and diagnostics --------------------------------------------------------
 
@@ -545,6 +549,7 @@ class RedisStore(Store):
     def doctor(self) -> list[StoreCheck]:
         checks = [StoreCheck("store", True, f"{self.display_url} (key prefix {self.prefix!r})")]
         try:
+            self._call(lambda c: c.ping())  # connects (and authenticates)
             started = time.perf_counter()
             self._call(lambda c: c.ping())
             rtt = time.perf_counter() - started
@@ -557,8 +562,17 @@ class RedisStore(Store):
                 checks.append(check())
             except TasklockError as exc:
                 checks.append(StoreCheck(check.__name__[7:], False, str(exc)))
+        checks.append(self._check_scripts())
         checks.append(self._check_clock())
         return checks
+
+    def _check_scripts(self) -> StoreCheck:
+        try:
+            for script in self._scripts.values():
+                self._call(lambda c, script=script: c.script_load(script.script))
+        except TasklockError as exc:
+            return StoreCheck("scripts", False, f"cannot load tasklock's Lua scripts: {exc}")
+        return StoreCheck("scripts", True, f"{len(self._scripts)} Lua scripts loaded")
 
     def _info_section(self, section: str) -> dict[str, Any]:
         return self._call(lambda c: c.info(section))
@@ -566,14 +580,13 @@ class RedisStore(Store):
     def _config_get(self, name: str) -> str | None:
         """The setting's value, or None when CONFIG is refused (managed Redis)."""
         try:
-            values = self._call(lambda c: c.config_get(name))
-        except ConfigError:
+            values = self._client.config_get(name)
+        except rexc.ResponseError:  # unknown/renamed command, NOPERM, ...
             return None
-        except StoreUnavailable as exc:
-            if "answered with an error" in str(exc):
-                return None
-            raise
-        value = values.get(name.encode()) if values else None
+        except rexc.RedisError as exc:
+            raise self._translate(exc) from None
+        values = values or {}
+        value = values.get(name, values.get(name.encode()))
         return value.decode() if isinstance(value, bytes) else value
 
     def _check_server(self) -> StoreCheck:
@@ -674,11 +687,9 @@ class RedisStore(Store):
         self._close_subscriber()
         with self._client_lock:
             client = self._client
-        try:
+        with contextlib.suppress(Exception):
             client.close()
             client.connection_pool.disconnect()
-        except Exception:
-            pass
 
     # -- records ----------------------------------------------------------------------
 

@@ -23,10 +23,12 @@ def executable() -> str:
     return found
 
 
-def tasklock(*args: str, env: dict[str, str], timeout: float = 60, **kwargs
-             ) -> subprocess.CompletedProcess:
-    return subprocess.run([executable(), *args], env=env, capture_output=True, text=True,
-                          timeout=timeout, **kwargs)
+def tasklock(
+    *args: str, env: dict[str, str], timeout: float = 60, **kwargs
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [executable(), *args], env=env, capture_output=True, text=True, timeout=timeout, **kwargs
+    )
 
 
 def start(*args: str, env: dict[str, str], **kwargs) -> subprocess.Popen:
