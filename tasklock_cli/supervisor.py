@@ -52,19 +52,23 @@ class RunOptions:
     note: str | None = None
 
     @property
-    def renew_interval(self) -> float:
-        return self.renew_every if self.renew_every is not None else self.ttl / 3
-
-    @property
     def safety_margin(self) -> float:
         """Kept between the child's SIGKILL and the local deadline."""
         return min(1.0, max(0.05, self.ttl * 0.05))
 
     @property
+    def renew_interval(self) -> float:
+        """--renew-every (ttl/3 by default), but never so close to the ttl that the first
+        renewal would come after the child had to be stopped."""
+        wanted = self.renew_every if self.renew_every is not None else self.ttl / 3
+        return min(wanted, (self.ttl - self.safety_margin) * 0.75)
+
+    @property
     def loss_grace(self) -> float:
         """The SIGTERM-to-SIGKILL window when renewals fail: --grace, shortened where the ttl
         is too short for it, so that retrying renewals still gets half the time left."""
-        return max(0.0, min(self.grace, (self.ttl - self.renew_interval) / 2))
+        room = self.ttl - self.safety_margin - self.renew_interval
+        return max(0.0, min(self.grace, room / 2))
 
     @property
     def renew_retry_interval(self) -> float:

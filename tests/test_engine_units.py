@@ -1,0 +1,250 @@
+"""Unit tests of the lease engine's timing with an injected clock: no sleeping."""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tasklock_cli.durations import format_duration, parse_duration
+from tasklock_cli.errors import UsageError
+from tasklock_cli.keys import validate_key
+from tasklock_cli.lease import FIRST_RETRY_S, POLL_CEILING_S, Conflict, LeaseKeeper, Waiter
+from tasklock_cli.stores.base import Holder
+from tasklock_cli.stores.sqlite import SQLiteStore
+from tasklock_cli.supervisor import RunOptions
+
+HOLDER = Holder(host="h", pid=1, user="u", command=["true"])
+
+
+class FakeClock:
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class SlowStore(SQLiteStore):
+    """A real SQLite store on a fake clock whose replies take ``reply_delay`` of that clock,
+    and whose waits advance the clock instead of sleeping."""
+
+    def __init__(self, path, clock: FakeClock, reply_delay: float = 0.0) -> None:
+        super().__init__(path, clock=clock, wall_clock=clock)
+        self.fake = clock
+        self.reply_delay = reply_delay
+        self.waits: list[float] = []
+
+    def acquire(self, *args, **kwargs):
+        lease = super().acquire(*args, **kwargs)
+        self.fake.advance(self.reply_delay)
+        return lease
+
+    def renew(self, *args, **kwargs):
+        lease = super().renew(*args, **kwargs)
+        self.fake.advance(self.reply_delay)
+        return lease
+
+    def wait_for_release(self, key: str, timeout: float) -> None:
+        self.waits.append(timeout)
+        self.fake.advance(timeout)
+
+
+@pytest.fixture
+def clock():
+    return FakeClock()
+
+
+def test_deadline_counts_from_when_the_request_was_sent(tmp_path, clock):
+    store = SlowStore(tmp_path / "db", clock, reply_delay=4.0)
+    keeper = LeaseKeeper(store, "k", 10.0, HOLDER, clock)
+    sent = clock()
+    assert keeper.try_acquire()
+    assert keeper.deadline == sent + 10.0
+    assert keeper.remaining() == pytest.approx(6.0)
+    sent = clock()
+    keeper.renew()
+    assert keeper.deadline == sent + 10.0
+
+
+def test_waiter_backs_off_to_a_ceiling_and_gives_up_at_the_wait(tmp_path, clock):
+    store = SlowStore(tmp_path / "db", clock)
+    holder = LeaseKeeper(store, "k", 3600.0, HOLDER, clock)
+    assert holder.try_acquire()
+    waiter_keeper = LeaseKeeper(store, "k", 10.0, HOLDER, clock)
+    announced = []
+    started = clock()
+    with pytest.raises(Conflict) as conflict:
+        Waiter(waiter_keeper, 2.0, on_waiting=announced.append, rng=lambda: 0.5).acquire()
+    assert clock() - started == pytest.approx(2.0)
+    assert store.waits[0] == pytest.approx(FIRST_RETRY_S)
+    assert max(store.waits) == pytest.approx(POLL_CEILING_S)
+    assert store.waits[:4] == sorted(store.waits[:4])
+    assert len(announced) == 1 and announced[0].fencing_token == holder.fencing_token
+    assert conflict.value.exit_code == 75
+    assert "is held by h pid 1" in str(conflict.value)
+
+
+def test_waiter_with_zero_wait_does_not_wait(tmp_path, clock):
+    store = SlowStore(tmp_path / "db", clock)
+    assert LeaseKeeper(store, "k", 60.0, HOLDER, clock).try_acquire()
+    with pytest.raises(Conflict):
+        Waiter(LeaseKeeper(store, "k", 60.0, HOLDER, clock), 0.0).acquire()
+    assert store.waits == []
+
+
+def test_waiter_gets_the_lease_once_it_expires_on_the_store_clock(tmp_path, clock):
+    store = SlowStore(tmp_path / "db", clock)
+    first = LeaseKeeper(store, "k", 1.0, HOLDER, clock)
+    assert first.try_acquire()
+    second = LeaseKeeper(store, "k", 1.0, HOLDER, clock)
+    Waiter(second, math.inf).acquire()
+    assert second.fencing_token == first.fencing_token + 1
+    assert clock() >= first.deadline
+
+
+def test_release_forgets_the_lease_only_after_the_store_confirms(tmp_path, clock):
+    from tasklock_cli.errors import StoreUnavailable
+
+    class FlakyRelease(SlowStore):
+        fail = True
+
+        def release(self, lease, keep_for=0.0):
+            if self.fail:
+                raise StoreUnavailable("down")
+            return super().release(lease, keep_for)
+
+    store = FlakyRelease(tmp_path / "db", clock)
+    keeper = LeaseKeeper(store, "k", 60.0, HOLDER, clock)
+    keeper.try_acquire()
+    with pytest.raises(StoreUnavailable):
+        keeper.release()
+    assert keeper.lease is not None
+    store.fail = False
+    assert keeper.release() is True
+    assert keeper.lease is None
+
+
+@pytest.mark.parametrize(
+    ("ttl", "renew", "grace", "loss_grace"),
+    [
+        (30, None, 5, 5),
+        (2, None, 5, (2 - 0.1 - 2 / 3) / 2),
+        (10, 5, 5, (10 - 0.5 - 5) / 2),
+        (10, 9.9, 5, (10 - 0.5 - 9.5 * 0.75) / 2),  # renewals clamped to 3/4 of the ttl
+    ],
+)
+def test_loss_grace_leaves_room_for_retries(ttl, renew, grace, loss_grace):
+    options = RunOptions(key="k", command=["true"], ttl=ttl, renew_every=renew, grace=grace)
+    assert options.loss_grace == pytest.approx(loss_grace)
+    # the SIGKILL lands before the deadline, after at least one renewal attempt
+    assert options.renew_interval < ttl - options.safety_margin - options.loss_grace
+    assert 0 < options.safety_margin <= 1.0
+
+
+def test_child_is_spawned_in_its_own_group_with_only_the_env(fp):
+    from tasklock_cli.process import Child
+
+    fp.register(["job", "--flag"])
+    child = Child(["job", "--flag"], {"TASKLOCK_KEY": "k"})
+    kwargs = fp.calls[0] if isinstance(fp.calls[0], dict) else None
+    popen = child._popen
+    recorded = popen._FakePopen__kwargs
+    assert recorded["env"] == {"TASKLOCK_KEY": "k"}
+    assert recorded["close_fds"] is True
+    if sys.version_info >= (3, 11):
+        assert recorded["process_group"] == 0
+    assert kwargs is None and child.pgid == child.pid
+
+
+# -- durations and keys -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("500ms", 0.5),
+        ("30s", 30),
+        ("5m", 300),
+        ("1h30m", 5400),
+        ("2d", 172800),
+        ("12", 12),
+        ("1.5", 1.5),
+        ("1h0m5s", 3605),
+        ("inf", math.inf),
+        (" 10s ", 10),
+    ],
+)
+def test_durations(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize(
+    "text", ["", "s", "-1s", "1x", "5s1h", "1m1m", "1 h", "1e3", "nan", "1h 30m", "10sec", "∞"]
+)
+def test_bad_durations(text):
+    with pytest.raises(UsageError):
+        parse_duration(text)
+
+
+def test_inf_can_be_refused():
+    with pytest.raises(UsageError):
+        parse_duration("inf", allow_inf=False)
+
+
+@given(st.integers(min_value=0, max_value=10**6))
+def test_bare_seconds_round_trip(n):
+    assert parse_duration(str(n)) == n
+
+
+@given(
+    st.lists(st.sampled_from(["d", "h", "m", "s", "ms"]), min_size=1, unique=True),
+    st.lists(st.integers(min_value=0, max_value=999), min_size=5, max_size=5),
+)
+def test_composed_durations_sum_their_parts(units, counts):
+    order = ["d", "h", "m", "s", "ms"]
+    units = sorted(units, key=order.index)
+    size = {"d": 86400, "h": 3600, "m": 60, "s": 1, "ms": 0.001}
+    parts = list(zip(counts[: len(units)], units, strict=True))
+    text = "".join(f"{c}{u}" for c, u in parts)
+    assert parse_duration(text) == pytest.approx(sum(c * size[u] for c, u in parts))
+
+
+@given(st.text())
+def test_parse_duration_never_crashes(text):
+    try:
+        value = parse_duration(text)
+    except UsageError:
+        return
+    assert value >= 0
+
+
+@given(st.floats(min_value=0, max_value=10**7, allow_nan=False))
+def test_format_duration_is_parseable(seconds):
+    assert parse_duration(format_duration(seconds)) >= 0
+
+
+@given(st.text(min_size=1, max_size=200))
+def test_validate_key_accepts_or_refuses_cleanly(key):
+    try:
+        assert validate_key(key) == key
+    except UsageError as error:
+        assert "key" in str(error)
+    else:
+        assert not any(ord(c) < 32 or 127 <= ord(c) < 160 for c in key)
+
+
+def test_key_limits():
+    validate_key("x" * 512)
+    with pytest.raises(UsageError):
+        validate_key("x" * 513)
+    with pytest.raises(UsageError):
+        validate_key("é" * 257)  # 514 bytes
+    with pytest.raises(UsageError):
+        validate_key("bad\udcffkey")  # invalid UTF-8 from argv
