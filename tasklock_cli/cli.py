@@ -113,7 +113,7 @@ def main_options(
 @app.command(context_settings={"allow_interspersed_args": True})
 def run(
     ctx: typer.Context,
-    key: str = typer.Argument(..., help="The lock's name, e.g. invoices:nightly."),
+    key: str = typer.Argument(..., metavar="KEY", help="The lock's name, e.g. invoices:nightly."),
     command: list[str] | None = typer.Argument(
         None, metavar="-- COMMAND [ARG...]", help="The command to run while the lock is held."
     ),
@@ -239,7 +239,7 @@ def _run_settings(g: Globals, key: str, flags: dict[str, object]) -> dict[str, o
 @app.command()
 def peek(
     ctx: typer.Context,
-    key: str = typer.Argument(..., help="The lock's name."),
+    key: str = typer.Argument(..., metavar="KEY", help="The lock's name."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Show who holds KEY; exit 0 when held, 1 when free."""
@@ -293,11 +293,7 @@ def sweep(
     with g.open_store() as store:
         removed = store.sweep(dry_run=dry_run)
     if as_json:
-        typer.echo(
-            json.dumps(
-                {"removed": removed, "dry_run": dry_run} if dry_run else {"removed": removed}
-            )
-        )
+        typer.echo(json.dumps({"removed": removed}))
     else:
         verb = "would remove" if dry_run else "removed"
         typer.echo(f"{verb} {removed} expired lease{'' if removed == 1 else 's'}")
@@ -306,7 +302,7 @@ def sweep(
 @app.command()
 def release(
     ctx: typer.Context,
-    key: str = typer.Argument(..., help="The lock's name."),
+    key: str = typer.Argument(..., metavar="KEY", help="The lock's name."),
     force: bool = typer.Option(False, "--force", help="Required: this breaks a live lease."),
 ) -> None:
     """Break the lease on KEY (ops). Its holder's command is terminated when it notices."""

@@ -25,8 +25,17 @@ def become_subreaper() -> None:
 class Child:
     """One command in its own process group."""
 
-    def __init__(self, command: list[str], env: dict[str, str]) -> None:
-        group = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
+    def __init__(
+        self, command: list[str], env: dict[str, str], terminal_fd: int | None = None
+    ) -> None:
+        if terminal_fd is not None:
+            # Take the terminal in the child itself, before exec: otherwise a command that
+            # reads at once can meet the terminal still ours, and be stopped by SIGTTIN.
+            group: dict = {"preexec_fn": lambda: _foreground_own_group(terminal_fd)}
+        elif sys.version_info >= (3, 11):
+            group = {"process_group": 0}
+        else:
+            group = {"preexec_fn": os.setpgrp}
         try:
             self._popen = subprocess.Popen(command, env=env, close_fds=True, **group)
         except FileNotFoundError:
@@ -81,6 +90,14 @@ class Child:
                 continue
             self.status = status
             self._popen.returncode = self.exit_code()  # so Popen never waits on it again
+
+
+def _foreground_own_group(terminal_fd: int) -> None:
+    os.setpgrp()
+    signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+    with contextlib.suppress(OSError):
+        os.tcsetpgrp(terminal_fd, os.getpgrp())
+    signal.signal(signal.SIGTTOU, signal.SIG_DFL)
 
 
 class Terminal:

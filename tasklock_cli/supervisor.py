@@ -172,7 +172,7 @@ class Supervisor:
                 return 128 + signum
             become_subreaper()
             try:
-                child = Child(self.options.command, self._child_env())
+                child = Child(self.options.command, self._child_env(), terminal.fd)
             except TasklockError:
                 self._release()
                 raise
@@ -307,7 +307,8 @@ class Supervisor:
         if not terminal.handed_over or signum not in JOB_CONTROL_STOPS:
             return
         terminal.take_back()
-        os.kill(os.getpid(), signal.SIGSTOP)
+        # Stop like a shell job; in an orphaned group the kernel drops SIGTSTP and we go on.
+        os.kill(os.getpid(), signal.SIGTSTP)
         terminal.give_to(child.pgid)
         child.signal_group(signal.SIGCONT)
 

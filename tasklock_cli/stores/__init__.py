@@ -25,8 +25,13 @@ def default_sqlite_path() -> Path:
     return Path(state_home) / "tasklock" / "locks.db"
 
 
+def sqlite_url(path: Path) -> str:
+    """``sqlite:///ABS/PATH.db``: the path's own leading slash is the URL's third."""
+    return f"sqlite://{path}" if path.is_absolute() else f"sqlite:///{path}"
+
+
 def default_store_url() -> str:
-    return f"sqlite:///{default_sqlite_path()}"
+    return sqlite_url(default_sqlite_path())
 
 
 def open_store(url: str) -> Store:
@@ -59,9 +64,8 @@ def redact_url(url: str) -> str:
     except ValueError:
         return redacted
     netloc = parts.netloc
-    if "@" in netloc:
-        userinfo, _, hostinfo = netloc.rpartition("@")
-        if ":" in userinfo:
-            user = userinfo.split(":", 1)[0]
-            netloc = f"{user}:***@{hostinfo}"
-    return urlunsplit(parts._replace(netloc=netloc))
+    userinfo, at, hostinfo = netloc.rpartition("@")
+    if not at or ":" not in userinfo:
+        return redacted
+    user = userinfo.split(":", 1)[0]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{hostinfo}"))

@@ -17,6 +17,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from tasklock_cli.errors import ConfigError, LeaseLost, StoreUnavailable
+from tasklock_cli.stores import sqlite_url
 from tasklock_cli.stores.base import Holder, Lease, LeaseInfo, Store, StoreCheck, utc_from_timestamp
 
 TABLE = "tasklock_leases"
@@ -114,7 +115,7 @@ def current_boot_id() -> str:
 class SQLiteStore(Store):
     def __init__(self, path: Path, clock=boot_clock, wall_clock=time.time) -> None:
         self.path = path
-        self.display_url = f"sqlite:///{path}"
+        self.display_url = sqlite_url(path)
         self._clock = clock
         self._wall = wall_clock
         self._boot = current_boot_id()

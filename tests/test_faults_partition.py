@@ -1,0 +1,173 @@
+"""Partition: the wrapper reaches its store through a TCP proxy that the test blackholes.
+
+The old command's whole process tree must be dead before a client connected directly gets
+the lock; once healed, the old wrapper exits 70 and never renews over the new holder.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from urllib.parse import urlsplit
+
+import pytest
+
+from tests.support.cli import json_events, peek, start, tasklock, wait_until
+from tests.support.proxy import TcpProxy
+
+NETWORK_STORES = ["postgres", "redis"]
+
+
+def through(proxy: TcpProxy, url: str) -> str:
+    parts = urlsplit(url)
+    return url.replace(parts.netloc.split("@")[-1], f"127.0.0.1:{proxy.port}", 1)
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            state = stat.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+def group_members(pgid: int) -> list[int]:
+    members = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.getpgid(int(entry)) == pgid:
+                    members.append(int(entry))
+            except OSError:
+                continue
+    return members
+
+
+@pytest.fixture(params=NETWORK_STORES)
+def network_store_url(request, tmp_path):
+    from tests.conftest import store_url_for
+    from tests.support import services
+
+    services.require(request.param)
+    url = store_url_for(request.param, tmp_path)
+    yield url
+    services.cleanup(request.param, url)
+
+
+@pytest.mark.slow
+def test_partitioned_holder_is_dead_before_the_next_holder_starts(
+    network_store_url, cli_env, tmp_path
+):
+    url = network_store_url
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port
+    ready = tmp_path / "ready"
+    with TcpProxy(host, port) as proxy:
+        old = start(
+            "--log-format",
+            "json",
+            "run",
+            "k",
+            "--ttl",
+            "3s",
+            "--grace",
+            "1s",
+            "--",
+            "sh",
+            "-c",
+            f"sleep 300 & sleep 300 & touch {ready}; wait",
+            env={**cli_env, "TASKLOCK_STORE": through(proxy, url)},
+        )
+        wait_until(ready.exists)
+        old_info = peek(url, "k")
+        child_pgid = next(p for p in group_members_of_children(old.pid))
+        tree = group_members(child_pgid)
+        assert len(tree) >= 3  # sh and its two sleeps
+
+        proxy.blackhole()
+        partitioned_at = time.monotonic()
+        checker = (
+            "for p in $OLD_TREE; do "
+            "s=$(cut -d')' -f2 /proc/$p/stat 2>/dev/null | awk '{print $1}'); "
+            '[ -n "$s" ] && [ "$s" != Z ] && echo "overlap $p"; done; true'
+        )
+        new = tasklock(
+            "--log-format",
+            "json",
+            "run",
+            "k",
+            "--wait",
+            "30s",
+            "--",
+            "sh",
+            "-c",
+            checker,
+            env={**cli_env, "TASKLOCK_STORE": url, "OLD_TREE": " ".join(map(str, tree))},
+        )
+        acquired_after = time.monotonic() - partitioned_at
+        assert new.returncode == 0, new.stderr
+        assert "overlap" not in new.stdout, new.stdout
+        assert not any(alive(pid) for pid in tree)
+        new_token = next(e for e in json_events(new.stderr) if e["event"] == "acquired")[
+            "fencing_token"
+        ]
+        assert new_token > old_info.fencing_token
+        assert acquired_after < 3 + 5  # the lease ran out on the store, a retry later we had it
+
+        holder = start(
+            "run", "k", "--ttl", "30s", "--", "sleep", "30", env={**cli_env, "TASKLOCK_STORE": url}
+        )
+        newest = wait_until(lambda: peek(url, "k"))
+        proxy.heal()
+        _, stderr = old.communicate(timeout=30)
+        assert old.returncode == 70
+        lost = [e for e in json_events(stderr) if e["event"] == "lost"]
+        assert [e["detected_by"] for e in lost] == ["unreachable"]
+        time.sleep(1)
+        still = peek(url, "k")
+        assert still is not None and still.fencing_token == newest.fencing_token
+        assert still.holder.pid == holder.pid
+        holder.terminate()
+        holder.wait()
+
+
+def group_members_of_children(pid: int) -> list[int]:
+    """Process groups of the direct children of ``pid`` (the wrapper's child leads one)."""
+    groups = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            groups.append(int(fields[2]))
+    return groups
+
+
+def test_proxy_helper_itself_forwards_and_blackholes(tmp_path):
+    """The fault tests mean nothing if the proxy silently passes traffic while blackholed."""
+    import socket
+
+    server = socket.create_server(("127.0.0.1", 0))
+    with TcpProxy("127.0.0.1", server.getsockname()[1]) as proxy:
+        client = socket.create_connection(("127.0.0.1", proxy.port), timeout=2)
+        upstream, _ = server.accept()
+        client.sendall(b"ping")
+        assert upstream.recv(4) == b"ping"
+        proxy.blackhole()
+        time.sleep(0.1)
+        client.sendall(b"lost?")
+        upstream.settimeout(0.5)
+        with pytest.raises(TimeoutError):
+            upstream.recv(5)
+        proxy.heal()
+        upstream.settimeout(2)
+        assert re.match(rb"lost\?", upstream.recv(5))
+        client.close()
+        upstream.close()
+    server.close()

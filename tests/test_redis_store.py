@@ -1,0 +1,686 @@
+"""Redis-only behaviour beyond the store contract: key layout, wake-ups, faults, durability."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from tasklock_cli.errors import ConfigError, LeaseLost, StoreUnavailable
+from tasklock_cli.stores import open_store
+from tasklock_cli.stores.base import Holder
+from tests.support import redis_support, services
+
+HOLDER = Holder(host="host-a", pid=4242, user="alice", command=["./job.sh"], note="n")
+OTHER = Holder(host="host-b", pid=99, user="bob", command=["true"], note=None)
+
+
+def token() -> str:
+    return uuid.uuid4().hex
+
+
+@pytest.fixture
+def url() -> Iterator[str]:
+    services.require("redis")
+    namespace = services.redis_url(prefix=f"tasklock-test-{uuid.uuid4().hex[:12]}:")
+    yield namespace
+    redis_support.drop_namespace(namespace)
+
+
+@pytest.fixture
+def opened(url) -> Iterator[list]:
+    stores: list = []
+    yield stores
+    for store in stores:
+        store.close()
+
+
+@pytest.fixture
+def store(url, opened):
+    store = open_store(url)
+    opened.append(store)
+    return store
+
+
+@pytest.fixture
+def other(url, opened):
+    store = open_store(url)
+    opened.append(store)
+    return store
+
+
+@pytest.fixture
+def raw(url):
+    client, _ = redis_support._client_for(url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def prefix(store) -> bytes:
+    return store.prefix.encode()
+
+
+def require_redis_server() -> None:
+    services.require("redis")
+    if not redis_support.redis_server_available():
+        reason = f"no redis-server binary at {redis_support.REDIS_SERVER}"
+        if services.in_ci():
+            pytest.fail(f"CI=true but {reason}")
+        pytest.skip(reason)
+
+
+@pytest.fixture
+def private():
+    require_redis_server()
+    with redis_support.private_redis() as server:
+        yield server
+
+
+# -- key layout ---------------------------------------------------------------------
+
+
+def test_key_layout_is_a_hash_with_px_and_a_counter_without_ttl(store, raw, prefix):
+    owner = token()
+    lease = store.acquire("jobs:a", 30, HOLDER, owner)
+    lease_key = prefix + b"{jobs:a}:lease"
+    fence_key = prefix + b"{jobs:a}:fence"
+
+    assert raw.type(lease_key) == b"hash"
+    data = raw.hgetall(lease_key)
+    assert set(data) == {b"owner", b"fencing_token", b"holder", b"acquired_at", b"expires_at"}
+    assert data[b"owner"] == owner.encode()
+    assert int(data[b"fencing_token"]) == lease.fencing_token == 1
+    assert int(data[b"acquired_at"]) == int(lease.acquired_at.timestamp() * 1000)
+    assert int(data[b"expires_at"]) - int(data[b"acquired_at"]) == 30_000
+    assert 29_000 < raw.pttl(lease_key) <= 30_000
+
+    assert raw.type(fence_key) == b"string"
+    assert raw.get(fence_key) == b"1"
+    assert raw.ttl(fence_key) == -1  # present and persistent (a missing key would be -2)
+    # Nothing else in the namespace.
+    assert sorted(raw.scan_iter(match=prefix + b"*")) == sorted([lease_key, fence_key])
+
+
+def test_times_come_from_the_redis_clock(store, raw):
+    seconds, micros = raw.time()
+    lease = store.acquire("k", 30, HOLDER, token())
+    redis_now = seconds + micros / 1e6
+    assert abs(lease.acquired_at.timestamp() - redis_now) < 1
+
+
+def test_renew_sets_px_and_expires_at(store, raw, prefix):
+    lease = store.acquire("k", 2, HOLDER, token())
+    renewed = store.renew(lease, 60)
+    lease_key = prefix + b"{k}:lease"
+    assert 59_000 < raw.pttl(lease_key) <= 60_000
+    assert int(raw.hget(lease_key, "expires_at")) == int(renewed.expires_at.timestamp() * 1000)
+    assert renewed.fencing_token == lease.fencing_token
+
+
+def test_idempotent_acquire_refreshes_px_and_keeps_token(store, raw, prefix):
+    owner = token()
+    first = store.acquire("k", 2, HOLDER, owner)
+    again = store.acquire("k", 60, HOLDER, owner)
+    assert again.fencing_token == first.fencing_token
+    assert again.acquired_at == first.acquired_at
+    assert 59_000 < raw.pttl(prefix + b"{k}:lease") <= 60_000
+    assert raw.get(prefix + b"{k}:fence") == b"1"
+
+
+def test_renew_checks_the_fencing_token_too(store):
+    lease = store.acquire("k", 30, HOLDER, token())
+    wrong = type(lease)(
+        lease.key, lease.owner_token, lease.fencing_token + 1, lease.acquired_at, lease.expires_at
+    )
+    with pytest.raises(LeaseLost):
+        store.renew(wrong, 30)
+    assert store.release(wrong) is False
+    assert store.peek("k").fencing_token == lease.fencing_token
+
+
+def test_release_with_keep_for_sets_px(store, raw, prefix):
+    lease = store.acquire("k", 30, HOLDER, token())
+    assert store.release(lease, keep_for=5) is True
+    assert 4_000 < raw.pttl(prefix + b"{k}:lease") <= 5_000
+
+
+# -- the fencing counter ----------------------------------------------------------------
+
+
+def _assert_counter(raw, prefix: bytes, key: str, value: int) -> None:
+    fence_key = prefix + b"{" + key.encode() + b"}:fence"
+    assert raw.exists(fence_key) == 1
+    assert raw.get(fence_key) == str(value).encode()
+    assert raw.ttl(fence_key) == -1
+
+
+def test_counter_survives_release_force_release_expiry_and_sweep(store, other, raw, prefix):
+    lease_key = prefix + b"{k}:lease"
+
+    lease = store.acquire("k", 30, HOLDER, token())
+    assert store.release(lease) is True
+    assert raw.exists(lease_key) == 0
+    _assert_counter(raw, prefix, "k", 1)
+
+    store.acquire("k", 30, HOLDER, token())
+    assert other.force_release("k").fencing_token == 2
+    assert raw.exists(lease_key) == 0
+    _assert_counter(raw, prefix, "k", 2)
+
+    store.acquire("k", 0.2, HOLDER, token())
+    time.sleep(0.4)
+    assert raw.exists(lease_key) == 0
+    _assert_counter(raw, prefix, "k", 3)
+
+    assert other.sweep() == 0
+    assert other.sweep(dry_run=True) == 0
+    _assert_counter(raw, prefix, "k", 3)
+
+    assert store.acquire("k", 30, HOLDER, token()).fencing_token == 4
+
+
+def test_force_release_returns_the_broken_lease_and_keeps_the_counter(store, other, raw, prefix):
+    lease = store.acquire("k", 30, HOLDER, token())
+    broken = other.force_release("k")
+    assert broken.key == "k" and broken.holder == HOLDER
+    assert broken.fencing_token == lease.fencing_token
+    assert broken.expires_at == lease.expires_at
+    assert other.force_release("k") is None
+    _assert_counter(raw, prefix, "k", 1)
+
+
+# -- unusual keys and list ------------------------------------------------------------
+
+GLOBBY = ["a", "a*", "a?", "a[b]", "a[^b]", "a\\*", "{a}", "a}", "}a", "a{", "ab", "b*", "{}"]
+
+
+def test_glob_and_hash_tag_keys_do_not_collide(store, raw, prefix):
+    leases = {key: store.acquire(key, 30, HOLDER, token()) for key in GLOBBY}
+    assert all(lease is not None and lease.fencing_token == 1 for lease in leases.values())
+    for key in GLOBBY:
+        assert store.peek(key).key == key
+        _assert_counter(raw, prefix, key, 1)
+    assert [i.key for i in store.list()] == sorted(GLOBBY)
+    assert [i.key for i in store.list(prefix="a*")] == ["a*"]
+    assert [i.key for i in store.list(prefix="a?")] == ["a?"]
+    assert [i.key for i in store.list(prefix="a[")] == ["a[^b]", "a[b]"]
+    assert [i.key for i in store.list(prefix="a\\")] == ["a\\*"]
+    assert [i.key for i in store.list(prefix="{")] == ["{a}", "{}"]
+    assert [i.key for i in store.list(prefix="}")] == ["}a"]
+    assert [i.key for i in store.list(prefix="a")] == sorted(k for k in GLOBBY if k[0] == "a")
+    assert list(store.list(prefix="*")) == []
+    # Releasing one never touches its look-alikes.
+    assert store.release(leases["a*"]) is True
+    assert store.peek("a*") is None
+    assert store.peek("a") is not None and store.peek("ab") is not None
+
+
+def test_keys_that_look_like_our_suffixes_are_ordinary(store):
+    keys = ["x}:lease", "x}:fence", "x", "x}:released"]
+    for key in keys:
+        assert store.acquire(key, 30, HOLDER, token()).fencing_token == 1
+    assert [i.key for i in store.list(prefix="x")] == sorted(keys)
+
+
+def test_list_uses_scan_never_keys(store, monkeypatch):
+    import redis
+
+    for key in ["b", "a", "c"]:
+        store.acquire(key, 30, HOLDER, token())
+    scans = []
+    original_scan = redis.Redis.scan
+
+    def spy_scan(self, *args, **kwargs):
+        scans.append(kwargs.get("match"))
+        return original_scan(self, *args, **kwargs)
+
+    def no_keys(self, *args, **kwargs):
+        raise AssertionError("KEYS must never be used")
+
+    monkeypatch.setattr(redis.Redis, "scan", spy_scan)
+    monkeypatch.setattr(redis.Redis, "keys", no_keys)
+    assert [i.key for i in store.list()] == ["a", "b", "c"]
+    assert [i.key for i in store.list(prefix="b")] == ["b"]
+    assert scans and all(match is not None for match in scans)
+    assert scans[-1].endswith(b"{b*}:lease")
+
+
+def test_list_ignores_foreign_keys_and_other_namespaces(store, raw, prefix, url):
+    store.acquire("mine", 30, HOLDER, token())
+    raw.set(prefix + b"unrelated", b"x")  # not in our layout: never matched by list
+    neighbour = open_store(url.replace(store.prefix, store.prefix + "x"))
+    try:
+        neighbour.acquire("theirs", 30, HOLDER, token())
+        assert [i.key for i in store.list()] == ["mine"]
+        assert [i.key for i in neighbour.list()] == ["theirs"]
+    finally:
+        redis_support.drop_namespace(url.replace(store.prefix, store.prefix + "x"))
+        neighbour.close()
+
+
+def test_ten_thousand_leases_are_listed_correctly(store, raw, prefix):
+    count = 10_000
+    keys = [f"bulk:{i:05d}" for i in range(count)]
+    for key in keys:
+        store.acquire(key, 120, HOLDER, token())
+    started = time.monotonic()
+    listed = list(store.list())
+    elapsed = time.monotonic() - started
+    assert [i.key for i in listed] == keys
+    assert all(i.fencing_token == 1 and i.holder == HOLDER and not i.expired for i in listed)
+    assert [i.key for i in store.list(prefix="bulk:0999")] == [f"bulk:0999{d}" for d in range(10)]
+    print(f"listed {count} leases in {elapsed * 1000:.0f} ms")
+
+
+# -- waiting ----------------------------------------------------------------------------
+
+
+def test_wait_for_release_wakes_on_release_from_another_client(store, other):
+    lease = other.acquire("k", 30, OTHER, token())
+    released_at: list[float] = []
+
+    def release_later():
+        time.sleep(0.3)
+        released_at.append(time.monotonic())
+        assert other.release(lease) is True
+
+    thread = threading.Thread(target=release_later)
+    started = time.monotonic()
+    thread.start()
+    store.wait_for_release("k", 5)
+    woke = time.monotonic()
+    thread.join()
+    assert woke - started < 2, "waited (close to) the full timeout: no wake-up"
+    assert released_at and woke - released_at[0] < 0.1
+    assert store.acquire("k", 30, HOLDER, token()) is not None
+
+
+def test_wait_for_release_wakes_on_force_release(store, other):
+    other.acquire("k", 30, OTHER, token())
+    timer = threading.Timer(0.2, lambda: other.force_release("k"))
+    started = time.monotonic()
+    timer.start()
+    store.wait_for_release("k", 5)
+    timer.join()
+    assert time.monotonic() - started < 1.5
+
+
+def test_wait_for_release_returns_at_once_when_already_free(store, other):
+    lease = other.acquire("k", 30, OTHER, token())
+    other.release(lease)  # released between our failed acquire and the wait
+    started = time.monotonic()
+    store.wait_for_release("k", 5)
+    assert time.monotonic() - started < 0.5
+
+
+def test_wait_for_release_wakes_at_the_lease_expiry(store, other):
+    other.acquire("k", 0.3, OTHER, token())
+    started = time.monotonic()
+    store.wait_for_release("k", 5)
+    assert 0.2 < time.monotonic() - started < 1.5
+    assert store.acquire("k", 30, HOLDER, token()) is not None
+
+
+def test_wait_for_release_honours_its_timeout_and_can_repeat(store, other):
+    lease = other.acquire("k", 30, OTHER, token())
+    for _ in range(3):  # each wait leaves the subscription connection clean for the next
+        started = time.monotonic()
+        store.wait_for_release("k", 0.2)
+        assert 0.15 < time.monotonic() - started < 1
+    other.acquire("j", 30, OTHER, token())
+    timer = threading.Timer(0.2, lambda: other.release(lease))
+    timer.start()
+    started = time.monotonic()
+    store.wait_for_release("k", 5)
+    timer.join()
+    assert time.monotonic() - started < 1.5
+
+
+def test_wait_for_release_on_a_dead_store_just_times_out(private):
+    store = open_store(private.url())
+    try:
+        store.acquire("k", 30, HOLDER, token())
+        private.kill()
+        started = time.monotonic()
+        store.wait_for_release("k", 0.3)  # never raises
+        assert time.monotonic() - started < 2
+    finally:
+        store.close()
+
+
+# -- scripts, foreign keys ------------------------------------------------------------------
+
+
+def test_script_flush_is_survived(store, other, raw):
+    lease = store.acquire("k", 30, HOLDER, token())
+    raw.script_flush()
+    renewed = store.renew(lease, 30)
+    raw.script_flush()
+    assert store.release(renewed) is True
+    raw.script_flush()
+    assert other.acquire("k", 30, OTHER, token()).fencing_token == 2
+    raw.script_flush()
+    assert store.force_release("k").holder == OTHER
+
+
+def test_foreign_string_at_a_lease_key_is_a_clear_error(store, raw, prefix):
+    good = store.acquire("good", 30, HOLDER, token())
+    lease_key = prefix + b"{bad}:lease"
+    raw.set(lease_key, b"someone else's")
+    for attempt in (
+        lambda: store.acquire("bad", 30, HOLDER, token()),
+        lambda: store.peek("bad"),
+        lambda: store.force_release("bad"),
+        lambda: list(store.list()),
+    ):
+        with pytest.raises(ConfigError) as caught:
+            attempt()
+        assert repr(lease_key.decode()) in str(caught.value)
+        assert "string" in str(caught.value)
+    # Nothing was touched: the foreign key, no counter created, our other lease intact.
+    assert raw.get(lease_key) == b"someone else's" and raw.ttl(lease_key) == -1
+    assert raw.exists(prefix + b"{bad}:fence") == 0
+    assert store.peek("good").fencing_token == good.fencing_token
+    assert store.renew(good, 30).fencing_token == good.fencing_token
+
+
+def test_foreign_counter_is_a_clear_error(store, raw, prefix):
+    fence_key = prefix + b"{bad}:fence"
+    for value in (b"not a number", None):
+        raw.delete(fence_key)
+        if value is None:
+            raw.rpush(fence_key, b"x")
+        else:
+            raw.set(fence_key, value)
+        with pytest.raises(ConfigError) as caught:
+            store.acquire("bad", 30, HOLDER, token())
+        assert repr(fence_key.decode()) in str(caught.value)
+        assert raw.exists(prefix + b"{bad}:lease") == 0
+
+
+def test_foreign_hash_without_our_fields_is_reported_not_crashed(store, raw, prefix):
+    raw.hset(prefix + b"{bad}:lease", mapping={b"color": b"blue"})
+    with pytest.raises(ConfigError, match="not a tasklock lease"):
+        store.peek("bad")
+    with pytest.raises(ConfigError, match="not a tasklock lease"):
+        list(store.list())
+    raw.hset(prefix + b"{bad}:lease", mapping={b"holder": b"\xff\xfe not utf-8"})
+    with pytest.raises(ConfigError, match="not a tasklock lease"):
+        list(store.list())
+    assert store.acquire("bad", 30, HOLDER, token()) is None  # held by "someone"
+
+
+# -- durability: what FLUSHALL and a restart without persistence do ------------------------
+
+
+def test_flushall_restarts_the_counter_so_tokens_repeat(private):
+    """Documented behaviour: tokens are only as durable as Redis's data.
+
+    After FLUSHALL (or a restart of a Redis without persistence) the counter starts again
+    at 1 and a token issued before is issued again; the old holder's renew is rejected.
+    """
+    store = open_store(private.url())
+    try:
+        first = store.acquire("k", 30, HOLDER, token())
+        store.release(first)
+        second = store.acquire("k", 30, HOLDER, token())
+        assert (first.fencing_token, second.fencing_token) == (1, 2)
+        private.client().flushall()
+        with pytest.raises(LeaseLost):
+            store.renew(second, 30)
+        again = store.acquire("k", 30, OTHER, token())
+        assert again.fencing_token == 1  # repeats a token issued before the flush
+    finally:
+        store.close()
+
+
+def test_server_killed_and_restarted_never_renews_silently(private):
+    store = open_store(private.url())
+    store.set_io_timeout(1)
+    try:
+        lease = store.acquire("k", 30, HOLDER, token())
+        private.kill()
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailable):
+            store.renew(lease, 30)
+        assert time.monotonic() - started < 3
+        private.start()  # same port, --save "": the data is gone
+        with pytest.raises(LeaseLost):
+            store.renew(lease, 30)
+        # The first call after the restart reconnected by itself.
+        assert store.peek("k") is None
+    finally:
+        store.close()
+
+
+def test_paused_server_times_out_within_the_io_timeout(private):
+    store = open_store(private.url())
+    store.set_io_timeout(0.5)
+    try:
+        lease = store.acquire("k", 30, HOLDER, token())
+        private.pause()
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailable):
+            store.renew(lease, 30)
+        assert time.monotonic() - started < 2  # one timeout, no hidden retries
+        private.resume()
+        assert store.renew(lease, 30).fencing_token == lease.fencing_token
+    finally:
+        private.resume()
+        store.close()
+
+
+def test_idle_connection_closed_by_server_is_reconnected(private):
+    store = open_store(private.url())
+    try:
+        lease = store.acquire("k", 30, HOLDER, token())
+        private.client().client_kill_filter(_type="normal", skipme=True)
+        assert store.renew(lease, 30).fencing_token == lease.fencing_token
+    finally:
+        store.close()
+
+
+# -- errors ---------------------------------------------------------------------------------
+
+
+def test_wrong_password_is_reported_without_the_password():
+    require_redis_server()
+    with redis_support.private_redis(password="right-Secret-42") as server:
+        for url in (
+            server.url(password="wrong-Pa55word"),
+            server.url(password=""),
+            server.url(password="") + "&password=wrong-Pa55word",
+        ):
+            store = open_store(url)
+            try:
+                with pytest.raises(ConfigError) as caught:
+                    store.acquire("k", 30, HOLDER, token())
+                message = str(caught.value)
+                assert "wrong-Pa55word" not in message and "right-Secret-42" not in message
+                assert "credentials" in message
+                checks = {c.name: c for c in store.doctor()}
+                assert checks["reachable"].ok is False
+                assert "wrong-Pa55word" not in checks["reachable"].detail
+                assert "wrong-Pa55word" not in checks["store"].detail
+            finally:
+                store.close()
+        good = open_store(server.url())
+        try:
+            assert good.acquire("k", 30, HOLDER, token()).fencing_token == 1
+            assert "right-Secret-42" not in good.display_url
+        finally:
+            good.close()
+
+
+def test_unreachable_port_is_store_unavailable_quickly():
+    services.require("redis")
+    store = open_store(f"redis://127.0.0.1:{redis_support.free_port()}/0")
+    store.set_io_timeout(1)
+    try:
+        for call in (
+            lambda: store.acquire("k", 30, HOLDER, token()),
+            lambda: store.peek("k"),
+            lambda: list(store.list()),
+            lambda: store.sweep(),
+        ):
+            started = time.monotonic()
+            with pytest.raises(StoreUnavailable):
+                call()
+            assert time.monotonic() - started < 3
+        checks = {c.name: c for c in store.doctor()}
+        assert checks["reachable"].ok is False
+    finally:
+        store.close()
+
+
+def test_bad_urls_are_config_errors():
+    services.require("redis")
+    with pytest.raises(ConfigError):
+        open_store("redis://127.0.0.1:notaport/0")
+    with pytest.raises(ConfigError):
+        open_store("redis://127.0.0.1:6379/0?no_such_option=1")
+
+
+def test_prefix_is_taken_from_the_url_and_defaults_to_tasklock():
+    services.require("redis")
+    default = open_store("redis://127.0.0.1:6379/0")
+    custom = open_store("redis://127.0.0.1:6379/0?prefix=team%20a:&socket_timeout=3")
+    try:
+        assert default.prefix == "tasklock:"
+        assert custom.prefix == "team a:"
+        assert custom.display_url == "redis://127.0.0.1:6379/0?prefix=team%20a:&socket_timeout=3"
+    finally:
+        default.close()
+        custom.close()
+
+
+def test_set_io_timeout_applies_to_new_connections(store, url):
+    store.set_io_timeout(1.5)
+    kwargs = store._client.connection_pool.connection_kwargs
+    assert kwargs["socket_timeout"] == 1.5 and kwargs["socket_connect_timeout"] == 1.5
+    assert store.acquire("k", 30, HOLDER, token()) is not None
+    # A timeout in the URL does not defeat the supervisor's bound.
+    overridden = open_store(url + "&socket_timeout=60&protocol=3")
+    try:
+        overridden.set_io_timeout(1.5)
+        kwargs = overridden._client.connection_pool.connection_kwargs
+        assert kwargs["socket_timeout"] == 1.5 and kwargs["protocol"] == 2
+        assert overridden.peek("k").fencing_token == 1
+    finally:
+        overridden.close()
+
+
+def test_store_sockets_are_not_inherited_by_children(store, other):
+    lease = other.acquire("k", 30, OTHER, token())
+    threading.Timer(0.1, lambda: other.release(lease)).start()
+    store.wait_for_release("k", 2)  # opens the subscription connection too
+    store.peek("k")
+    sockets = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                sockets.append(int(fd))
+        except OSError:
+            continue
+    assert sockets
+    assert not [fd for fd in sockets if os.get_inheritable(fd)]
+
+
+# -- doctor ---------------------------------------------------------------------------------
+
+
+def test_doctor_reports_every_check(store):
+    checks = {c.name: c for c in store.doctor()}
+    assert set(checks) >= {
+        "store",
+        "reachable",
+        "server",
+        "persistence",
+        "eviction",
+        "scripts",
+        "clock",
+    }
+    assert all(c.ok for c in checks.values())
+    assert "ms" in checks["reachable"].detail
+    assert "Redis" in checks["server"].detail
+
+
+def test_doctor_warns_about_persistence_and_eviction(private):
+    private.client().config_set("maxmemory-policy", "volatile-lru")
+    store = open_store(private.url())
+    try:
+        checks = {c.name: c for c in store.doctor()}
+        assert checks["persistence"].warning and "durable" in checks["persistence"].detail
+        assert checks["eviction"].warning and "volatile" in checks["eviction"].detail
+    finally:
+        store.close()
+
+
+def test_doctor_is_quiet_with_aof_and_noeviction():
+    require_redis_server()
+    with redis_support.private_redis(persistence=True) as server:
+        store = open_store(server.url())
+        try:
+            checks = {c.name: c for c in store.doctor()}
+            assert not checks["persistence"].warning, checks["persistence"].detail
+            assert not checks["eviction"].warning
+        finally:
+            store.close()
+
+
+def test_doctor_when_config_is_disabled():
+    require_redis_server()
+    with redis_support.private_redis(extra_args=["--rename-command", "CONFIG", '""']) as server:
+        store = open_store(server.url())
+        try:
+            checks = {c.name: c for c in store.doctor()}
+            assert checks["persistence"].warning
+            assert "could not be checked" in checks["persistence"].detail
+            assert checks["eviction"].ok  # from INFO memory instead
+        finally:
+            store.close()
+
+
+# -- test support ---------------------------------------------------------------------------
+
+
+def test_drop_namespace_removes_only_that_prefix(store, raw, prefix, url):
+    store.acquire("k", 30, HOLDER, token())
+    raw.set(prefix[:-1] + b"-neighbour", b"keep")
+    try:
+        assert redis_support.drop_namespace(url) == 2
+        assert list(raw.scan_iter(match=prefix + b"*")) == []
+        assert raw.get(prefix[:-1] + b"-neighbour") == b"keep"
+    finally:
+        raw.delete(prefix[:-1] + b"-neighbour")
+
+
+def test_unix_socket_urls_work(tmp_path):
+    require_redis_server()
+    sock = tmp_path / "redis.sock"
+    with redis_support.private_redis(extra_args=["--unixsocket", str(sock)]) as server:
+        assert server.ping()
+        deadline = time.monotonic() + 5
+        while not sock.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        store = open_store(f"unix://{sock}?db=0&prefix=unix-test:")
+        try:
+            lease = store.acquire("k", 30, HOLDER, token())
+            assert lease.fencing_token == 1
+            assert store.peek("k").holder == HOLDER
+            assert [i.key for i in store.list()] == ["k"]
+            threading.Timer(0.1, lambda: store.release(lease)).start()
+            other = open_store(f"unix://{sock}?db=0&prefix=unix-test:")
+            try:
+                started = time.monotonic()
+                other.wait_for_release("k", 5)
+                assert time.monotonic() - started < 2
+            finally:
+                other.close()
+        finally:
+            store.close()

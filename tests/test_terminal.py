@@ -1,0 +1,61 @@
+"""At a terminal the command behaves as without tasklock: reads, Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+import pty
+import select
+import time
+
+import pytest
+
+from tests.support.cli import executable
+
+
+def run_in_pty(
+    args: list[str], env: dict[str, str], keystrokes: list[tuple[bytes, bytes]], timeout: float = 20
+) -> tuple[int, bytes]:
+    """Run under a new pseudo-terminal; send each keystroke once its prompt has appeared."""
+    pid, master = pty.fork()
+    if pid == 0:  # the child: the pty is its controlling terminal
+        os.execve(executable(), [executable(), *args], env)
+    output = b""
+    deadline = time.monotonic() + timeout
+    pending = list(keystrokes)
+    while time.monotonic() < deadline:
+        if pending and pending[0][0] in output:
+            os.write(master, pending.pop(0)[1])
+        ready, _, _ = select.select([master], [], [], 0.1)
+        if ready:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            output += chunk
+    _, status = os.waitpid(pid, 0)
+    os.close(master)
+    return os.waitstatus_to_exitcode(status), output
+
+
+@pytest.fixture
+def env(cli_env, sqlite_url):
+    return {**cli_env, "TASKLOCK_STORE": sqlite_url}
+
+
+def test_command_reads_from_the_terminal(env):
+    code, output = run_in_pty(
+        ["run", "k", "--", "sh", "-c", 'printf "name? "; read name; echo "hello $name"'],
+        env,
+        [(b"name? ", b"world\n")],
+    )
+    assert code == 0, output
+    assert b"hello world" in output
+
+
+def test_ctrl_c_reaches_the_command_once(env):
+    script = "trap 'echo caught-int; exit 5' INT; echo ready; while :; do sleep 0.05; done"
+    code, output = run_in_pty(["run", "k", "--", "sh", "-c", script], env, [(b"ready", b"\x03")])
+    assert code == 5, output
+    assert output.count(b"caught-int") == 1
