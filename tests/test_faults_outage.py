@@ -1,0 +1,104 @@
+"""Store outages on private servers: shorter than the TTL the lease survives, longer the
+command is terminated before the lease could run out."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import pytest
+
+from tests.support import services
+from tests.support.cli import json_events, peek, start, wait_until
+
+TTL = 4.0
+
+
+@contextlib.contextmanager
+def private_store(kind: str):
+    """(url, take_down, bring_up) for a throwaway server of this kind."""
+    services.require(kind)
+    if kind == "redis":
+        from tests.support.redis_support import private_redis
+
+        with private_redis() as server:
+            yield server.url(prefix="outage:"), server.pause, server.resume
+    else:
+        from tests.support.pg import private_postgres
+
+        with private_postgres() as server:
+            yield server.url, lambda: server.stop("immediate"), server.start
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["postgres", "redis"])
+def test_short_outage_lease_survives(kind, cli_env, tmp_path):
+    ready = tmp_path / "ready"
+    with private_store(kind) as (url, take_down, bring_up):
+        wrapper = start(
+            "--log-format",
+            "json",
+            "run",
+            "k",
+            "--ttl",
+            f"{TTL}s",
+            "--",
+            "sh",
+            "-c",
+            f"touch {ready}; sleep 7",
+            env={**cli_env, "TASKLOCK_STORE": url},
+        )
+        wait_until(ready.exists)
+        before = peek(url, "k")
+        take_down()
+        time.sleep(1.2)
+        bring_up()
+        _, stderr = wrapper.communicate(timeout=30)
+        events = json_events(stderr)
+        assert wrapper.returncode == 0, stderr
+        assert not [e for e in events if e["event"] == "lost"]
+        renewed = [e for e in events if e["event"] == "renewed"]
+        assert renewed and all(e["fencing_token"] == before.fencing_token for e in renewed)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["postgres", "redis"])
+def test_long_outage_terminates_before_the_lease_runs_out(kind, cli_env, tmp_path):
+    ready, log = tmp_path / "ready", tmp_path / "log"
+    with private_store(kind) as (url, take_down, bring_up):
+        wrapper = start(
+            "--log-format",
+            "json",
+            "run",
+            "k",
+            "--ttl",
+            f"{TTL}s",
+            "--grace",
+            "1s",
+            "--",
+            "sh",
+            "-c",
+            f"touch {ready}; while :; do date +%s.%N >> {log}; sleep 0.02; done",
+            env={**cli_env, "TASKLOCK_STORE": url},
+        )
+        wait_until(ready.exists)
+        take_down()
+        down_at = time.time()
+        try:
+            _, stderr = wrapper.communicate(timeout=TTL + 10)
+            exited_at = time.time()
+        finally:
+            bring_up()
+        assert wrapper.returncode == 70
+        lost = [e for e in json_events(stderr) if e["event"] == "lost"]
+        assert [e["detected_by"] for e in lost] == ["unreachable"]
+        last_sign_of_life = float(log.read_text().split()[-1])
+        # The store set its last expiry before that reply arrived (the event's ts), so the
+        # lease runs out by ts + TTL at the latest: the command was dead before then.
+        from datetime import datetime
+
+        confirmed = [datetime.fromisoformat(e["ts"].replace("Z", "+00:00")).timestamp()
+                     for e in json_events(stderr) if e["event"] in ("acquired", "renewed")]
+        assert last_sign_of_life < max(confirmed) + TTL
+        assert max(confirmed) < down_at
+        assert exited_at < down_at + TTL + 2

@@ -1,0 +1,122 @@
+"""Crash, pause and outage of real wrappers, on every store."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import sys
+import time
+
+import pytest
+
+from tests.support.cli import json_events, peek, start, tasklock, wait_for_holder, wait_until
+
+GUARDED_WRITER = """
+import os, sqlite3, sys, time
+token = int(os.environ["TASKLOCK_FENCING_TOKEN"])
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+open(sys.argv[2], "w").close()
+while True:
+    changed = db.execute("UPDATE guarded SET token = ? WHERE id = 1 AND token <= ?",
+                         (token, token)).rowcount
+    with open(sys.argv[3], "a") as log:
+        log.write(f"{token} {changed}\\n")
+    time.sleep(0.02)
+"""
+
+
+@pytest.fixture
+def env(cli_env, store_url):
+    return {**cli_env, "TASKLOCK_STORE": store_url}
+
+
+@pytest.mark.slow
+def test_killed_wrapper_lease_is_free_only_after_the_ttl(env, store_url):
+    wrapper = start("run", "k", "--ttl", "2s", "--", "sleep", "30", env=env)
+    info = wait_for_holder(store_url, "k")
+    wrapper.kill()
+    killed_at = time.monotonic()
+    wrapper.wait()
+    assert tasklock("run", "k", "--", "true", env=env).returncode == 75
+    late = tasklock("--log-format", "json", "run", "k", "--wait", "10s", "--", "true", env=env)
+    got_it_after = time.monotonic() - killed_at
+    assert late.returncode == 0
+    token = next(e for e in json_events(late.stderr) if e["event"] == "acquired")["fencing_token"]
+    assert token > info.fencing_token
+    assert 2 - 0.7 <= got_it_after <= 2 + 1.5  # TTL, plus at most one retry interval
+    os.system("pkill -f 'sleep 30' >/dev/null 2>&1")
+
+
+@pytest.mark.slow
+def test_paused_holder_is_fenced_and_killed_on_resume(env, store_url, tmp_path):
+    guard = tmp_path / "guard.db"
+    db = sqlite3.connect(guard, isolation_level=None)
+    db.execute("CREATE TABLE guarded (id INTEGER PRIMARY KEY, token INTEGER)")
+    db.execute("INSERT INTO guarded VALUES (1, 0)")
+    ready, log = tmp_path / "ready", tmp_path / "log"
+    wrapper = start(
+        "--log-format",
+        "json",
+        "run",
+        "k",
+        "--ttl",
+        "1500ms",
+        "--",
+        sys.executable,
+        "-c",
+        GUARDED_WRITER,
+        str(guard),
+        str(ready),
+        str(log),
+        env=env,
+        start_new_session=True,
+    )
+    wait_until(ready.exists)
+    old = peek(store_url, "k")
+    child_pgids = _groups_in_session(wrapper.pid)
+    for pgid in [wrapper.pid, *child_pgids]:
+        os.killpg(pgid, signal.SIGSTOP)
+    try:
+        time.sleep(2.5)
+        new = tasklock(
+            "--log-format",
+            "json",
+            "run",
+            "k",
+            "--",
+            sys.executable,
+            "-c",
+            "import os, sqlite3, sys; t = int(os.environ['TASKLOCK_FENCING_TOKEN']);"
+            "sqlite3.connect(sys.argv[1], isolation_level=None).execute("
+            "'UPDATE guarded SET token = ? WHERE id = 1 AND token <= ?', (t, t))",
+            str(guard),
+            env=env,
+        )
+        assert new.returncode == 0, new.stderr
+        new_token = json_events(new.stderr)[0]["fencing_token"]
+        assert new_token > old.fencing_token
+        lines_before_resume = len(log.read_text().splitlines())
+    finally:
+        for pgid in [*child_pgids, wrapper.pid]:
+            os.killpg(pgid, signal.SIGCONT)
+    _, stderr = wrapper.communicate(timeout=15)
+    assert wrapper.returncode == 70
+    assert [e["detected_by"] for e in json_events(stderr) if e["event"] == "lost"] == [
+        "resumed-late"
+    ]
+    late_writes = log.read_text().splitlines()[lines_before_resume:]
+    assert all(line.split()[1] == "0" for line in late_writes), late_writes  # all rejected
+    assert db.execute("SELECT token FROM guarded").fetchone() == (new_token,)
+
+
+def _groups_in_session(sid: int) -> list[int]:
+    groups = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != sid:
+            try:
+                if os.getsid(int(entry)) == sid:
+                    groups.add(os.getpgid(int(entry)))
+            except OSError:
+                continue
+    return sorted(groups - {sid})
