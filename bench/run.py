@@ -946,19 +946,19 @@ def section_scale(kinds: list[StoreKind], envs: Envs, budget: Budget) -> Table:
 
 # -- 6. heartbeat cost -------------------------------------------------------------------------
 
-CLK_TCK = os.sysconf("SC_CLK_TCK")
+HEARTBEAT_AT = (2.0, 2.5)  # seconds after start: steady window opens, RSS is read
 
 
 def proc_sample(pid: int) -> dict[str, float]:
+    """VmRSS / VmHWM (MiB), threads, and CPU seconds so far (schedstat: ns resolution)."""
     status = Path(f"/proc/{pid}/status").read_text()
     fields = dict(re.findall(r"^(\w+):\s+(\d+)", status, re.MULTILINE))
-    stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    cpu = (int(stat[11]) + int(stat[12])) / CLK_TCK
+    on_cpu_ns = int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
     return {
         "rss": int(fields["VmRSS"]) / 1024,
         "hwm": int(fields["VmHWM"]) / 1024,
-        "cpu": cpu,
         "threads": int(fields["Threads"]),
+        "cpu": on_cpu_ns / 1e9,
     }
 
 
@@ -971,43 +971,27 @@ class Watched:
     rusage: Any = None
 
 
-def heartbeat_procs(kinds: list[StoreKind], env: dict[str, str], sleep: int) -> list[Watched]:
-    watched = []
-    for kind in kinds:
-        store_env = with_store(env, kind.url("heartbeat"))
-        imports = (
-            f"import tasklock_cli.cli, tasklock_cli.supervisor, tasklock_cli.stores.{kind.module}"
-        )
-        variants = {
-            f"tasklock run k -- sleep {sleep}": [
-                TASKLOCK,
-                "run",
-                f"hb-{kind.name}",
-                "--",
-                "sleep",
-                str(sleep),
-            ],
-            "… --ttl 1s (renews every 333 ms)": [
-                TASKLOCK,
-                "run",
-                f"hb1-{kind.name}",
-                "--ttl",
-                "1s",
-                "--",
-                "sleep",
-                str(sleep),
-            ],
-            "import floor, then sleep": [
-                PYTHON,
-                "-c",
-                f"{imports}; import time; time.sleep({sleep})",
-            ],
-        }
-        for label, argv in variants.items():
-            watched.append(
-                Watched(f"{kind.name}: {label}", spawn(argv, store_env), time.monotonic())
-            )
-            time.sleep(0.15)  # stagger start-ups a little
+def heartbeat_variants(kind: StoreKind, sleep: int) -> dict[str, list[str]]:
+    imports = f"import tasklock_cli.cli, tasklock_cli.supervisor, tasklock_cli.stores.{kind.module}"
+    run = [TASKLOCK, "run"]
+    return {
+        f"tasklock run k -- sleep {sleep}": [*run, f"hb-{kind.name}", "--", "sleep", str(sleep)],
+        "… --ttl 1s (renews every 333 ms)": [
+            *[*run, f"hb1-{kind.name}", "--ttl", "1s"],
+            *["--", "sleep", str(sleep)],
+        ],
+        "import floor, then sleep": [PYTHON, "-c", f"{imports}; import time; time.sleep({sleep})"],
+    }
+
+
+def heartbeat_group(kind: StoreKind, env: dict[str, str], sleep: int) -> list[Watched]:
+    """The three variants of one store, started together and sampled until they exit."""
+    store_env = with_store(env, kind.url("heartbeat"))
+    watched = [
+        Watched(f"{kind.name}: {label}", spawn(argv, store_env), time.monotonic())
+        for label, argv in heartbeat_variants(kind, sleep).items()
+    ]
+    sample_until_done(watched, (*HEARTBEAT_AT, sleep - 0.4))
     return watched
 
 
@@ -1015,61 +999,61 @@ def sample_until_done(watched: list[Watched], at: Sequence[float]) -> None:
     pending = {id(w): list(at) for w in watched}
     while any(w.rusage is None for w in watched):
         for w in watched:
-            if w.rusage is not None:
-                continue
-            due = pending[id(w)]
-            if due and time.monotonic() - w.started >= due[0]:
-                with contextlib.suppress(OSError, KeyError):
-                    w.samples[due[0]] = proc_sample(w.proc.pid)
-                due.pop(0)
-            pid, _, usage = os.wait4(w.proc.pid, os.WNOHANG)
-            if pid:
-                w.rusage = usage
-                w.proc.returncode = 0
-                _LIVE_PROCS.remove(w.proc)
-        time.sleep(0.02)
+            if w.rusage is None:
+                sample_due(w, pending[id(w)])
+        time.sleep(0.01)
+
+
+def sample_due(w: Watched, due: list[float]) -> None:
+    if due and time.monotonic() - w.started >= due[0]:
+        with contextlib.suppress(OSError, KeyError):
+            w.samples[due[0]] = proc_sample(w.proc.pid)
+        due.pop(0)
+    pid, status, usage = os.wait4(w.proc.pid, os.WNOHANG)
+    if pid:
+        w.rusage = usage
+        w.proc.returncode = os.waitstatus_to_exitcode(status)
+        _LIVE_PROCS.remove(w.proc)
+
+
+def heartbeat_row(table: Table, w: Watched, sleep: int) -> None:
+    opened, at_rss = (w.samples.get(t, {}) for t in HEARTBEAT_AT)
+    last = w.samples.get(sleep - 0.4, {})
+    total = (w.rusage.ru_utime + w.rusage.ru_stime) * 1000
+    steady = (last.get("cpu", math.nan) - opened.get("cpu", math.nan)) * 1000
+    span = sleep - 0.4 - HEARTBEAT_AT[0]
+    table.add(
+        w.label,
+        at_rss.get("rss", math.nan),
+        last.get("hwm", math.nan),
+        fmt(at_rss.get("threads"), 0),
+        total,
+        steady,
+        steady / span,
+    )
 
 
 def section_heartbeat(kinds: list[StoreKind], envs: Envs, budget: Budget) -> Table:
+    sleep = budget.heartbeat_sleep
     table = Table(
-        f"6. Heartbeat cost (one wrapper around `sleep {budget.heartbeat_sleep}`)",
-        [
-            "process",
-            "RSS MiB @2.5 s",
-            "peak RSS MiB",
-            "threads",
-            "CPU total ms",
-            "CPU 1→4.5 s ms",
-            "CPU ms/s steady",
-        ],
-    )
-    live = [k for k in kinds if k.reason is None]
-    watched = heartbeat_procs(live, envs.warm, budget.heartbeat_sleep)
-    sample_until_done(watched, (1.0, 2.5, budget.heartbeat_sleep - 0.5))
+        f"6. Heartbeat cost (one wrapper around `sleep {sleep}`)",
+        ["process", "RSS MiB", "peak RSS MiB", "threads", "CPU total ms",
+         f"CPU {HEARTBEAT_AT[0]:g}→{sleep - 0.4:g} s ms", "CPU ms/s steady"],
+    )  # fmt: skip
     for kind in kinds:
         if kind.reason is not None:
             table.skip(kind.name, kind.reason)
-    for w in watched:
-        mid, first, last = (w.samples.get(t, {}) for t in (2.5, 1.0, budget.heartbeat_sleep - 0.5))
-        total = (w.rusage.ru_utime + w.rusage.ru_stime) * 1000
-        steady = (last.get("cpu", math.nan) - first.get("cpu", math.nan)) * 1000
-        span = budget.heartbeat_sleep - 1.5
-        table.add(
-            w.label,
-            mid.get("rss"),
-            w.rusage.ru_maxrss / 1024,
-            fmt(mid.get("threads"), 0),
-            total,
-            steady,
-            steady / span,
-        )
+            continue
+        for w in heartbeat_group(kind, envs.warm, sleep):
+            heartbeat_row(table, w, sleep)
     table.notes += [
         prose(
-            """RSS from /proc/PID/status VmRSS at 2.5 s; peak = ru_maxrss from wait4 (the wrapper
-                or its child, whichever is larger; `sleep` is ~1 MiB). CPU total = user+sys from
-                wait4 over the whole life (start-up included). Steady CPU = /proc/PID/stat
-                utime+stime between 1 s and 4.5 s (10 ms clock ticks, so ±10 ms). All processes of
-                this section run at the same time."""
+            f"""RSS = VmRSS from /proc/PID/status at {HEARTBEAT_AT[1]:g} s; peak = VmHWM just
+            before exit; threads at {HEARTBEAT_AT[1]:g} s. CPU total = user+sys from wait4 over
+            the whole life (start-up included; `sleep` itself adds ~1 ms). Steady CPU =
+            /proc/PID/schedstat on-CPU time between {HEARTBEAT_AT[0]:g} s and {sleep - 0.4:g} s
+            (after start-up). The three processes of a store run at the same time; stores one
+            after another."""
         ),
     ]
     return table

@@ -33,7 +33,7 @@ _tasklock() {
             continue
         fi
         case "$cmd $word" in
-            " --store" | " --config" | " --log-format" | "run --ttl" | "run --renew-every" | "run --wait" | "run --grace" | "run --max-lifetime" | "run --hold-at-least" | "run --conflict-exit-code" | "run --note" | "list --prefix")
+            " --store" | " --config" | " --log-format" | "run --ttl" | "run --renew-every" | "run --wait" | "run --grace" | "run --max-lifetime" | "run --hold-at-least" | "run --conflict-exit-code" | "run --note" | "list --prefix" | "list --interval")
                 ((i++)) ;;
             "run --")
                 dashdash=$i ;;
@@ -57,7 +57,7 @@ _tasklock() {
     fi
 
     case "$cmd $prev" in
-        " --store" | "run --ttl" | "run --renew-every" | "run --wait" | "run --grace" | "run --max-lifetime" | "run --hold-at-least" | "run --conflict-exit-code" | "run --note" | "list --prefix")
+        " --store" | "run --ttl" | "run --renew-every" | "run --wait" | "run --grace" | "run --max-lifetime" | "run --hold-at-least" | "run --conflict-exit-code" | "run --note" | "list --prefix" | "list --interval")
             COMPREPLY=()
             return ;;
         " --config")
@@ -79,7 +79,7 @@ _tasklock() {
     case $cmd in
         run) [[ $cur == -* ]] && _tasklock_words '--ttl --renew-every --wait --grace --max-lifetime --hold-at-least --conflict-exit-code --note -h --help --' ;;
         peek) [[ $cur == -* ]] && _tasklock_words '--json -h --help' ;;
-        list) [[ $cur == -* ]] && _tasklock_words '--prefix --all --json -h --help' ;;
+        list) [[ $cur == -* ]] && _tasklock_words '--prefix --all --json --watch --interval -h --help' ;;
         sweep) [[ $cur == -* ]] && _tasklock_words '--dry-run --json -h --help' ;;
         release) [[ $cur == -* ]] && _tasklock_words '--force -h --help' ;;
         init) [[ $cur == -* ]] && _tasklock_words '--print-sql -h --help' ;;

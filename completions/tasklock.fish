@@ -24,7 +24,7 @@ function __tasklock_state --description 'none, the command being completed, or C
             end
         else
             switch "$cmd $token"
-                case 'run --ttl' 'run --renew-every' 'run --wait' 'run --grace' 'run --max-lifetime' 'run --hold-at-least' 'run --conflict-exit-code' 'run --note' 'list --prefix'
+                case 'run --ttl' 'run --renew-every' 'run --wait' 'run --grace' 'run --max-lifetime' 'run --hold-at-least' 'run --conflict-exit-code' 'run --note' 'list --prefix' 'list --interval'
                     set skip 1
                 case 'run --'
                     echo $cmd:child
@@ -87,6 +87,8 @@ complete -c tasklock -n '__tasklock_is peek' -s h -l help -d 'Show this message 
 complete -c tasklock -n '__tasklock_is list' -l prefix -x -d 'Only keys starting with P.'
 complete -c tasklock -n '__tasklock_is list' -l all -d 'Include expired leases not yet swept.'
 complete -c tasklock -n '__tasklock_is list' -l json -d 'Print a JSON array.'
+complete -c tasklock -n '__tasklock_is list' -l watch -d 'Refresh the listing until interrupted.'
+complete -c tasklock -n '__tasklock_is list' -l interval -x -d 'Refresh interval.'
 complete -c tasklock -n '__tasklock_is list' -s h -l help -d 'Show this message and exit.'
 
 complete -c tasklock -n '__tasklock_is sweep' -l dry-run -d 'Only count what would be removed.'

@@ -269,16 +269,28 @@ def list_leases(
     prefix: str = typer.Option("", "--prefix", metavar="P", help="Only keys starting with P."),
     show_all: bool = typer.Option(False, "--all", help="Include expired leases not yet swept."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON array."),
+    watch: bool = typer.Option(False, "--watch", help="Refresh the listing until interrupted."),
+    interval: str = typer.Option("1s", "--interval", metavar="D", help="Refresh interval."),
 ) -> None:
     """List held locks: who holds what, until when."""
+    from tasklock_cli import render
+
     g: Globals = ctx.obj
+    if watch and as_json:
+        raise UsageError("--watch and --json exclude each other")
+    every = parse_duration(interval, option="--interval", allow_inf=False)
     with g.open_store() as store:
-        leases = list(store.list(prefix=prefix, include_expired=show_all))
+
+        def fetch() -> list:
+            return list(store.list(prefix=prefix, include_expired=show_all))
+
+        if watch:
+            render.watch_table(fetch, max(every, 0.1))
+            return
+        leases = fetch()
     if as_json:
         typer.echo(json.dumps([info.to_json() for info in leases], ensure_ascii=False))
         return
-    from tasklock_cli import render
-
     render.lease_table(leases)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from datetime import datetime, timezone
 from typing import TextIO
@@ -29,6 +30,7 @@ class EventLog:
         self.log_format = log_format
         self.verbosity = verbosity
         self._stream = stream
+        self._spinner = None
 
     @property
     def stream(self) -> TextIO:
@@ -49,12 +51,38 @@ class EventLog:
             }
             self._write(json.dumps(record, ensure_ascii=False, default=str))
         elif self.verbosity >= _TEXT_LEVEL[event]:
+            self._stop_spinner()
+            if event == "waiting" and self._start_spinner(message):
+                return
             prefix = "tasklock: error: " if event == "lost" else "tasklock: "
             self._write(prefix + message)
+        else:
+            self._stop_spinner()
 
     def error(self, message: str) -> None:
         """Errors are one plain line in either format, as the contract has it."""
+        self._stop_spinner()
         self._write(f"tasklock: error: {message}")
+
+    def _start_spinner(self, message: str) -> bool:
+        """On a terminal, a long wait shows a spinner instead of a line (nothing extra
+        when stderr is a file or a pipe)."""
+        try:
+            if not self.stream.isatty():
+                return False
+        except (AttributeError, ValueError):
+            return False
+        from rich.console import Console
+
+        console = Console(file=self.stream, no_color=bool(os.environ.get("NO_COLOR")) or None)
+        self._spinner = console.status(f"tasklock: {message}…")
+        self._spinner.start()
+        return True
+
+    def _stop_spinner(self) -> None:
+        if self._spinner is not None:
+            self._spinner.stop()
+            self._spinner = None
 
     def debug(self, message: str) -> None:
         if self.verbosity >= VERBOSE and self.log_format == "text":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from datetime import datetime, timezone
@@ -47,11 +48,14 @@ def lease_table(leases: list[LeaseInfo]) -> None:
             ]
             sys.stdout.write("\t".join(_one_line(f) for f in fields) + "\n")
         return
-    if not leases:
-        sys.stdout.write("no locks held\n")
-        return
+    _console().print(_rich_table(leases))
+
+
+def _rich_table(leases: list[LeaseInfo]):
     from rich.table import Table
 
+    if not leases:
+        return "no locks held"
     table = Table(box=None, header_style="bold")
     for column in ("KEY", "HOLDER", "TOKEN", "ACQUIRED", "EXPIRES", "NOTE"):
         table.add_column(column)
@@ -66,7 +70,30 @@ def lease_table(leases: list[LeaseInfo]) -> None:
             h.note or "",
             style="dim" if info.expired else None,
         )
-    _console().print(table)
+    return table
+
+
+def watch_table(fetch, interval: float) -> None:
+    """``list --watch``: a live view on a terminal, a fresh listing per interval otherwise."""
+    import time
+
+    if not _to_terminal():
+        with contextlib.suppress(KeyboardInterrupt):
+            while True:
+                lease_table(fetch())
+                sys.stdout.write("\n")
+                sys.stdout.flush()
+                time.sleep(interval)
+        return
+    from rich.live import Live
+
+    with (
+        contextlib.suppress(KeyboardInterrupt),
+        Live(_rich_table(fetch()), console=_console(), auto_refresh=False) as live,
+    ):
+        while True:
+            time.sleep(interval)
+            live.update(_rich_table(fetch()), refresh=True)
 
 
 def lease_details(info: LeaseInfo) -> None:

@@ -228,3 +228,17 @@ def test_version_and_module_entry_point(env):
     )
     assert by_script.returncode == 0 and by_script.stdout.startswith("tasklock ")
     assert by_module.stdout == by_script.stdout
+
+
+def test_list_watch_refreshes_until_interrupted(env, holder):
+    import signal
+
+    watcher = start("list", "--watch", "--interval", "200ms", env=env)
+    time.sleep(1.5)
+    watcher.send_signal(signal.SIGINT)
+    out, _ = watcher.communicate(timeout=10)
+    assert watcher.returncode == 0
+    listings = [block for block in out.split("\n\n") if block.strip()]
+    assert len(listings) >= 3
+    assert all(block.split("\t")[0] == "jobs:held" for block in listings)
+    assert tasklock("list", "--watch", "--json", env=env).returncode == 2

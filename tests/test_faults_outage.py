@@ -97,8 +97,11 @@ def test_long_outage_terminates_before_the_lease_runs_out(kind, cli_env, tmp_pat
         # lease runs out by ts + TTL at the latest: the command was dead before then.
         from datetime import datetime
 
-        confirmed = [datetime.fromisoformat(e["ts"].replace("Z", "+00:00")).timestamp()
-                     for e in json_events(stderr) if e["event"] in ("acquired", "renewed")]
+        confirmed = [
+            datetime.fromisoformat(e["ts"].replace("Z", "+00:00")).timestamp()
+            for e in json_events(stderr)
+            if e["event"] in ("acquired", "renewed")
+        ]
         assert last_sign_of_life < max(confirmed) + TTL
         assert max(confirmed) < down_at
         assert exited_at < down_at + TTL + 2

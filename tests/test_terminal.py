@@ -59,3 +59,19 @@ def test_ctrl_c_reaches_the_command_once(env):
     code, output = run_in_pty(["run", "k", "--", "sh", "-c", script], env, [(b"ready", b"\x03")])
     assert code == 5, output
     assert output.count(b"caught-int") == 1
+
+
+def test_waiting_shows_a_spinner_with_the_holder_on_a_terminal(env, sqlite_url):
+    from tests.support.cli import start, wait_for_holder
+
+    holder = start("run", "k", "--note", "busy", "--", "sleep", "30", env=env)
+    try:
+        wait_for_holder(sqlite_url, "k")
+        code, output = run_in_pty(["run", "k", "--wait", "1500ms", "--", "true"], env, [])
+        assert code == 75
+        assert b"waiting for 'k' held by" in output
+        assert f"pid {holder.pid}".encode() in output
+        assert b"\x1b[" in output  # drawn in place with terminal controls, not line by line
+    finally:
+        holder.terminate()
+        holder.wait()
