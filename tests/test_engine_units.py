@@ -248,3 +248,19 @@ def test_key_limits():
         validate_key("é" * 257)  # 514 bytes
     with pytest.raises(UsageError):
         validate_key("bad\udcffkey")  # invalid UTF-8 from argv
+
+
+def test_sqlite_expiry_ignores_the_wall_clock(tmp_path):
+    """A client whose wall clock is an hour off neither steals nor extends a lease."""
+    import time
+
+    path = tmp_path / "db"
+    honest = SQLiteStore(path)
+    skewed_ahead = SQLiteStore(path, wall_clock=lambda: time.time() + 3600)
+    skewed_behind = SQLiteStore(path, wall_clock=lambda: time.time() - 3600)
+    lease = honest.acquire("k", 30, HOLDER, "owner-a")
+    assert lease is not None
+    assert skewed_ahead.acquire("k", 30, HOLDER, "owner-b") is None
+    short = skewed_behind.acquire("short", 0.2, HOLDER, "owner-c")
+    time.sleep(0.3)
+    assert honest.acquire("short", 30, HOLDER, "owner-d").fencing_token > short.fencing_token

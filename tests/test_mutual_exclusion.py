@@ -8,8 +8,8 @@ import pytest
 
 from tests.support.cli import executable
 
-WORKERS = 8
-ITERATIONS = 25
+WORKERS = 16
+ITERATIONS = 20
 
 CHILD = """
 mkdir "$MARKER" 2>/dev/null || { echo "overlap: $TASKLOCK_FENCING_TOKEN" >> "$ERRORS"; exit 99; }
