@@ -1,215 +1,536 @@
-"""PostgreSQL-only behaviour beyond the shared contract."""
+"""PostgreSQL-only behaviour beyond the store contract: URL, schema, races, faults."""
 
 from __future__ import annotations
 
+import fcntl
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 
 import pytest
 
 from tasklock_cli.errors import ConfigError, LeaseLost, StoreUnavailable
 from tasklock_cli.stores import open_store
 from tasklock_cli.stores.base import Holder
+from tasklock_cli.stores.postgres import DEFAULT_TABLE, PostgresStore, split_table
 from tests.support import pg, services
 
-HOLDER = Holder(host="h", pid=1, user="u", command=["job"])
-
-
-@pytest.fixture(autouse=True)
-def _postgres():
-    services.require("postgres")
-
-
-@pytest.fixture
-def table():
-    name = f"tasklock_pgtest_{uuid.uuid4().hex[:10]}"
-    yield name
-    pg.drop_namespace(services.postgres_url(name))
-
-
-def raw():
-    import psycopg
-
-    return psycopg.connect(services.base_postgres_url(), autocommit=True)
+HOLDER = Holder(host="h", pid=1, user="u", command=["job"], note=None)
 
 
 def token() -> str:
     return uuid.uuid4().hex
 
 
-def test_table_from_url_and_print_sql_is_valid_ddl(table):
-    with open_store(services.postgres_url(table)) as store:
-        ddl = store.schema_sql()
-        assert f"CREATE TABLE IF NOT EXISTS {table}" in ddl
-        assert store.acquire("k", 30, HOLDER, token()) is not None
-    other = table + "_ddl"
-    try:
-        with raw() as conn:
-            conn.execute(ddl.replace(table, other))
-            conn.execute(ddl.replace(table, other))  # idempotent
-    finally:
-        pg.drop_namespace(services.postgres_url(other))
+def fresh_table() -> str:
+    return f"tasklock_test_{uuid.uuid4().hex[:12]}"
 
 
-def test_schema_qualified_table(table):
-    schema = f"s_{table}"
-    with raw() as conn:
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    services.require("postgres")
+    url = services.postgres_url(table=fresh_table())
+    yield url
+    pg.drop_namespace(url)
+
+
+@pytest.fixture
+def stores(pg_url) -> Iterator[list[PostgresStore]]:
+    opened: list[PostgresStore] = []
+    yield opened
+    for store in opened:
+        store.close()
+
+
+def open_pg(url: str, opened: list[PostgresStore]) -> PostgresStore:
+    store = open_store(url)
+    assert isinstance(store, PostgresStore)
+    opened.append(store)
+    return store
+
+
+@pytest.fixture
+def private_server():
+    reason = pg.private_postgres_unavailable()
+    if reason:
+        if services.in_ci():
+            pytest.fail(f"CI=true but no private PostgreSQL can be started: {reason}")
+        pytest.skip(reason)
+    return pg.private_postgres
+
+
+def table_exists(url: str, name: str) -> bool:
+    with pg.admin_connection(url) as conn:
+        return conn.execute("SELECT to_regclass(%s) IS NOT NULL", [name]).fetchone()[0]
+
+
+# -- URL ------------------------------------------------------------------------------
+
+
+def test_table_parameter_is_stripped_and_everything_else_passed_on():
+    assert split_table("postgresql://h/db") == ("postgresql://h/db", DEFAULT_TABLE)
+    assert split_table("postgresql://h/db?table=ops.leases&sslmode=disable") == (
+        "postgresql://h/db?sslmode=disable",
+        "ops.leases",
+    )
+    multi = "postgresql://u@h1:5432,h2:5433/db?target_session_attrs=read-write&table=t1"
+    assert split_table(multi) == (
+        "postgresql://u@h1:5432,h2:5433/db?target_session_attrs=read-write",
+        "t1",
+    )
+    store = PostgresStore.from_url(multi)  # no connection is made here
+    assert store.table_name == "t1"
+    assert store.display_url == multi
+
+
+@pytest.mark.parametrize("name", ["", "a;b", "a.b.c", "1abc", "x" * 64, 'a"b', "a b", ".x"])
+def test_invalid_table_names_are_configuration_errors(name):
+    with pytest.raises(ConfigError, match="table name"):
+        PostgresStore.from_url(f"postgresql://h/db?table={name}")
+
+
+def test_display_url_and_errors_never_show_the_password():
+    url = "postgresql://alice:s3cr%40t-pw@127.0.0.1:1/db?table=t"
+    store = PostgresStore.from_url(url)
+    assert "s3cr" not in store.display_url and "***" in store.display_url
+    store.set_io_timeout(1)
+    with pytest.raises(StoreUnavailable) as caught:
+        store.peek("k")
+    assert "s3cr" not in str(caught.value)
+    assert "s3cr@t" not in str(caught.value)
+
+
+def test_unknown_libpq_parameter_is_a_configuration_error():
+    with pytest.raises(ConfigError):
+        PostgresStore.from_url("postgresql://h/db?no_such_option=1")
+
+
+# -- schema ---------------------------------------------------------------------------
+
+
+def test_schema_qualified_table(stores):
+    schema = f"tasklock_test_schema_{uuid.uuid4().hex[:8]}"
+    base = services.base_postgres_url()
+    with pg.admin_connection(base) as conn:
         conn.execute(f"CREATE SCHEMA {schema}")
     try:
-        with open_store(services.postgres_url(f"{schema}.{table}")) as store:
-            lease = store.acquire("k", 30, HOLDER, token())
-            assert lease is not None and store.peek("k").fencing_token == lease.fencing_token
-        with raw() as conn:
-            rows = conn.execute(f"SELECT key FROM {schema}.{table}").fetchall()
-        assert rows == [("k",)]
+        url = services.postgres_url(table=f"{schema}.leases")
+        store = open_pg(url, stores)
+        lease = store.acquire("k", 30, HOLDER, token())
+        assert lease is not None
+        assert table_exists(base, f"{schema}.leases")
+        assert not table_exists(base, "leases")
+        assert store.peek("k").fencing_token == lease.fencing_token
     finally:
-        with raw() as conn:
+        for store in stores:
+            store.close()
+        with pg.admin_connection(base) as conn:
             conn.execute(f"DROP SCHEMA {schema} CASCADE")
 
 
-@pytest.mark.parametrize("name", ["bad-name", "a.b.c", "x; DROP TABLE y", ""])
-def test_invalid_table_names_are_config_errors(name):
-    with pytest.raises(ConfigError):
-        open_store(services.postgres_url(name))
+def test_missing_schema_is_a_configuration_error(stores):
+    services.require("postgres")
+    url = services.postgres_url(table="tasklock_no_such_schema.leases")
+    with pytest.raises(ConfigError, match="cannot be created"):
+        open_pg(url, stores).peek("k")
 
 
-def test_racing_first_use_creates_the_schema_once(table):
-    errors, barrier = [], threading.Barrier(8)
+def test_schema_sql_is_valid_ddl_and_the_store_uses_the_table(pg_url, stores):
+    store = open_pg(pg_url, stores)
+    ddl = store.schema_sql()
+    assert "CREATE TABLE IF NOT EXISTS" in ddl and "fencing_token" in ddl
+    with pg.admin_connection(pg_url) as conn:
+        conn.execute(ddl)
+        conn.execute(ddl)  # idempotent
+    assert store.doctor()[3].detail.endswith("is a tasklock table")
+    lease = store.acquire("k", 30, HOLDER, token())
+    assert lease is not None and lease.fencing_token == 1
 
-    def first_use():
+
+def test_init_schema_creates_the_table_and_doctor_sees_it(pg_url, stores):
+    store = open_pg(pg_url, stores)
+    table = split_table(pg_url)[1]
+    checks = {c.name: c for c in store.doctor()}
+    assert "will be created on first use" in checks["schema"].detail
+    assert not table_exists(pg_url, table)  # doctor changes nothing
+    store.init_schema()
+    assert table_exists(pg_url, table)
+    store.init_schema()  # idempotent
+    checks = {c.name: c for c in store.doctor()}
+    assert checks["schema"].ok and "is a tasklock table" in checks["schema"].detail
+    assert checks["reachable"].ok and "ms" in checks["reachable"].detail
+    assert checks["server"].ok and "PostgreSQL" in checks["server"].detail
+    assert checks["clock"].ok and not checks["clock"].warning
+
+
+def test_racing_first_use_creates_the_table_once_without_errors(pg_url, stores):
+    clients = [open_pg(pg_url, stores) for _ in range(8)]
+    barrier = threading.Barrier(len(clients))
+    errors: list[BaseException] = []
+    results = []
+
+    def first_use(index: int, client: PostgresStore) -> None:
         barrier.wait()
         try:
-            with open_store(services.postgres_url(table)) as store:
-                store.peek("k")
-        except Exception as exc:  # the test reports whatever escaped
+            if index % 2:
+                client.init_schema()
+            results.append(client.acquire(f"k{index}", 30, HOLDER, token()))
+        except BaseException as exc:
             errors.append(exc)
 
-    threads = [threading.Thread(target=first_use) for _ in range(8)]
+    threads = [threading.Thread(target=first_use, args=pair) for pair in enumerate(clients)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
     assert errors == []
+    assert len(results) == 8 and all(r is not None for r in results)
 
 
-def test_foreign_table_of_the_same_name_is_refused_untouched(table):
-    with raw() as conn:
+def test_foreign_table_with_the_same_name_is_refused_and_left_untouched(pg_url, stores):
+    table = split_table(pg_url)[1]
+    with pg.admin_connection(pg_url) as conn:
         conn.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, payload text)")
-        conn.execute(f"INSERT INTO {table} VALUES (1, 'keep me')")
-    with (
-        pytest.raises(ConfigError, match="not a tasklock table"),
-        open_store(services.postgres_url(table)) as store,
-    ):
+        conn.execute(f"INSERT INTO {table} VALUES (1, 'precious')")
+    store = open_pg(pg_url, stores)
+    with pytest.raises(ConfigError, match=table):
         store.acquire("k", 30, HOLDER, token())
-    with raw() as conn:
-        assert conn.execute(f"SELECT payload FROM {table}").fetchall() == [("keep me",)]
+    with pytest.raises(ConfigError, match=table):
+        store.init_schema()
+    checks = {c.name: c for c in store.doctor()}
+    assert checks["schema"].ok is False and table in checks["schema"].detail
+    with pg.admin_connection(pg_url) as conn:
+        assert conn.execute(f"SELECT * FROM {table}").fetchall() == [(1, "precious")]
+        columns = conn.execute(
+            "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0",
+            [table],
+        ).fetchall()
+        assert sorted(c[0] for c in columns) == ["id", "payload"]
 
 
-def test_contention_raises_nothing_and_never_two_holders(table):
-    url = services.postgres_url(table)
-    open_store(url).close()
-    holders, tokens, failures = [], [], []
-    lock = threading.Lock()
+def test_a_view_with_the_same_name_is_refused(pg_url, stores):
+    table = split_table(pg_url)[1]
+    with pg.admin_connection(pg_url) as conn:
+        conn.execute(f"CREATE VIEW {table} AS SELECT 1 AS x")
+    try:
+        with pytest.raises(ConfigError, match="not a table"):
+            open_pg(pg_url, stores).peek("k")
+    finally:
+        with pg.admin_connection(pg_url) as conn:
+            conn.execute(f"DROP VIEW {table}")
 
-    def worker():
-        with open_store(url) as store:
+
+def test_rows_are_kept_after_release_sweep_and_force_release(pg_url, stores):
+    store = open_pg(pg_url, stores)
+    table = split_table(pg_url)[1]
+    lease = store.acquire("k", 30, HOLDER, token())
+    store.release(lease)
+    with pg.admin_connection(pg_url) as conn:
+        row = conn.execute(f"SELECT fencing_token, owner_token FROM {table}").fetchone()
+    assert row == (lease.fencing_token, None)
+
+
+def test_sweep_works_in_batches_and_keeps_counters(pg_url, stores):
+    store = open_pg(pg_url, stores)
+    store.init_schema()
+    table = split_table(pg_url)[1]
+    with pg.admin_connection(pg_url) as conn:
+        conn.execute(
+            f"INSERT INTO {table} (key, fencing_token, owner_token, holder, acquired_at,"
+            " expires_at) SELECT 'k' || g, 7, 'owner' || g, '{}'::jsonb,"
+            " now() - interval '1 hour', now() - interval '1 minute'"
+            " FROM generate_series(1, 2500) AS g"
+        )
+    live = store.acquire("live", 30, HOLDER, token())
+    assert store.sweep(dry_run=True) == 2500
+    assert store.sweep() == 2500
+    assert store.sweep() == 0
+    assert [i.key for i in store.list(include_expired=True)] == ["live"]
+    assert store.peek("live").fencing_token == live.fencing_token
+    again = store.acquire("k1", 30, HOLDER, token())
+    assert again.fencing_token == 8
+
+
+def test_list_shows_expired_rows_only_when_asked(pg_url, stores):
+    store = open_pg(pg_url, stores)
+    store.acquire("dead", 0.2, HOLDER, token())
+    time.sleep(0.4)
+    assert list(store.list()) == []
+    [info] = store.list(include_expired=True)
+    assert info.key == "dead" and info.expired is True
+
+
+# -- concurrency ----------------------------------------------------------------------
+
+
+def test_heavy_contention_never_two_holders_and_tokens_strictly_increase(pg_url, stores):
+    clients = [open_pg(pg_url, stores) for _ in range(16)]
+    clients[0].init_schema()
+    guard = threading.Lock()
+    state = {"holder": None}
+    tokens: list[int] = []
+    problems: list[str] = []
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(len(clients))
+
+    def worker(index: int, client: PostgresStore) -> None:
+        barrier.wait()
+        try:
             for _ in range(40):
-                try:
-                    lease = store.acquire("hot", 30, HOLDER, token())
-                    if lease is None:
-                        continue
-                    with lock:
-                        holders.append(1)
-                        assert len(holders) == 1, "two holders at once"
-                        tokens.append(lease.fencing_token)
-                        holders.pop()
-                    assert store.release(lease)
-                except Exception as exc:
-                    failures.append(exc)
+                lease = client.acquire("hot", 30, HOLDER, token())
+                if lease is None:
+                    continue
+                with guard:
+                    if state["holder"] is not None:
+                        problems.append(f"{index} acquired while {state['holder']} held it")
+                    state["holder"] = index
+                    tokens.append(lease.fencing_token)
+                info = client.peek("hot")
+                if info is None or info.fencing_token != lease.fencing_token:
+                    problems.append(f"peek disagrees with {lease.fencing_token}: {info}")
+                with guard:
+                    state["holder"] = None
+                if not client.release(lease):
+                    problems.append(f"release of {lease.fencing_token} returned False")
+        except BaseException as exc:
+            errors.append(exc)
 
-    threads = [threading.Thread(target=worker) for _ in range(16)]
+    threads = [threading.Thread(target=worker, args=pair) for pair in enumerate(clients)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    assert failures == []
-    assert tokens and tokens == sorted(tokens) and len(set(tokens)) == len(tokens)
+    assert errors == [] and problems == []
+    assert len(tokens) >= 16
+    assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens)
 
 
-def test_waiter_wakes_on_release_not_on_its_timeout(table):
-    url = services.postgres_url(table)
-    with open_store(url) as holder, open_store(url) as waiter:
-        lease = holder.acquire("k", 30, HOLDER, token())
-        assert waiter.acquire("k", 30, HOLDER, token()) is None
-        threading.Timer(0.2, holder.release, args=(lease,)).start()
-        started = time.monotonic()
-        waiter.wait_for_release("k", 5.0)
-        woke_after = time.monotonic() - started
-        assert 0.15 < woke_after < 2.0
-        assert waiter.acquire("k", 30, HOLDER, token()) is not None
+def test_same_owner_retry_after_lost_reply_is_idempotent(pg_url, stores):
+    a, b = open_pg(pg_url, stores), open_pg(pg_url, stores)
+    owner = token()
+    first = a.acquire("k", 30, HOLDER, owner)
+    again = b.acquire("k", 30, HOLDER, owner)  # another connection, same owner token
+    assert again.fencing_token == first.fencing_token
+    assert again.acquired_at == first.acquired_at
 
 
-def test_terminated_backend_reconnects(table):
-    with open_store(services.postgres_url(table)) as store:
-        lease = store.acquire("k", 30, HOLDER, token())
-        with raw() as conn:
-            conn.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                " WHERE application_name = 'tasklock' AND pid <> pg_backend_pid()"
-            )
-        try:
-            store.renew(lease, 30)
-        except StoreUnavailable:
-            store.renew(lease, 30)  # the next call reconnects
-        assert store.peek("k").fencing_token == lease.fencing_token
+# -- waiting --------------------------------------------------------------------------
 
 
-@pytest.mark.slow
-def test_private_server_restart_while_held():
-    with pg.private_postgres() as server, open_store(server.url) as store:
-        store.set_io_timeout(1)
-        lease = store.acquire("k", 30, HOLDER, token())
-        server.restart()
-        for _ in range(3):
-            try:
-                store.renew(lease, 30)
-                break
-            except StoreUnavailable:
-                time.sleep(0.2)
-        else:
-            pytest.fail("renewal never succeeded after the restart")
-        assert store.peek("k").fencing_token == lease.fencing_token
-        server.stop("immediate")
-        with pytest.raises(StoreUnavailable):
-            store.renew(lease, 30)
+def test_wait_for_release_wakes_right_after_a_release(pg_url, stores):
+    holder, waiter = open_pg(pg_url, stores), open_pg(pg_url, stores)
+    lease = holder.acquire("k", 30, HOLDER, token())
+    assert waiter.acquire("k", 30, HOLDER, token()) is None
+    released_at: list[float] = []
+
+    def release_soon() -> None:
+        time.sleep(0.5)
+        released_at.append(time.monotonic())
+        holder.release(lease)
+
+    thread = threading.Thread(target=release_soon)
+    started = time.monotonic()
+    thread.start()
+    waiter.wait_for_release("k", 5)
+    woke = time.monotonic()
+    thread.join()
+    assert released_at, "woke before the release"
+    assert woke - released_at[0] < 1.0, woke - released_at[0]
+    assert woke - started < 2.5
+    assert waiter.acquire("k", 30, HOLDER, token()) is not None
 
 
-@pytest.mark.slow
-def test_wrong_password_is_a_config_error_without_the_password():
-    with pg.private_postgres(password="right-pw") as server:
-        good = open_store(server.url)
-        good.peek("k")
-        good.close()
-        bad_url = server.url.replace("right-pw", "wrong-pw-123")
-        with pytest.raises(ConfigError) as error:
-            open_store(bad_url).peek("k")
-        assert "wrong-pw-123" not in str(error.value)
-        assert "***" in str(error.value)
+def test_wait_for_release_wakes_on_force_release(pg_url, stores):
+    holder, waiter, admin = (open_pg(pg_url, stores) for _ in range(3))
+    holder.acquire("k", 30, HOLDER, token())
+    timer = threading.Timer(0.3, lambda: admin.force_release("k"))
+    started = time.monotonic()
+    timer.start()
+    waiter.wait_for_release("k", 5)
+    timer.join()
+    assert time.monotonic() - started < 2
 
 
-def test_unreachable_port_fails_fast():
-    store = open_store("postgresql://127.0.0.1:1/test")
+def test_release_between_failed_acquire_and_wait_is_not_missed(pg_url, stores):
+    holder, waiter = open_pg(pg_url, stores), open_pg(pg_url, stores)
+    lease = holder.acquire("k", 30, HOLDER, token())
+    assert waiter.acquire("k", 30, HOLDER, token()) is None
+    holder.release(lease)  # before the waiter LISTENs
+    started = time.monotonic()
+    waiter.wait_for_release("k", 5)
+    assert time.monotonic() - started < 1
+
+
+def test_wait_for_release_returns_at_the_lease_expiry(pg_url, stores):
+    holder, waiter = open_pg(pg_url, stores), open_pg(pg_url, stores)
+    holder.acquire("k", 0.5, HOLDER, token())
+    started = time.monotonic()
+    waiter.wait_for_release("k", 5)
+    assert time.monotonic() - started < 2
+    assert waiter.acquire("k", 30, HOLDER, token()) is not None
+
+
+def test_a_release_of_another_key_does_not_wake_the_waiter(pg_url, stores):
+    holder, waiter = open_pg(pg_url, stores), open_pg(pg_url, stores)
+    holder.acquire("k", 30, HOLDER, token())
+    other = holder.acquire("other", 30, HOLDER, token())
+    timer = threading.Timer(0.1, lambda: holder.release(other))
+    started = time.monotonic()
+    timer.start()
+    waiter.wait_for_release("k", 0.6)
+    timer.join()
+    assert time.monotonic() - started >= 0.55
+
+
+# -- time -----------------------------------------------------------------------------
+
+
+def test_expiry_is_decided_by_the_server_clock_not_ours(pg_url, stores, monkeypatch):
+    store = open_pg(pg_url, stores)
+    real_time = time.time
+    monkeypatch.setattr(time, "time", lambda: real_time() + 3600)  # our clock is 1 h off
+    lease = store.acquire("k", 0.4, HOLDER, token())
+    assert lease is not None
+    assert store.peek("k") is not None
+    time.sleep(0.6)
+    assert store.peek("k") is None
+    with pytest.raises(LeaseLost):
+        store.renew(lease, 30)
+    assert store.peek("k") is None
+    clock = {c.name: c for c in store.doctor()}["clock"]
+    assert clock.warning and clock.ok
+
+
+def test_connection_forces_read_committed_even_if_the_role_says_serializable(stores):
+    services.require("postgres")
+    url = services.postgres_url(table=fresh_table())
+    url += "&options=-c%20default_transaction_isolation%3Dserializable"
+    try:
+        store = open_pg(url, stores)
+        store.init_schema()
+        level = store._conn.execute("SHOW default_transaction_isolation").fetchone()[0]
+        assert level == "read committed"
+        assert store.acquire("k", 30, HOLDER, token()) is not None
+    finally:
+        pg.drop_namespace(url)
+
+
+# -- faults ---------------------------------------------------------------------------
+
+
+def test_terminated_backend_reconnects(pg_url, stores):
+    store = open_pg(pg_url, stores)
+    lease = store.acquire("k", 30, HOLDER, token())
+    pid = store._conn.info.backend_pid
+    with pg.admin_connection(pg_url) as admin:
+        assert admin.execute("SELECT pg_terminate_backend(%s)", [pid]).fetchone()[0]
+    time.sleep(0.1)
+    try:
+        renewed = store.renew(lease, 30)
+    except StoreUnavailable:
+        renewed = store.renew(lease, 30)
+    assert renewed.fencing_token == lease.fencing_token
+    assert store._conn.info.backend_pid != pid
+    assert store.release(lease) is True
+
+
+def test_connections_are_close_on_exec(pg_url, stores):
+    store = open_pg(pg_url, stores)
+    store.peek("k")
+    flags = fcntl.fcntl(store._conn.fileno(), fcntl.F_GETFD)
+    assert flags & fcntl.FD_CLOEXEC
+
+
+def test_unreachable_port_fails_fast_with_store_unavailable():
+    store = PostgresStore.from_url("postgresql://tasklock:pw-secret@127.0.0.1:1/db?table=t")
     store.set_io_timeout(1)
     started = time.monotonic()
-    with pytest.raises(StoreUnavailable):
-        store.peek("k")
+    with pytest.raises(StoreUnavailable) as caught:
+        store.acquire("k", 30, HOLDER, token())
     assert time.monotonic() - started < 3
+    assert "pw-secret" not in str(caught.value)
+    checks = {c.name: c for c in store.doctor()}
+    assert checks["reachable"].ok is False and "pw-secret" not in checks["reachable"].detail
+    assert store.signals_release
+    started = time.monotonic()
+    store.wait_for_release("k", 0.2)  # never raises; sleeps out its timeout
+    assert time.monotonic() - started < 2
+    store.close()
 
 
-def test_renew_after_expiry_on_the_server_clock_is_rejected(table):
-    with open_store(services.postgres_url(table)) as store:
-        lease = store.acquire("k", 0.3, HOLDER, token())
-        time.sleep(0.5)
-        with pytest.raises(LeaseLost):
-            store.renew(lease, 30)
+def test_missing_database_is_a_configuration_error(stores):
+    services.require("postgres")
+    base = services.base_postgres_url().rsplit("/", 1)[0]
+    store = open_pg(f"{base}/tasklock_no_such_db?table=t", stores)
+    with pytest.raises(ConfigError, match="does not exist"):
+        store.peek("k")
+
+
+def test_wrong_password_is_a_configuration_error_without_the_password(private_server):
+    with private_server(password="right-horse-battery") as server:
+        good = PostgresStore.from_url(server.url_for(table="leases"))
+        try:
+            assert good.acquire("k", 30, HOLDER, token()) is not None
+        finally:
+            good.close()
+        bad = PostgresStore.from_url(server.url_for(table="leases", password="wrong-staple-pw"))
+        with pytest.raises(ConfigError) as caught:
+            bad.peek("k")
+        message = str(caught.value)
+        assert "wrong-staple-pw" not in message and "right-horse" not in message
+        assert "password authentication failed" in message
+        nodb = PostgresStore.from_url(server.url_for(table="leases", dbname="nope"))
+        with pytest.raises(ConfigError) as caught:
+            nodb.peek("k")
+        assert "right-horse" not in str(caught.value)
+        for store in (bad, nodb):
+            checks = {c.name: c for c in store.doctor()}
+            assert checks["reachable"].ok is False
+            assert "wrong-staple-pw" not in checks["reachable"].detail
+            store.close()
+
+
+def test_server_restart_while_a_lease_is_held(private_server):
+    with private_server() as server:
+        store = PostgresStore.from_url(server.url_for(table="leases"))
+        store.set_io_timeout(1)
+        try:
+            lease = store.acquire("k", 30, HOLDER, token())
+            server.stop("fast")
+            started = time.monotonic()
+            with pytest.raises(StoreUnavailable):
+                store.renew(lease, 30)
+            assert time.monotonic() - started < 3
+            server.start()
+            renewed = store.renew(lease, 30)
+            assert renewed.fencing_token == lease.fencing_token
+            server.restart("immediate")
+            try:
+                renewed = store.renew(lease, 30)
+            except StoreUnavailable:
+                renewed = store.renew(lease, 30)
+            assert renewed.fencing_token == lease.fencing_token
+            assert store.release(lease) is True
+            nxt = store.acquire("k", 30, HOLDER, token())
+            assert nxt.fencing_token == lease.fencing_token + 1
+        finally:
+            store.close()
+
+
+def test_a_hung_server_fails_within_the_io_timeout_then_recovers(private_server):
+    with private_server() as server:
+        store = PostgresStore.from_url(server.url_for(table="leases"))
+        store.set_io_timeout(1)
+        try:
+            lease = store.acquire("k", 30, HOLDER, token())
+            pid = store._conn.info.backend_pid
+            server.pause_backend(pid)
+            started = time.monotonic()
+            with pytest.raises(StoreUnavailable, match="no answer"):
+                store.renew(lease, 30)
+            assert time.monotonic() - started < 2.5
+            server.resume_backend(pid)
+            assert store.renew(lease, 30).fencing_token == lease.fencing_token
+        finally:
+            store.close()

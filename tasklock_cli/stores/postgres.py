@@ -1,28 +1,55 @@
-"""PostgreSQL store: one statement per operation, expiry on the server's clock.
+"""PostgreSQL store (psycopg 3): the server's clock decides expiry.
 
-Every statement runs in autocommit under READ COMMITTED and reads ``clock_timestamp()``,
-so no transaction opened earlier can make a lease look younger than it is. Rows are never
-deleted: releasing clears the owner and keeps the row's fencing counter.
+One table (``table=`` in the URL, default ``tasklock_leases``, ``schema.table`` allowed)::
+
+    key            text COLLATE "C" PRIMARY KEY   -- the exact key, never hashed
+    fencing_token  bigint NOT NULL                -- only ever increases
+    owner_token    text                           -- NULL when free
+    holder         jsonb
+    acquired_at    timestamptz
+    expires_at     timestamptz
+
+Rows are never deleted: release, sweep and force release clear the owner, so the per-key
+fencing counter survives them. Every lease statement is a single autocommit statement
+timed with ``clock_timestamp()`` on the server, under READ COMMITTED (forced per
+connection); serialization failures and deadlocks are retried here and never surface.
+
+Releases wake waiters: release, force release and sweep ``pg_notify`` one channel per
+table (named after the table's oid) with the key as payload, inside the same statement.
+A waiter LISTENs, then asks how long the lease has left (so a release between its failed
+acquire and the LISTEN is not missed), then waits for the notification or that expiry.
+
+Every call is bounded by the I/O timeout (``set_io_timeout``): ``statement_timeout`` on
+the server, TCP keepalives and ``tcp_user_timeout`` on the socket, and a watchdog that
+shuts the socket down when the server does not answer at all (a hung or cut-off host).
+A broken connection is dropped and the next call opens a new one. Sockets are
+close-on-exec, so a child never inherits them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import math
+import os
+import random
 import re
-import select
+import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from typing import Any, TypeVar
+from urllib.parse import unquote
 
 import psycopg
-from psycopg import errors, sql
+import psycopg.errors as pgerr
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.types.json import Jsonb
 
-from tasklock_cli.errors import ConfigError, LeaseLost, StoreUnavailable
+from tasklock_cli.errors import ConfigError, LeaseLost, StoreUnavailable, TasklockError
 from tasklock_cli.stores import redact_url
 from tasklock_cli.stores.base import Holder, Lease, LeaseInfo, Store, StoreCheck
 
@@ -30,16 +57,270 @@ DEFAULT_TABLE = "tasklock_leases"
 DEFAULT_IO_TIMEOUT_S = 5.0
 SWEEP_BATCH = 1000
 SERIALIZATION_RETRIES = 5
+CLOCK_WARN_S = 1.0
+#: Longest slice a waiter holds the store's lock while waiting for a notification.
+WAIT_SLICE_S = 0.1
+#: Notification payloads are limited to 8000 bytes; longer keys are sent as md5(key).
+MAX_PAYLOAD_KEY_BYTES = 7000
+
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_$]{0,62}")
-_COLUMNS = {"key", "fencing_token", "owner_token", "holder", "acquired_at", "expires_at"}
-_RETRYABLE = (errors.SerializationFailure, errors.DeadlockDetected)
+_T = TypeVar("_T")
+_EPOCH = datetime.fromtimestamp(0, tz=timezone.utc)
+
+#: What a tasklock table looks like (column -> format_type()).
+_COLUMNS = {
+    "key": "text",
+    "fencing_token": "bigint",
+    "owner_token": "text",
+    "holder": "jsonb",
+    "acquired_at": "timestamp with time zone",
+    "expires_at": "timestamp with time zone",
+}
+
+_DDL = """\
+CREATE TABLE IF NOT EXISTS {table} (
+    key           text COLLATE "C" PRIMARY KEY,
+    fencing_token bigint NOT NULL,
+    owner_token   text,
+    holder        jsonb,
+    acquired_at   timestamptz,
+    expires_at    timestamptz
+);
+CREATE INDEX IF NOT EXISTS {index} ON {table} (expires_at) WHERE owner_token IS NOT NULL;
+"""
+
+# One query: kind of relation, its columns, and whether ``key`` has a unique index.
+_INSPECT = """
+SELECT c.oid::bigint, c.relkind::text,
+       (SELECT coalesce(json_object_agg(a.attname, format_type(a.atttypid, a.atttypmod)),
+                        '{}'::json)
+          FROM pg_attribute a
+         WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped),
+       EXISTS (SELECT 1 FROM pg_index i
+                 JOIN pg_attribute k ON k.attrelid = i.indrelid AND k.attnum = i.indkey[0]
+                WHERE i.indrelid = c.oid AND i.indisunique AND i.indnatts = 1
+                  AND i.indpred IS NULL AND k.attname = 'key')
+  FROM pg_class c
+ WHERE c.oid = to_regclass(%s)
+"""
+
+_PAYLOAD = (
+    "CASE WHEN octet_length({col}) <= "
+    + str(MAX_PAYLOAD_KEY_BYTES)
+    + " THEN {col} ELSE md5({col}) END"
+)
+_CLEARED = "owner_token = NULL, holder = NULL, acquired_at = NULL, expires_at = NULL"
+_INFO_COLUMNS = "key, fencing_token, acquired_at, expires_at, holder"
+
+# One clock reading per statement: the takeover test and the new times agree exactly.
+_ACQUIRE = """
+INSERT INTO {table} AS l (key, fencing_token, owner_token, holder, acquired_at, expires_at)
+SELECT %(key)s, 1, %(owner)s, %(holder)s, n.t, n.t + make_interval(secs => %(ttl)s::float8)
+  FROM (SELECT clock_timestamp() AS t) AS n
+ON CONFLICT (key) DO UPDATE SET
+    fencing_token = CASE WHEN l.owner_token = excluded.owner_token
+                         THEN l.fencing_token ELSE l.fencing_token + 1 END,
+    acquired_at   = CASE WHEN l.owner_token = excluded.owner_token
+                         THEN l.acquired_at ELSE excluded.acquired_at END,
+    owner_token = excluded.owner_token,
+    holder = excluded.holder,
+    expires_at = excluded.expires_at
+WHERE l.owner_token IS NULL
+   OR l.owner_token = excluded.owner_token
+   OR l.expires_at <= excluded.acquired_at
+RETURNING fencing_token, acquired_at, expires_at
+"""
+_RENEW = """
+UPDATE {table} SET expires_at = clock_timestamp() + make_interval(secs => %(ttl)s::float8)
+ WHERE key = %(key)s AND owner_token = %(owner)s AND fencing_token = %(fence)s
+   AND expires_at > clock_timestamp()
+RETURNING expires_at
+"""
+_RELEASE_LATER = """
+UPDATE {table} SET expires_at = clock_timestamp() + make_interval(secs => %(keep)s::float8)
+ WHERE key = %(key)s AND owner_token = %(owner)s AND fencing_token = %(fence)s
+   AND expires_at > clock_timestamp()
+"""
+_RELEASE = f"""
+WITH cleared AS (
+    UPDATE {{table}} SET {_CLEARED}
+     WHERE key = %(key)s AND owner_token = %(owner)s AND fencing_token = %(fence)s
+    RETURNING key
+)
+SELECT pg_notify(%(channel)s, {_PAYLOAD.format(col="key")}) FROM cleared
+"""
+_FORCE_RELEASE = f"""
+WITH old AS (
+    SELECT {_INFO_COLUMNS}, expires_at > clock_timestamp() AS live
+      FROM {{table}} WHERE key = %(key)s AND owner_token IS NOT NULL
+       FOR UPDATE
+), cleared AS (
+    UPDATE {{table}} AS t SET {_CLEARED}
+      FROM old WHERE t.key = old.key AND t.owner_token IS NOT NULL
+    RETURNING t.key
+)
+SELECT old.key, old.fencing_token, old.acquired_at, old.expires_at, old.holder, old.live,
+       pg_notify(%(channel)s, {_PAYLOAD.format(col="old.key")})
+  FROM old JOIN cleared ON cleared.key = old.key
+"""
+_SELECT = f"SELECT {_INFO_COLUMNS}, expires_at > clock_timestamp() AS live FROM {{table}}"
+_PEEK = (
+    _SELECT + " WHERE key = %(key)s AND owner_token IS NOT NULL AND expires_at > clock_timestamp()"
+)
+# Literal prefix match (no LIKE wildcards); the range bound lets the primary key help.
+_LIST = (
+    _SELECT + " WHERE owner_token IS NOT NULL {live}"
+    ' AND key >= %(prefix)s COLLATE "C" AND left(key, char_length(%(prefix)s)) = %(prefix)s'
+    ' ORDER BY key COLLATE "C"'
+)
+_SWEEP_COUNT = (
+    "SELECT count(*) FROM {table} WHERE owner_token IS NOT NULL AND expires_at <= clock_timestamp()"
+)
+_SWEEP = f"""
+WITH victims AS (
+    SELECT key FROM {{table}}
+     WHERE owner_token IS NOT NULL AND expires_at <= clock_timestamp()
+     LIMIT {SWEEP_BATCH}
+       FOR UPDATE SKIP LOCKED
+), cleared AS (
+    UPDATE {{table}} AS t SET {_CLEARED}
+      FROM victims
+     WHERE t.key = victims.key AND t.owner_token IS NOT NULL
+       AND t.expires_at <= clock_timestamp()
+    RETURNING t.key
+)
+SELECT pg_notify(%(channel)s, {_PAYLOAD.format(col="key")}) FROM cleared
+"""
+# Seconds until the live lease on a key runs out on the server's clock; no row = free.
+_REMAINING = """
+SELECT extract(epoch FROM expires_at - clock_timestamp())::float8 FROM {table}
+ WHERE key = %(key)s AND owner_token IS NOT NULL AND expires_at > clock_timestamp()
+"""
+
+# Connection failures that mean "fix the URL / the server's setup", not "try again later".
+_CONFIG_FAILURES = (
+    "password authentication failed",
+    "authentication failed",
+    "no password supplied",
+    "password is required",
+    "does not exist",  # database "x" / role "x" does not exist
+    "no pg_hba.conf entry",
+    "pg_hba.conf rejects",
+    "permission denied for database",
+    "invalid connection option",
+    "invalid uri",
+    "invalid sslmode",
+    "invalid integer value",
+)
 
 
-def _table_parts(name: str) -> tuple[str, ...]:
+def split_table(url: str) -> tuple[str, str]:
+    """``(url without table=, table name)``; every other parameter goes to libpq unchanged."""
+    base, sep, query = url.partition("?")
+    if not sep:
+        return url, DEFAULT_TABLE
+    kept: list[str] = []
+    table = DEFAULT_TABLE
+    for part in query.split("&"):
+        if not part:
+            continue
+        name, _, value = part.partition("=")
+        if unquote(name) == "table":
+            table = unquote(value)
+        else:
+            kept.append(part)
+    return base + ("?" + "&".join(kept) if kept else ""), table
+
+
+def parse_table(name: str) -> tuple[str, ...]:
+    """``"leases"`` -> ``("leases",)``, ``"ops.leases"`` -> ``("ops", "leases")``."""
     parts = tuple(name.split("."))
-    if len(parts) > 2 or not all(_IDENTIFIER.fullmatch(part) for part in parts):
-        raise ConfigError(f"invalid table name {name!r} (use NAME or SCHEMA.NAME)")
+    if not 1 <= len(parts) <= 2 or not all(_IDENTIFIER.fullmatch(part) for part in parts):
+        raise ConfigError(
+            f"invalid table name {name!r} in the store URL (expected NAME or SCHEMA.NAME, "
+            "each a letter or underscore followed by up to 62 letters, digits, _ or $)"
+        )
     return parts
+
+
+def _payload_for(key: str) -> str:
+    encoded = key.encode("utf-8")
+    if len(encoded) <= MAX_PAYLOAD_KEY_BYTES:
+        return key
+    return hashlib.md5(encoded).hexdigest()
+
+
+def _utc(moment: datetime | None) -> datetime:
+    return moment.astimezone(timezone.utc) if moment is not None else _EPOCH
+
+
+class _Overrun(Exception):
+    """The watchdog shut the socket: the server did not answer within the I/O timeout."""
+
+
+class _Watchdog:
+    """Shuts a connection's socket down when a call overruns its deadline.
+
+    libpq has no client-side read timeout: a server that accepted the request and went
+    silent (SIGSTOPped, or its host cut off before TCP notices) would block the caller
+    for as long as the kernel keeps the connection. Shutting the socket down makes the
+    blocked read fail at once; the connection is then dropped and reopened next time.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._deadline: float | None = None
+        self._fd = -1
+        self._fired = False
+        self._stopped = False
+        self._thread: threading.Thread | None = None
+
+    def arm(self, fd: int, seconds: float) -> None:
+        with self._cond:
+            if self._thread is None:
+                self._stopped = False
+                self._thread = threading.Thread(
+                    target=self._run, name="tasklock-pg-watchdog", daemon=True
+                )
+                self._thread.start()
+            self._fd, self._fired = fd, False
+            self._deadline = time.monotonic() + seconds
+            self._cond.notify()
+
+    def disarm(self) -> bool:
+        """Stop watching; True when the deadline had passed and the socket was shut."""
+        with self._cond:
+            self._deadline = None
+            fired, self._fired = self._fired, False
+            return fired
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._deadline = None
+            self._thread = None
+            self._cond.notify_all()
+
+    def _run(self) -> None:
+        with self._cond:
+            while not self._stopped:
+                if self._deadline is None:
+                    self._cond.wait()
+                    continue
+                left = self._deadline - time.monotonic()
+                if left > 0:
+                    self._cond.wait(left)
+                    continue
+                # Still armed past the deadline: the call is blocked on this socket, and
+                # the caller holds the store lock, so the fd cannot have been closed.
+                with contextlib.suppress(OSError):
+                    sock = socket.socket(fileno=os.dup(self._fd))
+                    try:
+                        sock.shutdown(socket.SHUT_RDWR)
+                    finally:
+                        sock.close()
+                self._fired = True
+                self._deadline = None
 
 
 class PostgresStore(Store):
@@ -47,351 +328,541 @@ class PostgresStore(Store):
 
     def __init__(self, conninfo: str, table: str = DEFAULT_TABLE, display_url: str = "") -> None:
         self._conninfo = conninfo
-        self._table_name = table
-        self._table = sql.Identifier(*_table_parts(table))
-        self._channel = "tasklock_" + hashlib.sha1(table.encode()).hexdigest()[:20]
+        self.table_name = table
+        self._table_parts = parse_table(table)
+        self._table = sql.Identifier(*self._table_parts)
         self.display_url = display_url or redact_url(conninfo)
+        self._secrets = sorted(self._url_passwords(conninfo), key=len, reverse=True)
+        try:
+            params = conninfo_to_dict(conninfo)
+        except psycopg.Error as exc:
+            raise ConfigError(
+                f"invalid PostgreSQL URL {self.display_url!r}: {self._scrub(str(exc))}"
+            ) from None
+        password = str(params.get("password") or "")
+        if password and password not in self._secrets:
+            self._secrets.insert(0, password)
+        self._user_params = {k for k, v in params.items() if v is not None}
         self._io_timeout = DEFAULT_IO_TIMEOUT_S
-        self._conn: psycopg.Connection | None = None
         self._lock = threading.RLock()
-        self._released_keys: set[str] = set()
+        self._watchdog = _Watchdog()
+        self._conn: psycopg.Connection | None = None
+        self._applied_timeout: float | None = None
+        self._schema_ok = False
+        self._channel = ""
+        self._listening = False
+        self._statements: dict[tuple[str, str], sql.Composed] = {}
 
     @classmethod
     def from_url(cls, url: str) -> PostgresStore:
-        parts = urlsplit(url)
-        query = parse_qsl(parts.query, keep_blank_values=True)
-        table = next((value for name, value in query if name == "table"), DEFAULT_TABLE)
-        rest = urlencode([(name, value) for name, value in query if name != "table"])
-        conninfo = urlunsplit(parts._replace(query=rest))
-        return cls(conninfo, table, redact_url(url))
+        clean, table = split_table(url)
+        return cls(clean, table=table, display_url=redact_url(url))
 
-    # -- connection -------------------------------------------------------------------
+    @staticmethod
+    def _url_passwords(url: str) -> set[str]:
+        netloc = url.partition("://")[2].split("/", 1)[0].split("?", 1)[0]
+        userinfo = netloc.rpartition("@")[0]
+        if ":" not in userinfo:
+            return set()
+        raw = userinfo.split(":", 1)[1]
+        return {secret for secret in (raw, unquote(raw)) if secret}
+
+    def _scrub(self, text: str) -> str:
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return " ".join(text.split())  # one line: libpq's messages span several
+
+    def _sql(self, template: str, live: str = "") -> sql.Composed:
+        """A statement with the table name quoted in; built once per template."""
+        statement = self._statements.get((template, live))
+        if statement is None:
+            statement = sql.SQL(template).format(table=self._table, live=sql.SQL(live))
+            self._statements[(template, live)] = statement
+        return statement
+
+    # -- connection ---------------------------------------------------------------
 
     def set_io_timeout(self, seconds: float) -> None:
-        self._io_timeout = seconds
+        if not math.isfinite(seconds) or seconds <= 0:
+            return
         with self._lock:
-            if self._conn is not None:
-                self._run(
-                    sql.SQL("SELECT set_config('statement_timeout', %s, false)"),
-                    (f"{self._timeout_ms()}ms",),
-                )
+            self._io_timeout = seconds  # applied to the connection on its next use
 
-    def _timeout_ms(self) -> int:
-        return max(100, int(self._io_timeout * 1000))
+    def _connect_kwargs(self) -> dict[str, Any]:
+        io = self._io_timeout
+        kwargs: dict[str, Any] = {
+            # libpq's minimum is 2 s (smaller values are raised to 2), per host tried.
+            "connect_timeout": max(2, math.ceil(io)),
+            "keepalives": 1,
+            "keepalives_idle": max(1, int(io)),
+            "keepalives_interval": max(1, int(io / 3)),
+            "keepalives_count": 3,
+            "tcp_user_timeout": max(100, int(io * 1000)),
+        }
+        if "application_name" not in self._user_params:
+            kwargs["application_name"] = "tasklock"
+        return kwargs
 
-    def _connect(self) -> psycopg.Connection:
+    def _open(self) -> psycopg.Connection:
+        conn = psycopg.Connection.connect(self._conninfo, autocommit=True, **self._connect_kwargs())
         try:
-            conn = psycopg.connect(
-                self._conninfo,
-                autocommit=True,
-                application_name="tasklock",
-                connect_timeout=max(1, math.ceil(self._io_timeout)),
-                keepalives=1,
-                keepalives_idle=max(1, int(self._io_timeout)),
-                keepalives_interval=1,
-                keepalives_count=3,
-                tcp_user_timeout=self._timeout_ms(),
-                options=f"-c default_transaction_isolation=read\\ committed "
-                f"-c statement_timeout={self._timeout_ms()}",
+            os.set_inheritable(conn.fileno(), False)  # libpq sets FD_CLOEXEC; make sure
+            # READ COMMITTED whatever the server's or role's default: every lease
+            # statement re-checks the row it locks, and never fails with 40001.
+            self._guarded(
+                conn,
+                lambda: conn.execute(
+                    "SET default_transaction_isolation = 'read committed';"
+                    " SET TIME ZONE 'UTC';"
+                    " SET idle_in_transaction_session_timeout = '60s'"
+                ),
             )
-        except psycopg.OperationalError as exc:
-            raise self._connect_error(exc) from None
-        conn.add_notify_handler(lambda notify: self._released_keys.add(notify.payload))
-        try:
-            self._ensure_schema(conn)
-            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
         except BaseException:
             conn.close()
             raise
         return conn
 
-    def _connect_error(self, exc: Exception) -> Exception:
-        message = self._scrub(str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc))
-        # The server answered and refused: retrying cannot help, so it is a configuration
-        # error (78), not an outage (69).
-        refused = (
-            "password authentication failed",
-            "does not exist",
-            "no password supplied",
-            "no pg_hba.conf entry",
-            "role",
-        )
-        if any(marker in message for marker in refused):
-            return ConfigError(f"{self.display_url}: {message}")
-        return StoreUnavailable(f"cannot reach {self.display_url}: {message}")
+    def _guarded(self, conn: psycopg.Connection, operation: Callable[[], _T]) -> _T:
+        """Run ``operation`` with the watchdog armed for one I/O timeout."""
+        self._watchdog.arm(conn.fileno(), self._io_timeout + 0.05)
+        overran = False
+        try:
+            return operation()
+        finally:
+            overran = self._watchdog.disarm()
+            if overran:
+                raise _Overrun()
 
-    def _scrub(self, message: str) -> str:
-        password = urlsplit(self._conninfo).password
-        return message.replace(password, "***") if password else message
+    def _connection(self, ensure_schema: bool = True) -> psycopg.Connection:
+        conn = self._conn
+        if conn is not None and (conn.closed or conn.broken):
+            self._drop()
+            conn = None
+        if conn is None:
+            conn = self._open()
+            self._conn = conn
+            self._applied_timeout = None
+            self._schema_ok = False
+            self._listening = False
+        if self._applied_timeout != self._io_timeout:
+            millis = max(100, int(self._io_timeout * 800))  # the server cancels first
+            self._guarded(conn, lambda: conn.execute(f"SET statement_timeout = {millis}"))
+            self._applied_timeout = self._io_timeout
+        if ensure_schema and not self._schema_ok:
+            self._ensure_schema(conn)
+        return conn
 
-    def _run(self, statement, params=None, *, fetch: str = "one"):
-        """Execute one statement; reconnect next time after a broken connection."""
+    def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        self._schema_ok = False
+        self._listening = False
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+    def _run(
+        self,
+        operation: Callable[[psycopg.Connection], _T],
+        *,
+        idempotent: bool = True,
+        ensure_schema: bool = True,
+    ) -> _T:
+        """Run ``operation`` on the connection, mapping every failure to a tasklock error.
+
+        Retried here: serialization failures and deadlocks (a few times), a table that
+        vanished (recreated once), and a connection found broken when reused (once, on a
+        new connection) -- for non-idempotent statements only when the server said it
+        had not run the statement (it was shutting down or terminated the session).
+        """
         with self._lock:
-            for attempt in range(SERIALIZATION_RETRIES):
-                if self._conn is None or self._conn.closed:
-                    self._conn = self._connect()
+            conflicts = 0
+            reconnected = recreated = False
+            while True:
+                # A failure on a connection opened by an earlier call may just mean it went
+                # stale (server restart, terminated backend, idle timeout): retry once.
+                stale = self._conn is not None
                 try:
-                    cursor = self._conn.execute(statement, params)
-                    if fetch == "one":
-                        return cursor.fetchone()
-                    if fetch == "all":
-                        return cursor.fetchall()
-                    return cursor.rowcount
-                except _RETRYABLE:
-                    time.sleep(0.001 * 2**attempt)
-                except errors.UndefinedTable as exc:
-                    raise ConfigError(f"{self.display_url}: {self._scrub(str(exc))}") from None
-                except errors.QueryCanceled as exc:
+                    conn = self._connection(ensure_schema)
+                    return self._guarded(conn, functools.partial(operation, conn))
+                except _Overrun:
+                    self._drop()
                     raise StoreUnavailable(
-                        f"{self.display_url}: statement timed out ({exc})"
+                        f"{self.display_url}: no answer within {self._io_timeout:g} s"
                     ) from None
-                except psycopg.OperationalError as exc:
-                    self._drop_connection()
-                    raise StoreUnavailable(f"{self.display_url}: {self._scrub(str(exc))}") from None
+                except (pgerr.SerializationFailure, pgerr.DeadlockDetected) as exc:
+                    conflicts += 1
+                    if conflicts > SERIALIZATION_RETRIES:
+                        raise self._translate(exc) from None
+                    time.sleep(random.uniform(0.001, 0.005) * conflicts)
+                except pgerr.UndefinedTable as exc:
+                    self._schema_ok = False
+                    if recreated:
+                        raise self._translate(exc) from None
+                    recreated = True
+                except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+                    current = self._conn
+                    broken = current is None or current.closed or current.broken
+                    if broken:
+                        self._drop()
+                    not_run = (getattr(exc, "sqlstate", None) or "").startswith("57P")
+                    if (
+                        broken
+                        and stale
+                        and not reconnected
+                        and (idempotent or not_run)
+                        and not isinstance(exc, pgerr.QueryCanceled)
+                    ):
+                        reconnected = True
+                        continue
+                    raise self._translate(exc) from None
                 except psycopg.Error as exc:
-                    raise StoreUnavailable(f"{self.display_url}: {self._scrub(str(exc))}") from None
-            raise StoreUnavailable(f"{self.display_url}: serialization failures persisted")
+                    raise self._translate(exc) from None
 
-    def _drop_connection(self) -> None:
-        if self._conn is not None:
-            with contextlib.suppress(psycopg.Error):
-                self._conn.close()
-        self._conn = None
-
-    # -- schema -------------------------------------------------------------------------
-
-    def schema_sql(self) -> str:
-        table = self._table_name
-        index = _table_parts(table)[-1] + "_held"
-        return (
-            f"CREATE TABLE IF NOT EXISTS {table} (\n"
-            '    key           text COLLATE "C" PRIMARY KEY,\n'
-            "    fencing_token bigint NOT NULL,\n"
-            "    owner_token   text,\n"
-            "    holder        jsonb,\n"
-            "    acquired_at   timestamptz,\n"
-            "    expires_at    timestamptz\n"
-            ");\n"
-            f"CREATE INDEX IF NOT EXISTS {index} ON {table} (expires_at)"
-            " WHERE owner_token IS NOT NULL;\n"
-        )
-
-    def _columns(self, conn: psycopg.Connection) -> set[str]:
-        rows = conn.execute(
-            "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s)"
-            " AND attnum > 0 AND NOT attisdropped",
-            (self._qualified(),),
-        ).fetchall()
-        return {row[0] for row in rows}
-
-    def _qualified(self) -> str:
-        return ".".join(f'"{part}"' for part in _table_parts(self._table_name))
-
-    def _ensure_schema(self, conn: psycopg.Connection) -> None:
-        columns = self._columns(conn)
-        if not columns:
-            # Racing first users: one creates the table, the others wait on the same lock.
-            with conn.transaction():
-                conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (self._qualified(),))
-                conn.execute(self.schema_sql())
-            columns = self._columns(conn)
-        if columns != _COLUMNS:
-            raise ConfigError(
-                f"{self.display_url}: table {self._table_name} exists but is not a tasklock "
-                f"table (columns: {', '.join(sorted(columns))})"
+    def _translate(self, exc: Exception) -> TasklockError:
+        text = self._scrub(str(exc)) or type(exc).__name__
+        where = self.display_url
+        state = getattr(exc, "sqlstate", None) or ""
+        if isinstance(exc, pgerr.QueryCanceled):
+            return StoreUnavailable(
+                f"{where}: the statement did not finish within {self._io_timeout:g} s ({text})"
             )
+        if isinstance(exc, pgerr.ReadOnlySqlTransaction):
+            return StoreUnavailable(
+                f"{where}: connected to a read-only server ({text}); "
+                "add target_session_attrs=read-write to the URL for failover setups"
+            )
+        if isinstance(exc, pgerr.InsufficientPrivilege):
+            return ConfigError(
+                f"{where}: the database user may not use table {self.table_name} ({text})"
+            )
+        if isinstance(exc, pgerr.UndefinedTable):
+            return ConfigError(f"{where}: table {self.table_name} is missing ({text})")
+        if state in ("28P01", "28000", "3D000") or (
+            isinstance(exc, psycopg.OperationalError)
+            and not state
+            and any(marker in text.lower() for marker in _CONFIG_FAILURES)
+        ):
+            # Wrong password, unknown role or database, a pg_hba rule: the server answered
+            # and refused. Retrying cannot help and the supervisor must not wait it out as
+            # an outage, so this is a configuration error (78), not "unreachable" (69).
+            # Refused/reset connections, unknown hosts and timeouts stay 69.
+            return ConfigError(f"{where}: the server refused the connection: {text}")
+        if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+            return StoreUnavailable(f"{where}: {text}")
+        if state.startswith("42") or isinstance(exc, psycopg.ProgrammingError):
+            return ConfigError(f"{where}: table {self.table_name} is unusable ({text})")
+        return StoreUnavailable(f"{where}: PostgreSQL answered with an error: {text}")
 
-    def init_schema(self) -> None:
-        self._run("SELECT 1")
+    # -- schema -------------------------------------------------------------------
 
-    # -- the interface ------------------------------------------------------------------
-
-    def acquire(self, key: str, ttl: float, holder: Holder, owner_token: str) -> Lease | None:
-        statement = sql.SQL("""
-            INSERT INTO {t} AS l (key, fencing_token, owner_token, holder, acquired_at,
-                                  expires_at)
-            VALUES (%(key)s, 1, %(owner)s, %(holder)s, clock_timestamp(),
-                    clock_timestamp() + %(ttl)s * interval '1 second')
-            ON CONFLICT (key) DO UPDATE SET
-                fencing_token = CASE WHEN l.owner_token = excluded.owner_token
-                                     THEN l.fencing_token ELSE l.fencing_token + 1 END,
-                acquired_at = CASE WHEN l.owner_token = excluded.owner_token
-                                   THEN l.acquired_at ELSE excluded.acquired_at END,
-                owner_token = excluded.owner_token, holder = excluded.holder,
-                expires_at = excluded.expires_at
-            WHERE l.owner_token IS NULL OR l.owner_token = excluded.owner_token
-               OR l.expires_at <= clock_timestamp()
-            RETURNING fencing_token, acquired_at, expires_at
-        """).format(t=self._table)
-        row = self._run(
-            statement,
-            {"key": key, "owner": owner_token, "ttl": ttl, "holder": Jsonb(holder.to_dict())},
-        )
+    def _inspect(self, conn: psycopg.Connection) -> int | None:
+        """The table's oid when it is a tasklock table, None when missing; else ConfigError."""
+        row = conn.execute(_INSPECT, [self._table.as_string(conn)]).fetchone()
         if row is None:
             return None
-        self._released_keys.discard(key)
-        return Lease(key, owner_token, row[0], row[1], row[2])
+        oid, relkind, columns, has_unique_key = row
+        columns = dict(columns or {})
+        if relkind not in ("r", "p"):
+            raise ConfigError(
+                f"{self.display_url}: {self.table_name} exists but is not a table "
+                f"(relkind {relkind!r}); choose another name with ?table="
+            )
+        if columns != _COLUMNS or not has_unique_key:
+            found = ", ".join(f"{name} {kind}" for name, kind in sorted(columns.items()))
+            why = "" if has_unique_key else "; no unique index on key"
+            raise ConfigError(
+                f"{self.display_url}: table {self.table_name} exists but is not a tasklock "
+                f"table (columns: {found or 'none'}{why}); choose another name with ?table="
+            )
+        return int(oid)
+
+    def _create(self, conn: psycopg.Connection) -> None:
+        lock_id = int.from_bytes(
+            hashlib.sha256(f"tasklock:{self.table_name}".encode()).digest()[:8],
+            "big",
+            signed=True,
+        )
+        try:
+            # Racing first users queue on the advisory lock; CREATE ... IF NOT EXISTS
+            # alone can still fail with unique_violation on pg_type when two race.
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", [lock_id])
+                conn.execute(self._ddl())
+        except (pgerr.UniqueViolation, pgerr.DuplicateTable, pgerr.DuplicateObject):
+            pass  # someone without our advisory lock created it at the same moment
+        except (pgerr.InsufficientPrivilege, pgerr.InvalidSchemaName) as exc:
+            raise ConfigError(
+                f"{self.display_url}: table {self.table_name} is missing and cannot be "
+                f"created ({self._scrub(str(exc))}); have a DBA run the output of "
+                "`tasklock init --print-sql`"
+            ) from None
+
+    def _ensure_schema(self, conn: psycopg.Connection) -> None:
+        """Once per connection: the table exists (created if missing) and is ours."""
+
+        def check() -> None:
+            oid = self._inspect(conn)
+            if oid is None:
+                self._create(conn)
+                oid = self._inspect(conn)
+                if oid is None:
+                    raise ConfigError(
+                        f"{self.display_url}: table {self.table_name} could not be created"
+                    )
+            self._channel = f"tasklock_released_{oid}"
+
+        self._guarded(conn, check)
+        self._schema_ok = True
+
+    def _ddl(self) -> sql.Composed:
+        index = self._table_parts[-1][:50] + "_expires_idx"
+        return sql.SQL(_DDL).format(table=self._table, index=sql.Identifier(index))
+
+    def init_schema(self) -> None:
+        self._run(lambda conn: None)
+
+    def schema_sql(self) -> str:
+        return (
+            "-- tasklock lease table; rows are never deleted (they keep the fencing counter)\n"
+            + self._ddl().as_string(None)
+        )
+
+    # -- the interface --------------------------------------------------------------
+
+    def acquire(self, key: str, ttl: float, holder: Holder, owner_token: str) -> Lease | None:
+        params = {
+            "key": key,
+            "owner": owner_token,
+            "holder": Jsonb(holder.to_dict()),
+            "ttl": float(ttl),
+        }
+        statement = self._sql(_ACQUIRE)
+        row = self._run(lambda conn: conn.execute(statement, params).fetchone())
+        if row is None:
+            return None
+        token, acquired_at, expires_at = row
+        if self._listening:
+            self._stop_listening()
+        return Lease(key, owner_token, int(token), _utc(acquired_at), _utc(expires_at))
 
     def renew(self, lease: Lease, ttl: float) -> Lease:
-        statement = sql.SQL("""
-            UPDATE {t} SET expires_at = clock_timestamp() + %(ttl)s * interval '1 second'
-            WHERE key = %(key)s AND owner_token = %(owner)s AND expires_at > clock_timestamp()
-            RETURNING expires_at
-        """).format(t=self._table)
-        row = self._run(statement, {"key": lease.key, "owner": lease.owner_token, "ttl": ttl})
-        if row is None:
-            raise LeaseLost(f"the lease on {lease.key!r} is no longer ours")
-        return Lease(lease.key, lease.owner_token, lease.fencing_token, lease.acquired_at, row[0])
-
-    def release(self, lease: Lease, keep_for: float = 0.0) -> bool:
         params = {
             "key": lease.key,
             "owner": lease.owner_token,
-            "keep": keep_for,
-            "channel": self._channel,
+            "fence": lease.fencing_token,
+            "ttl": float(ttl),
+        }
+        statement = self._sql(_RENEW)
+        row = self._run(lambda conn: conn.execute(statement, params).fetchone())
+        if row is None:
+            raise LeaseLost(f"the lease on {lease.key!r} is no longer ours")
+        return Lease(
+            lease.key, lease.owner_token, lease.fencing_token, lease.acquired_at, _utc(row[0])
+        )
+
+    def release(self, lease: Lease, keep_for: float = 0.0) -> bool:
+        params: dict[str, Any] = {
+            "key": lease.key,
+            "owner": lease.owner_token,
+            "fence": lease.fencing_token,
         }
         if keep_for > 0:
-            statement = sql.SQL("""
-                UPDATE {t} SET expires_at = clock_timestamp() + %(keep)s * interval '1 second'
-                WHERE key = %(key)s AND owner_token = %(owner)s
-                  AND expires_at > clock_timestamp()
-                RETURNING key
-            """)
+            params["keep"] = float(keep_for)
+            later = self._sql(_RELEASE_LATER)
+            count = self._run(lambda conn: conn.execute(later, params).rowcount)
         else:
-            statement = sql.SQL("""
-                WITH freed AS (
-                    UPDATE {t} SET owner_token = NULL, holder = NULL, acquired_at = NULL,
-                                   expires_at = NULL
-                    WHERE key = %(key)s AND owner_token = %(owner)s RETURNING key)
-                SELECT pg_notify(%(channel)s, key) FROM freed
-            """)
-        return self._run(statement.format(t=self._table), params) is not None
+            now = self._sql(_RELEASE)
 
-    _SELECT = """SELECT key, fencing_token, holder, acquired_at, expires_at,
-                        expires_at > clock_timestamp() FROM {t} """
+            def run(conn: psycopg.Connection) -> int:
+                return len(conn.execute(now, {**params, "channel": self._channel}).fetchall())
+
+            # Not retried on an ambiguous failure: if the row was cleared and the reply
+            # lost, a retry would report False although the release worked.
+            count = self._run(run, idempotent=False)
+        return count == 1
 
     def peek(self, key: str) -> LeaseInfo | None:
-        statement = sql.SQL(
-            self._SELECT + "WHERE key = %s AND owner_token IS NOT NULL"
-            " AND expires_at > clock_timestamp()"
-        ).format(t=self._table)
-        row = self._run(statement, (key,))
-        return _info(row) if row else None
+        statement = self._sql(_PEEK)
+        row = self._run(lambda conn: conn.execute(statement, {"key": key}).fetchone())
+        return self._info(row) if row else None
 
     def list(self, prefix: str = "", include_expired: bool = False) -> Iterator[LeaseInfo]:
-        live = "" if include_expired else " AND expires_at > clock_timestamp()"
-        statement = sql.SQL(
-            self._SELECT
-            + "WHERE owner_token IS NOT NULL"
-            + live
-            + " AND key >= %(p)s AND starts_with(key, %(p)s) ORDER BY key"
-        ).format(t=self._table)
-        for row in self._run(statement, {"p": prefix}, fetch="all"):
-            yield _info(row)
+        live = "" if include_expired else "AND expires_at > clock_timestamp()"
+        statement = self._sql(_LIST, live)
+        rows = self._run(lambda conn: conn.execute(statement, {"prefix": prefix}).fetchall())
+        for row in rows:
+            yield self._info(row)
 
     def sweep(self, dry_run: bool = False) -> int:
-        expired = "owner_token IS NOT NULL AND expires_at <= clock_timestamp()"
         if dry_run:
-            statement = sql.SQL("SELECT count(*) FROM {t} WHERE " + expired).format(t=self._table)
-            return int(self._run(statement)[0])
-        statement = sql.SQL(
-            """
-            WITH batch AS (SELECT key FROM {t} WHERE """
-            + expired
-            + """
-                           LIMIT %(n)s FOR UPDATE SKIP LOCKED)
-            UPDATE {t} AS l SET owner_token = NULL, holder = NULL, acquired_at = NULL,
-                                expires_at = NULL
-            FROM batch WHERE l.key = batch.key AND l.expires_at <= clock_timestamp()
-        """
-        ).format(t=self._table)
+            count_sql = self._sql(_SWEEP_COUNT)
+            return int(self._run(lambda conn: conn.execute(count_sql).fetchone()[0]))
+        statement = self._sql(_SWEEP)
+
+        def batch(conn: psycopg.Connection) -> int:
+            return len(conn.execute(statement, {"channel": self._channel}).fetchall())
+
         removed = 0
-        while True:  # bounded batches: acquirers never wait behind one huge statement
-            count = self._run(statement, {"n": SWEEP_BATCH}, fetch="rowcount")
+        while True:  # bounded batches: no statement holds many row locks for long
+            count = self._run(batch)
             removed += count
             if count < SWEEP_BATCH:
                 return removed
 
     def force_release(self, key: str) -> LeaseInfo | None:
-        statement = sql.SQL("""
-            WITH old AS (
-                SELECT key, fencing_token, holder, acquired_at, expires_at,
-                       expires_at > clock_timestamp() AS live
-                FROM {t} WHERE key = %(key)s AND owner_token IS NOT NULL FOR UPDATE),
-            freed AS (
-                UPDATE {t} AS l SET owner_token = NULL, holder = NULL, acquired_at = NULL,
-                                    expires_at = NULL
-                FROM old WHERE l.key = old.key RETURNING l.key)
-            SELECT old.*, pg_notify(%(channel)s, old.key) FROM old
-        """).format(t=self._table)
-        row = self._run(statement, {"key": key, "channel": self._channel})
-        return _info(row[:6]) if row else None
+        statement = self._sql(_FORCE_RELEASE)
+
+        def run(conn: psycopg.Connection) -> tuple | None:
+            return conn.execute(statement, {"key": key, "channel": self._channel}).fetchone()
+
+        row = self._run(run, idempotent=False)
+        return self._info(row[:6]) if row else None
+
+    # -- waiting --------------------------------------------------------------------
 
     def wait_for_release(self, key: str, timeout: float) -> None:
-        """Wake on a NOTIFY for this key, else after ``timeout``. We LISTEN from the moment
-        we connect and a handler records every release, so one sent between our failed
-        acquire and this wait is not missed."""
-        give_up = time.monotonic() + timeout
-        with self._lock:
-            while key not in self._released_keys:
-                left = give_up - time.monotonic()
+        """Block until the lease on ``key`` is released or expires, at most ``timeout``.
+
+        LISTEN first (kept on the connection while the caller keeps waiting), then ask
+        the server how long the lease has left, then wait for a release notification, at
+        most until that expiry. Never raises: on trouble it sleeps the rest of the
+        timeout and the caller's next acquire reports the store's state.
+        """
+        if timeout <= 0:
+            return
+        deadline = time.monotonic() + timeout
+        try:
+            remaining = self._run(lambda conn: self._listen_and_check(conn, key))
+            if remaining is None:
+                return  # free already
+            deadline = min(deadline, time.monotonic() + remaining + 0.002)
+            wanted = _payload_for(key)
+            while True:
+                left = deadline - time.monotonic()
                 if left <= 0:
                     return
-                if self._conn is None:
-                    time.sleep(left)
+                if self._wait_slice(wanted, min(left, WAIT_SLICE_S, self._io_timeout / 2)):
                     return
-                try:
-                    readable, _, _ = select.select([self._conn.fileno()], [], [], left)
-                    if readable:
-                        self._conn.execute("SELECT 1")  # lets psycopg dispatch the NOTIFYs
-                except (psycopg.Error, OSError, ValueError):
-                    self._drop_connection()
-                    time.sleep(max(0.0, give_up - time.monotonic()))
-                    return
-            self._released_keys.discard(key)
+        except TasklockError:
+            left = deadline - time.monotonic()
+            if left > 0:
+                time.sleep(left)
+
+    def _listen_and_check(self, conn: psycopg.Connection, key: str) -> float | None:
+        if not self._listening:
+            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
+            self._listening = True
+        # Whatever arrived before this point is answered by the check below.
+        for _ in conn.notifies(timeout=0):
+            pass
+        row = conn.execute(self._sql(_REMAINING), {"key": key}).fetchone()
+        return None if row is None else max(0.0, float(row[0]))
+
+    def _wait_slice(self, wanted: str, seconds: float) -> bool:
+        """Wait up to ``seconds`` for a notification about ``wanted``; True when it came."""
+
+        def wait(conn: psycopg.Connection) -> bool:
+            if not self._listening:
+                return True  # the connection was replaced: let the caller look again
+            return any(note.payload == wanted for note in conn.notifies(timeout=seconds))
+
+        return self._run(wait)
+
+    def _stop_listening(self) -> None:
+        """A holder needs no notifications; don't let them pile up on the connection."""
+
+        def unlisten(conn: psycopg.Connection) -> None:
+            conn.execute("UNLISTEN *")
+            self._listening = False
+            for _ in conn.notifies(timeout=0):
+                pass
+
+        with contextlib.suppress(TasklockError):
+            self._run(unlisten)
+
+    # -- doctor ---------------------------------------------------------------------
 
     def doctor(self) -> list[StoreCheck]:
         checks = [StoreCheck("store", True, self.display_url)]
-        try:
-            self._run("SELECT 1")  # connect (and check the schema) outside the timing
+
+        def probe(conn: psycopg.Connection) -> dict[str, Any]:
             started = time.perf_counter()
-            self._run("SELECT 1")
+            conn.execute("SELECT 1").fetchone()
             rtt = time.perf_counter() - started
-            version = self._run("SHOW server_version")[0]
-            sent = time.time()
-            server_now = self._run("SELECT clock_timestamp()")[0]
-            received = time.time()
-        except (StoreUnavailable, ConfigError) as exc:
+            version, standby = conn.execute(
+                "SELECT current_setting('server_version'), pg_is_in_recovery()"
+            ).fetchone()
+            try:
+                oid = self._inspect(conn)
+                schema = (
+                    (True, f"table {self.table_name} will be created on first use")
+                    if oid is None
+                    else (True, f"table {self.table_name} is a tasklock table")
+                )
+            except ConfigError as exc:
+                schema = (False, str(exc))
+            best: tuple[float, float] | None = None
+            for _ in range(3):  # keep the sample with the shortest round trip
+                before, t0 = time.time(), time.perf_counter()
+                server = conn.execute(
+                    "SELECT extract(epoch FROM clock_timestamp())::float8"
+                ).fetchone()[0]
+                elapsed = time.perf_counter() - t0
+                offset = float(server) - (before + elapsed / 2)
+                if best is None or elapsed < best[1]:
+                    best = (offset, elapsed)
+            return {
+                "rtt": rtt,
+                "version": version,
+                "standby": standby,
+                "schema": schema,
+                "clock": best,
+            }
+
+        try:
+            result = self._run(probe, ensure_schema=False)
+        except TasklockError as exc:
             checks.append(StoreCheck("reachable", False, str(exc)))
             return checks
-        checks.append(StoreCheck("reachable", True, f"SELECT 1 round trip {rtt * 1000:.1f} ms"))
-        checks.append(StoreCheck("server", True, f"PostgreSQL {version}"))
-        checks.append(StoreCheck("schema", True, f"table {self._table_name} ok"))
-        offset = server_now.timestamp() - (sent + received) / 2
         checks.append(
-            StoreCheck(
-                "clock",
-                True,
-                f"server clock {offset * 1000:+.1f} ms from this machine's "
-                "(the server's clock decides expiry)",
-                warning=abs(offset) > 1.0,
-            )
+            StoreCheck("reachable", True, f"SELECT 1 round trip {result['rtt'] * 1000:.1f} ms")
         )
+        if result["standby"]:
+            checks.append(
+                StoreCheck(
+                    "server",
+                    False,
+                    f"PostgreSQL {result['version']} is a read-only standby; "
+                    "add target_session_attrs=read-write to the URL",
+                )
+            )
+        else:
+            checks.append(StoreCheck("server", True, f"PostgreSQL {result['version']} (primary)"))
+        ok, detail = result["schema"]
+        checks.append(StoreCheck("schema", ok, detail))
+        offset, elapsed = result["clock"]
+        skewed = abs(offset) > CLOCK_WARN_S
+        detail = (
+            f"server clock {offset * 1000:+.0f} ms from this machine's "
+            f"(±{elapsed * 500:.1f} ms); the server's clock decides expiry"
+        )
+        if skewed:
+            detail += "; this machine's clock is off (timestamps shown are the server's)"
+        checks.append(StoreCheck("clock", True, detail, warning=skewed))
         return checks
 
     def close(self) -> None:
         with self._lock:
-            self._drop_connection()
+            self._drop()
+        self._watchdog.stop()
 
-
-def _info(row: tuple) -> LeaseInfo:
-    key, token, holder, acquired_at, expires_at, live = row
-    epoch = datetime.fromtimestamp(0, tz=timezone.utc)
-    return LeaseInfo(
-        key=key,
-        holder=Holder.from_dict(holder or {}),
-        fencing_token=int(token),
-        acquired_at=acquired_at or epoch,
-        expires_at=expires_at or epoch,
-        expired=not live,
-    )
+    def _info(self, row: tuple) -> LeaseInfo:
+        key, token, acquired_at, expires_at, holder, live = row
+        return LeaseInfo(
+            key=key,
+            holder=Holder.from_dict(holder or {}),
+            fencing_token=int(token),
+            acquired_at=_utc(acquired_at),
+            expires_at=_utc(expires_at),
+            expired=not live,
+        )
