@@ -17,12 +17,15 @@ import os, sqlite3, sys, time
 token = int(os.environ["TASKLOCK_FENCING_TOKEN"])
 db = sqlite3.connect(sys.argv[1], isolation_level=None)
 open(sys.argv[2], "w").close()
+idle = sys.argv[2] + ".idle"
 while True:
     changed = db.execute("UPDATE guarded SET token = ? WHERE id = 1 AND token <= ?",
                          (token, token)).rowcount
     with open(sys.argv[3], "a") as log:
         log.write(f"{token} {changed}\\n")
-    time.sleep(0.02)
+    open(idle, "w").close()  # between writes: holding no lock on the guarded table
+    time.sleep(0.1)
+    os.unlink(idle)
 """
 
 
@@ -75,8 +78,15 @@ def test_paused_holder_is_fenced_and_killed_on_resume(env, store_url, tmp_path):
     wait_until(ready.exists)
     old = peek(store_url, "k")
     child_pgids = _groups_in_session(wrapper.pid)
-    for pgid in [wrapper.pid, *child_pgids]:
-        os.killpg(pgid, signal.SIGSTOP)
+    idle = tmp_path / "ready.idle"
+    while True:  # pause it between two guarded writes, never in the middle of one
+        wait_until(idle.exists)
+        for pgid in [wrapper.pid, *child_pgids]:
+            os.killpg(pgid, signal.SIGSTOP)
+        if idle.exists():
+            break
+        for pgid in [*child_pgids, wrapper.pid]:
+            os.killpg(pgid, signal.SIGCONT)
     try:
         time.sleep(2.5)
         new = tasklock(

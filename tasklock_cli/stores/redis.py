@@ -222,6 +222,8 @@ def _split_url(url: str) -> tuple[str, str, list[str]]:
 
 
 class RedisStore(Store):
+    signals_release = True
+
     def __init__(self, url: str, prefix: str = DEFAULT_PREFIX, display_url: str | None = None):
         self._url = url
         self.prefix = prefix
