@@ -242,3 +242,16 @@ def test_list_watch_refreshes_until_interrupted(env, holder):
     assert len(listings) >= 3
     assert all(block.split("\t")[0] == "jobs:held" for block in listings)
     assert tasklock("list", "--watch", "--json", env=env).returncode == 2
+
+
+@pytest.mark.parametrize(
+    "url", ["redis://:pw-secret@127.0.0.1:1/0", "postgresql://u:pw-secret@127.0.0.1:1/test"]
+)
+@pytest.mark.parametrize("command", [["run", "k", "--", "true"], ["peek", "k"], ["list"]])
+def test_unreachable_store_exits_69_with_the_password_redacted(cli_env, url, command):
+    started = time.monotonic()
+    result = tasklock("--store", url, *command, env=cli_env)
+    assert result.returncode == 69
+    line = one_error_line(result.stderr)
+    assert "pw-secret" not in line and "***" in line
+    assert time.monotonic() - started < 10
