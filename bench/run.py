@@ -80,11 +80,11 @@ FULL = Budget(
     scale_peeks=2000,
 )
 QUICK = Budget(
-    overhead_rounds=8,
-    cold_rounds=2,
+    overhead_rounds=6,
+    cold_rounds=1,
     roundtrip_seconds=1.2,
-    handoff_rounds={1: 3, 8: 1, 32: 1},
-    handoff_seconds=12.0,
+    handoff_rounds={1: 2, 8: 1, 32: 1},
+    handoff_seconds=10.0,
     contention_seconds=1.0,
     contention_reps=1,
     scale_leases=10_000,
@@ -436,8 +436,8 @@ def section_overhead(kinds: list[StoreKind], envs: Envs, budget: Budget, workdir
     for cmd in warm:  # one warm-up run each: fills the bytecode cache and the page cache
         timed_run(cmd.argv, cmd.env)
     rng = random.Random(1)
-    interleave(warm, budget.overhead_rounds, rng, time.monotonic() + 150)
-    interleave(cold, budget.cold_rounds, rng, time.monotonic() + 60)
+    interleave(warm, budget.overhead_rounds, rng, time.monotonic() + 4 * budget.overhead_rounds)
+    interleave(cold, budget.cold_rounds, rng, time.monotonic() + 8 * budget.cold_rounds)
     bare = next(c for c in warm if c.label == "python -c pass")
     for kind in kinds:
         if kind.reason is not None:

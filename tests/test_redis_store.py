@@ -577,8 +577,10 @@ def test_set_io_timeout_applies_to_new_connections(store, url):
 
 def test_store_sockets_are_not_inherited_by_children(store, other):
     lease = other.acquire("k", 30, OTHER, token())
-    threading.Timer(0.1, lambda: other.release(lease)).start()
+    releaser = threading.Timer(0.1, lambda: other.release(lease))
+    releaser.start()
     store.wait_for_release("k", 2)  # opens the subscription connection too
+    releaser.join()
     store.peek("k")
     sockets = []
     for fd in os.listdir("/proc/self/fd"):
@@ -674,13 +676,15 @@ def test_unix_socket_urls_work(tmp_path):
             assert lease.fencing_token == 1
             assert store.peek("k").holder == HOLDER
             assert [i.key for i in store.list()] == ["k"]
-            threading.Timer(0.1, lambda: store.release(lease)).start()
+            releaser = threading.Timer(0.1, lambda: store.release(lease))
+            releaser.start()
             other = open_store(f"unix://{sock}?db=0&prefix=unix-test:")
             try:
                 started = time.monotonic()
                 other.wait_for_release("k", 5)
                 assert time.monotonic() - started < 2
             finally:
+                releaser.join()
                 other.close()
         finally:
             store.close()
