@@ -264,3 +264,30 @@ def test_sqlite_expiry_ignores_the_wall_clock(tmp_path):
     short = skewed_behind.acquire("short", 0.2, HOLDER, "owner-c")
     time.sleep(0.3)
     assert honest.acquire("short", 30, HOLDER, "owner-d").fencing_token > short.fencing_token
+
+
+@pytest.mark.parametrize(
+    ("prefix", "upper"),
+    [
+        ("app:", "app;"),
+        ("a", "b"),
+        ("", None),
+        ("z\U0010ffff", "{"),
+        ("\U0010ffff", None),
+        ("x\ud7ff", "x\ue000"),
+    ],
+)
+def test_prefix_upper_bound(prefix, upper):
+    from tasklock_cli.stores.base import prefix_upper_bound
+
+    assert prefix_upper_bound(prefix) == upper
+
+
+@given(st.text(min_size=1, max_size=5), st.text(max_size=5))
+def test_every_key_with_the_prefix_sorts_below_the_bound(prefix, rest):
+    from tasklock_cli.stores.base import prefix_upper_bound
+
+    upper = prefix_upper_bound(prefix)
+    key = prefix + rest
+    assert upper is None or key < upper
+    assert key >= prefix

@@ -80,6 +80,19 @@ class StoreCheck:
     warning: bool = False
 
 
+def prefix_upper_bound(prefix: str) -> str | None:
+    """The least string above every key that starts with ``prefix`` (code point order, which
+    is byte order in UTF-8), so a prefix scan can stop early; None where there is none."""
+    chars = list(prefix)
+    while chars:
+        last = ord(chars.pop()) + 1
+        if 0xD800 <= last <= 0xDFFF:  # surrogates are not characters: skip to the next one
+            last = 0xE000
+        if last <= 0x10FFFF:
+            return "".join(chars) + chr(last)
+    return None
+
+
 def utc_from_timestamp(seconds: float) -> datetime:
     return datetime.fromtimestamp(seconds, tz=timezone.utc)
 

@@ -51,7 +51,14 @@ from psycopg.types.json import Jsonb
 
 from tasklock_cli.errors import ConfigError, LeaseLost, StoreUnavailable, TasklockError
 from tasklock_cli.stores import redact_url
-from tasklock_cli.stores.base import Holder, Lease, LeaseInfo, Store, StoreCheck
+from tasklock_cli.stores.base import (
+    Holder,
+    Lease,
+    LeaseInfo,
+    Store,
+    StoreCheck,
+    prefix_upper_bound,
+)
 
 DEFAULT_TABLE = "tasklock_leases"
 DEFAULT_IO_TIMEOUT_S = 5.0
@@ -170,9 +177,10 @@ _PEEK = (
 # Literal prefix match (no LIKE wildcards); the range bound lets the primary key help.
 _LIST = (
     _SELECT + " WHERE owner_token IS NOT NULL {live}"
-    ' AND key >= %(prefix)s COLLATE "C" AND left(key, char_length(%(prefix)s)) = %(prefix)s'
-    ' ORDER BY key COLLATE "C"'
+    ' AND key >= %(prefix)s COLLATE "C" {upper}'
+    ' AND left(key, char_length(%(prefix)s)) = %(prefix)s ORDER BY key COLLATE "C"'
 )
+_UPPER = ' AND key < %(upper)s COLLATE "C"'
 _SWEEP_COUNT = (
     "SELECT count(*) FROM {table} WHERE owner_token IS NOT NULL AND expires_at <= clock_timestamp()"
 )
@@ -372,12 +380,14 @@ class PostgresStore(Store):
             text = text.replace(secret, "***")
         return " ".join(text.split())  # one line: libpq's messages span several
 
-    def _sql(self, template: str, live: str = "") -> sql.Composed:
+    def _sql(self, template: str, live: str = "", upper: str = "") -> sql.Composed:
         """A statement with the table name quoted in; built once per template."""
-        statement = self._statements.get((template, live))
+        statement = self._statements.get((template, live, upper))
         if statement is None:
-            statement = sql.SQL(template).format(table=self._table, live=sql.SQL(live))
-            self._statements[(template, live)] = statement
+            statement = sql.SQL(template).format(
+                table=self._table, live=sql.SQL(live), upper=sql.SQL(upper)
+            )
+            self._statements[(template, live, upper)] = statement
         return statement
 
     # -- connection ---------------------------------------------------------------
@@ -688,8 +698,10 @@ class PostgresStore(Store):
 
     def list(self, prefix: str = "", include_expired: bool = False) -> Iterator[LeaseInfo]:
         live = "" if include_expired else "AND expires_at > clock_timestamp()"
-        statement = self._sql(_LIST, live)
-        rows = self._run(lambda conn: conn.execute(statement, {"prefix": prefix}).fetchall())
+        upper = prefix_upper_bound(prefix)
+        statement = self._sql(_LIST, live, _UPPER if upper is not None else "")
+        params = {"prefix": prefix, "upper": upper}
+        rows = self._run(lambda conn: conn.execute(statement, params).fetchall())
         for row in rows:
             yield self._info(row)
 

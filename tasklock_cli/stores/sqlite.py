@@ -18,7 +18,15 @@ from urllib.parse import unquote, urlsplit
 
 from tasklock_cli.errors import ConfigError, LeaseLost, StoreUnavailable
 from tasklock_cli.stores import sqlite_url
-from tasklock_cli.stores.base import Holder, Lease, LeaseInfo, Store, StoreCheck, utc_from_timestamp
+from tasklock_cli.stores.base import (
+    Holder,
+    Lease,
+    LeaseInfo,
+    Store,
+    StoreCheck,
+    prefix_upper_bound,
+    utc_from_timestamp,
+)
 
 TABLE = "tasklock_leases"
 SCHEMA_VERSION = 1
@@ -241,11 +249,13 @@ class SQLiteStore(Store):
 
     def list(self, prefix: str = "", include_expired: bool = False) -> Iterator[LeaseInfo]:
         condition = "owner_token IS NOT NULL" if include_expired else _LIVE
+        upper = prefix_upper_bound(prefix)
+        bounded = " AND key < :upper" if upper is not None else ""
         sql = (
-            f"{_SELECT} WHERE {condition} AND key >= :prefix"
+            f"{_SELECT} WHERE {condition} AND key >= :prefix{bounded}"
             " AND substr(key, 1, :n) = :prefix ORDER BY key"
         )
-        params = {**self._times(), "prefix": prefix, "n": len(prefix)}
+        params = {**self._times(), "prefix": prefix, "n": len(prefix), "upper": upper}
         for row in self._read(sql, params):
             yield self._info(row)
 
