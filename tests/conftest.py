@@ -73,3 +73,14 @@ def cli_env(tmp_path) -> dict[str, str]:
     env["XDG_CONFIG_HOME"] = str(tmp_path / "config")
     env["NO_COLOR"] = "1"
     return env
+
+
+def pytest_terminal_summary(terminalreporter):
+    from tests.support import report
+
+    lines = report.table()
+    if lines:
+        terminalreporter.section("fault and stress figures (passed tests only)")
+        for line in lines:
+            terminalreporter.write_line(line)
+        report.write_if_asked(lines)

@@ -126,6 +126,7 @@ def test_unusual_keys_work_through_the_cli(env, sqlite_url, key):
         (["run", "a\x01b", "--", "true"], "control character"),
         (["run", "line\nbreak", "--", "true"], "control character"),
         (["run", "x" * 513, "--", "true"], "limit is 512"),
+        (["run", "k" * 10_000, "--", "true"], "limit is 512"),
         (["run", "k", "--ttl", "30x", "--", "true"], "invalid --ttl"),
         (["run", "k", "--ttl", "-5s", "--", "true"], ""),
         (["run", "k", "--ttl", "inf", "--", "true"], "--ttl"),

@@ -253,3 +253,35 @@ def test_lazy_imports_sqlite_path_imports_no_network_driver(env):
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30
     )
     assert result.stdout.strip().splitlines()[-1] == "[]", result.stderr
+
+
+def test_orphaned_grandchildren_are_reaped_no_zombies(env, tmp_path):
+    """Orphans of the command are re-parented to the wrapper (subreaper) and reaped by it."""
+    ready = tmp_path / "ready"
+    wrapper = start(
+        "run",
+        "k",
+        "--",
+        "sh",
+        "-c",
+        f"for i in 1 2 3 4 5; do (sleep 0.05 &); done; touch {ready}; sleep 1.5",
+        env=env,
+    )
+    wait_until(ready.exists)
+    time.sleep(0.6)  # the orphans have exited by now
+    zombies, adopted = [], []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == wrapper.pid:
+            adopted.append(entry)
+            if fields[0] == "Z":
+                zombies.append(entry)
+    assert wrapper.wait(timeout=10) == 0
+    assert zombies == []
+    assert adopted  # the command itself at least: the scan saw the wrapper's children

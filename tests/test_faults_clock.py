@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from tests.support import services
+from tests.support import report, services
 from tests.support.cli import executable, json_events, peek, wait_for_holder
 
 
@@ -82,4 +82,10 @@ def test_skewed_clients_neither_steal_nor_extend(network_url, cli_env):
     assert (event_time - datetime.now(timezone.utc)).total_seconds() > 4.5 * 3600  # skewed
     assert acquired["fencing_token"] > info.fencing_token
     assert peek(network_url, "k") is None
+    report.record(
+        "client wall clock -3h/+3h/+5h",
+        report.store_of(network_url),
+        steals=0,
+        reacquired_after_s=time.monotonic() - killed_at,
+    )
     os.system("pkill -f 'sleep 30' >/dev/null 2>&1")

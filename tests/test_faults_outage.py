@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tests.support import services
+from tests.support import report, services
 from tests.support.cli import json_events, peek, start, wait_until
 
 TTL = 4.0
@@ -59,6 +59,9 @@ def test_short_outage_lease_survives(kind, cli_env, tmp_path):
         assert not [e for e in events if e["event"] == "lost"]
         renewed = [e for e in events if e["event"] == "renewed"]
         assert renewed and all(e["fencing_token"] == before.fencing_token for e in renewed)
+        report.record(
+            f"store down 1.2s < ttl {TTL:g}s", kind, renewals=len(renewed), lost=0, exit_code=0
+        )
 
 
 @pytest.mark.slow
@@ -105,3 +108,9 @@ def test_long_outage_terminates_before_the_lease_runs_out(kind, cli_env, tmp_pat
         assert last_sign_of_life < max(confirmed) + TTL
         assert max(confirmed) < down_at
         assert exited_at < down_at + TTL + 2
+        report.record(
+            f"store down > ttl {TTL:g}s",
+            kind,
+            exit_code=70,
+            child_dead_before_expiry_by_s=max(confirmed) + TTL - last_sign_of_life,
+        )

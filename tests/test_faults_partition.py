@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 import time
 from urllib.parse import urlsplit
 
 import pytest
 
+from tests.support import report
 from tests.support.cli import json_events, peek, start, tasklock, wait_until
 from tests.support.proxy import TcpProxy
 
@@ -86,10 +88,19 @@ def test_partitioned_holder_is_dead_before_the_next_holder_starts(
         tree = group_members(child_pgid)
         assert len(tree) >= 3  # sh and its two sleeps
 
+        tree_dead_at: list[float] = []
+
+        def watch_tree() -> None:
+            while any(alive(pid) for pid in tree):
+                time.sleep(0.002)
+            tree_dead_at.append(time.time())
+
+        watcher = threading.Thread(target=watch_tree, daemon=True)
         proxy.blackhole()
         partitioned_at = time.monotonic()
+        watcher.start()
         checker = (
-            "for p in $OLD_TREE; do "
+            "date +%s.%N; for p in $OLD_TREE; do "
             "s=$(cut -d')' -f2 /proc/$p/stat 2>/dev/null | awk '{print $1}'); "
             '[ -n "$s" ] && [ "$s" != Z ] && echo "overlap $p"; done; true'
         )
@@ -109,6 +120,10 @@ def test_partitioned_holder_is_dead_before_the_next_holder_starts(
         acquired_after = time.monotonic() - partitioned_at
         assert new.returncode == 0, new.stderr
         assert "overlap" not in new.stdout, new.stdout
+        watcher.join(timeout=5)
+        new_child_started = float(new.stdout.split()[0])
+        gap = new_child_started - tree_dead_at[0]
+        assert gap > 0
         assert not any(alive(pid) for pid in tree)
         new_token = next(e for e in json_events(new.stderr) if e["event"] == "acquired")[
             "fencing_token"
@@ -131,6 +146,14 @@ def test_partitioned_holder_is_dead_before_the_next_holder_starts(
         assert still.holder.pid == holder.pid
         holder.terminate()
         holder.wait()
+        report.record(
+            "partition (blackhole), ttl 3s",
+            report.store_of(url),
+            old_tree_dead_before_new_child_by_s=gap,
+            new_acquired_after_partition_s=acquired_after,
+            old_exit=70,
+            renewed_over_new_holder=False,
+        )
 
 
 def group_members_of_children(pid: int) -> list[int]:

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from tests.support import report
 from tests.support.cli import json_events, peek, start, tasklock, wait_for_holder, wait_until
 
 GUARDED_WRITER = """
@@ -48,6 +49,12 @@ def test_killed_wrapper_lease_is_free_only_after_the_ttl(env, store_url):
     token = next(e for e in json_events(late.stderr) if e["event"] == "acquired")["fencing_token"]
     assert token > info.fencing_token
     assert 2 - 0.7 <= got_it_after <= 2 + 1.5  # TTL, plus at most one retry interval
+    report.record(
+        "wrapper SIGKILLed, ttl 2s",
+        report.store_of(store_url),
+        reacquired_after_s=got_it_after,
+        early_attempt="conflict",
+    )
     os.system("pkill -f 'sleep 30' >/dev/null 2>&1")
 
 
@@ -118,6 +125,14 @@ def test_paused_holder_is_fenced_and_killed_on_resume(env, store_url, tmp_path):
     late_writes = log.read_text().splitlines()[lines_before_resume:]
     assert all(line.split()[1] == "0" for line in late_writes), late_writes  # all rejected
     assert db.execute("SELECT token FROM guarded").fetchone() == (new_token,)
+    report.record(
+        "SIGSTOP wrapper+child 2.5s > ttl 1.5s",
+        report.store_of(store_url),
+        old_token=old.fencing_token,
+        new_token=new_token,
+        stale_writes_after_resume=len(late_writes),
+        stale_writes_accepted=0,
+    )
 
 
 def _groups_in_session(sid: int) -> list[int]:

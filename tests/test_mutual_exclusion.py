@@ -6,6 +6,7 @@ import subprocess
 
 import pytest
 
+from tests.support import report
 from tests.support.cli import executable
 
 WORKERS = 16
@@ -41,3 +42,10 @@ def test_no_overlap_and_strictly_increasing_tokens(store_url, cli_env, tmp_path)
     tokens = [int(line) for line in (tmp_path / "log").read_text().split()]
     assert len(tokens) == WORKERS * ITERATIONS
     assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens)
+    report.record(
+        f"mutual exclusion {WORKERS}x{ITERATIONS} --wait inf",
+        report.store_of(store_url),
+        acquisitions=len(tokens),
+        overlaps=0,
+        tokens_strictly_increasing=True,
+    )
