@@ -242,7 +242,7 @@ class Supervisor:
 
     def _enforce(self, child: Child, now: float) -> None:
         state = self.state
-        if state.loss is not None and not state.kill_sent and now >= state.loss.kill_at:
+        if state.loss is not None and not state.kill_sent and now >= self._kill_time():
             child.signal_group(signal.SIGKILL)
             child.signal_group(signal.SIGCONT)
             state.kill_sent = True
@@ -255,6 +255,12 @@ class Supervisor:
             child.signal_group(signal.SIGKILL)
             state.kill_sent = True
 
+    def _kill_time(self) -> float:
+        """When the SIGKILL goes out after a loss: as the loss planned it, but never past the
+        local deadline, whatever else fails meanwhile (say max-lifetime, then the store)."""
+        assert self.state.loss is not None
+        return min(self.state.loss.kill_at, self.keeper.deadline - self.options.safety_margin)
+
     def _sleep_until_next_event(self, child: Child, now: float, started: float) -> None:
         options, state = self.options, self.state
         wake_times = [
@@ -263,7 +269,7 @@ class Supervisor:
             started + options.max_lifetime,
         ]
         if state.loss is not None and not state.kill_sent:
-            wake_times.append(state.loss.kill_at)
+            wake_times.append(self._kill_time())
         if state.term_forwarded_at is not None and not state.kill_sent:
             wake_times.append(state.term_forwarded_at + options.grace)
         timeout = min(t for t in wake_times) - now
@@ -282,7 +288,7 @@ class Supervisor:
                 return
             self.state.loss = Loss(detected_by, detail, kill_at)
         child = self.child
-        if child is not None and not child.exited:
+        if child is not None and child.group_alive():  # the command, or what it left running
             if kill_at <= self.clock():
                 child.signal_group(signal.SIGKILL)
                 child.signal_group(signal.SIGCONT)

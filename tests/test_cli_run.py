@@ -285,3 +285,19 @@ def test_orphaned_grandchildren_are_reaped_no_zombies(env, tmp_path):
     assert wrapper.wait(timeout=10) == 0
     assert zombies == []
     assert adopted  # the command itself at least: the scan saw the wrapper's children
+
+
+def test_loss_terminates_what_the_command_left_running(env, sqlite_url, tmp_path):
+    """The command exited at once but its background job still runs under the lock: on loss
+    the job gets SIGTERM too, not only the SIGKILL after --grace."""
+    log, ready = tmp_path / "log", tmp_path / "ready"
+    job = f"(trap 'echo term >> {log}; exit 0' TERM; touch {ready}; while :; do sleep 0.05; done) &"
+    wrapper = start(
+        "--log-format", "json", "run", "k", "--grace", "5s", "--", "sh", "-c", job, env=env
+    )
+    wait_until(ready.exists)
+    assert tasklock("release", "k", "--force", env=env).returncode == 0
+    _, stderr = wrapper.communicate(timeout=15)
+    assert wrapper.returncode == 70
+    assert [e["detected_by"] for e in json_events(stderr) if e["event"] == "lost"] == ["rejected"]
+    assert log.read_text() == "term\n"

@@ -114,3 +114,41 @@ def test_long_outage_terminates_before_the_lease_runs_out(kind, cli_env, tmp_pat
             exit_code=70,
             child_dead_before_expiry_by_s=max(confirmed) + TTL - last_sign_of_life,
         )
+
+
+@pytest.mark.slow
+def test_a_pending_kill_never_waits_past_the_deadline(cli_env, tmp_path):
+    """max-lifetime starts a long --grace, then the store goes down: the SIGKILL is brought
+    forward to the local deadline instead of waiting out the grace."""
+    ready, log = tmp_path / "ready", tmp_path / "log"
+    with private_store("redis") as (url, take_down, bring_up):
+        wrapper = start(
+            "--log-format",
+            "json",
+            "run",
+            "k",
+            "--ttl",
+            "3s",
+            "--max-lifetime",
+            "1s",
+            "--grace",
+            "60s",
+            "--",
+            "sh",
+            "-c",
+            f"trap '' TERM; touch {ready}; while :; do date +%s.%N >> {log}; sleep 0.02; done",
+            env={**cli_env, "TASKLOCK_STORE": url},
+        )
+        wait_until(ready.exists)
+        time.sleep(1.2)  # past --max-lifetime: SIGTERM sent (ignored), SIGKILL planned at +60s
+        take_down()
+        down_at = time.time()
+        try:
+            _, stderr = wrapper.communicate(timeout=20)
+        finally:
+            bring_up()
+        assert wrapper.returncode == 70
+        lost = [e["detected_by"] for e in json_events(stderr) if e["event"] == "lost"]
+        assert lost == ["max-lifetime"]
+        last_sign_of_life = float(log.read_text().split()[-1])
+        assert last_sign_of_life < down_at + 3  # dead before the lease could run out
