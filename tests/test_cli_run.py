@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from tests.support import procs
 from tests.support.cli import (
     json_events,
     one_error_line,
@@ -269,19 +270,8 @@ def test_orphaned_grandchildren_are_reaped_no_zombies(env, tmp_path):
     )
     wait_until(ready.exists)
     time.sleep(0.6)  # the orphans have exited by now
-    zombies, adopted = [], []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == wrapper.pid:
-            adopted.append(entry)
-            if fields[0] == "Z":
-                zombies.append(entry)
+    adopted = procs.children(wrapper.pid)
+    zombies = [proc.pid for proc in adopted if proc.state == "Z"]
     assert wrapper.wait(timeout=10) == 0
     assert zombies == []
     assert adopted  # the command itself at least: the scan saw the wrapper's children

@@ -6,7 +6,6 @@ the lock; once healed, the old wrapper exits 70 and never renews over the new ho
 
 from __future__ import annotations
 
-import os
 import re
 import threading
 import time
@@ -14,7 +13,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.support import report
+from tests.support import procs, report
 from tests.support.cli import json_events, peek, start, tasklock, wait_until
 from tests.support.proxy import TcpProxy
 
@@ -24,27 +23,6 @@ NETWORK_STORES = ["postgres", "redis"]
 def through(proxy: TcpProxy, url: str) -> str:
     parts = urlsplit(url)
     return url.replace(parts.netloc.split("@")[-1], f"127.0.0.1:{proxy.port}", 1)
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            state = stat.read().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state != "Z"
-
-
-def group_members(pgid: int) -> list[int]:
-    members = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if os.getpgid(int(entry)) == pgid:
-                    members.append(int(entry))
-            except OSError:
-                continue
-    return members
 
 
 @pytest.fixture(params=NETWORK_STORES)
@@ -84,14 +62,14 @@ def test_partitioned_holder_is_dead_before_the_next_holder_starts(
         )
         wait_until(ready.exists)
         old_info = peek(url, "k")
-        child_pgid = next(p for p in group_members_of_children(old.pid))
-        tree = group_members(child_pgid)
+        child_pgid = procs.children(old.pid)[0].pgid
+        tree = procs.group_members(child_pgid)
         assert len(tree) >= 3  # sh and its two sleeps
 
         tree_dead_at: list[float] = []
 
         def watch_tree() -> None:
-            while any(alive(pid) for pid in tree):
+            while any(procs.alive(pid) for pid in tree):
                 time.sleep(0.002)
             tree_dead_at.append(time.time())
 
@@ -124,7 +102,7 @@ def test_partitioned_holder_is_dead_before_the_next_holder_starts(
         new_child_started = float(new.stdout.split()[0])
         gap = new_child_started - tree_dead_at[0]
         assert gap > 0
-        assert not any(alive(pid) for pid in tree)
+        assert not any(procs.alive(pid) for pid in tree)
         new_token = next(e for e in json_events(new.stderr) if e["event"] == "acquired")[
             "fencing_token"
         ]
@@ -154,22 +132,6 @@ def test_partitioned_holder_is_dead_before_the_next_holder_starts(
             old_exit=70,
             renewed_over_new_holder=False,
         )
-
-
-def group_members_of_children(pid: int) -> list[int]:
-    """Process groups of the direct children of ``pid`` (the wrapper's child leads one)."""
-    groups = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            groups.append(int(fields[2]))
-    return groups
 
 
 def test_proxy_helper_itself_forwards_and_blackholes(tmp_path):

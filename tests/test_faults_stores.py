@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.support import report
+from tests.support import procs, report
 from tests.support.cli import json_events, peek, start, tasklock, wait_for_holder, wait_until
 
 GUARDED_WRITER = """
@@ -84,7 +84,7 @@ def test_paused_holder_is_fenced_and_killed_on_resume(env, store_url, tmp_path):
     )
     wait_until(ready.exists)
     old = peek(store_url, "k")
-    child_pgids = _groups_in_session(wrapper.pid)
+    child_pgids = procs.other_groups_in_session(wrapper.pid)
     idle = tmp_path / "ready.idle"
     while True:  # pause it between two guarded writes, never in the middle of one
         wait_until(idle.exists)
@@ -133,15 +133,3 @@ def test_paused_holder_is_fenced_and_killed_on_resume(env, store_url, tmp_path):
         stale_writes_after_resume=len(late_writes),
         stale_writes_accepted=0,
     )
-
-
-def _groups_in_session(sid: int) -> list[int]:
-    groups = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != sid:
-            try:
-                if os.getsid(int(entry)) == sid:
-                    groups.add(os.getpgid(int(entry)))
-            except OSError:
-                continue
-    return sorted(groups - {sid})
