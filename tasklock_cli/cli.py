@@ -191,15 +191,13 @@ def run(
     raise typer.Exit(code)
 
 
-_RUN_DEFAULTS: dict[str, object] = {
-    "ttl": 30.0,
-    "renew-every": None,
-    "wait": 0.0,
-    "grace": 5.0,
-    "max-lifetime": 86400.0,
-    "hold-at-least": 0.0,
-    "conflict-exit-code": 75,
-}
+def _built_in_default(setting: str) -> object:
+    """The default of a run setting, as RunOptions declares it (one place for each value)."""
+    from dataclasses import fields
+
+    from tasklock_cli.supervisor import RunOptions
+
+    return next(f.default for f in fields(RunOptions) if f.name == setting.replace("-", "_"))
 
 
 def _run_settings(g: Globals, key: str, flags: dict[str, object]) -> dict[str, object]:
@@ -216,7 +214,7 @@ def _run_settings(g: Globals, key: str, flags: dict[str, object]) -> dict[str, o
             )
         else:
             from_file = g.config.run_setting(key, name)
-            values[name] = from_file if from_file is not None else _RUN_DEFAULTS[name]
+            values[name] = from_file if from_file is not None else _built_in_default(name)
     ttl, renew = values["ttl"], values["renew-every"]
     if not (0 < ttl < math.inf):
         raise UsageError("--ttl must be a positive, finite duration")

@@ -90,16 +90,11 @@ UPDATE {TABLE} SET expires_boot = :now + :ttl, expires_at = :wall + :ttl
 WHERE key = :key AND owner_token = :owner AND {_LIVE}
 RETURNING expires_at
 """
-_RELEASE = f"""
-UPDATE {TABLE} SET owner_token = NULL, boot_id = NULL, expires_boot = NULL,
-                   expires_at = NULL, holder = NULL
-WHERE key = :key AND owner_token = :owner
-"""
-_FORCE_RELEASE = f"""
-UPDATE {TABLE} SET owner_token = NULL, boot_id = NULL, expires_boot = NULL,
-                   expires_at = NULL, holder = NULL
-WHERE key = :key AND owner_token IS NOT NULL
-"""
+# Freeing a row clears the lease and keeps the key's fencing counter.
+_FREE = f"""UPDATE {TABLE} SET owner_token = NULL, boot_id = NULL, expires_boot = NULL,
+                   expires_at = NULL, holder = NULL"""
+_RELEASE = f"{_FREE} WHERE key = :key AND owner_token = :owner"
+_FORCE_RELEASE = f"{_FREE} WHERE key = :key AND owner_token IS NOT NULL"
 _RELEASE_LATER = f"""
 UPDATE {TABLE} SET expires_boot = :now + :keep, expires_at = :wall + :keep
 WHERE key = :key AND owner_token = :owner AND {_LIVE}
@@ -264,9 +259,9 @@ class SQLiteStore(Store):
             sql = f"SELECT count(*) FROM {TABLE} WHERE {_EXPIRED}"
             return int(self._read(sql, self._times())[0][0])
         removed = 0
-        clear = f"""UPDATE {TABLE} SET owner_token = NULL, boot_id = NULL, expires_boot = NULL,
-                    expires_at = NULL, holder = NULL
-                    WHERE key IN (SELECT key FROM {TABLE} WHERE {_EXPIRED} LIMIT {SWEEP_BATCH})"""
+        clear = (
+            f"{_FREE} WHERE key IN (SELECT key FROM {TABLE} WHERE {_EXPIRED} LIMIT {SWEEP_BATCH})"
+        )
         while True:  # small batches, so acquirers never wait long on the write lock
             with self._write() as conn:
                 count = conn.execute(clear, self._times()).rowcount
