@@ -82,7 +82,7 @@ class TcpProxy:
                 if not data:
                     break
                 sink.sendall(data)
-        except OSError:
+        except (OSError, ValueError):  # ValueError: the other pump already closed the socket
             pass
         finally:
             for sock in (source, sink):
