@@ -29,7 +29,7 @@ from tasklock_cli.stores.base import (
 )
 
 TABLE = "tasklock_leases"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 BUSY_TIMEOUT_S = 5.0
 SWEEP_BATCH = 1000
 NETWORK_FILESYSTEMS = {
@@ -55,7 +55,14 @@ CREATE TABLE IF NOT EXISTS {TABLE} (
     expires_at    REAL,
     holder        TEXT
 ) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS {TABLE}_held ON {TABLE} (expires_boot) WHERE owner_token IS NOT NULL;
+CREATE INDEX IF NOT EXISTS {TABLE}_expiry ON {TABLE} (boot_id, expires_boot)
+    WHERE owner_token IS NOT NULL;
+"""
+# Version 1 indexed expires_boot alone, which a sweep could only scan from end to end.
+_MIGRATE_FROM_1 = f"""
+CREATE INDEX IF NOT EXISTS {TABLE}_expiry ON {TABLE} (boot_id, expires_boot)
+    WHERE owner_token IS NOT NULL;
+DROP INDEX IF EXISTS {TABLE}_held;
 """
 _COLUMNS = {
     "key",
@@ -70,7 +77,14 @@ _COLUMNS = {
 
 # A lease is live when it has an owner, was granted in this boot, and has not run out.
 _LIVE = "owner_token IS NOT NULL AND boot_id = :boot AND expires_boot > :now"
-_EXPIRED = "owner_token IS NOT NULL AND NOT (boot_id = :boot AND expires_boot > :now)"
+# Expired = granted in another boot, or run out in this one. Spelled as three index ranges
+# (each term repeats the partial index's condition, so SQLite searches instead of scanning
+# every held lease): a sweep with nothing to do stays cheap however many leases are held.
+_EXPIRED = (
+    "((owner_token IS NOT NULL AND boot_id < :boot)"
+    " OR (owner_token IS NOT NULL AND boot_id > :boot)"
+    " OR (owner_token IS NOT NULL AND boot_id = :boot AND expires_boot <= :now))"
+)
 
 _ACQUIRE = f"""
 INSERT INTO {TABLE} (key, fencing_token, owner_token, boot_id, expires_boot,
@@ -161,10 +175,16 @@ class SQLiteStore(Store):
             conn.executescript(
                 f"BEGIN IMMEDIATE;{SCHEMA}PRAGMA user_version={SCHEMA_VERSION};COMMIT;"
             )
-        elif columns != _COLUMNS:
+            return
+        if columns != _COLUMNS:
             raise ConfigError(
                 f"{self.path}: table {TABLE} exists but is not a tasklock table "
                 f"(columns: {', '.join(sorted(columns))})"
+            )
+        (version,) = conn.execute("PRAGMA user_version").fetchone()
+        if version < SCHEMA_VERSION:
+            conn.executescript(
+                f"BEGIN IMMEDIATE;{_MIGRATE_FROM_1}PRAGMA user_version={SCHEMA_VERSION};COMMIT;"
             )
 
     def _translate(self, exc: sqlite3.Error) -> Exception:

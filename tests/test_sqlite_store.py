@@ -1,0 +1,78 @@
+"""SQLite-only behaviour: the sweep's index use, leases from another boot, schema upgrade."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+
+from tasklock_cli.stores.base import Holder
+from tasklock_cli.stores.sqlite import _EXPIRED, SCHEMA_VERSION, TABLE, SQLiteStore
+
+HOLDER = Holder(host="h", pid=1, user="u", command=["true"])
+
+VERSION_1_SCHEMA = f"""
+CREATE TABLE {TABLE} (
+    key           TEXT PRIMARY KEY,
+    fencing_token INTEGER NOT NULL,
+    owner_token   TEXT,
+    boot_id       TEXT,
+    expires_boot  REAL,
+    acquired_at   REAL,
+    expires_at    REAL,
+    holder        TEXT
+) WITHOUT ROWID;
+CREATE INDEX {TABLE}_held ON {TABLE} (expires_boot) WHERE owner_token IS NOT NULL;
+PRAGMA user_version = 1;
+"""
+
+
+def query_plan(path, sql: str) -> list[str]:
+    with sqlite3.connect(path) as conn:
+        params = {"boot": "b", "now": 0.0}
+        return [row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {sql}", params)]
+
+
+def test_sweep_searches_the_index_instead_of_scanning_held_leases(tmp_path):
+    path = tmp_path / "locks.db"
+    SQLiteStore(path).init_schema()
+    plan = query_plan(path, f"SELECT key FROM {TABLE} WHERE {_EXPIRED} LIMIT 10")
+    assert plan, "no query plan"
+    assert not [step for step in plan if step.startswith("SCAN")], plan
+    assert sum(f"USING INDEX {TABLE}_expiry" in step for step in plan) == 3, plan
+
+
+def test_sweep_frees_leases_of_another_boot_and_run_out_ones_only(tmp_path):
+    path = tmp_path / "locks.db"
+    before_reboot = SQLiteStore(path)
+    before_reboot._boot = "a-boot-before-this-one"
+    assert before_reboot.acquire("old-boot", 3600, HOLDER, "owner-old")
+    store = SQLiteStore(path)
+    short = store.acquire("ran-out", 0.05, HOLDER, "owner-short")
+    live = store.acquire("live", 3600, HOLDER, "owner-live")
+    assert short and live
+    time.sleep(0.1)
+
+    assert store.sweep(dry_run=True) == 2
+    assert store.sweep() == 2
+    assert [info.key for info in store.list()] == ["live"]
+    assert store.sweep() == 0
+    taken = store.acquire("old-boot", 30, HOLDER, "owner-new")
+    assert taken is not None and taken.fencing_token == 2
+
+
+def test_a_version_1_file_is_upgraded_in_place_keeping_its_leases(tmp_path):
+    path = tmp_path / "locks.db"
+    with sqlite3.connect(path) as conn:
+        conn.executescript(VERSION_1_SCHEMA)
+    first = SQLiteStore(path).acquire("k", 3600, HOLDER, "owner-a")
+    assert first is not None
+
+    with sqlite3.connect(path) as conn:
+        indexes = {
+            row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type='index'")
+        }
+        (version,) = conn.execute("PRAGMA user_version").fetchone()
+    assert version == SCHEMA_VERSION
+    assert f"{TABLE}_expiry" in indexes and f"{TABLE}_held" not in indexes
+    info = SQLiteStore(path).peek("k")
+    assert info is not None and info.fencing_token == first.fencing_token
