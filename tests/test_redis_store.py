@@ -221,7 +221,7 @@ def test_glob_and_hash_tag_keys_do_not_collide(store, raw, prefix):
 
 
 def test_keys_that_look_like_our_suffixes_are_ordinary(store):
-    keys = ["x}:lease", "x}:fence", "x", "x}:released"]
+    keys = ["x}:lease", "x}:fence", "x", "x}:wake"]
     for key in keys:
         assert store.acquire(key, 30, HOLDER, token()).fencing_token == 1
     assert [i.key for i in store.list(prefix="x")] == sorted(keys)
@@ -328,7 +328,7 @@ def test_wait_for_release_wakes_at_the_lease_expiry(store, other):
 
 def test_wait_for_release_honours_its_timeout_and_can_repeat(store, other):
     lease = other.acquire("k", 30, OTHER, token())
-    for _ in range(3):  # each wait leaves the subscription connection clean for the next
+    for _ in range(3):  # each wait leaves the connection clean for the next
         started = time.monotonic()
         store.wait_for_release("k", 0.2)
         assert 0.15 < time.monotonic() - started < 1
@@ -339,6 +339,69 @@ def test_wait_for_release_honours_its_timeout_and_can_repeat(store, other):
     store.wait_for_release("k", 5)
     timer.join()
     assert time.monotonic() - started < 1.5
+
+
+def test_each_release_wakes_one_waiter_the_longest_waiting_first(url, opened, other):
+    lease = other.acquire("k", 30, OTHER, token())
+    woke: dict[int, float] = {}
+
+    def wait(n: int) -> None:
+        waiter = open_store(url)
+        opened.append(waiter)
+        waiter.wait_for_release("k", 2.5)
+        woke[n] = time.monotonic()
+
+    threads = []
+    for n in range(3):
+        threads.append(threading.Thread(target=wait, args=(n,)))
+        threads[-1].start()
+        time.sleep(0.15)  # waiter 0 waits longest
+    released = time.monotonic()
+    assert other.release(lease) is True
+    for thread in threads:
+        thread.join()
+    early = sorted(n for n, at in woke.items() if at - released < 1.0)
+    assert early == [0], {n: round(at - released, 3) for n, at in woke.items()}
+
+
+def test_a_release_between_the_look_and_the_block_is_not_missed(store, other, monkeypatch):
+    lease = other.acquire("k", 30, OTHER, token())
+    real_call, calls = store._call, []
+
+    def call_then_release(operation, key=None):
+        result = real_call(operation, key)
+        calls.append(key)
+        if len(calls) == 1:  # the lease was just seen held: release it before the BLPOP
+            assert other.release(lease) is True
+        return result
+
+    monkeypatch.setattr(store, "_call", call_then_release)
+    started = time.monotonic()
+    store.wait_for_release("k", 3)
+    assert time.monotonic() - started < 1
+    assert len(calls) == 2
+
+
+def test_a_wake_up_left_unclaimed_is_dropped_by_the_next_acquire(store, other, raw, prefix):
+    lease = other.acquire("k", 30, OTHER, token())
+    assert other.release(lease) is True
+    wake_key = prefix + b"{k}:wake"
+    assert raw.llen(wake_key) == 1 and 0 < raw.pttl(wake_key) <= 5_000
+    other.acquire("k", 30, OTHER, token())
+    assert raw.exists(wake_key) == 0
+    started = time.monotonic()
+    store.wait_for_release("k", 0.4)  # held again: nothing may wake us early
+    assert time.monotonic() - started >= 0.35
+
+
+def test_foreign_key_at_the_wake_list_is_a_clear_error(store, raw, prefix):
+    wake_key = prefix + b"{bad}:wake"
+    raw.set(wake_key, b"someone else's")
+    with pytest.raises(ConfigError) as caught:
+        store.acquire("bad", 30, HOLDER, token())
+    assert repr(wake_key.decode()) in str(caught.value) and "string" in str(caught.value)
+    assert raw.get(wake_key) == b"someone else's"
+    assert raw.exists(prefix + b"{bad}:lease", prefix + b"{bad}:fence") == 0
 
 
 def test_wait_for_release_on_a_dead_store_just_times_out(private):
@@ -579,7 +642,7 @@ def test_store_sockets_are_not_inherited_by_children(store, other):
     lease = other.acquire("k", 30, OTHER, token())
     releaser = threading.Timer(0.1, lambda: other.release(lease))
     releaser.start()
-    store.wait_for_release("k", 2)  # opens the subscription connection too
+    store.wait_for_release("k", 2)  # a blocking BLPOP on its own pooled connection
     releaser.join()
     store.peek("k")
     sockets = []

@@ -7,7 +7,9 @@ default ``tasklock:``)::
                          with a PX TTL: the lease exists exactly while it is live
     P{K}:fence     string  the per-key fencing counter (INCR); never given a TTL, never
                            deleted by release, expiry, sweep or force release
-    P{K}:released  pub/sub channel: release and force release publish on it
+    P{K}:wake      list  one element while the key is free after a release: a waiter's
+                         BLPOP takes it, so each release wakes exactly one waiter (the one
+                         waiting longest); acquire deletes it, and it expires by itself
 
 ``K`` is stored exactly (no hashing, no truncation). The ``{...}`` hash tag keeps a lease
 and its counter in one Redis Cluster slot (except for keys starting with ``}``, whose tag is
@@ -25,6 +27,7 @@ Connections: sockets are close-on-exec (Python's default), so a child never inhe
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import threading
@@ -53,6 +56,8 @@ HEALTH_CHECK_INTERVAL_S = 15
 SCAN_COUNT = 10_000
 FETCH_BATCH = 2_000
 CLOCK_WARN_S = 1.0
+#: How long a release's wake-up waits for a waiter that is between its PTTL and its BLPOP.
+WAKE_TOKEN_MS = 5_000
 
 _T = TypeVar("_T")
 _FORCED_OPTIONS = (
@@ -76,9 +81,22 @@ local lease_type = redis.call('TYPE', KEYS[1])['ok']
 if lease_type ~= 'none' and lease_type ~= 'hash' then
   return redis.error_reply('WRONGTYPE lease ' .. lease_type)
 end
-"""
+-- The wake list, where a script is given one: checked like the lease, before any write.
+local function check_wake(name)
+  local t = redis.call('TYPE', name)['ok']
+  if t ~= 'none' and t ~= 'list' then return redis.error_reply('WRONGTYPE wake ' .. t) end
+  return nil
+end
+-- Wake exactly one waiter: one element, whoever BLPOPs first (Redis serves the longest
+-- blocked client) takes it; nobody blocked: it waits a little for a waiter on its way.
+local function wake_one(name)
+  redis.call('DEL', name)
+  redis.call('RPUSH', name, '1')
+  redis.call('PEXPIRE', name, WAKE_TOKEN_MS)
+end
+""".replace("WAKE_TOKEN_MS", str(WAKE_TOKEN_MS))
 
-# KEYS[2] = fence; ARGV: owner, ttl_ms, holder_json.
+# KEYS[2] = fence, KEYS[3] = wake; ARGV: owner, ttl_ms, holder_json.
 # -> {fencing_token, acquired_at_ms, expires_at_ms} or nil (held by someone else)
 _ACQUIRE = (
     _PRELUDE
@@ -87,6 +105,8 @@ local fence_type = redis.call('TYPE', KEYS[2])['ok']
 if fence_type ~= 'none' and fence_type ~= 'string' then
   return redis.error_reply('WRONGTYPE fence ' .. fence_type)
 end
+local bad_wake = check_wake(KEYS[3])
+if bad_wake then return bad_wake end
 local now = now_ms()
 local ttl = tonumber(ARGV[2])
 if lease_type == 'hash' then
@@ -104,6 +124,7 @@ if fence_type == 'string' then
   end
 end
 local token = redis.call('INCR', KEYS[2])
+redis.call('DEL', KEYS[3])  -- held again: a wake-up left for a waiter would be a false one
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'fencing_token', ms(token), 'holder', ARGV[3],
            'acquired_at', ms(now), 'expires_at', ms(now + ttl))
 redis.call('PEXPIRE', KEYS[1], ttl)
@@ -126,11 +147,13 @@ return now + ttl
 """
 )
 
-# ARGV: owner, fencing_token, keep_ms (0 = delete now), channel
+# KEYS[2] = wake; ARGV: owner, fencing_token, keep_ms (0 = delete now)
 # -> 1 released (or kept for keep_ms), 0 no lease at all, -1 someone else's lease
 _RELEASE = (
     _PRELUDE
     + """
+local bad_wake = check_wake(KEYS[2])
+if bad_wake then return bad_wake end
 if lease_type == 'none' then return 0 end
 local cur = redis.call('HMGET', KEYS[1], 'owner', 'fencing_token')
 if cur[1] ~= ARGV[1] or cur[2] ~= ARGV[2] then return -1 end
@@ -141,19 +164,21 @@ if keep > 0 then
   return 1
 end
 redis.call('DEL', KEYS[1])
-redis.call('PUBLISH', ARGV[4], 'released')
+wake_one(KEYS[2])
 return 1
 """
 )
 
-# ARGV: channel -> the broken lease's hash as a flat list, or nil when free
+# KEYS[2] = wake -> the broken lease's hash as a flat list, or nil when free
 _FORCE_RELEASE = (
     _PRELUDE
     + """
+local bad_wake = check_wake(KEYS[2])
+if bad_wake then return bad_wake end
 if lease_type == 'none' then return false end
 local data = redis.call('HGETALL', KEYS[1])
 redis.call('DEL', KEYS[1])
-redis.call('PUBLISH', ARGV[1], 'forced')
+wake_one(KEYS[2])
 return data
 """
 )
@@ -187,6 +212,10 @@ def glob_escape(raw: bytes) -> bytes:
             out.append(0x5C)
         out.append(byte)
     return bytes(out)
+
+
+def _blpop(name: bytes, seconds: float, client: redis.Redis) -> Any:
+    return client.blpop([name], timeout=seconds)
 
 
 def _ttl_ms(seconds: float, what: str) -> int:
@@ -243,8 +272,6 @@ class RedisStore(Store):
             )
         }
         self._client_lock = threading.Lock()
-        self._sub_lock = threading.Lock()
-        self._sub_conn: Any = None  # lazily created pub/sub connection, see wait_for_release
         self._client = self._make_client()
 
     @classmethod
@@ -254,18 +281,17 @@ class RedisStore(Store):
 
     # -- connection ---------------------------------------------------------------
 
-    def _connection_kwargs(self, health_check: bool = True) -> dict[str, Any]:
+    def _connection_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {
             "socket_connect_timeout": self._io_timeout,
             "socket_timeout": self._io_timeout,
             # No silent retries inside redis-py (they would multiply the time a call can
             # take past the supervisor's deadline); ``_call`` retries once, knowingly.
             "retry": Retry(NoBackoff(), 0),
-            "health_check_interval": HEALTH_CHECK_INTERVAL_S if health_check else 0,
+            "health_check_interval": HEALTH_CHECK_INTERVAL_S,
             "client_name": "tasklock",
             "decode_responses": False,
-            # RESP2: pub/sub messages are plain replies (``wait_for_release`` reads them off
-            # its own connection) and servers/proxies without HELLO work too.
+            # RESP2, so servers and proxies without HELLO work too.
             "protocol": 2,
         }
         if self._tcp:
@@ -297,7 +323,6 @@ class RedisStore(Store):
             old, self._client = self._client, self._make_client()
         # Idle connections of the old pool close now; ones in use close when collected.
         old.connection_pool.disconnect(inuse_connections=False)
-        self._close_subscriber()
 
     def _scrub(self, exc: object) -> str:
         text = str(exc)
@@ -311,8 +336,8 @@ class RedisStore(Store):
     def _fence_key(self, key: str) -> bytes:
         return self._prefix_b + b"{" + key.encode("utf-8") + b"}:fence"
 
-    def _channel(self, key: str) -> bytes:
-        return self._prefix_b + b"{" + key.encode("utf-8") + b"}:released"
+    def _wake_key(self, key: str) -> bytes:
+        return self._prefix_b + b"{" + key.encode("utf-8") + b"}:wake"
 
     def _key_of(self, lease_key: bytes) -> str:
         return lease_key[len(self._prefix_b) + 1 : -len(b"}:lease")].decode("utf-8", "replace")
@@ -364,17 +389,21 @@ class RedisStore(Store):
     def _foreign_key_error(self, text: str, key: str | None) -> ConfigError:
         # Our scripts answer "WRONGTYPE lease|fence <type>"; plain commands "WRONGTYPE ...".
         words = text.split()
-        which = words[1] if len(words) > 1 and words[1] in ("lease", "fence") else "lease"
+        which = words[1] if len(words) > 1 and words[1] in ("lease", "fence", "wake") else "lease"
         found = " ".join(words[2:]) if len(words) > 2 and words[1] == which else None
         if key is not None:
-            name = self._fence_key(key) if which == "fence" else self._lease_key(key)
+            name = {"fence": self._fence_key, "wake": self._wake_key}.get(which, self._lease_key)(
+                key
+            )
             described = f"Redis key {name.decode('utf-8', 'replace')!r}"
             if found is None:
                 with contextlib.suppress(rexc.RedisError):
                     found = self._client.type(name).decode()
         else:
             described = "a Redis key"
-        expected = "an integer counter" if which == "fence" else "a tasklock lease hash"
+        expected = {"fence": "an integer counter", "wake": "a tasklock wake-up list"}.get(
+            which, "a tasklock lease hash"
+        )
         holds = f"holds a {found}" if found else "holds another type"
         return ConfigError(
             f"{self.display_url}: {described} {holds}, not {expected}: another application "
@@ -390,7 +419,7 @@ class RedisStore(Store):
         script = self._scripts["acquire"]
         result = self._call(
             lambda c: script(
-                keys=[self._lease_key(key), self._fence_key(key)],
+                keys=[self._lease_key(key), self._fence_key(key), self._wake_key(key)],
                 args=[owner_token, ttl_ms, holder_json],
                 client=c,
             ),
@@ -437,8 +466,8 @@ class RedisStore(Store):
             nonlocal attempts
             attempts += 1
             return script(
-                keys=[self._lease_key(lease.key)],
-                args=[lease.owner_token, lease.fencing_token, keep_ms, self._channel(lease.key)],
+                keys=[self._lease_key(lease.key), self._wake_key(lease.key)],
+                args=[lease.owner_token, lease.fencing_token, keep_ms],
                 client=client,
             )
 
@@ -508,7 +537,8 @@ class RedisStore(Store):
     def force_release(self, key: str) -> LeaseInfo | None:
         script = self._scripts["force_release"]
         name = self._lease_key(key)
-        flat = self._call(lambda c: script(keys=[name], args=[self._channel(key)], client=c), key)
+        wake = self._wake_key(key)
+        flat = self._call(lambda c: script(keys=[name, wake], client=c), key)
         if not flat:
             return None
         data = dict(zip(flat[0::2], flat[1::2], strict=True))
@@ -517,78 +547,35 @@ class RedisStore(Store):
     def wait_for_release(self, key: str, timeout: float) -> None:
         """Block until the lease on ``key`` is released or expires, at most ``timeout``.
 
-        Subscribe first, then look at the lease (so a release between the caller's failed
-        acquire and the subscription is not missed), then wait for the release message, at
-        most until the lease's own expiry. Never raises: on any trouble it sleeps the rest
-        of the timeout and the caller's next acquire reports the store's state.
+        Look at the lease first (free: return), then BLPOP the key's wake list, at most
+        until the lease's own expiry. A release between the two leaves its wake-up in the
+        list, so it is not missed; each release wakes one waiter, so N waiters do not all
+        rush at the store and the CPU when one of them can win. Never raises: on trouble it
+        sleeps the rest of the timeout and the caller's next acquire reports the store's
+        state.
         """
         if timeout <= 0:
             return
         deadline = time.monotonic() + timeout
-        if not self._sub_lock.acquire(timeout=timeout):
-            return  # another thread is waiting on this store's subscription connection
         try:
-            try:
-                self._wait_subscribed(key, deadline)
-            except (rexc.RedisError, TasklockError, OSError):
-                self._close_subscriber_locked()
-                remaining = deadline - time.monotonic()
-                if remaining > 0:
-                    time.sleep(remaining)
-        finally:
-            self._sub_lock.release()
-
-    def _wait_subscribed(self, key: str, deadline: float) -> None:
-        channel = self._channel(key)
-        conn = self._subscriber()
-        conn.send_command("SUBSCRIBE", channel)
-        try:
-            # Skip whatever an earlier wait left unread, up to our own confirmation.
-            while True:
-                message = self._next_message(conn, deadline)
-                if message is None:
-                    return
-                if message[:2] == [b"subscribe", channel]:
-                    break
-            name = self._lease_key(key)
+            name, wake = self._lease_key(key), self._wake_key(key)
             pttl = int(self._call(lambda c: c.pttl(name), key))
             if pttl == -2:
                 return  # already free
-            if pttl >= 0:  # wake at the lease's own expiry (no message is sent for it)
+            if pttl >= 0:  # wake at the lease's own expiry (nobody pushes a wake-up for it)
                 deadline = min(deadline, time.monotonic() + pttl / 1000 + 0.002)
             while True:
-                message = self._next_message(conn, deadline)
-                if message is None or message[:2] == [b"message", channel]:
+                # Slices well inside the socket timeout; BLPOP's timeout 0 means forever.
+                left = min(deadline - time.monotonic(), self._io_timeout / 2)
+                if left < 0.001:
                     return
-        finally:
-            if self._sub_conn is conn:
-                conn.send_command("UNSUBSCRIBE", channel)
-
-    @staticmethod
-    def _next_message(conn: Any, deadline: float) -> list[Any] | None:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0 or not conn.can_read(timeout=remaining):
-            return None
-        response = conn.read_response()
-        return response if isinstance(response, list) else [response]
-
-    def _subscriber(self) -> Any:
-        if self._sub_conn is None:
-            pool = self._client.connection_pool
-            kwargs = {**pool.connection_kwargs, **self._connection_kwargs(health_check=False)}
-            kwargs.pop("connection_class", None)
-            self._sub_conn = pool.connection_class(**kwargs)
-        return self._sub_conn
-
-    def _close_subscriber(self) -> None:
-        with self._sub_lock:
-            self._close_subscriber_locked()
-
-    def _close_subscriber_locked(self) -> None:
-        conn, self._sub_conn = self._sub_conn, None
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                conn.disconnect()
+                seconds = math.floor(left * 1000) / 1000
+                if self._call(functools.partial(_blpop, wake, seconds), key) is not None:
+                    return
+        except (rexc.RedisError, TasklockError, OSError):
+            remaining = deadline - time.monotonic()
+            if remaining > 0:
+                time.sleep(remaining)
 
     # -- schema and diagnostics --------------------------------------------------------
 
@@ -736,7 +723,6 @@ class RedisStore(Store):
         return StoreCheck("clock", True, detail)
 
     def close(self) -> None:
-        self._close_subscriber()
         with self._client_lock:
             client = self._client
         with contextlib.suppress(Exception):
