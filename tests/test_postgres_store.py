@@ -383,6 +383,44 @@ def test_a_release_of_another_key_does_not_wake_the_waiter(pg_url, stores):
     assert time.monotonic() - started >= 0.55
 
 
+def test_the_next_waiter_takes_its_turn_when_the_first_waiter_goes_away(pg_url, stores):
+    holder, first, second = (open_pg(pg_url, stores) for _ in range(3))
+    lease = holder.acquire("k", 30, HOLDER, token())
+    first.wait_for_release("k", 0.2)  # times out, still first in line for "k"
+    woke: list[float] = []
+    thread = threading.Thread(target=lambda: (second.wait_for_release("k", 5), woke.append(1)))
+    thread.start()
+    time.sleep(0.3)
+    assert not woke, "the second waiter woke while the first one still had its turn"
+    first.close()  # e.g. a waiter killed: its session, and its turn, end with it
+    time.sleep(0.3)
+    released = time.monotonic()
+    holder.release(lease)
+    thread.join()
+    assert woke and time.monotonic() - released < 1.0
+
+
+def test_a_waiter_that_gets_the_lease_gives_its_turn_to_the_next(pg_url, stores):
+    holder, first, second = (open_pg(pg_url, stores) for _ in range(3))
+    lease = holder.acquire("k", 30, HOLDER, token())
+    first.wait_for_release("k", 0.2)
+    holder.release(lease)
+    mine = first.acquire("k", 30, HOLDER, token())
+    assert mine is not None
+    with pg.admin_connection(pg_url) as conn:
+        (turns_held,) = conn.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND pid = %s",
+            [first._conn.info.backend_pid],
+        ).fetchone()
+    assert turns_held == 0
+    started = time.monotonic()
+    timer = threading.Timer(0.3, lambda: first.release(mine))
+    timer.start()
+    second.wait_for_release("k", 5)
+    timer.join()
+    assert 0.25 < time.monotonic() - started < 1.0
+
+
 # -- time -----------------------------------------------------------------------------
 
 

@@ -271,3 +271,45 @@ def test_wait_for_release_returns_within_its_timeout(store):
 def test_doctor_reports_the_store_reachable(store):
     checks = {check.name: check for check in store.doctor()}
     assert checks["reachable"].ok
+
+
+def test_each_release_wakes_one_waiter_and_the_others_wait_their_turn(store, store_factory):
+    """Stores that signal releases wake one waiter per release, not the whole crowd."""
+    if not store.signals_release:
+        pytest.skip("this store's waiters poll (SQLite): there are no wake-ups to count")
+    lease = store.acquire("k", 30, OTHER, token())
+    assert lease is not None
+    deadline = time.monotonic() + 3.0
+    acquired: list[float] = []
+    released: list[float] = []
+    woken_for_nothing: list[int] = []  # woke before the deadline, then lost the race
+
+    def waiter(n: int) -> None:
+        client = store_factory()
+        owner, woke_early = token(), False
+        while time.monotonic() < deadline:
+            mine = client.acquire("k", 30, HOLDER, owner)
+            if mine is not None:
+                acquired.append(time.monotonic())
+                time.sleep(0.2)
+                released.append(time.monotonic())
+                assert client.release(mine) is True
+                return
+            if woke_early:
+                woken_for_nothing.append(n)
+            client.wait_for_release("k", deadline - time.monotonic())
+            woke_early = deadline - time.monotonic() > 0.1
+
+    threads = [threading.Thread(target=waiter, args=(n,)) for n in range(3)]
+    for thread in threads:
+        thread.start()
+        time.sleep(0.15)
+    released.append(time.monotonic())
+    assert store.release(lease) is True
+    for thread in threads:
+        thread.join()
+
+    assert len(acquired) == 3, (acquired, released)
+    gaps = [at - free for at, free in zip(sorted(acquired), sorted(released)[:3], strict=True)]
+    assert max(gaps) < 0.15, gaps
+    assert woken_for_nothing == []

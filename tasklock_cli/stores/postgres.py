@@ -67,6 +67,8 @@ SERIALIZATION_RETRIES = 5
 CLOCK_WARN_S = 1.0
 #: Longest slice a waiter holds the store's lock while waiting for a notification.
 WAIT_SLICE_S = 0.1
+#: Longest slice a waiter queues for its turn to listen (see ``wait_for_release``).
+TURN_SLICE_S = 0.5
 #: Notification payloads are limited to 8000 bytes; longer keys are sent as md5(key).
 MAX_PAYLOAD_KEY_BYTES = 7000
 
@@ -358,7 +360,9 @@ class PostgresStore(Store):
         self._applied_timeout: float | None = None
         self._schema_ok = False
         self._channel = ""
+        self._turn_space = 0
         self._listening = False
+        self._turn_of: str | None = None  # the key whose first waiter we are (advisory lock)
         self._statements: dict[tuple[str, str], sql.Composed] = {}
 
     @classmethod
@@ -454,6 +458,7 @@ class PostgresStore(Store):
             self._applied_timeout = None
             self._schema_ok = False
             self._listening = False
+            self._turn_of = None
         if self._applied_timeout != self._io_timeout:
             millis = max(100, int(self._io_timeout * 800))  # the server cancels first
             self._guarded(conn, lambda: conn.execute(f"SET statement_timeout = {millis}"))
@@ -466,6 +471,7 @@ class PostgresStore(Store):
         conn, self._conn = self._conn, None
         self._schema_ok = False
         self._listening = False
+        self._turn_of = None
         if conn is not None:
             with contextlib.suppress(Exception):
                 conn.close()
@@ -620,6 +626,7 @@ class PostgresStore(Store):
                         f"{self.display_url}: table {self.table_name} could not be created"
                     )
             self._channel = f"tasklock_released_{oid}"
+            self._turn_space = oid & 0x7FFFFFFF  # first int4 of the waiters' advisory locks
 
         self._guarded(conn, check)
         self._schema_ok = True
@@ -651,8 +658,8 @@ class PostgresStore(Store):
         if row is None:
             return None
         token, acquired_at, expires_at = row
-        if self._listening:
-            self._stop_listening()
+        if self._listening or self._turn_of is not None:
+            self._stop_waiting()
         return Lease(key, owner_token, int(token), _utc(acquired_at), _utc(expires_at))
 
     def renew(self, lease: Lease, ttl: float) -> Lease:
@@ -735,15 +742,22 @@ class PostgresStore(Store):
     def wait_for_release(self, key: str, timeout: float) -> None:
         """Block until the lease on ``key`` is released or expires, at most ``timeout``.
 
-        LISTEN first (kept on the connection while the caller keeps waiting), then ask
-        the server how long the lease has left, then wait for a release notification, at
-        most until that expiry. Never raises: on trouble it sleeps the rest of the
-        timeout and the caller's next acquire reports the store's state.
+        Waiters take turns: only the first waiter of a key listens, and the others queue
+        on a session advisory lock behind it, so a release wakes one waiter, not all of
+        them at once. The first waiter keeps its turn until it gets the lease (or its
+        session ends); then the next in the queue listens.
+
+        Listening: LISTEN first, then ask the server how long the lease has left, then
+        wait for a release notification, at most until that expiry. Never raises: on
+        trouble it sleeps the rest of the timeout and the caller's next acquire reports
+        the store's state.
         """
         if timeout <= 0:
             return
         deadline = time.monotonic() + timeout
         try:
+            if self._turn_of != key and not self._wait_for_turn(key, deadline):
+                return  # still queued behind another waiter: the caller looks again
             remaining = self._run(lambda conn: self._listen_and_check(conn, key))
             if remaining is None:
                 return  # free already
@@ -759,6 +773,36 @@ class PostgresStore(Store):
             left = deadline - time.monotonic()
             if left > 0:
                 time.sleep(left)
+
+    def _wait_for_turn(self, key: str, deadline: float) -> bool:
+        """Queue (in slices) for the key's waiters' advisory lock; True once it is ours."""
+        while True:
+            left = min(deadline - time.monotonic(), TURN_SLICE_S, self._io_timeout / 2)
+            if left < 0.001:
+                return False
+            if self._run(functools.partial(self._take_turn, key, left)):
+                return True
+
+    def _take_turn(self, key: str, seconds: float, conn: psycopg.Connection) -> bool:
+        if self._turn_of is not None:  # our turn at another key: give it up first
+            conn.execute(self._turn_lock("pg_advisory_unlock", self._turn_of))
+            self._turn_of = None
+        # One simple query, one implicit transaction: the SET LOCAL ends with it.
+        timeout = sql.SQL("SET LOCAL lock_timeout = {}; ").format(
+            sql.Literal(max(1, int(seconds * 1000)))
+        )
+        try:
+            conn.execute(timeout + self._turn_lock("pg_advisory_lock", key))
+        except pgerr.LockNotAvailable:
+            return False
+        self._turn_of = key
+        return True
+
+    def _turn_lock(self, function: str, key: str) -> sql.Composed:
+        """``SELECT function(space, hashtext(key))`` with literals, for simple queries."""
+        return sql.SQL("SELECT {}({}, hashtext({}))").format(
+            sql.Identifier(function), sql.Literal(self._turn_space), sql.Literal(key)
+        )
 
     def _listen_and_check(self, conn: psycopg.Connection, key: str) -> float | None:
         if not self._listening:
@@ -780,17 +824,22 @@ class PostgresStore(Store):
 
         return self._run(wait)
 
-    def _stop_listening(self) -> None:
-        """A holder needs no notifications; don't let them pile up on the connection."""
+    def _stop_waiting(self) -> None:
+        """A holder needs no notifications (don't let them pile up on the connection) and
+        hands its turn to the next waiter: one round trip."""
 
-        def unlisten(conn: psycopg.Connection) -> None:
-            conn.execute("UNLISTEN *")
+        def stop(conn: psycopg.Connection) -> None:
+            statement = sql.SQL("UNLISTEN *")
+            if self._turn_of is not None:
+                statement += sql.SQL("; ") + self._turn_lock("pg_advisory_unlock", self._turn_of)
+            conn.execute(statement)
             self._listening = False
+            self._turn_of = None
             for _ in conn.notifies(timeout=0):
                 pass
 
         with contextlib.suppress(TasklockError):
-            self._run(unlisten)
+            self._run(stop)
 
     # -- doctor ---------------------------------------------------------------------
 
