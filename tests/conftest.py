@@ -13,6 +13,7 @@ from tasklock_cli.stores.base import Store
 from tests.support import services
 
 STORE_KINDS = ["sqlite", "postgres", "redis"]
+NETWORK_STORE_KINDS = ["postgres", "redis"]
 
 
 def store_url_for(kind: str, tmp_path) -> str:
@@ -38,6 +39,15 @@ def store_url(store_kind, tmp_path) -> Iterator[str]:
     url = store_url_for(store_kind, tmp_path)
     yield url
     services.cleanup(store_kind, url)
+
+
+@pytest.fixture(params=NETWORK_STORE_KINDS)
+def network_store_url(request, tmp_path) -> Iterator[str]:
+    """A fresh namespace on a store reached over TCP (what a proxy can cut off)."""
+    services.require(request.param)
+    url = store_url_for(request.param, tmp_path)
+    yield url
+    services.cleanup(request.param, url)
 
 
 @pytest.fixture

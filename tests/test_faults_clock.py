@@ -15,18 +15,13 @@ from tests.support import report, services
 from tests.support.cli import executable, json_events, peek, wait_for_holder
 
 
-@pytest.fixture(params=["postgres", "redis"])
-def network_url(request, tmp_path):
-    from tests.conftest import store_url_for
-
-    services.require(request.param)
+@pytest.fixture
+def network_url(network_store_url):
     if libfaketime() is None:
         if services.in_ci():
             pytest.fail("CI=true but faketime is not installed (.ci/run installs it)")
         pytest.skip("faketime is not installed (apt-get install faketime)")
-    url = store_url_for(request.param, tmp_path)
-    yield url
-    services.cleanup(request.param, url)
+    return network_store_url
 
 
 def libfaketime() -> str | None:

@@ -17,24 +17,6 @@ from tests.support import procs, report
 from tests.support.cli import json_events, peek, start, tasklock, wait_until
 from tests.support.proxy import TcpProxy
 
-NETWORK_STORES = ["postgres", "redis"]
-
-
-def through(proxy: TcpProxy, url: str) -> str:
-    parts = urlsplit(url)
-    return url.replace(parts.netloc.split("@")[-1], f"127.0.0.1:{proxy.port}", 1)
-
-
-@pytest.fixture(params=NETWORK_STORES)
-def network_store_url(request, tmp_path):
-    from tests.conftest import store_url_for
-    from tests.support import services
-
-    services.require(request.param)
-    url = store_url_for(request.param, tmp_path)
-    yield url
-    services.cleanup(request.param, url)
-
 
 @pytest.mark.slow
 def test_partitioned_holder_is_dead_before_the_next_holder_starts(
@@ -58,7 +40,7 @@ def test_partitioned_holder_is_dead_before_the_next_holder_starts(
             "sh",
             "-c",
             f"sleep 300 & sleep 300 & touch {ready}; wait",
-            env={**cli_env, "TASKLOCK_STORE": through(proxy, url)},
+            env={**cli_env, "TASKLOCK_STORE": proxy.url_for(url)},
         )
         wait_until(ready.exists)
         old_info = peek(url, "k")

@@ -2,6 +2,9 @@
 
 While blackholed the proxy stops reading from either side: bytes wait in the kernel's
 buffers as they would behind a dead link, and flow again (late) when healed.
+
+It also counts round trips: each time a connection's traffic turns from client -> server
+to server -> client, the client has waited for one answer.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ import contextlib
 import select
 import socket
 import threading
+from urllib.parse import urlsplit
 
 
 class TcpProxy:
@@ -22,8 +26,14 @@ class TcpProxy:
         self._closed = threading.Event()
         self._sockets: list[socket.socket] = []
         self._lock = threading.Lock()
+        self.round_trips = 0
         self._thread = threading.Thread(target=self._accept, daemon=True)
         self._thread.start()
+
+    def url_for(self, url: str) -> str:
+        """``url`` with its host:port replaced by this proxy's."""
+        host_port = urlsplit(url).netloc.split("@")[-1]
+        return url.replace(host_port, f"127.0.0.1:{self.port}", 1)
 
     def blackhole(self) -> None:
         self._flowing.clear()
@@ -68,10 +78,15 @@ class TcpProxy:
                 continue
             with self._lock:
                 self._sockets += [client, upstream]
-            for source, sink in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+            last_direction = [""]  # of this connection: "up" or "down"
+            for source, sink, direction in ((client, upstream, "up"), (upstream, client, "down")):
+                threading.Thread(
+                    target=self._pump, args=(source, sink, direction, last_direction), daemon=True
+                ).start()
 
-    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+    def _pump(
+        self, source: socket.socket, sink: socket.socket, direction: str, last: list[str]
+    ) -> None:
         try:
             while not self._closed.is_set():
                 self._flowing.wait()
@@ -81,6 +96,10 @@ class TcpProxy:
                 data = source.recv(65536)
                 if not data:
                     break
+                with self._lock:
+                    if direction == "down" and last[0] == "up":
+                        self.round_trips += 1
+                    last[0] = direction
                 sink.sendall(data)
         except (OSError, ValueError):  # ValueError: the other pump already closed the socket
             pass

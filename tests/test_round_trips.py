@@ -1,0 +1,58 @@
+"""One round trip per lease operation on the network stores, counted at a TCP proxy.
+
+A fact about the protocol, not a timing: the client sends, then waits for one answer. The
+first use of a connection (connect, session settings, schema check, script load) is
+excluded by doing every operation once before counting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from urllib.parse import urlsplit
+
+import pytest
+
+from tasklock_cli.stores import open_store
+from tasklock_cli.stores.base import Holder, Store
+from tests.support.proxy import TcpProxy
+
+HOLDER = Holder(host="h", pid=1, user="u", command=["true"])
+
+
+@pytest.fixture
+def proxied(network_store_url) -> Iterator[tuple[Store, TcpProxy]]:
+    parts = urlsplit(network_store_url)
+    with TcpProxy(parts.hostname or "127.0.0.1", parts.port or 0) as proxy:
+        store = open_store(proxy.url_for(network_store_url))
+        try:
+            yield store, proxy
+        finally:
+            store.close()
+
+
+def round_trips(proxy: TcpProxy, operation: Callable[[], object]) -> tuple[int, object]:
+    before = proxy.round_trips
+    result = operation()
+    return proxy.round_trips - before, result
+
+
+def count_each_operation(store: Store, proxy: TcpProxy, owner: str) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    counts["acquire"], lease = round_trips(proxy, lambda: store.acquire("k", 30, HOLDER, owner))
+    assert lease is not None
+    counts["renew"], _ = round_trips(proxy, lambda: store.renew(lease, 30))
+    counts["conflicting acquire"], refused = round_trips(
+        proxy, lambda: store.acquire("k", 30, HOLDER, "someone-else")
+    )
+    assert refused is None
+    counts["peek"], _ = round_trips(proxy, lambda: store.peek("k"))
+    counts["release"], released = round_trips(proxy, lambda: store.release(lease))
+    assert released is True
+    return counts
+
+
+def test_acquire_renew_release_and_peek_each_take_one_round_trip(proxied):
+    store, proxy = proxied
+    count_each_operation(store, proxy, "owner-warm-up")
+    counts = count_each_operation(store, proxy, "owner-counted")
+    assert counts == dict.fromkeys(counts, 1), counts
