@@ -285,11 +285,11 @@ def list_leases(
         if watch:
             render.watch_table(fetch, max(every, 0.1))
             return
-        leases = fetch()
-    if as_json:
-        typer.echo(json.dumps([info.to_json() for info in leases], ensure_ascii=False))
-        return
-    render.lease_table(leases)
+        leases = store.list(prefix=prefix, include_expired=show_all)
+        if as_json:
+            render.json_array(info.to_json() for info in leases)
+        else:
+            render.lease_table(leases)
 
 
 @app.command()

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
+from collections.abc import Iterable
 from datetime import datetime, timezone
 
 from tasklock_cli.durations import format_duration
@@ -32,7 +34,18 @@ def _console():
     return Console(no_color=bool(os.environ.get("NO_COLOR")) or None, highlight=False)
 
 
-def lease_table(leases: list[LeaseInfo]) -> None:
+def json_array(items: Iterable[object]) -> None:
+    """A JSON array written item by item, so a long listing streams."""
+    separator = "["
+    for item in items:
+        sys.stdout.write(separator + json.dumps(item, ensure_ascii=False))
+        separator = ","
+    sys.stdout.write("[]\n" if separator == "[" else "]\n")
+
+
+def lease_table(leases: Iterable[LeaseInfo]) -> None:
+    """A table on a terminal (it needs every row to size its columns); streamed TSV lines
+    otherwise."""
     if not _to_terminal():
         for info in leases:
             h = info.holder
@@ -48,7 +61,7 @@ def lease_table(leases: list[LeaseInfo]) -> None:
             ]
             sys.stdout.write("\t".join(_one_line(f) for f in fields) + "\n")
         return
-    _console().print(_rich_table(leases))
+    _console().print(_rich_table(list(leases)))
 
 
 def _rich_table(leases: list[LeaseInfo]):

@@ -211,6 +211,22 @@ def test_list_filters_by_prefix_literally_and_orders_by_key(store):
     assert list(store.list(prefix="nothing")) == []
 
 
+def test_list_reads_page_by_page_in_key_order(store):
+    """More leases than one page: every one listed once, in key order, lazily."""
+    from tasklock_cli.stores.base import LIST_PAGE
+
+    count = 2 * LIST_PAGE + 7
+    keys = [f"many:{n:05d}" for n in range(count)] + ["many", "many;", "manz:0", "man"]
+    for key in keys:
+        assert store.acquire(key, 60, HOLDER, token()) is not None
+    listing = store.list(prefix="many:")
+    first = next(iter(listing))
+    assert first.key == "many:00000"
+    rest = [info.key for info in listing]
+    assert [first.key, *rest] == sorted(k for k in keys if k.startswith("many:"))
+    assert len([info.key for info in store.list(prefix="man")]) == len(keys)
+
+
 def test_list_hides_expired_unless_asked(store):
     store.acquire("live", 30, HOLDER, token())
     store.acquire("dead", SHORT_TTL, HOLDER, token())

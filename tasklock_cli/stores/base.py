@@ -12,6 +12,9 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 
+#: Rows per read of a listing (see ``Store.list``).
+LIST_PAGE = 1000
+
 
 @dataclass(frozen=True)
 class Holder:
@@ -139,7 +142,9 @@ class Store(ABC):
 
     @abstractmethod
     def list(self, prefix: str = "", include_expired: bool = False) -> Iterator[LeaseInfo]:
-        """Leases whose key starts with ``prefix``, ordered by key."""
+        """Leases whose key starts with ``prefix``, ordered by key, yielded as they are read
+        (in pages of ``LIST_PAGE``, each its own snapshot): a huge listing never sits whole
+        in memory."""
 
     @abstractmethod
     def sweep(self, dry_run: bool = False) -> int:

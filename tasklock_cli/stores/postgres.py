@@ -52,6 +52,7 @@ from psycopg.types.json import Jsonb
 from tasklock_cli.errors import ConfigError, LeaseLost, StoreUnavailable, TasklockError
 from tasklock_cli.stores import redact_url
 from tasklock_cli.stores.base import (
+    LIST_PAGE,
     Holder,
     Lease,
     LeaseInfo,
@@ -179,8 +180,9 @@ _PEEK = (
 # Literal prefix match (no LIKE wildcards); the range bound lets the primary key help.
 _LIST = (
     _SELECT + " WHERE owner_token IS NOT NULL {live}"
-    ' AND key >= %(prefix)s COLLATE "C" {upper}'
+    ' AND key >= %(prefix)s COLLATE "C" {upper} AND key > %(after)s COLLATE "C"'
     ' AND left(key, char_length(%(prefix)s)) = %(prefix)s ORDER BY key COLLATE "C"'
+    f" LIMIT {LIST_PAGE}"
 )
 _UPPER = ' AND key < %(upper)s COLLATE "C"'
 _SWEEP_COUNT = (
@@ -707,10 +709,13 @@ class PostgresStore(Store):
         live = "" if include_expired else "AND expires_at > clock_timestamp()"
         upper = prefix_upper_bound(prefix)
         statement = self._sql(_LIST, live, _UPPER if upper is not None else "")
-        params = {"prefix": prefix, "upper": upper}
-        rows = self._run(lambda conn: conn.execute(statement, params).fetchall())
-        for row in rows:
-            yield self._info(row)
+        params = {"prefix": prefix, "upper": upper, "after": ""}  # keys are never empty
+        while True:
+            rows = self._run(lambda conn: conn.execute(statement, params).fetchall())
+            yield from (self._info(row) for row in rows)
+            if len(rows) < LIST_PAGE:
+                return
+            params["after"] = rows[-1][0]
 
     def sweep(self, dry_run: bool = False) -> int:
         if dry_run:

@@ -46,7 +46,15 @@ from redis.retry import Retry
 
 from tasklock_cli.errors import ConfigError, LeaseLost, StoreUnavailable, TasklockError
 from tasklock_cli.stores import redact_url
-from tasklock_cli.stores.base import Holder, Lease, LeaseInfo, Store, StoreCheck, utc_from_timestamp
+from tasklock_cli.stores.base import (
+    LIST_PAGE,
+    Holder,
+    Lease,
+    LeaseInfo,
+    Store,
+    StoreCheck,
+    utc_from_timestamp,
+)
 
 DEFAULT_PREFIX = "tasklock:"
 DEFAULT_IO_TIMEOUT_S = 5.0
@@ -54,7 +62,6 @@ DEFAULT_IO_TIMEOUT_S = 5.0
 #: ``timeout`` setting) fails *before* the real command is sent and can be retried safely.
 HEALTH_CHECK_INTERVAL_S = 15
 SCAN_COUNT = 10_000
-FETCH_BATCH = 2_000
 CLOCK_WARN_S = 1.0
 #: How long a release's wake-up waits for a waiter that is between its PTTL and its BLPOP.
 WAKE_TOKEN_MS = 5_000
@@ -486,10 +493,14 @@ class RedisStore(Store):
     def list(self, prefix: str = "", include_expired: bool = False) -> Iterator[LeaseInfo]:
         # Redis frees expired keys itself: include_expired can only ever show live leases.
         pattern = glob_escape(self._prefix_b + b"{" + prefix.encode("utf-8")) + b"*}:lease"
-        names = sorted(set(self._call(lambda c: self._scan(c, pattern))))
-        infos: list[LeaseInfo] = []
-        for start in range(0, len(names), FETCH_BATCH):
-            batch = names[start : start + FETCH_BATCH]
+        # SCAN returns names in no order: collect them (names only), sort by key, then
+        # read and yield the leases page by page.
+        names = sorted(set(self._call(lambda c: self._scan(c, pattern))), key=self._key_of)
+        return self._read_pages(names, prefix)
+
+    def _read_pages(self, names: list[bytes], prefix: str) -> Iterator[LeaseInfo]:
+        for start in range(0, len(names), LIST_PAGE):
+            batch = names[start : start + LIST_PAGE]
             rows = self._call(lambda c, batch=batch: self._fetch(c, batch))
             for name, row in zip(batch, rows, strict=True):
                 key = self._key_of(name)
@@ -497,9 +508,7 @@ class RedisStore(Store):
                     continue  # expired between SCAN and the read
                 if isinstance(row, str):
                     raise self._foreign_key_error(f"WRONGTYPE lease {row}", key)
-                infos.append(self._record(key, name, *row))
-        infos.sort(key=lambda info: info.key)
-        return iter(infos)
+                yield self._record(key, name, *row)
 
     @staticmethod
     def _scan(client: redis.Redis, pattern: bytes) -> list[bytes]:

@@ -19,6 +19,7 @@ from urllib.parse import unquote, urlsplit
 from tasklock_cli.errors import ConfigError, LeaseLost, StoreUnavailable
 from tasklock_cli.stores import sqlite_url
 from tasklock_cli.stores.base import (
+    LIST_PAGE,
     Holder,
     Lease,
     LeaseInfo,
@@ -267,12 +268,17 @@ class SQLiteStore(Store):
         upper = prefix_upper_bound(prefix)
         bounded = " AND key < :upper" if upper is not None else ""
         sql = (
-            f"{_SELECT} WHERE {condition} AND key >= :prefix{bounded}"
-            " AND substr(key, 1, :n) = :prefix ORDER BY key"
+            f"{_SELECT} WHERE {condition} AND key >= :prefix{bounded} AND key > :after"
+            f" AND substr(key, 1, :n) = :prefix ORDER BY key LIMIT {LIST_PAGE}"
         )
-        params = {**self._times(), "prefix": prefix, "n": len(prefix), "upper": upper}
-        for row in self._read(sql, params):
-            yield self._info(row)
+        after = ""  # keys are never empty
+        while True:
+            params = {**self._times(), "prefix": prefix, "n": len(prefix), "upper": upper}
+            rows = self._read(sql, {**params, "after": after})
+            yield from (self._info(row) for row in rows)
+            if len(rows) < LIST_PAGE:
+                return
+            after = rows[-1][0]
 
     def sweep(self, dry_run: bool = False) -> int:
         if dry_run:
