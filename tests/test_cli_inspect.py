@@ -63,6 +63,23 @@ def test_list_json_plain_and_prefix(env, holder):
     assert plain[0].split("\t")[2] == str(holder[0].pid)
 
 
+def test_a_long_listing_arrives_whole_through_a_pipe(env, sqlite_url):
+    """Several pages of leases, written as they are read: nothing lost at exit."""
+    from tasklock_cli.stores import open_store
+    from tasklock_cli.stores.base import LIST_PAGE, Holder
+
+    store = open_store(sqlite_url)
+    keys = [f"bulk:{n:05d}:{'x' * 200}" for n in range(3 * LIST_PAGE + 1)]
+    for key in keys:
+        store.acquire(key, 300, Holder(host="h", pid=1, user="u", command=["true"]), key)
+    store.close()
+    as_json = tasklock("list", "--json", env=env)
+    assert as_json.returncode == 0
+    assert [entry["key"] for entry in json.loads(as_json.stdout)] == keys
+    plain = tasklock("list", "--prefix", "bulk:", env=env)
+    assert [line.split("\t")[0] for line in plain.stdout.splitlines()] == keys
+
+
 def test_list_all_shows_expired_until_sweep(env, sqlite_url):
     killed = start("run", "short", "--ttl", "300ms", "--", "sleep", "30", env=env)
     wait_for_holder(sqlite_url, "short")

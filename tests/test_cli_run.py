@@ -241,12 +241,9 @@ def test_lease_held_until_the_whole_process_group_is_gone(env, sqlite_url, tmp_p
 def test_lazy_imports_sqlite_path_imports_no_network_driver(env):
     code = (
         "import sys\n"
-        "from tasklock_cli.cli import main\n"
+        "from tasklock_cli.cli import run_cli\n"
         "for argv in (['--help'], ['run', 'k', '--', 'true'], ['list']):\n"
-        "    try:\n"
-        "        main(argv)\n"
-        "    except SystemExit:\n"
-        "        pass\n"
+        "    assert run_cli(argv) == 0, argv\n"
         "bad = [m for m in ('psycopg', 'redis') if m in sys.modules]\n"
         "print(bad)\n"
     )
