@@ -196,8 +196,7 @@ WITH victims AS (
        FOR UPDATE SKIP LOCKED
 ), cleared AS (
     UPDATE {{table}} AS t SET {_CLEARED}
-      FROM victims
-     WHERE t.key = victims.key AND t.owner_token IS NOT NULL
+     WHERE t.key = ANY (ARRAY(SELECT key FROM victims)) AND t.owner_token IS NOT NULL
        AND t.expires_at <= clock_timestamp()
     RETURNING t.key
 )
@@ -728,10 +727,13 @@ class PostgresStore(Store):
 
         removed = 0
         while True:  # bounded batches: no statement holds many row locks for long
+            started = time.monotonic()
             count = self._run(batch)
             removed += count
             if count < SWEEP_BATCH:
                 return removed
+            # Leave the server (and its WAL) to other clients for as long as a batch took.
+            time.sleep(time.monotonic() - started)
 
     def force_release(self, key: str) -> LeaseInfo | None:
         statement = self._sql(_FORCE_RELEASE)

@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import sqlite3
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -32,7 +33,8 @@ from tasklock_cli.stores.base import (
 TABLE = "tasklock_leases"
 SCHEMA_VERSION = 2
 BUSY_TIMEOUT_S = 5.0
-SWEEP_BATCH = 1000
+SWEEP_BATCH = 500
+SWEEP_PAUSE_MIN_S = 0.002
 NETWORK_FILESYSTEMS = {
     "nfs",
     "nfs4",
@@ -78,14 +80,14 @@ _COLUMNS = {
 
 # A lease is live when it has an owner, was granted in this boot, and has not run out.
 _LIVE = "owner_token IS NOT NULL AND boot_id = :boot AND expires_boot > :now"
-# Expired = granted in another boot, or run out in this one. Spelled as three index ranges
-# (each term repeats the partial index's condition, so SQLite searches instead of scanning
-# every held lease): a sweep with nothing to do stays cheap however many leases are held.
-_EXPIRED = (
-    "((owner_token IS NOT NULL AND boot_id < :boot)"
-    " OR (owner_token IS NOT NULL AND boot_id > :boot)"
-    " OR (owner_token IS NOT NULL AND boot_id = :boot AND expires_boot <= :now))"
+# Expired = run out in this boot, or granted in another boot: three ranges of the expiry
+# index, so nothing scans the held leases (each repeats the partial index's condition).
+_EXPIRED_RANGES = (
+    "owner_token IS NOT NULL AND boot_id = :boot AND expires_boot <= :now",
+    "owner_token IS NOT NULL AND boot_id < :boot",
+    "owner_token IS NOT NULL AND boot_id > :boot",
 )
+_EXPIRED = "(" + " OR ".join(f"({part})" for part in _EXPIRED_RANGES) + ")"
 
 _ACQUIRE = f"""
 INSERT INTO {TABLE} (key, fencing_token, owner_token, boot_id, expires_boot,
@@ -138,6 +140,9 @@ class SQLiteStore(Store):
         self._wall = wall_clock
         self._boot = current_boot_id()
         self._conn: sqlite3.Connection | None = None
+        # One connection, shared by the threads of a process (the heartbeat and the main
+        # thread, or many leases held through the API): one transaction at a time on it.
+        self._lock = threading.RLock()
 
     @classmethod
     def from_url(cls, url: str) -> SQLiteStore:
@@ -199,21 +204,23 @@ class SQLiteStore(Store):
 
     @contextlib.contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
-        conn = self._connection()
-        try:
-            conn.execute("BEGIN IMMEDIATE")
+        with self._lock:
+            conn = self._connection()
             try:
-                yield conn
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            raise self._translate(exc) from exc
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    yield conn
+                except BaseException:
+                    conn.execute("ROLLBACK")
+                    raise
+                conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                raise self._translate(exc) from exc
 
     def _read(self, sql: str, params: dict) -> list[sqlite3.Row]:
         try:
-            return self._connection().execute(sql, params).fetchall()
+            with self._lock:
+                return self._connection().execute(sql, params).fetchall()
         except sqlite3.Error as exc:
             raise self._translate(exc) from exc
 
@@ -284,16 +291,24 @@ class SQLiteStore(Store):
         if dry_run:
             sql = f"SELECT count(*) FROM {TABLE} WHERE {_EXPIRED}"
             return int(self._read(sql, self._times())[0][0])
+        # One range at a time: LIMIT then stops a batch early (the OR of the three would
+        # collect every expired row first).
         removed = 0
-        clear = (
-            f"{_FREE} WHERE key IN (SELECT key FROM {TABLE} WHERE {_EXPIRED} LIMIT {SWEEP_BATCH})"
-        )
-        while True:  # small batches, so acquirers never wait long on the write lock
-            with self._write() as conn:
-                count = conn.execute(clear, self._times()).rowcount
-            removed += count
-            if count < SWEEP_BATCH:
-                return removed
+        for expired in _EXPIRED_RANGES:
+            victims = f"SELECT key FROM {TABLE} WHERE {expired} LIMIT {SWEEP_BATCH}"
+            clear = f"{_FREE} WHERE key IN ({victims})"
+            while True:
+                started = time.monotonic()
+                with self._write() as conn:
+                    count = conn.execute(clear, self._times()).rowcount
+                removed += count
+                if count < SWEEP_BATCH:
+                    break
+                # Small batches, and a pause twice as long as each: an acquirer that found
+                # the write lock taken sleeps in SQLite's busy handler (1, 2, 5 ... 100 ms)
+                # and must find it free when it looks again, not taken by the next batch.
+                time.sleep(max(SWEEP_PAUSE_MIN_S, 2 * (time.monotonic() - started)))
+        return removed
 
     def force_release(self, key: str) -> LeaseInfo | None:
         params = {**self._times(), "key": key}
@@ -342,9 +357,10 @@ class SQLiteStore(Store):
         return checks
 
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
 
     def _info(self, row: tuple) -> LeaseInfo:
         key, token, acquired_at, expires_at, holder, live = row
