@@ -638,6 +638,27 @@ def test_set_io_timeout_applies_to_new_connections(store, url):
         overridden.close()
 
 
+def test_more_threads_than_pooled_connections_wait_for_one(store):
+    from tasklock_cli.stores.redis import MAX_CONNECTIONS
+
+    leases = [store.acquire(f"k{n}", 30, HOLDER, token()) for n in range(MAX_CONNECTIONS + 50)]
+    errors: list[BaseException] = []
+
+    def renew(lease) -> None:
+        try:
+            for _ in range(5):
+                store.renew(lease, 30)
+        except BaseException as exc:  # collected: a thread's failure must fail the test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=renew, args=(lease,)) for lease in leases]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+
+
 def test_store_sockets_are_not_inherited_by_children(store, other):
     lease = other.acquire("k", 30, OTHER, token())
     releaser = threading.Timer(0.1, lambda: other.release(lease))

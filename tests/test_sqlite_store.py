@@ -6,6 +6,8 @@ import sqlite3
 import threading
 import time
 
+import pytest
+
 from tasklock_cli.stores.base import Holder
 from tasklock_cli.stores.sqlite import (
     _EXPIRED,
@@ -107,3 +109,27 @@ def test_one_store_is_safe_to_share_between_threads(tmp_path):
         thread.join()
     assert errors == []
     assert list(store.list()) == []
+
+
+def test_a_write_lock_held_elsewhere_is_waited_out_then_reported(tmp_path, monkeypatch):
+    import tasklock_cli.stores.sqlite as sqlite_store
+    from tasklock_cli.errors import StoreUnavailable
+
+    path = tmp_path / "locks.db"
+    store = SQLiteStore(path)
+    store.init_schema()
+    blocker = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    blocker.execute("BEGIN IMMEDIATE")  # e.g. a sweep batch in another process
+    release_later = threading.Timer(0.3, lambda: blocker.execute("COMMIT"))
+    release_later.start()
+    started = time.monotonic()
+    assert store.acquire("k", 30, HOLDER, "owner-a") is not None  # many busy slices later
+    assert time.monotonic() - started >= 0.25
+    release_later.join()
+
+    monkeypatch.setattr(sqlite_store, "BUSY_TIMEOUT_S", 0.2)
+    blocker.execute("BEGIN IMMEDIATE")
+    with pytest.raises(StoreUnavailable, match="locked"):
+        store.acquire("j", 30, HOLDER, "owner-b")
+    blocker.execute("ROLLBACK")
+    blocker.close()

@@ -732,8 +732,8 @@ class PostgresStore(Store):
             removed += count
             if count < SWEEP_BATCH:
                 return removed
-            # Leave the server (and its WAL) to other clients for as long as a batch took.
-            time.sleep(time.monotonic() - started)
+            # Leave the server (and its WAL) to other clients twice as long as a batch took.
+            time.sleep(2 * (time.monotonic() - started))
 
     def force_release(self, key: str) -> LeaseInfo | None:
         statement = self._sql(_FORCE_RELEASE)

@@ -62,6 +62,7 @@ DEFAULT_IO_TIMEOUT_S = 5.0
 #: ``timeout`` setting) fails *before* the real command is sent and can be retried safely.
 HEALTH_CHECK_INTERVAL_S = 15
 SCAN_COUNT = 10_000
+MAX_CONNECTIONS = 100
 CLOCK_WARN_S = 1.0
 #: How long a release's wake-up waits for a waiter that is between its PTTL and its BLPOP.
 WAKE_TOKEN_MS = 5_000
@@ -308,8 +309,12 @@ class RedisStore(Store):
     def _make_client(self) -> redis.Redis:
         try:
             ours = self._connection_kwargs()
-            client = redis.Redis.from_url(self._url, **ours)
-            pool = client.connection_pool
+            # Blocking: a thread beyond MAX_CONNECTIONS waits (within the I/O timeout) for a
+            # connection instead of failing with "Too many connections".
+            pool = redis.BlockingConnectionPool.from_url(
+                self._url, max_connections=MAX_CONNECTIONS, timeout=self._io_timeout, **ours
+            )
+            client = redis.Redis(connection_pool=pool)
             # redis-py lets URL options override keyword arguments; these stay tasklock's, so
             # ``set_io_timeout`` bounds every call whatever the URL says.
             for name in _FORCED_OPTIONS:

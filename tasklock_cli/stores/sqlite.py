@@ -9,12 +9,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 from urllib.parse import unquote, urlsplit
 
 from tasklock_cli.errors import ConfigError, LeaseLost, StoreUnavailable
@@ -31,8 +33,14 @@ from tasklock_cli.stores.base import (
 )
 
 TABLE = "tasklock_leases"
+_T = TypeVar("_T")
+_BUSY_CODES = {getattr(sqlite3, "SQLITE_BUSY", 5), getattr(sqlite3, "SQLITE_LOCKED", 6)}
 SCHEMA_VERSION = 2
 BUSY_TIMEOUT_S = 5.0
+#: SQLite's own busy handler sleeps ever longer (up to 100 ms a time) while the write lock
+#: is taken, so a waiter can miss the moments it is free; it gets only this long per try,
+#: and tasklock retries itself every millisecond or so until BUSY_TIMEOUT_S.
+BUSY_SLICE_S = 0.003
 SWEEP_BATCH = 500
 SWEEP_PAUSE_MIN_S = 0.002
 NETWORK_FILESYSTEMS = {
@@ -166,9 +174,9 @@ class SQLiteStore(Store):
             raise ConfigError(f"cannot create {self.path.parent}: {exc.strerror}") from exc
         try:
             conn = sqlite3.connect(
-                self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
+                self.path, timeout=BUSY_SLICE_S, isolation_level=None, check_same_thread=False
             )
-            conn.execute("PRAGMA journal_mode=WAL")
+            self._when_not_busy(lambda: conn.execute("PRAGMA journal_mode=WAL"))
             conn.execute("PRAGMA synchronous=NORMAL")
             self._ensure_schema(conn)
         except sqlite3.Error as exc:
@@ -178,9 +186,8 @@ class SQLiteStore(Store):
     def _ensure_schema(self, conn: sqlite3.Connection) -> None:
         columns = {row[1] for row in conn.execute(f"PRAGMA table_info({TABLE})")}
         if not columns:
-            conn.executescript(
-                f"BEGIN IMMEDIATE;{SCHEMA}PRAGMA user_version={SCHEMA_VERSION};COMMIT;"
-            )
+            script = f"BEGIN IMMEDIATE;{SCHEMA}PRAGMA user_version={SCHEMA_VERSION};COMMIT;"
+            self._when_not_busy(lambda: conn.executescript(script))
             return
         if columns != _COLUMNS:
             raise ConfigError(
@@ -189,9 +196,9 @@ class SQLiteStore(Store):
             )
         (version,) = conn.execute("PRAGMA user_version").fetchone()
         if version < SCHEMA_VERSION:
-            conn.executescript(
-                f"BEGIN IMMEDIATE;{_MIGRATE_FROM_1}PRAGMA user_version={SCHEMA_VERSION};COMMIT;"
-            )
+            script = f"BEGIN IMMEDIATE;{_MIGRATE_FROM_1}PRAGMA user_version={SCHEMA_VERSION};"
+            script += "COMMIT;"
+            self._when_not_busy(lambda: conn.executescript(script))
 
     def _translate(self, exc: sqlite3.Error) -> Exception:
         message = str(exc)
@@ -207,22 +214,39 @@ class SQLiteStore(Store):
         with self._lock:
             conn = self._connection()
             try:
-                conn.execute("BEGIN IMMEDIATE")
+                self._when_not_busy(lambda: conn.execute("BEGIN IMMEDIATE"))
                 try:
                     yield conn
                 except BaseException:
                     conn.execute("ROLLBACK")
                     raise
-                conn.execute("COMMIT")
+                self._when_not_busy(lambda: conn.execute("COMMIT"))
             except sqlite3.Error as exc:
                 raise self._translate(exc) from exc
 
     def _read(self, sql: str, params: dict) -> list[sqlite3.Row]:
         try:
             with self._lock:
-                return self._connection().execute(sql, params).fetchall()
+                conn = self._connection()
+                return self._when_not_busy(lambda: conn.execute(sql, params).fetchall())
         except sqlite3.Error as exc:
             raise self._translate(exc) from exc
+
+    @staticmethod
+    def _when_not_busy(operation: Callable[[], _T]) -> _T:
+        """Retry ``operation`` while the database is busy, at short intervals, for at most
+        BUSY_TIMEOUT_S; then the busy error is the caller's."""
+        give_up_at = time.monotonic() + BUSY_TIMEOUT_S
+        while True:
+            try:
+                return operation()
+            except sqlite3.OperationalError as exc:
+                busy = getattr(exc, "sqlite_errorcode", None) in _BUSY_CODES
+                if not (busy or "database is locked" in str(exc)):
+                    raise
+                if time.monotonic() >= give_up_at:
+                    raise
+            time.sleep(random.uniform(0.0005, 0.0015))
 
     def _times(self) -> dict:
         return {"boot": self._boot, "now": self._clock(), "wall": self._wall()}
