@@ -244,7 +244,7 @@ def test_sweep_works_in_batches_and_keeps_counters(pg_url, stores):
         )
     live = store.acquire("live", 30, HOLDER, token())
     assert store.sweep(dry_run=True) == 2500
-    assert store.sweep() == 2500
+    assert open_pg(pg_url, stores).sweep() == 2500  # a first call on a new connection
     assert store.sweep() == 0
     assert [i.key for i in store.list(include_expired=True)] == ["live"]
     assert store.peek("live").fencing_token == live.fencing_token

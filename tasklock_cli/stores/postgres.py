@@ -188,10 +188,14 @@ _UPPER = ' AND key < %(upper)s COLLATE "C"'
 _SWEEP_COUNT = (
     "SELECT count(*) FROM {table} WHERE owner_token IS NOT NULL AND expires_at <= clock_timestamp()"
 )
+# Batches walk the primary key forwards (key > the last batch's last key): no batch scans
+# again past rows an earlier one cleared, so none holds its row locks for long.
 _SWEEP = f"""
 WITH victims AS (
     SELECT key FROM {{table}}
-     WHERE owner_token IS NOT NULL AND expires_at <= clock_timestamp()
+     WHERE key > %(after)s COLLATE "C"
+       AND owner_token IS NOT NULL AND expires_at <= clock_timestamp()
+     ORDER BY key COLLATE "C"
      LIMIT {SWEEP_BATCH}
        FOR UPDATE SKIP LOCKED
 ), cleared AS (
@@ -200,7 +204,7 @@ WITH victims AS (
        AND t.expires_at <= clock_timestamp()
     RETURNING t.key
 )
-SELECT pg_notify(%(channel)s, {_PAYLOAD.format(col="key")}) FROM cleared
+SELECT key, pg_notify(%(channel)s, {_PAYLOAD.format(col="key")}) FROM cleared
 """
 # Seconds until the live lease on a key runs out on the server's clock; no row = free.
 _REMAINING = """
@@ -722,16 +726,20 @@ class PostgresStore(Store):
             return int(self._run(lambda conn: conn.execute(count_sql).fetchone()[0]))
         statement = self._sql(_SWEEP)
 
-        def batch(conn: psycopg.Connection) -> int:
-            return len(conn.execute(statement, {"channel": self._channel}).fetchall())
+        after = ""  # keys are never empty
+
+        def batch(conn: psycopg.Connection) -> list[str]:
+            params = {"channel": self._channel, "after": after}  # channel: known once connected
+            return [row[0] for row in conn.execute(statement, params).fetchall()]
 
         removed = 0
         while True:  # bounded batches: no statement holds many row locks for long
             started = time.monotonic()
-            count = self._run(batch)
-            removed += count
-            if count < SWEEP_BATCH:
+            keys = self._run(batch)
+            removed += len(keys)
+            if len(keys) < SWEEP_BATCH:
                 return removed
+            after = max(keys)
             # Leave the server (and its WAL) to other clients twice as long as a batch took.
             time.sleep(2 * (time.monotonic() - started))
 
