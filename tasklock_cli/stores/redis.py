@@ -27,7 +27,6 @@ Connections: sockets are close-on-exec (Python's default), so a child never inhe
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import math
 import threading
@@ -68,6 +67,12 @@ CLOCK_WARN_S = 1.0
 WAKE_TOKEN_MS = 5_000
 
 _T = TypeVar("_T")
+#: What each part of a lock key must be, as foreign-key errors describe it.
+_EXPECTED_TYPES = {
+    "lease": "a tasklock lease hash",
+    "fence": "an integer counter",
+    "wake": "a tasklock wake-up list",
+}
 _FORCED_OPTIONS = (
     "socket_timeout",
     "socket_connect_timeout",
@@ -77,7 +82,7 @@ _FORCED_OPTIONS = (
 )
 
 # All scripts: KEYS[1] = lease hash. Types are checked first so that a foreign key under the
-# prefix is reported (as "WRONGTYPE lease|fence <type>") before anything is written.
+# prefix is reported (as "WRONGTYPE lease|fence|wake <type>") before anything is written.
 _PRELUDE = """
 if redis.replicate_commands then redis.replicate_commands() end
 local function now_ms()
@@ -85,16 +90,16 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 local function ms(n) return string.format('%d', n) end
-local lease_type = redis.call('TYPE', KEYS[1])['ok']
-if lease_type ~= 'none' and lease_type ~= 'hash' then
-  return redis.error_reply('WRONGTYPE lease ' .. lease_type)
-end
--- The wake list, where a script is given one: checked like the lease, before any write.
-local function check_wake(name)
+-- The key's type, and an error reply when it is neither missing nor the expected one.
+local function key_type(name, expected, role)
   local t = redis.call('TYPE', name)['ok']
-  if t ~= 'none' and t ~= 'list' then return redis.error_reply('WRONGTYPE wake ' .. t) end
-  return nil
+  if t ~= 'none' and t ~= expected then
+    return t, redis.error_reply('WRONGTYPE ' .. role .. ' ' .. t)
+  end
+  return t, nil
 end
+local lease_type, bad_lease = key_type(KEYS[1], 'hash', 'lease')
+if bad_lease then return bad_lease end
 -- Wake exactly one waiter: one element, whoever BLPOPs first (Redis serves the longest
 -- blocked client) takes it; nobody blocked: it waits a little for a waiter on its way.
 local function wake_one(name)
@@ -109,11 +114,9 @@ end
 _ACQUIRE = (
     _PRELUDE
     + """
-local fence_type = redis.call('TYPE', KEYS[2])['ok']
-if fence_type ~= 'none' and fence_type ~= 'string' then
-  return redis.error_reply('WRONGTYPE fence ' .. fence_type)
-end
-local bad_wake = check_wake(KEYS[3])
+local fence_type, bad_fence = key_type(KEYS[2], 'string', 'fence')
+if bad_fence then return bad_fence end
+local _, bad_wake = key_type(KEYS[3], 'list', 'wake')
 if bad_wake then return bad_wake end
 local now = now_ms()
 local ttl = tonumber(ARGV[2])
@@ -160,7 +163,7 @@ return now + ttl
 _RELEASE = (
     _PRELUDE
     + """
-local bad_wake = check_wake(KEYS[2])
+local _, bad_wake = key_type(KEYS[2], 'list', 'wake')
 if bad_wake then return bad_wake end
 if lease_type == 'none' then return 0 end
 local cur = redis.call('HMGET', KEYS[1], 'owner', 'fencing_token')
@@ -181,7 +184,7 @@ return 1
 _FORCE_RELEASE = (
     _PRELUDE
     + """
-local bad_wake = check_wake(KEYS[2])
+local _, bad_wake = key_type(KEYS[2], 'list', 'wake')
 if bad_wake then return bad_wake end
 if lease_type == 'none' then return false end
 local data = redis.call('HGETALL', KEYS[1])
@@ -220,10 +223,6 @@ def glob_escape(raw: bytes) -> bytes:
             out.append(0x5C)
         out.append(byte)
     return bytes(out)
-
-
-def _blpop(name: bytes, seconds: float, client: redis.Redis) -> Any:
-    return client.blpop([name], timeout=seconds)
 
 
 def _ttl_ms(seconds: float, what: str) -> int:
@@ -342,14 +341,18 @@ class RedisStore(Store):
             text = text.replace(secret, "***")
         return text
 
+    def _name(self, key: str, role: str) -> bytes:
+        """The Redis key of one of a lock key's parts: lease, fence or wake."""
+        return self._prefix_b + b"{" + key.encode("utf-8") + b"}:" + role.encode()
+
     def _lease_key(self, key: str) -> bytes:
-        return self._prefix_b + b"{" + key.encode("utf-8") + b"}:lease"
+        return self._name(key, "lease")
 
     def _fence_key(self, key: str) -> bytes:
-        return self._prefix_b + b"{" + key.encode("utf-8") + b"}:fence"
+        return self._name(key, "fence")
 
     def _wake_key(self, key: str) -> bytes:
-        return self._prefix_b + b"{" + key.encode("utf-8") + b"}:wake"
+        return self._name(key, "wake")
 
     def _key_of(self, lease_key: bytes) -> str:
         return lease_key[len(self._prefix_b) + 1 : -len(b"}:lease")].decode("utf-8", "replace")
@@ -399,23 +402,19 @@ class RedisStore(Store):
         return StoreUnavailable(f"{where}: Redis answered with an error: {text}")
 
     def _foreign_key_error(self, text: str, key: str | None) -> ConfigError:
-        # Our scripts answer "WRONGTYPE lease|fence <type>"; plain commands "WRONGTYPE ...".
+        # Our scripts answer "WRONGTYPE lease|fence|wake <type>"; plain commands "WRONGTYPE ...".
         words = text.split()
-        which = words[1] if len(words) > 1 and words[1] in ("lease", "fence", "wake") else "lease"
+        which = words[1] if len(words) > 1 and words[1] in _EXPECTED_TYPES else "lease"
         found = " ".join(words[2:]) if len(words) > 2 and words[1] == which else None
         if key is not None:
-            name = {"fence": self._fence_key, "wake": self._wake_key}.get(which, self._lease_key)(
-                key
-            )
+            name = self._name(key, which)
             described = f"Redis key {name.decode('utf-8', 'replace')!r}"
             if found is None:
                 with contextlib.suppress(rexc.RedisError):
                     found = self._client.type(name).decode()
         else:
             described = "a Redis key"
-        expected = {"fence": "an integer counter", "wake": "a tasklock wake-up list"}.get(
-            which, "a tasklock lease hash"
-        )
+        expected = _EXPECTED_TYPES[which]
         holds = f"holds a {found}" if found else "holds another type"
         return ConfigError(
             f"{self.display_url}: {described} {holds}, not {expected}: another application "
@@ -584,7 +583,8 @@ class RedisStore(Store):
                 if left < 0.001:
                     return
                 seconds = math.floor(left * 1000) / 1000
-                if self._call(functools.partial(_blpop, wake, seconds), key) is not None:
+                popped = self._call(lambda c, s=seconds: c.blpop([wake], timeout=s), key)
+                if popped is not None:
                     return
         except (rexc.RedisError, TasklockError, OSError):
             remaining = deadline - time.monotonic()
