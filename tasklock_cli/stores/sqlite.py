@@ -55,6 +55,8 @@ NETWORK_FILESYSTEMS = {
     "ceph",
 }
 
+_EXPIRY_INDEX = f"""CREATE INDEX IF NOT EXISTS {TABLE}_expiry ON {TABLE} (boot_id, expires_boot)
+    WHERE owner_token IS NOT NULL;"""
 SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS {TABLE} (
     key           TEXT PRIMARY KEY,
@@ -66,13 +68,11 @@ CREATE TABLE IF NOT EXISTS {TABLE} (
     expires_at    REAL,
     holder        TEXT
 ) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS {TABLE}_expiry ON {TABLE} (boot_id, expires_boot)
-    WHERE owner_token IS NOT NULL;
+{_EXPIRY_INDEX}
 """
 # Version 1 indexed expires_boot alone, which a sweep could only scan from end to end.
 _MIGRATE_FROM_1 = f"""
-CREATE INDEX IF NOT EXISTS {TABLE}_expiry ON {TABLE} (boot_id, expires_boot)
-    WHERE owner_token IS NOT NULL;
+{_EXPIRY_INDEX}
 DROP INDEX IF EXISTS {TABLE}_held;
 """
 _COLUMNS = {
@@ -303,9 +303,10 @@ class SQLiteStore(Store):
             f" AND substr(key, 1, :n) = :prefix ORDER BY key LIMIT {LIST_PAGE}"
         )
         after = ""  # keys are never empty
-        while True:
-            params = {**self._times(), "prefix": prefix, "n": len(prefix), "upper": upper}
-            rows = self._read(sql, {**params, "after": after})
+        while True:  # each page judged live on the clock as it is read
+            times = self._times()
+            params = {**times, "prefix": prefix, "n": len(prefix), "upper": upper, "after": after}
+            rows = self._read(sql, params)
             yield from (self._info(row) for row in rows)
             if len(rows) < LIST_PAGE:
                 return
@@ -328,9 +329,8 @@ class SQLiteStore(Store):
                 removed += count
                 if count < SWEEP_BATCH:
                     break
-                # Small batches, and a pause twice as long as each: an acquirer that found
-                # the write lock taken sleeps in SQLite's busy handler (1, 2, 5 ... 100 ms)
-                # and must find it free when it looks again, not taken by the next batch.
+                # Small batches, and a pause twice as long as each, so acquirers retrying
+                # a busy database (see _when_not_busy) get the write lock between batches.
                 time.sleep(max(SWEEP_PAUSE_MIN_S, 2 * (time.monotonic() - started)))
         return removed
 
