@@ -251,7 +251,10 @@ def test_version_and_module_entry_point(env):
 def test_list_watch_refreshes_until_interrupted(env, holder):
     import signal
 
-    watcher = start("list", "--watch", "--interval", "200ms", env=env)
+    # A shell's background job inherits SIGINT ignored, and Python keeps it so: give the
+    # watcher the default disposition, as at a terminal, whoever runs the tests.
+    restore_sigint = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731
+    watcher = start("list", "--watch", "--interval", "200ms", env=env, preexec_fn=restore_sigint)
     time.sleep(1.5)
     watcher.send_signal(signal.SIGINT)
     out, _ = watcher.communicate(timeout=10)
