@@ -56,3 +56,23 @@ def test_acquire_renew_release_and_peek_each_take_one_round_trip(proxied):
     count_each_operation(store, proxy, "owner-warm-up")
     counts = count_each_operation(store, proxy, "owner-counted")
     assert counts == dict.fromkeys(counts, 1), counts
+
+
+def test_a_woken_waiters_acquire_takes_one_round_trip(proxied, network_store_url):
+    """On PostgreSQL the waiter's acquire also stops listening and ends its turn in line:
+    still one round trip."""
+    waiter, proxy = proxied
+    holder = open_store(network_store_url)
+    try:
+        count_each_operation(waiter, proxy, "owner-warm-up")
+        held = holder.acquire("w", 30, HOLDER, "holder")
+        assert held is not None
+        assert waiter.acquire("w", 30, HOLDER, "waiter") is None
+        waiter.wait_for_release("w", 0.1)  # takes its turn, listens, times out
+        assert holder.release(held) is True
+        trips, lease = round_trips(proxy, lambda: waiter.acquire("w", 30, HOLDER, "waiter"))
+        assert lease is not None and lease.fencing_token == held.fencing_token + 1
+        assert trips == 1
+        assert waiter.release(lease) is True
+    finally:
+        holder.close()

@@ -18,6 +18,9 @@ Releases wake waiters: release, force release and sweep ``pg_notify`` one channe
 table (named after the table's oid) with the key as payload, inside the same statement.
 A waiter LISTENs, then asks how long the lease has left (so a release between its failed
 acquire and the LISTEN is not missed), then waits for the notification or that expiry.
+Only a key's first waiter listens; the others queue behind it on a session advisory lock
+(its "turn"). A waiter's acquire is one simple query: UNLISTEN, then the acquire, which
+also ends the turn when it is granted.
 
 Every call is bounded by the I/O timeout (``set_io_timeout``): ``statement_timeout`` on
 the server, TCP keepalives and ``tcp_user_timeout`` on the socket, and a watchdog that
@@ -140,6 +143,8 @@ WHERE l.owner_token IS NULL
    OR l.expires_at <= excluded.acquired_at
 RETURNING fencing_token, acquired_at, expires_at
 """
+# A waiter's acquire that, once granted, ends its turn in the same statement.
+_ENDING_TURN = "WITH acquired AS ({acquire}) SELECT *, {unlock} FROM acquired"
 _RENEW = """
 UPDATE {table} SET expires_at = clock_timestamp() + make_interval(secs => %(ttl)s::float8)
  WHERE key = %(key)s AND owner_token = %(owner)s AND fencing_token = %(fence)s
@@ -659,13 +664,41 @@ class PostgresStore(Store):
             "ttl": float(ttl),
         }
         statement = self._sql(_ACQUIRE)
-        row = self._run(lambda conn: conn.execute(statement, params).fetchone())
+
+        def attempt(conn: psycopg.Connection) -> tuple | None:
+            if self._listening or self._turn_of is not None:
+                return self._acquire_as_waiter(conn, params)
+            return conn.execute(statement, params).fetchone()
+
+        row = self._run(attempt)
         if row is None:
             return None
-        token, acquired_at, expires_at = row
-        if self._listening or self._turn_of is not None:
-            self._stop_waiting()
+        token, acquired_at, expires_at = row[:3]
         return Lease(key, owner_token, int(token), _utc(acquired_at), _utc(expires_at))
+
+    def _acquire_as_waiter(self, conn: psycopg.Connection, params: dict) -> tuple | None:
+        """A waiter's acquire, in the same round trip as what a holder no longer needs:
+        UNLISTEN (notifications would pile up on the connection) and, when the lease is
+        granted, the end of its turn, so the next waiter in line listens at once.
+
+        One simple query (parameters bound client-side), one implicit transaction. A
+        refused acquire has still unlistened: the next wait listens again first."""
+        acquire = self._sql(_ACQUIRE)
+        if self._turn_of is not None:
+            acquire = sql.SQL(_ENDING_TURN).format(
+                acquire=acquire,
+                unlock=self._turn_lock("pg_advisory_unlock", self._turn_of, call_only=True),
+            )
+        cursor = psycopg.ClientCursor(conn)
+        cursor.execute(sql.SQL("UNLISTEN *; ") + acquire, params)
+        cursor.nextset()
+        row = cursor.fetchone()
+        self._listening = False
+        if row is not None:
+            self._turn_of = None
+        for _ in conn.notifies(timeout=0):  # what arrived before the UNLISTEN
+            pass
+        return row
 
     def renew(self, lease: Lease, ttl: float) -> Lease:
         params = {
@@ -813,11 +846,12 @@ class PostgresStore(Store):
         self._turn_of = key
         return True
 
-    def _turn_lock(self, function: str, key: str) -> sql.Composed:
+    def _turn_lock(self, function: str, key: str, call_only: bool = False) -> sql.Composed:
         """``SELECT function(space, hashtext(key))`` with literals, for simple queries."""
-        return sql.SQL("SELECT {}({}, hashtext({}))").format(
+        call = sql.SQL("{}({}, hashtext({}))").format(
             sql.Identifier(function), sql.Literal(self._turn_space), sql.Literal(key)
         )
+        return call if call_only else sql.SQL("SELECT ") + call
 
     def _listen_and_check(self, conn: psycopg.Connection, key: str) -> float | None:
         if not self._listening:
@@ -838,23 +872,6 @@ class PostgresStore(Store):
             return any(note.payload == wanted for note in conn.notifies(timeout=seconds))
 
         return self._run(wait)
-
-    def _stop_waiting(self) -> None:
-        """A holder needs no notifications (don't let them pile up on the connection) and
-        hands its turn to the next waiter: one round trip."""
-
-        def stop(conn: psycopg.Connection) -> None:
-            statement = sql.SQL("UNLISTEN *")
-            if self._turn_of is not None:
-                statement += sql.SQL("; ") + self._turn_lock("pg_advisory_unlock", self._turn_of)
-            conn.execute(statement)
-            self._listening = False
-            self._turn_of = None
-            for _ in conn.notifies(timeout=0):
-                pass
-
-        with contextlib.suppress(TasklockError):
-            self._run(stop)
 
     # -- doctor ---------------------------------------------------------------------
 
