@@ -869,7 +869,7 @@ def section_handoff(kinds: list[StoreKind], envs: Envs, budget: Budget, workdir:
         ),
         prose(
             """It includes the old wrapper noticing its child's exit, the release round trip, the
-                waiter waking (SQLite: polling with backoff up to 50 ms ×0.5–1.5 jitter; Redis:
+                waiter waking (SQLite: a byte written to the longest waiter's FIFO; Redis:
                 BLPOP on the key's wake list; PostgreSQL: LISTEN/NOTIFY for the first waiter in
                 line, the others queued behind it on an advisory lock: one waiter woken per
                 release) and spawning the child. `overlaps` counts two children running at once

@@ -12,7 +12,14 @@ from hypothesis import strategies as st
 from tasklock_cli.durations import format_duration, parse_duration
 from tasklock_cli.errors import UsageError
 from tasklock_cli.keys import validate_key
-from tasklock_cli.lease import FIRST_RETRY_S, POLL_CEILING_S, Conflict, LeaseKeeper, Waiter
+from tasklock_cli.lease import (
+    FIRST_RETRY_S,
+    POLL_CEILING_S,
+    SIGNALLED_POLL_CEILING_S,
+    Conflict,
+    LeaseKeeper,
+    Waiter,
+)
 from tasklock_cli.stores.base import Holder
 from tasklock_cli.stores.sqlite import SQLiteStore
 from tasklock_cli.supervisor import RunOptions
@@ -33,7 +40,10 @@ class FakeClock:
 
 class SlowStore(SQLiteStore):
     """A real SQLite store on a fake clock whose replies take ``reply_delay`` of that clock,
-    and whose waits advance the clock instead of sleeping."""
+    and whose waits advance the clock instead of sleeping (so it signals no releases:
+    waiters poll it, backing off to POLL_CEILING_S)."""
+
+    signals_release = False
 
     def __init__(self, path, clock: FakeClock, reply_delay: float = 0.0) -> None:
         super().__init__(path, clock=clock, wall_clock=clock)
@@ -89,6 +99,18 @@ def test_waiter_backs_off_to_a_ceiling_and_gives_up_at_the_wait(tmp_path, clock)
     assert len(announced) == 1 and announced[0].fencing_token == holder.fencing_token
     assert conflict.value.exit_code == 75
     assert "is held by h pid 1" in str(conflict.value)
+
+
+class SignallingSlowStore(SlowStore):
+    signals_release = True
+
+
+def test_waiter_of_a_store_that_signals_releases_polls_rarely(tmp_path, clock):
+    store = SignallingSlowStore(tmp_path / "db", clock)
+    assert LeaseKeeper(store, "k", 3600.0, HOLDER, clock).try_acquire()
+    with pytest.raises(Conflict):
+        Waiter(LeaseKeeper(store, "k", 10.0, HOLDER, clock), 8.0, rng=lambda: 0.5).acquire()
+    assert max(store.waits) == pytest.approx(SIGNALLED_POLL_CEILING_S)
 
 
 def test_waiter_with_zero_wait_does_not_wait(tmp_path, clock):

@@ -292,7 +292,7 @@ def test_doctor_reports_the_store_reachable(store):
 def test_each_release_wakes_one_waiter_and_the_others_wait_their_turn(store, store_factory):
     """Stores that signal releases wake one waiter per release, not the whole crowd."""
     if not store.signals_release:
-        pytest.skip("this store's waiters poll (SQLite): there are no wake-ups to count")
+        pytest.skip("this store's waiters poll: there are no wake-ups to count")
     lease = store.acquire("k", 30, OTHER, token())
     assert lease is not None
     deadline = time.monotonic() + 3.0

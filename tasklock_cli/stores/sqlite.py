@@ -2,6 +2,9 @@
 
 Expiry runs on CLOCK_BOOTTIME tagged with the kernel's boot id, so a wall-clock jump
 changes nothing and a reboot (which ended every holder) frees every lease.
+
+A release wakes the key's longest-waiting waiter on this machine through a FIFO in
+``<file>.waiters/`` (see local_wakeups); waiters also look again when the lease runs out.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from tasklock_cli.stores.base import (
     prefix_upper_bound,
     utc_from_timestamp,
 )
+from tasklock_cli.stores.local_wakeups import LocalWakeups
 
 TABLE = "tasklock_leases"
 _T = TypeVar("_T")
@@ -43,6 +47,8 @@ BUSY_TIMEOUT_S = 5.0
 BUSY_SLICE_S = 0.003
 SWEEP_BATCH = 500
 SWEEP_PAUSE_MIN_S = 0.002
+#: Where FIFOs cannot be made, waiters poll at this interval instead.
+UNSIGNALLED_POLL_S = 0.05
 NETWORK_FILESYSTEMS = {
     "nfs",
     "nfs4",
@@ -124,6 +130,8 @@ _RELEASE_LATER = f"""
 UPDATE {TABLE} SET expires_boot = :now + :keep, expires_at = :wall + :keep
 WHERE key = :key AND owner_token = :owner AND {_LIVE}
 """
+# Seconds (this boot's clock) until the live lease on a key runs out; no row = free.
+_REMAINING = f"SELECT expires_boot - :now FROM {TABLE} WHERE key = :key AND {_LIVE}"
 _SELECT = (
     f"SELECT key, fencing_token, acquired_at, expires_at, holder, ({_LIVE}) AS live FROM {TABLE}"
 )
@@ -141,6 +149,8 @@ def current_boot_id() -> str:
 
 
 class SQLiteStore(Store):
+    signals_release = True  # among processes on this machine (see local_wakeups)
+
     def __init__(self, path: Path, clock=boot_clock, wall_clock=time.time) -> None:
         self.path = path
         self.display_url = sqlite_url(path)
@@ -151,6 +161,7 @@ class SQLiteStore(Store):
         # One connection, shared by the threads of a process (the heartbeat and the main
         # thread, or many leases held through the API): one transaction at a time on it.
         self._lock = threading.RLock()
+        self._wakeups = LocalWakeups(path.with_name(path.name + ".waiters"))
 
     @classmethod
     def from_url(cls, url: str) -> SQLiteStore:
@@ -265,6 +276,7 @@ class SQLiteStore(Store):
             row = conn.execute(_ACQUIRE, params).fetchone()
         if row is None:
             return None
+        self._wakeups.leave()
         token, acquired_at, expires_at = row
         return Lease(
             key, owner_token, token, utc_from_timestamp(acquired_at), utc_from_timestamp(expires_at)
@@ -288,7 +300,10 @@ class SQLiteStore(Store):
         params = {**self._times(), "key": lease.key, "owner": lease.owner_token, "keep": keep_for}
         with self._write() as conn:
             cursor = conn.execute(_RELEASE_LATER if keep_for > 0 else _RELEASE, params)
-        return cursor.rowcount == 1
+        released = cursor.rowcount == 1
+        if released and keep_for <= 0:
+            self._wakeups.wake_one(lease.key)
+        return released
 
     def peek(self, key: str) -> LeaseInfo | None:
         rows = self._read(f"{_SELECT} WHERE key = :key AND {_LIVE}", {**self._times(), "key": key})
@@ -343,7 +358,22 @@ class SQLiteStore(Store):
             if row is None:
                 return None
             conn.execute(_FORCE_RELEASE, params)
+        self._wakeups.wake_one(key)
         return self._info(row)
+
+    def wait_for_release(self, key: str, timeout: float) -> None:
+        """Wait for a release on this machine to wake us (one waiter per release, the one
+        waiting longest), at most until the lease runs out. Registering comes before the
+        look at the lease, so a release in between is seen by that look."""
+        if timeout <= 0:
+            return
+        if not self._wakeups.register(key):  # no FIFOs here: poll
+            time.sleep(min(timeout, UNSIGNALLED_POLL_S))
+            return
+        rows = self._read(_REMAINING, {**self._times(), "key": key})
+        if not rows:
+            return  # free already
+        self._wakeups.wait(min(timeout, max(0.0, rows[0][0]) + 0.002))
 
     def init_schema(self) -> None:
         self._connection()
@@ -381,6 +411,7 @@ class SQLiteStore(Store):
         return checks
 
     def close(self) -> None:
+        self._wakeups.leave()
         with self._lock:
             if self._conn is not None:
                 self._conn.close()

@@ -1,0 +1,113 @@
+"""Release wake-ups between processes on one machine, for the SQLite store.
+
+Each waiter of a key owns a FIFO in a directory beside the database, named
+``<hash of key>.<time_ns>.<pid>.<random>``, and keeps it open for reading while it waits.
+A release lists the key's FIFOs and writes one byte to the oldest one whose reader is
+still there, so one release wakes one waiter, the one that has waited longest. A FIFO
+without a reader (its waiter died) cannot be opened for writing: the release removes it
+and tries the next.
+
+A waiter that is not woken (its waker died between commit and wake-up, or the holder
+was on another machine sharing the file) still polls, at its caller's ceiling.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import os
+import secrets
+import select
+import time
+from pathlib import Path
+
+
+def _key_prefix(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()[:24] + "."
+
+
+class LocalWakeups:
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._key: str | None = None
+        self._path: Path | None = None
+        self._fd: int | None = None
+
+    def register(self, key: str) -> bool:
+        """Join the queue of ``key``'s waiters (keeping our place if already in it);
+        False when this machine cannot make FIFOs there (the caller just polls)."""
+        if self._key == key and self._fd is not None:
+            return True
+        self.leave()
+        unique = f"{time.time_ns():020d}.{os.getpid()}.{secrets.token_hex(4)}"
+        path = self.directory / f"{_key_prefix(key)}{unique}"
+        # Made and opened under a name no release looks at, then renamed: a release never
+        # finds the FIFO without its reader (which it would take for a dead waiter's).
+        making = self.directory / f"new.{unique}"
+        try:
+            self.directory.mkdir(exist_ok=True)
+            os.mkfifo(making, 0o622)  # anyone may wake us; only we read
+            fd = os.open(making, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            with contextlib.suppress(OSError):
+                making.unlink()
+            return False
+        try:
+            os.rename(making, path)
+        except OSError:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                making.unlink()
+            return False
+        self._key, self._path, self._fd = key, path, fd
+        return True
+
+    def wait(self, timeout: float) -> bool:
+        """Block up to ``timeout`` for a wake-up on the registered key; True when woken."""
+        if self._fd is None:
+            time.sleep(max(0.0, timeout))
+            return False
+        with contextlib.suppress(InterruptedError):
+            readable, _, _ = select.select([self._fd], [], [], max(0.0, timeout))
+            if readable:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(self._fd, 64)
+                return True
+        return False
+
+    def leave(self) -> None:
+        """Leave the queue: the holder, or a waiter that gave up, wants no wake-ups."""
+        fd, path = self._fd, self._path
+        self._key = self._path = self._fd = None
+        if fd is not None:
+            os.close(fd)
+        if path is not None:
+            with contextlib.suppress(OSError):
+                path.unlink()
+
+    def wake_one(self, key: str) -> None:
+        """Wake the longest-waiting live waiter of ``key``, if any. Never raises."""
+        prefix = _key_prefix(key)
+        try:
+            names = sorted(n for n in os.listdir(self.directory) if n.startswith(prefix))
+        except OSError:
+            return
+        for name in names:
+            path = self.directory / name
+            if path == self._path:
+                continue
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            except OSError as exc:
+                if exc.errno == errno.ENXIO:  # no reader: its waiter is gone
+                    with contextlib.suppress(OSError):
+                        path.unlink()
+                continue
+            try:
+                os.write(fd, b"!")
+            except OSError:  # EAGAIN: woken already and not yet read; it will look
+                pass
+            finally:
+                os.close(fd)
+            return

@@ -1,0 +1,72 @@
+"""The SQLite store's wake-ups: FIFOs beside the database, one waiter woken per release."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from tasklock_cli.stores.local_wakeups import LocalWakeups
+from tests.support.cli import wait_until
+
+
+def test_a_release_wakes_the_longest_waiting_waiter_only(tmp_path):
+    first, second, releaser = (LocalWakeups(tmp_path / "w") for _ in range(3))
+    assert first.register("k") and second.register("k")
+    releaser.wake_one("k")
+    assert first.wait(0.5) is True
+    assert second.wait(0.05) is False
+    first.leave()
+    releaser.wake_one("k")
+    assert second.wait(0.5) is True
+    second.leave()
+    assert os.listdir(tmp_path / "w") == []
+
+
+def test_waiters_of_other_keys_are_not_woken(tmp_path):
+    waiter, releaser = LocalWakeups(tmp_path / "w"), LocalWakeups(tmp_path / "w")
+    assert waiter.register("a")
+    releaser.wake_one("b")
+    assert waiter.wait(0.05) is False
+
+
+def test_registering_again_for_the_same_key_keeps_the_place_in_line(tmp_path):
+    first, second, releaser = (LocalWakeups(tmp_path / "w") for _ in range(3))
+    assert first.register("k") and second.register("k")
+    assert first.register("k")
+    releaser.wake_one("k")
+    assert first.wait(0.5) is True
+
+
+def test_a_killed_waiters_fifo_is_removed_and_the_next_waiter_woken(tmp_path):
+    directory = tmp_path / "w"
+    code = (
+        "import sys, time\n"
+        "from tasklock_cli.stores.local_wakeups import LocalWakeups\n"
+        f"assert LocalWakeups(__import__('pathlib').Path({str(directory)!r})).register('k')\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    dead = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert dead.stdout.readline().strip() == "ready"
+    time.sleep(0.01)  # the next waiter's FIFO is younger
+    alive = LocalWakeups(directory)
+    assert alive.register("k")
+    dead.send_signal(signal.SIGKILL)
+    dead.wait()
+    LocalWakeups(directory).wake_one("k")
+    assert alive.wait(0.5) is True
+    wait_until(lambda: len(os.listdir(directory)) == 1, timeout=2)  # only alive's is left
+    alive.leave()
+
+
+def test_where_fifos_cannot_be_made_waiting_falls_back_to_sleeping(tmp_path):
+    (tmp_path / "w").write_text("not a directory")
+    waiter = LocalWakeups(tmp_path / "w")
+    assert waiter.register("k") is False
+    started = time.monotonic()
+    assert waiter.wait(0.05) is False
+    assert time.monotonic() - started >= 0.04
+    LocalWakeups(tmp_path / "w").wake_one("k")  # never raises
