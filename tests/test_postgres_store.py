@@ -421,6 +421,31 @@ def test_a_waiter_that_gets_the_lease_gives_its_turn_to_the_next(pg_url, stores)
     assert 0.25 < time.monotonic() - started < 1.0
 
 
+def test_a_waiter_does_not_take_a_lease_still_being_acquired_for_free(pg_url, stores):
+    """A woken waiter hands on its turn inside the statement that takes the lease, before
+    that commits: the next waiter's look at the lease must wait for the commit instead of
+    reading the lease as free from the snapshot before it."""
+    holder, waiter = (open_pg(pg_url, stores) for _ in range(2))
+    assert holder.release(holder.acquire("k", 30, HOLDER, token())) is True  # free now
+    _, table = split_table(pg_url)
+    with pg.admin_connection(pg_url) as in_flight:
+        in_flight.autocommit = False
+        in_flight.execute(  # an acquire that has not committed yet
+            f"UPDATE {table} SET owner_token = 'x', fencing_token = fencing_token + 1,"
+            " acquired_at = now(), expires_at = now() + interval '30 s' WHERE key = 'k'"
+        )
+        looking = threading.Thread(target=waiter.wait_for_release, args=("k", 10))
+        looking.start()
+        time.sleep(0.3)
+        assert looking.is_alive()  # not "free": it waits for the commit
+        in_flight.commit()
+        time.sleep(0.3)
+        assert looking.is_alive()  # held, as committed: it waits for the release
+    assert holder.force_release("k") is not None
+    looking.join(timeout=5)
+    assert not looking.is_alive()
+
+
 # -- time -----------------------------------------------------------------------------
 
 

@@ -211,10 +211,15 @@ WITH victims AS (
 )
 SELECT key, pg_notify(%(channel)s, {_PAYLOAD.format(col="key")}) FROM cleared
 """
-# Seconds until the live lease on a key runs out on the server's clock; no row = free.
+# Seconds until the live lease on a key runs out on the server's clock; NULL or no row =
+# free. FOR SHARE waits for an acquire still in flight: a woken waiter hands on its turn
+# in the statement that takes the lease, before that commits, and the next waiter must
+# not find the lease free from the snapshot before it. (The condition is in the select
+# list, not the WHERE, so that the key's row is locked and read again as committed.)
 _REMAINING = """
-SELECT extract(epoch FROM expires_at - clock_timestamp())::float8 FROM {table}
- WHERE key = %(key)s AND owner_token IS NOT NULL AND expires_at > clock_timestamp()
+SELECT CASE WHEN owner_token IS NOT NULL AND expires_at > clock_timestamp()
+            THEN extract(epoch FROM expires_at - clock_timestamp())::float8 END
+  FROM {table} WHERE key = %(key)s FOR SHARE
 """
 
 # Connection failures that mean "fix the URL / the server's setup", not "try again later".
@@ -861,7 +866,7 @@ class PostgresStore(Store):
         for _ in conn.notifies(timeout=0):
             pass
         row = conn.execute(self._sql(_REMAINING), {"key": key}).fetchone()
-        return None if row is None else max(0.0, float(row[0]))
+        return None if row is None or row[0] is None else max(0.0, float(row[0]))
 
     def _wait_slice(self, wanted: str, seconds: float) -> bool:
         """Wait up to ``seconds`` for a notification about ``wanted``; True when it came."""
