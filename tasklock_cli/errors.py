@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+
 
 class TasklockError(Exception):
     """Base of every error tasklock reports to the user as one line."""
@@ -39,3 +41,15 @@ class CommandNotFound(TasklockError):
 
 class CommandNotExecutable(TasklockError):
     exit_code = 126
+
+
+class Interrupted(BaseException):
+    """A signal asked us to stop before the command started (say, while waiting).
+
+    Raised from a signal handler, so like KeyboardInterrupt it is no Exception: a store's
+    ``except Exception`` / ``except TasklockError`` must not swallow it."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        self.exit_code = 128 + signum
+        super().__init__(f"stopped by {signal.Signals(signum).name} before the command started")

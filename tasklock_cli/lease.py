@@ -7,13 +7,14 @@ however long the reply took, the client never believes in a lease the store has 
 
 from __future__ import annotations
 
+import contextlib
 import random
 import secrets
 import threading
 from dataclasses import dataclass
 
 from tasklock_cli import clock as clocks
-from tasklock_cli.errors import LeaseLost, StoreUnavailable, TasklockError
+from tasklock_cli.errors import Interrupted, LeaseLost, StoreUnavailable, TasklockError
 from tasklock_cli.stores.base import Holder, Lease, LeaseInfo, Store
 
 # Waiting: first retry soon, then back off; stores that signal releases wake us earlier.
@@ -114,8 +115,28 @@ class Waiter:
         self.rng = rng
         signals = keeper.store.signals_release
         self.ceiling = SIGNALLED_POLL_CEILING_S if signals else POLL_CEILING_S
+        self._stop_signal: int | None = None
+        self._in_wait = False
+
+    def interrupt(self, signum: int) -> None:
+        """Stop waiting (from a signal handler): at once when blocked in the store's wait,
+        else before the next one. A store call under way is never cut short, so a lease
+        it grants is not lost track of: the caller finds it held and releases it."""
+        self._stop_signal = signum
+        if self._in_wait:
+            raise Interrupted(signum)
 
     def acquire(self) -> None:
+        try:
+            self._acquire()
+        except BaseException:
+            # Whatever ends the wait without the lease (it ran out, the store failed, a
+            # signal): a store kept open must not go on holding this waiter's place.
+            with contextlib.suppress(TasklockError):
+                self.keeper.store.stop_waiting(self.keeper.key)
+            raise
+
+    def _acquire(self) -> None:
         keeper, clock = self.keeper, self.keeper.clock
         give_up_at = clock() + self.wait
         delay = FIRST_RETRY_S
@@ -134,8 +155,17 @@ class Waiter:
             if not announced and self.on_waiting is not None:
                 self.on_waiting(self._current_holder())
                 announced = True
-            keeper.store.wait_for_release(keeper.key, min(delay * (0.5 + self.rng()), left))
+            self._wait_for_release(min(delay * (0.5 + self.rng()), left))
             delay = min(delay * 2, self.ceiling)
+
+    def _wait_for_release(self, timeout: float) -> None:
+        self._in_wait = True
+        try:
+            if self._stop_signal is not None:  # it came during the last store call
+                raise Interrupted(self._stop_signal)
+            self.keeper.store.wait_for_release(self.keeper.key, timeout)
+        finally:
+            self._in_wait = False
 
     def _current_holder(self) -> LeaseInfo | None:
         try:

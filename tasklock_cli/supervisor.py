@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from tasklock_cli import clock as clocks
 from tasklock_cli.durations import format_duration
-from tasklock_cli.errors import LeaseLost, StoreUnavailable, TasklockError
+from tasklock_cli.errors import Interrupted, LeaseLost, StoreUnavailable, TasklockError
 from tasklock_cli.events import EventLog
 from tasklock_cli.lease import Conflict, LeaseKeeper, Waiter, describe_holder
 from tasklock_cli.process import Child, Terminal, become_subreaper
@@ -121,11 +121,26 @@ class Supervisor:
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._heartbeat_stop = threading.Event()
         self.child: Child | None = None
+        self._waiter: Waiter | None = None
         self._loss_lock = threading.Lock()
 
     # -- the whole run ------------------------------------------------------------------
 
     def run(self) -> int:
+        # Handlers from the start: a signal while waiting stops the wait, and one that
+        # comes once the lease is held can no longer kill us before we release it.
+        previous_handlers = self._install_signal_handlers()
+        try:
+            return self._acquire_and_run()
+        except Interrupted as stop:  # while waiting: nothing is held
+            self.events.debug(f"{stop} (while acquiring {self.options.key!r})")
+            return stop.exit_code
+        finally:
+            self._restore_signal_handlers(previous_handlers)
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+
+    def _acquire_and_run(self) -> int:
         options = self.options
         self.store.set_io_timeout(options.io_timeout)
         try:
@@ -139,11 +154,7 @@ class Supervisor:
             f"{self.keeper.fencing_token}, ttl {format_duration(options.ttl)})",
             expires_at=rfc3339(self.keeper.lease.expires_at),
         )
-        try:
-            return self._run_child()
-        finally:
-            os.close(self._wake_r)
-            os.close(self._wake_w)
+        return self._run_child()
 
     def _acquire(self) -> None:
         def announce(info: LeaseInfo | None) -> None:
@@ -155,14 +166,16 @@ class Supervisor:
                 holder=info.holder.to_dict() if info else None,
             )
 
-        Waiter(self.keeper, self.options.wait, on_waiting=announce).acquire()
+        self._waiter = Waiter(self.keeper, self.options.wait, on_waiting=announce)
+        if self.state.pending_signals:  # came before the waiter could hear of it
+            raise Interrupted(self.state.pending_signals[0])
+        self._waiter.acquire()
         # Right before starting the child, make sure enough of the lease is left (a long
         # wait, a slow reply); renew first otherwise.
         if self.keeper.remaining() < self.options.ttl / 2:
             self.keeper.renew()
 
     def _run_child(self) -> int:
-        previous_handlers = self._install_signal_handlers()
         terminal = Terminal()
         child: Child | None = None
         try:
@@ -177,6 +190,9 @@ class Supervisor:
                 self._release()
                 raise
             self.child = child
+            for signum in self.state.pending_signals:  # came while it was being started
+                self._forward(child, signum)
+            self.state.pending_signals.clear()
             terminal.give_to(child.pgid)
             heartbeat = threading.Thread(
                 target=self._heartbeat, name="tasklock-heartbeat", daemon=True
@@ -188,7 +204,6 @@ class Supervisor:
             return self._finish(child)
         finally:
             terminal.take_back()
-            self._restore_signal_handlers(previous_handlers)
 
     def _finish(self, child: Child) -> int:
         loss = self.state.loss
@@ -409,9 +424,14 @@ class Supervisor:
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         child = self.child
-        if child is None:
-            self.state.pending_signals.append(signum)
+        if child is not None:
+            self._forward(child, signum)
             return
+        self.state.pending_signals.append(signum)
+        if self._waiter is not None:
+            self._waiter.interrupt(signum)  # raises Interrupted when blocked waiting
+
+    def _forward(self, child: Child, signum: int) -> None:
         child.signal_group(signum)
         if signum == signal.SIGTERM and self.state.term_forwarded_at is None:
             self.state.term_forwarded_at = self.clock()

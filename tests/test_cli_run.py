@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -203,6 +204,25 @@ def test_sigterm_releases_at_once(env, sqlite_url):
     assert wrapper.wait(timeout=10) == 128 + signal.SIGTERM
     assert peek(sqlite_url, "k") is None
     assert tasklock("run", "k", "--", "true", env=env).returncode == 0
+
+
+@pytest.mark.parametrize("signame", ["TERM", "INT", "HUP"])
+def test_a_signal_while_waiting_stops_the_wait_and_leaves_the_queue(
+    env, sqlite_url, tmp_path, signame
+):
+    holder = start("run", "k", "--", "sleep", "30", env=env)
+    try:
+        wait_for_holder(sqlite_url, "k")
+        waiter = start("--log-format", "json", "run", "k", "--wait", "inf", "--", "true", env=env)
+        assert json.loads(waiter.stderr.readline())["event"] == "waiting"
+        waiter.send_signal(getattr(signal, f"SIG{signame}"))
+        assert waiter.wait(timeout=10) == 128 + getattr(signal, f"SIG{signame}")
+        assert waiter.stderr.read() == ""  # no traceback, no error line
+        assert list((tmp_path / "locks.db.waiters").glob("*")) == []  # no FIFO left
+        assert peek(sqlite_url, "k").holder.pid == holder.pid
+    finally:
+        holder.terminate()
+        holder.wait()
 
 
 def test_child_ignoring_sigterm_is_killed_after_grace(env, sqlite_url, tmp_path):

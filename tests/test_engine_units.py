@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import signal
 import sys
 
 import pytest
@@ -10,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tasklock_cli.durations import format_duration, parse_duration
-from tasklock_cli.errors import UsageError
+from tasklock_cli.errors import Interrupted, UsageError
 from tasklock_cli.keys import validate_key
 from tasklock_cli.lease import (
     FIRST_RETRY_S,
@@ -50,6 +51,7 @@ class SlowStore(SQLiteStore):
         self.fake = clock
         self.reply_delay = reply_delay
         self.waits: list[float] = []
+        self.stopped_waiting: list[str] = []
 
     def acquire(self, *args, **kwargs):
         lease = super().acquire(*args, **kwargs)
@@ -64,6 +66,9 @@ class SlowStore(SQLiteStore):
     def wait_for_release(self, key: str, timeout: float) -> None:
         self.waits.append(timeout)
         self.fake.advance(timeout)
+
+    def stop_waiting(self, key: str) -> None:
+        self.stopped_waiting.append(key)
 
 
 @pytest.fixture
@@ -99,6 +104,7 @@ def test_waiter_backs_off_to_a_ceiling_and_gives_up_at_the_wait(tmp_path, clock)
     assert len(announced) == 1 and announced[0].fencing_token == holder.fencing_token
     assert conflict.value.exit_code == 75
     assert "is held by h pid 1" in str(conflict.value)
+    assert store.stopped_waiting == ["k"]  # its place in the queue is given up
 
 
 class SignallingSlowStore(SlowStore):
@@ -129,6 +135,42 @@ def test_waiter_gets_the_lease_once_it_expires_on_the_store_clock(tmp_path, cloc
     Waiter(second, math.inf).acquire()
     assert second.fencing_token == first.fencing_token + 1
     assert clock() >= first.deadline
+    assert store.stopped_waiting == []  # the acquire itself ended the wait
+
+
+class SignalledStore(SlowStore):
+    """Delivers a 'signal' (calls the waiter's interrupt, as the supervisor's handler does)
+    inside the store call named by ``during``."""
+
+    def __init__(self, path, clock: FakeClock, during: str) -> None:
+        super().__init__(path, clock)
+        self.during = during
+        self.waiter: Waiter | None = None
+
+    def acquire(self, *args, **kwargs):
+        lease = super().acquire(*args, **kwargs)
+        if self.during == "acquire" and self.waiter is not None:
+            self.waiter.interrupt(signal.SIGTERM)
+        return lease
+
+    def wait_for_release(self, key: str, timeout: float) -> None:
+        super().wait_for_release(key, timeout)
+        if self.during == "wait":
+            assert self.waiter is not None
+            self.waiter.interrupt(signal.SIGTERM)
+
+
+@pytest.mark.parametrize("during", ["wait", "acquire"])
+def test_a_signal_stops_the_wait_but_never_cuts_a_store_call_short(tmp_path, clock, during):
+    store = SignalledStore(tmp_path / "db", clock, during)
+    assert LeaseKeeper(store, "k", 60.0, HOLDER, clock).try_acquire()
+    store.waiter = waiter = Waiter(LeaseKeeper(store, "k", 60.0, HOLDER, clock), 10.0)
+    with pytest.raises(Interrupted) as stopped:
+        waiter.acquire()
+    assert stopped.value.exit_code == 128 + signal.SIGTERM
+    # In the wait: out of it at once. In an acquire: that call finished, no wait followed.
+    assert len(store.waits) == (1 if during == "wait" else 0)
+    assert store.stopped_waiting == ["k"]  # its place in the queue is given up
 
 
 def test_release_forgets_the_lease_only_after_the_store_confirms(tmp_path, clock):

@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from tasklock_cli.stores.local_wakeups import LocalWakeups
 from tests.support.cli import wait_until
 
@@ -23,6 +25,41 @@ def test_a_release_wakes_the_longest_waiting_waiter_only(tmp_path):
     assert second.wait(0.5) is True
     second.leave()
     assert os.listdir(tmp_path / "w") == []
+
+
+def test_a_waiter_that_gives_up_passes_an_unread_wake_up_to_the_next(tmp_path):
+    first, second, releaser = (LocalWakeups(tmp_path / "w") for _ in range(3))
+    assert first.register("k") and second.register("k")
+    releaser.wake_one("k")  # meant for first, which stops waiting without reading it
+    first.give_up("k")
+    assert second.wait(0.5) is True
+    second.give_up("k")  # nothing unread: wakes nobody
+    assert os.listdir(tmp_path / "w") == []
+
+
+def test_giving_up_another_key_keeps_the_place_in_line(tmp_path):
+    waiter, releaser = LocalWakeups(tmp_path / "w"), LocalWakeups(tmp_path / "w")
+    assert waiter.register("k")
+    waiter.give_up("other")
+    releaser.wake_one("k")
+    assert waiter.wait(0.5) is True
+
+
+@pytest.mark.parametrize("step", ["mkfifo", "open", "rename"])
+def test_registering_cut_short_by_a_signal_leaves_nothing_behind(tmp_path, monkeypatch, step):
+    real = getattr(os, step)
+
+    def interrupted_after(*args, **kwargs):
+        real(*args, **kwargs)
+        raise KeyboardInterrupt  # what a signal handler raising at that moment looks like
+
+    monkeypatch.setattr(os, step, interrupted_after)
+    waiter = LocalWakeups(tmp_path / "w")
+    with pytest.raises(KeyboardInterrupt):
+        waiter.register("k")
+    monkeypatch.undo()
+    assert os.listdir(tmp_path / "w") == []
+    assert waiter.register("k")  # and it can register again
 
 
 def test_waiters_of_other_keys_are_not_woken(tmp_path):

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from tasklock_cli.stores import open_store
-from tasklock_cli.stores.base import Holder, Store
+from tasklock_cli.stores.base import Holder, Lease, Store
 from tests.support.proxy import TcpProxy
 
 HOLDER = Holder(host="h", pid=1, user="u", command=["true"])
@@ -58,9 +58,10 @@ def test_acquire_renew_release_and_peek_each_take_one_round_trip(proxied):
     assert counts == dict.fromkeys(counts, 1), counts
 
 
-def test_a_woken_waiters_acquire_takes_one_round_trip(proxied, network_store_url):
-    """On PostgreSQL the waiter's acquire also stops listening and ends its turn in line:
-    still one round trip."""
+@pytest.fixture
+def waiting(proxied, network_store_url) -> Iterator[tuple[Store, TcpProxy, Store, Lease]]:
+    """(waiter, its proxy, holder, held lease): the waiter has waited once for ``w``, so on
+    PostgreSQL it has its turn in line and listens."""
     waiter, proxy = proxied
     holder = open_store(network_store_url)
     try:
@@ -69,10 +70,27 @@ def test_a_woken_waiters_acquire_takes_one_round_trip(proxied, network_store_url
         assert held is not None
         assert waiter.acquire("w", 30, HOLDER, "waiter") is None
         waiter.wait_for_release("w", 0.1)  # takes its turn, listens, times out
-        assert holder.release(held) is True
-        trips, lease = round_trips(proxy, lambda: waiter.acquire("w", 30, HOLDER, "waiter"))
-        assert lease is not None and lease.fencing_token == held.fencing_token + 1
-        assert trips == 1
-        assert waiter.release(lease) is True
+        yield waiter, proxy, holder, held
     finally:
         holder.close()
+
+
+def test_a_woken_waiters_acquire_takes_one_round_trip(waiting):
+    """On PostgreSQL the waiter's acquire also stops listening and ends its turn in line:
+    still one round trip."""
+    waiter, proxy, holder, held = waiting
+    assert holder.release(held) is True
+    trips, lease = round_trips(proxy, lambda: waiter.acquire("w", 30, HOLDER, "waiter"))
+    assert lease is not None and lease.fencing_token == held.fencing_token + 1
+    assert trips == 1
+    assert waiter.release(lease) is True
+
+
+def test_a_waiter_giving_up_takes_at_most_one_round_trip(waiting, network_store_url):
+    """PostgreSQL: UNLISTEN and the end of the turn together; Redis keeps no place."""
+    waiter, proxy, holder, held = waiting
+    trips, _ = round_trips(proxy, lambda: waiter.stop_waiting("w"))
+    assert trips == (1 if network_store_url.startswith("postgres") else 0)
+    trips, _ = round_trips(proxy, lambda: waiter.stop_waiting("w"))
+    assert trips == 0  # nothing left to give up
+    assert holder.release(held) is True

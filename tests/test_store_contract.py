@@ -329,3 +329,35 @@ def test_each_release_wakes_one_waiter_and_the_others_wait_their_turn(store, sto
     gaps = [at - free for at, free in zip(sorted(acquired), sorted(released)[:3], strict=True)]
     assert max(gaps) < 0.15, gaps
     assert woken_for_nothing == []
+
+
+def test_a_waiter_that_gives_up_leaves_the_queue_to_the_others(store, store_factory):
+    """A client that stopped waiting but keeps its store open takes no wake-up meant for
+    a waiter still in line (on SQLite it would be woken first; on PostgreSQL it would
+    keep the turn to listen)."""
+    lease = store.acquire("k", 30, OTHER, token())
+    quitter = store_factory()
+    assert quitter.acquire("k", 30, HOLDER, token()) is None
+    quitter.wait_for_release("k", 0.2)
+    quitter.stop_waiting("k")
+    quitter.stop_waiting("k")  # twice is harmless
+
+    client, owner = store_factory(), token()
+    deadline = time.monotonic() + 3.0
+    acquired: list[float] = []
+
+    def waiter() -> None:
+        while time.monotonic() < deadline:
+            if client.acquire("k", 30, HOLDER, owner) is not None:
+                acquired.append(time.monotonic())
+                return
+            client.wait_for_release("k", deadline - time.monotonic())
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    time.sleep(0.3)
+    released = time.monotonic()
+    assert store.release(lease) is True
+    thread.join()
+    assert acquired and acquired[0] - released < 0.15, (acquired, released)
+    assert quitter.peek("k") is not None  # the quitter's store still works

@@ -159,6 +159,11 @@ class Store(ABC):
         if timeout > 0:
             time.sleep(timeout)
 
+    def stop_waiting(self, key: str) -> None:  # noqa: B027 - stores that only poll keep no place
+        """The caller has given up waiting for ``key`` but keeps the store open: leave the
+        key's queue of waiters (so releases wake the others) and pass on a wake-up it was
+        sent but will not use. Getting the lease, or ``close``, does the same."""
+
     def set_io_timeout(self, seconds: float) -> None:  # noqa: B027 - local stores need none
         """Bound each later call (connect, statement, socket read) to about ``seconds``.
 

@@ -45,22 +45,23 @@ class LocalWakeups:
         # Made and opened under a name no release looks at, then renamed: a release never
         # finds the FIFO without its reader (which it would take for a dead waiter's).
         making = self.directory / f"new.{unique}"
+        fd: int | None = None
         try:
             self.directory.mkdir(exist_ok=True)
             os.mkfifo(making, 0o622)  # anyone may wake us; only we read
             fd = os.open(making, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError:
-            with contextlib.suppress(OSError):
-                making.unlink()
-            return False
-        try:
             os.rename(making, path)
-        except OSError:
-            os.close(fd)
-            with contextlib.suppress(OSError):
-                making.unlink()
-            return False
-        self._key, self._path, self._fd = key, path, fd
+            self._key, self._path, self._fd = key, path, fd
+        except BaseException as exc:  # OSError, or a signal that stops the wait: undo it all
+            self._key = self._path = self._fd = None
+            if fd is not None:
+                os.close(fd)
+            for name in (making, path):
+                with contextlib.suppress(OSError):
+                    name.unlink()
+            if isinstance(exc, OSError):
+                return False
+            raise
         return True
 
     def wait(self, timeout: float) -> bool:
@@ -85,6 +86,18 @@ class LocalWakeups:
         if path is not None:
             with contextlib.suppress(OSError):
                 path.unlink()
+
+    def give_up(self, key: str) -> None:
+        """Leave ``key``'s queue; a wake-up that arrived unread goes to the next waiter."""
+        if self._key != key or self._fd is None:
+            return
+        try:
+            woken = bool(os.read(self._fd, 64))
+        except OSError:  # BlockingIOError: nothing sent to us
+            woken = False
+        self.leave()
+        if woken:
+            self.wake_one(key)
 
     def wake_one(self, key: str) -> None:
         """Wake the longest-waiting live waiter of ``key``, if any. Never raises."""

@@ -50,6 +50,7 @@ import psycopg
 import psycopg.errors as pgerr
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
+from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 
 from tasklock_cli.errors import ConfigError, LeaseLost, StoreUnavailable, TasklockError
@@ -797,8 +798,8 @@ class PostgresStore(Store):
 
         Waiters take turns: only the first waiter of a key listens, and the others queue
         on a session advisory lock behind it, so a release wakes one waiter, not all of
-        them at once. The first waiter keeps its turn until it gets the lease (or its
-        session ends); then the next in the queue listens.
+        them at once. The first waiter keeps its turn until it gets the lease, stops
+        waiting (``stop_waiting``) or its session ends; then the next in the queue listens.
 
         Listening: LISTEN first, then ask the server how long the lease has left, then
         wait for a release notification, at most until that expiry. Never raises: on
@@ -826,6 +827,32 @@ class PostgresStore(Store):
             left = deadline - time.monotonic()
             if left > 0:
                 time.sleep(left)
+
+    def stop_waiting(self, key: str) -> None:
+        """UNLISTEN and hand the turn on, in one round trip. The next waiter in line then
+        listens and looks at the lease, so a notification we did not use is not lost."""
+
+        def run(conn: psycopg.Connection) -> None:
+            ours = self._turn_of == key  # (a new connection holds nothing)
+            if not (self._listening or ours):
+                return
+            statement = sql.SQL("UNLISTEN *")
+            if ours:
+                statement += sql.SQL("; ") + self._turn_lock("pg_advisory_unlock", key)
+            conn.execute(statement)
+            self._listening = False
+            if ours:
+                self._turn_of = None
+            for _ in conn.notifies(timeout=0):
+                pass
+
+        with self._lock:
+            conn = self._conn
+            if conn is not None and conn.info.transaction_status != TransactionStatus.IDLE:
+                self._drop()  # cut off mid-call (a signal): ending the session gives up all
+                return
+        if self._listening or self._turn_of == key:
+            self._run(run)
 
     def _wait_for_turn(self, key: str, deadline: float) -> bool:
         """Queue (in slices) for the key's waiters' advisory lock; True once it is ours."""

@@ -375,6 +375,9 @@ class SQLiteStore(Store):
             return  # free already
         self._wakeups.wait(min(timeout, max(0.0, rows[0][0]) + 0.002))
 
+    def stop_waiting(self, key: str) -> None:
+        self._wakeups.give_up(key)
+
     def init_schema(self) -> None:
         self._connection()
 
