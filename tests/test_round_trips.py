@@ -10,10 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from urllib.parse import urlsplit
 
+import psycopg
 import pytest
 
 from tasklock_cli.stores import open_store
 from tasklock_cli.stores.base import Holder, Lease, Store
+from tasklock_cli.stores.postgres import split_table
 from tests.support.proxy import TcpProxy
 
 HOLDER = Holder(host="h", pid=1, user="u", command=["true"])
@@ -94,3 +96,28 @@ def test_a_waiter_giving_up_takes_at_most_one_round_trip(waiting, network_store_
     trips, _ = round_trips(proxy, lambda: waiter.stop_waiting("w"))
     assert trips == 0  # nothing left to give up
     assert holder.release(held) is True
+
+
+def test_a_new_connection_costs_its_handshake_and_one_round_trip_of_set_up(network_store_url):
+    """Every `tasklock run` opens a new connection, so its first acquire is what a run pays:
+    the driver's connect, one round trip of set-up (PostgreSQL: the session settings, the
+    statement timeout and the look at the table, together; Redis: CLIENT SETNAME, without
+    CLIENT SETINFO or a health-check PING) and the acquire."""
+    with open_store(network_store_url) as warm_up:  # the table exists, the script is loaded
+        warm_up.release(warm_up.acquire("first", 30, HOLDER, "warm-up"))
+    parts = urlsplit(network_store_url)
+    with TcpProxy(parts.hostname or "127.0.0.1", parts.port or 0) as proxy:
+        if network_store_url.startswith("postgres"):
+            conninfo, _ = split_table(network_store_url)
+            handshake, _ = round_trips(
+                proxy, lambda: psycopg.connect(proxy.url_for(conninfo)).close()
+            )
+        else:
+            handshake = 0  # a TCP connect is no round trip at the proxy; RESP has no greeting
+        store = open_store(proxy.url_for(network_store_url))
+        try:
+            trips, lease = round_trips(proxy, lambda: store.acquire("first", 30, HOLDER, "run"))
+            assert lease is not None
+            assert trips == handshake + 2, (trips, handshake)
+        finally:
+            store.close()

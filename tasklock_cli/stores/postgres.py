@@ -22,6 +22,10 @@ Only a key's first waiter listens; the others queue behind it on a session advis
 (its "turn"). A waiter's acquire is one simple query: UNLISTEN, then the acquire, which
 also ends the turn when it is granted.
 
+A new connection (every ``tasklock run`` opens one) costs the connect and one round trip
+of set-up: the session settings, the statement timeout and the look at the table go in
+one simple query.
+
 Every call is bounded by the I/O timeout (``set_io_timeout``): ``statement_timeout`` on
 the server, TCP keepalives and ``tcp_user_timeout`` on the socket, and a watchdog that
 shuts the socket down when the server does not answer at all (a hung or cut-off host).
@@ -117,6 +121,23 @@ SELECT c.oid::bigint, c.relkind::text,
   FROM pg_class c
  WHERE c.oid = to_regclass(%s)
 """
+
+# Every new connection's settings, sent with its first statement (``_open``). READ
+# COMMITTED whatever the server's or role's default: every lease statement re-checks the
+# row it locks, and never fails with 40001.
+_SESSION_SETUP = (
+    "SET default_transaction_isolation = 'read committed';"
+    " SET TIME ZONE 'UTC';"
+    " SET idle_in_transaction_session_timeout = '60s';"
+    " SET statement_timeout = {timeout};"
+)
+
+
+class _Unset:
+    """Not looked at yet (as opposed to None: looked at, and missing)."""
+
+
+_UNSET = _Unset()
 
 _PAYLOAD = (
     "CASE WHEN octet_length({col}) <= "
@@ -433,24 +454,32 @@ class PostgresStore(Store):
             kwargs["application_name"] = "tasklock"
         return kwargs
 
-    def _open(self) -> psycopg.Connection:
+    def _open(self, inspect: bool) -> tuple[psycopg.Connection, tuple | None]:
+        """A new connection, set up in one round trip after connecting: the session
+        settings, the statement timeout and (``inspect``) the look at the table, whose
+        row is returned for ``_ensure_schema``."""
         conn = psycopg.Connection.connect(self._conninfo, autocommit=True, **self._connect_kwargs())
         try:
             os.set_inheritable(conn.fileno(), False)  # libpq sets FD_CLOEXEC; make sure
-            # READ COMMITTED whatever the server's or role's default: every lease
-            # statement re-checks the row it locks, and never fails with 40001.
-            self._guarded(
-                conn,
-                lambda: conn.execute(
-                    "SET default_transaction_isolation = 'read committed';"
-                    " SET TIME ZONE 'UTC';"
-                    " SET idle_in_transaction_session_timeout = '60s'"
-                ),
-            )
+            setup = _SESSION_SETUP.format(timeout=self._statement_timeout_ms())
+            cursor = psycopg.ClientCursor(conn)  # one simple query, parameters bound here
+            if not inspect:
+                self._guarded(conn, lambda: cursor.execute(setup))
+                return conn, None
+
+            def set_up_and_inspect() -> tuple | None:
+                cursor.execute(setup + _INSPECT, [self._table.as_string(conn)])
+                for _ in range(_SESSION_SETUP.count(";")):
+                    cursor.nextset()
+                return cursor.fetchone()
+
+            return conn, self._guarded(conn, set_up_and_inspect)
         except BaseException:
             conn.close()
             raise
-        return conn
+
+    def _statement_timeout_ms(self) -> int:
+        return max(100, int(self._io_timeout * 800))  # the server cancels before we give up
 
     def _guarded(self, conn: psycopg.Connection, operation: Callable[[], _T]) -> _T:
         """Run ``operation`` with the watchdog armed for one I/O timeout."""
@@ -468,19 +497,22 @@ class PostgresStore(Store):
         if conn is not None and (conn.closed or conn.broken):
             self._drop()
             conn = None
+        inspected: tuple | _Unset | None = _UNSET
         if conn is None:
-            conn = self._open()
+            conn, row = self._open(inspect=ensure_schema)
+            if ensure_schema:
+                inspected = row
             self._conn = conn
-            self._applied_timeout = None
+            self._applied_timeout = self._io_timeout
             self._schema_ok = False
             self._listening = False
             self._turn_of = None
         if self._applied_timeout != self._io_timeout:
-            millis = max(100, int(self._io_timeout * 800))  # the server cancels first
+            millis = self._statement_timeout_ms()
             self._guarded(conn, lambda: conn.execute(f"SET statement_timeout = {millis}"))
             self._applied_timeout = self._io_timeout
         if ensure_schema and not self._schema_ok:
-            self._ensure_schema(conn)
+            self._ensure_schema(conn, inspected)
         return conn
 
     def _drop(self) -> None:
@@ -588,8 +620,10 @@ class PostgresStore(Store):
     # -- schema -------------------------------------------------------------------
 
     def _inspect(self, conn: psycopg.Connection) -> int | None:
+        return self._judge_table(conn.execute(_INSPECT, [self._table.as_string(conn)]).fetchone())
+
+    def _judge_table(self, row: tuple | None) -> int | None:
         """The table's oid when it is a tasklock table, None when missing; else ConfigError."""
-        row = conn.execute(_INSPECT, [self._table.as_string(conn)]).fetchone()
         if row is None:
             return None
         oid, relkind, columns, has_unique_key = row
@@ -629,11 +663,15 @@ class PostgresStore(Store):
                 "`tasklock init --print-sql`"
             ) from None
 
-    def _ensure_schema(self, conn: psycopg.Connection) -> None:
-        """Once per connection: the table exists (created if missing) and is ours."""
+    def _ensure_schema(self, conn: psycopg.Connection, inspected: tuple | _Unset | None) -> None:
+        """Once per connection: the table exists (created if missing) and is ours.
+        ``inspected``: the table's row, when the connection's set-up read it already."""
 
         def check() -> None:
-            oid = self._inspect(conn)
+            if isinstance(inspected, _Unset):
+                oid = self._inspect(conn)
+            else:
+                oid = self._judge_table(inspected)
             if oid is None:
                 self._create(conn)
                 oid = self._inspect(conn)

@@ -27,6 +27,7 @@ Connections: sockets are close-on-exec (Python's default), so a child never inhe
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import math
 import threading
@@ -38,6 +39,7 @@ from urllib.parse import unquote, unquote_plus, urlsplit
 # Absolute import: this is redis-py, not this module (Python 3 has no implicit relative
 # imports, and ``from __future__ import annotations`` changes nothing about that).
 import redis
+import redis.connection
 import redis.exceptions as rexc
 from redis.backoff import NoBackoff
 from redis.commands.core import Script
@@ -257,6 +259,26 @@ def _split_url(url: str) -> tuple[str, str, list[str]]:
     return clean, prefix, secrets
 
 
+def _no_client_setinfo() -> dict[str, Any]:
+    """Connection options that skip redis-py's CLIENT SETINFO LIB-NAME / LIB-VER: two
+    round trips on every new connection, i.e. on every ``tasklock run``, for a library
+    name and version in CLIENT LIST (the client name, ``tasklock``, is kept)."""
+    parameters = inspect.signature(redis.connection.AbstractConnection.__init__).parameters
+    if "driver_info" in parameters:  # newer redis-py, where lib_name/lib_version warn
+        return {"driver_info": None}
+    return {"lib_name": None, "lib_version": None}
+
+
+_NO_CLIENT_SETINFO = _no_client_setinfo()
+
+
+def _set_up_without_health_check(connection: redis.connection.AbstractConnection) -> None:
+    """The connection's handshake, without the health-check PING redis-py would first send
+    on a socket that has only just connected (one round trip more per ``tasklock run``)."""
+    connection.next_health_check = time.monotonic() + HEALTH_CHECK_INTERVAL_S
+    connection.on_connect()
+
+
 class RedisStore(Store):
     signals_release = True
 
@@ -296,7 +318,9 @@ class RedisStore(Store):
             # take past the supervisor's deadline); ``_call`` retries once, knowingly.
             "retry": Retry(NoBackoff(), 0),
             "health_check_interval": HEALTH_CHECK_INTERVAL_S,
-            "client_name": "tasklock",
+            "redis_connect_func": _set_up_without_health_check,
+            "client_name": "tasklock",  # CLIENT LIST shows who holds the connections
+            **_NO_CLIENT_SETINFO,
             "decode_responses": False,
             # RESP2, so servers and proxies without HELLO work too.
             "protocol": 2,
