@@ -121,17 +121,20 @@ class Waiter:
     def interrupt(self, signum: int) -> None:
         """Stop waiting (from a signal handler): at once when blocked in the store's wait,
         else before the next one. A store call under way is never cut short, so a lease
-        it grants is not lost track of: the caller finds it held and releases it."""
+        it grants is not lost track of: the caller finds it held and releases it. After
+        an interrupted wait the caller must close the store."""
         self._stop_signal = signum
         if self._in_wait:
+            self._in_wait = False  # once: a second signal must not cut the unwinding short
             raise Interrupted(signum)
 
     def acquire(self) -> None:
         try:
             self._acquire()
-        except BaseException:
-            # Whatever ends the wait without the lease (it ran out, the store failed, a
-            # signal): a store kept open must not go on holding this waiter's place.
+        except TasklockError:
+            # The wait ran out or the store failed: a store kept open must not go on
+            # holding this waiter's place. (A wait cut short by a signal may have left a
+            # store call half done: the caller closes that store, which gives all up.)
             with contextlib.suppress(TasklockError):
                 self.keeper.store.stop_waiting(self.keeper.key)
             raise

@@ -169,11 +169,21 @@ class Supervisor:
         self._waiter = Waiter(self.keeper, self.options.wait, on_waiting=announce)
         if self.state.pending_signals:  # came before the waiter could hear of it
             raise Interrupted(self.state.pending_signals[0])
-        self._waiter.acquire()
+        try:
+            self._waiter.acquire()
+        except TasklockError:
+            if self.state.pending_signals:  # it came during the last attempt: it wins
+                raise Interrupted(self.state.pending_signals[0]) from None
+            raise
         # Right before starting the child, make sure enough of the lease is left (a long
         # wait, a slow reply); renew first otherwise.
         if self.keeper.remaining() < self.options.ttl / 2:
-            self.keeper.renew()
+            try:
+                self.keeper.renew()
+            except TasklockError:
+                with contextlib.suppress(TasklockError):  # one try: it may still be ours
+                    self.keeper.release(lock_timeout=self.options.io_timeout)
+                raise
 
     def _run_child(self) -> int:
         terminal = Terminal()

@@ -170,7 +170,8 @@ def test_a_signal_stops_the_wait_but_never_cuts_a_store_call_short(tmp_path, clo
     assert stopped.value.exit_code == 128 + signal.SIGTERM
     # In the wait: out of it at once. In an acquire: that call finished, no wait followed.
     assert len(store.waits) == (1 if during == "wait" else 0)
-    assert store.stopped_waiting == ["k"]  # its place in the queue is given up
+    # A wait cut short may have left a store call half done: the caller closes the store.
+    assert store.stopped_waiting == []
 
 
 def test_release_forgets_the_lease_only_after_the_store_confirms(tmp_path, clock):

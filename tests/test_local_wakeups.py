@@ -62,6 +62,26 @@ def test_registering_cut_short_by_a_signal_leaves_nothing_behind(tmp_path, monke
     assert waiter.register("k")  # and it can register again
 
 
+def test_after_a_wake_up_the_next_wait_waits(tmp_path):
+    """The waker's FIFO end is closed by then; the waiter must not read that as ready
+    (end-of-file) for ever, which would make a waiter that lost the race spin."""
+    waiter, releaser = LocalWakeups(tmp_path / "w"), LocalWakeups(tmp_path / "w")
+    assert waiter.register("k")
+    releaser.wake_one("k")
+    assert waiter.wait(0.5) is True
+    assert waiter.register("k")  # lost the race: back in line, same place
+    assert waiter.wait(0.1) is False
+    releaser.wake_one("k")
+    assert waiter.wait(0.5) is True
+
+
+def test_giving_up_with_pass_on_wakes_the_next_waiter(tmp_path):
+    first, second = LocalWakeups(tmp_path / "w"), LocalWakeups(tmp_path / "w")
+    assert first.register("k") and second.register("k")
+    first.give_up("k", pass_on=True)  # its wait was cut short: maybe a wake-up was lost
+    assert second.wait(0.5) is True
+
+
 def test_waiters_of_other_keys_are_not_woken(tmp_path):
     waiter, releaser = LocalWakeups(tmp_path / "w"), LocalWakeups(tmp_path / "w")
     assert waiter.register("a")

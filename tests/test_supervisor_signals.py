@@ -9,10 +9,13 @@ import signal
 import pytest
 
 from tasklock_cli import supervisor as supervisor_module
+from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.events import EventLog
 from tasklock_cli.process import Child
+from tasklock_cli.stores.base import Holder
 from tasklock_cli.stores.sqlite import SQLiteStore
 from tasklock_cli.supervisor import RunOptions, Supervisor
+from tests.test_engine_units import FakeClock
 
 
 @pytest.fixture
@@ -55,3 +58,38 @@ def test_a_signal_once_the_lease_is_held_releases_it_and_runs_nothing(store, mon
     assert run(store, ["touch", str(marker)]) == 128 + signal.SIGHUP
     assert not marker.exists()
     assert store.peek("k") is None
+
+
+def test_a_signal_during_the_last_attempt_wins_over_the_conflict(store, tmp_path):
+    other = SQLiteStore(tmp_path / "locks.db")
+    assert other.acquire("k", 60, Holder("h", 1, "u", []), "someone else") is not None
+
+    class SignalledWhileRefusing(SQLiteStore):
+        def acquire(self, *args, **kwargs):
+            lease = super().acquire(*args, **kwargs)
+            os.kill(os.getpid(), signal.SIGTERM)  # recorded: no wait to cut short
+            return lease
+
+    with SignalledWhileRefusing(tmp_path / "locks.db") as refusing:
+        assert run(refusing, ["true"]) == 128 + signal.SIGTERM  # not 75
+    other.close()
+
+
+def test_a_failed_renewal_before_the_start_releases_the_lease(tmp_path):
+    clock = FakeClock()
+
+    class SlowThenDown(SQLiteStore):
+        def acquire(self, *args, **kwargs):
+            lease = super().acquire(*args, **kwargs)
+            clock.advance(45)  # a slow reply: under half the 60 s ttl left
+            return lease
+
+        def renew(self, lease, ttl):
+            raise StoreUnavailable("the store went away")
+
+    with SlowThenDown(tmp_path / "locks.db") as store:
+        events = EventLog(stream=open(os.devnull, "w"))  # noqa: SIM115
+        supervisor = Supervisor(store, RunOptions(key="k", command=["true"], ttl=60), events, clock)
+        with pytest.raises(StoreUnavailable):
+            supervisor.run()
+        assert store.peek("k") is None  # not left held for the rest of its ttl

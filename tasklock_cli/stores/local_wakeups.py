@@ -34,6 +34,11 @@ class LocalWakeups:
         self._path: Path | None = None
         self._fd: int | None = None
 
+    @property
+    def key(self) -> str | None:
+        """The key whose queue we are in, if any."""
+        return self._key
+
     def register(self, key: str) -> bool:
         """Join the queue of ``key``'s waiters (keeping our place if already in it);
         False when this machine cannot make FIFOs there (the caller just polls)."""
@@ -49,7 +54,10 @@ class LocalWakeups:
         try:
             self.directory.mkdir(exist_ok=True)
             os.mkfifo(making, 0o622)  # anyone may wake us; only we read
-            fd = os.open(making, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            # Read-write, not read-only: a read-only FIFO whose last writer has gone reads
+            # as end-of-file, so select() would report it ready for good after the first
+            # wake-up and a waiter that then lost the race would spin.
+            fd = os.open(making, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
             os.rename(making, path)
             self._key, self._path, self._fd = key, path, fd
         except BaseException as exc:  # OSError, or a signal that stops the wait: undo it all
@@ -87,16 +95,21 @@ class LocalWakeups:
             with contextlib.suppress(OSError):
                 path.unlink()
 
-    def give_up(self, key: str) -> None:
-        """Leave ``key``'s queue; a wake-up that arrived unread goes to the next waiter."""
+    def give_up(self, key: str, pass_on: bool = False) -> None:
+        """Leave ``key``'s queue; a wake-up that arrived unread goes to the next waiter
+        (with ``pass_on``, the next waiter is woken anyway: for a wait cut short, whose
+        wake-up may have been read and then dropped)."""
         if self._key != key or self._fd is None:
             return
+        if self._path is not None:  # first out of sight of releasers, then look
+            with contextlib.suppress(OSError):
+                self._path.unlink()
         try:
             woken = bool(os.read(self._fd, 64))
         except OSError:  # BlockingIOError: nothing sent to us
             woken = False
         self.leave()
-        if woken:
+        if woken or pass_on:
             self.wake_one(key)
 
     def wake_one(self, key: str) -> None:
@@ -119,8 +132,10 @@ class LocalWakeups:
                 continue
             try:
                 os.write(fd, b"!")
-            except OSError:  # EAGAIN: woken already and not yet read; it will look
+            except BlockingIOError:  # woken already and not yet read; it will look
                 pass
+            except OSError:  # EPIPE: its reader closed just now; the next one, then
+                continue
             finally:
                 os.close(fd)
             return

@@ -909,11 +909,17 @@ class PostgresStore(Store):
         timeout = sql.SQL("SET LOCAL lock_timeout = {}; ").format(
             sql.Literal(max(1, int(seconds * 1000)))
         )
+        # Marked before it is asked for: a call cut short after the server granted it must
+        # still be given up (unlocking a lock we do not hold only warns).
+        self._turn_of = key
         try:
             conn.execute(timeout + self._turn_lock("pg_advisory_lock", key))
         except pgerr.LockNotAvailable:
+            self._turn_of = None
             return False
-        self._turn_of = key
+        except Exception:
+            self._turn_of = None  # failed: not ours
+            raise
         return True
 
     def _turn_lock(self, function: str, key: str, call_only: bool = False) -> sql.Composed:
@@ -925,8 +931,8 @@ class PostgresStore(Store):
 
     def _listen_and_check(self, conn: psycopg.Connection, key: str) -> float | None:
         if not self._listening:
+            self._listening = True  # before, like the turn: see _take_turn
             conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
-            self._listening = True
         # Whatever arrived before this point is answered by the check below.
         for _ in conn.notifies(timeout=0):
             pass
@@ -939,7 +945,11 @@ class PostgresStore(Store):
         def wait(conn: psycopg.Connection) -> bool:
             if not self._listening:
                 return True  # the connection was replaced: let the caller look again
-            return any(note.payload == wanted for note in conn.notifies(timeout=seconds))
+            notes = conn.notifies(timeout=seconds)
+            try:
+                return any(note.payload == wanted for note in notes)
+            finally:
+                notes.close()  # it holds the connection's lock while paused, say by a signal
 
         return self._run(wait)
 
