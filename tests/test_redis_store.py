@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 import uuid
@@ -380,6 +381,45 @@ def test_a_release_between_the_look_and_the_block_is_not_missed(store, other, mo
     store.wait_for_release("k", 3)
     assert time.monotonic() - started < 1
     assert len(calls) == 2
+
+
+class _CutShort(BaseException):
+    """What a signal handler raising in the middle of a wait looks like."""
+
+
+def test_closing_a_store_whose_wait_was_cut_short_passes_the_wake_up_on(
+    url, store, other, raw, prefix
+):
+    """Its BLPOP may have taken the release's wake-up just before the signal: while the key
+    is free, the close leaves one for the next waiter."""
+    lease = other.acquire("k", 30, HOLDER, token())
+    quitter = open_store(url)
+
+    def cut_short(*_):
+        raise _CutShort
+
+    previous = signal.signal(signal.SIGALRM, cut_short)
+    signal.setitimer(signal.ITIMER_REAL, 0.3)
+    try:
+        with pytest.raises(_CutShort):
+            quitter.wait_for_release("k", 5)  # blocked in BLPOP when the alarm comes
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert other.release(lease) is True
+    wake_key = prefix + b"{k}:wake"
+    assert raw.lpop(wake_key) == b"1"  # as if the quitter's BLPOP had taken it
+    quitter.close()
+    assert raw.llen(wake_key) == 1  # passed on
+
+
+def test_closing_a_store_after_an_ordinary_wait_leaves_no_wake_up(store, other, raw, prefix):
+    lease = other.acquire("k", 30, HOLDER, token())
+    store.wait_for_release("k", 0.1)
+    assert other.release(lease) is True
+    raw.delete(prefix + b"{k}:wake")
+    store.close()
+    assert raw.llen(prefix + b"{k}:wake") == 0
 
 
 def test_a_wake_up_left_unclaimed_is_dropped_by_the_next_acquire(store, other, raw, prefix):

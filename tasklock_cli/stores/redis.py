@@ -196,6 +196,18 @@ return data
 """
 )
 
+# KEYS[2] = wake: a waiter whose wait was cut short may have taken the last release's
+# wake-up with it; while the key is still free, one is left for the next waiter.
+_PASS_ON = (
+    _PRELUDE
+    + """
+local _, bad_wake = key_type(KEYS[2], 'list', 'wake')
+if bad_wake then return bad_wake end
+if lease_type == 'none' then wake_one(KEYS[2]) end
+return 1
+"""
+)
+
 # Read-only: for each KEYS[i] -> [fencing_token, acquired_at, expires_at, holder] (false for a
 # missing field), 0 when the key is gone, or the type name of a foreign key. One JSON string
 # per batch: decoding it is C-speed, where parsing 100,000 HGETALL replies in Python is not.
@@ -290,6 +302,7 @@ class RedisStore(Store):
         self._secrets = [s for s in _split_url(url)[2] if s]
         self._tcp = urlsplit(url).scheme.lower() in ("redis", "rediss")
         self._io_timeout = DEFAULT_IO_TIMEOUT_S
+        self._blocked_on: str | None = None  # the key of a BLPOP under way
         self._scripts = {
             name: Script(None, source.encode("utf-8"))
             for name, source in (
@@ -297,6 +310,7 @@ class RedisStore(Store):
                 ("renew", _RENEW),
                 ("release", _RELEASE),
                 ("force_release", _FORCE_RELEASE),
+                ("pass_on", _PASS_ON),
                 ("read_many", _READ_MANY),
             )
         }
@@ -607,10 +621,13 @@ class RedisStore(Store):
                 if left < 0.001:
                     return
                 seconds = math.floor(left * 1000) / 1000
+                self._blocked_on = key  # left set only when a signal cuts the BLPOP short
                 popped = self._call(lambda c, s=seconds: c.blpop([wake], timeout=s), key)
+                self._blocked_on = None
                 if popped is not None:
                     return
         except (rexc.RedisError, TasklockError, OSError):
+            self._blocked_on = None
             remaining = deadline - time.monotonic()
             if remaining > 0:
                 time.sleep(remaining)
@@ -761,6 +778,12 @@ class RedisStore(Store):
         return StoreCheck("clock", True, detail)
 
     def close(self) -> None:
+        blocked, self._blocked_on = self._blocked_on, None
+        if blocked is not None:  # the wake-up it may have popped goes to the next waiter
+            script = self._scripts["pass_on"]
+            keys = [self._lease_key(blocked), self._wake_key(blocked)]
+            with contextlib.suppress(TasklockError):
+                self._call(lambda c: script(keys=keys, client=c), blocked)
         with self._client_lock:
             client = self._client
         with contextlib.suppress(Exception):
