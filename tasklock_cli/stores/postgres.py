@@ -469,8 +469,8 @@ class PostgresStore(Store):
 
             def set_up_and_inspect() -> tuple | None:
                 cursor.execute(setup + _INSPECT, [self._table.as_string(conn)])
-                for _ in range(_SESSION_SETUP.count(";")):
-                    cursor.nextset()
+                while cursor.nextset():  # to the last result, the inspection's
+                    pass
                 return cursor.fetchone()
 
             return conn, self._guarded(conn, set_up_and_inspect)

@@ -27,7 +27,6 @@ Connections: sockets are close-on-exec (Python's default), so a child never inhe
 from __future__ import annotations
 
 import contextlib
-import inspect
 import json
 import math
 import threading
@@ -271,23 +270,16 @@ def _split_url(url: str) -> tuple[str, str, list[str]]:
     return clean, prefix, secrets
 
 
-def _no_client_setinfo() -> dict[str, Any]:
-    """Connection options that skip redis-py's CLIENT SETINFO LIB-NAME / LIB-VER: two
-    round trips on every new connection, i.e. on every ``tasklock run``, for a library
-    name and version in CLIENT LIST (the client name, ``tasklock``, is kept)."""
-    parameters = inspect.signature(redis.connection.AbstractConnection.__init__).parameters
-    if "driver_info" in parameters:  # newer redis-py, where lib_name/lib_version warn
-        return {"driver_info": None}
-    return {"lib_name": None, "lib_version": None}
-
-
-_NO_CLIENT_SETINFO = _no_client_setinfo()
-
-
-def _set_up_without_health_check(connection: redis.connection.AbstractConnection) -> None:
-    """The connection's handshake, without the health-check PING redis-py would first send
-    on a socket that has only just connected (one round trip more per ``tasklock run``)."""
+def _set_up_lean(connection: redis.connection.AbstractConnection) -> None:
+    """The connection's handshake without what costs a round trip each on every new
+    connection, i.e. on every ``tasklock run``: the health-check PING redis-py would first
+    send on a socket that has only just connected, and CLIENT SETINFO LIB-NAME / LIB-VER
+    (the client name, ``tasklock``, is kept). The handshake reads these attributes in
+    every redis-py release (``driver_info`` in newer ones, ``lib_name``/``lib_version``
+    in older ones), unlike the constructor options, whose ``None`` some releases ignore."""
     connection.next_health_check = time.monotonic() + HEALTH_CHECK_INTERVAL_S
+    connection.driver_info = None
+    connection.lib_name = connection.lib_version = None
     connection.on_connect()
 
 
@@ -332,9 +324,8 @@ class RedisStore(Store):
             # take past the supervisor's deadline); ``_call`` retries once, knowingly.
             "retry": Retry(NoBackoff(), 0),
             "health_check_interval": HEALTH_CHECK_INTERVAL_S,
-            "redis_connect_func": _set_up_without_health_check,
+            "redis_connect_func": _set_up_lean,
             "client_name": "tasklock",  # CLIENT LIST shows who holds the connections
-            **_NO_CLIENT_SETINFO,
             "decode_responses": False,
             # RESP2, so servers and proxies without HELLO work too.
             "protocol": 2,
