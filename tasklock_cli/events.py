@@ -20,6 +20,7 @@ _TEXT_LEVEL = {
     "acquired": VERBOSE,
     "released": VERBOSE,
     "renewed": VERBOSE,
+    "orphans-terminated": VERBOSE,
 }
 
 

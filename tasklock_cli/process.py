@@ -1,53 +1,93 @@
-"""The child: spawned in its own process group, signalled as a group, reaped with its orphans."""
+"""The command: started by a guard process (see guard.py), signalled as a group or as a tree."""
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
+import socket
 import subprocess
 import sys
 
-from tasklock_cli.errors import CommandNotExecutable, CommandNotFound
+from tasklock_cli import clock as clocks
+from tasklock_cli import proctree
+from tasklock_cli.errors import CommandNotExecutable, CommandNotFound, TasklockError
+from tasklock_cli.guard import MESSAGE_SIZE, become_subreaper, run_guard
 
-PR_SET_CHILD_SUBREAPER = 36
+__all__ = ["Child", "Terminal", "become_subreaper", "spawn_command"]
+
+#: After the guard died, how long the wrapper keeps killing what it left (they are ours now).
+TAKE_OVER_S = 2.0
 
 
-def become_subreaper() -> None:
-    """Orphaned grandchildren are re-parented to us, so we reap them (no zombies) and the
-    process group stays observable until it is really gone. Linux only; harmless elsewhere."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+def spawn_command(
+    command: list[str], env: dict[str, str], terminal_fd: int | None = None
+) -> subprocess.Popen:
+    """Start ``command`` in its own process group with exactly ``env``."""
+    if terminal_fd is not None:
+        # Take the terminal in the child itself, before exec: otherwise a command that
+        # reads at once can meet the terminal still ours, and be stopped by SIGTTIN.
+        group: dict = {"preexec_fn": lambda: _foreground_own_group(terminal_fd)}
+    elif sys.version_info >= (3, 11):
+        group = {"process_group": 0}
+    else:
+        group = {"preexec_fn": os.setpgrp}
+    try:
+        return subprocess.Popen(command, env=env, close_fds=True, **group)
+    except FileNotFoundError:
+        raise CommandNotFound(f"command not found: {command[0]}") from None
+    except (PermissionError, IsADirectoryError):
+        raise CommandNotExecutable(f"command not executable: {command[0]}") from None
+    except OSError as exc:
+        raise CommandNotExecutable(f"cannot run {command[0]}: {exc.strerror}") from None
 
 
 class Child:
-    """One command in its own process group."""
+    """The command and its whole process tree, as reported by its guard.
+
+    ``poll`` reads the guard's reports; ``fileno`` is readable when one is waiting.
+    """
 
     def __init__(
         self, command: list[str], env: dict[str, str], terminal_fd: int | None = None
     ) -> None:
-        if terminal_fd is not None:
-            # Take the terminal in the child itself, before exec: otherwise a command that
-            # reads at once can meet the terminal still ours, and be stopped by SIGTTIN.
-            group: dict = {"preexec_fn": lambda: _foreground_own_group(terminal_fd)}
-        elif sys.version_info >= (3, 11):
-            group = {"process_group": 0}
-        else:
-            group = {"preexec_fn": os.setpgrp}
-        try:
-            self._popen = subprocess.Popen(command, env=env, close_fds=True, **group)
-        except FileNotFoundError:
-            raise CommandNotFound(f"command not found: {command[0]}") from None
-        except (PermissionError, IsADirectoryError):
-            raise CommandNotExecutable(f"command not executable: {command[0]}") from None
-        except OSError as exc:
-            raise CommandNotExecutable(f"cannot run {command[0]}: {exc.strerror}") from None
-        self.pid = self._popen.pid
-        self.pgid = self.pid
-        self.status: int | None = None  # the raw wait status once the child has exited
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        guard_pid = os.fork()
+        if guard_pid == 0:
+            ours.close()
+            run_guard(theirs, lambda: spawn_command(command, env, terminal_fd))
+        theirs.close()
+        self.guard_pid = guard_pid
+        self._sock = ours
+        self.status: int | None = None  # the raw wait status once the command has exited
+        self.exited_at: float | None = None  # when, on clock.monotonic
+        self.orphans = 0  # processes it left running when it exited
         self.stopped_by: int | None = None
+        self.tree_empty = False
+        self.backstop_fired = False  # the guard killed the tree at the deadline by itself
+        self.guard_died = False
+        self.pid = self.pgid = self._started()
+
+    def _started(self) -> int:
+        while True:
+            try:
+                reply = self._sock.recv(MESSAGE_SIZE).decode()
+                break
+            except InterruptedError:  # pragma: no cover - PEP 475 retries for us
+                continue
+        verb, _, rest = reply.partition(" ")
+        if verb == "started":
+            return int(rest)
+        self._collect_guard()
+        if verb == "error":
+            code, _, message = rest.partition(" ")
+            if int(code) == CommandNotFound.exit_code:
+                raise CommandNotFound(message)
+            raise CommandNotExecutable(message)
+        raise TasklockError(f"could not start the command under its guard ({reply or 'no reply'})")
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
 
     @property
     def exited(self) -> bool:
@@ -60,36 +100,92 @@ class Child:
             return 128 + os.WTERMSIG(self.status)
         return os.WEXITSTATUS(self.status)
 
-    def signal_group(self, signum: int) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pgid, signum)
-
     def group_alive(self) -> bool:
-        """True while any process of the child's group remains (the child included)."""
-        try:
-            os.killpg(self.pgid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
+        """True while any process of the tree remains (the command included)."""
+        return not self.tree_empty
 
-    def reap(self) -> None:
-        """Collect every exited child (ours and adopted orphans) without blocking."""
-        while True:
+    def signal_group(self, signum: int) -> None:
+        """Signal the command's process group (what a terminal would signal)."""
+        self._order("group", signum)
+
+    def signal_tree(self, signum: int) -> None:
+        """Signal every process of the tree; SIGTERM and SIGKILL also reach processes that
+        start later, until the tree is empty."""
+        self._order("tree", signum)
+
+    def set_backstop(self, seconds: float) -> None:
+        """The guard kills the tree by itself ``seconds`` from now unless told a later time."""
+        self._order("backstop", repr(max(0.0, seconds)))
+
+    def poll(self) -> None:
+        """Read every report the guard has sent (never blocks)."""
+        while not self.tree_empty:
             try:
-                pid, status = os.waitpid(-1, os.WNOHANG | os.WUNTRACED)
-            except ChildProcessError:
+                report = self._sock.recv(MESSAGE_SIZE, socket.MSG_DONTWAIT)
+            except BlockingIOError:
                 return
-            if pid == 0:
+            except ConnectionResetError:
+                # The guard exited with an order of ours unread; its last reports are
+                # still queued behind this error, which is reported only once.
+                continue
+            except OSError:
+                report = b""
+            if not report:
+                self._take_over()
                 return
-            if pid != self.pid:
-                continue
-            if os.WIFSTOPPED(status):
-                self.stopped_by = os.WSTOPSIG(status)
-                continue
-            self.status = status
-            self._popen.returncode = self.exit_code()  # so Popen never waits on it again
+            self._note(report.decode().split())
+
+    # Compatibility with callers that reap: the guard reaps; we read its reports.
+    reap = poll
+
+    def _note(self, words: list[str]) -> None:
+        verb = words[0]
+        if verb == "stopped":
+            self.stopped_by = int(words[1])
+        elif verb == "exited":
+            self.status, self.orphans = int(words[1]), int(words[2])
+            self.exited_at = float(words[3])
+        elif verb == "backstop":
+            self.backstop_fired = True
+        elif verb == "empty":
+            self.tree_empty = True
+            self._collect_guard()
+
+    def _order(self, *words: object) -> None:
+        if self.tree_empty:
+            return
+        with contextlib.suppress(OSError):  # the guard is gone: poll() finds out
+            self._sock.send(" ".join(str(word) for word in words).encode())
+
+    def _take_over(self) -> None:
+        """The guard died without the tree being empty. As a subreaper we inherited the
+        tree: kill all of it, and reap it."""
+        self.guard_died = True
+        give_up = clocks.monotonic() + TAKE_OVER_S
+        while clocks.monotonic() < give_up:
+            self._collect_guard()
+            left = proctree.descendants(os.getpid())
+            if not left:
+                break
+            proctree.signal_all(left, signal.SIGKILL)
+            _reap_all()
+        self.tree_empty = True
+
+    def _collect_guard(self) -> None:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.guard_pid, os.WNOHANG)
+        _reap_all()
+
+
+def _reap_all() -> None:
+    """Collect every exited child of ours without blocking."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
 
 
 def _foreground_own_group(terminal_fd: int) -> None:

@@ -34,8 +34,11 @@ FORWARDED_SIGNALS = (
     signal.SIGUSR2,
 )
 JOB_CONTROL_STOPS = (signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)
+#: A signal that arrives during a store call (connecting, acquiring) lets the call finish
+#: this long, so a lease it grants is known and released; a call still blocked (a store
+#: cut off, a dead link) is then cut short.
+CUT_SHORT_AFTER_S = 0.12
 LOST_EXIT_CODE = 70
-GROUP_POLL_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,7 @@ class _State:
     loss: Loss | None = None
     kill_sent: bool = False
     term_forwarded_at: float | None = None
+    orphans_terminated_at: float | None = None  # the command exited, leaving processes
     pending_signals: list[int] = field(default_factory=list)
 
 
@@ -122,6 +126,7 @@ class Supervisor:
         self._heartbeat_stop = threading.Event()
         self.child: Child | None = None
         self._waiter: Waiter | None = None
+        self._acquiring = False
         self._loss_lock = threading.Lock()
 
     # -- the whole run ------------------------------------------------------------------
@@ -132,8 +137,10 @@ class Supervisor:
         previous_handlers = self._install_signal_handlers()
         try:
             return self._acquire_and_run()
-        except Interrupted as stop:  # while waiting: nothing is held
+        except Interrupted as stop:  # before the command started
+            self._stop_acquiring()
             self.events.debug(f"{stop} (while acquiring {self.options.key!r})")
+            self._let_go_in_haste()
             return stop.exit_code
         finally:
             self._restore_signal_handlers(previous_handlers)
@@ -143,11 +150,14 @@ class Supervisor:
     def _acquire_and_run(self) -> int:
         options = self.options
         self.store.set_io_timeout(options.io_timeout)
+        self._acquiring = True
         try:
             self._acquire()
         except Conflict as conflict:
             self._emit_conflict(conflict)
             return options.conflict_exit_code
+        finally:
+            self._stop_acquiring()
         self._emit(
             "acquired",
             f"acquired {options.key!r} (fencing token "
@@ -172,8 +182,7 @@ class Supervisor:
         try:
             self._waiter.acquire()
         except TasklockError:
-            if self.state.pending_signals:  # it came during the last attempt: it wins
-                raise Interrupted(self.state.pending_signals[0]) from None
+            self._raise_if_signalled()  # it came during the last attempt: it wins
             raise
         # Right before starting the child, make sure enough of the lease is left (a long
         # wait, a slow reply); renew first otherwise.
@@ -183,7 +192,25 @@ class Supervisor:
             except TasklockError:
                 with contextlib.suppress(TasklockError):  # one try: it may still be ours
                     self.keeper.release(lock_timeout=self.options.io_timeout)
+                self._raise_if_signalled()
                 raise
+
+    def _raise_if_signalled(self) -> None:
+        if self.state.pending_signals:
+            raise Interrupted(self.state.pending_signals[0]) from None
+
+    def _stop_acquiring(self) -> None:
+        self._acquiring = False
+        signal.setitimer(signal.ITIMER_REAL, 0)
+
+    def _let_go_in_haste(self) -> None:
+        """Stopped by a signal before the command started: release a lease we were granted,
+        giving the store little time (it may be the store that kept us waiting)."""
+        if self.keeper.lease is None:
+            return
+        self.store.set_io_timeout(CUT_SHORT_AFTER_S)
+        with contextlib.suppress(TasklockError):
+            self.keeper.release(lock_timeout=CUT_SHORT_AFTER_S)
 
     def _run_child(self) -> int:
         terminal = Terminal()
@@ -200,6 +227,7 @@ class Supervisor:
                 self._release()
                 raise
             self.child = child
+            child.set_backstop(self._backstop_in())
             for signum in self.state.pending_signals:  # came while it was being started
                 self._forward(child, signum)
             self.state.pending_signals.clear()
@@ -218,14 +246,19 @@ class Supervisor:
     def _finish(self, child: Child) -> int:
         loss = self.state.loss
         if loss is not None and loss.detected_by == "rejected":
-            return LOST_EXIT_CODE  # the lease is someone else's now: nothing to release
+            # Broken by an operator: it is still ours to let go, token-checked, unless
+            # someone else holds it by now (then this frees nothing).
+            self._release_once()
+            return LOST_EXIT_CODE
         keep_for = 0.0
-        if loss is None:
+        if loss is None and not child.guard_died:
             keep_for = max(
                 0.0, self.options.hold_at_least - (self.clock() - self.keeper.acquired_at)
             )
         self._release(keep_for)
-        return LOST_EXIT_CODE if loss is not None else child.exit_code()
+        if loss is not None or child.guard_died:
+            return LOST_EXIT_CODE
+        return child.exit_code()
 
     # -- watching the child and the clock -------------------------------------------------
 
@@ -233,14 +266,18 @@ class Supervisor:
         options = self.options
         started = self.clock()
         while True:
-            child.reap()
+            child.poll()
             if child.stopped_by is not None:
                 self._suspend_with(child, terminal)
-            if child.exited and not child.group_alive():
+            self._note_guard_reports(child)
+            if child.tree_empty:
+                self._report_orphans()
                 return
             now = self.clock()
             state = self.state
             deadline = self.keeper.deadline
+            if state.loss is None and child.exited and state.orphans_terminated_at is None:
+                self._terminate_orphans(child, now)
             if state.loss is None:
                 if now >= deadline:
                     # Past the deadline without having started to terminate: this process
@@ -265,20 +302,60 @@ class Supervisor:
             self._enforce(child, now)
             self._sleep_until_next_event(child, now, started)
 
+    def _note_guard_reports(self, child: Child) -> None:
+        """The guard killed the tree at the deadline by itself (we were not running), the
+        command exited past the deadline, or the guard itself died."""
+        if self.state.loss is None and child.backstop_fired:
+            self._lose("resumed-late", "paused past the local lease deadline", kill_at=0.0)
+        if self.state.loss is None and child.exited_at is not None:
+            exited_on_our_clock = self.clock() - (clocks.monotonic() - child.exited_at)
+            if exited_on_our_clock >= self.keeper.deadline:
+                late = exited_on_our_clock - self.keeper.deadline
+                detail = f"the command ran {format_duration(late)} past the local lease deadline"
+                self._lose("resumed-late", detail, kill_at=0.0)
+        if child.guard_died:
+            self.events.error(
+                f"the guard of the command on {self.options.key!r} died; "
+                "the command's process tree was killed"
+            )
+
+    def _terminate_orphans(self, child: Child, now: float) -> None:
+        """The command exited, leaving processes running: nothing the lock covered may run
+        on unlocked, so they get SIGTERM now and SIGKILL after --grace, then we release."""
+        self.state.orphans_terminated_at = now
+        if child.orphans:
+            child.signal_tree(signal.SIGTERM)
+            child.signal_tree(signal.SIGCONT)
+
+    def _report_orphans(self) -> None:
+        child = self.child
+        if child is None or not child.orphans or self.state.orphans_terminated_at is None:
+            return
+        count = child.orphans
+        self._emit(
+            "orphans-terminated",
+            f"terminated {count} process{'' if count == 1 else 'es'} the command left running",
+            count=count,
+        )
+
     def _enforce(self, child: Child, now: float) -> None:
         state = self.state
         if state.loss is not None and not state.kill_sent and now >= self._kill_time():
-            child.signal_group(signal.SIGKILL)
-            child.signal_group(signal.SIGCONT)
+            child.signal_tree(signal.SIGKILL)
             state.kill_sent = True
-        forwarded = state.term_forwarded_at
-        if forwarded is not None and not state.kill_sent and now >= forwarded + self.options.grace:
+        for signalled_at in (state.term_forwarded_at, state.orphans_terminated_at):
+            if signalled_at is None or state.kill_sent or now < signalled_at + self.options.grace:
+                continue
             self.events.debug(
-                f"command ignored SIGTERM for {format_duration(self.options.grace)}; "
-                "sending SIGKILL"
+                f"ignored SIGTERM for {format_duration(self.options.grace)}; sending SIGKILL"
             )
-            child.signal_group(signal.SIGKILL)
+            child.signal_tree(signal.SIGKILL)
             state.kill_sent = True
+
+    def _backstop_in(self) -> float:
+        """Seconds until the guard kills the tree by itself: after our own SIGKILL would
+        have gone out, still before the local deadline (and so before the store's)."""
+        return self.keeper.deadline - self.options.safety_margin / 2 - self.clock()
 
     def _kill_time(self) -> float:
         """When the SIGKILL goes out after a loss: as the loss planned it, but never past the
@@ -295,14 +372,12 @@ class Supervisor:
         ]
         if state.loss is not None and not state.kill_sent:
             wake_times.append(self._kill_time())
-        if state.term_forwarded_at is not None and not state.kill_sent:
-            wake_times.append(state.term_forwarded_at + options.grace)
-        timeout = min(t for t in wake_times) - now
-        if child.exited:  # only the rest of its group is left: poll for it
-            timeout = min(timeout, GROUP_POLL_S)
-        timeout = min(max(timeout, 0.0), 1.0)
+        for signalled_at in (state.term_forwarded_at, state.orphans_terminated_at):
+            if signalled_at is not None and not state.kill_sent:
+                wake_times.append(signalled_at + options.grace)
+        timeout = min(max(min(wake_times) - now, 0.0), 1.0)
         with contextlib.suppress(InterruptedError):
-            select.select([self._wake_r], [], [], timeout)
+            select.select([self._wake_r, child], [], [], timeout)
         with contextlib.suppress(BlockingIOError):
             while os.read(self._wake_r, 512):
                 pass
@@ -315,12 +390,11 @@ class Supervisor:
         child = self.child
         if child is not None and child.group_alive():  # the command, or what it left running
             if kill_at <= self.clock():
-                child.signal_group(signal.SIGKILL)
-                child.signal_group(signal.SIGCONT)
+                child.signal_tree(signal.SIGKILL)
                 self.state.kill_sent = True
             else:
-                child.signal_group(signal.SIGTERM)
-                child.signal_group(signal.SIGCONT)  # a stopped group must run to handle it
+                child.signal_tree(signal.SIGTERM)
+                child.signal_tree(signal.SIGCONT)  # a stopped process must run to handle it
         self._emit(
             "lost",
             f"lost the lease on {self.options.key!r} ({detected_by}: {detail}); "
@@ -370,6 +444,8 @@ class Supervisor:
                     kill_at=self.keeper.deadline - options.safety_margin,
                 )
                 return
+            if self.child is not None:
+                self.child.set_backstop(self._backstop_in())
             self._emit(
                 "renewed",
                 f"renewed {options.key!r} until {rfc3339(lease.expires_at)}",
@@ -378,6 +454,11 @@ class Supervisor:
             next_renewal = self.clock() + options.renew_interval
 
     # -- release, events, signals ---------------------------------------------------------
+
+    def _release_once(self) -> None:
+        with contextlib.suppress(TasklockError):
+            if self.keeper.release(lock_timeout=self.options.io_timeout):
+                self._emit("released", f"released {self.options.key!r}")
 
     def _release(self, keep_for: float = 0.0) -> None:
         """Release, retrying while the lease could still be ours; never claim a false release."""
@@ -440,6 +521,13 @@ class Supervisor:
         self.state.pending_signals.append(signum)
         if self._waiter is not None:
             self._waiter.interrupt(signum)  # raises Interrupted when blocked waiting
+        if self._acquiring:  # in a store call: cut it short if it does not end soon
+            signal.setitimer(signal.ITIMER_REAL, CUT_SHORT_AFTER_S)
+
+    def _on_alarm(self, _signum: int, _frame: object) -> None:
+        if self._acquiring and self.state.pending_signals:
+            self._acquiring = False
+            raise Interrupted(self.state.pending_signals[0])
 
     def _forward(self, child: Child, signum: int) -> None:
         child.signal_group(signum)
@@ -452,6 +540,7 @@ class Supervisor:
             previous[signum] = signal.signal(signum, self._on_signal)
         previous[signal.SIGCHLD] = signal.signal(signal.SIGCHLD, lambda *_: None)
         previous[signal.SIGCONT] = signal.signal(signal.SIGCONT, lambda *_: None)
+        previous[signal.SIGALRM] = signal.signal(signal.SIGALRM, self._on_alarm)
         previous["wakeup"] = signal.set_wakeup_fd(self._wake_w)
         return previous
 

@@ -246,12 +246,14 @@ def test_child_ignoring_sigterm_is_killed_after_grace(env, sqlite_url, tmp_path)
     assert peek(sqlite_url, "k") is None
 
 
-def test_lease_held_until_the_whole_process_group_is_gone(env, sqlite_url, tmp_path):
-    """`sh -c 'job &'` returns at once; the background job still runs under the lock."""
-    done = tmp_path / "done"
-    result = tasklock("run", "k", "--", "sh", "-c", f"(sleep 1; touch {done}) &", env=env)
-    assert result.returncode == 0
-    assert done.exists()
+def test_a_background_job_is_terminated_before_the_release(env, sqlite_url, tmp_path):
+    """`sh -c 'job &'` returns at once: the job must not run on unlocked, so it gets
+    SIGTERM before the lease is released (more in tests/test_containment.py)."""
+    log = tmp_path / "log"
+    job = f"(trap 'echo term >> {log}; exit 0' TERM; while :; do sleep 0.05; done) &"
+    result = tasklock("run", "k", "--", "sh", "-c", job, env=env)
+    assert result.returncode == 0, result.stderr
+    assert log.read_text() == "term\n"
     assert peek(sqlite_url, "k") is None
 
 
@@ -274,7 +276,7 @@ def test_lazy_imports_sqlite_path_imports_no_network_driver(env):
 
 
 def test_orphaned_grandchildren_are_reaped_no_zombies(env, tmp_path):
-    """Orphans of the command are re-parented to the wrapper (subreaper) and reaped by it."""
+    """Orphans of the command are re-parented to its guard (subreaper) and reaped by it."""
     ready = tmp_path / "ready"
     wrapper = start(
         "run",
@@ -287,20 +289,22 @@ def test_orphaned_grandchildren_are_reaped_no_zombies(env, tmp_path):
     )
     wait_until(ready.exists)
     time.sleep(0.6)  # the orphans have exited by now
-    adopted = procs.children(wrapper.pid)
+    (guard,) = procs.children(wrapper.pid)
+    adopted = procs.children(guard.pid)
     zombies = [proc.pid for proc in adopted if proc.state == "Z"]
     assert wrapper.wait(timeout=10) == 0
     assert zombies == []
-    assert adopted  # the command itself at least: the scan saw the wrapper's children
+    assert adopted  # the command itself at least: the scan saw the guard's children
 
 
-def test_loss_terminates_what_the_command_left_running(env, sqlite_url, tmp_path):
-    """The command exited at once but its background job still runs under the lock: on loss
-    the job gets SIGTERM too, not only the SIGKILL after --grace."""
+def test_loss_terminates_what_the_command_started_outside_its_group(env, sqlite_url, tmp_path):
+    """A job the command moved to a session of its own (setsid) is still under the lock: on
+    loss it gets SIGTERM too, not only the SIGKILL after --grace."""
     log, ready = tmp_path / "log", tmp_path / "ready"
-    job = f"(trap 'echo term >> {log}; exit 0' TERM; touch {ready}; while :; do sleep 0.05; done) &"
+    job = f"trap 'echo term >> {log}; exit 0' TERM; touch {ready}; while :; do sleep 0.05; done"
+    command = f"setsid sh -c \"{job}\" & while :; do sleep 0.05; done"
     wrapper = start(
-        "--log-format", "json", "run", "k", "--grace", "5s", "--", "sh", "-c", job, env=env
+        "--log-format", "json", "run", "k", "--grace", "5s", "--", "sh", "-c", command, env=env
     )
     wait_until(ready.exists)
     assert tasklock("release", "k", "--force", env=env).returncode == 0

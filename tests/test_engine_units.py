@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import signal
 import sys
 
@@ -213,19 +214,18 @@ def test_loss_grace_leaves_room_for_retries(ttl, renew, grace, loss_grace):
     assert 0 < options.safety_margin <= 1.0
 
 
-def test_child_is_spawned_in_its_own_group_with_only_the_env(fp):
-    from tasklock_cli.process import Child
+def test_command_is_spawned_in_its_own_group_with_only_the_env(fp):
+    from tasklock_cli.process import spawn_command
 
     fp.register(["job", "--flag"])
-    child = Child(["job", "--flag"], {"TASKLOCK_KEY": "k"})
-    kwargs = fp.calls[0] if isinstance(fp.calls[0], dict) else None
-    popen = child._popen
+    popen = spawn_command(["job", "--flag"], {"TASKLOCK_KEY": "k"})
     recorded = popen._FakePopen__kwargs
     assert recorded["env"] == {"TASKLOCK_KEY": "k"}
     assert recorded["close_fds"] is True
     if sys.version_info >= (3, 11):
         assert recorded["process_group"] == 0
-    assert kwargs is None and child.pgid == child.pid
+    else:
+        assert recorded["preexec_fn"] is os.setpgrp
 
 
 # -- durations and keys -----------------------------------------------------------------

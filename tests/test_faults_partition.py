@@ -44,8 +44,7 @@ def test_partitioned_holder_is_dead_before_the_next_holder_starts(
         )
         wait_until(ready.exists)
         old_info = peek(url, "k")
-        child_pgid = procs.children(old.pid)[0].pgid
-        tree = procs.group_members(child_pgid)
+        tree = procs.command_tree(old.pid)
         assert len(tree) >= 3  # sh and its two sleeps
 
         tree_dead_at: list[float] = []

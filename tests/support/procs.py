@@ -43,6 +43,25 @@ def children(pid: int) -> list[Proc]:
     return [proc for proc in processes() if proc.ppid == pid]
 
 
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid``."""
+    table = list(processes())
+    found, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        for proc in table:
+            if proc.ppid == parent and proc.state != "Z":
+                found.append(proc.pid)
+                todo.append(proc.pid)
+    return found
+
+
+def command_tree(wrapper_pid: int) -> list[int]:
+    """The command's processes under a running wrapper: everything below its guard."""
+    (guard,) = [proc.pid for proc in children(wrapper_pid) if proc.state != "Z"]
+    return descendants(guard)
+
+
 def group_members(pgid: int) -> list[int]:
     return [proc.pid for proc in processes() if proc.pgid == pgid]
 
@@ -50,3 +69,23 @@ def group_members(pgid: int) -> list[int]:
 def other_groups_in_session(sid: int) -> list[int]:
     """Process groups of a session besides the session leader's own."""
     return sorted({proc.pgid for proc in processes() if proc.sid == sid} - {sid})
+
+
+def start_time(pid: int) -> int | None:
+    """The process's start time (clock ticks since boot): with the pid, names it for good."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return int(stat.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def identities(pids: list[int]) -> list[tuple[int, int]]:
+    """(pid, start time) of each live process of ``pids``."""
+    found = [(pid, start_time(pid)) for pid in pids]
+    return [(pid, started) for pid, started in found if started is not None]
+
+
+def still_running(identified: list[tuple[int, int]]) -> list[int]:
+    """Those of ``identified`` still running as the same processes (not zombies)."""
+    return [pid for pid, started in identified if start_time(pid) == started and alive(pid)]

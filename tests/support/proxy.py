@@ -27,6 +27,7 @@ class TcpProxy:
         self._sockets: list[socket.socket] = []
         self._lock = threading.Lock()
         self.round_trips = 0
+        self.accepted = 0  # connections taken from the listener, blackholed or not
         self._thread = threading.Thread(target=self._accept, daemon=True)
         self._thread.start()
 
@@ -70,6 +71,7 @@ class TcpProxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return
+            self.accepted += 1
             self._flowing.wait()  # a partitioned proxy answers no new connection either
             try:
                 upstream = socket.create_connection(self.target, timeout=5)

@@ -1,0 +1,228 @@
+"""The guard: a small process between the wrapper and the command that outlives the wrapper.
+
+The wrapper forks the guard, and the guard starts the command. The guard is the subreaper
+of the command's whole tree, so every process the command starts (one that calls setsid
+or double-forks included) stays below it, where it can be found and killed. It does what
+the wrapper orders (signal the command's group, signal the tree, kill the tree at a
+deadline) and reports what happens (started, stopped, exited, tree empty).
+
+Should the wrapper die (SIGKILL, the OOM killer, a CI runner killing its process group),
+its end of the socket closes and the guard terminates the tree at once: SIGTERM, SIGKILL
+ORPHANED_GRACE_S later. Should the wrapper be alive but not running (SIGSTOP, a frozen VM)
+past the deadline it last gave, the guard kills the tree by itself. Either way the tree
+is gone long before the lease can run out on the store.
+
+Messages are single datagrams of space-separated words on a SOCK_SEQPACKET socket pair:
+  wrapper -> guard: ``group SIG`` | ``tree SIG`` | ``backstop SECONDS``
+  guard -> wrapper: ``started PID`` | ``error CODE MESSAGE`` | ``stopped SIG`` |
+                    ``exited STATUS ORPHANS CLOCK`` | ``backstop`` | ``empty``
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import select
+import signal
+import socket
+import subprocess
+from collections.abc import Callable
+from typing import NoReturn
+
+from tasklock_cli import clock as clocks
+from tasklock_cli import proctree
+from tasklock_cli.errors import TasklockError
+
+#: After the wrapper died: SIGTERM to the tree, then SIGKILL this much later.
+ORPHANED_GRACE_S = 0.5
+#: While killing, look at the tree again this often (a fork can race the kill).
+KILL_POLL_S = 0.01
+MESSAGE_SIZE = 4096
+PR_SET_CHILD_SUBREAPER = 36
+#: Signals meant for the wrapper or the terminal's job; the guard only follows its wrapper.
+_DEAF_TO = (
+    signal.SIGHUP,
+    signal.SIGINT,
+    signal.SIGTERM,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+    signal.SIGTSTP,
+    signal.SIGTTIN,
+    signal.SIGTTOU,
+)
+
+
+def become_subreaper() -> None:
+    """Orphans below us are re-parented to us instead of init. Linux only; harmless elsewhere."""
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def run_guard(sock: socket.socket, spawn: Callable[[], subprocess.Popen]) -> NoReturn:
+    """The guard's whole life, in the freshly forked process; never returns."""
+    code = 1
+    try:
+        code = _Guard(sock).run(spawn)
+    except BaseException:  # a bug: say where, then leave the tree to the wrapper
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        os._exit(code)  # no interpreter teardown: the wrapper's objects are not ours to close
+
+
+def _noop(_signum: int, _frame: object) -> None:
+    """A handler, not SIG_IGN: handlers are reset at exec, so the command gets the defaults."""
+
+
+class _Guard:
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.me = os.getpid()
+        self.child: subprocess.Popen | None = None
+        self.child_done = False
+        self.wrapper_gone_at: float | None = None
+        self.backstop_at = math.inf
+        self.terminating = False
+        self.killing = False
+        self.terminated: set[int] = set()
+
+    def run(self, spawn: Callable[[], subprocess.Popen]) -> int:
+        wake_r = self._listen_to_signals()
+        with contextlib.suppress(OSError):
+            os.setpgid(0, 0)  # a kill of the wrapper's group must leave us to clean up
+        become_subreaper()
+        try:
+            self.child = spawn()
+        except TasklockError as exc:
+            self._send("error", exc.exit_code, str(exc))
+            return 0
+        self._send("started", self.child.pid)
+        while True:
+            if not self._reap():  # no child left: the tree is gone
+                self._send("empty")
+                return 0
+            self._read_orders()
+            self._enforce()
+            self._sleep(wake_r)
+
+    def _listen_to_signals(self) -> int:
+        wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(wake_w)  # replaces the wrapper's, inherited with the fork
+        for signum in (*_DEAF_TO, signal.SIGCHLD):
+            signal.signal(signum, _noop)
+        return wake_r
+
+    def _reap(self) -> bool:
+        """Collect exited children and report on the command; False when none is left."""
+        assert self.child is not None
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG | os.WUNTRACED)
+            except ChildProcessError:
+                return False
+            if pid == 0:
+                return True
+            if pid != self.child.pid or self.child_done:
+                continue  # an adopted orphan
+            if os.WIFSTOPPED(status):
+                self._send("stopped", os.WSTOPSIG(status))
+                continue
+            self.child_done = True
+            self.child.returncode = 0  # reaped here: Popen must never wait for it
+            orphans = len(proctree.descendants(self.me))
+            self._send("exited", status, orphans, repr(clocks.monotonic()))
+
+    def _read_orders(self) -> None:
+        while self.wrapper_gone_at is None:
+            try:
+                order = self.sock.recv(MESSAGE_SIZE, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return
+            except OSError:
+                order = b""
+            if not order:
+                self._wrapper_gone()
+                return
+            self._obey(order.decode().split())
+
+    def _obey(self, words: list[str]) -> None:
+        verb, argument = words[0], words[1]
+        if verb == "group":
+            self._signal_group(int(argument))
+        elif verb == "tree":
+            self._signal_tree(int(argument))
+        elif verb == "backstop":
+            self.backstop_at = clocks.monotonic() + float(argument)
+
+    def _signal_group(self, signum: int) -> None:
+        assert self.child is not None
+        if not self.child_done:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.child.pid, signum)
+            return
+        # The command is gone; its group lives on only in what it left running.
+        members = [pid for pid in proctree.descendants(self.me) if _group_of(pid) == self.child.pid]
+        proctree.signal_all(members, signum)
+
+    def _signal_tree(self, signum: int) -> None:
+        if signum == signal.SIGKILL:
+            self.killing = True
+        elif signum == signal.SIGTERM:
+            self.terminating = True
+        else:
+            proctree.signal_all(proctree.descendants(self.me), signum)
+        self._enforce()
+
+    def _wrapper_gone(self) -> None:
+        self.wrapper_gone_at = clocks.monotonic()
+        self.terminating = True
+
+    def _enforce(self) -> None:
+        now = clocks.monotonic()
+        if self.wrapper_gone_at is not None and now >= self.wrapper_gone_at + ORPHANED_GRACE_S:
+            self.killing = True
+        if now >= self.backstop_at and not self.killing:
+            self.killing = True
+            self._send("backstop")
+        if self.killing:
+            proctree.signal_all(proctree.descendants(self.me), signal.SIGKILL)
+        elif self.terminating:  # once to each, including processes started since
+            fresh = [pid for pid in proctree.descendants(self.me) if pid not in self.terminated]
+            proctree.signal_all(fresh, signal.SIGTERM)
+            proctree.signal_all(fresh, signal.SIGCONT)  # a stopped process must run to exit
+            self.terminated.update(fresh)
+
+    def _sleep(self, wake_r: int) -> None:
+        now = clocks.monotonic()
+        wake_at = self.backstop_at
+        if self.wrapper_gone_at is not None:
+            wake_at = min(wake_at, self.wrapper_gone_at + ORPHANED_GRACE_S)
+        timeout = max(0.0, wake_at - now) if math.isfinite(wake_at) else None
+        if self.killing or self.terminating:
+            timeout = KILL_POLL_S if timeout is None else min(timeout, KILL_POLL_S)
+        watched = [wake_r] if self.wrapper_gone_at is not None else [wake_r, self.sock]
+        with contextlib.suppress(InterruptedError):
+            select.select(watched, [], [], timeout)
+        with contextlib.suppress(BlockingIOError):
+            while os.read(wake_r, 512):
+                pass
+
+    def _send(self, *words: object) -> None:
+        if self.wrapper_gone_at is not None:
+            return
+        try:
+            self.sock.send(" ".join(str(word) for word in words).encode())
+        except OSError:
+            self._wrapper_gone()
+
+
+def _group_of(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None

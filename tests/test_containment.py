@@ -1,0 +1,213 @@
+"""Nothing the lock covers outlives it: the command's whole process tree (processes that
+call setsid or double-fork included) is terminated when the wrapper dies, when the lease is
+lost, and when the command exits leaving processes behind, before anyone else gets the lock.
+
+Every test runs the real executable on every store; the tree is identified by pid and
+start time from /proc, so a recycled pid never passes for a survivor.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support import procs, report
+from tests.support.cli import json_events, peek, start, tasklock, wait_for_holder, wait_until
+
+# A two-level tree that escapes its process group three ways: a plain background job, one
+# that calls setsid (a new session), and one double-forked (its parent exits at once).
+TREE = (
+    "sleep 300 & echo $! >> {pids}; "
+    "setsid sleep 301 & echo $! >> {pids}; "
+    "(sleep 302 & echo $! >> {pids}); "
+    "echo $$ >> {pids}; touch {ready}; {then}"
+)
+
+
+@pytest.fixture
+def env(cli_env, store_url):
+    return {**cli_env, "TASKLOCK_STORE": store_url}
+
+
+def tree_command(tmp_path: Path, then: str = "sleep 303") -> tuple[list[str], Path, Path]:
+    pids, ready = tmp_path / "pids", tmp_path / "ready"
+    return ["sh", "-c", TREE.format(pids=pids, ready=ready, then=then)], pids, ready
+
+
+def read_tree(pids: Path, ready: Path) -> list[tuple[int, int]]:
+    wait_until(ready.exists)
+    tree = procs.identities([int(line) for line in pids.read_text().split()])
+    assert len(tree) == 4, tree
+    return tree
+
+
+def gone_within(tree: list[tuple[int, int]], seconds: float) -> float:
+    """Seconds until every process of ``tree`` is gone; fails after ``seconds``."""
+    started = time.monotonic()
+    wait_until(lambda: not procs.still_running(tree), timeout=seconds, interval=0.01)
+    return time.monotonic() - started
+
+
+# The next holder's command: exit 1 if any process of the old tree still runs beside it.
+OVERLAP_CHECK = """
+import sys
+def start_time(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return None if fields[0] == "Z" else int(fields[19])
+old = [tuple(map(int, item.split(":"))) for item in sys.argv[1:]]
+sys.exit(1 if [pid for pid, started in old if start_time(pid) == started] else 0)
+"""
+
+
+def overlap_check(tree: list[tuple[int, int]]) -> list[str]:
+    return [sys.executable, "-c", OVERLAP_CHECK, *(f"{pid}:{started}" for pid, started in tree)]
+
+
+@pytest.mark.slow
+def test_a_killed_wrapper_takes_its_whole_tree_along(env, store_url, tmp_path):
+    command, pids, ready = tree_command(tmp_path)
+    wrapper = start("run", "k", "--ttl", "3s", "--", *command, env=env)
+    tree = read_tree(pids, ready)
+    old = wait_for_holder(store_url, "k")
+    wrapper.kill()
+    took = gone_within(tree, 1.0)
+    wrapper.wait()
+    # The lease outlives the tree (nobody released it), and the next holder, once it
+    # expires, runs beside nothing of the old tree.
+    assert peek(store_url, "k") is not None
+    late = tasklock(
+        "--log-format", "json", "run", "k", "--wait", "10s", "--", *overlap_check(tree), env=env
+    )
+    assert late.returncode == 0, late.stderr
+    token = next(e for e in json_events(late.stderr) if e["event"] == "acquired")["fencing_token"]
+    assert token > old.fencing_token
+    report.record("wrapper SIGKILLed: tree gone", report.store_of(store_url), tree_gone_s=took)
+
+
+def test_descendants_left_running_are_terminated_before_the_release(env, store_url, tmp_path):
+    command, pids, _ready = tree_command(tmp_path, then="exit 3")
+    result = tasklock("--log-format", "json", "run", "k", "--", *command, env=env)
+    assert result.returncode == 3, result.stderr
+    tree = procs.identities([int(line) for line in pids.read_text().split()])
+    assert procs.still_running(tree) == []
+    events = json_events(result.stderr)
+    names = [event["event"] for event in events]
+    assert names == ["acquired", "orphans-terminated", "released"], names
+    assert events[1]["count"] == 3
+    assert peek(store_url, "k") is None
+
+
+def test_an_orphan_ignoring_sigterm_is_killed_after_grace(env, tmp_path):
+    ready = tmp_path / "ready"
+    job = f"(trap '' TERM; setsid sh -c 'trap \"\" TERM; touch {ready}; sleep 300' &) ; exit 0"
+    started = time.monotonic()
+    result = tasklock("run", "k", "--grace", "600ms", "--", "sh", "-c", job, env=env)
+    took = time.monotonic() - started
+    assert result.returncode == 0, result.stderr
+    assert ready.exists()
+    assert 0.6 <= took < 5, took
+    assert not [p for p in procs.processes() if p.state != "Z" and _cmdline(p.pid) == READY_SLEEP]
+
+
+READY_SLEEP = "sleep\x00300\x00"
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text()
+    except OSError:
+        return ""
+
+
+def test_a_lost_lease_terminates_processes_outside_the_group(env, store_url, tmp_path):
+    command, pids, ready = tree_command(tmp_path)
+    wrapper = start("--log-format", "json", "run", "k", "--ttl", "3s", "--", *command, env=env)
+    tree = read_tree(pids, ready)
+    assert tasklock("release", "k", "--force", env=env).returncode == 0
+    _, stderr = wrapper.communicate(timeout=15)
+    assert wrapper.returncode == 70, stderr
+    assert procs.still_running(tree) == []
+    assert [e["detected_by"] for e in json_events(stderr) if e["event"] == "lost"] == ["rejected"]
+
+
+@pytest.mark.slow
+def test_a_paused_wrapper_cannot_keep_its_tree_running_past_the_deadline(env, store_url, tmp_path):
+    """SIGSTOP of the wrapper alone: its guard kills the tree at the deadline by itself,
+    while the lease is still live on the store; resumed, the wrapper reports the loss."""
+    command, pids, ready = tree_command(tmp_path)
+    wrapper = start("--log-format", "json", "run", "k", "--ttl", "2s", "--", *command, env=env)
+    tree = read_tree(pids, ready)
+    wait_for_holder(store_url, "k")
+    os.kill(wrapper.pid, signal.SIGSTOP)
+    stopped = time.monotonic()
+    try:
+        took = gone_within(tree, 3.0)
+        assert took < 2.0  # before the lease (ttl 2s from the last renewal) runs out
+    finally:
+        os.kill(wrapper.pid, signal.SIGCONT)
+    _, stderr = wrapper.communicate(timeout=15)
+    assert wrapper.returncode == 70, stderr
+    assert [e["detected_by"] for e in json_events(stderr) if e["event"] == "lost"] == [
+        "resumed-late"
+    ]
+    report.record(
+        "wrapper SIGSTOPped: guard kills tree",
+        report.store_of(store_url),
+        tree_gone_after_stop_s=time.monotonic() - stopped if took is None else took,
+    )
+
+
+def test_a_killed_guard_leaves_the_wrapper_to_kill_the_tree(env, store_url, tmp_path):
+    command, pids, ready = tree_command(tmp_path)
+    wrapper = start("run", "k", "--ttl", "5s", "--", *command, env=env)
+    tree = read_tree(pids, ready)
+    (guard,) = [p.pid for p in procs.children(wrapper.pid) if p.state != "Z"]
+    os.kill(guard, signal.SIGKILL)
+    _, stderr = wrapper.communicate(timeout=15)
+    assert wrapper.returncode == 70, stderr
+    assert "guard" in stderr
+    assert procs.still_running(tree) == []
+    assert peek(store_url, "k") is None
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_cuts_a_store_call_blocked_on_the_network_short(
+    network_store_url, cli_env, signum
+):
+    """The store answers nothing (a blackholed link): a signal still ends tasklock within
+    200 ms with 128+N, runs nothing and, healed, the store shows nothing held."""
+    from urllib.parse import urlsplit
+
+    from tests.support.proxy import TcpProxy
+
+    parts = urlsplit(network_store_url)
+    with TcpProxy(parts.hostname or "127.0.0.1", parts.port) as proxy:
+        proxy.blackhole()
+        env = {**cli_env, "TASKLOCK_STORE": proxy.url_for(network_store_url)}
+        wrapper = start("run", "k", "--wait", "10s", "--", "echo", "ran", env=env)
+        wait_until(lambda: proxy.accepted)  # connected to the proxy: blocked from now on
+        time.sleep(0.2)
+        assert wrapper.poll() is None
+        sent = time.monotonic()
+        wrapper.send_signal(signum)
+        out, _ = wrapper.communicate(timeout=10)
+        took = time.monotonic() - sent
+        assert wrapper.returncode == 128 + signum
+        assert "ran" not in out
+        assert took < 0.2, took
+        proxy.heal()
+    assert peek(network_store_url, "k") is None
+    report.record(
+        f"{signal.Signals(signum).name} during a blackholed store call",
+        report.store_of(network_store_url),
+        exit_after_s=took,
+    )
