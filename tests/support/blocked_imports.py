@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-SITECUSTOMIZE = '''\
+SITECUSTOMIZE = """\
 import os
 import sys
 
@@ -30,7 +30,7 @@ class _Refuse:
 
 
 sys.meta_path.insert(0, _Refuse())
-'''
+"""
 
 
 def env_without(packages: list[str], env: dict[str, str], directory: Path) -> dict[str, str]:
