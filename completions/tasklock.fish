@@ -24,7 +24,7 @@ function __tasklock_state --description 'none, the command being completed, or C
             end
         else
             switch "$cmd $token"
-                case 'run --ttl' 'run --renew-every' 'run --wait' 'run --grace' 'run --max-lifetime' 'run --hold-at-least' 'run --conflict-exit-code' 'run --note' 'list --prefix' 'list --interval'
+                case 'run --ttl' 'run --renew-every' 'run --wait' 'run --grace' 'run --max-lifetime' 'run --hold-at-least' 'run --conflict-exit-code' 'run --note' 'run --store' 'run --config' 'run --log-format' 'peek --store' 'peek --config' 'peek --log-format' 'list --prefix' 'list --interval' 'list --store' 'list --config' 'list --log-format' 'sweep --store' 'sweep --config' 'sweep --log-format' 'release --store' 'release --config' 'release --log-format' 'init --store' 'init --config' 'init --log-format' 'doctor --store' 'doctor --config' 'doctor --log-format'
                     set skip 1
                 case 'run --'
                     echo $cmd:child
@@ -77,11 +77,21 @@ complete -c tasklock -n '__tasklock_is run' -l max-lifetime -x -d 'Terminate the
 complete -c tasklock -n '__tasklock_is run' -l hold-at-least -x -d 'Keep the lease until D after acquisition even if the command ends sooner.'
 complete -c tasklock -n '__tasklock_is run' -l conflict-exit-code -x -d 'Exit code when the lock is held by someone else.'
 complete -c tasklock -n '__tasklock_is run' -l note -x -d 'Shown by peek and list.'
+complete -c tasklock -n '__tasklock_is run' -l store -x -d 'Store URL: sqlite:///PATH, postgresql://..., redis://...'
+complete -c tasklock -n '__tasklock_is run' -l config -r -F -d 'Config file (TOML)'
+complete -c tasklock -n '__tasklock_is run' -l log-format -x -a 'text json' -d 'Events on stderr as text or one JSON object per line.'
+complete -c tasklock -n '__tasklock_is run' -s v -l verbose -d 'Show every event; tracebacks on errors.'
+complete -c tasklock -n '__tasklock_is run' -s q -l quiet -d 'Only errors on stderr.'
 complete -c tasklock -n '__tasklock_is run' -s h -l help -d 'Show this message and exit.'
 complete -c tasklock -n '__tasklock_is run' -a '--' -d 'Then the command to run'
 complete -c tasklock -n '__tasklock_is run:child' -x -a '(__tasklock_complete_child)'
 
 complete -c tasklock -n '__tasklock_is peek' -l json -d 'Print one JSON object.'
+complete -c tasklock -n '__tasklock_is peek' -l store -x -d 'Store URL: sqlite:///PATH, postgresql://..., redis://...'
+complete -c tasklock -n '__tasklock_is peek' -l config -r -F -d 'Config file (TOML)'
+complete -c tasklock -n '__tasklock_is peek' -l log-format -x -a 'text json' -d 'Events on stderr as text or one JSON object per line.'
+complete -c tasklock -n '__tasklock_is peek' -s v -l verbose -d 'Show every event; tracebacks on errors.'
+complete -c tasklock -n '__tasklock_is peek' -s q -l quiet -d 'Only errors on stderr.'
 complete -c tasklock -n '__tasklock_is peek' -s h -l help -d 'Show this message and exit.'
 
 complete -c tasklock -n '__tasklock_is list' -l prefix -x -d 'Only keys starting with P.'
@@ -89,16 +99,41 @@ complete -c tasklock -n '__tasklock_is list' -l all -d 'Include expired leases n
 complete -c tasklock -n '__tasklock_is list' -l json -d 'Print a JSON array.'
 complete -c tasklock -n '__tasklock_is list' -l watch -d 'Refresh the listing until interrupted.'
 complete -c tasklock -n '__tasklock_is list' -l interval -x -d 'Refresh interval.'
+complete -c tasklock -n '__tasklock_is list' -l store -x -d 'Store URL: sqlite:///PATH, postgresql://..., redis://...'
+complete -c tasklock -n '__tasklock_is list' -l config -r -F -d 'Config file (TOML)'
+complete -c tasklock -n '__tasklock_is list' -l log-format -x -a 'text json' -d 'Events on stderr as text or one JSON object per line.'
+complete -c tasklock -n '__tasklock_is list' -s v -l verbose -d 'Show every event; tracebacks on errors.'
+complete -c tasklock -n '__tasklock_is list' -s q -l quiet -d 'Only errors on stderr.'
 complete -c tasklock -n '__tasklock_is list' -s h -l help -d 'Show this message and exit.'
 
 complete -c tasklock -n '__tasklock_is sweep' -l dry-run -d 'Only count what would be removed.'
 complete -c tasklock -n '__tasklock_is sweep' -l json -d 'Print {"removed": N}.'
+complete -c tasklock -n '__tasklock_is sweep' -l store -x -d 'Store URL: sqlite:///PATH, postgresql://..., redis://...'
+complete -c tasklock -n '__tasklock_is sweep' -l config -r -F -d 'Config file (TOML)'
+complete -c tasklock -n '__tasklock_is sweep' -l log-format -x -a 'text json' -d 'Events on stderr as text or one JSON object per line.'
+complete -c tasklock -n '__tasklock_is sweep' -s v -l verbose -d 'Show every event; tracebacks on errors.'
+complete -c tasklock -n '__tasklock_is sweep' -s q -l quiet -d 'Only errors on stderr.'
 complete -c tasklock -n '__tasklock_is sweep' -s h -l help -d 'Show this message and exit.'
 
 complete -c tasklock -n '__tasklock_is release' -l force -d 'Required: this breaks a live lease.'
+complete -c tasklock -n '__tasklock_is release' -l store -x -d 'Store URL: sqlite:///PATH, postgresql://..., redis://...'
+complete -c tasklock -n '__tasklock_is release' -l config -r -F -d 'Config file (TOML)'
+complete -c tasklock -n '__tasklock_is release' -l log-format -x -a 'text json' -d 'Events on stderr as text or one JSON object per line.'
+complete -c tasklock -n '__tasklock_is release' -s v -l verbose -d 'Show every event; tracebacks on errors.'
+complete -c tasklock -n '__tasklock_is release' -s q -l quiet -d 'Only errors on stderr.'
 complete -c tasklock -n '__tasklock_is release' -s h -l help -d 'Show this message and exit.'
 
 complete -c tasklock -n '__tasklock_is init' -l print-sql -d 'Print the DDL instead of running it (for DBAs).'
+complete -c tasklock -n '__tasklock_is init' -l store -x -d 'Store URL: sqlite:///PATH, postgresql://..., redis://...'
+complete -c tasklock -n '__tasklock_is init' -l config -r -F -d 'Config file (TOML)'
+complete -c tasklock -n '__tasklock_is init' -l log-format -x -a 'text json' -d 'Events on stderr as text or one JSON object per line.'
+complete -c tasklock -n '__tasklock_is init' -s v -l verbose -d 'Show every event; tracebacks on errors.'
+complete -c tasklock -n '__tasklock_is init' -s q -l quiet -d 'Only errors on stderr.'
 complete -c tasklock -n '__tasklock_is init' -s h -l help -d 'Show this message and exit.'
 
+complete -c tasklock -n '__tasklock_is doctor' -l store -x -d 'Store URL: sqlite:///PATH, postgresql://..., redis://...'
+complete -c tasklock -n '__tasklock_is doctor' -l config -r -F -d 'Config file (TOML)'
+complete -c tasklock -n '__tasklock_is doctor' -l log-format -x -a 'text json' -d 'Events on stderr as text or one JSON object per line.'
+complete -c tasklock -n '__tasklock_is doctor' -s v -l verbose -d 'Show every event; tracebacks on errors.'
+complete -c tasklock -n '__tasklock_is doctor' -s q -l quiet -d 'Only errors on stderr.'
 complete -c tasklock -n '__tasklock_is doctor' -s h -l help -d 'Show this message and exit.'

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import math
 import os
 import sys
 import traceback
-from typing import NoReturn
+from collections.abc import Callable
+from dataclasses import dataclass, fields, replace
+from functools import update_wrapper
+from typing import Any, NoReturn
 
 import typer
+from typer.core import TyperGroup
 
 from tasklock_cli import __version__
 from tasklock_cli.durations import format_duration, parse_duration
@@ -22,10 +27,86 @@ try:
     from typer.exceptions import TyperException as _CliException
 except ImportError:  # typer releases that use click directly
     from click import ClickException as _CliException
+try:
+    from typer._click.globals import get_current_context
+except ImportError:  # typer releases that use click directly
+    from click import get_current_context
+
+
+@dataclass(frozen=True)
+class GlobalFlags:
+    """The global options as given on one side of the command name (None / 0: not given)."""
+
+    store: str | None = None
+    config: str | None = None
+    log_format: str | None = None
+    verbose: int = 0
+    quiet: bool = False
+
+    def then(self, later: GlobalFlags) -> GlobalFlags:
+        """These flags, overridden by those given later (after the command name)."""
+        given = {
+            name: getattr(later, name)
+            for name in ("store", "config", "log_format")
+            if getattr(later, name) is not None
+        }
+        if later.verbose or later.quiet:  # -v and -q set one thing: the verbosity
+            given.update(verbose=later.verbose, quiet=later.quiet)
+        return replace(self, **given)
+
+
+GLOBAL_OPTION_NAMES = tuple(field.name for field in fields(GlobalFlags))
+GLOBALS_AFTER_COMMAND = (
+    "Global options (--store, --config, --log-format, -v, -q) may also come after the command;"
+    " one given both before and after it takes the later value."
+)
+
+
+def is_global_option_copy(param: Any) -> bool:
+    """Whether ``param`` is a command's (hidden) copy of a global option."""
+    return bool(getattr(param, "tasklock_global_copy", False))
+
+
+class _GlobalOptionsAnywhere(TyperGroup):
+    """Every command also accepts the global options (hidden copies, parsed by the command's
+    own parser, so option values such as ``--note -v`` and the ``--`` of ``run`` are respected);
+    the values given after the command override those given before it."""
+
+    def __init__(self, **attrs: Any) -> None:
+        super().__init__(**attrs)
+        shared = [param for param in self.params if param.name in GLOBAL_OPTION_NAMES]
+        for command in self.commands.values():
+            _accept_global_options(command, shared)
+
+
+def _accept_global_options(command: Any, shared: list[Any]) -> None:
+    for param in shared:
+        clone = copy.copy(param)
+        clone.hidden = True
+        clone.tasklock_global_copy = True
+        command.params.append(clone)
+    command.epilog = GLOBALS_AFTER_COMMAND
+    command.callback = _applying_later_globals(command.callback)
+
+
+def _applying_later_globals(callback: Callable[..., Any]) -> Callable[..., Any]:
+    def with_globals(**params: Any) -> Any:
+        later = GlobalFlags(**{name: params.pop(name) for name in GLOBAL_OPTION_NAMES})
+        ctx = get_current_context()
+        ctx.obj = Globals(ctx.obj.then(_checked(later)))
+        return callback(**params)
+
+    return update_wrapper(with_globals, callback)
+
 
 app = typer.Typer(
     name="tasklock",
+    cls=_GlobalOptionsAnywhere,
     help="Run a command at most once at a time across processes and machines.",
+    epilog=(
+        "Global options may come before or after COMMAND; one given in both places takes"
+        " the later value."
+    ),
     add_completion=False,  # completions ship as files in completions/
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -35,9 +116,15 @@ app = typer.Typer(
 
 
 class Globals:
-    def __init__(self, store: str | None, config: str | None, log_format: str, verbosity: int):
-        self.store_flag = store
-        self.config_flag = config
+    def __init__(self, flags: GlobalFlags):
+        global _verbose_traceback
+        log_format = flags.log_format or "text"
+        if log_format not in ("text", "json"):
+            raise UsageError(f"invalid --log-format {log_format!r} (text or json)")
+        _verbose_traceback = flags.verbose > 0
+        self.store_flag = flags.store
+        self.config_flag = flags.config
+        verbosity = QUIET if flags.quiet else VERBOSE if flags.verbose else NORMAL
         self.events = EventLog(log_format, verbosity)
         self._config = None
 
@@ -81,11 +168,11 @@ def main_options(
     config: str | None = typer.Option(
         None, "--config", metavar="FILE", help="Config file (TOML) [env: TASKLOCK_CONFIG]"
     ),
-    log_format: str = typer.Option(
-        "text",
+    log_format: str | None = typer.Option(
+        None,
         "--log-format",
         metavar="text|json",
-        help="Events on stderr as text or one JSON object per line.",
+        help="Events on stderr as text or one JSON object per line.  [default: text]",
     ),
     verbose: int = typer.Option(
         0,
@@ -100,14 +187,15 @@ def main_options(
         False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
     ),
 ) -> None:
-    global _verbose_traceback
-    if log_format not in ("text", "json"):
-        raise UsageError(f"invalid --log-format {log_format!r} (text or json)")
-    if verbose and quiet:
+    # The command's wrapper (_applying_later_globals) completes these with the global options
+    # given after the command name, and puts the Globals in the command's context.
+    ctx.obj = _checked(GlobalFlags(store, config, log_format, verbose, quiet))
+
+
+def _checked(flags: GlobalFlags) -> GlobalFlags:
+    if flags.verbose and flags.quiet:
         raise UsageError("-v and -q exclude each other")
-    _verbose_traceback = verbose > 0
-    verbosity = QUIET if quiet else VERBOSE if verbose else NORMAL
-    ctx.obj = Globals(store, config, log_format, verbosity)
+    return flags
 
 
 # -- run ---------------------------------------------------------------------------------

@@ -264,6 +264,65 @@ def test_list_ignores_foreign_keys_and_other_namespaces(store, raw, prefix, url)
         neighbour.close()
 
 
+def _scanned_names(monkeypatch) -> list[bytes]:
+    """Every name the server's SCAN replies carry from now on (the real replies, recorded)."""
+    import redis
+
+    names: list[bytes] = []
+    original_scan = redis.Redis.scan
+
+    def recording_scan(self, *args, **kwargs):
+        cursor, found = original_scan(self, *args, **kwargs)
+        names.extend(found)
+        return cursor, found
+
+    monkeypatch.setattr(redis.Redis, "scan", recording_scan)
+    return names
+
+
+GLOB_PREFIX = "a[b]*?\\^{"  # every MATCH metacharacter, and a hash-tag brace
+
+
+def test_list_prefix_scans_only_the_prefix(store, raw, prefix, monkeypatch):
+    """SCAN MATCH covers the prefix alone: 20,000 leases outside it never reach the client,
+    not even those an unescaped pattern would match."""
+    inside = [GLOB_PREFIX + "1", GLOB_PREFIX + "2", GLOB_PREFIX]
+    look_alikes = ["ab*?\\^{1", "a[b]x?\\^{", "a[b]*X\\^{", "a[b]*?\\x{", "a[b]*?\\^"]
+    for key in inside + look_alikes:
+        assert store.acquire(key, 60, HOLDER, token()) is not None
+    outside = [f"outside:{i:05d}" for i in range(20_000)]
+    pipe = raw.pipeline(transaction=False)
+    for key in outside:  # lease-shaped hashes, written in bulk
+        pipe.hset(prefix + b"{" + key.encode() + b"}:lease", "fencing_token", 1)
+    pipe.execute()
+    scanned = _scanned_names(monkeypatch)
+    assert [i.key for i in store.list(prefix=GLOB_PREFIX)] == sorted(inside)
+    assert sorted(scanned) == sorted(store._lease_key(key) for key in inside)
+    scanned.clear()
+    assert [i.key for i in store.list(prefix="a[b]*?")] == sorted(
+        [*inside, "a[b]*?\\x{", "a[b]*?\\^"]
+    )
+    assert len(scanned) == 5
+
+
+def test_a_namespace_with_glob_characters_lists_only_its_own(opened):
+    services.require("redis")
+    base = f"tasklock-test-{uuid.uuid4().hex[:12]}"
+    ours_url = services.redis_url(prefix=base + "[x]*:")
+    theirs_url = services.redis_url(prefix=base + "x:")  # what "[x]*" unescaped matches
+    ours, theirs = open_store(ours_url), open_store(theirs_url)
+    opened.extend([ours, theirs])
+    try:
+        ours.acquire("k1", 60, HOLDER, token())
+        theirs.acquire("k2", 60, HOLDER, token())
+        assert [i.key for i in ours.list()] == ["k1"]
+        assert [i.key for i in ours.list(prefix="k")] == ["k1"]
+        assert [i.key for i in theirs.list()] == ["k2"]
+    finally:
+        redis_support.drop_namespace(ours_url)
+        redis_support.drop_namespace(theirs_url)
+
+
 def test_ten_thousand_leases_are_listed_correctly(store, raw, prefix):
     count = 10_000
     keys = [f"bulk:{i:05d}" for i in range(count)]

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import os
 import re
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -34,6 +38,21 @@ def default_store_url() -> str:
     return sqlite_url(default_sqlite_path())
 
 
+@dataclass(frozen=True)
+class _Driver:
+    """The third-party package a store module imports, and how to install it."""
+
+    store: str  # as users name the store
+    package: str  # the top-level import name
+    install: str  # the pip requirement
+
+
+_DRIVERS = {
+    "postgres": _Driver("postgresql", "psycopg", "psycopg[binary]>=3.1"),
+    "redis": _Driver("redis", "redis", "redis>=5"),
+}
+
+
 def open_store(url: str) -> Store:
     scheme = urlsplit(url).scheme.lower() if "://" in url else ""
     backend = _SCHEMES.get(scheme)
@@ -42,15 +61,41 @@ def open_store(url: str) -> Store:
 
         return SQLiteStore.from_url(url)
     if backend == "postgres":
-        from tasklock_cli.stores.postgres import PostgresStore
-
+        with _driver_needed(_DRIVERS[backend]):
+            from tasklock_cli.stores.postgres import PostgresStore
         return PostgresStore.from_url(url)
     if backend == "redis":
-        from tasklock_cli.stores.redis import RedisStore
-
+        with _driver_needed(_DRIVERS[backend]):
+            from tasklock_cli.stores.redis import RedisStore
         return RedisStore.from_url(url)
     known = ", ".join(f"{name}://" for name in _SCHEMES)
     raise ConfigError(f"unknown store URL {redact_url(url)!r} (expected one of {known})")
+
+
+@contextmanager
+def _driver_needed(driver: _Driver) -> Iterator[None]:
+    """Turn the driver's ImportError into one line naming the package to install; an
+    ImportError of anything else (our own modules included) stays a bug with its traceback."""
+    try:
+        yield
+    except ImportError as exc:
+        if not _raised_by(exc, driver.package):
+            raise
+        message = f"the {driver.store} store needs the {driver.package} driver"
+        if exc.name != driver.package:  # installed but broken or too old: say what failed
+            message += f" ({str(exc).splitlines()[0] if str(exc) else exc.name})"
+        raise ConfigError(f"{message}: pip install '{driver.install}'") from exc
+
+
+def _raised_by(exc: ImportError, package: str) -> bool:
+    """Whether ``package`` is what could not be imported: it (or a submodule) is missing, or
+    the error comes from the package's own code (say psycopg without a libpq to load)."""
+    if (exc.name or "").partition(".")[0] == package:
+        return True
+    frames = traceback.walk_tb(exc.__traceback__)
+    return any(
+        str(frame.f_globals.get("__name__", "")).partition(".")[0] == package for frame, _ in frames
+    )
 
 
 _PASSWORD_IN_CONNINFO = re.compile(r"(password\s*=\s*)(\S+)", re.IGNORECASE)
