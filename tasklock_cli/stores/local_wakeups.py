@@ -95,22 +95,18 @@ class LocalWakeups:
             with contextlib.suppress(OSError):
                 path.unlink()
 
-    def give_up(self, key: str, pass_on: bool = False) -> None:
-        """Leave ``key``'s queue; a wake-up that arrived unread goes to the next waiter
-        (with ``pass_on``, the next waiter is woken anyway: for a wait cut short, whose
-        wake-up may have been read and then dropped)."""
+    def give_up(self, key: str) -> None:
+        """Leave ``key``'s queue and wake the next waiter, always.
+
+        A wake-up meant for us cannot be told apart reliably from none: a releaser that
+        opened our FIFO before we unlinked it may write after any look we take, up to our
+        close (after it, the write fails and the releaser tries the next waiter itself);
+        and a wait cut short by a signal may have read one and dropped it. A wake-up we
+        pass on needlessly costs the next waiter one look at the lease."""
         if self._key != key or self._fd is None:
             return
-        if self._path is not None:  # first out of sight of releasers, then look
-            with contextlib.suppress(OSError):
-                self._path.unlink()
-        try:
-            woken = bool(os.read(self._fd, 64))
-        except OSError:  # BlockingIOError: nothing sent to us
-            woken = False
         self.leave()
-        if woken or pass_on:
-            self.wake_one(key)
+        self.wake_one(key)
 
     def wake_one(self, key: str) -> None:
         """Wake the longest-waiting live waiter of ``key``, if any. Never raises."""

@@ -417,7 +417,7 @@ class SQLiteStore(Store):
         # Still in a queue at close: the wait was cut short (a signal), maybe just after
         # a wake-up was read. Waking the next waiter costs it one look at most.
         if self._wakeups.key is not None:
-            self._wakeups.give_up(self._wakeups.key, pass_on=True)
+            self._wakeups.give_up(self._wakeups.key)
         with self._lock:
             if self._conn is not None:
                 self._conn.close()
