@@ -418,7 +418,8 @@ class _BreakListener:
         self.conn = conn
         self.payload = payload
         self.io_timeout = io_timeout
-        self.lock = threading.Lock()  # one waiter at a time; close waits for it
+        self.lock = threading.Lock()  # one waiter at a time
+        self.broken = False
         self._watchdog = _Watchdog()
 
     def guarded(self, operation: Callable[[], _T]) -> _T:
@@ -434,7 +435,8 @@ class _BreakListener:
         """True when a break of our lease is heard before ``deadline``; False at the
         deadline or when ``wake_fd`` is readable."""
         while True:
-            if self._heard():
+            if self.broken or self._heard():
+                self.broken = True  # and stays so: later waits return at once
                 return True
             left = deadline - time.monotonic()
             if left <= 0 or fd_readable(wake_fd):

@@ -337,6 +337,7 @@ class _BreakSubscription:
         self.pubsub = pubsub
         self.channel = channel
         self.lock = threading.Lock()  # one waiter at a time
+        self.broken = False
 
     def subscribe(self, timeout: float) -> None:
         """SUBSCRIBE and wait for the server's confirmation (from then on nothing is missed)."""
@@ -352,7 +353,8 @@ class _BreakSubscription:
         """True when our break is heard before ``deadline``; False at the deadline or when
         ``wake_fd`` is readable."""
         while True:
-            if self._heard():
+            if self.broken or self._heard():
+                self.broken = True  # and stays so: later waits return at once
                 return True
             left = deadline - time.monotonic()
             if left <= 0 or fd_readable(wake_fd):
