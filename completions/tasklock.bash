@@ -33,7 +33,7 @@ _tasklock() {
             continue
         fi
         case "$cmd $word" in
-            " --store" | " --config" | " --log-format" | "run --ttl" | "run --renew-every" | "run --wait" | "run --grace" | "run --max-lifetime" | "run --hold-at-least" | "run --conflict-exit-code" | "run --note" | "list --prefix" | "list --interval")
+            " --store" | " --config" | " --log-format" | "run --ttl" | "run --renew-every" | "run --wait" | "run --grace" | "run --max-lifetime" | "run --hold-at-least" | "run --conflict-exit-code" | "run --note" | "list --prefix" | "list --interval" | "release --token")
                 ((i++)) ;;
             "run --")
                 dashdash=$i ;;
@@ -57,7 +57,7 @@ _tasklock() {
     fi
 
     case "$cmd $prev" in
-        " --store" | "run --ttl" | "run --renew-every" | "run --wait" | "run --grace" | "run --max-lifetime" | "run --hold-at-least" | "run --conflict-exit-code" | "run --note" | "list --prefix" | "list --interval")
+        " --store" | "run --ttl" | "run --renew-every" | "run --wait" | "run --grace" | "run --max-lifetime" | "run --hold-at-least" | "run --conflict-exit-code" | "run --note" | "list --prefix" | "list --interval" | "release --token")
             COMPREPLY=()
             return ;;
         " --config")
@@ -81,7 +81,7 @@ _tasklock() {
         peek) [[ $cur == -* ]] && _tasklock_words '--json -h --help' ;;
         list) [[ $cur == -* ]] && _tasklock_words '--prefix --all --json --watch --interval -h --help' ;;
         sweep) [[ $cur == -* ]] && _tasklock_words '--dry-run --json -h --help' ;;
-        release) [[ $cur == -* ]] && _tasklock_words '--force -h --help' ;;
+        release) [[ $cur == -* ]] && _tasklock_words '--force --token -h --help' ;;
         init) [[ $cur == -* ]] && _tasklock_words '--print-sql -h --help' ;;
         doctor) [[ $cur == -* ]] && _tasklock_words '-h --help' ;;
     esac
