@@ -33,7 +33,7 @@ _tasklock() {
             continue
         fi
         case "$cmd $word" in
-            " --store" | " --config" | " --log-format" | "run --ttl" | "run --renew-every" | "run --wait" | "run --grace" | "run --max-lifetime" | "run --hold-at-least" | "run --conflict-exit-code" | "run --note" | "run --store" | "run --config" | "run --log-format" | "peek --store" | "peek --config" | "peek --log-format" | "list --prefix" | "list --interval" | "list --store" | "list --config" | "list --log-format" | "sweep --store" | "sweep --config" | "sweep --log-format" | "release --store" | "release --config" | "release --log-format" | "init --store" | "init --config" | "init --log-format" | "doctor --store" | "doctor --config" | "doctor --log-format")
+            " --store" | " --config" | " --log-format" | "run --ttl" | "run --renew-every" | "run --wait" | "run --grace" | "run --max-lifetime" | "run --hold-at-least" | "run --conflict-exit-code" | "run --note" | "run --store" | "run --config" | "run --log-format" | "peek --store" | "peek --config" | "peek --log-format" | "list --prefix" | "list --interval" | "list --store" | "list --config" | "list --log-format" | "sweep --store" | "sweep --config" | "sweep --log-format" | "release --token" | "release --store" | "release --config" | "release --log-format" | "init --store" | "init --config" | "init --log-format" | "doctor --store" | "doctor --config" | "doctor --log-format")
                 ((i++)) ;;
             "run --")
                 dashdash=$i ;;
@@ -57,7 +57,7 @@ _tasklock() {
     fi
 
     case "$cmd $prev" in
-        " --store" | "run --ttl" | "run --renew-every" | "run --wait" | "run --grace" | "run --max-lifetime" | "run --hold-at-least" | "run --conflict-exit-code" | "run --note" | "run --store" | "peek --store" | "list --prefix" | "list --interval" | "list --store" | "sweep --store" | "release --store" | "init --store" | "doctor --store")
+        " --store" | "run --ttl" | "run --renew-every" | "run --wait" | "run --grace" | "run --max-lifetime" | "run --hold-at-least" | "run --conflict-exit-code" | "run --note" | "run --store" | "peek --store" | "list --prefix" | "list --interval" | "list --store" | "sweep --store" | "release --token" | "release --store" | "init --store" | "doctor --store")
             COMPREPLY=()
             return ;;
         " --config" | "run --config" | "peek --config" | "list --config" | "sweep --config" | "release --config" | "init --config" | "doctor --config")
@@ -81,7 +81,7 @@ _tasklock() {
         peek) [[ $cur == -* ]] && _tasklock_words '--json --store --config --log-format -v --verbose -q --quiet -h --help' ;;
         list) [[ $cur == -* ]] && _tasklock_words '--prefix --all --json --watch --interval --store --config --log-format -v --verbose -q --quiet -h --help' ;;
         sweep) [[ $cur == -* ]] && _tasklock_words '--dry-run --json --store --config --log-format -v --verbose -q --quiet -h --help' ;;
-        release) [[ $cur == -* ]] && _tasklock_words '--force --store --config --log-format -v --verbose -q --quiet -h --help' ;;
+        release) [[ $cur == -* ]] && _tasklock_words '--force --token --store --config --log-format -v --verbose -q --quiet -h --help' ;;
         init) [[ $cur == -* ]] && _tasklock_words '--print-sql --store --config --log-format -v --verbose -q --quiet -h --help' ;;
         doctor) [[ $cur == -* ]] && _tasklock_words '--store --config --log-format -v --verbose -q --quiet -h --help' ;;
     esac

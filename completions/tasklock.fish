@@ -24,7 +24,7 @@ function __tasklock_state --description 'none, the command being completed, or C
             end
         else
             switch "$cmd $token"
-                case 'run --ttl' 'run --renew-every' 'run --wait' 'run --grace' 'run --max-lifetime' 'run --hold-at-least' 'run --conflict-exit-code' 'run --note' 'run --store' 'run --config' 'run --log-format' 'peek --store' 'peek --config' 'peek --log-format' 'list --prefix' 'list --interval' 'list --store' 'list --config' 'list --log-format' 'sweep --store' 'sweep --config' 'sweep --log-format' 'release --store' 'release --config' 'release --log-format' 'init --store' 'init --config' 'init --log-format' 'doctor --store' 'doctor --config' 'doctor --log-format'
+                case 'run --ttl' 'run --renew-every' 'run --wait' 'run --grace' 'run --max-lifetime' 'run --hold-at-least' 'run --conflict-exit-code' 'run --note' 'run --store' 'run --config' 'run --log-format' 'peek --store' 'peek --config' 'peek --log-format' 'list --prefix' 'list --interval' 'list --store' 'list --config' 'list --log-format' 'sweep --store' 'sweep --config' 'sweep --log-format' 'release --token' 'release --store' 'release --config' 'release --log-format' 'init --store' 'init --config' 'init --log-format' 'doctor --store' 'doctor --config' 'doctor --log-format'
                     set skip 1
                 case 'run --'
                     echo $cmd:child
@@ -58,7 +58,7 @@ complete -c tasklock -n '__tasklock_is none' -a run -d 'Run COMMAND while holdin
 complete -c tasklock -n '__tasklock_is none' -a peek -d 'Show who holds KEY; exit 0 when held, 1 when free.'
 complete -c tasklock -n '__tasklock_is none' -a list -d 'List held locks: who holds what, until when.'
 complete -c tasklock -n '__tasklock_is none' -a sweep -d 'Remove expired leases left in the store (fencing counters are kept).'
-complete -c tasklock -n '__tasklock_is none' -a release -d 'Break the lease on KEY (ops).'
+complete -c tasklock -n '__tasklock_is none' -a release -d 'Break the lease on KEY (ops): its holder terminates its command and lets go at once; waits for that, freeing the lease anyway after 10s.'
 complete -c tasklock -n '__tasklock_is none' -a init -d 'Create the store\'s schema explicitly (SQL stores; others need none).'
 complete -c tasklock -n '__tasklock_is none' -a doctor -d 'Check the store: reachable, schema, round-trip time, clock skew.'
 complete -c tasklock -n '__tasklock_is none' -l store -x -d 'Store URL: sqlite:///PATH, postgresql://..., redis://...'
@@ -116,6 +116,7 @@ complete -c tasklock -n '__tasklock_is sweep' -s q -l quiet -d 'Only errors on s
 complete -c tasklock -n '__tasklock_is sweep' -s h -l help -d 'Show this message and exit.'
 
 complete -c tasklock -n '__tasklock_is release' -l force -d 'Required: this breaks a live lease.'
+complete -c tasklock -n '__tasklock_is release' -l token -x -d 'Break only the lease with fencing token T.'
 complete -c tasklock -n '__tasklock_is release' -l store -x -d 'Store URL: sqlite:///PATH, postgresql://..., redis://...'
 complete -c tasklock -n '__tasklock_is release' -l config -r -F -d 'Config file (TOML)'
 complete -c tasklock -n '__tasklock_is release' -l log-format -x -a 'text json' -d 'Events on stderr as text or one JSON object per line.'

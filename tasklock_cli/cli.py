@@ -405,20 +405,35 @@ def release(
     ctx: typer.Context,
     key: str = typer.Argument(..., metavar="KEY", help="The lock's name."),
     force: bool = typer.Option(False, "--force", help="Required: this breaks a live lease."),
+    token: int | None = typer.Option(
+        None, "--token", metavar="T", help="Break only the lease with fencing token T."
+    ),
 ) -> None:
-    """Break the lease on KEY (ops). Its holder's command is terminated when it notices."""
+    """Break the lease on KEY (ops): its holder terminates its command and lets go at once;
+    waits for that, freeing the lease anyway after 10s."""
     g: Globals = ctx.obj
     validate_key(key)
     if not force:
         raise UsageError("release breaks whoever holds the lock; confirm with --force")
-    with g.open_store() as store:
-        broken = store.force_release(key)
-    if broken is None:
-        typer.echo(f"{key} was not held")
-    else:
-        from tasklock_cli.lease import describe_holder
+    from tasklock_cli.breaking import LET_GO_TIMEOUT_S, break_and_wait
 
-        typer.echo(f"broke the lease on {key} held by {describe_holder(broken)}")
+    with g.open_store() as store:
+        outcome = break_and_wait(store, key, token)
+    if outcome.broken is None:
+        typer.echo(
+            f"{key} was not held" if token is None else f"{key} is not held with token {token}"
+        )
+        return
+    from tasklock_cli.lease import describe_holder
+
+    broke = f"broke the lease on {key} held by {describe_holder(outcome.broken)}"
+    if outcome.let_go_after is not None:
+        typer.echo(f"{broke}; the holder let go after {outcome.let_go_after:.2f}s")
+    else:
+        typer.echo(
+            f"{broke}; the holder did not answer within {LET_GO_TIMEOUT_S:g}s,"
+            " so the lease was freed anyway"
+        )
 
 
 @app.command()

@@ -75,11 +75,35 @@ def test_after_a_wake_up_the_next_wait_waits(tmp_path):
     assert waiter.wait(0.5) is True
 
 
-def test_giving_up_with_pass_on_wakes_the_next_waiter(tmp_path):
+def test_giving_up_wakes_the_next_waiter_even_with_nothing_unread(tmp_path):
     first, second = LocalWakeups(tmp_path / "w"), LocalWakeups(tmp_path / "w")
     assert first.register("k") and second.register("k")
-    first.give_up("k", pass_on=True)  # its wait was cut short: maybe a wake-up was lost
+    first.give_up("k")  # its wait may have been cut short just after reading a wake-up
     assert second.wait(0.5) is True
+
+
+def test_a_wake_up_written_while_giving_up_reaches_the_next_waiter(tmp_path, monkeypatch):
+    """A releaser that opened first's FIFO before first unlinked it writes between first's
+    last look and its close: that wake-up must not be lost with first's FIFO."""
+    first, second = LocalWakeups(tmp_path / "w"), LocalWakeups(tmp_path / "w")
+    assert first.register("k") and second.register("k")
+    (fifo,) = [n for n in os.listdir(tmp_path / "w") if n == first._path.name]
+    releaser_fd = os.open(tmp_path / "w" / fifo, os.O_WRONLY | os.O_NONBLOCK)
+    real_close, first_fd = os.close, first._fd
+    written = []
+
+    def write_just_before_the_close(fd):
+        if fd == first_fd and not written:  # (the number may be reused after the close)
+            written.append(os.write(releaser_fd, b"!"))  # lands in first's FIFO
+        real_close(fd)
+
+    monkeypatch.setattr(os, "close", write_just_before_the_close)
+    first.give_up("k")
+    monkeypatch.undo()
+    os.close(releaser_fd)
+    assert written == [1]
+    assert second.wait(0.5) is True
+    second.leave()
 
 
 def test_waiters_of_other_keys_are_not_woken(tmp_path):

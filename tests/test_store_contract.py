@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import uuid
@@ -361,3 +362,180 @@ def test_a_waiter_that_gives_up_leaves_the_queue_to_the_others(store, store_fact
     thread.join()
     assert acquired and acquired[0] - released < 0.15, (acquired, released)
     assert quitter.peek("k") is not None  # the quitter's store still works
+
+
+# -- breaking a lease (release --force) -----------------------------------------------------
+
+#: wait_for_break returns within this of a break by another client.
+BREAK_HEARD_WITHIN_S = 0.02
+
+
+def test_a_broken_lease_stays_held_until_its_owner_releases_it(store, store_factory):
+    other = store_factory()
+    lease = store.acquire("k", 30, HOLDER, token())
+    before = other.peek("k")
+
+    broken = other.break_lease("k")
+
+    assert broken == before  # the lease as it was broken: same token, holder, times
+    with pytest.raises(LeaseLost):
+        store.renew(lease, 30)
+    assert other.acquire("k", 30, OTHER, token()) is None
+    assert store.acquire("k", 30, OTHER, token()) is None
+    assert other.peek("k") == before  # still shown held, expiry not extended
+    assert [info.key for info in other.list()] == ["k"]
+    assert store.release(lease) is True
+    assert other.peek("k") is None
+    nxt = other.acquire("k", 30, OTHER, token())
+    assert nxt is not None and nxt.fencing_token > lease.fencing_token
+
+
+def test_breaking_again_changes_nothing_and_the_owner_cannot_take_it_back(store, store_factory):
+    other = store_factory()
+    owner = token()
+    lease = store.acquire("k", 30, HOLDER, owner)
+    first = other.break_lease("k")
+    assert other.break_lease("k", lease.fencing_token) == first
+    assert store.acquire("k", 30, HOLDER, owner) is None  # a retried acquire does not revive it
+    assert other.peek("k") == first
+
+
+def test_breaking_with_another_token_or_a_free_key_breaks_nothing(store, store_factory):
+    other = store_factory()
+    lease = store.acquire("k", 30, HOLDER, token())
+    assert other.break_lease("k", lease.fencing_token + 1) is None
+    assert other.break_lease("free") is None
+    assert store.renew(lease, 30).fencing_token == lease.fencing_token
+    assert store.wait_for_break(lease, 0.05) is False
+
+
+def test_a_broken_lease_expires_on_the_stores_clock(store, store_factory):
+    other = store_factory()
+    lease = store.acquire("k", SHORT_TTL, HOLDER, token())
+    assert other.break_lease("k") is not None
+    assert other.acquire("k", 30, OTHER, token()) is None
+    time.sleep(PAST_SHORT_TTL)
+    nxt = other.acquire("k", 30, OTHER, token())
+    assert nxt is not None and nxt.fencing_token > lease.fencing_token
+    assert store.release(lease) is False  # someone else's now: untouched
+    assert other.peek("k").fencing_token == nxt.fencing_token
+
+
+def test_the_owners_release_with_keep_for_frees_a_broken_lease(store, store_factory):
+    other = store_factory()
+    lease = store.acquire("k", 30, HOLDER, token())
+    other.break_lease("k")
+    assert store.release(lease, keep_for=30) is True
+    assert other.peek("k") is None
+
+
+def test_force_release_with_a_token_frees_only_that_lease(store, store_factory):
+    other = store_factory()
+    lease = store.acquire("k", 30, HOLDER, token())
+    assert other.force_release("k", lease.fencing_token + 1) is None
+    assert other.peek("k").fencing_token == lease.fencing_token
+    other.break_lease("k")
+    freed = other.force_release("k", lease.fencing_token)
+    assert freed is not None and freed.fencing_token == lease.fencing_token
+    assert freed.holder == HOLDER
+    assert other.peek("k") is None
+    assert store.release(lease) is False
+    nxt = other.acquire("k", 30, OTHER, token())
+    assert nxt.fencing_token == lease.fencing_token + 1  # the counter was kept
+
+
+def _break_heard_after(store, other, lease, act) -> float:
+    """Seconds from ``act`` (by another client, in a thread) returning to the holder's
+    wait_for_break returning True."""
+    acted_at: list[float] = []
+
+    def from_elsewhere() -> None:
+        time.sleep(0.1)  # the holder is waiting by then
+        act(other)
+        acted_at.append(time.monotonic())
+
+    thread = threading.Thread(target=from_elsewhere)
+    thread.start()
+    assert store.wait_for_break(lease, 5) is True
+    heard_at = time.monotonic()
+    thread.join()
+    return heard_at - acted_at[0] if acted_at else 0.0
+
+
+def test_the_holder_hears_a_break_at_once(store, store_factory):
+    other = store_factory()
+    delays = []
+    for run in range(4):
+        lease = store.acquire(f"k{run}", 30, HOLDER, token())
+        assert store.wait_for_break(lease, 0.01) is False  # listening since, between waits
+        delays.append(
+            _break_heard_after(store, other, lease, lambda o, k=f"k{run}": o.break_lease(k))
+        )
+        assert store.wait_for_break(lease, 0.5) is True  # and it stays broken
+        assert store.release(lease) is True
+    assert max(delays) < BREAK_HEARD_WITHIN_S, delays
+
+
+def test_the_holder_hears_a_forced_release_at_once(store, store_factory):
+    other = store_factory()
+    lease = store.acquire("k", 30, HOLDER, token())
+    delay = _break_heard_after(
+        store, other, lease, lambda o: o.force_release("k", lease.fencing_token)
+    )
+    assert delay < BREAK_HEARD_WITHIN_S
+    assert store.release(lease) is False
+
+
+def test_a_break_before_the_wait_started_is_seen(store, store_factory):
+    lease = store.acquire("k", 30, HOLDER, token())
+    store_factory().break_lease("k")
+    started = time.monotonic()
+    assert store.wait_for_break(lease, 5) is True
+    assert time.monotonic() - started < 1
+
+
+def test_wait_for_break_times_out_and_ignores_other_leases(store, store_factory):
+    other = store_factory()
+    lease = store.acquire("k", 30, HOLDER, token())
+    bystander = other.acquire("other", 30, OTHER, token())
+    threading.Timer(0.05, lambda: other.break_lease("other")).start()
+    started = time.monotonic()
+    assert store.wait_for_break(lease, 0.3) is False
+    assert 0.29 <= time.monotonic() - started < 1.5
+    assert other.release(bystander) is True
+
+
+@pytest.fixture
+def wake_pipe():
+    read_end, write_end = os.pipe()
+    yield read_end, write_end
+    os.close(read_end)
+    os.close(write_end)
+
+
+def _returns_when_woken(wait, write_end) -> float:
+    """Seconds ``wait`` took to return after ``write_end`` was written 0.1 s into it."""
+    threading.Timer(0.1, lambda: os.write(write_end, b"!")).start()
+    started = time.monotonic()
+    result = wait()
+    return result, time.monotonic() - started - 0.1
+
+
+def test_wait_for_break_returns_false_promptly_when_the_wake_fd_is_written(store, wake_pipe):
+    read_end, write_end = wake_pipe
+    lease = store.acquire("k", 30, HOLDER, token())
+    result, late = _returns_when_woken(lambda: store.wait_for_break(lease, 5, read_end), write_end)
+    assert result is False and late < 0.05
+    assert os.read(read_end, 10) == b"!"  # not read by the store
+    assert store.renew(lease, 30).fencing_token == lease.fencing_token
+
+
+def test_wait_for_release_returns_promptly_when_the_wake_fd_is_written(
+    store, store_factory, wake_pipe
+):
+    read_end, write_end = wake_pipe
+    store.acquire("k", 30, HOLDER, token())
+    waiter = store_factory()
+    result, late = _returns_when_woken(lambda: waiter.wait_for_release("k", 5, read_end), write_end)
+    assert result is None and late < 0.05
+    assert os.read(read_end, 10) == b"!"

@@ -6,6 +6,7 @@ the supervisor's business (see ``tasklock_cli.lease``).
 
 from __future__ import annotations
 
+import select
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
@@ -14,6 +15,13 @@ from datetime import datetime, timezone
 
 #: Rows per read of a listing (see ``Store.list``).
 LIST_PAGE = 1000
+
+#: A broken lease keeps its place on the store with its owner token prefixed by this: its
+#: owner's renew no longer matches (LeaseLost) and nobody else may take it while it is live,
+#: but its owner's release still matches. No schema change: an older tasklock sharing the
+#: store sees a broken lease as someone else's, so its renewals fail and it lets go.
+#: (Owner tokens are hex: the prefix cannot occur in one.)
+BROKEN_OWNER_PREFIX = "broken:"
 
 
 @dataclass(frozen=True)
@@ -96,6 +104,23 @@ def prefix_upper_bound(prefix: str) -> str | None:
     return None
 
 
+def wait_readable(fds: list[int | None], timeout: float) -> list[int]:
+    """Block until one of ``fds`` (None entries skipped) is readable or ``timeout`` seconds
+    pass; the readable ones (none are read). Without fds it just sleeps."""
+    watched = [fd for fd in fds if fd is not None]
+    seconds = max(0.0, timeout)
+    if not watched:
+        time.sleep(seconds)
+        return []
+    readable, _, _ = select.select(watched, [], [], seconds)
+    return readable
+
+
+def fd_readable(fd: int | None) -> bool:
+    """True when ``fd`` has something to read right now (nothing is read)."""
+    return fd is not None and bool(wait_readable([fd], 0))
+
+
 def utc_from_timestamp(seconds: float) -> datetime:
     return datetime.fromtimestamp(seconds, tz=timezone.utc)
 
@@ -151,13 +176,39 @@ class Store(ABC):
         """Clear expired leases left in the store; never touches fencing counters."""
 
     @abstractmethod
-    def force_release(self, key: str) -> LeaseInfo | None:
-        """Break the lease on ``key`` whoever holds it; return what was broken."""
+    def break_lease(self, key: str, token: int | None = None) -> LeaseInfo | None:
+        """Mark the live lease on ``key`` broken (only the one whose fencing token is
+        ``token``, when given).
 
-    def wait_for_release(self, key: str, timeout: float) -> None:
-        """Block up to ``timeout`` seconds, returning early where the store can signal a release."""
+        From then on its renew raises LeaseLost; nobody else can acquire the key (peek and
+        list still show it held) until its owner releases it, it expires on the store's
+        clock, or ``force_release`` frees it; its owner's release still succeeds (True) and
+        frees it, ``keep_for`` or not. Its expiry is not extended. The holder is told at once
+        through the store's notification path (``wait_for_break`` returns). Returns the
+        lease as it was broken, None when no live lease matched. Idempotent."""
+
+    @abstractmethod
+    def force_release(self, key: str, token: int | None = None) -> LeaseInfo | None:
+        """Free the lease on ``key`` whoever holds it (only the one with fencing token
+        ``token``, when given), broken or not; wakes a waiter and tells the holder (as
+        ``break_lease``). Returns what was freed. The fencing counter is kept."""
+
+    def wait_for_break(self, lease: Lease, timeout: float, wake_fd: int | None = None) -> bool:
+        """Called by ``lease``'s holder between renewals: block until the lease is broken or
+        freed by force (True), ``timeout`` seconds pass (False), or ``wake_fd`` becomes
+        readable (False; it is not read). A break from before the call is seen too.
+
+        This default is for a store without notifications: its holder learns of a break
+        at its next renewal."""
+        wait_readable([wake_fd], timeout)
+        return False
+
+    def wait_for_release(self, key: str, timeout: float, wake_fd: int | None = None) -> None:
+        """Block up to ``timeout`` seconds, returning early where the store can signal a
+        release, and when ``wake_fd`` becomes readable (it is not read: a signal handler's
+        wake-up pipe ends a wait without raising out of a blocking call)."""
         if timeout > 0:
-            time.sleep(timeout)
+            wait_readable([wake_fd], timeout)
 
     def stop_waiting(self, key: str) -> None:  # noqa: B027 - stores that only poll keep no place
         """The caller has given up waiting for ``key`` but keeps the store open: leave the

@@ -9,6 +9,10 @@ and tries the next.
 
 A waiter that is not woken (its waker died between commit and wake-up, or the holder
 was on another machine sharing the file) still polls, at its caller's ceiling.
+
+Holders are told of a break the same way (``BreakAlarms``): the holder of a lease waiting
+for a break keeps a FIFO named ``<hash of key>.<fencing token>`` in its own directory, and
+a break or forced release writes to it.
 """
 
 from __future__ import annotations
@@ -18,9 +22,11 @@ import errno
 import hashlib
 import os
 import secrets
-import select
+import threading
 import time
 from pathlib import Path
+
+from tasklock_cli.stores.base import wait_readable
 
 
 def _key_prefix(key: str) -> str:
@@ -72,16 +78,14 @@ class LocalWakeups:
             raise
         return True
 
-    def wait(self, timeout: float) -> bool:
-        """Block up to ``timeout`` for a wake-up on the registered key; True when woken."""
-        if self._fd is None:
-            time.sleep(max(0.0, timeout))
-            return False
+    def wait(self, timeout: float, wake_fd: int | None = None) -> bool:
+        """Block up to ``timeout`` for a wake-up on the registered key, or until ``wake_fd``
+        is readable (not read); True when woken by a release."""
+        fd = self._fd
         with contextlib.suppress(InterruptedError):
-            readable, _, _ = select.select([self._fd], [], [], max(0.0, timeout))
-            if readable:
+            if fd in wait_readable([fd, wake_fd], timeout):
                 with contextlib.suppress(BlockingIOError):
-                    os.read(self._fd, 64)
+                    os.read(fd, 64)
                 return True
         return False
 
@@ -95,22 +99,18 @@ class LocalWakeups:
             with contextlib.suppress(OSError):
                 path.unlink()
 
-    def give_up(self, key: str, pass_on: bool = False) -> None:
-        """Leave ``key``'s queue; a wake-up that arrived unread goes to the next waiter
-        (with ``pass_on``, the next waiter is woken anyway: for a wait cut short, whose
-        wake-up may have been read and then dropped)."""
+    def give_up(self, key: str) -> None:
+        """Leave ``key``'s queue and wake the next waiter, always.
+
+        A wake-up meant for us cannot be told apart reliably from none: a releaser that
+        opened our FIFO before we unlinked it may write after any look we take, up to our
+        close (after it, the write fails and the releaser tries the next waiter itself);
+        and a wait cut short by a signal may have read one and dropped it. A wake-up we
+        pass on needlessly costs the next waiter one look at the lease."""
         if self._key != key or self._fd is None:
             return
-        if self._path is not None:  # first out of sight of releasers, then look
-            with contextlib.suppress(OSError):
-                self._path.unlink()
-        try:
-            woken = bool(os.read(self._fd, 64))
-        except OSError:  # BlockingIOError: nothing sent to us
-            woken = False
         self.leave()
-        if woken or pass_on:
-            self.wake_one(key)
+        self.wake_one(key)
 
     def wake_one(self, key: str) -> None:
         """Wake the longest-waiting live waiter of ``key``, if any. Never raises."""
@@ -139,3 +139,90 @@ class LocalWakeups:
             finally:
                 os.close(fd)
             return
+
+
+class BreakAlarms:
+    """The FIFOs through which this process's held leases hear of a break, one per lease
+    (key and fencing token) whose holder waits for one. A FIFO is kept from the first wait
+    until the lease is released, so a break between two waits is still there to be read:
+    it is never drained (a broken lease stays broken)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._lock = threading.Lock()
+        self._fifos: dict[tuple[str, int], tuple[Path, int]] = {}
+
+    def _path(self, key: str, token: int) -> Path:
+        return self.directory / f"{_key_prefix(key)}{token}"
+
+    def listen(self, key: str, token: int) -> tuple[int | None, bool]:
+        """``(fd to select on, new)`` for the lease; ``new`` when just made (the caller must
+        then look at the lease once: a break before this was sent to nobody). fd None when
+        FIFOs cannot be made here."""
+        with self._lock:
+            known = self._fifos.get((key, token))
+            if known is not None:
+                return known[1], False
+            path = self._path(key, token)
+            making = self.directory / f"new.{os.getpid()}.{secrets.token_hex(4)}"
+            fd: int | None = None
+            try:
+                self.directory.mkdir(exist_ok=True)
+                self._remove_dead(key)
+                os.mkfifo(making, 0o622)
+                fd = os.open(making, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+                os.rename(making, path)  # replaces a dead holder's FIFO of the same name
+            except OSError:
+                if fd is not None:
+                    os.close(fd)
+                with contextlib.suppress(OSError):
+                    making.unlink()
+                return None, True
+            self._fifos[(key, token)] = (path, fd)
+            return fd, True
+
+    def forget(self, key: str, token: int) -> None:
+        with self._lock:
+            known = self._fifos.pop((key, token), None)
+        if known is not None:
+            self._close(*known)
+
+    def forget_all(self) -> None:
+        with self._lock:
+            fifos, self._fifos = list(self._fifos.values()), {}
+        for path, fd in fifos:
+            self._close(path, fd)
+
+    @staticmethod
+    def _close(path: Path, fd: int) -> None:
+        with contextlib.suppress(OSError):
+            path.unlink()
+        os.close(fd)
+
+    def _remove_dead(self, key: str) -> None:
+        """Remove the key's FIFOs whose holders died without releasing (no reader)."""
+        prefix = _key_prefix(key)
+        with contextlib.suppress(OSError):
+            for name in os.listdir(self.directory):
+                if not name.startswith(prefix):
+                    continue
+                try:
+                    os.close(os.open(self.directory / name, os.O_WRONLY | os.O_NONBLOCK))
+                except OSError as exc:
+                    if exc.errno == errno.ENXIO:
+                        with contextlib.suppress(OSError):
+                            (self.directory / name).unlink()
+
+    def alarm(self, key: str, token: int) -> None:
+        """Tell the holder of ``key``'s lease with ``token`` that it is broken, if it waits
+        for that (else it finds out when it starts to). Never raises."""
+        try:
+            fd = os.open(self._path(key, token), os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:  # no such FIFO, or no reader: nobody to tell
+            return
+        try:
+            os.write(fd, b"!")
+        except OSError:  # full (told already) or its reader closed just now
+            pass
+        finally:
+            os.close(fd)

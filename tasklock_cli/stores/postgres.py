@@ -22,6 +22,12 @@ Only a key's first waiter listens; the others queue behind it on a session advis
 (its "turn"). A waiter's acquire is one simple query: UNLISTEN, then the acquire, which
 also ends the turn when it is granted.
 
+Holders hear of a break the same way: a break or forced release ``pg_notify``s the key's
+break channel (``tasklock_broken_<table oid>_<md5 of key>``) with the fencing token as
+payload, in its statement; a holder waiting for a break LISTENs on it on a connection of
+its own (one per lease, kept until release), which it selects on. A broken lease keeps
+its row, its owner token prefixed with ``broken:`` (see base).
+
 A new connection (every ``tasklock run`` opens one) costs the connect and one round trip
 of set-up: the session settings, the statement timeout and the look at the table go in
 one simple query.
@@ -60,13 +66,16 @@ from psycopg.types.json import Jsonb
 from tasklock_cli.errors import ConfigError, LeaseLost, StoreUnavailable, TasklockError
 from tasklock_cli.stores import redact_url
 from tasklock_cli.stores.base import (
+    BROKEN_OWNER_PREFIX,
     LIST_PAGE,
     Holder,
     Lease,
     LeaseInfo,
     Store,
     StoreCheck,
+    fd_readable,
     prefix_upper_bound,
+    wait_readable,
 )
 
 DEFAULT_TABLE = "tasklock_leases"
@@ -78,6 +87,8 @@ CLOCK_WARN_S = 1.0
 WAIT_SLICE_S = 0.1
 #: Longest slice a waiter queues for its turn to listen (see ``wait_for_release``).
 TURN_SLICE_S = 0.5
+#: The same for a caller that passes a ``wake_fd``, looked at between slices.
+TURN_SLICE_WAKE_FD_S = 0.05
 #: Notification payloads are limited to 8000 bytes; longer keys are sent as md5(key).
 MAX_PAYLOAD_KEY_BYTES = 7000
 
@@ -173,23 +184,38 @@ UPDATE {table} SET expires_at = clock_timestamp() + make_interval(secs => %(ttl)
    AND expires_at > clock_timestamp()
 RETURNING expires_at
 """
-_RELEASE_LATER = """
-UPDATE {table} SET expires_at = clock_timestamp() + make_interval(secs => %(keep)s::float8)
- WHERE key = %(key)s AND owner_token = %(owner)s AND fencing_token = %(fence)s
-   AND expires_at > clock_timestamp()
+# Our own lease, broken or not, is freed; a broken one is never kept for longer.
+_FREE_OURS = f"""
+    UPDATE {{table}} SET {_CLEARED}
+     WHERE key = %(key)s AND owner_token IN (%(owner)s, %(broken)s)
+       AND fencing_token = %(fence)s
+    RETURNING key
+"""
+_RELEASE_LATER = f"""
+WITH kept AS (
+    UPDATE {{table}}
+       SET expires_at = clock_timestamp() + make_interval(secs => %(keep)s::float8)
+     WHERE key = %(key)s AND owner_token = %(owner)s AND fencing_token = %(fence)s
+       AND expires_at > clock_timestamp()
+    RETURNING key
+), cleared AS ({_FREE_OURS.replace("%(owner)s, ", "")})
+SELECT key FROM kept
+UNION ALL
+SELECT pg_notify(%(channel)s, {_PAYLOAD.format(col="key")})::text FROM cleared
 """
 _RELEASE = f"""
-WITH cleared AS (
-    UPDATE {{table}} SET {_CLEARED}
-     WHERE key = %(key)s AND owner_token = %(owner)s AND fencing_token = %(fence)s
-    RETURNING key
-)
+WITH cleared AS ({_FREE_OURS})
 SELECT pg_notify(%(channel)s, {_PAYLOAD.format(col="key")}) FROM cleared
 """
+# The lease on %(key)s with fencing token %(token)s (any when NULL).
+_MATCHING = (
+    "key = %(key)s AND owner_token IS NOT NULL"
+    " AND (%(token)s::bigint IS NULL OR fencing_token = %(token)s::bigint)"
+)
 _FORCE_RELEASE = f"""
 WITH old AS (
     SELECT {_INFO_COLUMNS}, expires_at > clock_timestamp() AS live
-      FROM {{table}} WHERE key = %(key)s AND owner_token IS NOT NULL
+      FROM {{table}} WHERE {_MATCHING}
        FOR UPDATE
 ), cleared AS (
     UPDATE {{table}} AS t SET {_CLEARED}
@@ -197,8 +223,23 @@ WITH old AS (
     RETURNING t.key
 )
 SELECT old.key, old.fencing_token, old.acquired_at, old.expires_at, old.holder, old.live,
-       pg_notify(%(channel)s, {_PAYLOAD.format(col="old.key")})
+       pg_notify(%(channel)s, {_PAYLOAD.format(col="old.key")}),
+       pg_notify(%(break_channel)s, old.fencing_token::text)
   FROM old JOIN cleared ON cleared.key = old.key
+"""
+_BREAK = f"""
+WITH broken AS (
+    UPDATE {{table}} SET owner_token = CASE
+            WHEN left(owner_token, length(%(prefix)s)) = %(prefix)s THEN owner_token
+            ELSE %(prefix)s || owner_token END
+     WHERE {_MATCHING} AND expires_at > clock_timestamp()
+    RETURNING {_INFO_COLUMNS}
+)
+SELECT {_INFO_COLUMNS}, true, pg_notify(%(break_channel)s, fencing_token::text) FROM broken
+"""
+# Our lease is still ours, unbroken (expired or not: the renewal tells that).
+_INTACT = """
+SELECT 1 FROM {table} WHERE key = %(key)s AND owner_token = %(owner)s AND fencing_token = %(fence)s
 """
 _SELECT = f"SELECT {_INFO_COLUMNS}, expires_at > clock_timestamp() AS live FROM {{table}}"
 _PEEK = (
@@ -370,6 +411,54 @@ class _Watchdog:
                 self._deadline = None
 
 
+class _BreakListener:
+    """A holder's own connection, LISTENing on its lease's break channel."""
+
+    def __init__(self, conn: psycopg.Connection, payload: str, io_timeout: float) -> None:
+        self.conn = conn
+        self.payload = payload
+        self.io_timeout = io_timeout
+        self.lock = threading.Lock()  # one waiter at a time
+        self.broken = False
+        self._watchdog = _Watchdog()
+
+    def guarded(self, operation: Callable[[], _T]) -> _T:
+        """Run ``operation`` on the connection, shut down if it overruns the I/O timeout."""
+        self._watchdog.arm(self.conn.fileno(), self.io_timeout)
+        try:
+            return operation()
+        finally:
+            if self._watchdog.disarm():
+                raise _Overrun()
+
+    def wait(self, deadline: float, wake_fd: int | None) -> bool:
+        """True when a break of our lease is heard before ``deadline``; False at the
+        deadline or when ``wake_fd`` is readable."""
+        while True:
+            if self.broken or self._heard():
+                self.broken = True  # and stays so: later waits return at once
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0 or fd_readable(wake_fd):
+                return False
+            ready = wait_readable([self.conn.fileno(), wake_fd], left)
+            if ready and self.conn.fileno() not in ready:
+                return False  # wake_fd alone
+
+    def _heard(self) -> bool:
+        """Read what has arrived (never blocks); True when our break is among it."""
+        notes = self.conn.notifies(timeout=0)
+        try:
+            return any(note.payload == self.payload for note in notes)
+        finally:
+            notes.close()
+
+    def close(self) -> None:
+        self._watchdog.stop()
+        with contextlib.suppress(Exception):
+            self.conn.close()
+
+
 class PostgresStore(Store):
     signals_release = True
 
@@ -396,8 +485,11 @@ class PostgresStore(Store):
         self._conn: psycopg.Connection | None = None
         self._applied_timeout: float | None = None
         self._schema_ok = False
+        self._oid = 0
         self._channel = ""
         self._turn_space = 0
+        self._listeners_lock = threading.Lock()
+        self._break_listeners: dict[tuple[str, int], _BreakListener] = {}
         self._listening = False
         self._turn_of: str | None = None  # the key whose first waiter we are (advisory lock)
         self._statements: dict[tuple[str, str], sql.Composed] = {}
@@ -679,6 +771,7 @@ class PostgresStore(Store):
                     raise ConfigError(
                         f"{self.display_url}: table {self.table_name} could not be created"
                     )
+            self._oid = oid
             self._channel = f"tasklock_released_{oid}"
             self._turn_space = oid & 0x7FFFFFFF  # first int4 of the waiters' advisory locks
 
@@ -763,12 +856,19 @@ class PostgresStore(Store):
         params: dict[str, Any] = {
             "key": lease.key,
             "owner": lease.owner_token,
+            "broken": BROKEN_OWNER_PREFIX + lease.owner_token,
             "fence": lease.fencing_token,
         }
+        self._stop_listening_for_break(lease)
         if keep_for > 0:
             params["keep"] = float(keep_for)
             later = self._sql(_RELEASE_LATER)
-            count = self._run(lambda conn: conn.execute(later, params).rowcount)
+
+            def run_later(conn: psycopg.Connection) -> int:
+                rows = conn.execute(later, {**params, "channel": self._channel}).fetchall()
+                return len(rows)
+
+            count = self._run(run_later)
         else:
             now = self._sql(_RELEASE)
 
@@ -820,18 +920,93 @@ class PostgresStore(Store):
             # Leave the server (and its WAL) to other clients twice as long as a batch took.
             time.sleep(2 * (time.monotonic() - started))
 
-    def force_release(self, key: str) -> LeaseInfo | None:
+    def break_lease(self, key: str, token: int | None = None) -> LeaseInfo | None:
+        statement = self._sql(_BREAK)
+        params = {"key": key, "token": token, "prefix": BROKEN_OWNER_PREFIX}
+
+        def run(conn: psycopg.Connection) -> tuple | None:
+            channel = self._break_channel(key)  # known once connected
+            return conn.execute(statement, {**params, "break_channel": channel}).fetchone()
+
+        row = self._run(run)  # idempotent: a broken lease is found again and told again
+        return self._info(row[:6]) if row else None
+
+    def force_release(self, key: str, token: int | None = None) -> LeaseInfo | None:
         statement = self._sql(_FORCE_RELEASE)
 
         def run(conn: psycopg.Connection) -> tuple | None:
-            return conn.execute(statement, {"key": key, "channel": self._channel}).fetchone()
+            params = {
+                "key": key,
+                "token": token,
+                "channel": self._channel,
+                "break_channel": self._break_channel(key),
+            }
+            return conn.execute(statement, params).fetchone()
 
         row = self._run(run, idempotent=False)
         return self._info(row[:6]) if row else None
 
+    def _break_channel(self, key: str) -> str:
+        """The channel a break of ``key``'s lease is notified on (an identifier: at most 63
+        bytes, so the key is hashed; the payload, the fencing token, says which lease)."""
+        return f"tasklock_broken_{self._oid}_{hashlib.md5(key.encode()).hexdigest()[:24]}"
+
+    # -- a holder waiting for a break ---------------------------------------------------
+
+    def wait_for_break(self, lease: Lease, timeout: float, wake_fd: int | None = None) -> bool:
+        """LISTEN on the lease's break channel on a connection of its own (made at the first
+        wait, kept until release), then look at the lease once; from then on select on
+        that connection and ``wake_fd``. Trouble with that connection is not a break: it is
+        dropped (the next wait makes another) and this wait sleeps on ``wake_fd``; the
+        renewals report the store's state."""
+        deadline = time.monotonic() + max(0.0, timeout)
+        try:
+            listener, broken = self._break_listener(lease)
+            if broken:
+                return True
+            with listener.lock:
+                return listener.wait(deadline, wake_fd)
+        except (psycopg.Error, _Overrun, OSError, TasklockError):
+            self._stop_listening_for_break(lease)
+            wait_readable([wake_fd], deadline - time.monotonic())
+            return False
+
+    def _break_listener(self, lease: Lease) -> tuple[_BreakListener, bool]:
+        """The lease's listener, and whether the lease was found broken on making it."""
+        with self._listeners_lock:
+            listener = self._break_listeners.get((lease.key, lease.fencing_token))
+        if listener is not None:
+            return listener, False
+        if not self._oid:
+            self._run(lambda conn: None)  # learn the table's oid
+        conn = psycopg.Connection.connect(self._conninfo, autocommit=True, **self._connect_kwargs())
+        listener = _BreakListener(conn, str(lease.fencing_token), self._io_timeout)
+        try:
+            os.set_inheritable(conn.fileno(), False)
+            listen = sql.SQL("LISTEN {}").format(sql.Identifier(self._break_channel(lease.key)))
+            params = {"key": lease.key, "owner": lease.owner_token, "fence": lease.fencing_token}
+
+            def listen_then_look() -> tuple | None:
+                conn.execute(listen)  # committed (autocommit) before the look: nothing missed
+                return conn.execute(self._sql(_INTACT), params).fetchone()
+
+            intact = listener.guarded(listen_then_look)
+        except BaseException:
+            listener.close()
+            raise
+        with self._listeners_lock:
+            self._break_listeners[(lease.key, lease.fencing_token)] = listener
+        return listener, intact is None
+
+    def _stop_listening_for_break(self, lease: Lease) -> None:
+        with self._listeners_lock:
+            listener = self._break_listeners.pop((lease.key, lease.fencing_token), None)
+        if listener is not None:
+            listener.close()
+
     # -- waiting --------------------------------------------------------------------
 
-    def wait_for_release(self, key: str, timeout: float) -> None:
+    def wait_for_release(self, key: str, timeout: float, wake_fd: int | None = None) -> None:
         """Block until the lease on ``key`` is released or expires, at most ``timeout``.
 
         Waiters take turns: only the first waiter of a key listens, and the others queue
@@ -842,14 +1017,16 @@ class PostgresStore(Store):
         Listening: LISTEN first, then ask the server how long the lease has left, then
         wait for a release notification, at most until that expiry. Never raises: on
         trouble it sleeps the rest of the timeout and the caller's next acquire reports
-        the store's state.
+        the store's state. Returns early, too, once ``wake_fd`` is readable.
         """
         if timeout <= 0:
             return
         deadline = time.monotonic() + timeout
         try:
-            if self._turn_of != key and not self._wait_for_turn(key, deadline):
+            if self._turn_of != key and not self._wait_for_turn(key, deadline, wake_fd):
                 return  # still queued behind another waiter: the caller looks again
+            if fd_readable(wake_fd):
+                return
             remaining = self._run(lambda conn: self._listen_and_check(conn, key))
             if remaining is None:
                 return  # free already
@@ -859,12 +1036,11 @@ class PostgresStore(Store):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return
-                if self._wait_slice(wanted, min(left, WAIT_SLICE_S, self._io_timeout / 2)):
+                slice_s = min(left, WAIT_SLICE_S, self._io_timeout / 2)
+                if self._wait_slice(wanted, slice_s, wake_fd):
                     return
         except TasklockError:
-            left = deadline - time.monotonic()
-            if left > 0:
-                time.sleep(left)
+            wait_readable([wake_fd], deadline - time.monotonic())
 
     def stop_waiting(self, key: str) -> None:
         """UNLISTEN and hand the turn on, in one round trip. The next waiter in line then
@@ -892,11 +1068,13 @@ class PostgresStore(Store):
         if self._listening or self._turn_of == key:
             self._run(run)
 
-    def _wait_for_turn(self, key: str, deadline: float) -> bool:
-        """Queue (in slices) for the key's waiters' advisory lock; True once it is ours."""
+    def _wait_for_turn(self, key: str, deadline: float, wake_fd: int | None = None) -> bool:
+        """Queue (in slices) for the key's waiters' advisory lock; True once it is ours.
+        With ``wake_fd``, slices are short and it is looked at between them (False)."""
+        longest = TURN_SLICE_S if wake_fd is None else TURN_SLICE_WAKE_FD_S
         while True:
-            left = min(deadline - time.monotonic(), TURN_SLICE_S, self._io_timeout / 2)
-            if left < 0.001:
+            left = min(deadline - time.monotonic(), longest, self._io_timeout / 2)
+            if left < 0.001 or fd_readable(wake_fd):
                 return False
             if self._run(functools.partial(self._take_turn, key, left)):
                 return True
@@ -939,17 +1117,28 @@ class PostgresStore(Store):
         row = conn.execute(self._sql(_REMAINING), {"key": key}).fetchone()
         return None if row is None or row[0] is None else max(0.0, float(row[0]))
 
-    def _wait_slice(self, wanted: str, seconds: float) -> bool:
-        """Wait up to ``seconds`` for a notification about ``wanted``; True when it came."""
+    def _wait_slice(self, wanted: str, seconds: float, wake_fd: int | None = None) -> bool:
+        """Wait up to ``seconds`` for a notification about ``wanted``, or for ``wake_fd``
+        to be readable; True when either came."""
 
-        def wait(conn: psycopg.Connection) -> bool:
-            if not self._listening:
-                return True  # the connection was replaced: let the caller look again
-            notes = conn.notifies(timeout=seconds)
+        def heard(conn: psycopg.Connection, timeout: float) -> bool:
+            notes = conn.notifies(timeout=timeout)
             try:
                 return any(note.payload == wanted for note in notes)
             finally:
                 notes.close()  # it holds the connection's lock while paused, say by a signal
+
+        def wait(conn: psycopg.Connection) -> bool:
+            if not self._listening:
+                return True  # the connection was replaced: let the caller look again
+            if wake_fd is None:
+                return heard(conn, seconds)
+            if heard(conn, 0):  # what was read already sits in psycopg's backlog
+                return True
+            ready = wait_readable([conn.fileno(), wake_fd], seconds)
+            if not ready:
+                return False
+            return conn.fileno() not in ready or heard(conn, 0)
 
         return self._run(wait)
 
@@ -1025,6 +1214,10 @@ class PostgresStore(Store):
         return checks
 
     def close(self) -> None:
+        with self._listeners_lock:
+            listeners, self._break_listeners = list(self._break_listeners.values()), {}
+        for listener in listeners:
+            listener.close()
         with self._lock:
             self._drop()
         self._watchdog.stop()

@@ -11,6 +11,11 @@ default ``tasklock:``)::
                          BLPOP takes it, so each release wakes exactly one waiter (the one
                          waiting longest); acquire deletes it, and it expires by itself
 
+A break marks the lease hash's owner ``broken:<owner>`` (see base) and PUBLISHes to
+``P{K}:broken:<fencing token>``, which the lease's holder, waiting for a break, is
+subscribed to on a connection of its own; a forced release deletes the hash, wakes a
+waiter and PUBLISHes the same.
+
 ``K`` is stored exactly (no hashing, no truncation). The ``{...}`` hash tag keeps a lease
 and its counter in one Redis Cluster slot (except for keys starting with ``}``, whose tag is
 empty). Every mutation is one Lua script (EVALSHA, reloaded on NOSCRIPT) that checks the
@@ -31,6 +36,7 @@ import json
 import math
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 from urllib.parse import unquote, unquote_plus, urlsplit
@@ -47,13 +53,16 @@ from redis.retry import Retry
 from tasklock_cli.errors import ConfigError, LeaseLost, StoreUnavailable, TasklockError
 from tasklock_cli.stores import redact_url
 from tasklock_cli.stores.base import (
+    BROKEN_OWNER_PREFIX,
     LIST_PAGE,
     Holder,
     Lease,
     LeaseInfo,
     Store,
     StoreCheck,
+    fd_readable,
     utc_from_timestamp,
+    wait_readable,
 )
 
 DEFAULT_PREFIX = "tasklock:"
@@ -108,7 +117,9 @@ local function wake_one(name)
   redis.call('RPUSH', name, '1')
   redis.call('PEXPIRE', name, WAKE_TOKEN_MS)
 end
-""".replace("WAKE_TOKEN_MS", str(WAKE_TOKEN_MS))
+local BROKEN = 'BROKEN_OWNER_PREFIX'
+local function is_broken(owner) return string.sub(owner, 1, #BROKEN) == BROKEN end
+""".replace("WAKE_TOKEN_MS", str(WAKE_TOKEN_MS)).replace("BROKEN_OWNER_PREFIX", BROKEN_OWNER_PREFIX)
 
 # KEYS[2] = fence, KEYS[3] = wake; ARGV: owner, ttl_ms, holder_json.
 # -> {fencing_token, acquired_at_ms, expires_at_ms} or nil (held by someone else)
@@ -160,7 +171,8 @@ return now + ttl
 )
 
 # KEYS[2] = wake; ARGV: owner, fencing_token, keep_ms (0 = delete now)
-# -> 1 released (or kept for keep_ms), 0 no lease at all, -1 someone else's lease
+# -> 1 released (or kept for keep_ms), 0 no lease at all, -1 someone else's lease.
+# Our broken lease is ours to release too, and is never kept.
 _RELEASE = (
     _PRELUDE
     + """
@@ -168,9 +180,10 @@ local _, bad_wake = key_type(KEYS[2], 'list', 'wake')
 if bad_wake then return bad_wake end
 if lease_type == 'none' then return 0 end
 local cur = redis.call('HMGET', KEYS[1], 'owner', 'fencing_token')
-if cur[1] ~= ARGV[1] or cur[2] ~= ARGV[2] then return -1 end
+local broken = cur[1] == BROKEN .. ARGV[1]
+if (cur[1] ~= ARGV[1] and not broken) or cur[2] ~= ARGV[2] then return -1 end
 local keep = tonumber(ARGV[3])
-if keep > 0 then
+if keep > 0 and not broken then
   redis.call('HSET', KEYS[1], 'expires_at', ms(now_ms() + keep))
   redis.call('PEXPIRE', KEYS[1], keep)
   return 1
@@ -181,17 +194,47 @@ return 1
 """
 )
 
-# KEYS[2] = wake -> the broken lease's hash as a flat list, or nil when free
+# ARGV: fencing_token ('' = any), the holders' break channel without the token
+# -> the lease's hash as a flat list, or nil when no lease matched
+_BREAK = (
+    _PRELUDE
+    + """
+if lease_type == 'none' then return false end
+local cur = redis.call('HMGET', KEYS[1], 'owner', 'fencing_token')
+if ARGV[1] ~= '' and cur[2] ~= ARGV[1] then return false end
+if not is_broken(cur[1]) then  -- (HSET keeps the TTL: the expiry is not extended)
+  redis.call('HSET', KEYS[1], 'owner', BROKEN .. cur[1])
+end
+redis.call('PUBLISH', ARGV[2] .. cur[2], '1')
+return redis.call('HGETALL', KEYS[1])
+"""
+)
+
+# KEYS[2] = wake; ARGV as _BREAK -> the freed lease's hash as a flat list, or nil
 _FORCE_RELEASE = (
     _PRELUDE
     + """
 local _, bad_wake = key_type(KEYS[2], 'list', 'wake')
 if bad_wake then return bad_wake end
 if lease_type == 'none' then return false end
+local token = redis.call('HGET', KEYS[1], 'fencing_token')
+if ARGV[1] ~= '' and token ~= ARGV[1] then return false end
 local data = redis.call('HGETALL', KEYS[1])
 redis.call('DEL', KEYS[1])
 wake_one(KEYS[2])
+redis.call('PUBLISH', ARGV[2] .. token, '1')
 return data
+"""
+)
+
+# ARGV: owner, fencing_token -> 1 while that lease is ours and unbroken (live), else 0
+_INTACT = (
+    _PRELUDE
+    + """
+if lease_type == 'none' then return 0 end
+local cur = redis.call('HMGET', KEYS[1], 'owner', 'fencing_token')
+if cur[1] == ARGV[1] and cur[2] == ARGV[2] then return 1 end
+return 0
 """
 )
 
@@ -283,6 +326,58 @@ def _set_up_lean(connection: redis.connection.AbstractConnection) -> None:
     connection.on_connect()
 
 
+#: ``_blpop_or_wake``: the wake-up fd was readable first.
+_WOKEN = object()
+
+
+class _BreakSubscription:
+    """A holder's own subscription to its lease's break channel."""
+
+    def __init__(self, pubsub: redis.client.PubSub, channel: bytes) -> None:
+        self.pubsub = pubsub
+        self.channel = channel
+        self.lock = threading.Lock()  # one waiter at a time
+        self.broken = False
+
+    def subscribe(self, timeout: float) -> None:
+        """SUBSCRIBE and wait for the server's confirmation (from then on nothing is missed)."""
+        self.pubsub.subscribe(self.channel)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            message = self.pubsub.get_message(timeout=deadline - time.monotonic())
+            if message is not None and message["type"] == "subscribe":
+                return
+        raise rexc.TimeoutError(f"no answer to SUBSCRIBE within {timeout:g} s")
+
+    def wait(self, deadline: float, wake_fd: int | None) -> bool:
+        """True when our break is heard before ``deadline``; False at the deadline or when
+        ``wake_fd`` is readable."""
+        while True:
+            if self.broken or self._heard():
+                self.broken = True  # and stays so: later waits return at once
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0 or fd_readable(wake_fd):
+                return False
+            sock = self.pubsub.connection._sock if self.pubsub.connection else None
+            if sock is None:
+                raise rexc.ConnectionError("the subscription's connection is closed")
+            ready = wait_readable([sock.fileno(), wake_fd], left)
+            if ready and sock.fileno() not in ready:
+                return False  # wake_fd alone
+
+    def _heard(self) -> bool:
+        """Read every message already here (redis-py may buffer several); never blocks."""
+        heard = False
+        while (message := self.pubsub.get_message(timeout=0)) is not None:
+            heard |= message["type"] == "message" and message["channel"] == self.channel
+        return heard
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.pubsub.close()
+
+
 class RedisStore(Store):
     signals_release = True
 
@@ -294,7 +389,12 @@ class RedisStore(Store):
         self._secrets = [s for s in _split_url(url)[2] if s]
         self._tcp = urlsplit(url).scheme.lower() in ("redis", "rediss")
         self._io_timeout = DEFAULT_IO_TIMEOUT_S
-        self._blocked_on: str | None = None  # the key of a BLPOP under way
+        # The keys of BLPOPs under way, per thread: left there only when a signal cuts
+        # one short, so that close passes on the wake-up it may have taken.
+        self._blocked_lock = threading.Lock()
+        self._blocked_on: Counter[str] = Counter()
+        self._subscriptions_lock = threading.Lock()
+        self._break_subscriptions: dict[tuple[str, int], _BreakSubscription] = {}
         self._scripts = {
             name: Script(None, source.encode("utf-8"))
             for name, source in (
@@ -302,6 +402,8 @@ class RedisStore(Store):
                 ("renew", _RENEW),
                 ("release", _RELEASE),
                 ("force_release", _FORCE_RELEASE),
+                ("break", _BREAK),
+                ("intact", _INTACT),
                 ("pass_on", _PASS_ON),
                 ("read_many", _READ_MANY),
             )
@@ -382,6 +484,11 @@ class RedisStore(Store):
 
     def _wake_key(self, key: str) -> bytes:
         return self._name(key, "wake")
+
+    def _break_channel(self, key: str, token: int | str = "") -> bytes:
+        """Where a break of ``key``'s lease with fencing token ``token`` is published
+        (without ``token``: the part before it, which the scripts complete)."""
+        return self._name(key, "broken:") + str(token).encode()
 
     def _key_of(self, lease_key: bytes) -> str:
         return lease_key[len(self._prefix_b) + 1 : -len(b"}:lease")].decode("utf-8", "replace")
@@ -511,6 +618,7 @@ class RedisStore(Store):
                 client=client,
             )
 
+        self._unsubscribe_from_break(lease)
         result = int(self._call(run, lease.key))
         if result == 1:
             return True
@@ -576,17 +684,89 @@ class RedisStore(Store):
         self._call(lambda c: c.ping())
         return 0
 
-    def force_release(self, key: str) -> LeaseInfo | None:
+    def break_lease(self, key: str, token: int | None = None) -> LeaseInfo | None:
+        script = self._scripts["break"]
+        name = self._lease_key(key)
+        args = ["" if token is None else token, self._break_channel(key)]
+        flat = self._call(lambda c: script(keys=[name], args=args, client=c), key)
+        return self._flat_info(key, name, flat)
+
+    def force_release(self, key: str, token: int | None = None) -> LeaseInfo | None:
         script = self._scripts["force_release"]
         name = self._lease_key(key)
         wake = self._wake_key(key)
-        flat = self._call(lambda c: script(keys=[name, wake], client=c), key)
+        args = ["" if token is None else token, self._break_channel(key)]
+        flat = self._call(lambda c: script(keys=[name, wake], args=args, client=c), key)
+        return self._flat_info(key, name, flat)
+
+    def _flat_info(self, key: str, name: bytes, flat: list[bytes] | None) -> LeaseInfo | None:
         if not flat:
             return None
         data = dict(zip(flat[0::2], flat[1::2], strict=True))
         return self._info(key, name, data)
 
-    def wait_for_release(self, key: str, timeout: float) -> None:
+    # -- a holder waiting for a break ---------------------------------------------------
+
+    def wait_for_break(self, lease: Lease, timeout: float, wake_fd: int | None = None) -> bool:
+        """SUBSCRIBE to the lease's break channel on a connection of its own (made at the
+        first wait, kept until release), then look at the lease once; from then on select
+        on that connection and ``wake_fd``.
+
+        Pub/sub rather than a per-lease list to BLPOP: the holder selects on the
+        subscription's socket together with ``wake_fd`` and can stop at any moment, with
+        no blocked command to cancel and nothing left on the server; a message published
+        before the subscription is not needed, as the look after subscribing sees the
+        break. Trouble with that connection is not a break: it is dropped (the next wait
+        makes another) and this wait sleeps on ``wake_fd``; the renewals report the
+        store's state."""
+        deadline = time.monotonic() + max(0.0, timeout)
+        try:
+            subscription, broken = self._break_subscription(lease)
+            if broken:
+                return True
+            with subscription.lock:
+                return subscription.wait(deadline, wake_fd)
+        except (rexc.RedisError, TasklockError, OSError):
+            self._unsubscribe_from_break(lease)
+            wait_readable([wake_fd], deadline - time.monotonic())
+            return False
+
+    def _break_subscription(self, lease: Lease) -> tuple[_BreakSubscription, bool]:
+        """The lease's subscription, and whether the lease was found broken on making it."""
+        with self._subscriptions_lock:
+            known = self._break_subscriptions.get((lease.key, lease.fencing_token))
+        if known is not None:
+            return known, False
+        with self._client_lock:
+            client = self._client
+        subscription = _BreakSubscription(
+            client.pubsub(), self._break_channel(lease.key, lease.fencing_token)
+        )
+        try:
+            subscription.subscribe(self._io_timeout)  # confirmed before the look
+            script = self._scripts["intact"]
+            intact = self._call(
+                lambda c: script(
+                    keys=[self._lease_key(lease.key)],
+                    args=[lease.owner_token, lease.fencing_token],
+                    client=c,
+                ),
+                lease.key,
+            )
+        except BaseException:
+            subscription.close()
+            raise
+        with self._subscriptions_lock:
+            self._break_subscriptions[(lease.key, lease.fencing_token)] = subscription
+        return subscription, int(intact) != 1
+
+    def _unsubscribe_from_break(self, lease: Lease) -> None:
+        with self._subscriptions_lock:
+            known = self._break_subscriptions.pop((lease.key, lease.fencing_token), None)
+        if known is not None:
+            known.close()
+
+    def wait_for_release(self, key: str, timeout: float, wake_fd: int | None = None) -> None:
         """Block until the lease on ``key`` is released or expires, at most ``timeout``.
 
         Look at the lease first (free: return), then BLPOP the key's wake list, at most
@@ -594,7 +774,9 @@ class RedisStore(Store):
         list, so it is not missed; each release wakes one waiter, so N waiters do not all
         rush at the store and the CPU when one of them can win. Never raises: on trouble it
         sleeps the rest of the timeout and the caller's next acquire reports the store's
-        state.
+        state. With ``wake_fd``, the BLPOP's socket is selected on together with it: once
+        it is readable the BLPOP is abandoned with its connection, and the wake-up it may
+        have taken is passed on.
         """
         if timeout <= 0:
             return
@@ -609,19 +791,72 @@ class RedisStore(Store):
             while True:
                 # Slices well inside the socket timeout; BLPOP's timeout 0 means forever.
                 left = min(deadline - time.monotonic(), self._io_timeout / 2)
-                if left < 0.001:
+                if left < 0.001 or fd_readable(wake_fd):
                     return
                 seconds = math.floor(left * 1000) / 1000
-                self._blocked_on = key  # left set only when a signal cuts the BLPOP short
-                popped = self._call(lambda c, s=seconds: c.blpop([wake], timeout=s), key)
-                self._blocked_on = None
+                with self._blocked(key):
+                    if wake_fd is None:
+                        popped = self._call(lambda c, s=seconds: c.blpop([wake], timeout=s), key)
+                    else:
+                        popped = self._blpop_or_wake(wake, seconds, wake_fd)
+                if popped is _WOKEN:
+                    self._pass_on(key)
+                    return
                 if popped is not None:
                     return
         except (rexc.RedisError, TasklockError, OSError):
-            self._blocked_on = None
-            remaining = deadline - time.monotonic()
-            if remaining > 0:
-                time.sleep(remaining)
+            wait_readable([wake_fd], deadline - time.monotonic())
+
+    @contextlib.contextmanager
+    def _blocked(self, key: str) -> Iterator[None]:
+        """Mark a BLPOP on ``key`` under way; the mark stays when a signal's exception
+        cuts it short (close then passes on the wake-up it may have taken)."""
+        with self._blocked_lock:
+            self._blocked_on[key] += 1
+        try:
+            yield
+        except (rexc.RedisError, TasklockError, OSError):
+            self._unblocked(key)
+            raise
+        self._unblocked(key)
+
+    def _unblocked(self, key: str) -> None:
+        with self._blocked_lock:
+            self._blocked_on[key] -= 1
+            if self._blocked_on[key] <= 0:
+                del self._blocked_on[key]
+
+    def _blpop_or_wake(self, wake: bytes, seconds: float, wake_fd: int) -> object:
+        """BLPOP on a pool connection whose socket is selected on with ``wake_fd``: the
+        popped element, None at BLPOP's timeout, or _WOKEN when ``wake_fd`` came first."""
+        with self._client_lock:
+            pool = self._client.connection_pool
+        conn = pool.get_connection()
+        try:
+            conn.send_command("BLPOP", wake, seconds)
+            sock = conn._sock  # (redis-py keeps the socket there; selected on, not read)
+            if sock is None:
+                raise rexc.ConnectionError("the connection closed while sending BLPOP")
+            ready = wait_readable([sock.fileno(), wake_fd], seconds + self._io_timeout)
+            if sock.fileno() in ready:
+                return conn.read_response()
+            conn.disconnect()  # abandoned: the server drops the BLPOP with the connection
+            if not ready:
+                raise rexc.TimeoutError(f"no answer to BLPOP within {seconds:g} s")
+            return _WOKEN
+        except BaseException:
+            conn.disconnect()
+            raise
+        finally:
+            pool.release(conn)
+
+    def _pass_on(self, key: str) -> None:
+        """A waiter leaving early may have taken the last release's wake-up: while the key
+        is free, one is left for the next waiter. Never raises."""
+        script = self._scripts["pass_on"]
+        keys = [self._lease_key(key), self._wake_key(key)]
+        with contextlib.suppress(TasklockError):
+            self._call(lambda c: script(keys=keys, client=c), key)
 
     # -- schema and diagnostics --------------------------------------------------------
 
@@ -769,12 +1004,14 @@ class RedisStore(Store):
         return StoreCheck("clock", True, detail)
 
     def close(self) -> None:
-        blocked, self._blocked_on = self._blocked_on, None
-        if blocked is not None:  # the wake-up it may have popped goes to the next waiter
-            script = self._scripts["pass_on"]
-            keys = [self._lease_key(blocked), self._wake_key(blocked)]
-            with contextlib.suppress(TasklockError):
-                self._call(lambda c: script(keys=keys, client=c), blocked)
+        with self._blocked_lock:
+            blocked, self._blocked_on = list(self._blocked_on), Counter()
+        for key in blocked:  # the wake-up it may have popped goes to the next waiter
+            self._pass_on(key)
+        with self._subscriptions_lock:
+            subscriptions, self._break_subscriptions = list(self._break_subscriptions.values()), {}
+        for subscription in subscriptions:
+            subscription.close()
         with self._client_lock:
             client = self._client
         with contextlib.suppress(Exception):

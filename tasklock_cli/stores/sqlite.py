@@ -5,6 +5,8 @@ changes nothing and a reboot (which ended every holder) frees every lease.
 
 A release wakes the key's longest-waiting waiter on this machine through a FIFO in
 ``<file>.waiters/`` (see local_wakeups); waiters also look again when the lease runs out.
+A break or forced release tells the lease's holder through its FIFO in ``<file>.holders/``.
+A broken lease keeps its row, its owner token prefixed with ``broken:`` (see base).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from urllib.parse import unquote, urlsplit
 from tasklock_cli.errors import ConfigError, LeaseLost, StoreUnavailable
 from tasklock_cli.stores import sqlite_url
 from tasklock_cli.stores.base import (
+    BROKEN_OWNER_PREFIX,
     LIST_PAGE,
     Holder,
     Lease,
@@ -33,8 +36,9 @@ from tasklock_cli.stores.base import (
     StoreCheck,
     prefix_upper_bound,
     utc_from_timestamp,
+    wait_readable,
 )
-from tasklock_cli.stores.local_wakeups import LocalWakeups
+from tasklock_cli.stores.local_wakeups import BreakAlarms, LocalWakeups
 
 TABLE = "tasklock_leases"
 _T = TypeVar("_T")
@@ -124,12 +128,25 @@ RETURNING expires_at
 # Freeing a row clears the lease and keeps the key's fencing counter.
 _FREE = f"""UPDATE {TABLE} SET owner_token = NULL, boot_id = NULL, expires_boot = NULL,
                    expires_at = NULL, holder = NULL"""
-_RELEASE = f"{_FREE} WHERE key = :key AND owner_token = :owner"
-_FORCE_RELEASE = f"{_FREE} WHERE key = :key AND owner_token IS NOT NULL"
+# The owner's release frees its lease, broken or not.
+_RELEASE = f"{_FREE} WHERE key = :key AND owner_token IN (:owner, :broken)"
+# A lease matching :token (any when NULL), live or not.
+_MATCHING = "key = :key AND owner_token IS NOT NULL AND (:token IS NULL OR fencing_token = :token)"
+_FORCE_RELEASE = f"{_FREE} WHERE {_MATCHING}"
 _RELEASE_LATER = f"""
 UPDATE {TABLE} SET expires_boot = :now + :keep, expires_at = :wall + :keep
 WHERE key = :key AND owner_token = :owner AND {_LIVE}
 """
+_BREAK = f"""
+UPDATE {TABLE} SET owner_token = CASE
+        WHEN substr(owner_token, 1, length(:prefix)) = :prefix THEN owner_token
+        ELSE :prefix || owner_token END
+WHERE {_MATCHING} AND {_LIVE}
+RETURNING key, fencing_token, acquired_at, expires_at, holder, 1
+"""
+# Our lease is still ours, unbroken (expired or not: the renewal tells that).
+_INTACT = f"""SELECT 1 FROM {TABLE}
+WHERE key = :key AND owner_token = :owner AND fencing_token = :token"""
 # Seconds (this boot's clock) until the live lease on a key runs out; no row = free.
 _REMAINING = f"SELECT expires_boot - :now FROM {TABLE} WHERE key = :key AND {_LIVE}"
 _SELECT = (
@@ -162,6 +179,7 @@ class SQLiteStore(Store):
         # thread, or many leases held through the API): one transaction at a time on it.
         self._lock = threading.RLock()
         self._wakeups = LocalWakeups(path.with_name(path.name + ".waiters"))
+        self._alarms = BreakAlarms(path.with_name(path.name + ".holders"))
 
     @classmethod
     def from_url(cls, url: str) -> SQLiteStore:
@@ -297,13 +315,22 @@ class SQLiteStore(Store):
         )
 
     def release(self, lease: Lease, keep_for: float = 0.0) -> bool:
-        params = {**self._times(), "key": lease.key, "owner": lease.owner_token, "keep": keep_for}
+        params = {
+            **self._times(),
+            "key": lease.key,
+            "owner": lease.owner_token,
+            "broken": BROKEN_OWNER_PREFIX + lease.owner_token,
+            "keep": keep_for,
+        }
+        freed = False
         with self._write() as conn:
-            cursor = conn.execute(_RELEASE_LATER if keep_for > 0 else _RELEASE, params)
-        released = cursor.rowcount == 1
-        if released and keep_for <= 0:
+            kept = keep_for > 0 and conn.execute(_RELEASE_LATER, params).rowcount == 1
+            if not kept:  # (a broken lease is freed, keep_for or not)
+                freed = conn.execute(_RELEASE, params).rowcount == 1
+        self._alarms.forget(lease.key, lease.fencing_token)
+        if freed:
             self._wakeups.wake_one(lease.key)
-        return released
+        return kept or freed
 
     def peek(self, key: str) -> LeaseInfo | None:
         rows = self._read(f"{_SELECT} WHERE key = :key AND {_LIVE}", {**self._times(), "key": key})
@@ -349,31 +376,56 @@ class SQLiteStore(Store):
                 time.sleep(max(SWEEP_PAUSE_MIN_S, 2 * (time.monotonic() - started)))
         return removed
 
-    def force_release(self, key: str) -> LeaseInfo | None:
-        params = {**self._times(), "key": key}
+    def break_lease(self, key: str, token: int | None = None) -> LeaseInfo | None:
+        params = {**self._times(), "key": key, "token": token, "prefix": BROKEN_OWNER_PREFIX}
         with self._write() as conn:
-            row = conn.execute(
-                f"{_SELECT} WHERE key = :key AND owner_token IS NOT NULL", params
-            ).fetchone()
+            row = conn.execute(_BREAK, params).fetchone()
+        if row is None:
+            return None
+        info = self._info(row)
+        self._alarms.alarm(key, info.fencing_token)
+        return info
+
+    def force_release(self, key: str, token: int | None = None) -> LeaseInfo | None:
+        params = {**self._times(), "key": key, "token": token}
+        with self._write() as conn:
+            row = conn.execute(f"{_SELECT} WHERE {_MATCHING}", params).fetchone()
             if row is None:
                 return None
             conn.execute(_FORCE_RELEASE, params)
+        info = self._info(row)
         self._wakeups.wake_one(key)
-        return self._info(row)
+        self._alarms.alarm(key, info.fencing_token)
+        return info
 
-    def wait_for_release(self, key: str, timeout: float) -> None:
+    def wait_for_break(self, lease: Lease, timeout: float, wake_fd: int | None = None) -> bool:
+        """Wait on the lease's FIFO in ``<file>.holders/``, which a break writes to. Made
+        at the first wait and kept until release, then looked at once: a break before the
+        FIFO existed told nobody."""
+        fd, new = self._alarms.listen(lease.key, lease.fencing_token)
+        if fd is None:  # no FIFOs here: learnt of at the next renewal
+            return super().wait_for_break(lease, timeout, wake_fd)
+        if new and not self._intact(lease):
+            return True
+        return fd in wait_readable([fd, wake_fd], timeout)
+
+    def _intact(self, lease: Lease) -> bool:
+        params = {"key": lease.key, "owner": lease.owner_token, "token": lease.fencing_token}
+        return bool(self._read(_INTACT, params))
+
+    def wait_for_release(self, key: str, timeout: float, wake_fd: int | None = None) -> None:
         """Wait for a release on this machine to wake us (one waiter per release, the one
         waiting longest), at most until the lease runs out. Registering comes before the
         look at the lease, so a release in between is seen by that look."""
         if timeout <= 0:
             return
         if not self._wakeups.register(key):  # no FIFOs here: poll
-            time.sleep(min(timeout, UNSIGNALLED_POLL_S))
+            wait_readable([wake_fd], min(timeout, UNSIGNALLED_POLL_S))
             return
         rows = self._read(_REMAINING, {**self._times(), "key": key})
         if not rows:
             return  # free already
-        self._wakeups.wait(min(timeout, max(0.0, rows[0][0]) + 0.002))
+        self._wakeups.wait(min(timeout, max(0.0, rows[0][0]) + 0.002), wake_fd)
 
     def stop_waiting(self, key: str) -> None:
         self._wakeups.give_up(key)
@@ -417,7 +469,8 @@ class SQLiteStore(Store):
         # Still in a queue at close: the wait was cut short (a signal), maybe just after
         # a wake-up was read. Waking the next waiter costs it one look at most.
         if self._wakeups.key is not None:
-            self._wakeups.give_up(self._wakeups.key, pass_on=True)
+            self._wakeups.give_up(self._wakeups.key)
+        self._alarms.forget_all()
         with self._lock:
             if self._conn is not None:
                 self._conn.close()
