@@ -13,6 +13,7 @@ import pytest
 import typer
 
 import tasklock_cli.cli
+from tests.support import services
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPLETIONS = ROOT / "completions"
@@ -45,6 +46,16 @@ def _option_strings(command, ctx) -> set[str]:
 def require_tool(name: str) -> str:
     path = shutil.which(name)
     if path is None:
+        pytest.skip(f"{name} is not installed (apt-get install {name})")
+    return path
+
+
+def require_shell(name: str) -> str:
+    """A shell whose completions are tested: .ci/run installs it, so CI never skips."""
+    path = shutil.which(name)
+    if path is None:
+        if services.in_ci():
+            pytest.fail(f"CI=true but {name} is not installed (.ci/run installs it)")
         pytest.skip(f"{name} is not installed (apt-get install {name})")
     return path
 
@@ -153,6 +164,67 @@ def test_fish_completes_commands_options_and_values(tmp_path):
     assert _fish_complete("tasklock run job --ttl ", tmp_path) == []
     assert "--" in _fish_complete("tasklock run job -", tmp_path)
     assert "locks.toml" in _fish_complete("tasklock run job -- cat lo", tmp_path)
+
+
+# zsh completes only inside its line editor: an interactive zsh under zpty gets the line and a
+# TAB; compadd is wrapped to print each candidate, between two NUL lines.
+_ZSH_CAPTURE = r"""
+PROMPT=
+autoload -U compinit
+compinit -u -d "$CAPTURE_DIR/.zcompdump"
+bindkey '^I' complete-word
+null-line () { echo -E - $'\0' }
+compprefuncs=( null-line )
+comppostfuncs=( null-line exit )
+zstyle ':completion:*' insert-tab false
+compadd () {
+    if [[ ${@[1,(i)(-|--)]} == *-(O|A|D)\ * ]]; then
+        builtin compadd "$@"
+        return $?
+    fi
+    typeset -a __hits
+    builtin compadd -A __hits "$@"
+    local hit
+    for hit in $__hits; do echo -E - "$hit"; done
+}
+"""
+_ZSH_DRIVER = r"""
+zmodload zsh/zpty
+zpty z zsh -f -i
+zpty -w z "fpath=(${(q)1} \$fpath); CAPTURE_DIR=${(q)2}; source ${(q)2}/capture.zsh"
+zpty -w -n z "$3"$'\t'
+local line
+while zpty -r z line; do print -rn -- "$line"; done
+"""
+
+
+def _zsh_complete(line: str, work: Path) -> list[str]:
+    zsh = require_shell("zsh")
+    (work / "capture.zsh").write_text(_ZSH_CAPTURE)
+    result = subprocess.run(
+        [zsh, "-f", "-c", _ZSH_DRIVER, "zsh", str(COMPLETIONS), str(work), line],
+        capture_output=True,
+        timeout=30,
+        cwd=work,
+    )
+    assert result.returncode == 0, result.stderr
+    parts = result.stdout.split(b"\0")
+    assert len(parts) >= 3, result.stdout  # the completion system ran: both NUL lines came
+    return [
+        word.strip() for word in parts[1].decode().replace("\r", "").split("\n") if word.strip()
+    ]
+
+
+def test_zsh_completes_commands_and_run_options(tmp_path):
+    assert _zsh_complete("tasklock r", tmp_path) == ["run", "release"]
+    assert _zsh_complete("tasklock run --t", tmp_path) == ["--ttl"]
+    assert _zsh_complete("tasklock --log-format ", tmp_path) == ["text", "json"]
+
+
+def test_fish_completes_commands_and_run_options(tmp_path):
+    require_shell("fish")
+    assert sorted(_fish_complete("tasklock r", tmp_path)) == ["release", "run"]
+    assert _fish_complete("tasklock run --t", tmp_path) == ["--ttl"]
 
 
 # -- man page ------------------------------------------------------------------------------
