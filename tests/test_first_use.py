@@ -199,3 +199,18 @@ def test_a_long_wait_repeats_the_waiting_event_every_30s(env, held):
     assert all(e["holder"]["pid"] == held.holder.pid for e in waiting)
     assert [e["event"] for e in events] == ["waiting", "waiting", "conflict"]
     assert time.monotonic() - started < 40
+
+
+def test_an_error_the_run_goes_on_after_is_a_json_object_too():
+    import io
+
+    from tasklock_cli.events import EventLog
+
+    stream = io.StringIO()
+    EventLog("json", stream=stream).error("could not release 'k' (store down)")
+    record = json.loads(stream.getvalue())
+    assert set(record) == {"event", "message", "ts"}
+    assert (record["event"], record["message"]) == ("error", "could not release 'k' (store down)")
+    text = io.StringIO()
+    EventLog("text", stream=text).error("could not release 'k'")
+    assert text.getvalue() == "tasklock: error: could not release 'k'\n"
