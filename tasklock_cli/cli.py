@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
-import math
 import os
 import sys
 import traceback
@@ -20,7 +19,7 @@ from typer.core import TyperGroup
 from tasklock_cli import __version__
 from tasklock_cli.durations import format_duration, parse_duration
 from tasklock_cli.errors import StoreUnavailable, TasklockError, UsageError
-from tasklock_cli.events import NORMAL, QUIET, VERBOSE, EventLog
+from tasklock_cli.events import NORMAL, QUIET, VERBOSE, EventLog, now_rfc3339, stop_spinners
 from tasklock_cli.keys import validate_key
 
 try:
@@ -117,11 +116,12 @@ app = typer.Typer(
 
 class Globals:
     def __init__(self, flags: GlobalFlags):
-        global _verbose_traceback
+        global _verbose_traceback, _log_format
         log_format = flags.log_format or "text"
         if log_format not in ("text", "json"):
             raise UsageError(f"invalid --log-format {log_format!r} (text or json)")
         _verbose_traceback = flags.verbose > 0
+        _log_format = log_format
         self.store_flag = flags.store
         self.config_flag = flags.config
         verbosity = QUIET if flags.quiet else VERBOSE if flags.verbose else NORMAL
@@ -148,6 +148,10 @@ class Globals:
 
 
 _verbose_traceback = False
+#: ``list --watch`` refreshes no faster than this: each refresh is a query on the store.
+MIN_WATCH_INTERVAL_S = 0.1
+#: The parsed --log-format, once main_options has run; errors before that scan argv for it.
+_log_format: str | None = None
 
 
 def _version(value: bool) -> None:
@@ -189,6 +193,8 @@ def main_options(
 ) -> None:
     # The command's wrapper (_applying_later_globals) completes these with the global options
     # given after the command name, and puts the Globals in the command's context.
+    global _log_format
+    _log_format = log_format  # for an error met before the command's own options are read
     ctx.obj = _checked(GlobalFlags(store, config, log_format, verbose, quiet))
 
 
@@ -292,33 +298,40 @@ def _built_in_default(setting: str) -> object:
 
 
 def _run_settings(g: Globals, key: str, flags: dict[str, object]) -> dict[str, object]:
-    """Flag > config file (per-key pattern, then file default) > built-in, checked together."""
+    """Flag > config file (per-key pattern, then file default) > built-in, checked together.
+    A bad flag is a usage error; a bad value from the file a config error naming its line."""
+    from tasklock_cli.config import INFINITE_SETTINGS, setting_problem
+
     values: dict[str, object] = {}
+    from_file: set[str] = set()
     for name, flag in flags.items():
         if flag is not None:
-            values[name] = (
+            value = (
                 flag
                 if isinstance(flag, int)
                 else parse_duration(
-                    str(flag), option=f"--{name}", allow_inf=name in ("wait", "max-lifetime")
+                    str(flag), option=f"--{name}", allow_inf=name in INFINITE_SETTINGS
                 )
             )
-        else:
-            from_file = g.config.run_setting(key, name)
-            values[name] = from_file if from_file is not None else _built_in_default(name)
+            problem = setting_problem(name, value)
+            if problem:
+                raise UsageError(f"--{name} {problem}")
+            values[name] = value
+            continue
+        in_file = g.config.run_setting(key, name)
+        if in_file is not None:
+            from_file.add(name)
+        values[name] = in_file if in_file is not None else _built_in_default(name)
     ttl, renew = values["ttl"], values["renew-every"]
-    if not (0 < ttl < math.inf):
-        raise UsageError("--ttl must be a positive, finite duration")
-    if ttl < 0.1:
-        raise UsageError("--ttl must be at least 100ms")
-    if renew is not None and not (0 < renew < ttl):
-        raise UsageError(f"--renew-every must be shorter than --ttl ({format_duration(ttl)})")
-    if math.isinf(values["grace"]) or math.isinf(values["hold-at-least"]):
-        raise UsageError("--grace and --hold-at-least must be finite")
-    if values["max-lifetime"] <= 0:
-        raise UsageError("--max-lifetime must be positive")
-    if not 0 <= values["conflict-exit-code"] <= 255:
-        raise UsageError("--conflict-exit-code must be from 0 to 255")
+    if renew is not None and not renew < ttl:
+        problem = f"must be shorter than ttl ({format_duration(ttl)})"
+        if {"ttl", "renew-every"} & from_file and not {"ttl", "renew-every"} & set(
+            n for n, f in flags.items() if f is not None
+        ):
+            from tasklock_cli.config import setting_error
+
+            raise setting_error(g.config.path, "renew-every", problem)
+        raise UsageError(f"--renew-every {problem}")
     return {name.replace("-", "_"): value for name, value in values.items()}
 
 
@@ -368,13 +381,15 @@ def list_leases(
     if watch and as_json:
         raise UsageError("--watch and --json exclude each other")
     every = parse_duration(interval, option="--interval", allow_inf=False)
+    if every < MIN_WATCH_INTERVAL_S:
+        raise UsageError(f"--interval must be at least {format_duration(MIN_WATCH_INTERVAL_S)}")
     with g.open_store() as store:
 
         def fetch() -> list:
             return list(store.list(prefix=prefix, include_expired=show_all))
 
         if watch:
-            render.watch_table(fetch, max(every, 0.1))
+            render.watch_table(fetch, every)
             return
         leases = store.list(prefix=prefix, include_expired=show_all)
         if as_json:
@@ -481,29 +496,59 @@ def main(argv: list[str] | None = None) -> NoReturn:
 def run_cli(argv: list[str] | None = None) -> int:
     """The whole command line, returning its exit code (main exits with it)."""
     command = typer.main.get_command(app)
+    args = sys.argv[1:] if argv is None else argv
     try:
-        code = command.main(args=argv, prog_name="tasklock", standalone_mode=False)
+        code = command.main(args=args, prog_name="tasklock", standalone_mode=False)
     except TasklockError as exc:
-        return _fail(str(exc), exc.exit_code)
+        return _fail(str(exc), exc.exit_code, args)
     except _CliException as exc:
         if type(exc).__name__ == "NoArgsIsHelpError":  # bare `tasklock`: the help, as usage
             sys.stderr.write(exc.format_message() + "\n")
             return 2
-        return _fail(exc.format_message(), getattr(exc, "exit_code", 2))
+        return _fail(exc.format_message(), getattr(exc, "exit_code", 2), args)
     except typer.Exit as exc:
         code = exc.exit_code
     except typer.Abort:
-        return _fail("aborted", 130)
+        return _fail("aborted", 130, args)
     except KeyboardInterrupt:
         return 130
+    finally:
+        stop_spinners()  # whatever ended the run, the terminal gets its cursor back
     return code if isinstance(code, int) else 0
 
 
-def _fail(message: str, code: int) -> int:
-    if _verbose_traceback:
-        traceback.print_exc()
+def _fail(message: str, code: int, args: list[str]) -> int:
+    details = traceback.format_exc() if _verbose_traceback else None
+    # The parsed option where there is one; a subcommand that failed to parse may still
+    # carry --log-format json after it, which argv shows.
+    if "json" in (_log_format, _log_format_in(args)):
+        record: dict[str, object] = {
+            "event": "error",
+            "code": code,
+            "message": message,
+            "ts": now_rfc3339(),
+        }
+        if details:
+            record["traceback"] = details
+        sys.stderr.write(json.dumps(record, ensure_ascii=False) + "\n")
+        return code
+    if details:
+        sys.stderr.write(details)
     sys.stderr.write(f"tasklock: error: {message}\n")
     return code
+
+
+def _log_format_in(args: list[str]) -> str:
+    """The --log-format asked for on a command line that did not parse (the last one wins)."""
+    found = "text"
+    for index, arg in enumerate(args):
+        if arg == "--":
+            break
+        if arg == "--log-format" and index + 1 < len(args):
+            found = args[index + 1]
+        elif arg.startswith("--log-format="):
+            found = arg.split("=", 1)[1]
+    return found
 
 
 def _exit_now(code: int) -> NoReturn:

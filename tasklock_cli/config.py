@@ -12,6 +12,7 @@ The config file is TOML, found at ``--config FILE`` > ``$TASKLOCK_CONFIG`` > ``.
 from __future__ import annotations
 
 import fnmatch
+import math
 import os
 import re
 import sys
@@ -28,6 +29,8 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
 DURATION_SETTINGS = ("ttl", "renew-every", "wait", "grace", "max-lifetime", "hold-at-least")
+#: The only settings for which ``inf`` means something.
+INFINITE_SETTINGS = ("wait", "max-lifetime")
 INTEGER_SETTINGS = ("conflict-exit-code",)
 RUN_SETTINGS = (*DURATION_SETTINGS, *INTEGER_SETTINGS)
 
@@ -100,14 +103,33 @@ def parse_config_file(path: Path) -> Config:
     return config
 
 
+def setting_problem(name: str, value: float) -> str | None:
+    """What is wrong with one run setting's value on its own, or None (flags and file alike)."""
+    if name == "ttl" and not 0 < value < math.inf:
+        return "must be a positive, finite duration"
+    if name == "ttl" and value < 0.1:
+        return "must be at least 100ms"
+    if name in ("renew-every", "max-lifetime") and value <= 0:
+        return "must be positive"
+    if name in INTEGER_SETTINGS and not 0 <= value <= 255:
+        return "must be from 0 to 255"
+    return None
+
+
 def _run_settings(path: Path, text: str, settings: dict) -> dict[str, object]:
     checked: dict[str, object] = {}
     for name, value in settings.items():
         if name in DURATION_SETTINGS:
             try:
-                checked[name] = parse_duration(str(value), option=name)
+                seconds = parse_duration(
+                    str(value), option=name, allow_inf=name in INFINITE_SETTINGS
+                )
             except UsageError as exc:
                 raise _bad(path, text, name, str(exc)) from None
+            problem = setting_problem(name, seconds)
+            if problem:
+                raise _bad(path, text, name, f"{problem} (got {value!r})")
+            checked[name] = seconds
         elif name in INTEGER_SETTINGS:
             if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 255:
                 raise _bad(path, text, name, "must be an integer from 0 to 255")
@@ -115,6 +137,15 @@ def _run_settings(path: Path, text: str, settings: dict) -> dict[str, object]:
         else:
             raise _bad(path, text, name, "is not a run setting")
     return checked
+
+
+def setting_error(path: Path, setting: str, problem: str) -> ConfigError:
+    """A problem with a setting read from the file at ``path``, naming its line."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        text = ""
+    return _bad(path, text, setting, problem)
 
 
 def _bad(path: Path, text: str, setting: str, problem: str) -> ConfigError:

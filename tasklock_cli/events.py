@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -22,6 +23,20 @@ _TEXT_LEVEL = {
     "renewed": VERBOSE,
     "orphans-terminated": VERBOSE,
 }
+
+
+#: Spinners drawn now; the entry point stops them on every way out (a signal while waiting
+#: included), since a spinner hides the terminal's cursor until it is stopped.
+_live_spinners: set[EventLog] = set()
+
+
+def stop_spinners() -> None:
+    for log in list(_live_spinners):
+        log._stop_spinner()
+
+
+def now_rfc3339() -> str:
+    return rfc3339(datetime.now(timezone.utc))
 
 
 class EventLog:
@@ -47,7 +62,7 @@ class EventLog:
                 "event": event,
                 "key": key,
                 "fencing_token": fencing_token,
-                "ts": rfc3339(datetime.now(timezone.utc)),
+                "ts": now_rfc3339(),
                 **fields,
             }
             self._write(json.dumps(record, ensure_ascii=False, default=str))
@@ -61,9 +76,13 @@ class EventLog:
             self._stop_spinner()
 
     def error(self, message: str) -> None:
-        """Errors are one plain line in either format, as the contract has it."""
+        """An error the run goes on after: one line, a JSON object with --log-format json."""
         self._stop_spinner()
-        self._write(f"tasklock: error: {message}")
+        if self.log_format == "json":
+            record = {"event": "error", "message": message, "ts": now_rfc3339()}
+            self._write(json.dumps(record, ensure_ascii=False))
+        else:
+            self._write(f"tasklock: error: {message}")
 
     def _start_spinner(self, message: str) -> bool:
         """On a terminal, a long wait shows a spinner instead of a line (nothing extra
@@ -77,13 +96,16 @@ class EventLog:
 
         console = Console(file=self.stream, no_color=bool(os.environ.get("NO_COLOR")) or None)
         self._spinner = console.status(f"tasklock: {message}…")
+        _live_spinners.add(self)
         self._spinner.start()
         return True
 
     def _stop_spinner(self) -> None:
-        if self._spinner is not None:
-            self._spinner.stop()
-            self._spinner = None
+        spinner, self._spinner = self._spinner, None
+        _live_spinners.discard(self)
+        if spinner is not None:
+            with contextlib.suppress(OSError, ValueError):  # the terminal may be gone
+                spinner.stop()
 
     def debug(self, message: str) -> None:
         if self.verbosity >= VERBOSE and self.log_format == "text":

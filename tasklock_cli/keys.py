@@ -10,8 +10,8 @@ MAX_KEY_BYTES = 512
 
 
 def validate_key(key: str) -> str:
-    if not key:
-        raise UsageError("the lock key is empty")
+    if not key.strip():
+        raise UsageError("the lock key is empty" if not key else "the lock key is blank")
     try:
         encoded = key.encode("utf-8")
     except UnicodeEncodeError:

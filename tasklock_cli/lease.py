@@ -14,6 +14,7 @@ import threading
 from dataclasses import dataclass
 
 from tasklock_cli import clock as clocks
+from tasklock_cli.durations import format_duration
 from tasklock_cli.errors import Interrupted, LeaseLost, StoreUnavailable, TasklockError
 from tasklock_cli.stores.base import Holder, Lease, LeaseInfo, Store
 
@@ -21,6 +22,9 @@ from tasklock_cli.stores.base import Holder, Lease, LeaseInfo, Store
 FIRST_RETRY_S = 0.005
 POLL_CEILING_S = 0.05
 SIGNALLED_POLL_CEILING_S = 1.0
+#: While waiting, the ``waiting`` event (naming the current holder) repeats this often, so
+#: a CI log shows why a step is stuck.
+WAITING_EVENT_EVERY_S = 30.0
 
 
 class Conflict(TasklockError):
@@ -28,10 +32,18 @@ class Conflict(TasklockError):
 
     exit_code = 75
 
-    def __init__(self, key: str, holder: LeaseInfo | None) -> None:
+    def __init__(
+        self,
+        key: str,
+        holder: LeaseInfo | None,
+        waited: float = 0.0,
+        first_holder: LeaseInfo | None = None,
+    ) -> None:
         self.key = key
         self.holder = holder
-        super().__init__(describe_conflict(key, holder))
+        self.waited = waited
+        self.first_holder = first_holder
+        super().__init__(describe_conflict(key, holder, waited, first_holder))
 
 
 def describe_holder(info: LeaseInfo) -> str:
@@ -39,10 +51,25 @@ def describe_holder(info: LeaseInfo) -> str:
     return f"{holder.host} pid {holder.pid} (user {holder.user}, token {info.fencing_token})"
 
 
-def describe_conflict(key: str, info: LeaseInfo | None) -> str:
+def describe_conflict(
+    key: str,
+    info: LeaseInfo | None,
+    waited: float = 0.0,
+    first_holder: LeaseInfo | None = None,
+) -> str:
+    if waited <= 0:
+        if info is None:
+            return f"{key!r} is held by someone else"
+        until = f"{info.expires_at:%Y-%m-%dT%H:%M:%SZ}"
+        return f"{key!r} is held by {describe_holder(info)} until {until}"
+    gave_up = f"gave up waiting {format_duration(waited)}: {key!r} is held by"
     if info is None:
-        return f"{key!r} is held by someone else"
-    return f"{key!r} is held by {describe_holder(info)} until {info.expires_at:%Y-%m-%dT%H:%M:%SZ}"
+        return f"{gave_up} someone else"
+    if first_holder is not None and first_holder.fencing_token == info.fencing_token:
+        # a fencing token names one acquisition: the same one at both ends held throughout
+        return f"{gave_up} {describe_holder(info)}, who held it throughout"
+    began = f" (by {describe_holder(first_holder)} when the wait began)" if first_holder else ""
+    return f"{gave_up} {describe_holder(info)} now{began}"
 
 
 @dataclass
@@ -143,7 +170,8 @@ class Waiter:
         keeper, clock = self.keeper, self.keeper.clock
         give_up_at = clock() + self.wait
         delay = FIRST_RETRY_S
-        announced = False
+        announced_at: float | None = None
+        first_holder: LeaseInfo | None = None
         while True:
             try:
                 if keeper.try_acquire():
@@ -154,10 +182,15 @@ class Waiter:
                 # a blip while waiting is retried like a conflict
             left = give_up_at - clock()
             if left <= 0:
-                raise Conflict(keeper.key, self._current_holder())
-            if not announced and self.on_waiting is not None:
-                self.on_waiting(self._current_holder())
-                announced = True
+                waited = self.wait if announced_at is not None else 0.0
+                raise Conflict(keeper.key, self._current_holder(), waited, first_holder)
+            if announced_at is None or clock() - announced_at >= WAITING_EVENT_EVERY_S:
+                holder = self._current_holder()
+                if announced_at is None:
+                    first_holder = holder
+                announced_at = clock()
+                if self.on_waiting is not None:
+                    self.on_waiting(holder)
             self._wait_for_release(min(delay * (0.5 + self.rng()), left))
             delay = min(delay * 2, self.ceiling)
 

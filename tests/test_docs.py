@@ -13,6 +13,7 @@ import pytest
 import typer
 
 import tasklock_cli.cli
+from tests.support import services
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPLETIONS = ROOT / "completions"
@@ -45,6 +46,16 @@ def _option_strings(command, ctx) -> set[str]:
 def require_tool(name: str) -> str:
     path = shutil.which(name)
     if path is None:
+        pytest.skip(f"{name} is not installed (apt-get install {name})")
+    return path
+
+
+def require_shell(name: str) -> str:
+    """A shell whose completions are tested: .ci/run installs it, so CI never skips."""
+    path = shutil.which(name)
+    if path is None:
+        if services.in_ci():
+            pytest.fail(f"CI=true but {name} is not installed (.ci/run installs it)")
         pytest.skip(f"{name} is not installed (apt-get install {name})")
     return path
 
@@ -174,6 +185,67 @@ def test_fish_completes_global_options_after_the_command(tmp_path):
     assert _fish_complete("tasklock list -q --log-format json --pre", tmp_path) == ["--prefix"]
 
 
+# zsh completes only inside its line editor: an interactive zsh under zpty gets the line and a
+# TAB; compadd is wrapped to print each candidate, between two NUL lines.
+_ZSH_CAPTURE = r"""
+PROMPT=
+autoload -U compinit
+compinit -u -d "$CAPTURE_DIR/.zcompdump"
+bindkey '^I' complete-word
+null-line () { echo -E - $'\0' }
+compprefuncs=( null-line )
+comppostfuncs=( null-line exit )
+zstyle ':completion:*' insert-tab false
+compadd () {
+    if [[ ${@[1,(i)(-|--)]} == *-(O|A|D)\ * ]]; then
+        builtin compadd "$@"
+        return $?
+    fi
+    typeset -a __hits
+    builtin compadd -A __hits "$@"
+    local hit
+    for hit in $__hits; do echo -E - "$hit"; done
+}
+"""
+_ZSH_DRIVER = r"""
+zmodload zsh/zpty
+zpty z zsh -f -i
+zpty -w z "fpath=(${(q)1} \$fpath); CAPTURE_DIR=${(q)2}; source ${(q)2}/capture.zsh"
+zpty -w -n z "$3"$'\t'
+local line
+while zpty -r z line; do print -rn -- "$line"; done
+"""
+
+
+def _zsh_complete(line: str, work: Path) -> list[str]:
+    zsh = require_shell("zsh")
+    (work / "capture.zsh").write_text(_ZSH_CAPTURE)
+    result = subprocess.run(
+        [zsh, "-f", "-c", _ZSH_DRIVER, "zsh", str(COMPLETIONS), str(work), line],
+        capture_output=True,
+        timeout=30,
+        cwd=work,
+    )
+    assert result.returncode == 0, result.stderr
+    parts = result.stdout.split(b"\0")
+    assert len(parts) >= 3, result.stdout  # the completion system ran: both NUL lines came
+    return [
+        word.strip() for word in parts[1].decode().replace("\r", "").split("\n") if word.strip()
+    ]
+
+
+def test_zsh_completes_commands_and_run_options(tmp_path):
+    assert _zsh_complete("tasklock r", tmp_path) == ["run", "release"]
+    assert _zsh_complete("tasklock run --t", tmp_path) == ["--ttl"]
+    assert _zsh_complete("tasklock --log-format ", tmp_path) == ["text", "json"]
+
+
+def test_fish_completes_commands_and_run_options(tmp_path):
+    require_shell("fish")
+    assert sorted(_fish_complete("tasklock r", tmp_path)) == ["release", "run"]
+    assert _fish_complete("tasklock run --t", tmp_path) == ["--ttl"]
+
+
 # -- man page ------------------------------------------------------------------------------
 
 
@@ -288,3 +360,463 @@ def test_readme_mentions_every_command_and_run_option():
             assert f"tasklock {command}" in text or f"`{command}`" in text, command
     for option in cli_options()["run"] - {"-h", "--help"}:
         assert _mentions(text, option), option
+
+
+# -- examples: every fenced block of the README and every example of the man page runs ------
+#
+# Each example is found by a marker only it contains; a block no check knows fails
+# test_every_example_has_a_check, so a new example needs a test. Examples run against a real
+# store (SQLite in the test's directory, PostgreSQL for psql); placeholders such as
+# ./deploy.sh become stub scripts that record that they ran.
+
+
+def readme_blocks() -> list[tuple[str, str]]:
+    """(language, text) of every fenced block."""
+    text = README.read_text(encoding="utf-8")
+    return re.findall(r"^```(\w*)\n(.*?)^```$", text, flags=re.MULTILINE | re.DOTALL)
+
+
+def _roff_to_text(block: str) -> str:
+    for escape, plain in (("\\-", "-"), ("\\e", "\\"), ("\\(aq", "'"), ("\\(dq", '"')):
+        block = block.replace(escape, plain)
+    return block
+
+
+def man_examples() -> list[str]:
+    """The .nf blocks of EXAMPLES and the config file of FILES, as a reader sees them."""
+    text = MAN_PAGE.read_text(encoding="utf-8")
+    examples = text.split(".SH EXAMPLES", 1)[1].split(".SH ", 1)[0]
+    files = text.split(".SH FILES", 1)[1].split(".SH ", 1)[0]
+    blocks = re.findall(r"^\.nf\n(.*?)^\.fi$", examples + files, re.MULTILINE | re.DOTALL)
+    return [_roff_to_text(block) for block in blocks]
+
+
+def all_examples() -> list[str]:
+    return [text for _, text in readme_blocks()] + man_examples()
+
+
+def example(marker: str, source: str = "any") -> list[str]:
+    """The examples containing ``marker``, from the README, the man page or both ("any")."""
+    candidates = {
+        "readme": lambda: [text for _, text in readme_blocks()],
+        "man": man_examples,
+        "any": all_examples,
+    }[source]()
+    found = [text for text in candidates if marker in text]
+    assert found, f"no example contains {marker!r}"
+    return found
+
+
+# What identifies each example, and the test that runs it.
+EXAMPLE_MARKERS = {
+    "pip install . && tasklock run demo": "test_install_example_runs",
+    "./export-invoices.sh": "test_first_example_runs",
+    "*/5 * * * *": "test_cron_examples_run_once_per_schedule",
+    "# /etc/systemd/system/reports.service": "test_systemd_units",
+    "# /etc/systemd/system/reports.timer": "test_systemd_units",
+    "kind: CronJob": "test_kubernetes_cronjob",
+    "- name: Deploy (one at a time per environment)": "test_ci_examples_run",
+    "deploy:\n  stage: deploy": "test_ci_examples_run",
+    'export TASKLOCK_STORE="$LOCK_STORE_URL"': "test_ci_examples_run",
+    "exec tasklock run backup:nightly": "test_script_that_locks_itself",
+    "--locked-rotate": "test_lock_one_function_reaches_cleanup_when_busy",
+    "queue:leader": "test_leader_example_runs",
+    "tasklock: waiting for": "test_waiting_example_matches_real_output",
+    "TASKLOCK_FENCING_TOKEN": "test_fencing_examples_against_postgresql",
+    '{"event": "error"': "test_json_error_example_matches_real_output",
+    "tasklock list --prefix": "test_inspection_examples_run",
+    "tasklock peek invoices:nightly --json": "test_inspection_examples_run",
+    'store = "postgresql://locks@db.internal/ops"': "test_config_file_examples_are_accepted",
+    "completions/tasklock.bash": "test_install_completions_example",
+}
+
+
+def test_every_example_has_a_check():
+    for text in all_examples():
+        markers = [marker for marker in EXAMPLE_MARKERS if marker in text]
+        assert markers, f"an example no test runs:\n{text}"
+        assert len({EXAMPLE_MARKERS[m] for m in markers}) == 1, (markers, text)
+    assert set(EXAMPLE_MARKERS.values()) <= set(globals())
+
+
+@pytest.fixture
+def shell_env(cli_env, sqlite_url, tmp_path):
+    """The environment an example runs in: this checkout's tasklock first on PATH, a fresh
+    SQLite store, stubs in the working directory."""
+    from tests.support.cli import executable
+
+    bin_dir = str(Path(executable()).parent)
+    return {
+        **cli_env,
+        "PATH": f"{bin_dir}:{cli_env['PATH']}",
+        "TASKLOCK_STORE": sqlite_url,
+        "HOME": str(tmp_path / "home"),
+    }
+
+
+def stub(path: Path, name: str = "") -> Path:
+    """An executable that appends its name and TASKLOCK_FENCING_TOKEN to ran.log."""
+    path.write_text(
+        f'#!/bin/sh\necho "{name or path.name} $TASKLOCK_FENCING_TOKEN"'
+        f' >> "{path.parent}/ran.log"\n'
+    )
+    path.chmod(0o755)
+    return path
+
+
+def ran(tmp_path: Path) -> list[str]:
+    log = tmp_path / "ran.log"
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def sh(script: str, env: dict[str, str], cwd: Path, shell: str = "sh", *args: str):
+    return subprocess.run(
+        [shell, "-c", script, shell, *args],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_install_example_runs(shell_env, tmp_path):
+    (line, test_line) = example("pip install . && tasklock run demo", "readme")[0].splitlines()
+    command = line.split("&&", 1)[1].split("#", 1)[0]  # pip install is what .ci/run does
+    result = sh(command, shell_env, tmp_path)
+    assert result.returncode == 0 and result.stdout == "hello\n", result.stderr
+    assert test_line.split("#")[0].split() == [
+        "pip", "install", "-e", "'.[test]'", "&&", "ruff", "check", ".", "&&", "pytest"
+    ]  # fmt: skip
+
+
+def test_first_example_runs(shell_env, tmp_path):
+    stub(tmp_path / "export-invoices.sh")
+    result = sh(example("./export-invoices.sh", "readme")[0], shell_env, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert ran(tmp_path) == ["export-invoices.sh 1"]
+    assert result.stdout == "" or "invoices:nightly" not in result.stdout  # released already
+
+
+def _cron_command(block: str) -> tuple[str, str]:
+    """(schedule, command) of a crontab example, its lines joined as cron needs them."""
+    line = block.replace("\\\n", " ").strip().splitlines()[0]
+    fields = line.split()
+    return " ".join(fields[:5]), " ".join(fields[5:])
+
+
+def test_cron_examples_run_once_per_schedule(shell_env, tmp_path):
+    blocks = example("*/5 * * * *")
+    assert len(blocks) == 2  # README and man page
+    commands = set()
+    for block in blocks:
+        schedule, command = _cron_command(block)
+        assert schedule == "*/5 * * * *"
+        # the key names the schedule, and the hold is shorter than its interval
+        assert re.search(r"run (\S+):5min ", command), command
+        assert re.search(r"--hold-at-least (\d+)m ", command).group(1) < "5"
+        commands.add(re.sub(r"^TASKLOCK_STORE=\S+ ", "", command))
+    assert len(commands) == 1, commands  # both say the same
+    job = stub(tmp_path / "run.sh")
+    command = commands.pop().replace("/opt/reports/run.sh", str(job))
+    first = sh(command, shell_env, tmp_path)
+    second = sh(command, shell_env, tmp_path)  # another host, within --hold-at-least
+    assert (first.returncode, second.returncode) == (0, 0), first.stderr + second.stderr
+    assert second.stdout == second.stderr == ""  # cron mails nothing
+    assert ran(tmp_path) == ["run.sh 1"]
+
+
+def test_systemd_units(shell_env, tmp_path):
+    import configparser
+
+    def parse(marker: str) -> configparser.ConfigParser:
+        units = configparser.ConfigParser(strict=False, interpolation=None)
+        units.optionxform = str
+        units.read_string(example(marker, "readme")[0])
+        return units
+
+    service = parse("# /etc/systemd/system/reports.service")["Service"]
+    timer = parse("# /etc/systemd/system/reports.timer")
+    assert service["KillMode"] == "mixed"
+    argv = service["ExecStart"].split()
+    grace = parse_seconds(argv[argv.index("--grace") + 1])
+    assert parse_seconds(service["TimeoutStopSec"]) > grace
+    assert timer["Install"]["WantedBy"] == "timers.target"
+    analyze = shutil.which("systemd-analyze")
+    if analyze:
+        calendar = subprocess.run(
+            [analyze, "calendar", timer["Timer"]["OnCalendar"]], capture_output=True, timeout=30
+        )
+        assert calendar.returncode == 0, calendar.stderr
+    job = stub(tmp_path / "run.sh")
+    store = service["Environment"].split("=", 1)
+    assert store[0] == "TASKLOCK_STORE"
+    argv = [a if a != "/opt/reports/run.sh" else str(job) for a in argv]
+    assert argv[0] == "/usr/local/bin/tasklock"
+    result = sh('exec tasklock "$@"', shell_env, tmp_path, "sh", *argv[1:])
+    assert result.returncode == 0, result.stderr
+    assert ran(tmp_path) == ["run.sh 1"]
+
+
+def parse_seconds(text: str) -> float:
+    from tasklock_cli.durations import parse_duration
+
+    return parse_duration(text)
+
+
+def _yaml(text: str):
+    """The YAML parsed (through yq, when installed) or None."""
+    yq = shutil.which("yq")
+    if yq is None:
+        return None
+    import json
+
+    result = subprocess.run([yq, "."], input=text, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_kubernetes_cronjob(shell_env, tmp_path):
+    import json
+
+    block = example("kind: CronJob", "readme")[0]
+    command = json.loads(re.search(r"command: (\[.*\])", block).group(1))
+    parsed = _yaml(block)
+    if parsed is not None:
+        spec = parsed["spec"]
+        assert spec["concurrencyPolicy"] == "Forbid"
+        pod = spec["jobTemplate"]["spec"]["template"]["spec"]
+        assert pod["containers"][0]["command"] == command
+        assert pod["restartPolicy"] == "Never"
+        grace_period = pod["terminationGracePeriodSeconds"]
+    else:
+        grace_period = int(re.search(r"terminationGracePeriodSeconds: (\d+)", block).group(1))
+    assert grace_period > parse_seconds(command[command.index("--grace") + 1])
+    assert re.search(r'schedule: "\*/15 ', block) and "reports:15min" in command
+    job = stub(tmp_path / "run-reports")
+    argv = [a if a != "/app/run-reports" else str(job) for a in command]
+    assert argv[0] == "tasklock"
+    first = sh('exec "$@"', shell_env, tmp_path, "sh", *argv)
+    second = sh('exec "$@"', shell_env, tmp_path, "sh", *argv)
+    assert (first.returncode, second.returncode) == (0, 0), first.stderr + second.stderr
+    assert ran(tmp_path) == ["run-reports 1"]
+
+
+def _tasklock_lines(block: str) -> list[str]:
+    return [
+        line.strip().removeprefix("- ").strip()
+        for line in block.splitlines()
+        if line.strip().removeprefix("- ").startswith("tasklock run")
+    ]
+
+
+def test_ci_examples_run(shell_env, tmp_path):
+    stub(tmp_path / "deploy.sh")
+    github = example("- name: Deploy (one at a time per environment)", "readme")[0]
+    gitlab = example("deploy:\n  stage: deploy", "readme")[0]
+    for block in (github, gitlab):
+        if (parsed := _yaml(block)) is not None:
+            assert parsed  # valid YAML
+    env = {
+        **shell_env,
+        "CI_ENVIRONMENT_NAME": "production",
+        "CI_PIPELINE_URL": "https://ci.example/p/1",
+        "ENVIRONMENT": "production",
+        "LOCK_STORE_URL": shell_env["TASKLOCK_STORE"],
+    }
+    scripts = (
+        [line.replace("${{ github.run_id }}", "4711") for line in _tasklock_lines(github)]
+        + _tasklock_lines(gitlab)
+        + [example('export TASKLOCK_STORE="$LOCK_STORE_URL"', "man")[0]]
+    )
+    assert len(scripts) == 3
+    for script in scripts:
+        result = sh(script, env, tmp_path)
+        assert result.returncode == 0, (script, result.stderr)
+    assert ran(tmp_path) == ["deploy.sh 1", "deploy.sh 2", "deploy.sh 3"]
+
+
+def test_script_that_locks_itself(shell_env, tmp_path):
+    script = tmp_path / "backup.sh"
+    script.write_text(
+        example("exec tasklock run backup:nightly", "readme")[0]
+        + 'echo "locked $TASKLOCK_KEY $TASKLOCK_FENCING_TOKEN $*"\n'
+    )
+    script.chmod(0o755)
+    result = subprocess.run(
+        [str(script), "a b"], env=shell_env, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "locked backup:nightly 1 a b\n"
+
+
+def test_lock_one_function_reaches_cleanup_when_busy(shell_env, tmp_path, sqlite_url):
+    from tests.support.cli import start, wait_for_holder
+
+    script = tmp_path / "rotate.sh"
+    script.write_text(
+        example("--locked-rotate", "readme")[0]
+        .replace("rotate_keys() { …; }", "rotate_keys() { echo rotated; }")
+        .replace("\nprepare\n", "\necho prepared\n")
+        .replace("\ncleanup\n", "\necho cleaned up\n")
+    )
+    script.chmod(0o755)
+    free = subprocess.run([str(script)], env=shell_env, capture_output=True, text=True, timeout=60)
+    assert (free.returncode, free.stdout) == (0, "prepared\nrotated\ncleaned up\n"), free.stderr
+    holder = start("run", "keys:rotate", "--", "sleep", "30", env=shell_env)
+    try:
+        wait_for_holder(sqlite_url, "keys:rotate")
+        busy = subprocess.run(
+            [str(script)], env=shell_env, capture_output=True, text=True, timeout=60
+        )
+    finally:
+        holder.terminate()
+        holder.wait()
+    assert (busy.returncode, busy.stdout) == (75, "prepared\ncleaned up\n"), busy.stderr
+
+
+def test_leader_example_runs(shell_env, tmp_path):
+    stub(tmp_path / "consume-queue")
+    result = sh(example("queue:leader", "readme")[0], shell_env, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert ran(tmp_path) == ["consume-queue 1"]
+
+
+def test_waiting_example_matches_real_output(shell_env, tmp_path, sqlite_url):
+    from tests.support.cli import start, wait_for_holder
+
+    shown = example("tasklock: waiting for", "readme")[0].splitlines()
+    holder = start("run", "deploy:production", "--", "sleep", "30", env=shell_env)
+    try:
+        info = wait_for_holder(sqlite_url, "deploy:production")
+        real = sh("tasklock run deploy:production --wait 1s -- ./deploy.sh", shell_env, tmp_path)
+    finally:
+        holder.terminate()
+        holder.wait()
+    assert real.returncode == 75
+    who = f"{info.holder.host} pid {info.holder.pid} (user {info.holder.user}, token 1)"
+    expected = [
+        line.replace("ci-7 pid 4242 (user ci, token 17)", who).replace("waiting 30m", "waiting 1s")
+        for line in shown
+    ]
+    assert real.stderr.splitlines() == expected
+
+
+def test_json_error_example_matches_real_output(shell_env, tmp_path):
+    import json
+
+    shown = json.loads(example('{"event": "error"', "readme")[0])
+    real = sh(
+        "tasklock --log-format json --store redis://127.0.0.1:1/0 peek k", shell_env, tmp_path
+    )
+    error = json.loads(real.stderr)
+    assert real.returncode == shown["code"] == error["code"] == 69
+    assert set(error) == set(shown)
+    # the same error as the example's, but for a port where nothing listens
+    assert error["message"].replace("127.0.0.1:1", "127.0.0.1:6379") == shown["message"]
+
+
+def test_fencing_examples_against_postgresql(shell_env, tmp_path):
+    services.require("postgres")
+    import uuid
+
+    psql = require_tool("psql")
+    schema = f"doc_example_{uuid.uuid4().hex[:10]}"
+    url = services.base_postgres_url()
+
+    def query(sql: str) -> str:
+        result = subprocess.run(
+            [psql, url, "-X", "-q", "-t", "-A", "-v", "ON_ERROR_STOP=1", "-c", sql],
+            env={**shell_env, "PGOPTIONS": f"-c search_path={schema}"},
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert result.returncode == 0, result.stderr
+        return result.stdout.strip()
+
+    query(f"CREATE SCHEMA {schema}")
+    try:
+        query(
+            "CREATE TABLE invoice_runs (id int PRIMARY KEY, finished_at timestamptz,"
+            " fencing_token bigint NOT NULL);"
+            "CREATE TABLE jobs (id int PRIMARY KEY, last_run timestamptz,"
+            " fencing_token bigint NOT NULL);"
+            "INSERT INTO invoice_runs VALUES (42, NULL, 0); INSERT INTO jobs VALUES (7, NULL, 0);"
+        )
+        # the examples' psql reaches the schema through PGOPTIONS, as a role's search_path would
+        env = {**shell_env, "DATABASE_URL": url, "DB": url, "PGOPTIONS": f"-c search_path={schema}"}
+        readme, man = (
+            example("TASKLOCK_FENCING_TOKEN", "readme"),
+            example("TASKLOCK_FENCING_TOKEN", "man"),
+        )
+        readme = [block for block in readme if "psql" in block]
+        assert len(readme) == len(man) == 1
+        for block, table in ((readme[0], "invoice_runs"), (man[0], "jobs")):
+            env["TASKLOCK_STORE"] = f"sqlite:///{tmp_path}/{table}.db"  # tokens from 1
+            first = sh(block, env, tmp_path)
+            assert first.returncode == 0, first.stderr
+            assert first.stdout.strip() == "UPDATE 1"
+            assert query(f"SELECT fencing_token FROM {table}") == "1"
+            query(f"UPDATE {table} SET fencing_token = 1000")  # a newer holder wrote since
+            stale = sh(block, env, tmp_path)
+            assert stale.returncode == 0, stale.stderr
+            assert stale.stdout.strip() == "UPDATE 0"  # the older token changes nothing
+            assert query(f"SELECT fencing_token FROM {table}") == "1000"
+    finally:
+        query(f"DROP SCHEMA {schema} CASCADE")
+
+
+def test_inspection_examples_run(shell_env, tmp_path):
+    lines = [
+        line.split("  #", 1)[0].strip()
+        for block in example("tasklock list --prefix", "readme")
+        + example("tasklock peek invoices:nightly --json", "man")
+        for line in block.splitlines()
+    ]
+    assert sh("tasklock run invoices:nightly --hold-at-least 1m -- true", shell_env, tmp_path)
+    expected_codes = {
+        "tasklock peek invoices:nightly": 0,
+        "tasklock peek invoices:nightly --json": 0,
+    }
+    for line in lines:
+        if line.endswith("--watch"):
+            line = f"timeout --preserve-status -s INT 1 {line}"
+        line = line.replace("run …", "run demo -- true")
+        result = sh(line, shell_env, tmp_path)
+        assert result.returncode == expected_codes.get(line, 0), (line, result.stderr)
+        if line.startswith("tasklock release"):  # it broke the lease the peeks saw
+            expected_codes = {k: 1 for k in expected_codes}
+
+
+def test_config_file_examples_are_accepted(shell_env, tmp_path):
+    blocks = example('store = "postgresql://locks@db.internal/ops"')
+    assert len(blocks) == 2
+    for number, block in enumerate(blocks):
+        config = tmp_path / f"example-{number}.toml"
+        config.write_text(
+            block.replace(
+                'store = "postgresql://locks@db.internal/ops"',
+                f'store = "{shell_env["TASKLOCK_STORE"]}"',
+            )
+        )
+        env = {k: v for k, v in shell_env.items() if k != "TASKLOCK_STORE"}
+        result = sh(f"tasklock --config {config} run invoices:x -- true", env, tmp_path)
+        assert result.returncode == 0, result.stderr
+
+
+def test_install_completions_example(shell_env, tmp_path):
+    block = example("completions/tasklock.bash", "readme")[0]
+    require_tool("man")
+    env = {**shell_env, "MANPAGER": "cat", "PAGER": "cat", "MANWIDTH": "80"}
+    result = sh(block, env, ROOT)
+    assert result.returncode == 0, result.stderr
+    home = Path(shell_env["HOME"])
+    installed = [
+        home / ".local/share/bash-completion/completions/tasklock",
+        home / ".zfunc/_tasklock",
+        home / ".config/fish/completions/tasklock.fish",
+        home / ".local/share/man/man1/tasklock.1",
+    ]
+    assert all(path.is_file() for path in installed), installed
+    assert "tasklock" in result.stdout  # the page, read in place

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import signal
@@ -18,6 +19,7 @@ from tasklock_cli.lease import (
     FIRST_RETRY_S,
     POLL_CEILING_S,
     SIGNALLED_POLL_CEILING_S,
+    WAITING_EVENT_EVERY_S,
     Conflict,
     LeaseKeeper,
     Waiter,
@@ -356,3 +358,60 @@ def test_every_key_with_the_prefix_sorts_below_the_bound(prefix, rest):
     key = prefix + rest
     assert upper is None or key < upper
     assert key >= prefix
+
+
+def test_a_long_wait_repeats_the_waiting_announcement_naming_the_holder(tmp_path, clock):
+    store = SignallingSlowStore(tmp_path / "db", clock)
+    holder = LeaseKeeper(store, "k", 3600.0, HOLDER, clock)
+    assert holder.try_acquire()
+    announced: list[tuple[float, int]] = []
+    started = clock()
+
+    def note(info):
+        announced.append((clock() - started, info.fencing_token))
+
+    with pytest.raises(Conflict) as conflict:
+        Waiter(LeaseKeeper(store, "k", 10.0, HOLDER, clock), 100.0, on_waiting=note).acquire()
+    times = [at for at, _ in announced]
+    assert len(announced) == 4  # at 0, then every WAITING_EVENT_EVERY_S (30 s) up to 100 s
+    assert times[0] == 0
+    gaps = [later - earlier for earlier, later in itertools.pairwise(times)]
+    assert all(WAITING_EVENT_EVERY_S <= gap <= WAITING_EVENT_EVERY_S + 1.5 for gap in gaps), gaps
+    assert {token for _, token in announced} == {holder.fencing_token}
+    assert str(conflict.value) == (
+        "gave up waiting 1m40s: 'k' is held by h pid 1 (user u, token 1), who held it throughout"
+    )
+    assert conflict.value.waited == 100.0
+
+
+def test_giving_up_names_the_holder_at_the_end_and_the_one_the_wait_began_with(tmp_path, clock):
+    store = SlowStore(tmp_path / "db", clock)
+    first = LeaseKeeper(store, "k", 1.0, HOLDER, clock)
+    assert first.try_acquire()
+    later_holder = Holder(host="h2", pid=2, user="u2", command=["true"])
+    second = LeaseKeeper(store, "k", 3600.0, later_holder, clock)
+
+    waiter = Waiter(LeaseKeeper(store, "k", 10.0, HOLDER, clock), 5.0)
+    original_wait = store.wait_for_release
+
+    def wait_then_let_second_take_over(key, timeout):
+        original_wait(key, timeout)
+        if clock() > first.deadline and second.lease is None:
+            assert second.try_acquire()
+
+    store.wait_for_release = wait_then_let_second_take_over
+    with pytest.raises(Conflict) as conflict:
+        waiter.acquire()
+    assert str(conflict.value) == (
+        "gave up waiting 5s: 'k' is held by h2 pid 2 (user u2, token 2) now "
+        "(by h pid 1 (user u, token 1) when the wait began)"
+    )
+
+
+def test_an_immediate_conflict_says_until_when_not_how_long_it_waited(tmp_path, clock):
+    store = SlowStore(tmp_path / "db", clock)
+    assert LeaseKeeper(store, "k", 60.0, HOLDER, clock).try_acquire()
+    with pytest.raises(Conflict) as conflict:
+        Waiter(LeaseKeeper(store, "k", 60.0, HOLDER, clock), 0.0).acquire()
+    assert str(conflict.value).startswith("'k' is held by h pid 1 (user u, token 1) until ")
+    assert conflict.value.waited == 0.0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import pty
 import select
+import signal
 import time
 
 import pytest
@@ -75,3 +76,73 @@ def test_waiting_shows_a_spinner_with_the_holder_on_a_terminal(env, sqlite_url):
     finally:
         holder.terminate()
         holder.wait()
+
+
+def _run_in_pty_then_signal(
+    args: list[str], env: dict[str, str], when: bytes, signum: int, timeout: float = 20
+) -> tuple[int, bytes]:
+    """Run under a new pseudo-terminal; send ``signum`` to tasklock once ``when`` appeared."""
+    pid, master = pty.fork()
+    if pid == 0:
+        os.execve(executable(), [executable(), *args], env)
+    output, signalled = b"", False
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not signalled and when in output:
+            time.sleep(0.3)  # a few spinner frames drawn
+            os.kill(pid, signum)
+            signalled = True
+        ready, _, _ = select.select([master], [], [], 0.1)
+        if ready:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            output += chunk
+    _, status = os.waitpid(pid, 0)
+    os.close(master)
+    return os.waitstatus_to_exitcode(status), output
+
+
+HIDE_CURSOR, SHOW_CURSOR = b"\x1b[?25l", b"\x1b[?25h"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_while_waiting_restores_the_cursor(env, sqlite_url, signum):
+    from tests.support.cli import start, wait_for_holder
+
+    holder = start("run", "k", "--", "sleep", "30", env=env)
+    try:
+        wait_for_holder(sqlite_url, "k")
+        code, output = _run_in_pty_then_signal(
+            ["run", "k", "--wait", "30s", "--", "true"], env, b"waiting for", signum
+        )
+        assert code == 128 + signum, output
+        assert HIDE_CURSOR in output  # the spinner did hide it
+        assert output.rfind(SHOW_CURSOR) > output.rfind(HIDE_CURSOR), output
+    finally:
+        holder.terminate()
+        holder.wait()
+
+
+def test_giving_up_and_acquiring_after_a_wait_restore_the_cursor(env, sqlite_url):
+    from tests.support.cli import start, wait_for_holder
+
+    holder = start("run", "k", "--", "sleep", "30", env=env)
+    try:
+        wait_for_holder(sqlite_url, "k")
+        code, output = run_in_pty(["run", "k", "--wait", "1s", "--", "true"], env, [])
+        assert code == 75
+        assert HIDE_CURSOR in output
+        assert output.rfind(SHOW_CURSOR) > output.rfind(HIDE_CURSOR), output
+    finally:
+        holder.terminate()
+        holder.wait()
+    short = start("run", "k", "--", "sleep", "1", env=env)
+    wait_for_holder(sqlite_url, "k")
+    code, output = run_in_pty(["run", "k", "--wait", "10s", "--", "echo", "ran"], env, [])
+    short.wait()
+    assert code == 0 and b"ran" in output
+    assert output.rfind(SHOW_CURSOR) > output.rfind(HIDE_CURSOR), output

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import TypeVar
 from urllib.parse import unquote, urlsplit
 
-from tasklock_cli.errors import ConfigError, LeaseLost, StoreUnavailable
-from tasklock_cli.stores import sqlite_url
+from tasklock_cli.errors import ConfigError, LeaseLost, StoreUnavailable, UsageError
+from tasklock_cli.stores import default_sqlite_path, sqlite_url
 from tasklock_cli.stores.base import (
     BROKEN_OWNER_PREFIX,
     LIST_PAGE,
@@ -168,8 +168,11 @@ def current_boot_id() -> str:
 class SQLiteStore(Store):
     signals_release = True  # among processes on this machine (see local_wakeups)
 
-    def __init__(self, path: Path, clock=boot_clock, wall_clock=time.time) -> None:
+    def __init__(
+        self, path: Path, clock=boot_clock, wall_clock=time.time, create_parent: bool = False
+    ) -> None:
         self.path = path
+        self._create_parent = create_parent
         self.display_url = sqlite_url(path)
         self._clock = clock
         self._wall = wall_clock
@@ -184,10 +187,19 @@ class SQLiteStore(Store):
     @classmethod
     def from_url(cls, url: str) -> SQLiteStore:
         parts = urlsplit(url)
-        raw_path = unquote(parts.netloc + parts.path) if parts.netloc else unquote(parts.path)
+        if parts.netloc:  # sqlite://x.db: a file that moves with the current directory
+            raise UsageError(
+                f"sqlite URL {url!r} is not an absolute path (sqlite://x.db would depend "
+                "on the current directory, so cron and a shell would use different "
+                "stores); use sqlite:///ABS/PATH.db (three slashes)"
+            )
+        raw_path = unquote(parts.path)
         if not raw_path or raw_path == "/":
             raise ConfigError(f"sqlite URL {url!r} names no file (use sqlite:///ABS/PATH.db)")
-        return cls(Path(raw_path))
+        path = Path(raw_path)
+        # Only the default store's directory is made; an explicit path names a place the
+        # user chose, and a missing directory there is more likely a typo.
+        return cls(path, create_parent=path == default_sqlite_path())
 
     # -- connection ---------------------------------------------------------------
 
@@ -197,10 +209,16 @@ class SQLiteStore(Store):
         return self._conn
 
     def _connect(self) -> sqlite3.Connection:
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise ConfigError(f"cannot create {self.path.parent}: {exc.strerror}") from exc
+        if self._create_parent:
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise ConfigError(f"cannot create {self.path.parent}: {exc.strerror}") from exc
+        elif not self.path.parent.is_dir():
+            raise ConfigError(
+                f"the directory of the SQLite store {self.path} does not exist "
+                f"(create {self.path.parent} or choose another path)"
+            )
         try:
             conn = sqlite3.connect(
                 self.path, timeout=BUSY_SLICE_S, isolation_level=None, check_same_thread=False
