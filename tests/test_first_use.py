@@ -44,7 +44,8 @@ def only_error(stderr: str) -> dict:
         (["--log-format=json", "run", "k", "--ttl", "30x", "--", "true"], 2, "invalid --ttl"),
         (["--log-format", "json", "run", "k", "--bogus", "--", "true"], 2, "--bogus"),
         (["--log-format", "json", "frobnicate"], 2, "frobnicate"),
-        (["run", "k", "--log-format", "json", "--", "true"], 2, ""),  # parsed or not: JSON
+        (["run", "k", "--log-format", "json", "--", "/nonexistent/cmd"], 127, "/nonexistent"),
+        (["run", "k", "--log-format", "json", "--ttl", "30x", "--", "true"], 2, "invalid --ttl"),
         (["--log-format", "json", "run", "k", "--", "/nonexistent/cmd"], 127, "/nonexistent"),
         (["--log-format", "json", "--store", "nope://x", "list"], 78, "unknown store URL"),
         (["--log-format", "json", "--store", "redis://127.0.0.1:1/0", "peek", "k"], 69, ""),
