@@ -416,6 +416,10 @@ class _Held:
 
 class EtcdStore(Store):
     signals_release = True
+    # Whole seconds, raised to etcd's own minimum (1.5 x its election timeout, 2 s by
+    # default); the leader looks for expired leases twice a second.
+    min_ttl = 1.0
+    expiry_lag = 0.7
 
     def __init__(self, config: EtcdConfig, display_url: str) -> None:
         self.display_url = display_url
