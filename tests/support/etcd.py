@@ -75,9 +75,7 @@ class EtcdCluster:
 
     def _args(self, index: int) -> list[str]:
         name = f"m{index}"
-        peers = ",".join(
-            f"m{i}=http://127.0.0.1:{self.peer_ports[i]}" for i in range(self.size)
-        )
+        peers = ",".join(f"m{i}=http://127.0.0.1:{self.peer_ports[i]}" for i in range(self.size))
         return [
             self.binary,
             "--name", name,
