@@ -15,9 +15,11 @@ import contextlib
 import json
 import select
 import socket
-import ssl
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # ssl costs an import only etcds:// needs
+    import ssl
 
 _MAX_HEAD = 64 * 1024
 
@@ -69,7 +71,7 @@ class Connection:
 
     def _fill(self, deadline: float, wake_fd: int | None) -> None:
         """Read more bytes into the buffer; Woken at the deadline or on wake_fd."""
-        pending = isinstance(self.sock, ssl.SSLSocket) and self.sock.pending()
+        pending = hasattr(self.sock, "pending") and self.sock.pending()  # TLS-buffered bytes
         if not pending:
             left = deadline - time.monotonic()
             if left <= 0:

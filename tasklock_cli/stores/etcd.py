@@ -46,12 +46,11 @@ import json
 import math
 import random
 import select
-import ssl
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from tasklock_cli.errors import ConfigError, LeaseLost, StoreUnavailable, TasklockError
@@ -65,6 +64,9 @@ from tasklock_cli.stores.base import (
     StoreCheck,
     utc_from_timestamp,
 )
+
+if TYPE_CHECKING:  # imported when an etcds:// URL needs it
+    import ssl
 
 DEFAULT_PREFIX = "tasklock/"
 DEFAULT_PORT = 2379
@@ -204,11 +206,13 @@ class _Members:
         self._lock = threading.RLock()
 
     def _tls_context(self) -> ssl.SSLContext:
+        import ssl
+
         try:
             context = ssl.create_default_context(cafile=self.config.cacert)
             if self.config.cert:
                 context.load_cert_chain(self.config.cert, self.config.key)
-        except (OSError, ssl.SSLError) as exc:
+        except OSError as exc:  # ssl.SSLError is one
             raise ConfigError(f"{self.display_url}: cannot load the TLS files: {exc}") from None
         return context
 
@@ -261,7 +265,7 @@ class _Members:
                 attempt_deadline = time.monotonic() + share
                 try:
                     replies = self._exchange(index, requests, attempt_deadline)
-                except (OSError, _http.Woken, ssl.SSLError) as exc:
+                except (OSError, _http.Woken) as exc:  # ssl.SSLError is an OSError
                     self._drop(index)
                     problems[index] = _describe(exc)
                     self._current = (index + 1) % count
