@@ -128,3 +128,39 @@ def test_wait_for_break_wakes_promptly_times_out_and_heeds_wake_fd(clients):
     thread.join()
     assert woke < 0.05, woke  # the break's own round trips are in it
     assert holder.wait_for_break(lease, 5) is True  # a break before the call is seen
+
+
+@pytest.fixture
+def auth_member() -> Iterator[str]:
+    """A private member with etcd authentication on (user root, password root-pw)."""
+    services.require("etcd")
+    from tests.support import etcd
+
+    member = etcd.EtcdCluster(1, heartbeat_ms=50, election_ms=500)
+    member.start()
+    try:
+        base = member.client_url(0)
+        etcd.post(base, "/v3/auth/user/add", {"name": "root", "password": "root-pw"})
+        etcd.post(base, "/v3/auth/role/add", {"name": "root"})
+        etcd.post(base, "/v3/auth/user/grant", {"user": "root", "role": "root"})
+        etcd.post(base, "/v3/auth/enable", {})
+        yield f"127.0.0.1:{member.client_ports[0]}"
+    finally:
+        member.stop()
+
+
+def test_etcd_auth_right_wrong_and_missing_credentials(auth_member, cli_env):
+    from tests.support.cli import one_error_line, tasklock
+
+    def run(userinfo: str):
+        url = f"etcd://{userinfo}{auth_member}/?prefix=auth/"
+        return tasklock("run", "k", "--", "true", env={**cli_env, "TASKLOCK_STORE": url})
+
+    assert run("root:root-pw@").returncode == 0
+    wrong = run("root:not-the-pw@")
+    assert wrong.returncode == 78, wrong.stderr
+    assert "refused the credentials" in one_error_line(wrong.stderr)
+    assert "not-the-pw" not in wrong.stderr
+    missing = run("")
+    assert missing.returncode == 78, missing.stderr
+    assert "requires authentication" in one_error_line(missing.stderr)

@@ -28,6 +28,10 @@ class HttpError(OSError):
     """The connection broke or answered something that is not HTTP/1.1."""
 
 
+class CertificateRejected(Exception):
+    """The server's TLS certificate failed verification: a setting to fix, not an outage."""
+
+
 class Woken(Exception):
     """The wake-up fd became readable (or the deadline passed) before a reply was complete."""
 
@@ -50,8 +54,13 @@ class Connection:
         sock = socket.create_connection((host, port), timeout=timeout)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if tls is not None:
+            import ssl
+
             try:
                 sock = tls.wrap_socket(sock, server_hostname=host)
+            except ssl.SSLCertVerificationError as exc:
+                sock.close()
+                raise CertificateRejected(f"{host}:{port}: {exc.verify_message}") from None
             except BaseException:
                 sock.close()
                 raise

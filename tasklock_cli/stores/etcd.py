@@ -265,6 +265,11 @@ class _Members:
                 attempt_deadline = time.monotonic() + share
                 try:
                     replies = self._exchange(index, requests, attempt_deadline)
+                except _http.CertificateRejected as exc:
+                    raise ConfigError(
+                        f"{self.display_url}: the TLS certificate was rejected ({exc}); "
+                        "check cacert= in the store URL"
+                    ) from None
                 except (OSError, _http.Woken) as exc:  # ssl.SSLError is an OSError
                     self._drop(index)
                     problems[index] = _describe(exc)
@@ -466,6 +471,11 @@ class EtcdStore(Store):
 
     def _translate(self, exc: EtcdError) -> TasklockError:
         text = self._members.scrub(exc.message)
+        if "user name is empty" in text:
+            return ConfigError(
+                f"{self.display_url}: etcd requires authentication ({text}); put user:password@ "
+                "in the store URL"
+            )
         if exc.code in (7, 16) or "permission denied" in text.lower():
             return ConfigError(f"{self.display_url}: etcd refused what tasklock needs ({text})")
         return StoreUnavailable(f"{self.display_url}: etcd answered with an error: {text}")
