@@ -12,8 +12,8 @@ from tasklock_cli.stores import open_store
 from tasklock_cli.stores.base import Store
 from tests.support import services
 
-STORE_KINDS = ["sqlite", "postgres", "redis"]
-NETWORK_STORE_KINDS = ["postgres", "redis"]
+STORE_KINDS = ["sqlite", "postgres", "redis", "etcd"]
+NETWORK_STORE_KINDS = ["postgres", "redis", "etcd"]
 
 
 def store_url_for(kind: str, tmp_path) -> str:
@@ -25,6 +25,8 @@ def store_url_for(kind: str, tmp_path) -> str:
         return services.postgres_url(table=f"tasklock_test_{unique}")
     if kind == "redis":
         return services.redis_url(prefix=f"tasklock-test-{unique}:")
+    if kind == "etcd":
+        return services.etcd_url(prefix=f"tasklock-test-{unique}/")
     raise AssertionError(kind)
 
 

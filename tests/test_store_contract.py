@@ -22,6 +22,14 @@ SHORT_TTL = 0.4
 PAST_SHORT_TTL = 0.6
 
 
+def short_ttl(store) -> tuple[float, float]:
+    """A short lease on this store, and a wait after which it has expired: SHORT_TTL and
+    PAST_SHORT_TTL, unless the store's leases cannot be that short (``Store.min_ttl``) or
+    are freed late (``Store.expiry_lag``)."""
+    ttl = max(SHORT_TTL, store.min_ttl)
+    return ttl, ttl + (PAST_SHORT_TTL - SHORT_TTL) + store.expiry_lag
+
+
 def token() -> str:
     return uuid.uuid4().hex
 
@@ -81,8 +89,9 @@ def test_release_is_scoped_by_owner_token(store):
 
 
 def test_release_after_someone_else_took_over_does_not_touch_their_lease(store, store_factory):
-    old = store.acquire("k", SHORT_TTL, HOLDER, token())
-    time.sleep(PAST_SHORT_TTL)
+    short, past = short_ttl(store)
+    old = store.acquire("k", short, HOLDER, token())
+    time.sleep(past)
     new = store_factory().acquire("k", 30, OTHER, token())
     assert new is not None and new.fencing_token > old.fencing_token
     assert store.release(old) is False
@@ -91,11 +100,12 @@ def test_release_after_someone_else_took_over_does_not_touch_their_lease(store, 
 
 
 def test_renew_extends_the_lease(store):
-    lease = store.acquire("k", SHORT_TTL, HOLDER, token())
+    short, past = short_ttl(store)
+    lease = store.acquire("k", short, HOLDER, token())
     renewed = store.renew(lease, 30)
     assert renewed.fencing_token == lease.fencing_token
     assert renewed.expires_at > lease.expires_at
-    time.sleep(PAST_SHORT_TTL)
+    time.sleep(past)
     info = store.peek("k")
     assert info is not None and info.fencing_token == lease.fencing_token
 
@@ -110,8 +120,9 @@ def test_renew_with_a_foreign_owner_token_is_rejected(store):
 
 
 def test_renew_of_an_expired_lease_is_rejected_no_revival(store):
-    lease = store.acquire("k", SHORT_TTL, HOLDER, token())
-    time.sleep(PAST_SHORT_TTL)
+    short, past = short_ttl(store)
+    lease = store.acquire("k", short, HOLDER, token())
+    time.sleep(past)
     with pytest.raises(LeaseLost):
         store.renew(lease, 30)
     assert store.peek("k") is None
@@ -130,24 +141,27 @@ def test_force_release_of_free_key_returns_none(store):
 
 
 def test_lease_expires_on_its_own(store, store_factory):
-    store.acquire("k", SHORT_TTL, HOLDER, token())
-    time.sleep(PAST_SHORT_TTL)
+    short, past = short_ttl(store)
+    store.acquire("k", short, HOLDER, token())
+    time.sleep(past)
     assert store.peek("k") is None
     assert store_factory().acquire("k", 30, OTHER, token()) is not None
 
 
 def test_keep_for_holds_the_lease_after_release_then_frees_it(store, store_factory):
+    short, past = short_ttl(store)
     lease = store.acquire("k", 30, HOLDER, token())
-    assert store.release(lease, keep_for=SHORT_TTL) is True
+    assert store.release(lease, keep_for=short) is True
     other = store_factory()
     assert store.peek("k") is not None
     assert other.acquire("k", 30, OTHER, token()) is None
-    time.sleep(PAST_SHORT_TTL)
+    time.sleep(past)
     assert other.acquire("k", 30, OTHER, token()) is not None
 
 
 def test_fencing_token_never_goes_down(store, store_factory):
     """Release, expiry, sweep and forced release all keep the per-key counter."""
+    short, past = short_ttl(store)
     other = store_factory()
     tokens = []
 
@@ -155,13 +169,13 @@ def test_fencing_token_never_goes_down(store, store_factory):
     tokens.append(lease.fencing_token)
     store.release(lease)
 
-    lease = store.acquire("k", SHORT_TTL, HOLDER, token())
+    lease = store.acquire("k", short, HOLDER, token())
     tokens.append(lease.fencing_token)
-    time.sleep(PAST_SHORT_TTL)
+    time.sleep(past)
 
-    lease = store.acquire("k", SHORT_TTL, HOLDER, token())
+    lease = store.acquire("k", short, HOLDER, token())
     tokens.append(lease.fencing_token)
-    time.sleep(PAST_SHORT_TTL)
+    time.sleep(past)
     other.sweep()
 
     lease = store.acquire("k", 30, HOLDER, token())
@@ -229,9 +243,10 @@ def test_list_reads_page_by_page_in_key_order(store):
 
 
 def test_list_hides_expired_unless_asked(store):
+    short, past = short_ttl(store)
     store.acquire("live", 30, HOLDER, token())
-    store.acquire("dead", SHORT_TTL, HOLDER, token())
-    time.sleep(PAST_SHORT_TTL)
+    store.acquire("dead", short, HOLDER, token())
+    time.sleep(past)
     assert [i.key for i in store.list()] == ["live"]
     everything = {i.key: i.expired for i in store.list(include_expired=True)}
     # Redis frees expired keys itself; SQL stores keep them until a sweep.
@@ -240,9 +255,10 @@ def test_list_hides_expired_unless_asked(store):
 
 
 def test_sweep_clears_expired_and_keeps_live_leases(store):
+    short, past = short_ttl(store)
     live = store.acquire("live", 30, HOLDER, token())
-    store.acquire("dead", SHORT_TTL, HOLDER, token())
-    time.sleep(PAST_SHORT_TTL)
+    store.acquire("dead", short, HOLDER, token())
+    time.sleep(past)
     would = store.sweep(dry_run=True)
     removed = store.sweep()
     assert would == removed

@@ -21,6 +21,8 @@ _SCHEMES = {
     "redis": "redis",
     "rediss": "redis",
     "unix": "redis",
+    "etcd": "etcd",
+    "etcds": "etcd",
 }
 
 
@@ -68,6 +70,10 @@ def open_store(url: str) -> Store:
         with _driver_needed(_DRIVERS[backend]):
             from tasklock_cli.stores.redis import RedisStore
         return RedisStore.from_url(url)
+    if backend == "etcd":
+        from tasklock_cli.stores.etcd import EtcdStore
+
+        return EtcdStore.from_url(url)
     known = ", ".join(f"{name}://" for name in _SCHEMES)
     raise ConfigError(f"unknown store URL {redact_url(url)!r} (expected one of {known})")
 

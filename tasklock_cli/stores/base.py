@@ -141,6 +141,12 @@ class Store(ABC):
     display_url: str = ""
     #: True where ``wait_for_release`` wakes on a release (so waiters can poll rarely).
     signals_release: bool = False
+    #: The shortest lease the store can keep: a shorter TTL is kept this long on the store
+    #: (the holder's own deadline still counts the TTL asked, so this is safe, only slower
+    #: to free the key after a crash). 0 where expiry has millisecond resolution.
+    min_ttl: float = 0.0
+    #: How late after its expiry the store may still show a lease and refuse the key.
+    expiry_lag: float = 0.0
 
     @abstractmethod
     def acquire(self, key: str, ttl: float, holder: Holder, owner_token: str) -> Lease | None:

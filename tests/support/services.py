@@ -1,4 +1,6 @@
-"""Where the test PostgreSQL and Redis are, whether they are up, and how to clean up after a test.
+"""Where the test PostgreSQL, Redis and etcd are, whether they are up, and how to clean up after a
+test. etcd is a private member the tests start themselves (``tests/support/etcd.py``), unless
+``TASKLOCK_TEST_ETCD_URL`` names one.
 
 On a machine without them the store tests skip with the reason; in CI (``CI=true``) a missing
 service is a failure, never a skip.
@@ -42,11 +44,36 @@ def redis_url(prefix: str) -> str:
     return _with_query(base_redis_url(), prefix=prefix)
 
 
+def etcd_url(prefix: str) -> str:
+    from tests.support import etcd
+
+    return _with_query(etcd.base_url(), prefix=prefix)
+
+
+def _etcd_unavailable_reason() -> str | None:
+    import os
+
+    from tests.support import etcd
+
+    if not os.environ.get("TASKLOCK_TEST_ETCD_URL") and etcd.etcd_binary() is None:
+        return (
+            "the etcd binary is not installed (Debian: apt-get install etcd-server; "
+            "or set TASKLOCK_TEST_ETCD_URL)"
+        )
+    try:
+        etcd.base_url()
+    except (OSError, RuntimeError) as exc:
+        return f"could not start a private etcd member ({exc})"
+    return None
+
+
 @functools.cache
 def unavailable_reason(kind: str) -> str | None:
     """None when the store kind can be tested here, else why not."""
     if kind == "sqlite":
         return None
+    if kind == "etcd":
+        return _etcd_unavailable_reason()
     module = {"postgres": "psycopg", "redis": "redis"}[kind]
     try:
         __import__(module)
@@ -85,3 +112,7 @@ def cleanup(kind: str, url: str) -> None:
         from tests.support import redis_support
 
         redis_support.drop_namespace(url)
+    elif kind == "etcd":
+        from tests.support import etcd
+
+        etcd.drop_namespace(url)

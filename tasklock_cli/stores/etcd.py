@@ -1,0 +1,1104 @@
+"""etcd v3 store, over etcd's gRPC JSON gateway (``POST /v3/...``, etcd >= 3.4).
+
+Expiry is decided by etcd's leases: each acquisition grants a lease and attaches the lock
+key to it; the key exists exactly while the lease lives (or until it is released).
+
+Key layout under the namespace prefix ``P`` (``?prefix=``, default ``tasklock/``), for lock
+key ``K`` (stored exactly, UTF-8)::
+
+    P lock/K             value: JSON {owner, holder, acquired_at (ms, client clock), ttl}
+                         attached to the holder's lease. Fencing token = the key's
+                         create_revision: etcd's global revision only ever grows, so a key
+                         created again (after release, expiry, forced release) gets a
+                         greater one, and no counter can be reset or deleted.
+    P broken/K           value: the fencing token of a broken lease; attached, with the
+                         lock key, to the breaker's lease (see ``break_lease``)
+    P wait/<len>:K/<id>  a waiter's place in K's queue, attached to the waiter's lease;
+                         ordered by create_revision (``wait_for_release``)
+
+Round trips: acquire = 1 (the lease grant with a client-chosen ID and the ``txn`` that
+creates the key only if absent, with the lease attached, are pipelined on one connection:
+grant, then txn, without waiting in between; the txn's failure branch reads the holder
+back). Renew = 1 (lease keepalive: it fails once the lease was revoked, which is what
+release, forced release and break do). Release = 1 (revoking the lease deletes the key);
+only when that lease is gone already (broken) a ``txn`` guarded by the owner's value and
+the fencing token deletes the key. ``keep_for``, break and forced release take 2-4.
+
+Leases have whole seconds, and etcd raises short ones to its minimum (1 s at least; 2 s
+with the default election timeout); the granted TTL is used for ``expires_at``. A lease
+also runs out up to ~0.5 s late (etcd's leader checks expiries twice a second). A TTL
+under the granted one is still safe for the holder: its own deadline counts the TTL asked.
+
+Client: the standard library only (sockets, ``ssl``, ``json``) — see ``_http``: no new
+dependency and a fast import, and pipelining, which ``http.client`` cannot do. The python
+``etcd3`` package is broken with protobuf >= 4; etcd3gw pulls in ``requests``.
+
+Failover: every member listed in the URL may answer. On a connection error, a timeout or
+an "unavailable"/"no leader" answer, the call moves to the next member, all within the
+I/O timeout (``set_io_timeout``).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import math
+import random
+import select
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from tasklock_cli.errors import ConfigError, LeaseLost, StoreUnavailable, TasklockError
+from tasklock_cli.stores import _http, redact_url
+from tasklock_cli.stores.base import (
+    LIST_PAGE,
+    Holder,
+    Lease,
+    LeaseInfo,
+    Store,
+    StoreCheck,
+    utc_from_timestamp,
+)
+
+if TYPE_CHECKING:  # imported when an etcds:// URL needs it
+    import ssl
+
+DEFAULT_PREFIX = "tasklock/"
+DEFAULT_PORT = 2379
+DEFAULT_IO_TIMEOUT_S = 5.0
+#: A waiter's place in a queue lives this long without a refresh (a crashed waiter's place
+#: is given up after it); waiting refreshes it every third of it.
+WAITER_TTL_S = 6
+#: When the watch breaks, waiting falls back to reading the key this often.
+POLL_S = 0.1
+CLOCK_WARN_S = 2.0
+_NOT_FOUND = 5
+_UNAUTHENTICATED = 16
+_RETRY_ELSEWHERE = (
+    "no leader",
+    "leader changed",
+    "timed out",
+    "too many requests",
+    "not capable",
+    "unhealthy",
+    "stopped",
+)
+
+
+class EtcdError(Exception):
+    """etcd answered with an error (gRPC ``code`` and message)."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass
+class EtcdConfig:
+    members: list[tuple[str, int]]
+    tls: bool = False
+    user: str | None = None
+    password: str | None = None
+    prefix: str = DEFAULT_PREFIX
+    cacert: str | None = None
+    cert: str | None = None
+    key: str | None = None
+    secrets: list[str] = field(default_factory=list)
+
+
+def parse_url(url: str) -> EtcdConfig:
+    """``etcd[s]://[user:password@]HOST:PORT[,HOST:PORT...][/][?prefix=&cacert=&cert=&key=]``."""
+    shown = redact_url(url)
+    parts = urlsplit(url)
+    userinfo, at, hosts = parts.netloc.rpartition("@")
+    config = EtcdConfig(members=[], tls=parts.scheme.lower() == "etcds")
+    if at:
+        user, colon, password = userinfo.partition(":")
+        config.user = unquote(user)
+        config.password = unquote(password) if colon else ""
+        if config.password:
+            config.secrets.append(config.password)
+    for item in hosts.split(","):
+        config.members.append(_member(item, shown))
+    if parts.path not in ("", "/"):
+        raise ConfigError(f"etcd store URL {shown!r}: unexpected path {parts.path!r}")
+    for name, value in parse_qsl(parts.query, keep_blank_values=True):
+        if name in ("prefix", "cacert", "cert", "key"):
+            setattr(config, name, value)
+        else:
+            raise ConfigError(
+                f"etcd store URL {shown!r}: unknown parameter {name!r} "
+                "(known: prefix, cacert, cert, key)"
+            )
+    if not config.prefix:
+        raise ConfigError(f"etcd store URL {shown!r}: prefix= must not be empty")
+    if (config.cacert or config.cert or config.key) and not config.tls:
+        raise ConfigError(f"etcd store URL {shown!r}: cacert/cert/key need etcds://")
+    if bool(config.cert) != bool(config.key):
+        raise ConfigError(f"etcd store URL {shown!r}: cert= and key= go together")
+    return config
+
+
+def _member(item: str, shown: str) -> tuple[str, int]:
+    item = item.strip()
+    if item.startswith("["):
+        host, _, rest = item[1:].partition("]")
+        port_text = rest[1:] if rest.startswith(":") else ""
+    else:
+        host, _, port_text = item.partition(":")
+    if not host:
+        raise ConfigError(f"etcd store URL {shown!r}: a member without a host")
+    try:
+        port = int(port_text) if port_text else DEFAULT_PORT
+    except ValueError:
+        raise ConfigError(f"etcd store URL {shown!r}: bad port in {item!r}") from None
+    if not 0 < port < 65536:
+        raise ConfigError(f"etcd store URL {shown!r}: bad port in {item!r}")
+    return host, port
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def unb64(text: str | None) -> bytes:
+    return base64.b64decode(text or "")
+
+
+def prefix_end(prefix: bytes) -> bytes:
+    """etcd's range end for every key starting with ``prefix``."""
+    chars = bytearray(prefix)
+    while chars:
+        if chars[-1] < 0xFF:
+            chars[-1] += 1
+            return bytes(chars)
+        chars.pop()
+    return b"\0"
+
+
+def _ttl_seconds(seconds: float, what: str) -> int:
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ConfigError(f"the {what} must be a positive, finite duration (got {seconds!r})")
+    return max(1, math.ceil(seconds))
+
+
+def _new_lease_id() -> int:
+    return random.getrandbits(62) | 1  # positive int64, never 0 (0 means "no lease")
+
+
+class _Members:
+    """Kept-alive connections to the listed members; calls fail over between them."""
+
+    def __init__(self, config: EtcdConfig, display_url: str) -> None:
+        self.config = config
+        self.display_url = display_url
+        self.io_timeout = DEFAULT_IO_TIMEOUT_S
+        self._tls = self._tls_context() if config.tls else None
+        self._connections: dict[int, _http.Connection] = {}
+        self._current = 0
+        self._token: str | None = None
+        self._lock = threading.RLock()
+
+    def _tls_context(self) -> ssl.SSLContext:
+        import ssl
+
+        try:
+            context = ssl.create_default_context(cafile=self.config.cacert)
+            if self.config.cert:
+                context.load_cert_chain(self.config.cert, self.config.key)
+        except OSError as exc:  # ssl.SSLError is one
+            raise ConfigError(f"{self.display_url}: cannot load the TLS files: {exc}") from None
+        return context
+
+    def scrub(self, text: object) -> str:
+        out = str(text)
+        for secret in self.config.secrets:
+            out = out.replace(secret, "***")
+        return out
+
+    def close(self) -> None:
+        with self._lock:
+            connections, self._connections = self._connections, {}
+        for connection in connections.values():
+            connection.close()
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": self._token} if self._token else {}
+
+    def _connect(self, index: int, deadline: float) -> _http.Connection:
+        connection = self._connections.get(index)
+        if connection is None:
+            host, port = self.config.members[index]
+            connection = _http.Connection(host, port, self._tls, deadline)
+            self._connections[index] = connection
+        return connection
+
+    def _drop(self, index: int) -> None:
+        connection = self._connections.pop(index, None)
+        if connection is not None:
+            connection.close()
+
+    def call(self, requests: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+        """Send the requests pipelined to one member and return their replies; fail over to
+        the next member on trouble. Raises EtcdError for an answer that is an error (of the
+        first failing request), StoreUnavailable when no member answered in time."""
+        with self._lock:
+            deadline = time.monotonic() + self.io_timeout
+            problems: dict[int, str] = {}
+            count = len(self.config.members)
+            tried = 0
+            reauthenticated = False
+            while True:
+                index = self._current
+                left = deadline - time.monotonic()
+                if left <= 0 or (tried >= count and self._all_refused(problems)):
+                    break
+                # A member that does not answer may take half of what is left, so that
+                # another one still gets its turn.
+                share = left if count == 1 else max(left / 2, min(left, 0.25))
+                attempt_deadline = time.monotonic() + share
+                try:
+                    replies = self._exchange(index, requests, attempt_deadline)
+                except _http.CertificateRejected as exc:
+                    raise ConfigError(
+                        f"{self.display_url}: the TLS certificate was rejected ({exc}); "
+                        "check cacert= in the store URL"
+                    ) from None
+                except (OSError, _http.Woken) as exc:  # ssl.SSLError is an OSError
+                    self._drop(index)
+                    problems[index] = _describe(exc)
+                    self._current = (index + 1) % count
+                    tried += 1
+                    if tried % count == 0 and not self._all_refused(problems):
+                        time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+                    continue
+                error = _first_error(replies)
+                if error is None:
+                    return [reply for _, reply in replies]
+                if error.code == _UNAUTHENTICATED and self.config.user and not reauthenticated:
+                    reauthenticated = True
+                    self._token = None
+                    continue
+                if _retry_elsewhere(error):
+                    problems[index] = error.message
+                    self._current = (index + 1) % count
+                    tried += 1
+                    if tried % count == 0:
+                        time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+                    continue
+                raise error
+            detail = "; ".join(
+                f"{self._where(i)}: {self.scrub(text)}" for i, text in sorted(problems.items())
+            )
+            raise StoreUnavailable(
+                f"{self.display_url}: no etcd member answered within "
+                f"{self.io_timeout:g}s ({detail or 'no time left'})"
+            )
+
+    def _where(self, index: int) -> str:
+        host, port = self.config.members[index]
+        return f"{host}:{port}"
+
+    @staticmethod
+    def _all_refused(problems: dict[int, str]) -> bool:
+        return bool(problems) and all("refused" in text for text in problems.values())
+
+    def _exchange(
+        self, index: int, requests: list[tuple[str, dict[str, Any]]], deadline: float
+    ) -> list[tuple[int, dict[str, Any]]]:
+        connection = self._connect(index, deadline)
+        if self.config.user and self._token is None:
+            self._authenticate(connection, deadline)
+        host = self.config.members[index][0]
+        encoded = [
+            _http.encode_request(host, path, body, self._headers()) for path, body in requests
+        ]
+        return connection.exchange(encoded, deadline)
+
+    def _authenticate(self, connection: _http.Connection, deadline: float) -> None:
+        body = {"name": self.config.user, "password": self.config.password or ""}
+        request = _http.encode_request(connection.host, "/v3/auth/authenticate", body, {})
+        [(status, reply)] = connection.exchange([request], deadline)
+        error = _error_of(status, reply)
+        if error is not None:
+            if _retry_elsewhere(error):
+                raise error
+            raise ConfigError(
+                f"{self.display_url}: etcd refused the credentials ({error.message}); "
+                "check the user name and password of the store URL"
+            )
+        self._token = str(reply.get("token", "")) or None
+
+    def open_stream(self, path: str, body: dict[str, Any], deadline: float) -> _http.Stream:
+        """A new connection (to the current member) carrying one streamed request."""
+        with self._lock:
+            index = self._current
+            host, port = self.config.members[index]
+            if self.config.user and self._token is None:
+                self._authenticate(self._connect(index, deadline), deadline)
+            headers = self._headers()
+        connection = _http.Connection(host, port, self._tls, deadline)
+        try:
+            connection.send(_http.encode_request(host, path, body, headers), deadline)
+            status, reply_headers = connection.read_head(deadline)
+            if status != 200:
+                error = _error_of(
+                    status, _http.decode_json(connection.read_body(reply_headers, deadline))
+                )
+                raise error or EtcdError(14, f"HTTP {status}")
+        except BaseException:
+            connection.close()
+            raise
+        return _http.Stream(connection)
+
+    def server_date(self) -> float | None:
+        """The member's wall clock (HTTP Date header, whole seconds), for doctor."""
+        with self._lock:
+            deadline = time.monotonic() + self.io_timeout
+            connection = self._connect(self._current, deadline)
+            host = self.config.members[self._current][0]
+            connection.send(
+                _http.encode_request(host, "/v3/maintenance/status", {}, self._headers()),
+                deadline,
+            )
+            _, headers = connection.read_head(deadline)
+            connection.read_body(headers, deadline)
+        date = headers.get("date")
+        from email.utils import parsedate_to_datetime  # only doctor needs it
+
+        return parsedate_to_datetime(date).timestamp() if date else None
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, _http.Woken | TimeoutError):
+        return "timed out"
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
+    return str(exc) or type(exc).__name__
+
+
+def _error_of(status: int, reply: dict[str, Any]) -> EtcdError | None:
+    inner = reply.get("error")
+    if isinstance(inner, dict):  # a streamed reply's error
+        return EtcdError(int(inner.get("grpc_code", inner.get("code", 2))), str(inner))
+    if status == 200 and inner is None:
+        return None
+    message = str(reply.get("message") or inner or f"HTTP {status}")
+    return EtcdError(int(reply.get("code", 14 if status >= 500 else 2)), message)
+
+
+def _first_error(replies: list[tuple[int, dict[str, Any]]]) -> EtcdError | None:
+    for status, reply in replies:
+        error = _error_of(status, reply)
+        if error is not None:
+            return error
+    return None
+
+
+def _retry_elsewhere(error: EtcdError) -> bool:
+    text = error.message.lower()
+    return error.code in (4, 14) or any(part in text for part in _RETRY_ELSEWHERE)
+
+
+def _revision(reply: dict[str, Any]) -> int:
+    return int(reply.get("header", {}).get("revision", 0))
+
+
+def _kvs(response: dict[str, Any]) -> list[dict[str, Any]]:
+    return response.get("response_range", {}).get("kvs", [])
+
+
+@dataclass
+class _Held:
+    """What this client knows of a lease it holds."""
+
+    lease_id: int
+    value: bytes
+    ttl: int  # as asked (etcd may have granted more)
+
+
+class EtcdStore(Store):
+    signals_release = True
+    # Whole seconds, raised to etcd's own minimum (1.5 x its election timeout, 2 s by
+    # default); the leader looks for expired leases twice a second.
+    min_ttl = 1.0
+    expiry_lag = 0.7
+
+    def __init__(self, config: EtcdConfig, display_url: str) -> None:
+        self.display_url = display_url
+        self.prefix = config.prefix
+        self._p = config.prefix.encode("utf-8")
+        self._members = _Members(config, display_url)
+        self._held: dict[tuple[str, str, int], _Held] = {}
+        self._spare: tuple[int, int] | None = None  # (lease ID, TTL) granted but not used
+        self._waiter_lease: int | None = None
+        self._waiter_refreshed = 0.0
+        self._queued: set[str] = set()
+        self._state_lock = threading.Lock()
+
+    @classmethod
+    def from_url(cls, url: str) -> EtcdStore:
+        return cls(parse_url(url), redact_url(url))
+
+    # -- names ------------------------------------------------------------------------
+
+    def _lock_key(self, key: str) -> bytes:
+        return self._p + b"lock/" + key.encode("utf-8")
+
+    def _broken_key(self, key: str) -> bytes:
+        return self._p + b"broken/" + key.encode("utf-8")
+
+    def _queue_prefix(self, key: str) -> bytes:
+        raw = key.encode("utf-8")
+        return self._p + b"wait/" + str(len(raw)).encode() + b":" + raw + b"/"
+
+    def _queue_entry(self, key: str, waiter_lease: int) -> bytes:
+        return self._queue_prefix(key) + f"{waiter_lease:016x}".encode()
+
+    # -- calls ------------------------------------------------------------------------
+
+    def _call(self, *requests: tuple[str, dict[str, Any]]) -> list[dict[str, Any]]:
+        try:
+            return self._members.call(list(requests))
+        except EtcdError as exc:
+            raise self._translate(exc) from None
+
+    def _translate(self, exc: EtcdError) -> TasklockError:
+        text = self._members.scrub(exc.message)
+        if "user name is empty" in text:
+            return ConfigError(
+                f"{self.display_url}: etcd requires authentication ({text}); put user:password@ "
+                "in the store URL"
+            )
+        if exc.code in (7, 16) or "permission denied" in text.lower():
+            return ConfigError(f"{self.display_url}: etcd refused what tasklock needs ({text})")
+        return StoreUnavailable(f"{self.display_url}: etcd answered with an error: {text}")
+
+    def _txn(self, compare: list[dict], success: list[dict], failure: list[dict]) -> dict:
+        body = {"compare": compare, "success": success, "failure": failure}
+        return self._call(("/v3/kv/txn", body))[0]
+
+    def _range(self, name: bytes) -> tuple[dict[str, Any] | None, int]:
+        reply = self._call(("/v3/kv/range", {"key": b64(name)}))[0]
+        kvs = reply.get("kvs", [])
+        return (kvs[0] if kvs else None), _revision(reply)
+
+    def _revoke(self, lease_id: int) -> bool:
+        """True when the lease existed (and its keys are now deleted)."""
+        try:
+            self._members.call([("/v3/lease/revoke", {"ID": str(lease_id)})])
+        except EtcdError as exc:
+            if exc.code == _NOT_FOUND:
+                return False
+            raise self._translate(exc) from None
+        return True
+
+    def _keepalive(self, lease_id: int) -> int:
+        """The lease's TTL after a refresh; 0 when the lease is gone."""
+        reply = self._call(("/v3/lease/keepalive", {"ID": str(lease_id)}))[0]
+        return int(reply.get("result", reply).get("TTL", 0))
+
+    # -- acquire / renew / release ---------------------------------------------------
+
+    def acquire(self, key: str, ttl: float, holder: Holder, owner_token: str) -> Lease | None:
+        ttl_s = _ttl_seconds(ttl, "lease TTL")
+        name = self._lock_key(key)
+        for _ in range(3):
+            lease_id, first = self._lease_request(ttl_s)
+            sent = time.time()
+            value = json.dumps(
+                {
+                    "owner": owner_token,
+                    "holder": holder.to_dict(),
+                    "acquired_at": int(sent * 1000),
+                    "ttl": ttl_s,
+                },
+                sort_keys=True,
+            ).encode()
+            success = [
+                {"request_put": {"key": b64(name), "value": b64(value), "lease": str(lease_id)}}
+            ]
+            if key in self._queued and self._waiter_lease is not None:
+                entry = self._queue_entry(key, self._waiter_lease)
+                success.append({"request_delete_range": {"key": b64(entry)}})
+            txn = {
+                "compare": [{"key": b64(name), "target": "CREATE", "create_revision": "0"}],
+                "success": success,
+                "failure": [{"request_range": {"key": b64(name)}}],
+            }
+            try:
+                granted, reply = self._members.call([first, ("/v3/kv/txn", txn)])
+            except EtcdError as exc:
+                if exc.code == _NOT_FOUND or "lease" in exc.message.lower():
+                    self._spare = None  # the spare lease ran out: grant a fresh one
+                    continue
+                raise self._translate(exc) from None
+            granted_ttl = int(granted.get("result", granted).get("TTL", 0))
+            if granted_ttl <= 0:
+                self._spare = None
+                continue
+            if reply.get("succeeded"):
+                self._spare = None
+                self._queued.discard(key)
+                token = _revision(reply)
+                self._held[(key, owner_token, token)] = _Held(lease_id, value, ttl_s)
+                return Lease(
+                    key,
+                    owner_token,
+                    token,
+                    utc_from_timestamp(sent),
+                    utc_from_timestamp(sent + granted_ttl),
+                )
+            self._spare = (lease_id, ttl_s)
+            kvs = _kvs(reply["responses"][0])
+            if not kvs:
+                continue  # freed between the compare and the read: try again
+            return self._own_lease(key, owner_token, kvs[0], sent)
+        raise StoreUnavailable(f"{self.display_url}: could not get a lease from etcd for {key!r}")
+
+    def _lease_request(self, ttl_s: int) -> tuple[int, tuple[str, dict[str, Any]]]:
+        """A lease for an acquisition: the spare one refreshed, or a new one."""
+        if self._spare is not None and self._spare[1] == ttl_s:
+            lease_id = self._spare[0]
+            return lease_id, ("/v3/lease/keepalive", {"ID": str(lease_id)})
+        lease_id = _new_lease_id()
+        return lease_id, ("/v3/lease/grant", {"ID": str(lease_id), "TTL": str(ttl_s)})
+
+    def _own_lease(
+        self, key: str, owner_token: str, kv: dict[str, Any], sent: float
+    ) -> Lease | None:
+        """The holder read back: our own acquisition whose reply was lost, or None."""
+        value = unb64(kv.get("value"))
+        record = _decode_value(value)
+        if record is None or record.get("owner") != owner_token:
+            return None
+        lease_id = int(kv.get("lease", 0))
+        remaining = self._keepalive(lease_id) if lease_id else 0
+        if remaining <= 0:
+            return None
+        token = int(kv["create_revision"])
+        self._held[(key, owner_token, token)] = _Held(lease_id, value, int(record.get("ttl", 0)))
+        acquired = int(record.get("acquired_at", sent * 1000)) / 1000
+        return Lease(
+            key,
+            owner_token,
+            token,
+            utc_from_timestamp(acquired),
+            utc_from_timestamp(sent + remaining),
+        )
+
+    def _held_lease(self, lease: Lease) -> _Held | None:
+        """Our lease ID and value for ``lease``; read from etcd when this client did not
+        acquire it. None when the key is not held with this owner token and fencing token."""
+        known = self._held.get((lease.key, lease.owner_token, lease.fencing_token))
+        if known is not None:
+            return known
+        kv, _ = self._range(self._lock_key(lease.key))
+        if kv is None or int(kv.get("create_revision", 0)) != lease.fencing_token:
+            return None
+        value = unb64(kv.get("value"))
+        record = _decode_value(value)
+        if record is None or record.get("owner") != lease.owner_token:
+            return None
+        return _Held(int(kv.get("lease", 0)), value, int(record.get("ttl", 0)))
+
+    def renew(self, lease: Lease, ttl: float) -> Lease:
+        ttl_s = _ttl_seconds(ttl, "lease TTL")
+        ident = (lease.key, lease.owner_token, lease.fencing_token)
+        held = self._held_lease(lease)
+        sent = time.time()
+        remaining = self._keepalive(held.lease_id) if held and held.lease_id else 0
+        if held is not None and remaining > 0 and ttl_s != held.ttl:
+            # An etcd lease keeps the TTL it was granted: another TTL takes a new lease.
+            remaining = self._move_own_lease(lease, held, ttl_s)
+        if held is None or remaining <= 0:
+            self._held.pop(ident, None)
+            raise LeaseLost(f"the lease on {lease.key!r} is no longer ours")
+        return Lease(
+            lease.key,
+            lease.owner_token,
+            lease.fencing_token,
+            lease.acquired_at,
+            utc_from_timestamp(sent + remaining),
+        )
+
+    def release(self, lease: Lease, keep_for: float = 0.0) -> bool:
+        ident = (lease.key, lease.owner_token, lease.fencing_token)
+        held = self._held_lease(lease)
+        if held is None:
+            return False
+        if keep_for > 0:
+            released = self._keep_for(lease, held, _ttl_seconds(keep_for, "keep-for time"))
+        else:
+            released = self._revoke(held.lease_id) or self._delete_as_owner(lease, held)
+        self._held.pop(ident, None)
+        return released
+
+    def _owner_compare(self, lease: Lease, held: _Held) -> list[dict[str, Any]]:
+        name = b64(self._lock_key(lease.key))
+        return [
+            {"key": name, "target": "CREATE", "create_revision": str(lease.fencing_token)},
+            {"key": name, "target": "VALUE", "value": b64(held.value)},
+        ]
+
+    def _delete_as_owner(self, lease: Lease, held: _Held) -> bool:
+        """Our lease is gone (broken, or a release whose reply was lost): delete the key if
+        it is still ours by value and fencing token."""
+        success = [
+            {"request_delete_range": {"key": b64(self._lock_key(lease.key))}},
+            {"request_delete_range": {"key": b64(self._broken_key(lease.key))}},
+        ]
+        reply = self._txn(self._owner_compare(lease, held), success, [])
+        return bool(reply.get("succeeded"))
+
+    def _keep_for(self, lease: Lease, held: _Held, keep_s: int) -> bool:
+        """Let the key run out ``keep_s`` seconds from now: on a new lease, ours revoked."""
+        return self._move_own_lease(lease, held, keep_s) > 0
+
+    def _move_own_lease(self, lease: Lease, held: _Held, ttl_s: int) -> int:
+        """Move our key to a new lease of ``ttl_s`` (grant and txn pipelined), revoke the old
+        one; the new lease's TTL, 0 when the key was no longer ours."""
+        new_id = _new_lease_id()
+        name = b64(self._lock_key(lease.key))
+        compare = [
+            *self._owner_compare(lease, held),
+            {"key": name, "target": "LEASE", "lease": str(held.lease_id)},
+        ]
+        txn = {
+            "compare": compare,
+            "success": [{"request_put": {"key": name, "ignore_value": True, "lease": str(new_id)}}],
+            "failure": [],
+        }
+        try:
+            granted, reply = self._members.call(
+                [("/v3/lease/grant", {"ID": str(new_id), "TTL": str(ttl_s)}), ("/v3/kv/txn", txn)]
+            )
+        except EtcdError as exc:
+            raise self._translate(exc) from None
+        if not reply.get("succeeded"):
+            self._revoke(new_id)
+            return 0
+        self._revoke(held.lease_id)
+        held.lease_id, held.ttl = new_id, ttl_s
+        return int(granted.get("TTL", 0))
+
+    # -- reading ----------------------------------------------------------------------
+
+    def peek(self, key: str) -> LeaseInfo | None:
+        kv, _ = self._range(self._lock_key(key))
+        return self._info(key, kv) if kv is not None else None
+
+    def _remaining(self, lease_id: int) -> float:
+        """Seconds the lease has left (-1 when gone). etcd answers whole seconds, cut
+        down: the middle of that second is the best guess, within the TTL granted."""
+        reply = self._call(("/v3/lease/timetolive", {"ID": str(lease_id)}))[0]
+        remaining = int(reply.get("TTL", 0))  # 0 is left out of the reply
+        if remaining < 0:
+            return -1.0
+        return min(remaining + 0.5, float(reply.get("grantedTTL", remaining + 1)))
+
+    def _info(self, key: str, kv: dict[str, Any]) -> LeaseInfo | None:
+        lease_id = int(kv.get("lease", 0))
+        remaining = self._remaining(lease_id) if lease_id else -1
+        if remaining < 0:
+            return None  # the lease ran out between the two reads
+        record = _decode_value(unb64(kv.get("value")))
+        if record is None:
+            raise ConfigError(
+                f"{self.display_url}: etcd key {self._lock_key(key).decode('utf-8', 'replace')!r}"
+                f" is not a tasklock lease; another application uses the prefix {self.prefix!r}"
+            )
+        return LeaseInfo(
+            key=key,
+            holder=Holder.from_dict(record.get("holder", {})),
+            fencing_token=int(kv["create_revision"]),
+            acquired_at=utc_from_timestamp(int(record.get("acquired_at", 0)) / 1000),
+            expires_at=utc_from_timestamp(time.time() + remaining),
+            expired=False,  # a key that exists is live: etcd deletes it with its lease
+        )
+
+    def list(self, prefix: str = "", include_expired: bool = False) -> Iterator[LeaseInfo]:
+        # etcd deletes a key with its lease: include_expired can only ever show live leases.
+        start = self._lock_key(prefix)
+        end = prefix_end(start)
+        strip = len(self._lock_key(""))
+        while True:
+            body = {"key": b64(start), "range_end": b64(end), "limit": str(LIST_PAGE)}
+            reply = self._call(("/v3/kv/range", body))[0]
+            kvs = reply.get("kvs", [])
+            for kv in kvs:
+                name = unb64(kv["key"])
+                info = self._info(name[strip:].decode("utf-8", "replace"), kv)
+                if info is not None:
+                    yield info
+            if not reply.get("more") or not kvs:
+                return
+            start = unb64(kvs[-1]["key"]) + b"\0"
+
+    def sweep(self, dry_run: bool = False) -> int:
+        # etcd deletes expired leases' keys itself; counters are revisions. Still check that
+        # the store answers, so `sweep` reports an unreachable store instead of success.
+        self._call(("/v3/maintenance/status", {}))
+        return 0
+
+    # -- forced release and breaking --------------------------------------------------
+
+    def force_release(self, key: str, token: int | None = None) -> LeaseInfo | None:
+        name = self._lock_key(key)
+        for _ in range(5):
+            kv, _ = self._range(name)
+            if kv is None or (token is not None and int(kv["create_revision"]) != token):
+                return None
+            info = self._info(key, kv)
+            lease_id = int(kv.get("lease", 0))
+            if info is not None and lease_id and self._revoke(lease_id):
+                return info  # revoking deletes the key and tells the holder (keepalive fails)
+        return None
+
+    def break_lease(self, key: str, token: int | None = None) -> LeaseInfo | None:
+        """Move the key to a new lease (the breaker's) for the time the old one had left,
+        and revoke the old one: the holder's renew fails at once, nobody else can take
+        the key meanwhile, and the fencing token (create_revision) stays the same."""
+        name, broken = self._lock_key(key), self._broken_key(key)
+        for _ in range(5):
+            reply = self._txn([], [_range_op(name), _range_op(broken)], [])
+            lock_kvs, broken_kvs = (_kvs(r) for r in reply.get("responses", []))
+            if not lock_kvs:
+                return None
+            kv = lock_kvs[0]
+            rev = int(kv["create_revision"])
+            if token is not None and rev != token:
+                return None
+            info = self._info(key, kv)
+            if info is None:
+                continue
+            if broken_kvs and unb64(broken_kvs[0].get("value")) == str(rev).encode():
+                return info  # broken already
+            old_lease = int(kv.get("lease", 0))
+            left = max(1, math.ceil(info.expires_at.timestamp() - time.time()))
+            if self._move_to_new_lease(name, broken, rev, old_lease, left):
+                self._revoke(old_lease)
+                return info
+        return None
+
+    def _move_to_new_lease(
+        self, name: bytes, broken: bytes, rev: int, old_lease: int, ttl_s: int
+    ) -> bool:
+        new_id = _new_lease_id()
+        txn = {
+            "compare": [
+                {"key": b64(name), "target": "CREATE", "create_revision": str(rev)},
+                {"key": b64(name), "target": "LEASE", "lease": str(old_lease)},
+            ],
+            "success": [
+                {"request_put": {"key": b64(name), "ignore_value": True, "lease": str(new_id)}},
+                {
+                    "request_put": {
+                        "key": b64(broken),
+                        "value": b64(str(rev).encode()),
+                        "lease": str(new_id),
+                    }
+                },
+            ],
+            "failure": [],
+        }
+        try:
+            _, reply = self._members.call(
+                [("/v3/lease/grant", {"ID": str(new_id), "TTL": str(ttl_s)}), ("/v3/kv/txn", txn)]
+            )
+        except EtcdError as exc:
+            raise self._translate(exc) from None
+        if not reply.get("succeeded"):
+            self._revoke(new_id)
+            return False
+        return True
+
+    # -- waiting ----------------------------------------------------------------------
+
+    def wait_for_release(self, key: str, timeout: float, wake_fd: int | None = None) -> None:
+        """Block until the lease on ``key`` is released or expires, at most ``timeout``.
+
+        Waiters queue up (a key per waiter, ordered by create_revision, as etcd's own lock
+        recipe does): the first watches the lock key, each other one the waiter before it,
+        so a release wakes exactly one waiter. The watch starts at the revision of the read
+        that found the key held, so a release in between is not missed. Never raises: on
+        trouble it polls for the rest of the timeout and the caller's next acquire
+        reports the store's state.
+        """
+        if timeout <= 0:
+            return
+        deadline = time.monotonic() + timeout
+        try:
+            self._wait_in_queue(key, deadline, wake_fd)
+        except (TasklockError, EtcdError, OSError, _http.Woken):
+            self._poll_until(key, deadline, wake_fd, lambda kv: kv is None)
+
+    def _wait_in_queue(self, key: str, deadline: float, wake_fd: int | None) -> None:
+        lock_name = self._lock_key(key)
+        while time.monotonic() < deadline:
+            entry = self._join_queue(key)
+            lock_kv, ahead, present, rev = self._queue_state(key, entry)
+            if not present:
+                self._forget_waiter_lease()
+                continue
+            if ahead is None and lock_kv is None:
+                return
+            watched = lock_name if ahead is None else ahead
+            until = min(deadline, self._waiter_refreshed + WAITER_TTL_S / 3)
+            event = self._watch(watched, rev + 1, until, wake_fd, lambda ev: _is_delete(ev))
+            if event == "woken":
+                return
+            if event == "matched" and watched == lock_name:
+                return
+
+    def _join_queue(self, key: str) -> bytes:
+        """Our place in ``key``'s queue (joining, or refreshing our waiter lease when due)."""
+        with self._state_lock:
+            now = time.monotonic()
+            if self._waiter_lease is not None and now - self._waiter_refreshed > WAITER_TTL_S / 3:
+                if self._keepalive(self._waiter_lease) <= 0:
+                    self._waiter_lease = None
+                    self._queued.clear()
+                else:
+                    self._waiter_refreshed = now
+            requests: list[tuple[str, dict[str, Any]]] = []
+            if self._waiter_lease is None:
+                self._waiter_lease = _new_lease_id()
+                self._waiter_refreshed = now
+                grant = {"ID": str(self._waiter_lease), "TTL": str(WAITER_TTL_S)}
+                requests.append(("/v3/lease/grant", grant))
+            entry = self._queue_entry(key, self._waiter_lease)
+            if key not in self._queued:
+                put = {"key": b64(entry), "value": "", "lease": str(self._waiter_lease)}
+                requests.append(("/v3/kv/put", put))
+            if requests:
+                self._call(*requests)
+                self._queued.add(key)
+            return entry
+
+    def _forget_waiter_lease(self) -> None:
+        with self._state_lock:
+            self._waiter_lease = None
+            self._queued.clear()
+
+    def _queue_state(
+        self, key: str, entry: bytes
+    ) -> tuple[dict[str, Any] | None, bytes | None, bool, int]:
+        """(lock key's kv, the waiter just before us or None, whether we are queued, rev)."""
+        queue = self._queue_prefix(key)
+        reply = self._txn(
+            [],
+            [
+                _range_op(self._lock_key(key)),
+                {
+                    "request_range": {
+                        "key": b64(queue),
+                        "range_end": b64(prefix_end(queue)),
+                        "sort_order": "ASCEND",
+                        "sort_target": "CREATE",
+                        "keys_only": True,
+                    }
+                },
+            ],
+            [],
+        )
+        lock_kvs, queue_kvs = (_kvs(r) for r in reply.get("responses", []))
+        names = [unb64(kv["key"]) for kv in queue_kvs]
+        if entry not in names:
+            return (lock_kvs[0] if lock_kvs else None), None, False, _revision(reply)
+        at = names.index(entry)
+        ahead = names[at - 1] if at > 0 else None
+        return (lock_kvs[0] if lock_kvs else None), ahead, True, _revision(reply)
+
+    def _watch(
+        self,
+        name: bytes,
+        start_revision: int,
+        deadline: float,
+        wake_fd: int | None,
+        matches: Any,
+    ) -> str:
+        """Watch ``name`` from ``start_revision`` until an event ``matches`` ("matched"),
+        ``deadline`` ("timeout") or wake_fd ("woken"). Raises when the watch breaks."""
+        request = {"create_request": {"key": b64(name), "start_revision": str(start_revision)}}
+        connect_by = min(deadline, time.monotonic() + self._members.io_timeout)
+        stream = self._members.open_stream("/v3/watch", request, connect_by)
+        try:
+            while True:
+                message = stream.next(deadline, wake_fd)
+                if message is None:
+                    return "woken" if _readable(wake_fd) else "timeout"
+                result = message.get("result", {})
+                if "error" in message:
+                    raise EtcdError(14, str(message["error"]))
+                if result.get("canceled"):
+                    raise EtcdError(14, f"the watch was cancelled: {result}")
+                if any(matches(event) for event in result.get("events", [])):
+                    return "matched"
+        finally:
+            stream.close()
+
+    def _poll_until(self, key: str, deadline: float, wake_fd: int | None, done: Any) -> bool:
+        """Read the key every POLL_S until ``done(kv)``; False at the deadline or on wake_fd."""
+        while True:
+            with contextlib.suppress(TasklockError, EtcdError, OSError):
+                kv, _ = self._range(self._lock_key(key))
+                if done(kv):
+                    return True
+            left = deadline - time.monotonic()
+            if left <= 0 or _sleep_or_wake(min(POLL_S, left), wake_fd):
+                return False
+
+    def stop_waiting(self, key: str) -> None:
+        with self._state_lock:
+            if key not in self._queued or self._waiter_lease is None:
+                return
+            entry = self._queue_entry(key, self._waiter_lease)
+            self._queued.discard(key)
+        with contextlib.suppress(TasklockError):
+            self._call(("/v3/kv/deleterange", {"key": b64(entry)}))
+
+    def wait_for_break(self, lease: Lease, timeout: float, wake_fd: int | None = None) -> bool:
+        """Block until the lease is broken or freed by force (True), ``timeout`` passes or
+        wake_fd is readable (False). Watches the lock key from the revision of a first read
+        (which already tells of a break before the call)."""
+        deadline = time.monotonic() + max(0.0, timeout)
+        known = self._held.get((lease.key, lease.owner_token, lease.fencing_token))
+        lease_id = known.lease_id if known else None
+
+        def gone(kv: dict[str, Any] | None) -> bool:
+            if kv is None or int(kv.get("create_revision", 0)) != lease.fencing_token:
+                return True
+            return lease_id is not None and int(kv.get("lease", 0)) != lease_id
+
+        try:
+            kv, rev = self._range(self._lock_key(lease.key))
+            if gone(kv):
+                return True
+            if lease_id is None:
+                lease_id = int(kv.get("lease", 0))
+            outcome = self._watch(
+                self._lock_key(lease.key),
+                rev + 1,
+                deadline,
+                wake_fd,
+                lambda ev: _is_delete(ev) or gone(ev.get("kv")),
+            )
+            return outcome == "matched"
+        except (TasklockError, EtcdError, OSError, _http.Woken):
+            return self._poll_until(lease.key, deadline, wake_fd, gone)
+
+    # -- settings, diagnostics, closing -----------------------------------------------
+
+    def set_io_timeout(self, seconds: float) -> None:
+        if math.isfinite(seconds) and seconds > 0:
+            self._members.io_timeout = seconds
+
+    def doctor(self) -> list[StoreCheck]:
+        shown = ", ".join(f"{h}:{p}" for h, p in self._members.config.members)
+        checks = [
+            StoreCheck(
+                "store", True, f"{self.display_url} (members {shown}; key prefix {self.prefix!r})"
+            )
+        ]
+        try:
+            self._call(("/v3/maintenance/status", {}))
+            started = time.perf_counter()
+            [status] = self._call(("/v3/maintenance/status", {}))
+            rtt = time.perf_counter() - started
+        except TasklockError as exc:
+            checks.append(StoreCheck("reachable", False, str(exc)))
+            return checks
+        version = status.get("version", "unknown")
+        checks.append(
+            StoreCheck("reachable", True, f"etcd {version} answered in {rtt * 1000:.1f} ms")
+        )
+        checks.append(self._check_cluster(status))
+        checks.append(self._check_clock())
+        return checks
+
+    def _check_cluster(self, status: dict[str, Any]) -> StoreCheck:
+        try:
+            [members] = self._call(("/v3/cluster/member/list", {}))
+        except TasklockError as exc:
+            return StoreCheck("cluster", False, str(exc))
+        listed = members.get("members", [])
+        leader = status.get("leader")
+        names = {str(m.get("ID")): m.get("name") or m.get("ID") for m in listed}
+        if not leader or leader == "0":
+            return StoreCheck("cluster", False, f"{len(listed)} members and no leader")
+        detail = f"{len(listed)} member(s), leader {names.get(str(leader), leader)}"
+        if len(listed) < 3:
+            return StoreCheck(
+                "cluster",
+                True,
+                detail + "; fewer than 3 members cannot survive losing one",
+                warning=True,
+            )
+        return StoreCheck("cluster", True, detail)
+
+    def _check_clock(self) -> StoreCheck:
+        try:
+            sent = time.time()
+            server = self._members.server_date()
+            received = time.time()
+        except (OSError, _http.Woken) as exc:
+            return StoreCheck("clock", False, f"cannot read the member's clock: {_describe(exc)}")
+        if server is None:
+            return StoreCheck("clock", True, "the member sent no Date header", warning=True)
+        offset = server + 0.5 - (sent + received) / 2  # Date has whole seconds
+        detail = (
+            f"the member's clock is about {abs(offset):.1f} s "
+            f"{'ahead of' if offset >= 0 else 'behind'} this machine's (±0.5 s); expiry runs "
+            "on etcd's lease timers, acquired_at on the acquiring machine's clock"
+        )
+        if abs(offset) > CLOCK_WARN_S:
+            return StoreCheck("clock", True, detail, warning=True)
+        return StoreCheck("clock", True, detail)
+
+    def close(self) -> None:
+        with self._state_lock:
+            waiter, self._waiter_lease = self._waiter_lease, None
+            self._queued.clear()
+        if waiter is not None:  # our places in queues go, so the waiters behind move up
+            with contextlib.suppress(TasklockError):
+                self._revoke(waiter)
+        self._members.close()
+
+
+def _range_op(name: bytes) -> dict[str, Any]:
+    return {"request_range": {"key": b64(name)}}
+
+
+def _is_delete(event: dict[str, Any]) -> bool:
+    return event.get("type") == "DELETE"
+
+
+def _decode_value(value: bytes) -> dict[str, Any] | None:
+    try:
+        record = json.loads(value)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) and "owner" in record else None
+
+
+def _readable(fd: int | None) -> bool:
+    if fd is None:
+        return False
+    readable, _, _ = select.select([fd], [], [], 0)
+    return bool(readable)
+
+
+def _sleep_or_wake(seconds: float, wake_fd: int | None) -> bool:
+    """Sleep; True when wake_fd became readable first."""
+    if wake_fd is None:
+        time.sleep(seconds)
+        return False
+    readable, _, _ = select.select([wake_fd], [], [], seconds)
+    return bool(readable)

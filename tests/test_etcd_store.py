@@ -1,0 +1,166 @@
+"""etcd-only store behaviour: URL parsing, and the break / forced release / wait-for-break
+methods the store interface is gaining (their contract cases land with the interface)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from tasklock_cli.errors import ConfigError, LeaseLost
+from tasklock_cli.stores import open_store
+from tasklock_cli.stores.base import Holder
+from tasklock_cli.stores.etcd import EtcdStore, parse_url, prefix_end
+from tests.support import services
+
+HOLDER = Holder(host="h", pid=1, user="u", command=["true"])
+
+
+def test_url_lists_members_credentials_prefix_and_tls_files():
+    config = parse_url("etcds://bob:p%40ss@a:1,[::1]:2,c/?prefix=x/&cacert=/ca&cert=/c&key=/k")
+    assert config.members == [("a", 1), ("::1", 2), ("c", 2379)]
+    assert (config.user, config.password, config.prefix, config.tls) == ("bob", "p@ss", "x/", True)
+    assert (config.cacert, config.cert, config.key) == ("/ca", "/c", "/k")
+    assert parse_url("etcd://h").prefix == "tasklock/"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "etcd://h:1/?nope=1",
+        "etcd://h:x",
+        "etcd://h:1/?cacert=/ca",  # TLS files need etcds://
+        "etcds://h:1/?cert=/c",  # cert without key
+        "etcd://h:1/?prefix=",
+        "etcd://:1",
+    ],
+)
+def test_bad_urls_are_config_errors_without_the_password(url):
+    with pytest.raises(ConfigError) as caught:
+        parse_url(url.replace("://", "://u:secret-pw@"))
+    assert "secret-pw" not in str(caught.value)
+
+
+def test_prefix_end_is_etcds_range_end():
+    assert prefix_end(b"ab") == b"ac"
+    assert prefix_end(b"a\xff") == b"b"
+    assert prefix_end(b"\xff\xff") == b"\0"
+
+
+@pytest.fixture
+def url() -> Iterator[str]:
+    services.require("etcd")
+    url = services.etcd_url(prefix=f"tasklock-test-{uuid.uuid4().hex[:12]}/")
+    yield url
+    services.cleanup("etcd", url)
+
+
+@pytest.fixture
+def clients(url) -> Iterator[tuple[EtcdStore, EtcdStore]]:
+    a, b = open_store(url), open_store(url)
+    assert isinstance(a, EtcdStore)
+    yield a, b
+    a.close()
+    b.close()
+
+
+def test_a_broken_lease_is_held_until_its_owner_lets_go(clients):
+    holder, ops = clients
+    lease = holder.acquire("k", 30, HOLDER, "owner")
+    assert ops.break_lease("k", token=lease.fencing_token + 1) is None  # wrong token
+    holder.renew(lease, 30)
+    broken = ops.break_lease("k")
+    assert broken is not None and broken.fencing_token == lease.fencing_token
+    assert ops.break_lease("k").fencing_token == lease.fencing_token  # idempotent
+    with pytest.raises(LeaseLost):
+        holder.renew(lease, 30)
+    assert ops.acquire("k", 30, HOLDER, "other") is None
+    assert ops.peek("k").fencing_token == lease.fencing_token
+    assert holder.release(lease) is True
+    assert ops.peek("k") is None
+    nxt = ops.acquire("k", 30, HOLDER, "other")
+    assert nxt is not None and nxt.fencing_token > lease.fencing_token
+
+
+def test_force_release_with_a_token_frees_only_that_lease(clients):
+    holder, ops = clients
+    lease = holder.acquire("k", 30, HOLDER, "owner")
+    assert ops.force_release("k", token=lease.fencing_token + 1) is None
+    assert ops.peek("k") is not None
+    assert ops.force_release("k", token=lease.fencing_token).fencing_token == lease.fencing_token
+    assert ops.peek("k") is None
+    with pytest.raises(LeaseLost):
+        holder.renew(lease, 30)
+
+
+def test_wait_for_break_wakes_promptly_times_out_and_heeds_wake_fd(clients):
+    holder, ops = clients
+    lease = holder.acquire("k", 30, HOLDER, "owner")
+    started = time.monotonic()
+    assert holder.wait_for_break(lease, 0.2) is False
+    assert 0.2 <= time.monotonic() - started < 0.5
+    read_end, write_end = os.pipe()
+    try:
+        os.write(write_end, b"x")
+        started = time.monotonic()
+        assert holder.wait_for_break(lease, 5, read_end) is False
+        assert time.monotonic() - started < 0.1
+        assert holder.wait_for_release("k", 5, read_end) is None
+        assert time.monotonic() - started < 0.2
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+    broke_at: list[float] = []
+
+    def breaker() -> None:
+        time.sleep(0.2)
+        broke_at.append(time.monotonic())
+        ops.break_lease("k")
+
+    thread = threading.Thread(target=breaker)
+    thread.start()
+    assert holder.wait_for_break(lease, 5) is True
+    woke = time.monotonic() - broke_at[0]
+    thread.join()
+    assert woke < 0.05, woke  # the break's own round trips are in it
+    assert holder.wait_for_break(lease, 5) is True  # a break before the call is seen
+
+
+@pytest.fixture
+def auth_member() -> Iterator[str]:
+    """A private member with etcd authentication on (user root, password root-pw)."""
+    services.require("etcd")
+    from tests.support import etcd
+
+    member = etcd.EtcdCluster(1, heartbeat_ms=50, election_ms=500)
+    member.start()
+    try:
+        base = member.client_url(0)
+        etcd.post(base, "/v3/auth/user/add", {"name": "root", "password": "root-pw"})
+        etcd.post(base, "/v3/auth/role/add", {"name": "root"})
+        etcd.post(base, "/v3/auth/user/grant", {"user": "root", "role": "root"})
+        etcd.post(base, "/v3/auth/enable", {})
+        yield f"127.0.0.1:{member.client_ports[0]}"
+    finally:
+        member.stop()
+
+
+def test_etcd_auth_right_wrong_and_missing_credentials(auth_member, cli_env):
+    from tests.support.cli import one_error_line, tasklock
+
+    def run(userinfo: str):
+        url = f"etcd://{userinfo}{auth_member}/?prefix=auth/"
+        return tasklock("run", "k", "--", "true", env={**cli_env, "TASKLOCK_STORE": url})
+
+    assert run("root:root-pw@").returncode == 0
+    wrong = run("root:not-the-pw@")
+    assert wrong.returncode == 78, wrong.stderr
+    assert "refused the credentials" in one_error_line(wrong.stderr)
+    assert "not-the-pw" not in wrong.stderr
+    missing = run("")
+    assert missing.returncode == 78, missing.stderr
+    assert "requires authentication" in one_error_line(missing.stderr)
