@@ -20,9 +20,10 @@ Round trips: acquire = 1 (the lease grant with a client-chosen ID and the ``txn`
 creates the key only if absent, with the lease attached, are pipelined on one connection:
 grant, then txn, without waiting in between; the txn's failure branch reads the holder
 back). Renew = 1 (lease keepalive: it fails once the lease was revoked, which is what
-release, forced release and break do). Release = 1 (revoking the lease deletes the key);
-only when that lease is gone already (broken) a ``txn`` guarded by the owner's value and
-the fencing token deletes the key. ``keep_for``, break and forced release take 2-4.
+release, forced release and break do). Release = 1 (a ``txn`` guarded by the owner's value
+and the fencing token deletes the key; the emptied lease runs out on its own, since a
+revoke could report a release that a break had just moved away from it). ``keep_for``,
+break and forced release take 2-4.
 
 Leases have whole seconds, and etcd raises short ones to its minimum (1 s at least; 2 s
 with the default election timeout); the granted TTL is used for ``expires_at``. A lease
@@ -530,7 +531,10 @@ class EtcdStore(Store):
             txn = {
                 "compare": [{"key": b64(name), "target": "CREATE", "create_revision": "0"}],
                 "success": success,
-                "failure": [{"request_range": {"key": b64(name)}}],
+                "failure": [
+                    {"request_range": {"key": b64(name)}},
+                    {"request_range": {"key": b64(self._broken_key(key))}},
+                ],
             }
             try:
                 granted, reply = self._members.call([first, ("/v3/kv/txn", txn)])
@@ -556,9 +560,11 @@ class EtcdStore(Store):
                     utc_from_timestamp(sent + granted_ttl),
                 )
             self._spare = (lease_id, ttl_s)
-            kvs = _kvs(reply["responses"][0])
+            kvs, broken = (_kvs(response) for response in reply["responses"])
             if not kvs:
                 continue  # freed between the compare and the read: try again
+            if broken and unb64(broken[0].get("value")) == kvs[0]["create_revision"].encode():
+                return None  # broken: not even its owner may take it back
             return self._own_lease(key, owner_token, kvs[0], sent)
         raise StoreUnavailable(f"{self.display_url}: could not get a lease from etcd for {key!r}")
 
@@ -634,9 +640,15 @@ class EtcdStore(Store):
         if held is None:
             return False
         if keep_for > 0:
-            released = self._keep_for(lease, held, _ttl_seconds(keep_for, "keep-for time"))
+            # A broken lease (moved off our etcd lease) is let go at once instead.
+            released = self._keep_for(
+                lease, held, _ttl_seconds(keep_for, "keep-for time")
+            ) or self._delete_as_owner(lease, held)
         else:
-            released = self._revoke(held.lease_id) or self._delete_as_owner(lease, held)
+            # Not a revoke of our lease: a break may have moved the key to another lease
+            # the moment before, and a revoke would then report a release that freed
+            # nothing. The emptied lease runs out on its own.
+            released = self._delete_as_owner(lease, held)
         self._held.pop(ident, None)
         return released
 
