@@ -8,6 +8,7 @@ however long the reply took, the client never believes in a lease the store has 
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 import secrets
 import threading
@@ -135,23 +136,33 @@ class LeaseKeeper:
 class Waiter:
     """Retries an acquisition until it succeeds or ``wait`` seconds have passed."""
 
-    def __init__(self, keeper: LeaseKeeper, wait: float, on_waiting=None, rng=random.random):
+    def __init__(
+        self,
+        keeper: LeaseKeeper,
+        wait: float,
+        on_waiting=None,
+        rng=random.random,
+        wake_fd: int | None = None,
+    ):
         self.keeper = keeper
         self.wait = wait
         self.on_waiting = on_waiting
         self.rng = rng
+        self.wake_fd = wake_fd  # readable when a signal came (signal.set_wakeup_fd)
         signals = keeper.store.signals_release
         self.ceiling = SIGNALLED_POLL_CEILING_S if signals else POLL_CEILING_S
         self._stop_signal: int | None = None
         self._in_wait = False
 
     def interrupt(self, signum: int) -> None:
-        """Stop waiting (from a signal handler): at once when blocked in the store's wait,
-        else before the next one. A store call under way is never cut short, so a lease
-        it grants is not lost track of: the caller finds it held and releases it. After
-        an interrupted wait the caller must close the store."""
+        """Stop waiting (from a signal handler). With a ``wake_fd`` the store's wait
+        returns by itself, and the wait stops right after; without one, at once when
+        blocked in the store's wait, else before the next one. A store call under way is
+        not cut short here (the caller decides), so a lease it grants is not lost track
+        of: the caller finds it held and releases it. After an interrupted wait the caller
+        must close the store."""
         self._stop_signal = signum
-        if self._in_wait:
+        if self._in_wait and self.wake_fd is None:
             self._in_wait = False  # once: a second signal must not cut the unwinding short
             raise Interrupted(signum)
 
@@ -199,12 +210,23 @@ class Waiter:
         try:
             if self._stop_signal is not None:  # it came during the last store call
                 raise Interrupted(self._stop_signal)
-            self.keeper.store.wait_for_release(self.keeper.key, timeout)
+            self.keeper.store.wait_for_release(self.keeper.key, timeout, self.wake_fd)
         finally:
             self._in_wait = False
+        if self._stop_signal is not None:
+            raise Interrupted(self._stop_signal)
+        _drain(self.wake_fd)  # another signal (SIGCHLD, SIGCONT): wait on
 
     def _current_holder(self) -> LeaseInfo | None:
         try:
             return self.keeper.store.peek(self.keeper.key)
         except TasklockError:
             return None
+
+
+def _drain(fd: int | None) -> None:
+    if fd is None:
+        return
+    with contextlib.suppress(BlockingIOError, OSError):
+        while os.read(fd, 512):
+            pass

@@ -38,6 +38,9 @@ JOB_CONTROL_STOPS = (signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)
 #: this long, so a lease it grants is known and released; a call still blocked (a store
 #: cut off, a dead link) is then cut short.
 CUT_SHORT_AFTER_S = 0.12
+#: A lease broken by an operator: the command gets at most this long between SIGTERM and
+#: SIGKILL, so that `release --force` (which waits 10 s) sees the holder let go.
+BROKEN_GRACE_CAP_S = 8.0
 LOST_EXIT_CODE = 70
 
 
@@ -124,6 +127,7 @@ class Supervisor:
         self.state = _State()
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._heartbeat_stop = threading.Event()
+        self._stop_r, self._stop_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.child: Child | None = None
         self._waiter: Waiter | None = None
         self._acquiring = False
@@ -144,8 +148,8 @@ class Supervisor:
             return stop.exit_code
         finally:
             self._restore_signal_handlers(previous_handlers)
-            os.close(self._wake_r)
-            os.close(self._wake_w)
+            for fd in (self._wake_r, self._wake_w, self._stop_r, self._stop_w):
+                os.close(fd)
 
     def _acquire_and_run(self) -> int:
         options = self.options
@@ -176,7 +180,9 @@ class Supervisor:
                 holder=info.holder.to_dict() if info else None,
             )
 
-        self._waiter = Waiter(self.keeper, self.options.wait, on_waiting=announce)
+        self._waiter = Waiter(
+            self.keeper, self.options.wait, on_waiting=announce, wake_fd=self._wake_r
+        )
         if self.state.pending_signals:  # came before the waiter could hear of it
             raise Interrupted(self.state.pending_signals[0])
         try:
@@ -237,7 +243,7 @@ class Supervisor:
             )
             heartbeat.start()
             self._watch(child, terminal)
-            self._heartbeat_stop.set()
+            self._stop_heartbeat()
             heartbeat.join(timeout=self.options.io_timeout)
             return self._finish(child)
         finally:
@@ -422,7 +428,7 @@ class Supervisor:
     def _heartbeat(self) -> None:
         options = self.options
         next_renewal = self.keeper.acquired_at + options.renew_interval
-        while not self._heartbeat_stop.wait(max(0.0, next_renewal - self.clock())):
+        while not self._until_renewal(next_renewal):
             if self.state.loss is not None and self.state.loss.detected_by == "rejected":
                 return
             if self.clock() >= self.keeper.deadline:
@@ -431,7 +437,8 @@ class Supervisor:
             try:
                 lease = self.keeper.renew()
             except LeaseLost as exc:
-                self._lose("rejected", str(exc), kill_at=self.clock() + options.grace)
+                grace = min(options.grace, BROKEN_GRACE_CAP_S)
+                self._lose("rejected", str(exc), kill_at=self.clock() + grace)
                 return
             except StoreUnavailable as exc:
                 self.events.debug(f"renewal failed, retrying: {exc}")
@@ -452,6 +459,31 @@ class Supervisor:
                 expires_at=rfc3339(lease.expires_at),
             )
             next_renewal = self.clock() + options.renew_interval
+
+    def _until_renewal(self, renew_at: float) -> bool:
+        """Wait until ``renew_at``, or less when the store tells us our lease was broken
+        (the renewal that follows at once is rejected); True when the heartbeat must stop."""
+        while not self._heartbeat_stop.is_set():
+            left = renew_at - self.clock()
+            lease = self.keeper.lease
+            if left <= 0 or lease is None:
+                return False
+            started = self.clock()
+            try:
+                if self.store.wait_for_break(lease, left, self._stop_r):
+                    self.events.debug(f"{self.options.key!r} was broken: renewing at once")
+                    return self._heartbeat_stop.is_set()
+            except Exception as exc:  # no notifications, then: sleep, renewals still tell
+                self.events.debug(f"cannot listen for a break of {self.options.key!r}: {exc}")
+                return self._heartbeat_stop.wait(max(0.0, renew_at - self.clock()))
+            if self.clock() - started < min(left, 0.001):  # returned at once: do not spin
+                return self._heartbeat_stop.wait(max(0.0, renew_at - self.clock()))
+        return True
+
+    def _stop_heartbeat(self) -> None:
+        self._heartbeat_stop.set()
+        with contextlib.suppress(BlockingIOError, OSError):
+            os.write(self._stop_w, b"!")
 
     # -- release, events, signals ---------------------------------------------------------
 

@@ -211,3 +211,31 @@ def test_a_signal_cuts_a_store_call_blocked_on_the_network_short(
         report.store_of(network_store_url),
         exit_after_s=took,
     )
+
+
+def test_a_forced_release_stops_the_holder_long_before_its_next_renewal(env, store_url, tmp_path):
+    """With a 30 s ttl the next renewal is 10 s away: the holder still hears of the break
+    at once, terminates its tree and lets go, and `release` returns only then."""
+    command, pids, ready = tree_command(tmp_path)
+    wrapper = start("--log-format", "json", "run", "k", "--ttl", "30s", "--", *command, env=env)
+    tree = read_tree(pids, ready)
+    held = wait_for_holder(store_url, "k")
+    wrong = tasklock("release", "k", "--force", "--token", str(held.fencing_token + 1), env=env)
+    assert wrong.returncode == 0, wrong.stderr
+    assert wrapper.poll() is None and peek(store_url, "k") is not None  # only that token
+
+    started = time.monotonic()
+    result = tasklock("release", "k", "--force", "--token", str(held.fencing_token), env=env)
+    took = time.monotonic() - started
+    assert result.returncode == 0, result.stderr
+    assert procs.still_running(tree) == []  # nothing of the old holder runs by now
+    assert "the holder let go after" in result.stdout, result.stdout
+    assert took < 3.0, took  # far under the 10 s to the next renewal (CLI start included)
+    _, stderr = wrapper.communicate(timeout=15)
+    assert wrapper.returncode == 70
+    assert [e["detected_by"] for e in json_events(stderr) if e["event"] == "lost"] == ["rejected"]
+    nxt = tasklock("--log-format", "json", "run", "k", "--", "true", env=env)
+    token = next(e for e in json_events(nxt.stderr) if e["event"] == "acquired")["fencing_token"]
+    assert token > held.fencing_token
+    let_go = float(result.stdout.rsplit("after ", 1)[1].rstrip("s\n"))
+    report.record("release --force, ttl 30s", report.store_of(store_url), holder_let_go_s=let_go)

@@ -66,7 +66,7 @@ class SlowStore(SQLiteStore):
         self.fake.advance(self.reply_delay)
         return lease
 
-    def wait_for_release(self, key: str, timeout: float) -> None:
+    def wait_for_release(self, key: str, timeout: float, wake_fd: int | None = None) -> None:
         self.waits.append(timeout)
         self.fake.advance(timeout)
 
@@ -156,7 +156,7 @@ class SignalledStore(SlowStore):
             self.waiter.interrupt(signal.SIGTERM)
         return lease
 
-    def wait_for_release(self, key: str, timeout: float) -> None:
+    def wait_for_release(self, key: str, timeout: float, wake_fd: int | None = None) -> None:
         super().wait_for_release(key, timeout)
         if self.during == "wait":
             assert self.waiter is not None
@@ -394,7 +394,7 @@ def test_giving_up_names_the_holder_at_the_end_and_the_one_the_wait_began_with(t
     waiter = Waiter(LeaseKeeper(store, "k", 10.0, HOLDER, clock), 5.0)
     original_wait = store.wait_for_release
 
-    def wait_then_let_second_take_over(key, timeout):
+    def wait_then_let_second_take_over(key, timeout, wake_fd=None):
         original_wait(key, timeout)
         if clock() > first.deadline and second.lease is None:
             assert second.try_acquire()
