@@ -72,7 +72,7 @@ complete -c tasklock -n '__tasklock_is none' -s h -l help -d 'Show this message 
 complete -c tasklock -n '__tasklock_is run' -l ttl -x -d 'Lease length; freed D after the last renewal.'
 complete -c tasklock -n '__tasklock_is run' -l renew-every -x -d 'Heartbeat interval, less than --ttl.'
 complete -c tasklock -n '__tasklock_is run' -l wait -x -d 'Wait up to D for a held lock; 0 = fail at once, inf = forever.'
-complete -c tasklock -n '__tasklock_is run' -l grace -x -d 'On loss: SIGTERM the command\'s process group, SIGKILL after D.'
+complete -c tasklock -n '__tasklock_is run' -l grace -x -d 'On loss: SIGTERM the command\'s process tree, SIGKILL after D.'
 complete -c tasklock -n '__tasklock_is run' -l max-lifetime -x -d 'Terminate the command when it has run this long.'
 complete -c tasklock -n '__tasklock_is run' -l hold-at-least -x -d 'Keep the lease until D after acquisition even if the command ends sooner.'
 complete -c tasklock -n '__tasklock_is run' -l conflict-exit-code -x -d 'Exit code when the lock is held by someone else.'

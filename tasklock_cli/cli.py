@@ -2,25 +2,31 @@
 
 from __future__ import annotations
 
-import contextlib
 import copy
+import inspect
 import json
-import os
 import sys
-import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, fields, replace
+from dataclasses import fields
 from functools import update_wrapper
 from typing import Any, NoReturn
 
 import typer
 from typer.core import TyperGroup
 
-from tasklock_cli import __version__
+from tasklock_cli import __version__, settings
 from tasklock_cli.durations import format_duration, parse_duration
 from tasklock_cli.errors import StoreUnavailable, TasklockError, UsageError
-from tasklock_cli.events import NORMAL, QUIET, VERBOSE, EventLog, now_rfc3339, stop_spinners
+from tasklock_cli.events import stop_spinners
 from tasklock_cli.keys import validate_key
+from tasklock_cli.session import (
+    ErrorStyle,
+    GlobalFlags,
+    Globals,
+    exit_now,
+    fail,
+    run_command,
+)
 
 try:
     from typer.exceptions import TyperException as _CliException
@@ -30,28 +36,6 @@ try:
     from typer._click.globals import get_current_context
 except ImportError:  # typer releases that use click directly
     from click import get_current_context
-
-
-@dataclass(frozen=True)
-class GlobalFlags:
-    """The global options as given on one side of the command name (None / 0: not given)."""
-
-    store: str | None = None
-    config: str | None = None
-    log_format: str | None = None
-    verbose: int = 0
-    quiet: bool = False
-
-    def then(self, later: GlobalFlags) -> GlobalFlags:
-        """These flags, overridden by those given later (after the command name)."""
-        given = {
-            name: getattr(later, name)
-            for name in ("store", "config", "log_format")
-            if getattr(later, name) is not None
-        }
-        if later.verbose or later.quiet:  # -v and -q set one thing: the verbosity
-            given.update(verbose=later.verbose, quiet=later.quiet)
-        return replace(self, **given)
 
 
 GLOBAL_OPTION_NAMES = tuple(field.name for field in fields(GlobalFlags))
@@ -92,7 +76,7 @@ def _applying_later_globals(callback: Callable[..., Any]) -> Callable[..., Any]:
     def with_globals(**params: Any) -> Any:
         later = GlobalFlags(**{name: params.pop(name) for name in GLOBAL_OPTION_NAMES})
         ctx = get_current_context()
-        ctx.obj = Globals(ctx.obj.then(_checked(later)))
+        ctx.obj = Globals(ctx.obj.then(later.checked()))
         return callback(**params)
 
     return update_wrapper(with_globals, callback)
@@ -114,44 +98,8 @@ app = typer.Typer(
 )
 
 
-class Globals:
-    def __init__(self, flags: GlobalFlags):
-        global _verbose_traceback, _log_format
-        log_format = flags.log_format or "text"
-        if log_format not in ("text", "json"):
-            raise UsageError(f"invalid --log-format {log_format!r} (text or json)")
-        _verbose_traceback = flags.verbose > 0
-        _log_format = log_format
-        self.store_flag = flags.store
-        self.config_flag = flags.config
-        verbosity = QUIET if flags.quiet else VERBOSE if flags.verbose else NORMAL
-        self.events = EventLog(log_format, verbosity)
-        self._config = None
-
-    @property
-    def config(self):
-        if self._config is None:
-            from tasklock_cli.config import load_config
-
-            self._config = load_config(self.config_flag)
-        return self._config
-
-    def store_url(self) -> str:
-        from tasklock_cli.config import resolve_store_url
-
-        return resolve_store_url(self.store_flag, self.config)
-
-    def open_store(self):
-        from tasklock_cli.stores import open_store
-
-        return open_store(self.store_url())
-
-
-_verbose_traceback = False
 #: ``list --watch`` refreshes no faster than this: each refresh is a query on the store.
 MIN_WATCH_INTERVAL_S = 0.1
-#: The parsed --log-format, once main_options has run; errors before that scan argv for it.
-_log_format: str | None = None
 
 
 def _version(value: bool) -> None:
@@ -193,146 +141,70 @@ def main_options(
 ) -> None:
     # The command's wrapper (_applying_later_globals) completes these with the global options
     # given after the command name, and puts the Globals in the command's context.
-    global _log_format
-    _log_format = log_format  # for an error met before the command's own options are read
-    ctx.obj = _checked(GlobalFlags(store, config, log_format, verbose, quiet))
-
-
-def _checked(flags: GlobalFlags) -> GlobalFlags:
-    if flags.verbose and flags.quiet:
-        raise UsageError("-v and -q exclude each other")
-    return flags
+    # for an error met before the command's own options are read
+    ErrorStyle.log_format = log_format
+    ctx.obj = GlobalFlags(store, config, log_format, verbose, quiet).checked()
 
 
 # -- run ---------------------------------------------------------------------------------
 
 
-@app.command(context_settings={"allow_interspersed_args": True})
 def run(
     ctx: typer.Context,
-    key: str = typer.Argument(..., metavar="KEY", help="The lock's name, e.g. invoices:nightly."),
-    command: list[str] | None = typer.Argument(
-        None, metavar="-- COMMAND [ARG...]", help="The command to run while the lock is held."
-    ),
-    ttl: str | None = typer.Option(
-        None,
-        "--ttl",
-        metavar="D",
-        help="Lease length; freed D after the last renewal.  [default: 30s]",
-    ),
-    renew_every: str | None = typer.Option(
-        None,
-        "--renew-every",
-        metavar="D",
-        help="Heartbeat interval, less than --ttl.  [default: ttl/3]",
-    ),
-    wait: str | None = typer.Option(
-        None,
-        "--wait",
-        metavar="D",
-        help="Wait up to D for a held lock; 0 = fail at once, inf = forever.  [default: 0]",
-    ),
-    grace: str | None = typer.Option(
-        None,
-        "--grace",
-        metavar="D",
-        help="On loss: SIGTERM the command's process group, SIGKILL after D.  [default: 5s]",
-    ),
-    max_lifetime: str | None = typer.Option(
-        None,
-        "--max-lifetime",
-        metavar="D",
-        help="Terminate the command when it has run this long.  [default: 24h]",
-    ),
-    hold_at_least: str | None = typer.Option(
-        None,
-        "--hold-at-least",
-        metavar="D",
-        help="Keep the lease until D after acquisition even if the command ends sooner.",
-    ),
-    conflict_exit_code: int | None = typer.Option(
-        None,
-        "--conflict-exit-code",
-        metavar="N",
-        help="Exit code when the lock is held by someone else.  [default: 75]",
-    ),
-    note: str | None = typer.Option(None, "--note", metavar="TEXT", help="Shown by peek and list."),
+    key: str,
+    command: list[str] | None,
+    note: str | None,
+    **given: str | int | None,
 ) -> None:
     """Run COMMAND while holding the lock KEY."""
-    from tasklock_cli.supervisor import RunOptions, Supervisor
+    flags = {setting.name: given.get(setting.field) for setting in settings.RUN_SETTINGS}
+    raise typer.Exit(run_command(ctx.obj, key, command, flags, note))
 
-    g: Globals = ctx.obj
-    validate_key(key)
-    if not command:
-        raise UsageError("no command given (tasklock run KEY [OPTIONS] -- COMMAND [ARG...])")
-    options = RunOptions(
-        key=key,
-        command=list(command),
-        **_run_settings(
-            g,
-            key,
-            {
-                "ttl": ttl,
-                "renew-every": renew_every,
-                "wait": wait,
-                "grace": grace,
-                "max-lifetime": max_lifetime,
-                "hold-at-least": hold_at_least,
-                "conflict-exit-code": conflict_exit_code,
-            },
-        ),
-        note=note,
+
+def _run_signature() -> inspect.Signature:
+    """run's parameters, its options derived from the table of run settings."""
+    keyword = inspect.Parameter.KEYWORD_ONLY
+
+    def param(name: str, default: Any, annotation: Any) -> inspect.Parameter:
+        return inspect.Parameter(name, keyword, default=default, annotation=annotation)
+
+    options = [
+        param(
+            setting.field,
+            typer.Option(None, setting.flag, metavar=setting.metavar, help=setting.help),
+            (int | None) if setting.integer else (str | None),
+        )
+        for setting in settings.RUN_SETTINGS
+    ]
+    return inspect.Signature(
+        [
+            param("ctx", inspect.Parameter.empty, typer.Context),
+            param(
+                "key",
+                typer.Argument(..., metavar="KEY", help="The lock's name, e.g. invoices:nightly."),
+                str,
+            ),
+            param(
+                "command",
+                typer.Argument(
+                    None,
+                    metavar="-- COMMAND [ARG...]",
+                    help="The command to run while the lock is held.",
+                ),
+                list[str] | None,
+            ),
+            *options,
+            param(
+                "note",
+                typer.Option(None, "--note", metavar="TEXT", help="Shown by peek and list."),
+                str | None,
+            ),
+        ]
     )
-    with g.open_store() as store:
-        code = Supervisor(store, options, g.events).run()
-    raise typer.Exit(code)
 
 
-def _built_in_default(setting: str) -> object:
-    """The default of a run setting, as RunOptions declares it (one place for each value)."""
-    from dataclasses import fields
-
-    from tasklock_cli.supervisor import RunOptions
-
-    return next(f.default for f in fields(RunOptions) if f.name == setting.replace("-", "_"))
-
-
-def _run_settings(g: Globals, key: str, flags: dict[str, object]) -> dict[str, object]:
-    """Flag > config file (per-key pattern, then file default) > built-in, checked together.
-    A bad flag is a usage error; a bad value from the file a config error naming its line."""
-    from tasklock_cli.config import INFINITE_SETTINGS, setting_problem
-
-    values: dict[str, object] = {}
-    from_file: set[str] = set()
-    for name, flag in flags.items():
-        if flag is not None:
-            value = (
-                flag
-                if isinstance(flag, int)
-                else parse_duration(
-                    str(flag), option=f"--{name}", allow_inf=name in INFINITE_SETTINGS
-                )
-            )
-            problem = setting_problem(name, value)
-            if problem:
-                raise UsageError(f"--{name} {problem}")
-            values[name] = value
-            continue
-        in_file = g.config.run_setting(key, name)
-        if in_file is not None:
-            from_file.add(name)
-        values[name] = in_file if in_file is not None else _built_in_default(name)
-    ttl, renew = values["ttl"], values["renew-every"]
-    if renew is not None and not renew < ttl:
-        problem = f"must be shorter than ttl ({format_duration(ttl)})"
-        if {"ttl", "renew-every"} & from_file and not {"ttl", "renew-every"} & set(
-            n for n, f in flags.items() if f is not None
-        ):
-            from tasklock_cli.config import setting_error
-
-            raise setting_error(g.config.path, "renew-every", problem)
-        raise UsageError(f"--renew-every {problem}")
-    return {name.replace("-", "_"): value for name, value in values.items()}
+run.__signature__ = _run_signature()  # type: ignore[attr-defined]
+app.command(context_settings={"allow_interspersed_args": True})(run)
 
 
 # -- inspection --------------------------------------------------------------------------
@@ -490,7 +362,7 @@ def doctor(ctx: typer.Context) -> None:
 
 
 def main(argv: list[str] | None = None) -> NoReturn:
-    _exit_now(run_cli(argv))
+    exit_now(run_cli(argv))
 
 
 def run_cli(argv: list[str] | None = None) -> int:
@@ -518,45 +390,4 @@ def run_cli(argv: list[str] | None = None) -> int:
 
 
 def _fail(message: str, code: int, args: list[str]) -> int:
-    details = traceback.format_exc() if _verbose_traceback else None
-    # The parsed option where there is one; a subcommand that failed to parse may still
-    # carry --log-format json after it, which argv shows.
-    if "json" in (_log_format, _log_format_in(args)):
-        record: dict[str, object] = {
-            "event": "error",
-            "code": code,
-            "message": message,
-            "ts": now_rfc3339(),
-        }
-        if details:
-            record["traceback"] = details
-        sys.stderr.write(json.dumps(record, ensure_ascii=False) + "\n")
-        return code
-    if details:
-        sys.stderr.write(details)
-    sys.stderr.write(f"tasklock: error: {message}\n")
-    return code
-
-
-def _log_format_in(args: list[str]) -> str:
-    """The --log-format asked for on a command line that did not parse (the last one wins)."""
-    found = "text"
-    for index, arg in enumerate(args):
-        if arg == "--":
-            break
-        if arg == "--log-format" and index + 1 < len(args):
-            found = args[index + 1]
-        elif arg.startswith("--log-format="):
-            found = arg.split("=", 1)[1]
-    return found
-
-
-def _exit_now(code: int) -> NoReturn:
-    """Exit without the interpreter's teardown of every imported module, which costs 10 ms
-    (SQLite) to 40 ms (PostgreSQL, Redis) per run and keeps a CPU busy right when the next
-    waiter starts. Every store is closed and every thread joined or abandoned by now; only
-    the standard streams may hold buffered output."""
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):  # a closed pipe: the reader is gone
-            stream.flush()
-    os._exit(code)
+    return fail(message, code, args)

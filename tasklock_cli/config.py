@@ -12,7 +12,6 @@ The config file is TOML, found at ``--config FILE`` > ``$TASKLOCK_CONFIG`` > ``.
 from __future__ import annotations
 
 import fnmatch
-import math
 import os
 import re
 import sys
@@ -21,18 +20,8 @@ from pathlib import Path
 
 from tasklock_cli.durations import parse_duration
 from tasklock_cli.errors import ConfigError, UsageError
+from tasklock_cli.settings import BY_NAME
 from tasklock_cli.stores import default_store_url
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on 3.10 only
-    import tomli as tomllib
-
-DURATION_SETTINGS = ("ttl", "renew-every", "wait", "grace", "max-lifetime", "hold-at-least")
-#: The only settings for which ``inf`` means something.
-INFINITE_SETTINGS = ("wait", "max-lifetime")
-INTEGER_SETTINGS = ("conflict-exit-code",)
-RUN_SETTINGS = (*DURATION_SETTINGS, *INTEGER_SETTINGS)
 
 
 @dataclass
@@ -79,6 +68,10 @@ def parse_config_file(path: Path) -> Config:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+    if sys.version_info >= (3, 11):  # imported here: most runs have no config file
+        import tomllib
+    else:  # pragma: no cover - exercised on 3.10 only
+        import tomli as tomllib
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -96,46 +89,32 @@ def parse_config_file(path: Path) -> Config:
                 if not isinstance(settings, dict):
                     raise _bad(path, text, pattern, "must be a table of run settings")
                 config.key_overrides.append((pattern, _run_settings(path, text, settings)))
-        elif name in RUN_SETTINGS:
+        elif name in BY_NAME:
             config.run_defaults.update(_run_settings(path, text, {name: value}))
         else:
             raise _bad(path, text, name, "is not a tasklock setting")
     return config
 
 
-def setting_problem(name: str, value: float) -> str | None:
-    """What is wrong with one run setting's value on its own, or None (flags and file alike)."""
-    if name == "ttl" and not 0 < value < math.inf:
-        return "must be a positive, finite duration"
-    if name == "ttl" and value < 0.1:
-        return "must be at least 100ms"
-    if name in ("renew-every", "max-lifetime") and value <= 0:
-        return "must be positive"
-    if name in INTEGER_SETTINGS and not 0 <= value <= 255:
-        return "must be from 0 to 255"
-    return None
-
-
 def _run_settings(path: Path, text: str, settings: dict) -> dict[str, object]:
     checked: dict[str, object] = {}
     for name, value in settings.items():
-        if name in DURATION_SETTINGS:
-            try:
-                seconds = parse_duration(
-                    str(value), option=name, allow_inf=name in INFINITE_SETTINGS
-                )
-            except UsageError as exc:
-                raise _bad(path, text, name, str(exc)) from None
-            problem = setting_problem(name, seconds)
-            if problem:
-                raise _bad(path, text, name, f"{problem} (got {value!r})")
-            checked[name] = seconds
-        elif name in INTEGER_SETTINGS:
-            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 255:
+        setting = BY_NAME.get(name)
+        if setting is None:
+            raise _bad(path, text, name, "is not a run setting")
+        if setting.integer:
+            if not isinstance(value, int) or isinstance(value, bool) or setting.problem(value):
                 raise _bad(path, text, name, "must be an integer from 0 to 255")
             checked[name] = value
-        else:
-            raise _bad(path, text, name, "is not a run setting")
+            continue
+        try:
+            seconds = parse_duration(str(value), option=name, allow_inf=setting.allow_inf)
+        except UsageError as exc:
+            raise _bad(path, text, name, str(exc)) from None
+        problem = setting.problem(seconds)
+        if problem:
+            raise _bad(path, text, name, f"{problem} (got {value!r})")
+        checked[name] = seconds
     return checked
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import random
-import secrets
 import threading
 from dataclasses import dataclass
 
@@ -84,7 +83,7 @@ class LeaseKeeper:
     clock: clocks.Clock = clocks.monotonic
 
     def __post_init__(self) -> None:
-        self.owner_token = secrets.token_hex(16)
+        self.owner_token = os.urandom(16).hex()  # not secrets: it imports OpenSSL
         self.lease: Lease | None = None
         self.deadline = 0.0
         self.acquired_at = 0.0

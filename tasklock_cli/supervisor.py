@@ -18,6 +18,7 @@ import threading
 from dataclasses import dataclass, field
 
 from tasklock_cli import clock as clocks
+from tasklock_cli import settings
 from tasklock_cli.durations import format_duration
 from tasklock_cli.errors import Interrupted, LeaseLost, StoreUnavailable, TasklockError
 from tasklock_cli.events import EventLog
@@ -48,13 +49,13 @@ LOST_EXIT_CODE = 70
 class RunOptions:
     key: str
     command: list[str]
-    ttl: float = 30.0
-    renew_every: float | None = None
-    wait: float = 0.0
-    grace: float = 5.0
-    max_lifetime: float = 86400.0
-    hold_at_least: float = 0.0
-    conflict_exit_code: int = 75
+    ttl: float = settings.default("ttl")
+    renew_every: float | None = settings.default("renew-every")
+    wait: float = settings.default("wait")
+    grace: float = settings.default("grace")
+    max_lifetime: float = settings.default("max-lifetime")
+    hold_at_least: float = settings.default("hold-at-least")
+    conflict_exit_code: int = settings.default("conflict-exit-code")
     note: str | None = None
 
     @property

@@ -312,3 +312,27 @@ def test_loss_terminates_what_the_command_started_outside_its_group(env, sqlite_
     assert wrapper.returncode == 70
     assert [e["detected_by"] for e in json_events(stderr) if e["event"] == "lost"] == ["rejected"]
     assert log.read_text() == "term\n"
+
+
+def _imported_modules(env: dict[str, str], *args: str) -> set[str]:
+    """The modules a real `tasklock ...` imports, from -X importtime."""
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "tasklock_cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    return {
+        line.split("|")[-1].strip().split(".")[0]
+        for line in result.stderr.splitlines()
+        if line.startswith("import time:")
+    }
+
+
+def test_a_plain_run_never_imports_the_cli_framework(env):
+    """`run KEY [OPTIONS] -- COMMAND` is parsed without typer (start-up cost); anything
+    else (here, help) still goes through typer."""
+    plain = _imported_modules(env, "-v", "run", "k", "--ttl", "5s", "-q", "--", "true")
+    assert not plain & {"typer", "click", "rich", "psycopg", "redis", "secrets", "tomllib"}, plain
+    assert "typer" in _imported_modules(env, "run", "--help")

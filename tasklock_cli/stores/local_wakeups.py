@@ -21,7 +21,6 @@ import contextlib
 import errno
 import hashlib
 import os
-import secrets
 import threading
 import time
 from pathlib import Path
@@ -51,7 +50,7 @@ class LocalWakeups:
         if self._key == key and self._fd is not None:
             return True
         self.leave()
-        unique = f"{time.time_ns():020d}.{os.getpid()}.{secrets.token_hex(4)}"
+        unique = f"{time.time_ns():020d}.{os.getpid()}.{os.urandom(4).hex()}"
         path = self.directory / f"{_key_prefix(key)}{unique}"
         # Made and opened under a name no release looks at, then renamed: a release never
         # finds the FIFO without its reader (which it would take for a dead waiter's).
@@ -164,7 +163,7 @@ class BreakAlarms:
             if known is not None:
                 return known[1], False
             path = self._path(key, token)
-            making = self.directory / f"new.{os.getpid()}.{secrets.token_hex(4)}"
+            making = self.directory / f"new.{os.getpid()}.{os.urandom(4).hex()}"
             fd: int | None = None
             try:
                 self.directory.mkdir(exist_ok=True)

@@ -18,7 +18,6 @@ import random
 import sqlite3
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
@@ -459,7 +458,7 @@ class SQLiteStore(Store):
         started = time.perf_counter()
         try:
             self._connection()
-            probe_key = f"tasklock-doctor-{uuid.uuid4()}"
+            probe_key = f"tasklock-doctor-{os.urandom(16).hex()}"
             self.peek(probe_key)
         except (ConfigError, StoreUnavailable) as exc:
             checks.append(StoreCheck("reachable", False, str(exc)))

@@ -1,0 +1,142 @@
+"""The `tasklock` entry point, with a fast path for the command that sits in front of every
+cron line and shell-loop step: `tasklock [GLOBALS] run KEY [OPTIONS] -- COMMAND...` is parsed
+here, from the table of run settings, without importing the CLI framework (typer and click
+cost more than the rest of a run on SQLite). Whatever this parser does not recognise (help,
+completion, another command, an option it does not know, a value it would have to judge)
+goes to the typer command line unchanged, so help, errors and every other command behave
+exactly as there.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import NoReturn
+
+from tasklock_cli import settings
+
+_GLOBAL_VALUES = {"--store": "store", "--config": "config", "--log-format": "log_format"}
+_VERBOSE = {"-v": 1, "--verbose": 1, "-vv": 2, "-vvv": 3}
+_QUIET = ("-q", "--quiet")
+
+
+@dataclass
+class FastRun:
+    before: dict = field(default_factory=dict)  # global options before `run`
+    after: dict = field(default_factory=dict)  # global options after it
+    key: str = ""
+    flags: dict = field(default_factory=dict)  # run setting name -> text
+    note: str | None = None
+    command: list[str] = field(default_factory=list)
+
+
+def parse(args: list[str]) -> FastRun | None:
+    """``args`` as a plain `run` with its command after ``--``; None for anything else."""
+    parsed = FastRun()
+    index = _take_globals(args, 0, parsed.before)
+    if index is None or index >= len(args) or args[index] != "run":
+        return None
+    index += 1
+    while index < len(args):
+        arg = args[index]
+        if arg == "--":
+            parsed.command = args[index + 1 :]
+            return parsed if parsed.key and parsed.command else None
+        name, value, index = _option(args, index)
+        if name is None:
+            if arg.startswith("-") or parsed.key:
+                return None  # unknown option, or a second positional: typer decides
+            parsed.key = arg
+            index += 1
+            continue
+        if value is None:
+            if not _global_flag(name, parsed.after):
+                return None
+        elif name in _GLOBAL_VALUES:
+            parsed.after[_GLOBAL_VALUES[name]] = value
+        elif name == "--note":
+            parsed.note = value
+        elif name in settings.BY_FLAG:
+            setting = settings.BY_FLAG[name]
+            if setting.integer and not value.lstrip("-").isdigit():
+                return None  # typer's own message for a non-integer
+            parsed.flags[setting.name] = int(value) if setting.integer else value
+        else:
+            return None
+    return None  # no `--`: typer decides
+
+
+_TAKES_VALUE = {*_GLOBAL_VALUES, "--note", *settings.BY_FLAG}
+
+
+def _option(args: list[str], index: int) -> tuple[str | None, str | None, int]:
+    """(name, value or None for a flag, next index); name None when not an option."""
+    arg = args[index]
+    if not arg.startswith("-") or arg == "-":
+        return None, None, index
+    name, equals, value = arg.partition("=")
+    if name in _TAKES_VALUE:
+        if equals:
+            return name, value, index + 1
+        if index + 1 >= len(args):
+            return None, None, index  # missing value: typer's message
+        return name, args[index + 1], index + 2
+    if equals:
+        return None, None, index
+    return arg, None, index + 1
+
+
+def _global_flag(name: str, into: dict) -> bool:
+    if name in _VERBOSE:
+        into["verbose"] = into.get("verbose", 0) + _VERBOSE[name]
+        return True
+    if name in _QUIET:
+        into["quiet"] = True
+        return True
+    return False
+
+
+def _take_globals(args: list[str], index: int, into: dict) -> int | None:
+    """Global options up to the command name; the index of the command name."""
+    while index < len(args) and args[index].startswith("-"):
+        name, value, index = _option(args, index)
+        if name is None:
+            return None
+        if value is None:
+            if not _global_flag(name, into):
+                return None
+        elif name in _GLOBAL_VALUES:
+            into[_GLOBAL_VALUES[name]] = value
+        else:
+            return None
+    return index
+
+
+def run_fast(parsed: FastRun, args: list[str]) -> int:
+    from tasklock_cli.errors import TasklockError
+    from tasklock_cli.events import stop_spinners
+    from tasklock_cli.session import ErrorStyle, GlobalFlags, Globals, fail, run_command
+
+    try:
+        before = GlobalFlags(**parsed.before).checked()
+        ErrorStyle.log_format = before.log_format
+        g = Globals(before.then(GlobalFlags(**parsed.after).checked()))
+        return run_command(g, parsed.key, parsed.command, parsed.flags, parsed.note)
+    except TasklockError as exc:
+        return fail(str(exc), exc.exit_code, args)
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        stop_spinners()
+
+
+def main(argv: list[str] | None = None) -> NoReturn:
+    from tasklock_cli.session import exit_now
+
+    args = sys.argv[1:] if argv is None else argv
+    parsed = parse(args)
+    if parsed is not None:
+        exit_now(run_fast(parsed, args))
+    from tasklock_cli.cli import run_cli
+
+    exit_now(run_cli(args))

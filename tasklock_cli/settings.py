@@ -1,0 +1,133 @@
+"""The settings of `tasklock run`, in one table.
+
+The command-line options (typer's and the fast parser's), the config file's keys, their
+parsing and their bounds are all derived from ``RUN_SETTINGS``; ``RunOptions`` takes its
+defaults from it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tasklock_cli.durations import format_duration, parse_duration
+from tasklock_cli.errors import UsageError
+
+
+@dataclass(frozen=True)
+class RunSetting:
+    name: str  # the config key; the flag is --name
+    default: float | int | None
+    help: str
+    integer: bool = False  # an exit code, 0-255; else a duration
+    allow_inf: bool = False
+
+    @property
+    def flag(self) -> str:
+        return f"--{self.name}"
+
+    @property
+    def field(self) -> str:
+        """The RunOptions field it fills."""
+        return self.name.replace("-", "_")
+
+    @property
+    def metavar(self) -> str:
+        return "N" if self.integer else "D"
+
+    def parse_flag(self, text: str | int) -> float | int:
+        """The value of ``--name text``, checked on its own (UsageError when bad)."""
+        if self.integer:
+            try:
+                value: float | int = int(text)
+            except ValueError:
+                raise UsageError(f"invalid {self.flag} {text!r} (an integer)") from None
+        else:
+            assert isinstance(text, str)
+            value = parse_duration(text, option=self.flag, allow_inf=self.allow_inf)
+        problem = self.problem(value)
+        if problem:
+            raise UsageError(f"{self.flag} {problem}")
+        return value
+
+    def problem(self, value: float) -> str | None:
+        """What is wrong with a value on its own, or None (flags and config file alike)."""
+        if self.integer:
+            return None if 0 <= value <= 255 else "must be from 0 to 255"
+        if self.name == "ttl" and not 0 < value < math.inf:
+            return "must be a positive, finite duration"
+        if self.name == "ttl" and value < 0.1:
+            return "must be at least 100ms"
+        if self.name in ("renew-every", "max-lifetime") and value <= 0:
+            return "must be positive"
+        return None
+
+
+RUN_SETTINGS: tuple[RunSetting, ...] = (
+    RunSetting("ttl", 30.0, "Lease length; freed D after the last renewal.  [default: 30s]"),
+    RunSetting(
+        "renew-every", None, "Heartbeat interval, less than --ttl.  [default: ttl/3]"
+    ),
+    RunSetting(
+        "wait",
+        0.0,
+        "Wait up to D for a held lock; 0 = fail at once, inf = forever.  [default: 0]",
+        allow_inf=True,
+    ),
+    RunSetting(
+        "grace",
+        5.0,
+        "On loss: SIGTERM the command's process tree, SIGKILL after D.  [default: 5s]",
+    ),
+    RunSetting(
+        "max-lifetime",
+        86400.0,
+        "Terminate the command when it has run this long.  [default: 24h]",
+        allow_inf=True,
+    ),
+    RunSetting(
+        "hold-at-least",
+        0.0,
+        "Keep the lease until D after acquisition even if the command ends sooner.",
+    ),
+    RunSetting(
+        "conflict-exit-code",
+        75,
+        "Exit code when the lock is held by someone else.  [default: 75]",
+        integer=True,
+    ),
+)
+BY_NAME = {setting.name: setting for setting in RUN_SETTINGS}
+BY_FLAG = {setting.flag: setting for setting in RUN_SETTINGS}
+
+
+def default(name: str) -> float | int | None:
+    return BY_NAME[name].default
+
+
+def resolve(flags: dict[str, str | int | None], in_file, config_path) -> dict[str, object]:
+    """Each setting's value: flag > config file (``in_file(name)``) > built-in, checked
+    together. A bad flag is a usage error; a bad value from the file a config error naming
+    its line. Returns RunOptions field names."""
+    values: dict[str, object] = {}
+    from_file: set[str] = set()
+    given = {name for name, text in flags.items() if text is not None}
+    for setting in RUN_SETTINGS:
+        text = flags.get(setting.name)
+        if text is not None:
+            values[setting.name] = setting.parse_flag(text)
+            continue
+        found = in_file(setting.name)
+        if found is not None:
+            from_file.add(setting.name)
+        values[setting.name] = found if found is not None else setting.default
+    ttl, renew = values["ttl"], values["renew-every"]
+    if renew is not None and not renew < ttl:
+        problem = f"must be shorter than ttl ({format_duration(ttl)})"
+        pair = {"ttl", "renew-every"}
+        if pair & from_file and not pair & given:
+            from tasklock_cli.config import setting_error
+
+            raise setting_error(config_path, "renew-every", problem)
+        raise UsageError(f"--renew-every {problem}")
+    return {BY_NAME[name].field: value for name, value in values.items()}
