@@ -16,7 +16,7 @@ from typer.core import TyperGroup
 
 from tasklock_cli import __version__, settings
 from tasklock_cli.durations import format_duration, parse_duration
-from tasklock_cli.errors import StoreUnavailable, TasklockError, UsageError
+from tasklock_cli.errors import ExitCode, StoreUnavailable, TasklockError, UsageError
 from tasklock_cli.events import stop_spinners
 from tasklock_cli.keys import validate_key
 from tasklock_cli.session import (
@@ -355,7 +355,7 @@ def doctor(ctx: typer.Context) -> None:
     if any(check.name == "reachable" for check in failed):
         raise typer.Exit(StoreUnavailable.exit_code)
     if failed:
-        raise typer.Exit(78)
+        raise typer.Exit(ExitCode.CONFIG)
 
 
 # -- entry point ---------------------------------------------------------------------------
@@ -383,7 +383,7 @@ def run_cli(argv: list[str] | None = None) -> int:
     except typer.Abort:
         return _fail("aborted", 130, args)
     except KeyboardInterrupt:
-        return 130
+        return ExitCode.INTERRUPTED
     finally:
         stop_spinners()  # whatever ended the run, the terminal gets its cursor back
     return code if isinstance(code, int) else 0

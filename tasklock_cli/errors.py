@@ -3,6 +3,33 @@
 from __future__ import annotations
 
 import signal
+from enum import Enum, IntEnum
+
+
+class ExitCode(IntEnum):
+    """tasklock's own exit codes (the contract's table); a child's code passes through."""
+
+    USAGE = 2
+    UNAVAILABLE = 69  # the store is unreachable
+    LOST = 70  # the lease was lost while the command ran
+    CONFLICT = 75  # the default of --conflict-exit-code
+    CONFIG = 78
+    NOT_EXECUTABLE = 126
+    NOT_FOUND = 127
+    SIGNALLED = 128  # + N: killed by signal N
+    INTERRUPTED = 130  # 128 + SIGINT
+
+
+class LossKind(str, Enum):
+    """``detected_by`` of a ``lost`` event."""
+
+    REJECTED = "rejected"  # the store says someone else holds it, or it was broken
+    UNREACHABLE = "unreachable"  # could not renew before the deadline
+    MAX_LIFETIME = "max-lifetime"
+    RESUMED_LATE = "resumed-late"  # this process was paused past its deadline
+
+    def __str__(self) -> str:
+        return self.value
 
 
 class TasklockError(Exception):
@@ -14,33 +41,33 @@ class TasklockError(Exception):
 class UsageError(TasklockError):
     """Bad option, bad duration, empty key, no command."""
 
-    exit_code = 2
+    exit_code = ExitCode.USAGE
 
 
 class ConfigError(TasklockError):
     """Bad config file, unknown URL scheme, schema missing and not creatable."""
 
-    exit_code = 78
+    exit_code = ExitCode.CONFIG
 
 
 class StoreUnavailable(TasklockError):
     """The store could not be reached or did not answer in time."""
 
-    exit_code = 69
+    exit_code = ExitCode.UNAVAILABLE
 
 
 class LeaseLost(TasklockError):
     """The store says the lease is no longer ours (expired, broken, taken)."""
 
-    exit_code = 70
+    exit_code = ExitCode.LOST
 
 
 class CommandNotFound(TasklockError):
-    exit_code = 127
+    exit_code = ExitCode.NOT_FOUND
 
 
 class CommandNotExecutable(TasklockError):
-    exit_code = 126
+    exit_code = ExitCode.NOT_EXECUTABLE
 
 
 class Interrupted(BaseException):
@@ -51,5 +78,5 @@ class Interrupted(BaseException):
 
     def __init__(self, signum: int) -> None:
         self.signum = signum
-        self.exit_code = 128 + signum
+        self.exit_code = ExitCode.SIGNALLED + signum
         super().__init__(f"stopped by {signal.Signals(signum).name} before the command started")

@@ -113,7 +113,7 @@ def _take_globals(args: list[str], index: int, into: dict) -> int | None:
 
 
 def run_fast(parsed: FastRun, args: list[str]) -> int:
-    from tasklock_cli.errors import TasklockError
+    from tasklock_cli.errors import ExitCode, TasklockError
     from tasklock_cli.events import stop_spinners
     from tasklock_cli.session import ErrorStyle, GlobalFlags, Globals, fail, run_command
 
@@ -125,7 +125,7 @@ def run_fast(parsed: FastRun, args: list[str]) -> int:
     except TasklockError as exc:
         return fail(str(exc), exc.exit_code, args)
     except KeyboardInterrupt:
-        return 130
+        return ExitCode.INTERRUPTED
     finally:
         stop_spinners()
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from tasklock_cli import clock as clocks
 from tasklock_cli.durations import format_duration
-from tasklock_cli.errors import Interrupted, LeaseLost, StoreUnavailable, TasklockError
+from tasklock_cli.errors import ExitCode, Interrupted, LeaseLost, StoreUnavailable, TasklockError
 from tasklock_cli.stores.base import Holder, Lease, LeaseInfo, Store
 
 # Waiting: first retry soon, then back off; stores that signal releases wake us earlier.
@@ -30,7 +30,7 @@ WAITING_EVENT_EVERY_S = 30.0
 class Conflict(TasklockError):
     """The lock is held by someone else and the wait (if any) ran out."""
 
-    exit_code = 75
+    exit_code = ExitCode.CONFLICT
 
     def __init__(
         self,

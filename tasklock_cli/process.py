@@ -11,7 +11,7 @@ import sys
 
 from tasklock_cli import clock as clocks
 from tasklock_cli import proctree
-from tasklock_cli.errors import CommandNotExecutable, CommandNotFound, TasklockError
+from tasklock_cli.errors import CommandNotExecutable, CommandNotFound, ExitCode, TasklockError
 from tasklock_cli.guard import MESSAGE_SIZE, become_subreaper, run_guard
 
 __all__ = ["Child", "Terminal", "become_subreaper", "spawn_command"]
@@ -97,7 +97,7 @@ class Child:
         """The child's code, or 128+N when it was killed by signal N."""
         assert self.status is not None
         if os.WIFSIGNALED(self.status):
-            return 128 + os.WTERMSIG(self.status)
+            return ExitCode.SIGNALLED + os.WTERMSIG(self.status)
         return os.WEXITSTATUS(self.status)
 
     def group_alive(self) -> bool:

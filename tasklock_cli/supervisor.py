@@ -20,7 +20,14 @@ from dataclasses import dataclass, field
 from tasklock_cli import clock as clocks
 from tasklock_cli import settings
 from tasklock_cli.durations import format_duration
-from tasklock_cli.errors import Interrupted, LeaseLost, StoreUnavailable, TasklockError
+from tasklock_cli.errors import (
+    ExitCode,
+    Interrupted,
+    LeaseLost,
+    LossKind,
+    StoreUnavailable,
+    TasklockError,
+)
 from tasklock_cli.events import EventLog
 from tasklock_cli.lease import Conflict, LeaseKeeper, Waiter, describe_holder
 from tasklock_cli.process import Child, Terminal, become_subreaper
@@ -42,7 +49,6 @@ CUT_SHORT_AFTER_S = 0.12
 #: A lease broken by an operator: the command gets at most this long between SIGTERM and
 #: SIGKILL, so that `release --force` (which waits 10 s) sees the holder let go.
 BROKEN_GRACE_CAP_S = 8.0
-LOST_EXIT_CODE = 70
 
 
 @dataclass(frozen=True)
@@ -88,7 +94,7 @@ class RunOptions:
 
 @dataclass
 class Loss:
-    detected_by: str
+    detected_by: LossKind
     detail: str
     kill_at: float  # clock time of the SIGKILL
 
@@ -226,7 +232,7 @@ class Supervisor:
             if self.state.pending_signals:  # asked to stop before the child even started
                 signum = self.state.pending_signals[0]
                 self._release()
-                return 128 + signum
+                return ExitCode.SIGNALLED + signum
             become_subreaper()
             try:
                 child = Child(self.options.command, self._child_env(), terminal.fd)
@@ -252,11 +258,11 @@ class Supervisor:
 
     def _finish(self, child: Child) -> int:
         loss = self.state.loss
-        if loss is not None and loss.detected_by == "rejected":
+        if loss is not None and loss.detected_by == LossKind.REJECTED:
             # Broken by an operator: it is still ours to let go, token-checked, unless
             # someone else holds it by now (then this frees nothing).
             self._release_once()
-            return LOST_EXIT_CODE
+            return ExitCode.LOST
         keep_for = 0.0
         if loss is None and not child.guard_died:
             keep_for = max(
@@ -264,7 +270,7 @@ class Supervisor:
             )
         self._release(keep_for)
         if loss is not None or child.guard_died:
-            return LOST_EXIT_CODE
+            return ExitCode.LOST
         return child.exit_code()
 
     # -- watching the child and the clock -------------------------------------------------
@@ -290,19 +296,19 @@ class Supervisor:
                     # Past the deadline without having started to terminate: this process
                     # was not running (SIGSTOP, VM freeze) while its lease ran out.
                     self._lose(
-                        "resumed-late",
+                        LossKind.RESUMED_LATE,
                         f"resumed {format_duration(now - deadline)} past the local lease deadline",
                         kill_at=now,
                     )
                 elif now >= deadline - options.safety_margin - options.loss_grace:
                     self._lose(
-                        "unreachable",
+                        LossKind.UNREACHABLE,
                         "could not renew the lease in time",
                         kill_at=deadline - options.safety_margin,
                     )
                 elif now - started >= options.max_lifetime:
                     self._lose(
-                        "max-lifetime",
+                        LossKind.MAX_LIFETIME,
                         f"reached --max-lifetime {format_duration(options.max_lifetime)}",
                         kill_at=now + options.grace,
                     )
@@ -313,13 +319,13 @@ class Supervisor:
         """The guard killed the tree at the deadline by itself (we were not running), the
         command exited past the deadline, or the guard itself died."""
         if self.state.loss is None and child.backstop_fired:
-            self._lose("resumed-late", "paused past the local lease deadline", kill_at=0.0)
+            self._lose(LossKind.RESUMED_LATE, "paused past the local lease deadline", kill_at=0.0)
         if self.state.loss is None and child.exited_at is not None:
             exited_on_our_clock = self.clock() - (clocks.monotonic() - child.exited_at)
             if exited_on_our_clock >= self.keeper.deadline:
                 late = exited_on_our_clock - self.keeper.deadline
                 detail = f"the command ran {format_duration(late)} past the local lease deadline"
-                self._lose("resumed-late", detail, kill_at=0.0)
+                self._lose(LossKind.RESUMED_LATE, detail, kill_at=0.0)
         if child.guard_died:
             self.events.error(
                 f"the guard of the command on {self.options.key!r} died; "
@@ -389,7 +395,7 @@ class Supervisor:
             while os.read(self._wake_r, 512):
                 pass
 
-    def _lose(self, detected_by: str, detail: str, kill_at: float) -> None:
+    def _lose(self, detected_by: LossKind, detail: str, kill_at: float) -> None:
         with self._loss_lock:
             if self.state.loss is not None:
                 return
@@ -430,7 +436,7 @@ class Supervisor:
         options = self.options
         next_renewal = self.keeper.acquired_at + options.renew_interval
         while not self._until_renewal(next_renewal):
-            if self.state.loss is not None and self.state.loss.detected_by == "rejected":
+            if self.state.loss is not None and self.state.loss.detected_by == LossKind.REJECTED:
                 return
             if self.clock() >= self.keeper.deadline:
                 self._wake()  # the watcher decides: we were paused, or could not renew
@@ -439,7 +445,7 @@ class Supervisor:
                 lease = self.keeper.renew()
             except LeaseLost as exc:
                 grace = min(options.grace, BROKEN_GRACE_CAP_S)
-                self._lose("rejected", str(exc), kill_at=self.clock() + grace)
+                self._lose(LossKind.REJECTED, str(exc), kill_at=self.clock() + grace)
                 return
             except StoreUnavailable as exc:
                 self.events.debug(f"renewal failed, retrying: {exc}")
@@ -447,7 +453,7 @@ class Supervisor:
                 continue
             except Exception as exc:  # a heartbeat that dies silently would let the child run on
                 self._lose(
-                    "unreachable",
+                    LossKind.UNREACHABLE,
                     f"renewal failed: {exc!r}",
                     kill_at=self.keeper.deadline - options.safety_margin,
                 )
