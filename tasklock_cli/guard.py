@@ -13,7 +13,7 @@ past the deadline it last gave, the guard kills the tree by itself. Either way t
 is gone long before the lease can run out on the store.
 
 Messages are single datagrams of space-separated words on a SOCK_SEQPACKET socket pair:
-  wrapper -> guard: ``group SIG`` | ``tree SIG`` | ``backstop SECONDS``
+  wrapper -> guard: ``group SIG`` | ``tree SIG`` | ``backstop CLOCK``
   guard -> wrapper: ``started PID`` | ``error CODE MESSAGE`` | ``stopped SIG`` |
                     ``exited STATUS ORPHANS CLOCK`` | ``backstop`` | ``empty``
 """
@@ -157,7 +157,7 @@ class _Guard:
         elif verb == "tree":
             self._signal_tree(int(argument))
         elif verb == "backstop":
-            self.backstop_at = clocks.monotonic() + float(argument)
+            self.backstop_at = float(argument)  # on clock.monotonic, shared by both of us
 
     def _signal_group(self, signum: int) -> None:
         assert self.child is not None

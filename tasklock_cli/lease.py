@@ -11,6 +11,7 @@ import contextlib
 import os
 import random
 import threading
+import time
 from dataclasses import dataclass
 
 from tasklock_cli import clock as clocks
@@ -130,6 +131,42 @@ class LeaseKeeper:
             return released
         finally:
             self.lock.release()
+
+    def ensure_remaining(self, at_least: float, io_timeout: float) -> None:
+        """Renew when less than ``at_least`` seconds of the lease are left; when that fails,
+        release it (one try: it may still be ours) and raise."""
+        if self.remaining() >= at_least:
+            return
+        try:
+            self.renew()
+        except TasklockError:
+            with contextlib.suppress(TasklockError):
+                self.release(lock_timeout=io_timeout)
+            raise
+
+    def release_quietly(self, io_timeout: float) -> bool:
+        """One try at releasing, the store given ``io_timeout``; True when it confirmed."""
+        if self.lease is None:
+            return False
+        self.store.set_io_timeout(io_timeout)
+        try:
+            return self.release(lock_timeout=io_timeout)
+        except TasklockError:
+            return False
+
+    def release_retrying(
+        self, keep_for: float, io_timeout: float, retry_every: float, note=lambda _: None
+    ) -> bool:
+        """Release, retrying a store that does not answer while the lease could still be
+        ours (StoreUnavailable once it could not); True when the store confirmed it."""
+        while True:
+            try:
+                return self.release(keep_for, lock_timeout=io_timeout)
+            except StoreUnavailable as exc:
+                if self.remaining() <= io_timeout:
+                    raise
+                note(f"release failed, retrying: {exc}")
+                time.sleep(retry_every)
 
 
 class Waiter:

@@ -16,6 +16,7 @@ from tasklock_cli.guard import MESSAGE_SIZE, become_subreaper, run_guard
 
 __all__ = ["Child", "Terminal", "become_subreaper", "spawn_command"]
 
+JOB_CONTROL_STOPS = (signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)
 #: After the guard died, how long the wrapper keeps killing what it left (they are ours now).
 TAKE_OVER_S = 2.0
 
@@ -114,8 +115,10 @@ class Child:
         self._order("tree", signum)
 
     def set_backstop(self, seconds: float) -> None:
-        """The guard kills the tree by itself ``seconds`` from now unless told a later time."""
-        self._order("backstop", repr(max(0.0, seconds)))
+        """The guard kills the tree by itself ``seconds`` from now unless told a later time.
+        Sent as a time on the shared boot clock, so a guard that reads it late (a loaded
+        machine) does not kill late."""
+        self._order("backstop", repr(clocks.monotonic() + max(0.0, seconds)))
 
     def poll(self) -> None:
         """Read every report the guard has sent (never blocks)."""
@@ -211,6 +214,19 @@ class Terminal:
     @property
     def handed_over(self) -> bool:
         return self.fd is not None
+
+    def suspend_with(self, child: Child) -> None:
+        """The child was stopped by job control (Ctrl-Z): stop ourselves too, like a shell
+        job, and continue it when we are continued. The lease keeps running meanwhile."""
+        signum = child.stopped_by
+        child.stopped_by = None
+        if not self.handed_over or signum not in JOB_CONTROL_STOPS:
+            return
+        self.take_back()
+        # Stop like a shell job; in an orphaned group the kernel drops SIGTSTP and we go on.
+        os.kill(os.getpid(), signal.SIGTSTP)
+        self.give_to(child.pgid)
+        child.signal_group(signal.SIGCONT)
 
     def give_to(self, pgid: int) -> None:
         self._set_foreground(pgid)

@@ -23,15 +23,15 @@ from tasklock_cli.durations import format_duration
 from tasklock_cli.errors import (
     ExitCode,
     Interrupted,
-    LeaseLost,
     LossKind,
     StoreUnavailable,
     TasklockError,
 )
 from tasklock_cli.events import EventLog
+from tasklock_cli.heartbeat import Heartbeat
 from tasklock_cli.lease import Conflict, LeaseKeeper, Waiter, describe_holder
 from tasklock_cli.process import Child, Terminal, become_subreaper
-from tasklock_cli.stores.base import Holder, LeaseInfo, Store, rfc3339
+from tasklock_cli.stores.base import Holder, Lease, LeaseInfo, Store, rfc3339
 
 FORWARDED_SIGNALS = (
     signal.SIGINT,
@@ -41,14 +41,10 @@ FORWARDED_SIGNALS = (
     signal.SIGUSR1,
     signal.SIGUSR2,
 )
-JOB_CONTROL_STOPS = (signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)
 #: A signal that arrives during a store call (connecting, acquiring) lets the call finish
 #: this long, so a lease it grants is known and released; a call still blocked (a store
 #: cut off, a dead link) is then cut short.
 CUT_SHORT_AFTER_S = 0.12
-#: A lease broken by an operator: the command gets at most this long between SIGTERM and
-#: SIGKILL, so that `release --force` (which waits 10 s) sees the holder let go.
-BROKEN_GRACE_CAP_S = 8.0
 
 
 @dataclass(frozen=True)
@@ -133,8 +129,15 @@ class Supervisor:
         )
         self.state = _State()
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self._heartbeat_stop = threading.Event()
-        self._stop_r, self._stop_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.heartbeat = Heartbeat(
+            self.keeper,
+            options,
+            events,
+            on_loss=lambda kind, detail, kill_at: self._lose(kind, detail, kill_at=kill_at),
+            on_renewed=self._renewed,
+            on_deadline=self._wake,
+            clock=clock,
+        )
         self.child: Child | None = None
         self._waiter: Waiter | None = None
         self._acquiring = False
@@ -145,17 +148,20 @@ class Supervisor:
     def run(self) -> int:
         # Handlers from the start: a signal while waiting stops the wait, and one that
         # comes once the lease is held can no longer kill us before we release it.
-        previous_handlers = self._install_signal_handlers()
+        previous_handlers = install_signal_handlers(self._on_signal, self._on_alarm, self._wake_w)
         try:
             return self._acquire_and_run()
         except Interrupted as stop:  # before the command started
             self._stop_acquiring()
             self.events.debug(f"{stop} (while acquiring {self.options.key!r})")
-            self._let_go_in_haste()
+            # A lease we were granted goes back, with little time for it: it may be the
+            # store that kept us waiting.
+            self.keeper.release_quietly(CUT_SHORT_AFTER_S)
             return stop.exit_code
         finally:
-            self._restore_signal_handlers(previous_handlers)
-            for fd in (self._wake_r, self._wake_w, self._stop_r, self._stop_w):
+            restore_signal_handlers(previous_handlers)
+            self.heartbeat.close()
+            for fd in (self._wake_r, self._wake_w):
                 os.close(fd)
 
     def _acquire_and_run(self) -> int:
@@ -165,7 +171,7 @@ class Supervisor:
         try:
             self._acquire()
         except Conflict as conflict:
-            self._emit_conflict(conflict)
+            emit_conflict(self.events, options.key, conflict)
             return options.conflict_exit_code
         finally:
             self._stop_acquiring()
@@ -178,35 +184,21 @@ class Supervisor:
         return self._run_child()
 
     def _acquire(self) -> None:
-        def announce(info: LeaseInfo | None) -> None:
-            held_by = f" held by {describe_holder(info)}" if info else ""
-            self._emit(
-                "waiting",
-                f"waiting for {self.options.key!r}{held_by}",
-                wait=self.options.wait if math.isfinite(self.options.wait) else "inf",
-                holder=info.holder.to_dict() if info else None,
-            )
+        options = self.options
 
-        self._waiter = Waiter(
-            self.keeper, self.options.wait, on_waiting=announce, wake_fd=self._wake_r
-        )
+        def announce(info: LeaseInfo | None) -> None:
+            emit_waiting(self.events, options.key, options.wait, info)
+
+        self._waiter = Waiter(self.keeper, options.wait, on_waiting=announce, wake_fd=self._wake_r)
         if self.state.pending_signals:  # came before the waiter could hear of it
             raise Interrupted(self.state.pending_signals[0])
         try:
             self._waiter.acquire()
+            # A long wait or a slow reply may have left little of the lease: renew first.
+            self.keeper.ensure_remaining(self.options.ttl / 2, self.options.io_timeout)
         except TasklockError:
             self._raise_if_signalled()  # it came during the last attempt: it wins
             raise
-        # Right before starting the child, make sure enough of the lease is left (a long
-        # wait, a slow reply); renew first otherwise.
-        if self.keeper.remaining() < self.options.ttl / 2:
-            try:
-                self.keeper.renew()
-            except TasklockError:
-                with contextlib.suppress(TasklockError):  # one try: it may still be ours
-                    self.keeper.release(lock_timeout=self.options.io_timeout)
-                self._raise_if_signalled()
-                raise
 
     def _raise_if_signalled(self) -> None:
         if self.state.pending_signals:
@@ -215,15 +207,6 @@ class Supervisor:
     def _stop_acquiring(self) -> None:
         self._acquiring = False
         signal.setitimer(signal.ITIMER_REAL, 0)
-
-    def _let_go_in_haste(self) -> None:
-        """Stopped by a signal before the command started: release a lease we were granted,
-        giving the store little time (it may be the store that kept us waiting)."""
-        if self.keeper.lease is None:
-            return
-        self.store.set_io_timeout(CUT_SHORT_AFTER_S)
-        with contextlib.suppress(TasklockError):
-            self.keeper.release(lock_timeout=CUT_SHORT_AFTER_S)
 
     def _run_child(self) -> int:
         terminal = Terminal()
@@ -235,7 +218,11 @@ class Supervisor:
                 return ExitCode.SIGNALLED + signum
             become_subreaper()
             try:
-                child = Child(self.options.command, self._child_env(), terminal.fd)
+                child = Child(
+                    self.options.command,
+                    child_env(self.options.key, self.keeper.lease),
+                    terminal.fd,
+                )
             except TasklockError:
                 self._release()
                 raise
@@ -245,13 +232,9 @@ class Supervisor:
                 self._forward(child, signum)
             self.state.pending_signals.clear()
             terminal.give_to(child.pgid)
-            heartbeat = threading.Thread(
-                target=self._heartbeat, name="tasklock-heartbeat", daemon=True
-            )
-            heartbeat.start()
+            self.heartbeat.start()
             self._watch(child, terminal)
-            self._stop_heartbeat()
-            heartbeat.join(timeout=self.options.io_timeout)
+            self.heartbeat.stop(join_within=self.options.io_timeout)
             return self._finish(child)
         finally:
             terminal.take_back()
@@ -261,7 +244,8 @@ class Supervisor:
         if loss is not None and loss.detected_by == LossKind.REJECTED:
             # Broken by an operator: it is still ours to let go, token-checked, unless
             # someone else holds it by now (then this frees nothing).
-            self._release_once()
+            if self.keeper.release_quietly(self.options.io_timeout):
+                self._emit("released", f"released {self.options.key!r}")
             return ExitCode.LOST
         keep_for = 0.0
         if loss is None and not child.guard_died:
@@ -281,7 +265,7 @@ class Supervisor:
         while True:
             child.poll()
             if child.stopped_by is not None:
-                self._suspend_with(child, terminal)
+                terminal.suspend_with(child)
             self._note_guard_reports(child)
             if child.tree_empty:
                 self._report_orphans()
@@ -417,106 +401,30 @@ class Supervisor:
         )
         self._wake()
 
-    def _suspend_with(self, child: Child, terminal: Terminal) -> None:
-        """The child was stopped by job control (Ctrl-Z): stop ourselves too, like a shell
-        job, and continue it when we are continued. The lease keeps running meanwhile."""
-        signum = child.stopped_by
-        child.stopped_by = None
-        if not terminal.handed_over or signum not in JOB_CONTROL_STOPS:
-            return
-        terminal.take_back()
-        # Stop like a shell job; in an orphaned group the kernel drops SIGTSTP and we go on.
-        os.kill(os.getpid(), signal.SIGTSTP)
-        terminal.give_to(child.pgid)
-        child.signal_group(signal.SIGCONT)
-
-    # -- heartbeat --------------------------------------------------------------------
-
-    def _heartbeat(self) -> None:
-        options = self.options
-        next_renewal = self.keeper.acquired_at + options.renew_interval
-        while not self._until_renewal(next_renewal):
-            if self.state.loss is not None and self.state.loss.detected_by == LossKind.REJECTED:
-                return
-            if self.clock() >= self.keeper.deadline:
-                self._wake()  # the watcher decides: we were paused, or could not renew
-                return
-            try:
-                lease = self.keeper.renew()
-            except LeaseLost as exc:
-                grace = min(options.grace, BROKEN_GRACE_CAP_S)
-                self._lose(LossKind.REJECTED, str(exc), kill_at=self.clock() + grace)
-                return
-            except StoreUnavailable as exc:
-                self.events.debug(f"renewal failed, retrying: {exc}")
-                next_renewal = self.clock() + options.renew_retry_interval
-                continue
-            except Exception as exc:  # a heartbeat that dies silently would let the child run on
-                self._lose(
-                    LossKind.UNREACHABLE,
-                    f"renewal failed: {exc!r}",
-                    kill_at=self.keeper.deadline - options.safety_margin,
-                )
-                return
-            if self.child is not None:
-                self.child.set_backstop(self._backstop_in())
-            self._emit(
-                "renewed",
-                f"renewed {options.key!r} until {rfc3339(lease.expires_at)}",
-                expires_at=rfc3339(lease.expires_at),
-            )
-            next_renewal = self.clock() + options.renew_interval
-
-    def _until_renewal(self, renew_at: float) -> bool:
-        """Wait until ``renew_at``, or less when the store tells us our lease was broken
-        (the renewal that follows at once is rejected); True when the heartbeat must stop."""
-        while not self._heartbeat_stop.is_set():
-            left = renew_at - self.clock()
-            lease = self.keeper.lease
-            if left <= 0 or lease is None:
-                return False
-            started = self.clock()
-            try:
-                if self.store.wait_for_break(lease, left, self._stop_r):
-                    self.events.debug(f"{self.options.key!r} was broken: renewing at once")
-                    return self._heartbeat_stop.is_set()
-            except Exception as exc:  # no notifications, then: sleep, renewals still tell
-                self.events.debug(f"cannot listen for a break of {self.options.key!r}: {exc}")
-                return self._heartbeat_stop.wait(max(0.0, renew_at - self.clock()))
-            if self.clock() - started < min(left, 0.001):  # returned at once: do not spin
-                return self._heartbeat_stop.wait(max(0.0, renew_at - self.clock()))
-        return True
-
-    def _stop_heartbeat(self) -> None:
-        self._heartbeat_stop.set()
-        with contextlib.suppress(BlockingIOError, OSError):
-            os.write(self._stop_w, b"!")
+    def _renewed(self, lease: Lease) -> None:
+        if self.child is not None:
+            self.child.set_backstop(self._backstop_in())
+        self._emit(
+            "renewed",
+            f"renewed {self.options.key!r} until {rfc3339(lease.expires_at)}",
+            expires_at=rfc3339(lease.expires_at),
+        )
 
     # -- release, events, signals ---------------------------------------------------------
 
-    def _release_once(self) -> None:
-        with contextlib.suppress(TasklockError):
-            if self.keeper.release(lock_timeout=self.options.io_timeout):
-                self._emit("released", f"released {self.options.key!r}")
-
     def _release(self, keep_for: float = 0.0) -> None:
         """Release, retrying while the lease could still be ours; never claim a false release."""
-        key = self.options.key
-        token = self.keeper.fencing_token
-        while True:
-            try:
-                released = self.keeper.release(keep_for, lock_timeout=self.options.io_timeout)
-            except StoreUnavailable as exc:
-                if self.keeper.remaining() > self.options.io_timeout:
-                    self.events.debug(f"release failed, retrying: {exc}")
-                    self._heartbeat_stop.wait(self.options.renew_retry_interval)
-                    continue
-                self.events.error(
-                    f"could not release {key!r} ({exc}); it expires on its own "
-                    f"within {format_duration(max(0.0, self.keeper.remaining()))}"
-                )
-                return
-            break
+        key, token, options = self.options.key, self.keeper.fencing_token, self.options
+        try:
+            released = self.keeper.release_retrying(
+                keep_for, options.io_timeout, options.renew_retry_interval, self.events.debug
+            )
+        except StoreUnavailable as exc:
+            self.events.error(
+                f"could not release {key!r} ({exc}); it expires on its own "
+                f"within {format_duration(max(0.0, self.keeper.remaining()))}"
+            )
+            return
         if not released:
             self.events.debug(f"{key!r} was no longer held by us at release")
             return
@@ -528,25 +436,6 @@ class Supervisor:
     ) -> None:
         token = fencing_token if fencing_token is not None else self.keeper.fencing_token
         self.events.emit(event, self.options.key, token, message, **fields)
-
-    def _emit_conflict(self, conflict: Conflict) -> None:
-        info = conflict.holder
-        self.events.emit(
-            "conflict",
-            self.options.key,
-            info.fencing_token if info else None,
-            f"{conflict}; not running the command",
-            holder=info.holder.to_dict() if info else None,
-            expires_at=rfc3339(info.expires_at) if info else None,
-        )
-
-    def _child_env(self) -> dict[str, str]:
-        lease = self.keeper.lease
-        env = dict(os.environ)
-        env["TASKLOCK_KEY"] = self.options.key
-        env["TASKLOCK_FENCING_TOKEN"] = str(lease.fencing_token)
-        env["TASKLOCK_LEASE_EXPIRES_AT"] = rfc3339(lease.expires_at)
-        return env
 
     def _wake(self) -> None:
         with contextlib.suppress(BlockingIOError, OSError):
@@ -573,17 +462,53 @@ class Supervisor:
         if signum == signal.SIGTERM and self.state.term_forwarded_at is None:
             self.state.term_forwarded_at = self.clock()
 
-    def _install_signal_handlers(self) -> dict[int, object]:
-        previous: dict[int, object] = {}
-        for signum in FORWARDED_SIGNALS:
-            previous[signum] = signal.signal(signum, self._on_signal)
-        previous[signal.SIGCHLD] = signal.signal(signal.SIGCHLD, lambda *_: None)
-        previous[signal.SIGCONT] = signal.signal(signal.SIGCONT, lambda *_: None)
-        previous[signal.SIGALRM] = signal.signal(signal.SIGALRM, self._on_alarm)
-        previous["wakeup"] = signal.set_wakeup_fd(self._wake_w)
-        return previous
 
-    def _restore_signal_handlers(self, previous: dict[int, object]) -> None:
-        signal.set_wakeup_fd(previous.pop("wakeup"))
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+def child_env(key: str, lease) -> dict[str, str]:
+    """The command's environment: ours, and the lease's variables."""
+    env = dict(os.environ)
+    env["TASKLOCK_KEY"] = key
+    env["TASKLOCK_FENCING_TOKEN"] = str(lease.fencing_token)
+    env["TASKLOCK_LEASE_EXPIRES_AT"] = rfc3339(lease.expires_at)
+    return env
+
+
+def install_signal_handlers(on_signal, on_alarm, wake_fd: int) -> dict:
+    """Our handlers for the run, and the wake-up fd for every signal; what they replaced."""
+    previous: dict = {}
+    for signum in FORWARDED_SIGNALS:
+        previous[signum] = signal.signal(signum, on_signal)
+    previous[signal.SIGCHLD] = signal.signal(signal.SIGCHLD, lambda *_: None)
+    previous[signal.SIGCONT] = signal.signal(signal.SIGCONT, lambda *_: None)
+    previous[signal.SIGALRM] = signal.signal(signal.SIGALRM, on_alarm)
+    previous["wakeup"] = signal.set_wakeup_fd(wake_fd)
+    return previous
+
+
+def restore_signal_handlers(previous: dict) -> None:
+    signal.set_wakeup_fd(previous.pop("wakeup"))
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)
+
+
+def emit_waiting(events: EventLog, key: str, wait: float, info: LeaseInfo | None) -> None:
+    held_by = f" held by {describe_holder(info)}" if info else ""
+    events.emit(
+        "waiting",
+        key,
+        None,
+        f"waiting for {key!r}{held_by}",
+        wait=wait if math.isfinite(wait) else "inf",
+        holder=info.holder.to_dict() if info else None,
+    )
+
+
+def emit_conflict(events: EventLog, key: str, conflict: Conflict) -> None:
+    info = conflict.holder
+    events.emit(
+        "conflict",
+        key,
+        info.fencing_token if info else None,
+        f"{conflict}; not running the command",
+        holder=info.holder.to_dict() if info else None,
+        expires_at=rfc3339(info.expires_at) if info else None,
+    )

@@ -249,8 +249,11 @@ def test_child_ignoring_sigterm_is_killed_after_grace(env, sqlite_url, tmp_path)
 def test_a_background_job_is_terminated_before_the_release(env, sqlite_url, tmp_path):
     """`sh -c 'job &'` returns at once: the job must not run on unlocked, so it gets
     SIGTERM before the lease is released (more in tests/test_containment.py)."""
-    log = tmp_path / "log"
-    job = f"(trap 'echo term >> {log}; exit 0' TERM; while :; do sleep 0.05; done) &"
+    log, ready = tmp_path / "log", tmp_path / "ready"
+    job = (
+        f"(trap 'echo term >> {log}; exit 0' TERM; touch {ready}; while :; do sleep 0.05; done) &"
+        f" while [ ! -e {ready} ]; do sleep 0.01; done"  # its trap is set: now exit
+    )
     result = tasklock("run", "k", "--", "sh", "-c", job, env=env)
     assert result.returncode == 0, result.stderr
     assert log.read_text() == "term\n"

@@ -1,0 +1,104 @@
+"""The heartbeat: a thread that renews the lease until told to stop, and between renewals
+listens for the store telling it the lease was broken (then renews at once, which the
+store rejects). What it finds goes to the supervisor through callbacks."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Callable
+
+from tasklock_cli import clock as clocks
+from tasklock_cli.errors import LeaseLost, LossKind, StoreUnavailable
+from tasklock_cli.events import EventLog
+from tasklock_cli.lease import LeaseKeeper
+from tasklock_cli.stores.base import Lease, Store
+
+#: A lease broken by an operator: the command gets at most this long between SIGTERM and
+#: SIGKILL, so that `release --force` (which waits 10 s) sees the holder let go.
+BROKEN_GRACE_CAP_S = 8.0
+
+
+class Heartbeat:
+    def __init__(
+        self,
+        keeper: LeaseKeeper,
+        options,  # supervisor.RunOptions
+        events: EventLog,
+        on_loss: Callable[[LossKind, str, float], None],
+        on_renewed: Callable[[Lease], None],
+        on_deadline: Callable[[], None],
+        clock: clocks.Clock = clocks.monotonic,
+    ) -> None:
+        self.keeper = keeper
+        self.store: Store = keeper.store
+        self.options = options
+        self.events = events
+        self.on_loss = on_loss
+        self.on_renewed = on_renewed
+        self.on_deadline = on_deadline
+        self.clock = clock
+        self.stopped = threading.Event()
+        self._stop_r, self._stop_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._thread = threading.Thread(target=self._run, name="tasklock-heartbeat", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, join_within: float | None = None) -> None:
+        """Stop (any wait for a break ends at once); join when ``join_within`` is given."""
+        self.stopped.set()
+        with contextlib.suppress(BlockingIOError, OSError):
+            os.write(self._stop_w, b"!")
+        if join_within is not None and self._thread.is_alive():
+            self._thread.join(timeout=join_within)
+
+    def close(self) -> None:
+        self.stop()
+        for fd in (self._stop_r, self._stop_w):
+            os.close(fd)
+
+    def _run(self) -> None:
+        options = self.options
+        next_renewal = self.keeper.acquired_at + options.renew_interval
+        while not self._until_renewal(next_renewal):
+            if self.clock() >= self.keeper.deadline:
+                self.on_deadline()  # the watcher decides: we were paused, or could not renew
+                return
+            try:
+                lease = self.keeper.renew()
+            except LeaseLost as exc:
+                grace = min(options.grace, BROKEN_GRACE_CAP_S)
+                self.on_loss(LossKind.REJECTED, str(exc), self.clock() + grace)
+                return
+            except StoreUnavailable as exc:
+                self.events.debug(f"renewal failed, retrying: {exc}")
+                next_renewal = self.clock() + options.renew_retry_interval
+                continue
+            except Exception as exc:  # a heartbeat that dies silently would let the child run on
+                deadline = self.keeper.deadline - options.safety_margin
+                self.on_loss(LossKind.UNREACHABLE, f"renewal failed: {exc!r}", deadline)
+                return
+            self.on_renewed(lease)
+            next_renewal = self.clock() + options.renew_interval
+
+    def _until_renewal(self, renew_at: float) -> bool:
+        """Wait until ``renew_at``, or less when the store tells us our lease was broken;
+        True when the heartbeat must stop."""
+        while not self.stopped.is_set():
+            left = renew_at - self.clock()
+            lease = self.keeper.lease
+            if left <= 0 or lease is None:
+                return False
+            started = self.clock()
+            try:
+                if self.store.wait_for_break(lease, left, self._stop_r):
+                    self.events.debug(f"{self.options.key!r} was broken: renewing at once")
+                    return self.stopped.is_set()
+            except Exception as exc:  # no notifications, then: sleep, renewals still tell
+                self.events.debug(f"cannot listen for a break of {self.options.key!r}: {exc}")
+                return self.stopped.wait(max(0.0, renew_at - self.clock()))
+            if self.clock() - started < min(left, 0.001):  # returned at once: do not spin
+                return self.stopped.wait(max(0.0, renew_at - self.clock()))
+        return True
