@@ -399,6 +399,31 @@ def list_leases(
 
 
 @app.command()
+def history(
+    ctx: typer.Context,
+    key: str = typer.Argument(..., metavar="KEY", help="The lock's name."),
+    limit: int | None = typer.Option(
+        None, "--limit", metavar="N", help="Only the last N runs.  [default: all kept]"
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print a JSON array, newest first."),
+) -> None:
+    """Show the run ledger of KEY: past runs (outcome, exit code, holder), newest first."""
+    from tasklock_cli import render
+    from tasklock_cli.stores.base import LEDGER_KEEP
+
+    g: Globals = ctx.obj
+    validate_key(key)
+    if limit is not None and limit < 1:
+        raise UsageError(f"--limit must be at least 1 (got {limit})")
+    with g.open_store() as store:
+        runs = store.history(key, limit or LEDGER_KEEP)
+    if as_json:
+        render.json_array(run.to_json() for run in runs)
+    else:
+        render.history_table(key, runs)
+
+
+@app.command()
 def sweep(
     ctx: typer.Context,
     dry_run: bool = typer.Option(False, "--dry-run", help="Only count what would be removed."),

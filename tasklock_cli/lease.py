@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from tasklock_cli import clock as clocks
 from tasklock_cli.durations import format_duration
 from tasklock_cli.errors import Interrupted, LeaseLost, StoreUnavailable, TasklockError
-from tasklock_cli.stores.base import Holder, Lease, LeaseInfo, Store
+from tasklock_cli.stores.base import Holder, Lease, LeaseInfo, RunRecord, Store
 
 # Waiting: first retry soon, then back off; stores that signal releases wake us earlier.
 FIRST_RETRY_S = 0.005
@@ -118,15 +118,35 @@ class LeaseKeeper:
             self.deadline = max(self.deadline, sent + self.ttl)
             return self.lease
 
-    def release(self, keep_for: float = 0.0, lock_timeout: float = -1) -> bool:
-        """Release once; True when the store confirmed the lease was ours and is now freed
-        (or set to run out after ``keep_for``). The lease is forgotten only on confirmation."""
+    def run_record(
+        self, outcome: str, exit_code: int | None, detected_by: str | None = None
+    ) -> RunRecord | None:
+        """The run ledger's record of the run under the lease held now (None when none)."""
+        lease = self.lease
+        if lease is None:
+            return None
+        return RunRecord(
+            key=self.key,
+            fencing_token=lease.fencing_token,
+            holder=self.holder,
+            started_at=lease.acquired_at,
+            exit_code=exit_code,
+            outcome=outcome,
+            detected_by=detected_by,
+        )
+
+    def release(
+        self, keep_for: float = 0.0, lock_timeout: float = -1, record: RunRecord | None = None
+    ) -> bool:
+        """Release once, writing ``record`` into the run ledger with it; True when the store
+        confirmed the lease was ours and is now freed (or set to run out after
+        ``keep_for``). The lease is forgotten only once the store answered."""
         if not self.lock.acquire(timeout=lock_timeout):
             raise StoreUnavailable(f"a renewal of {self.key!r} is still hanging")
         try:
             if self.lease is None:
                 return False
-            released = self.store.release(self.lease, keep_for=keep_for)
+            released = self.store.release(self.lease, keep_for=keep_for, record=record)
             self.lease = None
             return released
         finally:

@@ -23,7 +23,7 @@ from tasklock_cli.errors import Interrupted, LeaseLost, StoreUnavailable, Tasklo
 from tasklock_cli.events import EventLog
 from tasklock_cli.lease import Conflict, LeaseKeeper, Waiter, describe_holder
 from tasklock_cli.process import Child, Terminal, become_subreaper
-from tasklock_cli.stores.base import Holder, LeaseInfo, Store, rfc3339
+from tasklock_cli.stores.base import Holder, LeaseInfo, RunRecord, Store, rfc3339
 
 FORWARDED_SIGNALS = (
     signal.SIGINT,
@@ -42,6 +42,8 @@ CUT_SHORT_AFTER_S = 0.12
 #: SIGKILL, so that `release --force` (which waits 10 s) sees the holder let go.
 BROKEN_GRACE_CAP_S = 8.0
 LOST_EXIT_CODE = 70
+#: Releases tried with the run's record before the record is given up (see _release).
+LEDGER_TRIES = 2
 
 
 @dataclass(frozen=True)
@@ -224,13 +226,13 @@ class Supervisor:
         try:
             if self.state.pending_signals:  # asked to stop before the child even started
                 signum = self.state.pending_signals[0]
-                self._release()
+                self._release(record=self.keeper.run_record("signalled", None))
                 return 128 + signum
             become_subreaper()
             try:
                 child = Child(self.options.command, self._child_env(), terminal.fd)
-            except TasklockError:
-                self._release()
+            except TasklockError as exc:
+                self._release(record=self.keeper.run_record("failed", exc.exit_code))
                 raise
             self.child = child
             child.set_backstop(self._backstop_in())
@@ -251,20 +253,33 @@ class Supervisor:
 
     def _finish(self, child: Child) -> int:
         loss = self.state.loss
+        record = self._run_record(child)
         if loss is not None and loss.detected_by == "rejected":
             # Broken by an operator: it is still ours to let go, token-checked, unless
             # someone else holds it by now (then this frees nothing).
-            self._release_once()
+            self._release_once(record)
             return LOST_EXIT_CODE
         keep_for = 0.0
         if loss is None and not child.guard_died:
             keep_for = max(
                 0.0, self.options.hold_at_least - (self.clock() - self.keeper.acquired_at)
             )
-        self._release(keep_for)
+        self._release(keep_for, record)
         if loss is not None or child.guard_died:
             return LOST_EXIT_CODE
         return child.exit_code()
+
+    def _run_record(self, child: Child) -> RunRecord | None:
+        """The run ledger's record of how the command's run ended."""
+        loss = self.state.loss
+        if loss is not None:
+            return self.keeper.run_record("lost", None, loss.detected_by)
+        if child.guard_died:
+            return self.keeper.run_record("lost", None, "guard-died")
+        code = child.exit_code()
+        if child.status is not None and os.WIFSIGNALED(child.status):
+            return self.keeper.run_record("signalled", code)
+        return self.keeper.run_record("succeeded" if code == 0 else "failed", code)
 
     # -- watching the child and the clock -------------------------------------------------
 
@@ -487,19 +502,49 @@ class Supervisor:
 
     # -- release, events, signals ---------------------------------------------------------
 
-    def _release_once(self) -> None:
-        with contextlib.suppress(TasklockError):
-            if self.keeper.release(lock_timeout=self.options.io_timeout):
-                self._emit("released", f"released {self.options.key!r}")
+    def _release_once(self, record: RunRecord | None = None) -> None:
+        try:
+            released = self.keeper.release(lock_timeout=self.options.io_timeout, record=record)
+        except StoreUnavailable:
+            return
+        except TasklockError as exc:
+            if record is None:
+                return
+            self._ledger_failed(exc)
+            self._release_once()
+            return
+        if released:
+            self._emit("released", f"released {self.options.key!r}")
 
-    def _release(self, keep_for: float = 0.0) -> None:
-        """Release, retrying while the lease could still be ours; never claim a false release."""
+    def _ledger_failed(self, exc: TasklockError) -> None:
+        """Writing the run's record failed (and with it that release): the release is
+        retried without it, and the command's exit code stands."""
+        self.events.warning(
+            f"could not write the run of {self.options.key!r} to the run ledger ({exc}); "
+            "releasing without it",
+            key=self.options.key,
+            fencing_token=self.keeper.fencing_token,
+        )
+
+    def _release(self, keep_for: float = 0.0, record: RunRecord | None = None) -> None:
+        """Release, retrying while the lease could still be ours; never claim a false release.
+        A release whose run record cannot be written is retried without the record: at
+        once when the store refused it, after a second failure when the store's answer
+        does not tell a ledger problem from an outage."""
         key = self.options.key
         token = self.keeper.fencing_token
+        failures = 0
         while True:
             try:
-                released = self.keeper.release(keep_for, lock_timeout=self.options.io_timeout)
+                released = self.keeper.release(
+                    keep_for, lock_timeout=self.options.io_timeout, record=record
+                )
             except StoreUnavailable as exc:
+                failures += 1
+                if record is not None and failures >= LEDGER_TRIES:
+                    self._ledger_failed(exc)
+                    record = None
+                    continue
                 if self.keeper.remaining() > self.options.io_timeout:
                     self.events.debug(f"release failed, retrying: {exc}")
                     self._heartbeat_stop.wait(self.options.renew_retry_interval)
@@ -509,6 +554,12 @@ class Supervisor:
                     f"within {format_duration(max(0.0, self.keeper.remaining()))}"
                 )
                 return
+            except TasklockError as exc:
+                if record is None:
+                    raise
+                self._ledger_failed(exc)
+                record = None
+                continue
             break
         if not released:
             self.events.debug(f"{key!r} was no longer held by us at release")
