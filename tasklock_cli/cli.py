@@ -424,6 +424,20 @@ def history(
 
 
 @app.command()
+def metrics(
+    ctx: typer.Context,
+    prefix: str = typer.Option("", "--prefix", metavar="P", help="Only keys starting with P."),
+) -> None:
+    """Print Prometheus metrics (text format) from the run ledger and the live leases."""
+    from tasklock_cli.metrics import collect, exposition
+
+    g: Globals = ctx.obj
+    with g.open_store() as store:
+        per_key = collect(store, prefix)
+    sys.stdout.write("".join(line + "\n" for line in exposition(per_key)))
+
+
+@app.command()
 def sweep(
     ctx: typer.Context,
     dry_run: bool = typer.Option(False, "--dry-run", help="Only count what would be removed."),
