@@ -282,6 +282,7 @@ def run(
             },
         ),
         note=note,
+        store_url=g.store_url(),
     )
     with g.open_store() as store:
         code = Supervisor(store, options, g.events).run()
@@ -435,6 +436,37 @@ def metrics(
     with g.open_store() as store:
         per_key = collect(store, prefix)
     sys.stdout.write("".join(line + "\n" for line in exposition(per_key)))
+
+
+@app.command()
+def check(
+    ctx: typer.Context,
+    key: str | None = typer.Argument(
+        None, metavar="[KEY]", help="The lock's name.  [default: $TASKLOCK_KEY]"
+    ),
+    token: int | None = typer.Option(
+        None,
+        "--token",
+        metavar="T",
+        help="The lease's fencing token.  [default: $TASKLOCK_FENCING_TOKEN]",
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Inside a command run by tasklock: exit 0 (printing the seconds left) while its lease
+    is current, 70 when it is not."""
+    from tasklock_cli import checking
+    from tasklock_cli.errors import LeaseLost
+
+    g: Globals = ctx.obj
+    key, token = checking.target(key, token)
+    with g.open_store() as store:
+        result = checking.check(store, key, token)
+    if as_json:
+        typer.echo(json.dumps(result.to_json(), ensure_ascii=False))
+        raise typer.Exit(0 if result.current else LeaseLost.exit_code)
+    if not result.current:
+        raise checking.not_current(result)
+    typer.echo(f"{result.expires_in:.3f}")
 
 
 @app.command()

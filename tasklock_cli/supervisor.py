@@ -58,6 +58,7 @@ class RunOptions:
     hold_at_least: float = 0.0
     conflict_exit_code: int = 75
     note: str | None = None
+    store_url: str | None = None  # passed to the command (TASKLOCK_STORE) for `check`
 
     @property
     def safety_margin(self) -> float:
@@ -590,6 +591,9 @@ class Supervisor:
         env["TASKLOCK_KEY"] = self.options.key
         env["TASKLOCK_FENCING_TOKEN"] = str(lease.fencing_token)
         env["TASKLOCK_LEASE_EXPIRES_AT"] = rfc3339(lease.expires_at)
+        env["TASKLOCK_SLOT"] = "0"
+        if self.options.store_url is not None:
+            env["TASKLOCK_STORE"] = self.options.store_url
         return env
 
     def _wake(self) -> None:

@@ -680,3 +680,29 @@ def test_a_release_with_keep_for_writes_the_run_too(store, store_factory):
     assert store.release(lease, keep_for=30, record=run_record(lease)) is True
     assert store_factory().peek("k").fencing_token == lease.fencing_token  # still kept
     assert [run.outcome for run in store.history("k")] == ["succeeded"]
+
+
+def test_time_left_is_that_of_the_live_unbroken_lease_with_the_token(store, store_factory):
+    lease = store.acquire("k", 30, HOLDER, token())
+    other = store_factory()
+    left = other.time_left("k", lease.fencing_token)
+    assert left is not None and 25 <= left <= 31
+    assert other.time_left("k", lease.fencing_token + 1) is None
+    assert other.time_left("free", lease.fencing_token) is None
+    assert other.break_lease("k") is not None
+    assert other.peek("k") is not None  # still held, but no longer current
+    assert other.time_left("k", lease.fencing_token) is None
+    store.release(lease)
+    assert other.time_left("k", lease.fencing_token) is None
+
+
+def test_time_left_of_an_expired_or_released_lease_is_none(store):
+    ttl, past = short_ttl(store)
+    lease = store.acquire("k", ttl, HOLDER, token())
+    assert store.time_left("k", lease.fencing_token) is not None
+    time.sleep(past)
+    assert store.time_left("k", lease.fencing_token) is None
+    again = store.acquire("k", 30, HOLDER, token())
+    assert store.time_left("k", lease.fencing_token) is None
+    assert store.release(again)
+    assert store.time_left("k", again.fencing_token) is None

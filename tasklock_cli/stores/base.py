@@ -246,6 +246,11 @@ class Store(ABC):
         """
 
     @abstractmethod
+    def time_left(self, key: str, fencing_token: int) -> float | None:
+        """Seconds until the lease on ``key`` with ``fencing_token`` expires, when it is live
+        and not broken (``tasklock check``); None otherwise."""
+
+    @abstractmethod
     def history(self, key: str, limit: int = LEDGER_KEEP) -> list[RunRecord]:
         """The key's last ``limit`` runs from the ledger, newest (highest token) first."""
 

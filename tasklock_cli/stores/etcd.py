@@ -711,6 +711,18 @@ class EtcdStore(Store):
                     ops.append({"request_delete_range": {"key": b64(old)}})
         return ops
 
+    def time_left(self, key: str, fencing_token: int) -> float | None:
+        name, broken = self._lock_key(key), self._broken_key(key)
+        reply = self._txn([], [_range_op(name), _range_op(broken)], [])
+        lock_kvs, broken_kvs = (_kvs(r) for r in reply.get("responses", []))
+        if not lock_kvs or int(lock_kvs[0]["create_revision"]) != fencing_token:
+            return None
+        if broken_kvs and unb64(broken_kvs[0].get("value")) == str(fencing_token).encode():
+            return None
+        lease_id = int(lock_kvs[0].get("lease", 0))
+        remaining = self._remaining(lease_id) if lease_id else -1.0
+        return remaining if remaining > 0 else None
+
     def history(self, key: str, limit: int = LEDGER_KEEP) -> list[RunRecord]:
         start = self._runs_prefix(key)
         body = {

@@ -235,6 +235,11 @@ _RECORD_RUN = f"""recorded AS (
 ), """
 _RELEASE_RECORDED = _RELEASE.replace("WITH ", "WITH " + _RECORD_RUN, 1)
 _RELEASE_LATER_RECORDED = _RELEASE_LATER.replace("WITH ", "WITH " + _RECORD_RUN, 1)
+_TIME_LEFT = """
+SELECT extract(epoch FROM expires_at - clock_timestamp())::float8 FROM {table}
+ WHERE key = %(key)s AND fencing_token = %(token)s AND owner_token IS NOT NULL
+   AND left(owner_token, length(%(prefix)s)) <> %(prefix)s AND expires_at > clock_timestamp()
+"""
 _HISTORY = """
 SELECT key, fencing_token, started_at, ended_at, data FROM {runs}
  WHERE key = %(key)s ORDER BY fencing_token DESC LIMIT %(limit)s
@@ -934,6 +939,12 @@ class PostgresStore(Store):
             # lost, a retry would report False although the release worked.
             count = self._run(run, idempotent=False)
         return count == 1
+
+    def time_left(self, key: str, fencing_token: int) -> float | None:
+        statement = self._sql(_TIME_LEFT)
+        params = {"key": key, "token": fencing_token, "prefix": BROKEN_OWNER_PREFIX}
+        row = self._run(lambda conn: conn.execute(statement, params).fetchone())
+        return max(0.0, float(row[0])) if row else None
 
     def history(self, key: str, limit: int = LEDGER_KEEP) -> list[RunRecord]:
         statement = self._sql(_HISTORY)

@@ -671,6 +671,22 @@ class RedisStore(Store):
         # reply was lost. Either way nobody holds the key in our name or anyone else's.
         return result == 0 and attempts > 1 and keep_ms == 0
 
+    def time_left(self, key: str, fencing_token: int) -> float | None:
+        name = self._lease_key(key)
+
+        def read(client: redis.Redis) -> list[Any]:
+            pipe = client.pipeline(transaction=True)  # one round trip, one moment
+            pipe.hmget(name, ["owner", "fencing_token"])
+            pipe.pttl(name)
+            return pipe.execute()
+
+        (owner, token), pttl = self._call(read, key)
+        if owner is None or owner.decode().startswith(BROKEN_OWNER_PREFIX):
+            return None
+        if token != str(fencing_token).encode() or pttl <= 0:
+            return None
+        return pttl / 1000
+
     def history(self, key: str, limit: int = LEDGER_KEEP) -> list[RunRecord]:
         name = self._runs_key(key)
         members = self._call(lambda c: c.zrevrange(name, 0, limit - 1), key)

@@ -167,6 +167,10 @@ _REMAINING = f"SELECT expires_boot - :now FROM {TABLE} WHERE key = :key AND {_LI
 _SELECT = (
     f"SELECT key, fencing_token, acquired_at, expires_at, holder, ({_LIVE}) AS live FROM {TABLE}"
 )
+# Seconds left of the live, unbroken lease with a fencing token.
+_TIME_LEFT = f"""SELECT expires_boot - :now FROM {TABLE}
+WHERE key = :key AND fencing_token = :token AND {_LIVE}
+  AND substr(owner_token, 1, length(:prefix)) <> :prefix"""
 # A run already in the ledger (a retried release) is kept as first written.
 _RECORD_RUN = f"""INSERT INTO {RUNS_TABLE} (key, fencing_token, started_at, ended_at, data)
 VALUES (:key, :token, :started, :wall, :data) ON CONFLICT DO NOTHING"""
@@ -388,6 +392,11 @@ class SQLiteStore(Store):
         }
         conn.execute(_RECORD_RUN, params)
         conn.execute(_TRIM_RUNS, params)
+
+    def time_left(self, key: str, fencing_token: int) -> float | None:
+        params = {**self._times(), "key": key, "token": fencing_token}
+        rows = self._read(_TIME_LEFT, {**params, "prefix": BROKEN_OWNER_PREFIX})
+        return max(0.0, float(rows[0][0])) if rows else None
 
     def history(self, key: str, limit: int = LEDGER_KEEP) -> list[RunRecord]:
         rows = self._read(_HISTORY, {"key": key, "limit": limit})
