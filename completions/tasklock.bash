@@ -33,7 +33,7 @@ _tasklock() {
             continue
         fi
         case "$cmd $word" in
-            " --store" | " --config" | " --log-format" | "run --ttl" | "run --renew-every" | "run --wait" | "run --grace" | "run --max-lifetime" | "run --hold-at-least" | "run --conflict-exit-code" | "run --note" | "run --store" | "run --config" | "run --log-format" | "peek --store" | "peek --config" | "peek --log-format" | "list --prefix" | "list --interval" | "list --store" | "list --config" | "list --log-format" | "sweep --store" | "sweep --config" | "sweep --log-format" | "release --token" | "release --store" | "release --config" | "release --log-format" | "init --store" | "init --config" | "init --log-format" | "doctor --store" | "doctor --config" | "doctor --log-format")
+            " --store" | " --config" | " --log-format" | "run --ttl" | "run --renew-every" | "run --wait" | "run --grace" | "run --max-lifetime" | "run --hold-at-least" | "run --conflict-exit-code" | "run --note" | "run --store" | "run --config" | "run --log-format" | "peek --store" | "peek --config" | "peek --log-format" | "list --prefix" | "list --interval" | "list --store" | "list --config" | "list --log-format" | "history --limit" | "history --store" | "history --config" | "history --log-format" | "metrics --prefix" | "metrics --store" | "metrics --config" | "metrics --log-format" | "check --token" | "check --store" | "check --config" | "check --log-format" | "sweep --store" | "sweep --config" | "sweep --log-format" | "release --token" | "release --store" | "release --config" | "release --log-format" | "init --store" | "init --config" | "init --log-format" | "doctor --store" | "doctor --config" | "doctor --log-format")
                 ((i++)) ;;
             "run --")
                 dashdash=$i ;;
@@ -57,13 +57,13 @@ _tasklock() {
     fi
 
     case "$cmd $prev" in
-        " --store" | "run --ttl" | "run --renew-every" | "run --wait" | "run --grace" | "run --max-lifetime" | "run --hold-at-least" | "run --conflict-exit-code" | "run --note" | "run --store" | "peek --store" | "list --prefix" | "list --interval" | "list --store" | "sweep --store" | "release --token" | "release --store" | "init --store" | "doctor --store")
+        " --store" | "run --ttl" | "run --renew-every" | "run --wait" | "run --grace" | "run --max-lifetime" | "run --hold-at-least" | "run --conflict-exit-code" | "run --note" | "run --store" | "peek --store" | "list --prefix" | "list --interval" | "list --store" | "history --limit" | "history --store" | "metrics --prefix" | "metrics --store" | "check --token" | "check --store" | "sweep --store" | "release --token" | "release --store" | "init --store" | "doctor --store")
             COMPREPLY=()
             return ;;
-        " --config" | "run --config" | "peek --config" | "list --config" | "sweep --config" | "release --config" | "init --config" | "doctor --config")
+        " --config" | "run --config" | "peek --config" | "list --config" | "history --config" | "metrics --config" | "check --config" | "sweep --config" | "release --config" | "init --config" | "doctor --config")
             _tasklock_files
             return ;;
-        " --log-format" | "run --log-format" | "peek --log-format" | "list --log-format" | "sweep --log-format" | "release --log-format" | "init --log-format" | "doctor --log-format")
+        " --log-format" | "run --log-format" | "peek --log-format" | "list --log-format" | "history --log-format" | "metrics --log-format" | "check --log-format" | "sweep --log-format" | "release --log-format" | "init --log-format" | "doctor --log-format")
             _tasklock_words 'text json'
             return ;;
     esac
@@ -72,7 +72,7 @@ _tasklock() {
         if [[ $cur == -* ]]; then
             _tasklock_words '--store --config --log-format -v --verbose -q --quiet --version -h --help'
         else
-            _tasklock_words 'run peek list sweep release init doctor'
+            _tasklock_words 'run peek list history metrics check sweep release init doctor'
         fi
         return
     fi
@@ -80,6 +80,9 @@ _tasklock() {
         run) [[ $cur == -* ]] && _tasklock_words '--ttl --renew-every --wait --grace --max-lifetime --hold-at-least --conflict-exit-code --note --store --config --log-format -v --verbose -q --quiet -h --help --' ;;
         peek) [[ $cur == -* ]] && _tasklock_words '--json --store --config --log-format -v --verbose -q --quiet -h --help' ;;
         list) [[ $cur == -* ]] && _tasklock_words '--prefix --all --json --watch --interval --store --config --log-format -v --verbose -q --quiet -h --help' ;;
+        history) [[ $cur == -* ]] && _tasklock_words '--limit --json --store --config --log-format -v --verbose -q --quiet -h --help' ;;
+        metrics) [[ $cur == -* ]] && _tasklock_words '--prefix --store --config --log-format -v --verbose -q --quiet -h --help' ;;
+        check) [[ $cur == -* ]] && _tasklock_words '--token --json --store --config --log-format -v --verbose -q --quiet -h --help' ;;
         sweep) [[ $cur == -* ]] && _tasklock_words '--dry-run --json --store --config --log-format -v --verbose -q --quiet -h --help' ;;
         release) [[ $cur == -* ]] && _tasklock_words '--force --token --store --config --log-format -v --verbose -q --quiet -h --help' ;;
         init) [[ $cur == -* ]] && _tasklock_words '--print-sql --store --config --log-format -v --verbose -q --quiet -h --help' ;;

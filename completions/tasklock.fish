@@ -24,7 +24,7 @@ function __tasklock_state --description 'none, the command being completed, or C
             end
         else
             switch "$cmd $token"
-                case 'run --ttl' 'run --renew-every' 'run --wait' 'run --grace' 'run --max-lifetime' 'run --hold-at-least' 'run --conflict-exit-code' 'run --note' 'run --store' 'run --config' 'run --log-format' 'peek --store' 'peek --config' 'peek --log-format' 'list --prefix' 'list --interval' 'list --store' 'list --config' 'list --log-format' 'sweep --store' 'sweep --config' 'sweep --log-format' 'release --token' 'release --store' 'release --config' 'release --log-format' 'init --store' 'init --config' 'init --log-format' 'doctor --store' 'doctor --config' 'doctor --log-format'
+                case 'run --ttl' 'run --renew-every' 'run --wait' 'run --grace' 'run --max-lifetime' 'run --hold-at-least' 'run --conflict-exit-code' 'run --note' 'run --store' 'run --config' 'run --log-format' 'peek --store' 'peek --config' 'peek --log-format' 'list --prefix' 'list --interval' 'list --store' 'list --config' 'list --log-format' 'history --limit' 'history --store' 'history --config' 'history --log-format' 'metrics --prefix' 'metrics --store' 'metrics --config' 'metrics --log-format' 'check --token' 'check --store' 'check --config' 'check --log-format' 'sweep --store' 'sweep --config' 'sweep --log-format' 'release --token' 'release --store' 'release --config' 'release --log-format' 'init --store' 'init --config' 'init --log-format' 'doctor --store' 'doctor --config' 'doctor --log-format'
                     set skip 1
                 case 'run --'
                     echo $cmd:child
@@ -57,6 +57,9 @@ complete -c tasklock -f
 complete -c tasklock -n '__tasklock_is none' -a run -d 'Run COMMAND while holding the lock KEY.'
 complete -c tasklock -n '__tasklock_is none' -a peek -d 'Show who holds KEY; exit 0 when held, 1 when free.'
 complete -c tasklock -n '__tasklock_is none' -a list -d 'List held locks: who holds what, until when.'
+complete -c tasklock -n '__tasklock_is none' -a history -d 'Show the run ledger of KEY: past runs (outcome, exit code, holder), newest first.'
+complete -c tasklock -n '__tasklock_is none' -a metrics -d 'Print Prometheus metrics (text format) from the run ledger and the live leases.'
+complete -c tasklock -n '__tasklock_is none' -a check -d 'Inside a command run by tasklock: exit 0 (printing the seconds left) while its lease is current, 70 when it is not.'
 complete -c tasklock -n '__tasklock_is none' -a sweep -d 'Remove expired leases left in the store (fencing counters are kept).'
 complete -c tasklock -n '__tasklock_is none' -a release -d 'Break the lease on KEY (ops): its holder terminates its command and lets go at once; waits for that, freeing the lease anyway after 10s.'
 complete -c tasklock -n '__tasklock_is none' -a init -d 'Create the store\'s schema explicitly (SQL stores; others need none).'
@@ -105,6 +108,32 @@ complete -c tasklock -n '__tasklock_is list' -l log-format -x -a 'text json' -d 
 complete -c tasklock -n '__tasklock_is list' -s v -l verbose -d 'Show every event; tracebacks on errors.'
 complete -c tasklock -n '__tasklock_is list' -s q -l quiet -d 'Only errors on stderr.'
 complete -c tasklock -n '__tasklock_is list' -s h -l help -d 'Show this message and exit.'
+
+complete -c tasklock -n '__tasklock_is history' -l limit -x -d 'Only the last N runs.'
+complete -c tasklock -n '__tasklock_is history' -l json -d 'Print a JSON array, newest first.'
+complete -c tasklock -n '__tasklock_is history' -l store -x -d 'Store URL: sqlite:///PATH, postgresql://..., redis://...'
+complete -c tasklock -n '__tasklock_is history' -l config -r -F -d 'Config file (TOML)'
+complete -c tasklock -n '__tasklock_is history' -l log-format -x -a 'text json' -d 'Events on stderr as text or one JSON object per line.'
+complete -c tasklock -n '__tasklock_is history' -s v -l verbose -d 'Show every event; tracebacks on errors.'
+complete -c tasklock -n '__tasklock_is history' -s q -l quiet -d 'Only errors on stderr.'
+complete -c tasklock -n '__tasklock_is history' -s h -l help -d 'Show this message and exit.'
+
+complete -c tasklock -n '__tasklock_is metrics' -l prefix -x -d 'Only keys starting with P.'
+complete -c tasklock -n '__tasklock_is metrics' -l store -x -d 'Store URL: sqlite:///PATH, postgresql://..., redis://...'
+complete -c tasklock -n '__tasklock_is metrics' -l config -r -F -d 'Config file (TOML)'
+complete -c tasklock -n '__tasklock_is metrics' -l log-format -x -a 'text json' -d 'Events on stderr as text or one JSON object per line.'
+complete -c tasklock -n '__tasklock_is metrics' -s v -l verbose -d 'Show every event; tracebacks on errors.'
+complete -c tasklock -n '__tasklock_is metrics' -s q -l quiet -d 'Only errors on stderr.'
+complete -c tasklock -n '__tasklock_is metrics' -s h -l help -d 'Show this message and exit.'
+
+complete -c tasklock -n '__tasklock_is check' -l token -x -d 'The lease\'s fencing token.'
+complete -c tasklock -n '__tasklock_is check' -l json -d 'Print one JSON object.'
+complete -c tasklock -n '__tasklock_is check' -l store -x -d 'Store URL: sqlite:///PATH, postgresql://..., redis://...'
+complete -c tasklock -n '__tasklock_is check' -l config -r -F -d 'Config file (TOML)'
+complete -c tasklock -n '__tasklock_is check' -l log-format -x -a 'text json' -d 'Events on stderr as text or one JSON object per line.'
+complete -c tasklock -n '__tasklock_is check' -s v -l verbose -d 'Show every event; tracebacks on errors.'
+complete -c tasklock -n '__tasklock_is check' -s q -l quiet -d 'Only errors on stderr.'
+complete -c tasklock -n '__tasklock_is check' -s h -l help -d 'Show this message and exit.'
 
 complete -c tasklock -n '__tasklock_is sweep' -l dry-run -d 'Only count what would be removed.'
 complete -c tasklock -n '__tasklock_is sweep' -l json -d 'Print {"removed": N}.'

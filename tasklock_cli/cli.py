@@ -271,6 +271,76 @@ def list_leases(
 
 
 @app.command()
+def history(
+    ctx: typer.Context,
+    key: str = typer.Argument(..., metavar="KEY", help="The lock's name."),
+    limit: int | None = typer.Option(
+        None, "--limit", metavar="N", help="Only the last N runs.  [default: all kept]"
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print a JSON array, newest first."),
+) -> None:
+    """Show the run ledger of KEY: past runs (outcome, exit code, holder), newest first."""
+    from tasklock_cli import render
+    from tasklock_cli.stores.base import LEDGER_KEEP
+
+    g: Globals = ctx.obj
+    validate_key(key)
+    if limit is not None and limit < 1:
+        raise UsageError(f"--limit must be at least 1 (got {limit})")
+    with g.open_store() as store:
+        runs = store.history(key, limit or LEDGER_KEEP)
+    if as_json:
+        render.json_array(run.to_json() for run in runs)
+    else:
+        render.history_table(key, runs)
+
+
+@app.command()
+def metrics(
+    ctx: typer.Context,
+    prefix: str = typer.Option("", "--prefix", metavar="P", help="Only keys starting with P."),
+) -> None:
+    """Print Prometheus metrics (text format) from the run ledger and the live leases."""
+    from tasklock_cli.metrics import collect, exposition
+
+    g: Globals = ctx.obj
+    with g.open_store() as store:
+        per_key = collect(store, prefix)
+    sys.stdout.write("".join(line + "\n" for line in exposition(per_key)))
+
+
+@app.command()
+def check(
+    ctx: typer.Context,
+    key: str | None = typer.Argument(
+        None, metavar="[KEY]", help="The lock's name.  [default: $TASKLOCK_KEY]"
+    ),
+    token: int | None = typer.Option(
+        None,
+        "--token",
+        metavar="T",
+        help="The lease's fencing token.  [default: $TASKLOCK_FENCING_TOKEN]",
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Inside a command run by tasklock: exit 0 (printing the seconds left) while its lease
+    is current, 70 when it is not."""
+    from tasklock_cli import checking
+    from tasklock_cli.errors import LeaseLost
+
+    g: Globals = ctx.obj
+    key, token = checking.target(key, token)
+    with g.open_store() as store:
+        result = checking.check(store, key, token)
+    if as_json:
+        typer.echo(json.dumps(result.to_json(), ensure_ascii=False))
+        raise typer.Exit(0 if result.current else LeaseLost.exit_code)
+    if not result.current:
+        raise checking.not_current(result)
+    typer.echo(f"{result.expires_in:.3f}")
+
+
+@app.command()
 def sweep(
     ctx: typer.Context,
     dry_run: bool = typer.Option(False, "--dry-run", help="Only count what would be removed."),

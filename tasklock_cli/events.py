@@ -22,6 +22,7 @@ _TEXT_LEVEL = {
     "released": VERBOSE,
     "renewed": VERBOSE,
     "orphans-terminated": VERBOSE,
+    "done-already": VERBOSE,
 }
 
 
@@ -83,6 +84,17 @@ class EventLog:
             self._write(json.dumps(record, ensure_ascii=False))
         else:
             self._write(f"tasklock: error: {message}")
+
+    def warning(self, message: str, **fields: object) -> None:
+        """Something went wrong that changes nothing about the run's outcome."""
+        if self.verbosity == QUIET:
+            return
+        self._stop_spinner()
+        if self.log_format == "json":
+            record = {"event": "warning", "message": message, "ts": now_rfc3339(), **fields}
+            self._write(json.dumps(record, ensure_ascii=False, default=str))
+        else:
+            self._write(f"tasklock: warning: {message}")
 
     def _start_spinner(self, message: str) -> bool:
         """On a terminal, a long wait shows a spinner instead of a line (nothing extra

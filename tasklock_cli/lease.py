@@ -17,8 +17,10 @@ from dataclasses import dataclass
 from tasklock_cli import clock as clocks
 from tasklock_cli.durations import format_duration
 from tasklock_cli.errors import ExitCode, Interrupted, LeaseLost, StoreUnavailable, TasklockError
-from tasklock_cli.stores.base import Holder, Lease, LeaseInfo, Store
+from tasklock_cli.stores.base import Holder, Lease, LeaseInfo, RunRecord, Store
 
+#: Releases tried with the run's record before the record is given up (release_retrying).
+LEDGER_TRIES = 2
 # Waiting: first retry soon, then back off; stores that signal releases wake us earlier.
 FIRST_RETRY_S = 0.005
 POLL_CEILING_S = 0.05
@@ -118,15 +120,35 @@ class LeaseKeeper:
             self.deadline = max(self.deadline, sent + self.ttl)
             return self.lease
 
-    def release(self, keep_for: float = 0.0, lock_timeout: float = -1) -> bool:
-        """Release once; True when the store confirmed the lease was ours and is now freed
-        (or set to run out after ``keep_for``). The lease is forgotten only on confirmation."""
+    def run_record(
+        self, outcome: str, exit_code: int | None, detected_by: str | None = None
+    ) -> RunRecord | None:
+        """The run ledger's record of the run under the lease held now (None when none)."""
+        lease = self.lease
+        if lease is None:
+            return None
+        return RunRecord(
+            key=self.key,
+            fencing_token=lease.fencing_token,
+            holder=self.holder,
+            started_at=lease.acquired_at,
+            exit_code=exit_code,
+            outcome=outcome,
+            detected_by=detected_by,
+        )
+
+    def release(
+        self, keep_for: float = 0.0, lock_timeout: float = -1, record: RunRecord | None = None
+    ) -> bool:
+        """Release once, writing ``record`` into the run ledger with it; True when the store
+        confirmed the lease was ours and is now freed (or set to run out after
+        ``keep_for``). The lease is forgotten only once the store answered."""
         if not self.lock.acquire(timeout=lock_timeout):
             raise StoreUnavailable(f"a renewal of {self.key!r} is still hanging")
         try:
             if self.lease is None:
                 return False
-            released = self.store.release(self.lease, keep_for=keep_for)
+            released = self.store.release(self.lease, keep_for=keep_for, record=record)
             self.lease = None
             return released
         finally:
@@ -144,29 +166,58 @@ class LeaseKeeper:
                 self.release(lock_timeout=io_timeout)
             raise
 
-    def release_quietly(self, io_timeout: float) -> bool:
-        """One try at releasing, the store given ``io_timeout``; True when it confirmed."""
+    def release_quietly(
+        self, io_timeout: float, record: RunRecord | None = None, on_ledger_failed=None
+    ) -> bool:
+        """One try at releasing, the store given ``io_timeout`` (and one more without the
+        run's record, when it was the record the store refused); True when it confirmed."""
         if self.lease is None:
             return False
         self.store.set_io_timeout(io_timeout)
         try:
-            return self.release(lock_timeout=io_timeout)
-        except TasklockError:
+            return self.release(lock_timeout=io_timeout, record=record)
+        except StoreUnavailable:
             return False
+        except TasklockError as exc:
+            if record is None:
+                return False
+            if on_ledger_failed is not None:
+                on_ledger_failed(exc)
+            return self.release_quietly(io_timeout)
 
     def release_retrying(
-        self, keep_for: float, io_timeout: float, retry_every: float, note=lambda _: None
+        self,
+        keep_for: float,
+        io_timeout: float,
+        retry_every: float,
+        note=lambda _: None,
+        record: RunRecord | None = None,
+        on_ledger_failed=lambda _: None,
     ) -> bool:
         """Release, retrying a store that does not answer while the lease could still be
-        ours (StoreUnavailable once it could not); True when the store confirmed it."""
+        ours (StoreUnavailable once it could not); True when the store confirmed it. A
+        release whose run record cannot be written is retried without the record: at once
+        when the store refused it, after a second failure when the store's answer does not
+        tell a ledger problem from an outage."""
+        failures = 0
         while True:
             try:
-                return self.release(keep_for, lock_timeout=io_timeout)
+                return self.release(keep_for, lock_timeout=io_timeout, record=record)
             except StoreUnavailable as exc:
+                failures += 1
+                if record is not None and failures >= LEDGER_TRIES:
+                    on_ledger_failed(exc)
+                    record = None
+                    continue
                 if self.remaining() <= io_timeout:
                     raise
                 note(f"release failed, retrying: {exc}")
                 time.sleep(retry_every)
+            except TasklockError as exc:
+                if record is None:
+                    raise
+                on_ledger_failed(exc)
+                record = None
 
 
 class Waiter:

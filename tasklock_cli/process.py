@@ -114,6 +114,12 @@ class Child:
         start later, until the tree is empty."""
         self._order("tree", signum)
 
+    def terminate_orphans(self) -> None:
+        """SIGTERM to what the command left running, if anything (SIGKILL is the caller's)."""
+        if self.orphans:
+            self.signal_tree(signal.SIGTERM)
+            self.signal_tree(signal.SIGCONT)
+
     def set_backstop(self, seconds: float) -> None:
         """The guard kills the tree by itself ``seconds`` from now unless told a later time.
         Sent as a time on the shared boot clock, so a guard that reads it late (a loaded

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from datetime import datetime, timezone
 
 from tasklock_cli.durations import format_duration
-from tasklock_cli.stores.base import LeaseInfo, StoreCheck, rfc3339
+from tasklock_cli.stores.base import LeaseInfo, RunRecord, StoreCheck, rfc3339
 
 
 def relative(moment: datetime, now: datetime | None = None) -> str:
@@ -107,6 +107,56 @@ def watch_table(fetch, interval: float) -> None:
         while True:
             time.sleep(interval)
             live.update(_rich_table(fetch()), refresh=True)
+
+
+def history_table(key: str, runs: list[RunRecord]) -> None:
+    """``history``: a table on a terminal, TSV lines otherwise (newest first)."""
+    if not _to_terminal():
+        for run in runs:
+            h = run.holder
+            fields = [
+                rfc3339(run.started_at),
+                rfc3339(run.ended_at) if run.ended_at else "",
+                str(run.fencing_token),
+                str(run.slot),
+                run.outcome,
+                "" if run.exit_code is None else str(run.exit_code),
+                run.detected_by or "",
+                h.host,
+                str(h.pid),
+                h.user,
+                h.note or "",
+                " ".join(h.command),
+            ]
+            sys.stdout.write("\t".join(_one_line(f) for f in fields) + "\n")
+        return
+    _console().print(_history_rich_table(key, runs))
+
+
+def _history_rich_table(key: str, runs: list[RunRecord]):
+    from rich.table import Table
+
+    if not runs:
+        return f"no runs of {key} recorded"
+    table = Table(box=None, header_style="bold")
+    for column in ("STARTED", "TOOK", "TOKEN", "OUTCOME", "EXIT", "HOLDER", "NOTE", "COMMAND"):
+        table.add_column(column)
+    for run in runs:
+        h = run.holder
+        took = (run.ended_at - run.started_at).total_seconds() if run.ended_at else None
+        outcome = f"{run.outcome} ({run.detected_by})" if run.detected_by else run.outcome
+        table.add_row(
+            f"{rfc3339(run.started_at)} ({relative(run.started_at)})",
+            format_duration(max(0.0, took)) if took is not None else "-",
+            str(run.fencing_token),
+            outcome,
+            "-" if run.exit_code is None else str(run.exit_code),
+            f"{h.user}@{h.host} pid {h.pid}",
+            h.note or "",
+            _one_line(" ".join(h.command)),
+            style=None if run.outcome in ("succeeded", "done-already") else "red",
+        )
+    return table
 
 
 def lease_details(info: LeaseInfo) -> None:

@@ -8,6 +8,7 @@ deadline, which is itself earlier than the store's expiry.
 from __future__ import annotations
 
 import contextlib
+import functools
 import getpass
 import math
 import os
@@ -31,7 +32,7 @@ from tasklock_cli.events import EventLog
 from tasklock_cli.heartbeat import Heartbeat
 from tasklock_cli.lease import Conflict, LeaseKeeper, Waiter, describe_holder
 from tasklock_cli.process import Child, Terminal, become_subreaper
-from tasklock_cli.stores.base import Holder, Lease, LeaseInfo, Store, rfc3339
+from tasklock_cli.stores.base import Holder, Lease, LeaseInfo, RunRecord, Store, rfc3339
 
 FORWARDED_SIGNALS = (
     signal.SIGINT,
@@ -59,6 +60,7 @@ class RunOptions:
     hold_at_least: float = settings.default("hold-at-least")
     conflict_exit_code: int = settings.default("conflict-exit-code")
     note: str | None = None
+    store_url: str | None = None  # passed to the command (TASKLOCK_STORE) for `check`
 
     @property
     def safety_margin(self) -> float:
@@ -139,6 +141,7 @@ class Supervisor:
             clock=clock,
         )
         self.child: Child | None = None
+        self._on_ledger_failed = functools.partial(warn_ledger_failed, events, self.keeper)
         self._waiter: Waiter | None = None
         self._acquiring = False
         self._loss_lock = threading.Lock()
@@ -214,17 +217,17 @@ class Supervisor:
         try:
             if self.state.pending_signals:  # asked to stop before the child even started
                 signum = self.state.pending_signals[0]
-                self._release()
+                self._release(record=self.keeper.run_record("signalled", None))
                 return ExitCode.SIGNALLED + signum
             become_subreaper()
             try:
                 child = Child(
                     self.options.command,
-                    child_env(self.options.key, self.keeper.lease),
+                    child_env(self.options.key, self.keeper.lease, self.options.store_url),
                     terminal.fd,
                 )
-            except TasklockError:
-                self._release()
+            except TasklockError as exc:
+                self._release(record=self.keeper.run_record("failed", exc.exit_code))
                 raise
             self.child = child
             child.set_backstop(self._backstop_in())
@@ -241,10 +244,12 @@ class Supervisor:
 
     def _finish(self, child: Child) -> int:
         loss = self.state.loss
+        record = run_record_of(self.keeper, self.state.loss, child)
         if loss is not None and loss.detected_by == LossKind.REJECTED:
             # Broken by an operator: it is still ours to let go, token-checked, unless
             # someone else holds it by now (then this frees nothing).
-            if self.keeper.release_quietly(self.options.io_timeout):
+            io_timeout = self.options.io_timeout
+            if self.keeper.release_quietly(io_timeout, record, self._on_ledger_failed):
                 self._emit("released", f"released {self.options.key!r}")
             return ExitCode.LOST
         keep_for = 0.0
@@ -252,12 +257,10 @@ class Supervisor:
             keep_for = max(
                 0.0, self.options.hold_at_least - (self.clock() - self.keeper.acquired_at)
             )
-        self._release(keep_for)
+        self._release(keep_for, record)
         if loss is not None or child.guard_died:
             return ExitCode.LOST
         return child.exit_code()
-
-    # -- watching the child and the clock -------------------------------------------------
 
     def _watch(self, child: Child, terminal: Terminal) -> None:
         options = self.options
@@ -268,13 +271,17 @@ class Supervisor:
                 terminal.suspend_with(child)
             self._note_guard_reports(child)
             if child.tree_empty:
-                self._report_orphans()
+                if child.orphans and self.state.orphans_terminated_at is not None:
+                    emit_orphans_terminated(self.events, self.options.key, self.keeper, child)
                 return
             now = self.clock()
             state = self.state
             deadline = self.keeper.deadline
             if state.loss is None and child.exited and state.orphans_terminated_at is None:
-                self._terminate_orphans(child, now)
+                # Nothing the lock covered may run on unlocked: what the command left running
+                # gets SIGTERM now, SIGKILL after --grace, and only then is the lease released.
+                state.orphans_terminated_at = now
+                child.terminate_orphans()
             if state.loss is None:
                 if now >= deadline:
                     # Past the deadline without having started to terminate: this process
@@ -315,25 +322,6 @@ class Supervisor:
                 f"the guard of the command on {self.options.key!r} died; "
                 "the command's process tree was killed"
             )
-
-    def _terminate_orphans(self, child: Child, now: float) -> None:
-        """The command exited, leaving processes running: nothing the lock covered may run
-        on unlocked, so they get SIGTERM now and SIGKILL after --grace, then we release."""
-        self.state.orphans_terminated_at = now
-        if child.orphans:
-            child.signal_tree(signal.SIGTERM)
-            child.signal_tree(signal.SIGCONT)
-
-    def _report_orphans(self) -> None:
-        child = self.child
-        if child is None or not child.orphans or self.state.orphans_terminated_at is None:
-            return
-        count = child.orphans
-        self._emit(
-            "orphans-terminated",
-            f"terminated {count} process{'' if count == 1 else 'es'} the command left running",
-            count=count,
-        )
 
     def _enforce(self, child: Child, now: float) -> None:
         state = self.state
@@ -412,12 +400,17 @@ class Supervisor:
 
     # -- release, events, signals ---------------------------------------------------------
 
-    def _release(self, keep_for: float = 0.0) -> None:
+    def _release(self, keep_for: float = 0.0, record: RunRecord | None = None) -> None:
         """Release, retrying while the lease could still be ours; never claim a false release."""
         key, token, options = self.options.key, self.keeper.fencing_token, self.options
         try:
             released = self.keeper.release_retrying(
-                keep_for, options.io_timeout, options.renew_retry_interval, self.events.debug
+                keep_for,
+                options.io_timeout,
+                options.renew_retry_interval,
+                self.events.debug,
+                record,
+                self._on_ledger_failed,
             )
         except StoreUnavailable as exc:
             self.events.error(
@@ -463,12 +456,15 @@ class Supervisor:
             self.state.term_forwarded_at = self.clock()
 
 
-def child_env(key: str, lease) -> dict[str, str]:
+def child_env(key: str, lease, store_url: str | None) -> dict[str, str]:
     """The command's environment: ours, and the lease's variables."""
     env = dict(os.environ)
     env["TASKLOCK_KEY"] = key
     env["TASKLOCK_FENCING_TOKEN"] = str(lease.fencing_token)
     env["TASKLOCK_LEASE_EXPIRES_AT"] = rfc3339(lease.expires_at)
+    env["TASKLOCK_SLOT"] = "0"
+    if store_url is not None:  # for `tasklock check` in the command
+        env["TASKLOCK_STORE"] = store_url
     return env
 
 
@@ -512,3 +508,32 @@ def emit_conflict(events: EventLog, key: str, conflict: Conflict) -> None:
         holder=info.holder.to_dict() if info else None,
         expires_at=rfc3339(info.expires_at) if info else None,
     )
+
+
+def run_record_of(keeper: LeaseKeeper, loss: Loss | None, child: Child) -> RunRecord | None:
+    """The run ledger's record of how the command's run ended."""
+    if loss is not None:
+        return keeper.run_record("lost", None, loss.detected_by)
+    if child.guard_died:
+        return keeper.run_record("lost", None, "guard-died")
+    code = child.exit_code()
+    if child.status is not None and os.WIFSIGNALED(child.status):
+        return keeper.run_record("signalled", code)
+    return keeper.run_record("succeeded" if code == 0 else "failed", code)
+
+
+def warn_ledger_failed(events: EventLog, keeper: LeaseKeeper, exc: TasklockError) -> None:
+    """Writing the run's record failed (and with it that release): the release is retried
+    without it, and the command's exit code stands."""
+    events.warning(
+        f"could not write the run of {keeper.key!r} to the run ledger ({exc}); "
+        "releasing without it",
+        key=keeper.key,
+        fencing_token=keeper.fencing_token,
+    )
+
+
+def emit_orphans_terminated(events: EventLog, key: str, keeper: LeaseKeeper, child: Child) -> None:
+    count = child.orphans
+    message = f"terminated {count} process{'' if count == 1 else 'es'} the command left running"
+    events.emit("orphans-terminated", key, keeper.fencing_token, message, count=count)

@@ -428,6 +428,9 @@ EXAMPLE_MARKERS = {
     "tasklock peek invoices:nightly --json": "test_inspection_examples_run",
     'store = "postgresql://locks@db.internal/ops"': "test_config_file_examples_are_accepted",
     "completions/tasklock.bash": "test_install_completions_example",
+    "tasklock check >/dev/null": "test_check_example_stops_before_the_irreversible_step",
+    "textfile_collector/tasklock.prom": "test_prometheus_recipe",
+    "alert: NightlyJobNotSucceeded": "test_prometheus_recipe",
 }
 
 
@@ -820,3 +823,43 @@ def test_install_completions_example(shell_env, tmp_path):
     ]
     assert all(path.is_file() for path in installed), installed
     assert "tasklock" in result.stdout  # the page, read in place
+
+
+def test_check_example_stops_before_the_irreversible_step(shell_env, tmp_path):
+    (block,) = example("tasklock check >/dev/null", "readme")
+    stub(tmp_path / "prepare-batch.sh")
+    stub(tmp_path / "send-batch.sh")
+    result = sh(block, shell_env, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert ran(tmp_path) == ["prepare-batch.sh 1", "send-batch.sh 1"]
+    # the lease broken while preparing: the batch is not sent (the holder stops the tree)
+    (tmp_path / "prepare-batch.sh").write_text(
+        "#!/bin/sh\ntasklock release payments:settle --force >/dev/null\n"
+    )
+    result = sh(block, shell_env, tmp_path)
+    assert result.returncode == 70, result.stderr
+    assert ran(tmp_path) == ["prepare-batch.sh 1", "send-batch.sh 1"]
+
+
+def test_prometheus_recipe(shell_env, tmp_path):
+    from tests.test_cli_metrics import parse_exposition
+
+    (cron,) = example("textfile_collector/tasklock.prom", "readme")
+    schedule, command = _cron_command(cron)
+    assert schedule == "* * * * *"
+    collector = tmp_path / "textfile_collector"
+    collector.mkdir()
+    command = command.replace("/var/lib/node_exporter/textfile_collector", str(collector))
+    assert sh("tasklock run invoices:nightly -- true", shell_env, tmp_path).returncode == 0
+    result = sh(command, shell_env, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert [path.name for path in collector.iterdir()] == ["tasklock.prom"]
+    _, _, samples = parse_exposition((collector / "tasklock.prom").read_text())
+    success = ("tasklock_last_success_timestamp_seconds", (("key", "invoices:nightly"),))
+    assert success in samples
+
+    (rule,) = example("alert: NightlyJobNotSucceeded", "readme")
+    expr = re.search(r"expr: (.*)", rule).group(1)
+    assert expr == (
+        'time() - tasklock_last_success_timestamp_seconds{key="invoices:nightly"} > 26 * 3600'
+    )

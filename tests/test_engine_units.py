@@ -183,10 +183,10 @@ def test_release_forgets_the_lease_only_after_the_store_confirms(tmp_path, clock
     class FlakyRelease(SlowStore):
         fail = True
 
-        def release(self, lease, keep_for=0.0):
+        def release(self, lease, keep_for=0.0, record=None):
             if self.fail:
                 raise StoreUnavailable("down")
-            return super().release(lease, keep_for)
+            return super().release(lease, keep_for, record)
 
     store = FlakyRelease(tmp_path / "db", clock)
     keeper = LeaseKeeper(store, "k", 60.0, HOLDER, clock)

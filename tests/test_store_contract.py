@@ -12,7 +12,7 @@ from datetime import timezone
 import pytest
 
 from tasklock_cli.errors import LeaseLost
-from tasklock_cli.stores.base import Holder
+from tasklock_cli.stores.base import LEDGER_KEEP, Holder, RunRecord
 
 HOLDER = Holder(
     host="host-a", pid=4242, user="alice", command=["./job.sh", "--all"], note="nightly"
@@ -383,6 +383,7 @@ def test_a_waiter_that_gives_up_leaves_the_queue_to_the_others(store, store_fact
 
 # -- breaking a lease (release --force) -----------------------------------------------------
 
+
 def assert_same_lease(seen, expected, store) -> None:
     """The same lease: token, holder and times (an expiry that a store reads as time left,
     in whole seconds, is only as exact as its ``expiry_lag``)."""
@@ -565,3 +566,143 @@ def test_wait_for_release_returns_promptly_when_the_wake_fd_is_written(
     result, late = _returns_when_woken(lambda: waiter.wait_for_release("k", 5, read_end), write_end)
     assert result is None and late < 0.05
     assert os.read(read_end, 10) == b"!"
+
+
+# -- the run ledger ----------------------------------------------------------------------
+
+
+def run_record(lease, holder=HOLDER, exit_code=0, outcome="succeeded", detected_by=None):
+    return RunRecord(
+        key=lease.key,
+        fencing_token=lease.fencing_token,
+        holder=holder,
+        started_at=lease.acquired_at,
+        exit_code=exit_code,
+        outcome=outcome,
+        detected_by=detected_by,
+    )
+
+
+def test_a_release_writes_the_run_into_the_ledger(store, store_factory):
+    assert store.history("k") == []
+    lease = store.acquire("k", 30, HOLDER, token())
+    before = time.time()
+    assert store.release(lease, record=run_record(lease, exit_code=4, outcome="failed")) is True
+    after = time.time()
+    assert store.peek("k") is None
+
+    (run,) = store_factory().history("k")
+    assert run.key == "k" and run.fencing_token == lease.fencing_token and run.slot == 0
+    assert run.holder == HOLDER
+    assert (run.exit_code, run.outcome, run.detected_by) == (4, "failed", None)
+    assert abs((run.started_at - lease.acquired_at).total_seconds()) < 0.002
+    assert run.ended_at is not None and run.ended_at.tzinfo is not None
+    assert before - 1 <= run.ended_at.timestamp() <= after + 1  # the store's clock
+    assert run.ended_at >= run.started_at
+    assert run.to_json()["command"] == ["./job.sh", "--all"]
+    assert run.to_json()["note"] == "nightly"
+
+
+def test_the_ledger_lists_runs_newest_first_and_per_key(store):
+    tokens = []
+    for code in (0, 4, 0):
+        lease = store.acquire("k", 30, HOLDER, token())
+        outcome = "succeeded" if code == 0 else "failed"
+        store.release(lease, record=run_record(lease, exit_code=code, outcome=outcome))
+        tokens.append(lease.fencing_token)
+    other = store.acquire("k2", 30, OTHER, token())
+    store.release(
+        other,
+        record=run_record(other, OTHER, outcome="lost", exit_code=None, detected_by="rejected"),
+    )
+    plain = store.acquire("k3", 30, OTHER, token())
+    store.release(plain)  # no record: nothing in the ledger
+
+    runs = store.history("k")
+    assert [run.fencing_token for run in runs] == tokens[::-1]
+    assert [run.exit_code for run in runs] == [0, 4, 0]
+    assert [run.fencing_token for run in store.history("k", limit=2)] == tokens[:0:-1]
+    (lost,) = store.history("k2")
+    assert (lost.outcome, lost.exit_code, lost.detected_by) == ("lost", None, "rejected")
+    assert lost.holder == OTHER
+    assert store.history("k3") == []
+    assert store.ledger_keys() == ["k", "k2"]
+    assert store.ledger_keys("k2") == ["k2"]
+    assert store.ledger_keys("x") == []
+
+
+def test_the_ledger_keeps_the_last_runs_of_a_key_and_trims_older_ones(store):
+    tokens = []
+    for _ in range(LEDGER_KEEP + 5):
+        lease = store.acquire("busy", 30, HOLDER, token())
+        store.release(lease, record=run_record(lease))
+        tokens.append(lease.fencing_token)
+    other = store.acquire("quiet", 30, HOLDER, token())
+    store.release(other, record=run_record(other))
+
+    runs = store.history("busy", limit=LEDGER_KEEP + 10)
+    assert [run.fencing_token for run in runs] == tokens[::-1][:LEDGER_KEEP]
+    assert len(store.history("quiet")) == 1
+
+
+def test_a_run_written_twice_is_kept_once(store):
+    lease = store.acquire("k", 30, HOLDER, token())
+    record = run_record(lease)
+    assert store.release(lease, record=record) is True
+    assert store.release(lease, record=record) is False  # a retry: the lease is gone
+    assert [run.fencing_token for run in store.history("k")] == [lease.fencing_token]
+
+
+def test_a_run_is_recorded_when_its_lease_was_no_longer_held(store, store_factory):
+    ttl, past = short_ttl(store)
+    lease = store.acquire("k", ttl, HOLDER, token())
+    time.sleep(past)
+    taker = store_factory().acquire("k", 30, OTHER, token())
+    assert taker is not None
+    record = run_record(lease, outcome="lost", exit_code=None, detected_by="unreachable")
+    assert store.release(lease, record=record) is False
+    assert store.peek("k").fencing_token == taker.fencing_token  # untouched
+    (run,) = store.history("k")
+    assert (run.fencing_token, run.outcome) == (lease.fencing_token, "lost")
+
+
+def test_a_broken_lease_is_recorded_by_its_owners_release(store, store_factory):
+    lease = store.acquire("k", 30, HOLDER, token())
+    assert store_factory().break_lease("k") is not None
+    record = run_record(lease, outcome="lost", exit_code=None, detected_by="rejected")
+    assert store.release(lease, record=record) is True
+    assert store.peek("k") is None
+    assert [run.detected_by for run in store.history("k")] == ["rejected"]
+
+
+def test_a_release_with_keep_for_writes_the_run_too(store, store_factory):
+    lease = store.acquire("k", 30, HOLDER, token())
+    assert store.release(lease, keep_for=30, record=run_record(lease)) is True
+    assert store_factory().peek("k").fencing_token == lease.fencing_token  # still kept
+    assert [run.outcome for run in store.history("k")] == ["succeeded"]
+
+
+def test_time_left_is_that_of_the_live_unbroken_lease_with_the_token(store, store_factory):
+    lease = store.acquire("k", 30, HOLDER, token())
+    other = store_factory()
+    left = other.time_left("k", lease.fencing_token)
+    assert left is not None and 25 <= left <= 31
+    assert other.time_left("k", lease.fencing_token + 1) is None
+    assert other.time_left("free", lease.fencing_token) is None
+    assert other.break_lease("k") is not None
+    assert other.peek("k") is not None  # still held, but no longer current
+    assert other.time_left("k", lease.fencing_token) is None
+    store.release(lease)
+    assert other.time_left("k", lease.fencing_token) is None
+
+
+def test_time_left_of_an_expired_or_released_lease_is_none(store):
+    ttl, past = short_ttl(store)
+    lease = store.acquire("k", ttl, HOLDER, token())
+    assert store.time_left("k", lease.fencing_token) is not None
+    time.sleep(past)
+    assert store.time_left("k", lease.fencing_token) is None
+    again = store.acquire("k", 30, HOLDER, token())
+    assert store.time_left("k", lease.fencing_token) is None
+    assert store.release(again)
+    assert store.time_left("k", again.fencing_token) is None

@@ -81,6 +81,80 @@ class LeaseInfo:
         }
 
 
+#: The run ledger keeps at least this many runs per key; a write trims older ones.
+LEDGER_KEEP = 100
+#: ``RunRecord.outcome`` values.
+OUTCOMES = ("succeeded", "failed", "signalled", "lost", "done-already")
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One run that held a lease, as the run ledger keeps it (written with the release).
+
+    ``ended_at`` is None until the store writes the record: it takes the time from its own
+    clock where it has one (as it did for ``started_at``, the lease's acquisition)."""
+
+    key: str
+    fencing_token: int
+    holder: Holder
+    started_at: datetime
+    exit_code: int | None
+    outcome: str
+    detected_by: str | None = None
+    slot: int = 0
+    ended_at: datetime | None = None
+
+    def fields(self) -> dict:
+        """Everything but key, token and times, as the stores keep it (JSON-able)."""
+        return {
+            "slot": self.slot,
+            "holder": self.holder.to_dict(),
+            "exit_code": self.exit_code,
+            "outcome": self.outcome,
+            "detected_by": self.detected_by,
+        }
+
+    @classmethod
+    def from_fields(
+        cls,
+        key: str,
+        fencing_token: int,
+        started_at: datetime,
+        ended_at: datetime | None,
+        data: dict,
+    ) -> RunRecord:
+        code = data.get("exit_code")
+        return cls(
+            key=key,
+            fencing_token=int(fencing_token),
+            holder=Holder.from_dict(data.get("holder") or {}),
+            started_at=started_at,
+            ended_at=ended_at,
+            exit_code=None if code is None else int(code),
+            outcome=str(data.get("outcome", "")),
+            detected_by=data.get("detected_by"),
+            slot=int(data.get("slot", 0)),
+        )
+
+    def to_json(self) -> dict:
+        holder = self.holder
+        return {
+            "key": self.key,
+            "fencing_token": self.fencing_token,
+            "slot": self.slot,
+            "host": holder.host,
+            "pid": holder.pid,
+            "user": holder.user,
+            "command": list(holder.command),
+            "note": holder.note,
+            "started_at": rfc3339(self.started_at),
+            "ended_at": rfc3339(self.ended_at) if self.ended_at else None,
+            "exit_code": self.exit_code,
+            "outcome": self.outcome,
+            "detected_by": self.detected_by,
+        }
+
+
 @dataclass(frozen=True)
 class StoreCheck:
     """One line of ``doctor`` output."""
@@ -161,11 +235,28 @@ class Store(ABC):
         """Extend a still-live lease we own to ``ttl`` from now; raise LeaseLost otherwise."""
 
     @abstractmethod
-    def release(self, lease: Lease, keep_for: float = 0.0) -> bool:
+    def release(self, lease: Lease, keep_for: float = 0.0, record: RunRecord | None = None) -> bool:
         """Free the lease (or, with ``keep_for`` > 0, let it expire that long from now).
 
         Returns False when the lease was no longer ours. The fencing counter is kept.
+        ``record`` (the run that held the lease) goes into the run ledger in the same write
+        -- whether the lease was still ours or not -- which also trims the key's ledger to
+        its last ``LEDGER_KEEP`` runs. Writing the same run (key and token) again, as a
+        retry does, keeps one record. A failing ledger write fails the release.
         """
+
+    @abstractmethod
+    def time_left(self, key: str, fencing_token: int) -> float | None:
+        """Seconds until the lease on ``key`` with ``fencing_token`` expires, when it is live
+        and not broken (``tasklock check``); None otherwise."""
+
+    @abstractmethod
+    def history(self, key: str, limit: int = LEDGER_KEEP) -> list[RunRecord]:
+        """The key's last ``limit`` runs from the ledger, newest (highest token) first."""
+
+    @abstractmethod
+    def ledger_keys(self, prefix: str = "") -> list[str]:
+        """The keys starting with ``prefix`` that have runs in the ledger, sorted."""
 
     @abstractmethod
     def peek(self, key: str) -> LeaseInfo | None:

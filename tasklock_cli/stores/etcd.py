@@ -15,6 +15,11 @@ key ``K`` (stored exactly, UTF-8)::
                          lock key, to the breaker's lease (see ``break_lease``)
     P wait/<len>:K/<id>  a waiter's place in K's queue, attached to the waiter's lease;
                          ordered by create_revision (``wait_for_release``)
+    P runs/K NUL <token> the run ledger: one JSON record per run (token: 20 digits, so
+                         key order is token order), put by the release's txn. The
+                         acquire's txn counts K's records and reads the oldest, so that
+                         the release's txn can trim to the last LEDGER_KEEP runs
+                         (keys hold no control characters: NUL ends K)
 
 Round trips: acquire = 1 (the lease grant with a client-chosen ID and the ``txn`` that
 creates the key only if absent, with the lease attached, are pipelined on one connection:
@@ -57,10 +62,12 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from tasklock_cli.errors import ConfigError, LeaseLost, StoreUnavailable, TasklockError
 from tasklock_cli.stores import _http, redact_url
 from tasklock_cli.stores.base import (
+    LEDGER_KEEP,
     LIST_PAGE,
     Holder,
     Lease,
     LeaseInfo,
+    RunRecord,
     Store,
     StoreCheck,
     utc_from_timestamp,
@@ -78,6 +85,9 @@ WAITER_TTL_S = 6
 #: When the watch breaks, waiting falls back to reading the key this often.
 POLL_S = 0.1
 CLOCK_WARN_S = 2.0
+#: The oldest ledger records an acquire reads, for its release to trim (more than one,
+#: so that a ledger grown past LEDGER_KEEP shrinks back).
+TRIM_READ = 4
 _NOT_FOUND = 5
 _UNAUTHENTICATED = 16
 _RETRY_ELSEWHERE = (
@@ -422,6 +432,8 @@ class _Held:
     lease_id: int
     value: bytes
     ttl: int  # as asked (etcd may have granted more)
+    runs: int = 0  # the key's records in the ledger at the acquisition
+    oldest_runs: list[bytes] = field(default_factory=list)  # the first TRIM_READ of them
 
 
 class EtcdStore(Store):
@@ -461,6 +473,12 @@ class EtcdStore(Store):
 
     def _queue_entry(self, key: str, waiter_lease: int) -> bytes:
         return self._queue_prefix(key) + f"{waiter_lease:016x}".encode()
+
+    def _runs_prefix(self, key: str) -> bytes:
+        return self._p + b"runs/" + key.encode("utf-8") + b"\0"
+
+    def _run_key(self, key: str, token: int) -> bytes:
+        return self._runs_prefix(key) + f"{token:020d}".encode()
 
     # -- calls ------------------------------------------------------------------------
 
@@ -528,6 +546,7 @@ class EtcdStore(Store):
             if key in self._queued and self._waiter_lease is not None:
                 entry = self._queue_entry(key, self._waiter_lease)
                 success.append({"request_delete_range": {"key": b64(entry)}})
+            success.append(self._oldest_runs_op(key))
             txn = {
                 "compare": [{"key": b64(name), "target": "CREATE", "create_revision": "0"}],
                 "success": success,
@@ -551,7 +570,11 @@ class EtcdStore(Store):
                 self._spare = None
                 self._queued.discard(key)
                 token = _revision(reply)
-                self._held[(key, owner_token, token)] = _Held(lease_id, value, ttl_s)
+                runs = reply["responses"][-1].get("response_range", {})
+                oldest = [unb64(kv["key"]) for kv in runs.get("kvs", [])]
+                self._held[(key, owner_token, token)] = _Held(
+                    lease_id, value, ttl_s, int(runs.get("count", 0)), oldest
+                )
                 return Lease(
                     key,
                     owner_token,
@@ -634,23 +657,119 @@ class EtcdStore(Store):
             utc_from_timestamp(sent + remaining),
         )
 
-    def release(self, lease: Lease, keep_for: float = 0.0) -> bool:
+    def release(self, lease: Lease, keep_for: float = 0.0, record: RunRecord | None = None) -> bool:
         ident = (lease.key, lease.owner_token, lease.fencing_token)
         held = self._held_lease(lease)
+        ledger = self._record_ops(record, held) if record is not None else []
         if held is None:
+            if ledger:
+                self._txn([], ledger, [])
             return False
         if keep_for > 0:
             # A broken lease (moved off our etcd lease) is let go at once instead.
-            released = self._keep_for(
-                lease, held, _ttl_seconds(keep_for, "keep-for time")
-            ) or self._delete_as_owner(lease, held)
+            keep_s = _ttl_seconds(keep_for, "keep-for time")
+            released = self._move_own_lease(lease, held, keep_s, ledger) > 0
+            released = released or self._delete_as_owner(lease, held, ledger)
         else:
             # Not a revoke of our lease: a break may have moved the key to another lease
             # the moment before, and a revoke would then report a release that freed
             # nothing. The emptied lease runs out on its own.
-            released = self._delete_as_owner(lease, held)
+            released = self._delete_as_owner(lease, held, ledger)
         self._held.pop(ident, None)
         return released
+
+    def _oldest_runs_op(self, key: str) -> dict[str, Any]:
+        """A range op counting ``key``'s ledger records and reading the oldest names."""
+        start = self._runs_prefix(key)
+        body = {
+            "key": b64(start),
+            "range_end": b64(prefix_end(start)),
+            "keys_only": True,
+            "limit": str(TRIM_READ),
+            "sort_order": "ASCEND",
+            "sort_target": "KEY",
+        }
+        return {"request_range": body}
+
+    def _record_ops(self, record: RunRecord, held: _Held | None) -> list[dict[str, Any]]:
+        """The txn ops that put ``record`` into the ledger (again: the same key) and trim
+        the oldest records counted at the acquisition down to LEDGER_KEEP."""
+        value = {
+            "fencing_token": record.fencing_token,
+            "started_at": math.floor(record.started_at.timestamp() * 1000),
+            "ended_at": math.floor(time.time() * 1000),
+            **record.fields(),
+        }
+        name = self._run_key(record.key, record.fencing_token)
+        ops: list[dict[str, Any]] = [
+            {"request_put": {"key": b64(name), "value": b64(json.dumps(value).encode())}}
+        ]
+        if held is not None:
+            excess = held.runs + 1 - LEDGER_KEEP
+            for old in held.oldest_runs[: max(0, excess)]:
+                if old != name:
+                    ops.append({"request_delete_range": {"key": b64(old)}})
+        return ops
+
+    def time_left(self, key: str, fencing_token: int) -> float | None:
+        name, broken = self._lock_key(key), self._broken_key(key)
+        reply = self._txn([], [_range_op(name), _range_op(broken)], [])
+        lock_kvs, broken_kvs = (_kvs(r) for r in reply.get("responses", []))
+        if not lock_kvs or int(lock_kvs[0]["create_revision"]) != fencing_token:
+            return None
+        if broken_kvs and unb64(broken_kvs[0].get("value")) == str(fencing_token).encode():
+            return None
+        lease_id = int(lock_kvs[0].get("lease", 0))
+        remaining = self._remaining(lease_id) if lease_id else -1.0
+        return remaining if remaining > 0 else None
+
+    def history(self, key: str, limit: int = LEDGER_KEEP) -> list[RunRecord]:
+        start = self._runs_prefix(key)
+        body = {
+            "key": b64(start),
+            "range_end": b64(prefix_end(start)),
+            "limit": str(limit),
+            "sort_order": "DESCEND",
+            "sort_target": "KEY",
+        }
+        reply = self._call(("/v3/kv/range", body))[0]
+        records = []
+        for kv in reply.get("kvs", []):
+            try:
+                data = json.loads(unb64(kv.get("value")))
+                records.append(
+                    RunRecord.from_fields(
+                        key,
+                        int(data["fencing_token"]),
+                        utc_from_timestamp(int(data["started_at"]) / 1000),
+                        utc_from_timestamp(int(data["ended_at"]) / 1000),
+                        data,
+                    )
+                )
+            except (ValueError, TypeError, KeyError) as exc:
+                raise ConfigError(
+                    f"{self.display_url}: etcd key {unb64(kv['key'])!r} is not a tasklock run "
+                    f"record ({type(exc).__name__}: {exc}); another application uses the "
+                    f"prefix {self.prefix!r}"
+                ) from None
+        return records
+
+    def ledger_keys(self, prefix: str = "") -> list[str]:
+        start = self._p + b"runs/" + prefix.encode("utf-8")
+        end = prefix_end(start)
+        strip = len(self._p + b"runs/")
+        keys: set[str] = set()
+        while True:
+            body = {"key": b64(start), "range_end": b64(end), "keys_only": True}
+            body["limit"] = str(LIST_PAGE)
+            reply = self._call(("/v3/kv/range", body))[0]
+            kvs = reply.get("kvs", [])
+            for kv in kvs:
+                name = unb64(kv["key"])[strip:]
+                keys.add(name.partition(b"\0")[0].decode("utf-8", "replace"))
+            if not reply.get("more") or not kvs:
+                return sorted(keys)
+            start = unb64(kvs[-1]["key"]) + b"\0"
 
     def _owner_compare(self, lease: Lease, held: _Held) -> list[dict[str, Any]]:
         name = b64(self._lock_key(lease.key))
@@ -659,23 +778,23 @@ class EtcdStore(Store):
             {"key": name, "target": "VALUE", "value": b64(held.value)},
         ]
 
-    def _delete_as_owner(self, lease: Lease, held: _Held) -> bool:
-        """Our lease is gone (broken, or a release whose reply was lost): delete the key if
-        it is still ours by value and fencing token."""
+    def _delete_as_owner(self, lease: Lease, held: _Held, ledger: list[dict] | None = None) -> bool:
+        """Delete the key if it is still ours by value and fencing token (our lease may be
+        gone: broken, or a release whose reply was lost); ``ledger`` ops run either way."""
         success = [
             {"request_delete_range": {"key": b64(self._lock_key(lease.key))}},
             {"request_delete_range": {"key": b64(self._broken_key(lease.key))}},
         ]
-        reply = self._txn(self._owner_compare(lease, held), success, [])
+        ledger = ledger or []
+        reply = self._txn(self._owner_compare(lease, held), success + ledger, ledger)
         return bool(reply.get("succeeded"))
 
-    def _keep_for(self, lease: Lease, held: _Held, keep_s: int) -> bool:
-        """Let the key run out ``keep_s`` seconds from now: on a new lease, ours revoked."""
-        return self._move_own_lease(lease, held, keep_s) > 0
-
-    def _move_own_lease(self, lease: Lease, held: _Held, ttl_s: int) -> int:
+    def _move_own_lease(
+        self, lease: Lease, held: _Held, ttl_s: int, ledger: list[dict] | None = None
+    ) -> int:
         """Move our key to a new lease of ``ttl_s`` (grant and txn pipelined), revoke the old
-        one; the new lease's TTL, 0 when the key was no longer ours."""
+        one; the new lease's TTL, 0 when the key was no longer ours. ``ledger`` ops run in
+        the txn either way."""
         new_id = _new_lease_id()
         name = b64(self._lock_key(lease.key))
         compare = [
@@ -684,8 +803,11 @@ class EtcdStore(Store):
         ]
         txn = {
             "compare": compare,
-            "success": [{"request_put": {"key": name, "ignore_value": True, "lease": str(new_id)}}],
-            "failure": [],
+            "success": [
+                {"request_put": {"key": name, "ignore_value": True, "lease": str(new_id)}},
+                *(ledger or []),
+            ],
+            "failure": list(ledger or []),
         }
         try:
             granted, reply = self._members.call(

@@ -67,10 +67,12 @@ from tasklock_cli.errors import ConfigError, LeaseLost, StoreUnavailable, Tasklo
 from tasklock_cli.stores import redact_url
 from tasklock_cli.stores.base import (
     BROKEN_OWNER_PREFIX,
+    LEDGER_KEEP,
     LIST_PAGE,
     Holder,
     Lease,
     LeaseInfo,
+    RunRecord,
     Store,
     StoreCheck,
     fd_readable,
@@ -116,11 +118,20 @@ CREATE TABLE IF NOT EXISTS {table} (
     expires_at    timestamptz
 );
 CREATE INDEX IF NOT EXISTS {index} ON {table} (expires_at) WHERE owner_token IS NOT NULL;
+CREATE TABLE IF NOT EXISTS {runs} (
+    key           text COLLATE "C" NOT NULL,
+    fencing_token bigint NOT NULL,
+    started_at    timestamptz NOT NULL,
+    ended_at      timestamptz NOT NULL,
+    data          jsonb NOT NULL,
+    PRIMARY KEY (key, fencing_token)
+);
 """
 
-# One query: kind of relation, its columns, and whether ``key`` has a unique index.
+# One query: kind of relation, its columns, whether ``key`` has a unique index, and
+# whether the run ledger's table exists (parameters: the ledger's name, the table's).
 _INSPECT = """
-SELECT c.oid::bigint, c.relkind::text,
+SELECT c.oid::bigint, c.relkind::text, to_regclass(%s) IS NOT NULL,
        (SELECT coalesce(json_object_agg(a.attname, format_type(a.atttypid, a.atttypmod)),
                         '{}'::json)
           FROM pg_attribute a
@@ -206,6 +217,37 @@ SELECT pg_notify(%(channel)s, {_PAYLOAD.format(col="key")})::text FROM cleared
 _RELEASE = f"""
 WITH cleared AS ({_FREE_OURS})
 SELECT pg_notify(%(channel)s, {_PAYLOAD.format(col="key")}) FROM cleared
+"""
+# The run ledger's part of a release: the run's record (kept as first written when a
+# retry writes it again) and the trim to the key's last LEDGER_KEEP runs, counting the new
+# one (the statement's snapshot does not show its own insert).
+_RECORD_RUN = f"""recorded AS (
+    INSERT INTO {{runs}} (key, fencing_token, started_at, ended_at, data)
+    VALUES (%(key)s, %(fence)s, %(started)s, clock_timestamp(), %(data)s)
+    ON CONFLICT DO NOTHING
+    RETURNING 1
+), trimmed AS (
+    DELETE FROM {{runs}} WHERE key = %(key)s AND fencing_token < (
+        SELECT t FROM (SELECT fencing_token AS t FROM {{runs}} WHERE key = %(key)s
+                       UNION SELECT %(fence)s::bigint) AS s
+         ORDER BY t DESC OFFSET {LEDGER_KEEP - 1} LIMIT 1)
+    RETURNING 1
+), """
+_RELEASE_RECORDED = _RELEASE.replace("WITH ", "WITH " + _RECORD_RUN, 1)
+_RELEASE_LATER_RECORDED = _RELEASE_LATER.replace("WITH ", "WITH " + _RECORD_RUN, 1)
+_TIME_LEFT = """
+SELECT extract(epoch FROM expires_at - clock_timestamp())::float8 FROM {table}
+ WHERE key = %(key)s AND fencing_token = %(token)s AND owner_token IS NOT NULL
+   AND left(owner_token, length(%(prefix)s)) <> %(prefix)s AND expires_at > clock_timestamp()
+"""
+_HISTORY = """
+SELECT key, fencing_token, started_at, ended_at, data FROM {runs}
+ WHERE key = %(key)s ORDER BY fencing_token DESC LIMIT %(limit)s
+"""
+_LEDGER_KEYS = """
+SELECT DISTINCT key FROM {runs}
+ WHERE key >= %(prefix)s COLLATE "C" AND left(key, char_length(%(prefix)s)) = %(prefix)s
+ ORDER BY key
 """
 # The lease on %(key)s with fencing token %(token)s (any when NULL).
 _MATCHING = (
@@ -467,6 +509,10 @@ class PostgresStore(Store):
         self.table_name = table
         self._table_parts = parse_table(table)
         self._table = sql.Identifier(*self._table_parts)
+        # The run ledger's table, beside the leases' (names are at most 63 bytes).
+        runs_parts = (*self._table_parts[:-1], self._table_parts[-1][:58] + "_runs")
+        self._runs = sql.Identifier(*runs_parts)
+        self.runs_table_name = ".".join(runs_parts)
         self.display_url = display_url or redact_url(conninfo)
         self._secrets = sorted(self._url_passwords(conninfo), key=len, reverse=True)
         try:
@@ -518,7 +564,7 @@ class PostgresStore(Store):
         statement = self._statements.get((template, live, upper))
         if statement is None:
             statement = sql.SQL(template).format(
-                table=self._table, live=sql.SQL(live), upper=sql.SQL(upper)
+                table=self._table, runs=self._runs, live=sql.SQL(live), upper=sql.SQL(upper)
             )
             self._statements[(template, live, upper)] = statement
         return statement
@@ -560,7 +606,7 @@ class PostgresStore(Store):
                 return conn, None
 
             def set_up_and_inspect() -> tuple | None:
-                cursor.execute(setup + _INSPECT, [self._table.as_string(conn)])
+                cursor.execute(setup + _INSPECT, self._inspect_params(conn))
                 while cursor.nextset():  # to the last result, the inspection's
                     pass
                 return cursor.fetchone()
@@ -711,14 +757,18 @@ class PostgresStore(Store):
 
     # -- schema -------------------------------------------------------------------
 
-    def _inspect(self, conn: psycopg.Connection) -> int | None:
-        return self._judge_table(conn.execute(_INSPECT, [self._table.as_string(conn)]).fetchone())
+    def _inspect_params(self, conn: psycopg.Connection) -> list[str]:
+        return [self._runs.as_string(conn), self._table.as_string(conn)]
 
-    def _judge_table(self, row: tuple | None) -> int | None:
-        """The table's oid when it is a tasklock table, None when missing; else ConfigError."""
+    def _inspect(self, conn: psycopg.Connection) -> tuple[int, bool] | None:
+        return self._judge_table(conn.execute(_INSPECT, self._inspect_params(conn)).fetchone())
+
+    def _judge_table(self, row: tuple | None) -> tuple[int, bool] | None:
+        """(the table's oid, whether the run ledger's table exists) when it is a tasklock
+        table, None when missing; else ConfigError."""
         if row is None:
             return None
-        oid, relkind, columns, has_unique_key = row
+        oid, relkind, has_runs, columns, has_unique_key = row
         columns = dict(columns or {})
         if relkind not in ("r", "p"):
             raise ConfigError(
@@ -732,7 +782,7 @@ class PostgresStore(Store):
                 f"{self.display_url}: table {self.table_name} exists but is not a tasklock "
                 f"table (columns: {found or 'none'}{why}); choose another name with ?table="
             )
-        return int(oid)
+        return int(oid), bool(has_runs)
 
     def _create(self, conn: psycopg.Connection) -> None:
         lock_id = int.from_bytes(
@@ -761,16 +811,23 @@ class PostgresStore(Store):
 
         def check() -> None:
             if isinstance(inspected, _Unset):
-                oid = self._inspect(conn)
+                found = self._inspect(conn)
             else:
-                oid = self._judge_table(inspected)
-            if oid is None:
+                found = self._judge_table(inspected)
+            if found is None:
                 self._create(conn)
-                oid = self._inspect(conn)
-                if oid is None:
+                found = self._inspect(conn)
+                if found is None:
                     raise ConfigError(
                         f"{self.display_url}: table {self.table_name} could not be created"
                     )
+            elif not found[1]:
+                # A lease table from before the run ledger. Leases work without the ledger:
+                # when it cannot be created, writing a run fails instead (and the run's
+                # release is retried without it).
+                with contextlib.suppress(ConfigError):
+                    self._create(conn)
+            oid = found[0]
             self._oid = oid
             self._channel = f"tasklock_released_{oid}"
             self._turn_space = oid & 0x7FFFFFFF  # first int4 of the waiters' advisory locks
@@ -780,15 +837,15 @@ class PostgresStore(Store):
 
     def _ddl(self) -> sql.Composed:
         index = self._table_parts[-1][:50] + "_expires_idx"
-        return sql.SQL(_DDL).format(table=self._table, index=sql.Identifier(index))
+        return sql.SQL(_DDL).format(table=self._table, index=sql.Identifier(index), runs=self._runs)
 
     def init_schema(self) -> None:
         self._run(lambda conn: None)
 
     def schema_sql(self) -> str:
         return (
-            "-- tasklock lease table; rows are never deleted (they keep the fencing counter)\n"
-            + self._ddl().as_string(None)
+            "-- tasklock lease table; rows are never deleted (they keep the fencing counter),\n"
+            "-- and the run ledger's table\n" + self._ddl().as_string(None)
         )
 
     # -- the interface --------------------------------------------------------------
@@ -852,17 +909,20 @@ class PostgresStore(Store):
             lease.key, lease.owner_token, lease.fencing_token, lease.acquired_at, _utc(row[0])
         )
 
-    def release(self, lease: Lease, keep_for: float = 0.0) -> bool:
+    def release(self, lease: Lease, keep_for: float = 0.0, record: RunRecord | None = None) -> bool:
         params: dict[str, Any] = {
             "key": lease.key,
             "owner": lease.owner_token,
             "broken": BROKEN_OWNER_PREFIX + lease.owner_token,
             "fence": lease.fencing_token,
         }
+        if record is not None:
+            params["started"] = record.started_at
+            params["data"] = Jsonb(record.fields())
         self._stop_listening_for_break(lease)
         if keep_for > 0:
             params["keep"] = float(keep_for)
-            later = self._sql(_RELEASE_LATER)
+            later = self._sql(_RELEASE_LATER if record is None else _RELEASE_LATER_RECORDED)
 
             def run_later(conn: psycopg.Connection) -> int:
                 rows = conn.execute(later, {**params, "channel": self._channel}).fetchall()
@@ -870,7 +930,7 @@ class PostgresStore(Store):
 
             count = self._run(run_later)
         else:
-            now = self._sql(_RELEASE)
+            now = self._sql(_RELEASE if record is None else _RELEASE_RECORDED)
 
             def run(conn: psycopg.Connection) -> int:
                 return len(conn.execute(now, {**params, "channel": self._channel}).fetchall())
@@ -879,6 +939,26 @@ class PostgresStore(Store):
             # lost, a retry would report False although the release worked.
             count = self._run(run, idempotent=False)
         return count == 1
+
+    def time_left(self, key: str, fencing_token: int) -> float | None:
+        statement = self._sql(_TIME_LEFT)
+        params = {"key": key, "token": fencing_token, "prefix": BROKEN_OWNER_PREFIX}
+        row = self._run(lambda conn: conn.execute(statement, params).fetchone())
+        return max(0.0, float(row[0])) if row else None
+
+    def history(self, key: str, limit: int = LEDGER_KEEP) -> list[RunRecord]:
+        statement = self._sql(_HISTORY)
+        params = {"key": key, "limit": limit}
+        rows = self._run(lambda conn: conn.execute(statement, params).fetchall())
+        return [
+            RunRecord.from_fields(key, token, _utc(started), _utc(ended), data or {})
+            for key, token, started, ended, data in rows
+        ]
+
+    def ledger_keys(self, prefix: str = "") -> list[str]:
+        statement = self._sql(_LEDGER_KEYS)
+        rows = self._run(lambda conn: conn.execute(statement, {"prefix": prefix}).fetchall())
+        return [row[0] for row in rows]
 
     def peek(self, key: str) -> LeaseInfo | None:
         statement = self._sql(_PEEK)

@@ -10,6 +10,9 @@ default ``tasklock:``)::
     P{K}:wake      list  one element while the key is free after a release: a waiter's
                          BLPOP takes it, so each release wakes exactly one waiter (the one
                          waiting longest); acquire deletes it, and it expires by itself
+    P{K}:runs      zset  the run ledger: one JSON record per run, scored by its fencing
+                         token; written by the release script, which trims it to the last
+                         LEDGER_KEEP runs
 
 A break marks the lease hash's owner ``broken:<owner>`` (see base) and PUBLISHes to
 ``P{K}:broken:<fencing token>``, which the lease's holder, waiting for a break, is
@@ -54,10 +57,12 @@ from tasklock_cli.errors import ConfigError, LeaseLost, StoreUnavailable, Tasklo
 from tasklock_cli.stores import redact_url
 from tasklock_cli.stores.base import (
     BROKEN_OWNER_PREFIX,
+    LEDGER_KEEP,
     LIST_PAGE,
     Holder,
     Lease,
     LeaseInfo,
+    RunRecord,
     Store,
     StoreCheck,
     fd_readable,
@@ -82,6 +87,7 @@ _EXPECTED_TYPES = {
     "lease": "a tasklock lease hash",
     "fence": "an integer counter",
     "wake": "a tasklock wake-up list",
+    "runs": "a tasklock run ledger (sorted set)",
 }
 _FORCED_OPTIONS = (
     "socket_timeout",
@@ -170,28 +176,44 @@ return now + ttl
 """
 )
 
-# KEYS[2] = wake; ARGV: owner, fencing_token, keep_ms (0 = delete now)
+# KEYS[2] = wake, KEYS[3] = runs; ARGV: owner, fencing_token, keep_ms (0 = delete now),
+# the run's record as JSON without ended_at ('' = none)
 # -> 1 released (or kept for keep_ms), 0 no lease at all, -1 someone else's lease.
-# Our broken lease is ours to release too, and is never kept.
+# Our broken lease is ours to release too, and is never kept. The record goes into the
+# ledger whatever the lease's state (once per token), ended_at from Redis's clock.
 _RELEASE = (
     _PRELUDE
     + """
 local _, bad_wake = key_type(KEYS[2], 'list', 'wake')
 if bad_wake then return bad_wake end
-if lease_type == 'none' then return 0 end
-local cur = redis.call('HMGET', KEYS[1], 'owner', 'fencing_token')
-local broken = cur[1] == BROKEN .. ARGV[1]
-if (cur[1] ~= ARGV[1] and not broken) or cur[2] ~= ARGV[2] then return -1 end
-local keep = tonumber(ARGV[3])
-if keep > 0 and not broken then
-  redis.call('HSET', KEYS[1], 'expires_at', ms(now_ms() + keep))
-  redis.call('PEXPIRE', KEYS[1], keep)
+local recording = ARGV[4] ~= ''
+if recording then
+  local _, bad_runs = key_type(KEYS[3], 'zset', 'runs')
+  if bad_runs then return bad_runs end
+end
+local function release()
+  if lease_type == 'none' then return 0 end
+  local cur = redis.call('HMGET', KEYS[1], 'owner', 'fencing_token')
+  local broken = cur[1] == BROKEN .. ARGV[1]
+  if (cur[1] ~= ARGV[1] and not broken) or cur[2] ~= ARGV[2] then return -1 end
+  local keep = tonumber(ARGV[3])
+  if keep > 0 and not broken then
+    redis.call('HSET', KEYS[1], 'expires_at', ms(now_ms() + keep))
+    redis.call('PEXPIRE', KEYS[1], keep)
+    return 1
+  end
+  redis.call('DEL', KEYS[1])
+  wake_one(KEYS[2])
   return 1
 end
-redis.call('DEL', KEYS[1])
-wake_one(KEYS[2])
-return 1
-"""
+local result = release()
+if recording and redis.call('ZCOUNT', KEYS[3], ARGV[2], ARGV[2]) == 0 then
+  local record = string.sub(ARGV[4], 1, -2) .. ',"ended_at":' .. ms(now_ms()) .. '}'
+  redis.call('ZADD', KEYS[3], ARGV[2], record)
+  redis.call('ZREMRANGEBYRANK', KEYS[3], 0, -(LEDGER_KEEP + 1))
+end
+return result
+""".replace("LEDGER_KEEP", str(LEDGER_KEEP))
 )
 
 # ARGV: fencing_token ('' = any), the holders' break channel without the token
@@ -269,6 +291,28 @@ return cjson.encode(out)
 """
 
 _GLOB_SPECIAL = frozenset(b"*?[]\\^")
+
+
+def _record_json(record: RunRecord | None) -> str:
+    """The run's ledger entry without ``ended_at``, which the release script appends
+    (so it must end with ``}``); '' for no record."""
+    if record is None:
+        return ""
+    started_ms = math.floor(record.started_at.timestamp() * 1000)
+    return json.dumps(
+        {"fencing_token": record.fencing_token, "started_at": started_ms, **record.fields()}
+    )
+
+
+def _run_record(key: str, member: bytes) -> RunRecord:
+    data = json.loads(member)
+    return RunRecord.from_fields(
+        key,
+        int(data["fencing_token"]),
+        utc_from_timestamp(int(data["started_at"]) / 1000),
+        utc_from_timestamp(int(data["ended_at"]) / 1000),
+        data,
+    )
 
 
 def glob_escape(raw: bytes) -> bytes:
@@ -485,6 +529,9 @@ class RedisStore(Store):
     def _wake_key(self, key: str) -> bytes:
         return self._name(key, "wake")
 
+    def _runs_key(self, key: str) -> bytes:
+        return self._name(key, "runs")
+
     def _break_channel(self, key: str, token: int | str = "") -> bytes:
         """Where a break of ``key``'s lease with fencing token ``token`` is published
         (without ``token``: the part before it, which the scripts complete)."""
@@ -604,19 +651,17 @@ class RedisStore(Store):
             utc_from_timestamp(int(result) / 1000),
         )
 
-    def release(self, lease: Lease, keep_for: float = 0.0) -> bool:
+    def release(self, lease: Lease, keep_for: float = 0.0, record: RunRecord | None = None) -> bool:
         keep_ms = _ttl_ms(keep_for, "keep-for time") if keep_for > 0 else 0
         script = self._scripts["release"]
         attempts = 0
+        keys = [self._lease_key(lease.key), self._wake_key(lease.key), self._runs_key(lease.key)]
+        args = [lease.owner_token, lease.fencing_token, keep_ms, _record_json(record)]
 
         def run(client: redis.Redis) -> Any:
             nonlocal attempts
             attempts += 1
-            return script(
-                keys=[self._lease_key(lease.key), self._wake_key(lease.key)],
-                args=[lease.owner_token, lease.fencing_token, keep_ms],
-                client=client,
-            )
+            return script(keys=keys, args=args, client=client)
 
         self._unsubscribe_from_break(lease)
         result = int(self._call(run, lease.key))
@@ -625,6 +670,41 @@ class RedisStore(Store):
         # No lease at all on a second attempt: the first one may have deleted it before its
         # reply was lost. Either way nobody holds the key in our name or anyone else's.
         return result == 0 and attempts > 1 and keep_ms == 0
+
+    def time_left(self, key: str, fencing_token: int) -> float | None:
+        name = self._lease_key(key)
+
+        def read(client: redis.Redis) -> list[Any]:
+            pipe = client.pipeline(transaction=True)  # one round trip, one moment
+            pipe.hmget(name, ["owner", "fencing_token"])
+            pipe.pttl(name)
+            return pipe.execute()
+
+        (owner, token), pttl = self._call(read, key)
+        if owner is None or owner.decode().startswith(BROKEN_OWNER_PREFIX):
+            return None
+        if token != str(fencing_token).encode() or pttl <= 0:
+            return None
+        return pttl / 1000
+
+    def history(self, key: str, limit: int = LEDGER_KEEP) -> list[RunRecord]:
+        name = self._runs_key(key)
+        members = self._call(lambda c: c.zrevrange(name, 0, limit - 1), key)
+        try:
+            return [_run_record(key, member) for member in members]
+        except (ValueError, TypeError, KeyError) as exc:
+            raise ConfigError(
+                f"{self.display_url}: Redis key {name.decode('utf-8', 'replace')!r} is not a "
+                f"tasklock run ledger ({type(exc).__name__}: {exc}); another application uses "
+                f"the prefix {self.prefix!r}"
+            ) from None
+
+    def ledger_keys(self, prefix: str = "") -> list[str]:
+        pattern = glob_escape(self._prefix_b + b"{" + prefix.encode("utf-8")) + b"*}:runs"
+        names = set(self._call(lambda c: self._scan(c, pattern)))
+        start, end = len(self._prefix_b) + 1, -len(b"}:runs")
+        keys = {name[start:end].decode("utf-8", "replace") for name in names}
+        return sorted(key for key in keys if key.startswith(prefix))
 
     def peek(self, key: str) -> LeaseInfo | None:
         name = self._lease_key(key)

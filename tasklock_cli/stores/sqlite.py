@@ -27,10 +27,12 @@ from tasklock_cli.errors import ConfigError, LeaseLost, StoreUnavailable, UsageE
 from tasklock_cli.stores import default_sqlite_path, sqlite_url
 from tasklock_cli.stores.base import (
     BROKEN_OWNER_PREFIX,
+    LEDGER_KEEP,
     LIST_PAGE,
     Holder,
     Lease,
     LeaseInfo,
+    RunRecord,
     Store,
     StoreCheck,
     prefix_upper_bound,
@@ -40,9 +42,10 @@ from tasklock_cli.stores.base import (
 from tasklock_cli.stores.local_wakeups import BreakAlarms, LocalWakeups
 
 TABLE = "tasklock_leases"
+RUNS_TABLE = "tasklock_runs"
 _T = TypeVar("_T")
 _BUSY_CODES = {getattr(sqlite3, "SQLITE_BUSY", 5), getattr(sqlite3, "SQLITE_LOCKED", 6)}
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 BUSY_TIMEOUT_S = 5.0
 #: SQLite's own busy handler sleeps ever longer (up to 100 ms a time) while the write lock
 #: is taken, so a waiter can miss the moments it is free; it gets only this long per try,
@@ -66,6 +69,15 @@ NETWORK_FILESYSTEMS = {
 
 _EXPIRY_INDEX = f"""CREATE INDEX IF NOT EXISTS {TABLE}_expiry ON {TABLE} (boot_id, expires_boot)
     WHERE owner_token IS NOT NULL;"""
+# The run ledger: one row per run, written with the release (``data``: RunRecord.fields).
+_RUNS_SCHEMA = f"""CREATE TABLE IF NOT EXISTS {RUNS_TABLE} (
+    key           TEXT NOT NULL,
+    fencing_token INTEGER NOT NULL,
+    started_at    REAL NOT NULL,
+    ended_at      REAL NOT NULL,
+    data          TEXT NOT NULL,
+    PRIMARY KEY (key, fencing_token)
+) WITHOUT ROWID;"""
 SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS {TABLE} (
     key           TEXT PRIMARY KEY,
@@ -78,11 +90,14 @@ CREATE TABLE IF NOT EXISTS {TABLE} (
     holder        TEXT
 ) WITHOUT ROWID;
 {_EXPIRY_INDEX}
+{_RUNS_SCHEMA}
 """
-# Version 1 indexed expires_boot alone, which a sweep could only scan from end to end.
-_MIGRATE_FROM_1 = f"""
+# Version 1 indexed expires_boot alone, which a sweep could only scan from end to end;
+# version 2 had no run ledger. (Each step is idempotent, so all run from any version.)
+_MIGRATE = f"""
 {_EXPIRY_INDEX}
 DROP INDEX IF EXISTS {TABLE}_held;
+{_RUNS_SCHEMA}
 """
 _COLUMNS = {
     "key",
@@ -151,6 +166,20 @@ _REMAINING = f"SELECT expires_boot - :now FROM {TABLE} WHERE key = :key AND {_LI
 _SELECT = (
     f"SELECT key, fencing_token, acquired_at, expires_at, holder, ({_LIVE}) AS live FROM {TABLE}"
 )
+# Seconds left of the live, unbroken lease with a fencing token.
+_TIME_LEFT = f"""SELECT expires_boot - :now FROM {TABLE}
+WHERE key = :key AND fencing_token = :token AND {_LIVE}
+  AND substr(owner_token, 1, length(:prefix)) <> :prefix"""
+# A run already in the ledger (a retried release) is kept as first written.
+_RECORD_RUN = f"""INSERT INTO {RUNS_TABLE} (key, fencing_token, started_at, ended_at, data)
+VALUES (:key, :token, :started, :wall, :data) ON CONFLICT DO NOTHING"""
+_TRIM_RUNS = f"""DELETE FROM {RUNS_TABLE} WHERE key = :key AND fencing_token < (
+    SELECT fencing_token FROM {RUNS_TABLE} WHERE key = :key
+     ORDER BY fencing_token DESC LIMIT 1 OFFSET {LEDGER_KEEP - 1})"""
+_HISTORY = f"""SELECT key, fencing_token, started_at, ended_at, data FROM {RUNS_TABLE}
+WHERE key = :key ORDER BY fencing_token DESC LIMIT :limit"""
+_LEDGER_KEYS = f"""SELECT DISTINCT key FROM {RUNS_TABLE}
+WHERE key >= :prefix AND substr(key, 1, :n) = :prefix ORDER BY key"""
 
 
 def boot_clock() -> float:
@@ -242,7 +271,7 @@ class SQLiteStore(Store):
             )
         (version,) = conn.execute("PRAGMA user_version").fetchone()
         if version < SCHEMA_VERSION:
-            script = f"BEGIN IMMEDIATE;{_MIGRATE_FROM_1}PRAGMA user_version={SCHEMA_VERSION};"
+            script = f"BEGIN IMMEDIATE;{_MIGRATE}PRAGMA user_version={SCHEMA_VERSION};"
             script += "COMMIT;"
             self._when_not_busy(lambda: conn.executescript(script))
 
@@ -331,7 +360,7 @@ class SQLiteStore(Store):
             utc_from_timestamp(row[0]),
         )
 
-    def release(self, lease: Lease, keep_for: float = 0.0) -> bool:
+    def release(self, lease: Lease, keep_for: float = 0.0, record: RunRecord | None = None) -> bool:
         params = {
             **self._times(),
             "key": lease.key,
@@ -344,10 +373,46 @@ class SQLiteStore(Store):
             kept = keep_for > 0 and conn.execute(_RELEASE_LATER, params).rowcount == 1
             if not kept:  # (a broken lease is freed, keep_for or not)
                 freed = conn.execute(_RELEASE, params).rowcount == 1
+            if record is not None:
+                self._record_run(conn, record, params["wall"])
         self._alarms.forget(lease.key, lease.fencing_token)
         if freed:
             self._wakeups.wake_one(lease.key)
         return kept or freed
+
+    @staticmethod
+    def _record_run(conn: sqlite3.Connection, record: RunRecord, wall: float) -> None:
+        params = {
+            "key": record.key,
+            "token": record.fencing_token,
+            "started": record.started_at.timestamp(),
+            "wall": wall,
+            "data": json.dumps(record.fields()),
+        }
+        conn.execute(_RECORD_RUN, params)
+        conn.execute(_TRIM_RUNS, params)
+
+    def time_left(self, key: str, fencing_token: int) -> float | None:
+        params = {**self._times(), "key": key, "token": fencing_token}
+        rows = self._read(_TIME_LEFT, {**params, "prefix": BROKEN_OWNER_PREFIX})
+        return max(0.0, float(rows[0][0])) if rows else None
+
+    def history(self, key: str, limit: int = LEDGER_KEEP) -> list[RunRecord]:
+        rows = self._read(_HISTORY, {"key": key, "limit": limit})
+        return [
+            RunRecord.from_fields(
+                key,
+                token,
+                utc_from_timestamp(started),
+                utc_from_timestamp(ended),
+                json.loads(data),
+            )
+            for key, token, started, ended, data in rows
+        ]
+
+    def ledger_keys(self, prefix: str = "") -> list[str]:
+        rows = self._read(_LEDGER_KEYS, {"prefix": prefix, "n": len(prefix)})
+        return [row[0] for row in rows]
 
     def peek(self, key: str) -> LeaseInfo | None:
         rows = self._read(f"{_SELECT} WHERE key = :key AND {_LIVE}", {**self._times(), "key": key})

@@ -1,0 +1,99 @@
+"""`tasklock metrics`: the run ledger and the live leases in Prometheus's text exposition
+format (version 0.0.4), for node_exporter's textfile collector.
+
+One sample per key and metric, labelled ``key="..."``. The "last run" of a key is its
+newest record that ran the command (a ``done-already`` record of ``--once-per`` did not);
+a lost run has no exit code, shown as NaN (so ``!= 0`` alerts on it too).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from tasklock_cli.stores.base import LEDGER_KEEP, RunRecord, Store
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    help: str
+
+
+LAST_START = Family(
+    "tasklock_last_start_timestamp_seconds",
+    "When the last run of the key started (Unix time, on the store's clock).",
+)
+LAST_SUCCESS = Family(
+    "tasklock_last_success_timestamp_seconds",
+    "When the last run of the key that exited 0 ended (Unix time); among the runs kept.",
+)
+LAST_EXIT_CODE = Family(
+    "tasklock_last_exit_code",
+    "Exit code of the last run of the key (128+N when killed by signal N; NaN when lost).",
+)
+LAST_DURATION = Family(
+    "tasklock_last_duration_seconds",
+    "How long the last run of the key held the lease.",
+)
+HELD = Family("tasklock_held", "Live holders of the key's lease now.")
+FAMILIES = (LAST_START, LAST_SUCCESS, LAST_EXIT_CODE, LAST_DURATION, HELD)
+
+
+def escape_label_value(value: str) -> str:
+    """A label value as the exposition format writes it: backslash, double quote and line
+    feed escaped."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def escape_help(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+def format_value(value: float) -> str:
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    if float(value).is_integer() and abs(value) < 2**53:
+        return str(int(value))
+    return repr(float(value))
+
+
+def key_samples(runs: list[RunRecord], held: int) -> dict[Family, float]:
+    """The samples of one key, from its runs (newest first) and its live holders."""
+    samples: dict[Family, float] = {HELD: float(held)}
+    ran = [run for run in runs if run.outcome != "done-already"]
+    if ran:
+        last = ran[0]
+        samples[LAST_START] = last.started_at.timestamp()
+        samples[LAST_EXIT_CODE] = math.nan if last.exit_code is None else float(last.exit_code)
+        if last.ended_at is not None:
+            took = (last.ended_at - last.started_at).total_seconds()
+            samples[LAST_DURATION] = max(0.0, took)
+    success = next((run for run in ran if run.outcome == "succeeded"), None)
+    if success is not None and success.ended_at is not None:
+        samples[LAST_SUCCESS] = success.ended_at.timestamp()
+    return samples
+
+
+def collect(store: Store, prefix: str = "") -> dict[str, dict[Family, float]]:
+    """Per key (starting with ``prefix``, with runs in the ledger or a live lease): its
+    samples."""
+    held: dict[str, int] = {}
+    for info in store.list(prefix=prefix):
+        held[info.key] = held.get(info.key, 0) + 1
+    keys = sorted(set(store.ledger_keys(prefix)) | set(held))
+    return {key: key_samples(store.history(key, LEDGER_KEEP), held.get(key, 0)) for key in keys}
+
+
+def exposition(per_key: dict[str, dict[Family, float]]) -> Iterable[str]:
+    """The lines of the text format: each family's HELP and TYPE, then its samples."""
+    for family in FAMILIES:
+        yield f"# HELP {family.name} {escape_help(family.help)}"
+        yield f"# TYPE {family.name} gauge"
+        for key, samples in per_key.items():
+            if family in samples:
+                label = escape_label_value(key)
+                yield f'{family.name}{{key="{label}"}} {format_value(samples[family])}'
