@@ -10,13 +10,15 @@ import platform
 import re
 import shutil
 import signal
+import sqlite3
+import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-from bench.contention import section_contention
+from bench.contention import section_cli_contention, section_contention
 from bench.handoff import section_handoff
 from bench.harness import (
     FULL,
@@ -33,7 +35,7 @@ from bench.heartbeat import section_heartbeat
 from bench.overhead import overhead_commands, section_overhead
 from bench.roundtrips import section_roundtrips
 from bench.scale import section_scale
-from bench.stores import ALL_STORES, StoreKind, make_stores
+from bench.stores import ALL_STORES, POSTGRES_BASE, REDIS_BASE, StoreKind, make_stores
 
 
 def machine_info() -> dict[str, str]:
@@ -41,8 +43,7 @@ def machine_info() -> dict[str, str]:
     model = re.search(r"^model name\s*:\s*(.*)$", cpuinfo, re.MULTILINE)
     return {
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "nproc": str(os.cpu_count()),
-        "cpu": model.group(1) if model else "unknown",
+        "cpu": f"{model.group(1) if model else 'unknown'}, {os.cpu_count()} cores",
         "kernel": platform.release(),
         "python": f"{platform.python_version()} ({PYTHON})",
         "load before run": " ".join(f"{x:.2f}" for x in os.getloadavg()),
@@ -59,8 +60,46 @@ def versions() -> str:
     return ", ".join(parts)
 
 
+def server_versions(kinds: list[StoreKind]) -> str:
+    """The version of each store's server (or library) as it answers in this run."""
+    found = [f"SQLite {sqlite3.sqlite_version}"]
+    for kind in kinds:
+        if kind.reason is not None:
+            continue
+        with contextlib.suppress(Exception):
+            if kind.name == "redis":
+                import redis
+
+                client = redis.Redis.from_url(REDIS_BASE)
+                found.append(f"Redis {client.info('server')['redis_version']}")
+                client.close()
+            elif kind.name == "postgres":
+                import psycopg
+
+                with psycopg.connect(POSTGRES_BASE) as conn:
+                    found.append(f"PostgreSQL {conn.execute('SHOW server_version').fetchone()[0]}")
+            elif kind.name == "etcd":
+                found.append(f"etcd {kind.member().version()} (the bench's own member)")
+    with contextlib.suppress(Exception):
+        etcdctl = subprocess.run(["etcdctl", "version"], capture_output=True, text=True)
+        found.append(etcdctl.stdout.splitlines()[0])
+    return ", ".join(found)
+
+
+def reproduce(table: Table, argv: list[str]) -> None:
+    """A note with the one command that measures this table again."""
+    section = re.match(r"\d+", table.title)
+    at = argv.index("--stores") if "--stores" in argv else -1
+    stores = f"--stores {argv[at + 1]}" if 0 <= at < len(argv) - 1 else ""
+    stores = next((a for a in argv if a.startswith("--stores=")), stores)
+    quick = " --quick" if "--quick" in argv else ""
+    if section:
+        command = f".venv/bin/python -m bench --sections {section.group(0)}{quick} {stores}"
+        table.notes.append(f"Reproduce: `{command.strip()}`")
+
+
 def render_markdown(
-    tables: list[Table], info: dict[str, str], argv: list[str], total: float
+    tables: list[Table], info: dict[str, str], argv: list[str], total: float, servers: str
 ) -> str:
     lines = [
         "# tasklock benchmark results",
@@ -70,6 +109,7 @@ def render_markdown(
         "",
         *[f"- **{k}**: {v}" for k, v in info.items()],
         f"- **packages**: {versions()}",
+        f"- **store servers**: {servers}",
         f"- **command**: `.venv/bin/python -m bench {' '.join(argv)}` (total {total:.0f} s)",
         "- **bytecode**: "
         + prose(
@@ -80,6 +120,8 @@ def render_markdown(
         ),
         "",
     ]
+    for table in tables:
+        reproduce(table, argv)
     return "\n".join(lines + [t.markdown() for t in tables])
 
 
@@ -141,7 +183,10 @@ def run_sections(args: argparse.Namespace, workdir: Path, kinds: list[StoreKind]
         1: lambda: section_overhead(kinds, envs, budget, workdir),
         2: lambda: section_roundtrips(kinds, budget, single),
         3: lambda: section_handoff(kinds, envs, budget, workdir),
-        4: lambda: section_contention(kinds, budget, single),
+        4: lambda: [
+            section_contention(kinds, budget, single),
+            section_cli_contention(kinds, envs, budget, workdir),
+        ],
         5: lambda: section_scale(kinds, envs, budget),
         6: lambda: section_heartbeat(kinds, envs, budget),
     }
@@ -155,6 +200,7 @@ def run_sections(args: argparse.Namespace, workdir: Path, kinds: list[StoreKind]
             result.seconds = time.monotonic() - started
             result = [result]
         for table in result:
+            table.seconds = table.seconds or time.monotonic() - started
             print(table.text(), flush=True)
         tables += result
     return tables
@@ -171,9 +217,10 @@ def main(argv: list[str] | None = None) -> int:
             if kind.reason:
                 print(f"{kind.name}: skipped: {kind.reason}", flush=True)
         tables = run_sections(args, workdir, kinds)
+        servers = server_versions(kinds)
     total = time.monotonic() - started
     print(f"total {total:.0f} s")
     if args.markdown:
-        Path(args.markdown).write_text(render_markdown(tables, info, argv, total))
+        Path(args.markdown).write_text(render_markdown(tables, info, argv, total, servers))
         print(f"wrote {args.markdown}")
     return 0

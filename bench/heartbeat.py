@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness import (
-    _LIVE_PROCS,
     HOLDER,
+    LIVE_PROCS,
     PYTHON,
     TASKLOCK,
     Budget,
@@ -91,7 +91,7 @@ def sample_due(w: Watched, due: list[float]) -> None:
     if pid:
         w.rusage = usage
         w.proc.returncode = os.waitstatus_to_exitcode(status)
-        _LIVE_PROCS.remove(w.proc)
+        LIVE_PROCS.remove(w.proc)
 
 
 def heartbeat_row(table: Table, w: Watched, sleep: int) -> None:
