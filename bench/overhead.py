@@ -45,7 +45,7 @@ RSS_PROBE = (
     "if pid == 0:\n"
     "    os.execv(sys.argv[1], sys.argv[1:])\n"
     "_, status, usage = os.wait4(pid, 0)\n"
-    "print(usage.ru_maxrss)\n"
+    "print(usage.ru_maxrss, flush=True)\n"
     "os._exit(os.waitstatus_to_exitcode(status))\n"
 )
 
@@ -134,6 +134,8 @@ def rss_mib(cmd: Cmd, samples: int = 3) -> float:
         probe = subprocess.run(
             [PYTHON, "-c", RSS_PROBE, *cmd.argv], env=cmd.env, capture_output=True, text=True
         )
+        if probe.returncode != 0 or not probe.stdout.split():
+            raise RuntimeError(f"RSS probe of {cmd.label} failed: {probe.stderr[-300:]}")
         found = max(found, int(probe.stdout.split()[-1]))
     return found / 1024
 
