@@ -1,0 +1,192 @@
+"""Section 4: throughput under contention, N processes acquiring and releasing at once."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import random
+import secrets
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.harness import (
+    HOLDER,
+    LIVE_PROCS,
+    TASKLOCK,
+    Budget,
+    Envs,
+    Table,
+    fmt,
+    median,
+    prose,
+    spawn,
+    with_store,
+)
+from bench.overhead import etcdctl_lock
+from bench.stores import StoreKind
+from tasklock_cli.stores import open_store
+
+
+def contention_worker(url: str, keys: list[str], start_at: float, end_at: float, out: Any) -> None:
+    store = open_store(url)
+    rng = random.Random(os.getpid())
+    token = secrets.token_hex(16)
+    store.peek(keys[0])  # connect before the start line
+    acquired = attempts = 0
+    time.sleep(max(0.0, start_at - time.time()))
+    while time.time() < end_at:
+        attempts += 1
+        lease = store.acquire(rng.choice(keys), 30, HOLDER, token)
+        if lease is not None:
+            acquired += 1
+            store.release(lease)
+    store.close()
+    out.put((acquired, attempts))
+
+
+def run_workers(url: str, keys: list[str], procs: int, seconds: float) -> tuple[int, int]:
+    ctx = mp.get_context("fork")
+    out = ctx.Queue()
+    start_at = time.time() + 1.0
+    workers = [
+        ctx.Process(target=contention_worker, args=(url, keys, start_at, start_at + seconds, out))
+        for _ in range(procs)
+    ]
+    for w in workers:
+        w.start()
+    try:
+        results = [out.get(timeout=seconds + 60) for _ in workers]
+    finally:
+        for w in workers:
+            w.join(timeout=10)
+            if w.is_alive():
+                w.kill()
+                w.join()
+    return sum(r[0] for r in results), sum(r[1] for r in results)
+
+
+def section_contention(
+    kinds: list[StoreKind], budget: Budget, single_rates: dict[str, float]
+) -> Table:
+    table = Table(
+        "4. Throughput under contention (8 processes, Python API, acquire then release at once)",
+        ["store", "keys", "acquisitions/s", "attempts/s", "success %", "× 1-process cycles/s (§2)"],
+    )
+    modes = {"1 hot key": ["hot"], "100 distinct": [f"key-{i:03d}" for i in range(100)]}
+    live = [k for k in kinds if k.reason is None]
+    totals: dict[tuple[str, str], list[int]] = {}
+    for _ in range(budget.contention_reps):
+        for kind in live:
+            for mode, keys in modes.items():
+                got, tried = run_workers(kind.url("contention"), keys, 8, budget.contention_seconds)
+                acc = totals.setdefault((kind.name, mode), [0, 0])
+                acc[0], acc[1] = acc[0] + got, acc[1] + tried
+    seconds = budget.contention_seconds * budget.contention_reps
+    for kind in kinds:
+        if kind.reason is not None:
+            table.skip(kind.name, kind.reason)
+            continue
+        for mode in modes:
+            got, tried = totals[(kind.name, mode)]
+            single = single_rates.get(kind.name)
+            table.add(
+                kind.name,
+                mode,
+                got / seconds,
+                tried / seconds,
+                100 * got / max(tried, 1),
+                fmt(got / seconds / single) if single else "—",
+            )
+    table.notes += [
+        prose(
+            f"""8 forked workers, each with its own store connection, started together,
+                {budget.contention_seconds:g} s × {budget.contention_reps} reps (stores and modes
+                interleaved). A worker picks a key (the hot one, or uniformly among 100), tries
+                `acquire`; on success `release`s at once. acquisitions/s counts successes; attempts
+                include conflicts (None)."""
+        ),
+    ]
+    return table
+
+
+# -- 4b. contended throughput through the CLI ----------------------------------------------------
+
+#: Runs "$@" $1 times in a row, stopping at the first failure.
+LOOP = 'n=$1; shift; i=0; while [ "$i" -lt "$n" ]; do "$@" || exit 1; i=$((i + 1)); done'
+
+
+def cli_trial(argv: list[str], env: dict[str, str], clients: int, runs: int) -> float:
+    """``clients`` shell loops started at once, each running ``argv`` ``runs`` times;
+    returns the wall time until the last loop exited (blocking waits, no polling)."""
+    started = time.perf_counter()
+    procs = [spawn(["sh", "-c", LOOP, "sh", str(runs), *argv], env) for _ in range(clients)]
+    failed = 0
+    for proc in procs:
+        _, status, _ = os.wait4(proc.pid, 0)
+        LIVE_PROCS.remove(proc)
+        failed += os.waitstatus_to_exitcode(status) != 0
+    elapsed = time.perf_counter() - started
+    if failed:
+        raise RuntimeError(f"{failed} of {clients} loops of {' '.join(argv)} failed")
+    return elapsed
+
+
+def cli_commands(kinds: list[StoreKind], envs: Envs, workdir: Path) -> dict[str, tuple]:
+    cmds: dict[str, tuple] = {}
+    for kind in kinds:
+        if kind.reason is None:
+            argv = [TASKLOCK, "run", "cli-hot", "--wait", "inf", "--", "true"]
+            cmds[f"{kind.name}: tasklock run k --wait inf -- true"] = (
+                argv,
+                with_store(envs.warm, kind.url("cli_contention")),
+            )
+    etcd = next((k for k in kinds if k.name == "etcd" and k.reason is None), None)
+    if etcd is not None and shutil.which("etcdctl"):
+        argv = etcdctl_lock(etcd, [f"{etcd.etcd_prefix('cli_contention')}etcdctl", "/bin/true"])
+        cmds["etcdctl lock K /bin/true"] = (argv, {**envs.warm, "ETCDCTL_API": "3"})
+    cmds["flock FILE /bin/true"] = (["flock", str(workdir / "cli.lock"), "/bin/true"], envs.warm)
+    return cmds
+
+
+def section_cli_contention(
+    kinds: list[StoreKind], envs: Envs, budget: Budget, workdir: Path
+) -> Table:
+    clients, runs = budget.cli_clients, budget.cli_runs
+    table = Table(
+        f"4b. Contended throughput through the CLI ({clients} clients × {runs} runs, one key)",
+        ["command", "trials", "runs/s", "slowest trial runs/s", "× flock", "× etcdctl lock"],
+    )
+    started = time.monotonic()
+    cmds = cli_commands(kinds, envs, workdir)
+    times: dict[str, list[float]] = {label: [] for label in cmds}
+    rng = random.Random(4)
+    for _ in range(budget.contention_reps):
+        for label in rng.sample(list(cmds), len(cmds)):
+            times[label].append(cli_trial(*cmds[label], clients, runs))
+    rate = {label: clients * runs / median(t) for label, t in times.items()}
+    for kind in kinds:
+        if kind.reason is not None:
+            table.skip(kind.name, kind.reason)
+    for label, t in times.items():
+        etcdctl = rate.get("etcdctl lock K /bin/true")
+        table.add(
+            label,
+            len(t),
+            rate[label],
+            clients * runs / max(t),
+            rate[label] / rate["flock FILE /bin/true"],
+            fmt(rate[label] / etcdctl) if etcdctl else "—",
+        )
+    table.notes.append(
+        prose(
+            f"""{clients} shell loops start at once, each running the command {runs} times in a
+            row on one lock (`--wait inf`: every run waits its turn); runs/s = {clients * runs}
+            ÷ the wall time until the last loop exited (median over trials). Commands take
+            turns, shuffled each repetition. Each run is a whole process: start-up, acquire
+            (or wait), `true`, release, exit."""
+        )
+    )
+    table.seconds = time.monotonic() - started
+    return table

@@ -1,0 +1,241 @@
+"""Section 1: wrapper overhead, the wall time of whole `tasklock run k -- true` processes
+beside floors measured the same way (every process ends with ``os._exit`` or is a native
+binary: none pays an interpreter teardown that another skips)."""
+
+from __future__ import annotations
+
+import random
+import shutil
+import subprocess
+import tarfile
+import time
+from pathlib import Path
+
+from bench.harness import (
+    PYTHON,
+    TASKLOCK,
+    Budget,
+    Cmd,
+    Envs,
+    Table,
+    fmt,
+    interleave,
+    median,
+    p99,
+    paired_diff_ms,
+    prose,
+    timed_run,
+    with_store,
+)
+from bench.stores import StoreKind, floor_imports
+
+ROOT = Path(__file__).resolve().parent.parent
+#: The last commit before the guard process (tasklock_cli/guard.py) came in.
+BEFORE_GUARD = "b40fa3f"
+PYTHON_FLOOR = "python -c 'import os; os._exit(0)'"
+TRUE = "/bin/true"
+RSS_TARGET_MIB = 20.0
+#: Runs argv[1:] in a forked child and prints the child's ru_maxrss (KiB). Linux keeps
+#: ru_maxrss across execve, so a process forked straight from the bench would report at least
+#: the bench's own RSS; forked from this small interpreter, at least this one's (a bare
+#: Python's, below anything tasklock can be, since tasklock is a Python process too).
+RSS_PROBE = (
+    "import os, sys\n"
+    "pid = os.fork()\n"
+    "if pid == 0:\n"
+    "    os.execv(sys.argv[1], sys.argv[1:])\n"
+    "_, status, usage = os.wait4(pid, 0)\n"
+    "print(usage.ru_maxrss, flush=True)\n"
+    "os._exit(os.waitstatus_to_exitcode(status))\n"
+)
+
+
+def exit_now(statement: str) -> str:
+    """``statement`` then ``os._exit(0)``: no interpreter teardown, as `tasklock` exits."""
+    return f"{statement}; import os; os._exit(0)"
+
+
+def store_commands(kind: StoreKind, env: dict[str, str], tag: str = "") -> list[Cmd]:
+    run = [TASKLOCK, "run", "k", "--", "true"]
+    floor = [PYTHON, "-c", exit_now(floor_imports(kind))]
+    return [
+        Cmd(f"{kind.name}: tasklock run k -- true{tag}", run, env, kind.name),
+        Cmd(f"{kind.name}: import floor{tag}", floor, env, kind.name),
+    ]
+
+
+def etcdctl_lock(kind: StoreKind, argv_tail: list[str]) -> list[str]:
+    etcdctl = shutil.which("etcdctl") or "etcdctl"
+    return [etcdctl, f"--endpoints={kind.member().endpoint}", "lock", *argv_tail]
+
+
+def overhead_commands(kinds: list[StoreKind], envs: Envs, workdir: Path) -> list[Cmd]:
+    cmds: list[Cmd] = []
+    for kind in kinds:
+        cmds += store_commands(kind, with_store(envs.warm, kind.url("overhead")))
+    cmds += [
+        Cmd("python -c pass (with teardown)", [PYTHON, "-c", "pass"], envs.warm),
+        Cmd(PYTHON_FLOOR, [PYTHON, "-c", "import os; os._exit(0)"], envs.warm),
+        Cmd("flock FILE /bin/true", ["flock", str(workdir / "flock.lock"), TRUE], envs.warm),
+        Cmd(TRUE, [TRUE], envs.warm),
+    ]
+    etcd = next((k for k in kinds if k.name == "etcd"), None)
+    if etcd is not None and shutil.which("etcdctl"):
+        argv = etcdctl_lock(etcd, [f"{etcd.etcd_prefix('overhead')}etcdctl", TRUE])
+        cmds.append(Cmd("etcdctl lock K /bin/true", argv, {**envs.warm, "ETCDCTL_API": "3"}))
+    return cmds
+
+
+def before_guard_commands(kinds: list[StoreKind], envs: Envs, workdir: Path) -> list[Cmd]:
+    """`python -m tasklock_cli run k -- true` on SQLite from this tree and from the commit
+    before the guard (its package extracted from git, put first on PYTHONPATH)."""
+    sqlite = next((k for k in kinds if k.name == "sqlite"), None)
+    if sqlite is None:
+        return []
+    before = workdir / "before-guard"
+    before.mkdir()
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", BEFORE_GUARD, "tasklock_cli"],
+        capture_output=True,
+        check=True,
+    ).stdout
+    archive_path = workdir / "before-guard.tar"
+    archive_path.write_bytes(archive)
+    with tarfile.open(archive_path) as tar:
+        tar.extractall(before, filter="data")
+    argv = [PYTHON, "-m", "tasklock_cli", "run", "k", "--", "true"]
+    return [
+        Cmd(
+            f"sqlite: python -m tasklock_cli run k -- true, before the guard ({BEFORE_GUARD})",
+            argv,
+            {**with_store(envs.warm, sqlite.url("before-guard")), "PYTHONPATH": str(before)},
+            "guard",
+        ),
+        Cmd(
+            "sqlite: python -m tasklock_cli run k -- true, now (with the guard)",
+            argv,
+            {**with_store(envs.warm, sqlite.url("now-guard")), "PYTHONPATH": str(ROOT)},
+            "guard",
+        ),
+    ]
+
+
+def cold_commands(kinds: list[StoreKind], envs: Envs) -> list[Cmd]:
+    cmds: list[Cmd] = []
+    for kind in kinds:
+        cmds += store_commands(kind, with_store(envs.cold, kind.url("overhead")), " (no .pyc)")
+    return cmds
+
+
+def rss_mib(cmd: Cmd, samples: int = 3) -> float:
+    """The largest ru_maxrss of ``samples`` runs of ``cmd``, through RSS_PROBE (MiB)."""
+    found = 0
+    for _ in range(samples):
+        probe = subprocess.run(
+            [PYTHON, "-c", RSS_PROBE, *cmd.argv], env=cmd.env, capture_output=True, text=True
+        )
+        if probe.returncode != 0 or not probe.stdout.split():
+            raise RuntimeError(f"RSS probe of {cmd.label} failed: {probe.stderr[-300:]}")
+        found = max(found, int(probe.stdout.split()[-1]))
+    return found / 1024
+
+
+def overhead_row(table: Table, cmd: Cmd, floor: Cmd | None, python_floor: Cmd) -> None:
+    med = median(cmd.times) * 1000
+    ratio = med / (median(floor.times) * 1000) if floor else None
+    over = paired_diff_ms(cmd, floor) if floor else None
+    is_python = cmd.argv[0] in (PYTHON, TASKLOCK) and cmd is not python_floor
+    table.add(
+        cmd.label,
+        len(cmd.times),
+        med,
+        p99(cmd.times) * 1000,
+        rss_mib(cmd) if cmd.argv[0] in (PYTHON, TASKLOCK) else None,
+        floor.label.removeprefix(f"{cmd.group}: ") if floor else "—",
+        fmt(ratio),
+        fmt(over),
+        fmt(paired_diff_ms(cmd, python_floor)) if is_python else "—",
+        fmt(med / (median(python_floor.times) * 1000)) if is_python else "—",
+    )
+
+
+def section_overhead(kinds: list[StoreKind], envs: Envs, budget: Budget, workdir: Path) -> Table:
+    table = Table(
+        "1. Wrapper overhead (wall time per invocation)",
+        ["command", "n", "median ms", "p99 ms", "max RSS MiB", "floor", "× floor",
+         "over floor ms", "over python floor ms", "× python floor"],
+    )  # fmt: skip
+    live = [k for k in kinds if k.reason is None]
+    warm = overhead_commands(live, envs, workdir) + before_guard_commands(live, envs, workdir)
+    cold = cold_commands(live, envs)
+    for cmd in warm:  # one warm-up run each: fills the bytecode cache and the page cache
+        timed_run(cmd.argv, cmd.env)
+    rng = random.Random(1)
+    interleave(warm, budget.overhead_rounds, rng, time.monotonic() + 6 * budget.overhead_rounds)
+    interleave(cold, budget.cold_rounds, rng, time.monotonic() + 8 * budget.cold_rounds)
+    by_label = {c.label: c for c in warm + cold}
+    python_floor, true = by_label[PYTHON_FLOOR], by_label[TRUE]
+    for kind in kinds:
+        if kind.reason is not None:
+            table.skip(kind.name, kind.reason)
+            continue
+        mine = [c for c in warm + cold if c.group == kind.name]
+        for run_cmd, floor in ((mine[0], mine[1]), (mine[2], mine[3])):
+            overhead_row(table, run_cmd, floor, python_floor)
+            overhead_row(table, floor, python_floor, python_floor)
+    guard = [c for c in warm if c.group == "guard"]
+    if guard:
+        overhead_row(table, guard[1], guard[0], python_floor)
+        overhead_row(table, guard[0], python_floor, python_floor)
+    for cmd in warm:
+        if not cmd.group and cmd is not true:
+            overhead_row(table, cmd, python_floor if cmd.argv[0] == PYTHON else true, python_floor)
+    overhead_row(table, true, None, python_floor)
+    if not any(c.label.startswith("etcdctl") for c in warm):
+        table.add("etcdctl lock K /bin/true", "skipped: no etcd member or no etcdctl", *[""] * 8)
+    table.notes += overhead_notes(guard)
+    return table
+
+
+def overhead_notes(guard: list[Cmd]) -> list[str]:
+    notes = [
+        prose(
+            f"""floor: what the row is compared with, measured the same way in the same rounds.
+            A `tasklock run` row's floor is its store's import floor, `python -c 'import
+            tasklock_cli.cli, tasklock_cli.supervisor, tasklock_cli.stores.<store>; import os;
+            os._exit(0)'`; an import floor's is the python floor `{PYTHON_FLOOR}`; native
+            commands' is `/bin/true`. Every Python floor ends with `os._exit(0)` as `tasklock`
+            does, so none pays an interpreter teardown that tasklock skips (`python -c pass
+            (with teardown)` shows what that teardown costs). `× floor` = ratio of medians;
+            `over floor ms` = median of per-round paired differences (this row − floor in the
+            same round)."""
+        ),
+        prose(
+            f"""max RSS (Python rows): the largest `ru_maxrss` of 3 more runs, each forked from a
+            small probe interpreter that reports its child's rusage from `os.wait4` (Linux
+            keeps ru_maxrss across execve, so a child forked straight from the bench would
+            report at least the bench's own RSS). A reading is the largest of the process and
+            the descendants it waited for (`true`, the guard). The issue's target: `tasklock
+            run` on SQLite ≤ {RSS_TARGET_MIB:g} MiB."""
+        ),
+        prose(
+            """Warm rows: PYTHONDONTWRITEBYTECODE removed and a private PYTHONPYCACHEPREFIX,
+            filled by one warm-up run of each command before timing. `(no .pyc)` rows:
+            PYTHONDONTWRITEBYTECODE=1 (as this environment sets it) with an empty cache prefix,
+            i.e. every module compiled from source. Commands are run in a freshly shuffled
+            order each round (interleaved); wall time runs from the fork to a blocking
+            `os.wait4` returning."""
+        ),
+    ]
+    if guard:
+        notes.append(
+            prose(
+                f"""Guard process: the two `python -m tasklock_cli` rows run the same command
+                line on SQLite (each on its own file), one from this tree, one with the package
+                of commit {BEFORE_GUARD} (the parent of the guard's merge, extracted with `git
+                archive`) first on PYTHONPATH; interleaved with every other row. `over floor
+                ms` and `× floor` of the `now` row are the cost of the guard process (and of
+                anything else that changed since)."""
+            )
+        )
+    return notes
