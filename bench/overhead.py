@@ -202,13 +202,13 @@ def overhead_notes(guard: list[Cmd]) -> list[str]:
         prose(
             f"""floor: what the row is compared with, measured the same way in the same rounds.
             A `tasklock run` row's floor is its store's import floor, `python -c 'import
-            tasklock_cli.cli, tasklock_cli.supervisor, tasklock_cli.stores.<store>; import os;
-            os._exit(0)'`; an import floor's is the python floor `{PYTHON_FLOOR}`; native
-            commands' is `/bin/true`. Every Python floor ends with `os._exit(0)` as `tasklock`
-            does, so none pays an interpreter teardown that tasklock skips (`python -c pass
-            (with teardown)` shows what that teardown costs). `× floor` = ratio of medians;
-            `over floor ms` = median of per-round paired differences (this row − floor in the
-            same round)."""
+            tasklock_cli.fastrun, tasklock_cli.supervisor, tasklock_cli.stores.<store>; import
+            os; os._exit(0)'` (a plain `run` is parsed without typer); an import floor's is
+            the python floor `{PYTHON_FLOOR}`; native commands' is `/bin/true`. Every Python
+            floor ends with `os._exit(0)` as `tasklock` does, so none pays an interpreter
+            teardown that tasklock skips (`python -c pass (with teardown)` shows what that
+            teardown costs). `× floor` = ratio of medians; `over floor ms` = median of
+            per-round paired differences (this row − floor in the same round)."""
         ),
         prose(
             f"""max RSS (Python rows): the largest `ru_maxrss` of 3 more runs, each forked from a

@@ -168,7 +168,7 @@ STORE_MODULES = {"sqlite": "sqlite", "redis": "redis", "postgres": "postgres", "
 def floor_imports(kind: StoreKind) -> str:
     """The modules a `tasklock run` on this store needs, as one import statement."""
     module = STORE_MODULES[kind.name]
-    return f"import tasklock_cli.cli, tasklock_cli.supervisor, tasklock_cli.stores.{module}"
+    return f"import tasklock_cli.fastrun, tasklock_cli.supervisor, tasklock_cli.stores.{module}"
 
 
 def probe_store(kind: StoreKind) -> str | None:
