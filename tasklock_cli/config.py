@@ -21,7 +21,7 @@ from pathlib import Path
 from tasklock_cli.durations import parse_duration
 from tasklock_cli.errors import ConfigError, UsageError
 from tasklock_cli.settings import BY_NAME
-from tasklock_cli.stores import default_store_url
+from tasklock_cli.stores.urls import default_store_url
 
 
 @dataclass

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
-import os
-import re
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from tasklock_cli.errors import ConfigError
 from tasklock_cli.stores.base import Store
+from tasklock_cli.stores.urls import (  # noqa: F401 - the package's names for them
+    default_sqlite_path,
+    default_store_url,
+    redact_url,
+    sqlite_url,
+)
 
 _SCHEMES = {
     "sqlite": "sqlite",
@@ -24,20 +27,6 @@ _SCHEMES = {
     "etcd": "etcd",
     "etcds": "etcd",
 }
-
-
-def default_sqlite_path() -> Path:
-    state_home = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(state_home) / "tasklock" / "locks.db"
-
-
-def sqlite_url(path: Path) -> str:
-    """``sqlite:///ABS/PATH.db``: the path's own leading slash is the URL's third."""
-    return f"sqlite://{path}" if path.is_absolute() else f"sqlite:///{path}"
-
-
-def default_store_url() -> str:
-    return sqlite_url(default_sqlite_path())
 
 
 @dataclass(frozen=True)
@@ -102,21 +91,3 @@ def _raised_by(exc: ImportError, package: str) -> bool:
     return any(
         str(frame.f_globals.get("__name__", "")).partition(".")[0] == package for frame, _ in frames
     )
-
-
-_PASSWORD_IN_CONNINFO = re.compile(r"(password\s*=\s*)(\S+)", re.IGNORECASE)
-
-
-def redact_url(url: str) -> str:
-    """The URL with any password replaced by ``***`` (userinfo, ``?password=`` or conninfo)."""
-    redacted = _PASSWORD_IN_CONNINFO.sub(r"\1***", url)
-    try:
-        parts = urlsplit(redacted)
-    except ValueError:
-        return redacted
-    netloc = parts.netloc
-    userinfo, at, hostinfo = netloc.rpartition("@")
-    if not at or ":" not in userinfo:
-        return redacted
-    user = userinfo.split(":", 1)[0]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{hostinfo}"))

@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from tasklock_cli.errors import ConfigError, LeaseLost, StoreUnavailable, TasklockError
-from tasklock_cli.stores import _http, redact_url
+from tasklock_cli.stores import _http
 from tasklock_cli.stores.base import (
     LEDGER_KEEP,
     LIST_PAGE,
@@ -72,6 +72,7 @@ from tasklock_cli.stores.base import (
     StoreCheck,
     utc_from_timestamp,
 )
+from tasklock_cli.stores.urls import redact_url, scrub
 
 if TYPE_CHECKING:  # imported when an etcds:// URL needs it
     import ssl
@@ -228,10 +229,7 @@ class _Members:
         return context
 
     def scrub(self, text: object) -> str:
-        out = str(text)
-        for secret in self.config.secrets:
-            out = out.replace(secret, "***")
-        return out
+        return scrub(text, self.config.secrets)
 
     def close(self) -> None:
         with self._lock:

@@ -64,7 +64,6 @@ from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 
 from tasklock_cli.errors import ConfigError, LeaseLost, StoreUnavailable, TasklockError
-from tasklock_cli.stores import redact_url
 from tasklock_cli.stores.base import (
     BROKEN_OWNER_PREFIX,
     LEDGER_KEEP,
@@ -79,6 +78,7 @@ from tasklock_cli.stores.base import (
     prefix_upper_bound,
     wait_readable,
 )
+from tasklock_cli.stores.urls import redact_url, scrub, url_passwords
 
 DEFAULT_TABLE = "tasklock_leases"
 DEFAULT_IO_TIMEOUT_S = 5.0
@@ -514,7 +514,7 @@ class PostgresStore(Store):
         self._runs = sql.Identifier(*runs_parts)
         self.runs_table_name = ".".join(runs_parts)
         self.display_url = display_url or redact_url(conninfo)
-        self._secrets = sorted(self._url_passwords(conninfo), key=len, reverse=True)
+        self._secrets = sorted(url_passwords(conninfo), key=len, reverse=True)
         try:
             params = conninfo_to_dict(conninfo)
         except psycopg.Error as exc:
@@ -545,19 +545,8 @@ class PostgresStore(Store):
         clean, table = split_table(url)
         return cls(clean, table=table, display_url=redact_url(url))
 
-    @staticmethod
-    def _url_passwords(url: str) -> set[str]:
-        netloc = url.partition("://")[2].split("/", 1)[0].split("?", 1)[0]
-        userinfo = netloc.rpartition("@")[0]
-        if ":" not in userinfo:
-            return set()
-        raw = userinfo.split(":", 1)[1]
-        return {secret for secret in (raw, unquote(raw)) if secret}
-
     def _scrub(self, text: str) -> str:
-        for secret in self._secrets:
-            text = text.replace(secret, "***")
-        return " ".join(text.split())  # one line: libpq's messages span several
+        return " ".join(scrub(text, self._secrets).split())  # libpq's messages span lines
 
     def _sql(self, template: str, live: str = "", upper: str = "") -> sql.Composed:
         """A statement with the table name quoted in; built once per template."""

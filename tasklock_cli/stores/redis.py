@@ -54,7 +54,6 @@ from redis.commands.core import Script
 from redis.retry import Retry
 
 from tasklock_cli.errors import ConfigError, LeaseLost, StoreUnavailable, TasklockError
-from tasklock_cli.stores import redact_url
 from tasklock_cli.stores.base import (
     BROKEN_OWNER_PREFIX,
     LEDGER_KEEP,
@@ -69,6 +68,7 @@ from tasklock_cli.stores.base import (
     utc_from_timestamp,
     wait_readable,
 )
+from tasklock_cli.stores.urls import redact_url, scrub
 
 DEFAULT_PREFIX = "tasklock:"
 DEFAULT_IO_TIMEOUT_S = 5.0
@@ -511,10 +511,7 @@ class RedisStore(Store):
         old.connection_pool.disconnect(inuse_connections=False)
 
     def _scrub(self, exc: object) -> str:
-        text = str(exc)
-        for secret in self._secrets:
-            text = text.replace(secret, "***")
-        return text
+        return scrub(exc, self._secrets)
 
     def _name(self, key: str, role: str) -> bytes:
         """The Redis key of one of a lock key's parts: lease, fence or wake."""

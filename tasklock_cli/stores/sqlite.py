@@ -24,7 +24,6 @@ from typing import TypeVar
 from urllib.parse import unquote, urlsplit
 
 from tasklock_cli.errors import ConfigError, LeaseLost, StoreUnavailable, UsageError
-from tasklock_cli.stores import default_sqlite_path, sqlite_url
 from tasklock_cli.stores.base import (
     BROKEN_OWNER_PREFIX,
     LEDGER_KEEP,
@@ -40,6 +39,7 @@ from tasklock_cli.stores.base import (
     wait_readable,
 )
 from tasklock_cli.stores.local_wakeups import BreakAlarms, LocalWakeups
+from tasklock_cli.stores.urls import default_sqlite_path, sqlite_url
 
 TABLE = "tasklock_leases"
 RUNS_TABLE = "tasklock_runs"
