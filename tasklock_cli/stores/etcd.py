@@ -72,6 +72,7 @@ from tasklock_cli.stores.base import (
     StoreCheck,
     utc_from_timestamp,
 )
+from tasklock_cli.stores.doctor import clock_check, warning
 from tasklock_cli.stores.urls import redact_url, scrub
 
 if TYPE_CHECKING:  # imported when an etcds:// URL needs it
@@ -85,7 +86,6 @@ DEFAULT_IO_TIMEOUT_S = 5.0
 WAITER_TTL_S = 6
 #: When the watch breaks, waiting falls back to reading the key this often.
 POLL_S = 0.1
-CLOCK_WARN_S = 2.0
 #: The oldest ledger records an acquire reads, for its release to trim (more than one,
 #: so that a ledger grown past LEDGER_KEEP shrinks back).
 TRIM_READ = 4
@@ -1167,12 +1167,7 @@ class EtcdStore(Store):
             return StoreCheck("cluster", False, f"{len(listed)} members and no leader")
         detail = f"{len(listed)} member(s), leader {names.get(str(leader), leader)}"
         if len(listed) < 3:
-            return StoreCheck(
-                "cluster",
-                True,
-                detail + "; fewer than 3 members cannot survive losing one",
-                warning=True,
-            )
+            return warning("cluster", detail + "; fewer than 3 members cannot survive losing one")
         return StoreCheck("cluster", True, detail)
 
     def _check_clock(self) -> StoreCheck:
@@ -1185,14 +1180,8 @@ class EtcdStore(Store):
         if server is None:
             return StoreCheck("clock", True, "the member sent no Date header", warning=True)
         offset = server + 0.5 - (sent + received) / 2  # Date has whole seconds
-        detail = (
-            f"the member's clock is about {abs(offset):.1f} s "
-            f"{'ahead of' if offset >= 0 else 'behind'} this machine's (±0.5 s); expiry runs "
-            "on etcd's lease timers, acquired_at on the acquiring machine's clock"
-        )
-        if abs(offset) > CLOCK_WARN_S:
-            return StoreCheck("clock", True, detail, warning=True)
-        return StoreCheck("clock", True, detail)
+        decides = "expiry runs on etcd's lease timers, acquired_at on the acquirer's clock"
+        return clock_check("the member's", offset, 0.5 + (received - sent) / 2, decides)
 
     def close(self) -> None:
         with self._state_lock:

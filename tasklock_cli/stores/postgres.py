@@ -78,13 +78,13 @@ from tasklock_cli.stores.base import (
     prefix_upper_bound,
     wait_readable,
 )
+from tasklock_cli.stores.doctor import clock_check
 from tasklock_cli.stores.urls import redact_url, scrub, url_passwords
 
 DEFAULT_TABLE = "tasklock_leases"
 DEFAULT_IO_TIMEOUT_S = 5.0
 SWEEP_BATCH = 1000
 SERIALIZATION_RETRIES = 5
-CLOCK_WARN_S = 1.0
 #: Longest slice a waiter holds the store's lock while waiting for a notification.
 WAIT_SLICE_S = 0.1
 #: Longest slice a waiter queues for its turn to listen (see ``wait_for_release``).
@@ -1232,22 +1232,12 @@ class PostgresStore(Store):
                 )
             except ConfigError as exc:
                 schema = (False, str(exc))
-            best: tuple[float, float] | None = None
-            for _ in range(3):  # keep the sample with the shortest round trip
-                before, t0 = time.time(), time.perf_counter()
-                server = conn.execute(
-                    "SELECT extract(epoch FROM clock_timestamp())::float8"
-                ).fetchone()[0]
-                elapsed = time.perf_counter() - t0
-                offset = float(server) - (before + elapsed / 2)
-                if best is None or elapsed < best[1]:
-                    best = (offset, elapsed)
             return {
                 "rtt": rtt,
                 "version": version,
                 "standby": standby,
                 "schema": schema,
-                "clock": best,
+                "clock": _clock_offset(conn),
             }
 
         try:
@@ -1272,14 +1262,9 @@ class PostgresStore(Store):
         ok, detail = result["schema"]
         checks.append(StoreCheck("schema", ok, detail))
         offset, elapsed = result["clock"]
-        skewed = abs(offset) > CLOCK_WARN_S
-        detail = (
-            f"server clock {offset * 1000:+.0f} ms from this machine's "
-            f"(±{elapsed * 500:.1f} ms); the server's clock decides expiry"
+        checks.append(
+            clock_check("the server's", offset, elapsed / 2, "the server's clock decides expiry")
         )
-        if skewed:
-            detail += "; this machine's clock is off (timestamps shown are the server's)"
-        checks.append(StoreCheck("clock", True, detail, warning=skewed))
         return checks
 
     def close(self) -> None:
@@ -1301,3 +1286,19 @@ class PostgresStore(Store):
             expires_at=_utc(expires_at),
             expired=not live,
         )
+
+
+def _clock_offset(conn: psycopg.Connection) -> tuple[float, float]:
+    """(server clock - ours, round trip) in seconds: the sample of three with the shortest
+    round trip."""
+    best: tuple[float, float] | None = None
+    for _ in range(3):
+        before, started = time.time(), time.perf_counter()
+        query = "SELECT extract(epoch FROM clock_timestamp())::float8"
+        server = conn.execute(query).fetchone()[0]
+        elapsed = time.perf_counter() - started
+        offset = float(server) - (before + elapsed / 2)
+        if best is None or elapsed < best[1]:
+            best = (offset, elapsed)
+    assert best is not None
+    return best

@@ -68,6 +68,7 @@ from tasklock_cli.stores.base import (
     utc_from_timestamp,
     wait_readable,
 )
+from tasklock_cli.stores.doctor import clock_check
 from tasklock_cli.stores.urls import redact_url, scrub
 
 DEFAULT_PREFIX = "tasklock:"
@@ -77,7 +78,6 @@ DEFAULT_IO_TIMEOUT_S = 5.0
 HEALTH_CHECK_INTERVAL_S = 15
 SCAN_COUNT = 10_000
 MAX_CONNECTIONS = 100
-CLOCK_WARN_S = 1.0
 #: How long a release's wake-up waits for a waiter that is between its PTTL and its BLPOP.
 WAKE_TOKEN_MS = 5_000
 
@@ -1064,21 +1064,8 @@ class RedisStore(Store):
             rtt = time.perf_counter() - sent
         except TasklockError as exc:
             return StoreCheck("clock", False, str(exc))
-        server = seconds + micros / 1_000_000
-        offset = server - (sent_wall + rtt / 2)
-        detail = (
-            f"Redis's clock is {abs(offset) * 1000:.0f} ms "
-            f"{'ahead of' if offset >= 0 else 'behind'} this machine's "
-            f"(±{rtt * 500:.1f} ms); expiry runs on Redis's clock"
-        )
-        if abs(offset) > CLOCK_WARN_S:
-            return StoreCheck(
-                "clock",
-                True,
-                detail + "; times shown by peek/list will look off on this machine",
-                warning=True,
-            )
-        return StoreCheck("clock", True, detail)
+        offset = seconds + micros / 1_000_000 - (sent_wall + rtt / 2)
+        return clock_check("Redis's", offset, rtt / 2, "expiry runs on Redis's clock")
 
     def close(self) -> None:
         with self._blocked_lock:
