@@ -139,12 +139,9 @@ class _Guard:
 
     def _read_orders(self) -> None:
         while self.wrapper_gone_at is None:
-            try:
-                order = self.sock.recv(MESSAGE_SIZE, socket.MSG_DONTWAIT)
-            except BlockingIOError:
+            order = receive(self.sock)
+            if order is None:
                 return
-            except OSError:
-                order = b""
             if not order:
                 self._wrapper_gone()
                 return
@@ -219,6 +216,22 @@ class _Guard:
             self.sock.send(" ".join(str(word) for word in words).encode())
         except OSError:
             self._wrapper_gone()
+
+
+def receive(sock: socket.socket) -> bytes | None:
+    """The next message, without waiting: None when none has come, b"" when the other side
+    is gone (its last messages are read first)."""
+    while True:
+        try:
+            return sock.recv(MESSAGE_SIZE, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return None
+        except ConnectionResetError:
+            # The other side exited with a message of ours unread; its own are still
+            # queued behind this error, which is reported only once.
+            continue
+        except OSError:
+            return b""
 
 
 def _group_of(pid: int) -> int | None:

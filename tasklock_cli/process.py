@@ -12,7 +12,7 @@ import sys
 from tasklock_cli import clock as clocks
 from tasklock_cli import proctree
 from tasklock_cli.errors import CommandNotExecutable, CommandNotFound, ExitCode, TasklockError
-from tasklock_cli.guard import MESSAGE_SIZE, become_subreaper, run_guard
+from tasklock_cli.guard import MESSAGE_SIZE, become_subreaper, receive, run_guard
 
 __all__ = ["Child", "Terminal", "become_subreaper", "spawn_command"]
 
@@ -129,16 +129,9 @@ class Child:
     def poll(self) -> None:
         """Read every report the guard has sent (never blocks)."""
         while not self.tree_empty:
-            try:
-                report = self._sock.recv(MESSAGE_SIZE, socket.MSG_DONTWAIT)
-            except BlockingIOError:
+            report = receive(self._sock)
+            if report is None:
                 return
-            except ConnectionResetError:
-                # The guard exited with an order of ours unread; its last reports are
-                # still queued behind this error, which is reported only once.
-                continue
-            except OSError:
-                report = b""
             if not report:
                 self._take_over()
                 return

@@ -807,14 +807,8 @@ class EtcdStore(Store):
             ],
             "failure": list(ledger or []),
         }
-        try:
-            granted, reply = self._members.call(
-                [("/v3/lease/grant", {"ID": str(new_id), "TTL": str(ttl_s)}), ("/v3/kv/txn", txn)]
-            )
-        except EtcdError as exc:
-            raise self._translate(exc) from None
-        if not reply.get("succeeded"):
-            self._revoke(new_id)
+        granted = self._on_new_lease(new_id, ttl_s, txn)
+        if granted is None:
             return 0
         self._revoke(held.lease_id)
         held.lease_id, held.ttl = new_id, ttl_s
@@ -940,16 +934,21 @@ class EtcdStore(Store):
             ],
             "failure": [],
         }
+        return self._on_new_lease(new_id, ttl_s, txn) is not None
+
+    def _on_new_lease(self, new_id: int, ttl_s: int, txn: dict) -> dict | None:
+        """Grant lease ``new_id`` and run ``txn`` (which puts keys on it), pipelined; the
+        grant's reply, or None (the lease revoked again) when the txn's compare failed."""
         try:
-            _, reply = self._members.call(
+            granted, reply = self._members.call(
                 [("/v3/lease/grant", {"ID": str(new_id), "TTL": str(ttl_s)}), ("/v3/kv/txn", txn)]
             )
         except EtcdError as exc:
             raise self._translate(exc) from None
         if not reply.get("succeeded"):
             self._revoke(new_id)
-            return False
-        return True
+            return None
+        return granted
 
     # -- waiting ----------------------------------------------------------------------
 
