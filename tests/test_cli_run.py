@@ -14,6 +14,7 @@ import pytest
 from tests.support import procs
 from tests.support.cli import (
     json_events,
+    lost_by,
     one_error_line,
     peek,
     start,
@@ -305,7 +306,7 @@ def test_loss_terminates_what_the_command_started_outside_its_group(env, sqlite_
     loss it gets SIGTERM too, not only the SIGKILL after --grace."""
     log, ready = tmp_path / "log", tmp_path / "ready"
     job = f"trap 'echo term >> {log}; exit 0' TERM; touch {ready}; while :; do sleep 0.05; done"
-    command = f"setsid sh -c \"{job}\" & while :; do sleep 0.05; done"
+    command = f'setsid sh -c "{job}" & while :; do sleep 0.05; done'
     wrapper = start(
         "--log-format", "json", "run", "k", "--grace", "5s", "--", "sh", "-c", command, env=env
     )
@@ -313,7 +314,7 @@ def test_loss_terminates_what_the_command_started_outside_its_group(env, sqlite_
     assert tasklock("release", "k", "--force", env=env).returncode == 0
     _, stderr = wrapper.communicate(timeout=15)
     assert wrapper.returncode == 70
-    assert [e["detected_by"] for e in json_events(stderr) if e["event"] == "lost"] == ["rejected"]
+    assert lost_by(stderr) == ["rejected"]
     assert log.read_text() == "term\n"
 
 

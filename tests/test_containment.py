@@ -17,7 +17,15 @@ from pathlib import Path
 import pytest
 
 from tests.support import procs, report
-from tests.support.cli import json_events, peek, start, tasklock, wait_for_holder, wait_until
+from tests.support.cli import (
+    json_events,
+    lost_by,
+    peek,
+    start,
+    tasklock,
+    wait_for_holder,
+    wait_until,
+)
 
 # A two-level tree that escapes its process group three ways: a plain background job, one
 # that calls setsid (a new session), and one double-forked (its parent exits at once).
@@ -136,7 +144,7 @@ def test_a_lost_lease_terminates_processes_outside_the_group(env, store_url, tmp
     _, stderr = wrapper.communicate(timeout=15)
     assert wrapper.returncode == 70, stderr
     assert procs.still_running(tree) == []
-    assert [e["detected_by"] for e in json_events(stderr) if e["event"] == "lost"] == ["rejected"]
+    assert lost_by(stderr) == ["rejected"]
 
 
 @pytest.mark.slow
@@ -156,9 +164,7 @@ def test_a_paused_wrapper_cannot_keep_its_tree_running_past_the_deadline(env, st
         os.kill(wrapper.pid, signal.SIGCONT)
     _, stderr = wrapper.communicate(timeout=15)
     assert wrapper.returncode == 70, stderr
-    assert [e["detected_by"] for e in json_events(stderr) if e["event"] == "lost"] == [
-        "resumed-late"
-    ]
+    assert lost_by(stderr) == ["resumed-late"]
     report.record(
         "wrapper SIGSTOPped: guard kills tree",
         report.store_of(store_url),
@@ -233,7 +239,7 @@ def test_a_forced_release_stops_the_holder_long_before_its_next_renewal(env, sto
     assert took < 3.0, took  # far under the 10 s to the next renewal (CLI start included)
     _, stderr = wrapper.communicate(timeout=15)
     assert wrapper.returncode == 70
-    assert [e["detected_by"] for e in json_events(stderr) if e["event"] == "lost"] == ["rejected"]
+    assert lost_by(stderr) == ["rejected"]
     nxt = tasklock("--log-format", "json", "run", "k", "--", "true", env=env)
     token = next(e for e in json_events(nxt.stderr) if e["event"] == "acquired")["fencing_token"]
     assert token > held.fencing_token

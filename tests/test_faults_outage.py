@@ -9,7 +9,7 @@ import time
 import pytest
 
 from tests.support import report, services
-from tests.support.cli import json_events, peek, start, wait_until
+from tests.support.cli import json_events, lost_by, peek, start, wait_until
 
 TTL = 4.0
 
@@ -148,7 +148,7 @@ def test_a_pending_kill_never_waits_past_the_deadline(cli_env, tmp_path):
         finally:
             bring_up()
         assert wrapper.returncode == 70
-        lost = [e["detected_by"] for e in json_events(stderr) if e["event"] == "lost"]
+        lost = lost_by(stderr)
         assert lost == ["max-lifetime"]
         last_sign_of_life = float(log.read_text().split()[-1])
         assert last_sign_of_life < down_at + 3  # dead before the lease could run out

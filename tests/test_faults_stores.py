@@ -12,7 +12,15 @@ import time
 import pytest
 
 from tests.support import procs, report
-from tests.support.cli import json_events, peek, start, tasklock, wait_for_holder, wait_until
+from tests.support.cli import (
+    json_events,
+    lost_by,
+    peek,
+    start,
+    tasklock,
+    wait_for_holder,
+    wait_until,
+)
 
 GUARDED_WRITER = """
 import os, sqlite3, sys, time
@@ -122,9 +130,7 @@ def test_paused_holder_is_fenced_and_killed_on_resume(env, store_url, tmp_path):
                 os.killpg(pgid, signal.SIGCONT)
     _, stderr = wrapper.communicate(timeout=15)
     assert wrapper.returncode == 70
-    assert [e["detected_by"] for e in json_events(stderr) if e["event"] == "lost"] == [
-        "resumed-late"
-    ]
+    assert lost_by(stderr) == ["resumed-late"]
     late_writes = log.read_text().splitlines()[lines_before_resume:]
     assert all(line.split()[1] == "0" for line in late_writes), late_writes  # all rejected
     assert db.execute("SELECT token FROM guarded").fetchone() == (new_token,)

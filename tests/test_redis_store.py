@@ -15,6 +15,7 @@ from tasklock_cli.errors import ConfigError, LeaseLost, StoreUnavailable
 from tasklock_cli.stores import open_store
 from tasklock_cli.stores.base import Holder
 from tests.support import redis_support, services
+from tests.support.ports import free_port
 
 HOLDER = Holder(host="host-a", pid=4242, user="alice", command=["./job.sh"], note="n")
 OTHER = Holder(host="host-b", pid=99, user="bob", command=["true"], note=None)
@@ -41,10 +42,10 @@ def opened(url) -> Iterator[list]:
 
 
 @pytest.fixture
-def store(url, opened):
-    store = open_store(url)
-    opened.append(store)
-    return store
+def redis_store(url, opened):
+    redis_store = open_store(url)
+    opened.append(redis_store)
+    return redis_store
 
 
 @pytest.fixture
@@ -62,8 +63,8 @@ def raw(url):
 
 
 @pytest.fixture
-def prefix(store) -> bytes:
-    return store.prefix.encode()
+def prefix(redis_store) -> bytes:
+    return redis_store.prefix.encode()
 
 
 def require_redis_server() -> None:
@@ -85,9 +86,9 @@ def private():
 # -- key layout ---------------------------------------------------------------------
 
 
-def test_key_layout_is_a_hash_with_px_and_a_counter_without_ttl(store, raw, prefix):
+def test_key_layout_is_a_hash_with_px_and_a_counter_without_ttl(redis_store, raw, prefix):
     owner = token()
-    lease = store.acquire("jobs:a", 30, HOLDER, owner)
+    lease = redis_store.acquire("jobs:a", 30, HOLDER, owner)
     lease_key = prefix + b"{jobs:a}:lease"
     fence_key = prefix + b"{jobs:a}:fence"
 
@@ -107,46 +108,46 @@ def test_key_layout_is_a_hash_with_px_and_a_counter_without_ttl(store, raw, pref
     assert sorted(raw.scan_iter(match=prefix + b"*")) == sorted([lease_key, fence_key])
 
 
-def test_times_come_from_the_redis_clock(store, raw):
+def test_times_come_from_the_redis_clock(redis_store, raw):
     seconds, micros = raw.time()
-    lease = store.acquire("k", 30, HOLDER, token())
+    lease = redis_store.acquire("k", 30, HOLDER, token())
     redis_now = seconds + micros / 1e6
     assert abs(lease.acquired_at.timestamp() - redis_now) < 1
 
 
-def test_renew_sets_px_and_expires_at(store, raw, prefix):
-    lease = store.acquire("k", 2, HOLDER, token())
-    renewed = store.renew(lease, 60)
+def test_renew_sets_px_and_expires_at(redis_store, raw, prefix):
+    lease = redis_store.acquire("k", 2, HOLDER, token())
+    renewed = redis_store.renew(lease, 60)
     lease_key = prefix + b"{k}:lease"
     assert 59_000 < raw.pttl(lease_key) <= 60_000
     assert int(raw.hget(lease_key, "expires_at")) == int(renewed.expires_at.timestamp() * 1000)
     assert renewed.fencing_token == lease.fencing_token
 
 
-def test_idempotent_acquire_refreshes_px_and_keeps_token(store, raw, prefix):
+def test_idempotent_acquire_refreshes_px_and_keeps_token(redis_store, raw, prefix):
     owner = token()
-    first = store.acquire("k", 2, HOLDER, owner)
-    again = store.acquire("k", 60, HOLDER, owner)
+    first = redis_store.acquire("k", 2, HOLDER, owner)
+    again = redis_store.acquire("k", 60, HOLDER, owner)
     assert again.fencing_token == first.fencing_token
     assert again.acquired_at == first.acquired_at
     assert 59_000 < raw.pttl(prefix + b"{k}:lease") <= 60_000
     assert raw.get(prefix + b"{k}:fence") == b"1"
 
 
-def test_renew_checks_the_fencing_token_too(store):
-    lease = store.acquire("k", 30, HOLDER, token())
+def test_renew_checks_the_fencing_token_too(redis_store):
+    lease = redis_store.acquire("k", 30, HOLDER, token())
     wrong = type(lease)(
         lease.key, lease.owner_token, lease.fencing_token + 1, lease.acquired_at, lease.expires_at
     )
     with pytest.raises(LeaseLost):
-        store.renew(wrong, 30)
-    assert store.release(wrong) is False
-    assert store.peek("k").fencing_token == lease.fencing_token
+        redis_store.renew(wrong, 30)
+    assert redis_store.release(wrong) is False
+    assert redis_store.peek("k").fencing_token == lease.fencing_token
 
 
-def test_release_with_keep_for_sets_px(store, raw, prefix):
-    lease = store.acquire("k", 30, HOLDER, token())
-    assert store.release(lease, keep_for=5) is True
+def test_release_with_keep_for_sets_px(redis_store, raw, prefix):
+    lease = redis_store.acquire("k", 30, HOLDER, token())
+    assert redis_store.release(lease, keep_for=5) is True
     assert 4_000 < raw.pttl(prefix + b"{k}:lease") <= 5_000
 
 
@@ -160,20 +161,20 @@ def _assert_counter(raw, prefix: bytes, key: str, value: int) -> None:
     assert raw.ttl(fence_key) == -1
 
 
-def test_counter_survives_release_force_release_expiry_and_sweep(store, other, raw, prefix):
+def test_counter_survives_release_force_release_expiry_and_sweep(redis_store, other, raw, prefix):
     lease_key = prefix + b"{k}:lease"
 
-    lease = store.acquire("k", 30, HOLDER, token())
-    assert store.release(lease) is True
+    lease = redis_store.acquire("k", 30, HOLDER, token())
+    assert redis_store.release(lease) is True
     assert raw.exists(lease_key) == 0
     _assert_counter(raw, prefix, "k", 1)
 
-    store.acquire("k", 30, HOLDER, token())
+    redis_store.acquire("k", 30, HOLDER, token())
     assert other.force_release("k").fencing_token == 2
     assert raw.exists(lease_key) == 0
     _assert_counter(raw, prefix, "k", 2)
 
-    store.acquire("k", 0.2, HOLDER, token())
+    redis_store.acquire("k", 0.2, HOLDER, token())
     time.sleep(0.4)
     assert raw.exists(lease_key) == 0
     _assert_counter(raw, prefix, "k", 3)
@@ -182,11 +183,13 @@ def test_counter_survives_release_force_release_expiry_and_sweep(store, other, r
     assert other.sweep(dry_run=True) == 0
     _assert_counter(raw, prefix, "k", 3)
 
-    assert store.acquire("k", 30, HOLDER, token()).fencing_token == 4
+    assert redis_store.acquire("k", 30, HOLDER, token()).fencing_token == 4
 
 
-def test_force_release_returns_the_broken_lease_and_keeps_the_counter(store, other, raw, prefix):
-    lease = store.acquire("k", 30, HOLDER, token())
+def test_force_release_returns_the_broken_lease_and_keeps_the_counter(
+    redis_store, other, raw, prefix
+):
+    lease = redis_store.acquire("k", 30, HOLDER, token())
     broken = other.force_release("k")
     assert broken.key == "k" and broken.holder == HOLDER
     assert broken.fencing_token == lease.fencing_token
@@ -200,39 +203,39 @@ def test_force_release_returns_the_broken_lease_and_keeps_the_counter(store, oth
 GLOBBY = ["a", "a*", "a?", "a[b]", "a[^b]", "a\\*", "{a}", "a}", "}a", "a{", "ab", "b*", "{}"]
 
 
-def test_glob_and_hash_tag_keys_do_not_collide(store, raw, prefix):
-    leases = {key: store.acquire(key, 30, HOLDER, token()) for key in GLOBBY}
+def test_glob_and_hash_tag_keys_do_not_collide(redis_store, raw, prefix):
+    leases = {key: redis_store.acquire(key, 30, HOLDER, token()) for key in GLOBBY}
     assert all(lease is not None and lease.fencing_token == 1 for lease in leases.values())
     for key in GLOBBY:
-        assert store.peek(key).key == key
+        assert redis_store.peek(key).key == key
         _assert_counter(raw, prefix, key, 1)
-    assert [i.key for i in store.list()] == sorted(GLOBBY)
-    assert [i.key for i in store.list(prefix="a*")] == ["a*"]
-    assert [i.key for i in store.list(prefix="a?")] == ["a?"]
-    assert [i.key for i in store.list(prefix="a[")] == ["a[^b]", "a[b]"]
-    assert [i.key for i in store.list(prefix="a\\")] == ["a\\*"]
-    assert [i.key for i in store.list(prefix="{")] == ["{a}", "{}"]
-    assert [i.key for i in store.list(prefix="}")] == ["}a"]
-    assert [i.key for i in store.list(prefix="a")] == sorted(k for k in GLOBBY if k[0] == "a")
-    assert list(store.list(prefix="*")) == []
+    assert [i.key for i in redis_store.list()] == sorted(GLOBBY)
+    assert [i.key for i in redis_store.list(prefix="a*")] == ["a*"]
+    assert [i.key for i in redis_store.list(prefix="a?")] == ["a?"]
+    assert [i.key for i in redis_store.list(prefix="a[")] == ["a[^b]", "a[b]"]
+    assert [i.key for i in redis_store.list(prefix="a\\")] == ["a\\*"]
+    assert [i.key for i in redis_store.list(prefix="{")] == ["{a}", "{}"]
+    assert [i.key for i in redis_store.list(prefix="}")] == ["}a"]
+    assert [i.key for i in redis_store.list(prefix="a")] == sorted(k for k in GLOBBY if k[0] == "a")
+    assert list(redis_store.list(prefix="*")) == []
     # Releasing one never touches its look-alikes.
-    assert store.release(leases["a*"]) is True
-    assert store.peek("a*") is None
-    assert store.peek("a") is not None and store.peek("ab") is not None
+    assert redis_store.release(leases["a*"]) is True
+    assert redis_store.peek("a*") is None
+    assert redis_store.peek("a") is not None and redis_store.peek("ab") is not None
 
 
-def test_keys_that_look_like_our_suffixes_are_ordinary(store):
+def test_keys_that_look_like_our_suffixes_are_ordinary(redis_store):
     keys = ["x}:lease", "x}:fence", "x", "x}:wake"]
     for key in keys:
-        assert store.acquire(key, 30, HOLDER, token()).fencing_token == 1
-    assert [i.key for i in store.list(prefix="x")] == sorted(keys)
+        assert redis_store.acquire(key, 30, HOLDER, token()).fencing_token == 1
+    assert [i.key for i in redis_store.list(prefix="x")] == sorted(keys)
 
 
-def test_list_uses_scan_never_keys(store, monkeypatch):
+def test_list_uses_scan_never_keys(redis_store, monkeypatch):
     import redis
 
     for key in ["b", "a", "c"]:
-        store.acquire(key, 30, HOLDER, token())
+        redis_store.acquire(key, 30, HOLDER, token())
     scans = []
     original_scan = redis.Redis.scan
 
@@ -245,22 +248,22 @@ def test_list_uses_scan_never_keys(store, monkeypatch):
 
     monkeypatch.setattr(redis.Redis, "scan", spy_scan)
     monkeypatch.setattr(redis.Redis, "keys", no_keys)
-    assert [i.key for i in store.list()] == ["a", "b", "c"]
-    assert [i.key for i in store.list(prefix="b")] == ["b"]
+    assert [i.key for i in redis_store.list()] == ["a", "b", "c"]
+    assert [i.key for i in redis_store.list(prefix="b")] == ["b"]
     assert scans and all(match is not None for match in scans)
     assert scans[-1].endswith(b"{b*}:lease")
 
 
-def test_list_ignores_foreign_keys_and_other_namespaces(store, raw, prefix, url):
-    store.acquire("mine", 30, HOLDER, token())
+def test_list_ignores_foreign_keys_and_other_namespaces(redis_store, raw, prefix, url):
+    redis_store.acquire("mine", 30, HOLDER, token())
     raw.set(prefix + b"unrelated", b"x")  # not in our layout: never matched by list
-    neighbour = open_store(url.replace(store.prefix, store.prefix + "x"))
+    neighbour = open_store(url.replace(redis_store.prefix, redis_store.prefix + "x"))
     try:
         neighbour.acquire("theirs", 30, HOLDER, token())
-        assert [i.key for i in store.list()] == ["mine"]
+        assert [i.key for i in redis_store.list()] == ["mine"]
         assert [i.key for i in neighbour.list()] == ["theirs"]
     finally:
-        redis_support.drop_namespace(url.replace(store.prefix, store.prefix + "x"))
+        redis_support.drop_namespace(url.replace(redis_store.prefix, redis_store.prefix + "x"))
         neighbour.close()
 
 
@@ -283,23 +286,23 @@ def _scanned_names(monkeypatch) -> list[bytes]:
 GLOB_PREFIX = "a[b]*?\\^{"  # every MATCH metacharacter, and a hash-tag brace
 
 
-def test_list_prefix_scans_only_the_prefix(store, raw, prefix, monkeypatch):
+def test_list_prefix_scans_only_the_prefix(redis_store, raw, prefix, monkeypatch):
     """SCAN MATCH covers the prefix alone: 20,000 leases outside it never reach the client,
     not even those an unescaped pattern would match."""
     inside = [GLOB_PREFIX + "1", GLOB_PREFIX + "2", GLOB_PREFIX]
     look_alikes = ["ab*?\\^{1", "a[b]x?\\^{", "a[b]*X\\^{", "a[b]*?\\x{", "a[b]*?\\^"]
     for key in inside + look_alikes:
-        assert store.acquire(key, 60, HOLDER, token()) is not None
+        assert redis_store.acquire(key, 60, HOLDER, token()) is not None
     outside = [f"outside:{i:05d}" for i in range(20_000)]
     pipe = raw.pipeline(transaction=False)
     for key in outside:  # lease-shaped hashes, written in bulk
         pipe.hset(prefix + b"{" + key.encode() + b"}:lease", "fencing_token", 1)
     pipe.execute()
     scanned = _scanned_names(monkeypatch)
-    assert [i.key for i in store.list(prefix=GLOB_PREFIX)] == sorted(inside)
-    assert sorted(scanned) == sorted(store._lease_key(key) for key in inside)
+    assert [i.key for i in redis_store.list(prefix=GLOB_PREFIX)] == sorted(inside)
+    assert sorted(scanned) == sorted(redis_store._lease_key(key) for key in inside)
     scanned.clear()
-    assert [i.key for i in store.list(prefix="a[b]*?")] == sorted(
+    assert [i.key for i in redis_store.list(prefix="a[b]*?")] == sorted(
         [*inside, "a[b]*?\\x{", "a[b]*?\\^"]
     )
     assert len(scanned) == 5
@@ -323,24 +326,26 @@ def test_a_namespace_with_glob_characters_lists_only_its_own(opened):
         redis_support.drop_namespace(theirs_url)
 
 
-def test_ten_thousand_leases_are_listed_correctly(store, raw, prefix):
+def test_ten_thousand_leases_are_listed_correctly(redis_store, raw, prefix):
     count = 10_000
     keys = [f"bulk:{i:05d}" for i in range(count)]
     for key in keys:
-        store.acquire(key, 120, HOLDER, token())
+        redis_store.acquire(key, 120, HOLDER, token())
     started = time.monotonic()
-    listed = list(store.list())
+    listed = list(redis_store.list())
     elapsed = time.monotonic() - started
     assert [i.key for i in listed] == keys
     assert all(i.fencing_token == 1 and i.holder == HOLDER and not i.expired for i in listed)
-    assert [i.key for i in store.list(prefix="bulk:0999")] == [f"bulk:0999{d}" for d in range(10)]
+    assert [i.key for i in redis_store.list(prefix="bulk:0999")] == [
+        f"bulk:0999{d}" for d in range(10)
+    ]
     print(f"listed {count} leases in {elapsed * 1000:.0f} ms")
 
 
 # -- waiting ----------------------------------------------------------------------------
 
 
-def test_wait_for_release_wakes_on_release_from_another_client(store, other):
+def test_wait_for_release_wakes_on_release_from_another_client(redis_store, other):
     lease = other.acquire("k", 30, OTHER, token())
     released_at: list[float] = []
 
@@ -352,51 +357,51 @@ def test_wait_for_release_wakes_on_release_from_another_client(store, other):
     thread = threading.Thread(target=release_later)
     started = time.monotonic()
     thread.start()
-    store.wait_for_release("k", 5)
+    redis_store.wait_for_release("k", 5)
     woke = time.monotonic()
     thread.join()
     assert woke - started < 2, "waited (close to) the full timeout: no wake-up"
     assert released_at and woke - released_at[0] < 0.1
-    assert store.acquire("k", 30, HOLDER, token()) is not None
+    assert redis_store.acquire("k", 30, HOLDER, token()) is not None
 
 
-def test_wait_for_release_wakes_on_force_release(store, other):
+def test_wait_for_release_wakes_on_force_release(redis_store, other):
     other.acquire("k", 30, OTHER, token())
     timer = threading.Timer(0.2, lambda: other.force_release("k"))
     started = time.monotonic()
     timer.start()
-    store.wait_for_release("k", 5)
+    redis_store.wait_for_release("k", 5)
     timer.join()
     assert time.monotonic() - started < 1.5
 
 
-def test_wait_for_release_returns_at_once_when_already_free(store, other):
+def test_wait_for_release_returns_at_once_when_already_free(redis_store, other):
     lease = other.acquire("k", 30, OTHER, token())
     other.release(lease)  # released between our failed acquire and the wait
     started = time.monotonic()
-    store.wait_for_release("k", 5)
+    redis_store.wait_for_release("k", 5)
     assert time.monotonic() - started < 0.5
 
 
-def test_wait_for_release_wakes_at_the_lease_expiry(store, other):
+def test_wait_for_release_wakes_at_the_lease_expiry(redis_store, other):
     other.acquire("k", 0.3, OTHER, token())
     started = time.monotonic()
-    store.wait_for_release("k", 5)
+    redis_store.wait_for_release("k", 5)
     assert 0.2 < time.monotonic() - started < 1.5
-    assert store.acquire("k", 30, HOLDER, token()) is not None
+    assert redis_store.acquire("k", 30, HOLDER, token()) is not None
 
 
-def test_wait_for_release_honours_its_timeout_and_can_repeat(store, other):
+def test_wait_for_release_honours_its_timeout_and_can_repeat(redis_store, other):
     lease = other.acquire("k", 30, OTHER, token())
     for _ in range(3):  # each wait leaves the connection clean for the next
         started = time.monotonic()
-        store.wait_for_release("k", 0.2)
+        redis_store.wait_for_release("k", 0.2)
         assert 0.15 < time.monotonic() - started < 1
     other.acquire("j", 30, OTHER, token())
     timer = threading.Timer(0.2, lambda: other.release(lease))
     timer.start()
     started = time.monotonic()
-    store.wait_for_release("k", 5)
+    redis_store.wait_for_release("k", 5)
     timer.join()
     assert time.monotonic() - started < 1.5
 
@@ -424,9 +429,9 @@ def test_each_release_wakes_one_waiter_the_longest_waiting_first(url, opened, ot
     assert early == [0], {n: round(at - released, 3) for n, at in woke.items()}
 
 
-def test_a_release_between_the_look_and_the_block_is_not_missed(store, other, monkeypatch):
+def test_a_release_between_the_look_and_the_block_is_not_missed(redis_store, other, monkeypatch):
     lease = other.acquire("k", 30, OTHER, token())
-    real_call, calls = store._call, []
+    real_call, calls = redis_store._call, []
 
     def call_then_release(operation, key=None):
         result = real_call(operation, key)
@@ -435,9 +440,9 @@ def test_a_release_between_the_look_and_the_block_is_not_missed(store, other, mo
             assert other.release(lease) is True
         return result
 
-    monkeypatch.setattr(store, "_call", call_then_release)
+    monkeypatch.setattr(redis_store, "_call", call_then_release)
     started = time.monotonic()
-    store.wait_for_release("k", 3)
+    redis_store.wait_for_release("k", 3)
     assert time.monotonic() - started < 1
     assert len(calls) == 2
 
@@ -447,7 +452,7 @@ class _CutShort(BaseException):
 
 
 def test_closing_a_store_whose_wait_was_cut_short_passes_the_wake_up_on(
-    url, store, other, raw, prefix
+    url, redis_store, other, raw, prefix
 ):
     """Its BLPOP may have taken the release's wake-up just before the signal: while the key
     is free, the close leaves one for the next waiter."""
@@ -472,16 +477,16 @@ def test_closing_a_store_whose_wait_was_cut_short_passes_the_wake_up_on(
     assert raw.llen(wake_key) == 1  # passed on
 
 
-def test_closing_a_store_after_an_ordinary_wait_leaves_no_wake_up(store, other, raw, prefix):
+def test_closing_a_store_after_an_ordinary_wait_leaves_no_wake_up(redis_store, other, raw, prefix):
     lease = other.acquire("k", 30, HOLDER, token())
-    store.wait_for_release("k", 0.1)
+    redis_store.wait_for_release("k", 0.1)
     assert other.release(lease) is True
     raw.delete(prefix + b"{k}:wake")
-    store.close()
+    redis_store.close()
     assert raw.llen(prefix + b"{k}:wake") == 0
 
 
-def test_a_wake_up_left_unclaimed_is_dropped_by_the_next_acquire(store, other, raw, prefix):
+def test_a_wake_up_left_unclaimed_is_dropped_by_the_next_acquire(redis_store, other, raw, prefix):
     lease = other.acquire("k", 30, OTHER, token())
     assert other.release(lease) is True
     wake_key = prefix + b"{k}:wake"
@@ -489,15 +494,15 @@ def test_a_wake_up_left_unclaimed_is_dropped_by_the_next_acquire(store, other, r
     other.acquire("k", 30, OTHER, token())
     assert raw.exists(wake_key) == 0
     started = time.monotonic()
-    store.wait_for_release("k", 0.4)  # held again: nothing may wake us early
+    redis_store.wait_for_release("k", 0.4)  # held again: nothing may wake us early
     assert time.monotonic() - started >= 0.35
 
 
-def test_foreign_key_at_the_wake_list_is_a_clear_error(store, raw, prefix):
+def test_foreign_key_at_the_wake_list_is_a_clear_error(redis_store, raw, prefix):
     wake_key = prefix + b"{bad}:wake"
     raw.set(wake_key, b"someone else's")
     with pytest.raises(ConfigError) as caught:
-        store.acquire("bad", 30, HOLDER, token())
+        redis_store.acquire("bad", 30, HOLDER, token())
     assert repr(wake_key.decode()) in str(caught.value) and "string" in str(caught.value)
     assert raw.get(wake_key) == b"someone else's"
     assert raw.exists(prefix + b"{bad}:lease", prefix + b"{bad}:fence") == 0
@@ -518,27 +523,27 @@ def test_wait_for_release_on_a_dead_store_just_times_out(private):
 # -- scripts, foreign keys ------------------------------------------------------------------
 
 
-def test_script_flush_is_survived(store, other, raw):
-    lease = store.acquire("k", 30, HOLDER, token())
+def test_script_flush_is_survived(redis_store, other, raw):
+    lease = redis_store.acquire("k", 30, HOLDER, token())
     raw.script_flush()
-    renewed = store.renew(lease, 30)
+    renewed = redis_store.renew(lease, 30)
     raw.script_flush()
-    assert store.release(renewed) is True
+    assert redis_store.release(renewed) is True
     raw.script_flush()
     assert other.acquire("k", 30, OTHER, token()).fencing_token == 2
     raw.script_flush()
-    assert store.force_release("k").holder == OTHER
+    assert redis_store.force_release("k").holder == OTHER
 
 
-def test_foreign_string_at_a_lease_key_is_a_clear_error(store, raw, prefix):
-    good = store.acquire("good", 30, HOLDER, token())
+def test_foreign_string_at_a_lease_key_is_a_clear_error(redis_store, raw, prefix):
+    good = redis_store.acquire("good", 30, HOLDER, token())
     lease_key = prefix + b"{bad}:lease"
     raw.set(lease_key, b"someone else's")
     for attempt in (
-        lambda: store.acquire("bad", 30, HOLDER, token()),
-        lambda: store.peek("bad"),
-        lambda: store.force_release("bad"),
-        lambda: list(store.list()),
+        lambda: redis_store.acquire("bad", 30, HOLDER, token()),
+        lambda: redis_store.peek("bad"),
+        lambda: redis_store.force_release("bad"),
+        lambda: list(redis_store.list()),
     ):
         with pytest.raises(ConfigError) as caught:
             attempt()
@@ -547,11 +552,11 @@ def test_foreign_string_at_a_lease_key_is_a_clear_error(store, raw, prefix):
     # Nothing was touched: the foreign key, no counter created, our other lease intact.
     assert raw.get(lease_key) == b"someone else's" and raw.ttl(lease_key) == -1
     assert raw.exists(prefix + b"{bad}:fence") == 0
-    assert store.peek("good").fencing_token == good.fencing_token
-    assert store.renew(good, 30).fencing_token == good.fencing_token
+    assert redis_store.peek("good").fencing_token == good.fencing_token
+    assert redis_store.renew(good, 30).fencing_token == good.fencing_token
 
 
-def test_foreign_counter_is_a_clear_error(store, raw, prefix):
+def test_foreign_counter_is_a_clear_error(redis_store, raw, prefix):
     fence_key = prefix + b"{bad}:fence"
     for value in (b"not a number", None):
         raw.delete(fence_key)
@@ -560,21 +565,21 @@ def test_foreign_counter_is_a_clear_error(store, raw, prefix):
         else:
             raw.set(fence_key, value)
         with pytest.raises(ConfigError) as caught:
-            store.acquire("bad", 30, HOLDER, token())
+            redis_store.acquire("bad", 30, HOLDER, token())
         assert repr(fence_key.decode()) in str(caught.value)
         assert raw.exists(prefix + b"{bad}:lease") == 0
 
 
-def test_foreign_hash_without_our_fields_is_reported_not_crashed(store, raw, prefix):
+def test_foreign_hash_without_our_fields_is_reported_not_crashed(redis_store, raw, prefix):
     raw.hset(prefix + b"{bad}:lease", mapping={b"color": b"blue"})
     with pytest.raises(ConfigError, match="not a tasklock lease"):
-        store.peek("bad")
+        redis_store.peek("bad")
     with pytest.raises(ConfigError, match="not a tasklock lease"):
-        list(store.list())
+        list(redis_store.list())
     raw.hset(prefix + b"{bad}:lease", mapping={b"holder": b"\xff\xfe not utf-8"})
     with pytest.raises(ConfigError, match="not a tasklock lease"):
-        list(store.list())
-    assert store.acquire("bad", 30, HOLDER, token()) is None  # held by "someone"
+        list(redis_store.list())
+    assert redis_store.acquire("bad", 30, HOLDER, token()) is None  # held by "someone"
 
 
 # -- durability: what FLUSHALL and a restart without persistence do ------------------------
@@ -681,7 +686,7 @@ def test_wrong_password_is_reported_without_the_password():
 
 def test_unreachable_port_is_store_unavailable_quickly():
     services.require("redis")
-    store = open_store(f"redis://127.0.0.1:{redis_support.free_port()}/0")
+    store = open_store(f"redis://127.0.0.1:{free_port()}/0")
     store.set_io_timeout(1)
     try:
         for call in (
@@ -721,11 +726,11 @@ def test_prefix_is_taken_from_the_url_and_defaults_to_tasklock():
         custom.close()
 
 
-def test_set_io_timeout_applies_to_new_connections(store, url):
-    store.set_io_timeout(1.5)
-    kwargs = store._client.connection_pool.connection_kwargs
+def test_set_io_timeout_applies_to_new_connections(redis_store, url):
+    redis_store.set_io_timeout(1.5)
+    kwargs = redis_store._client.connection_pool.connection_kwargs
     assert kwargs["socket_timeout"] == 1.5 and kwargs["socket_connect_timeout"] == 1.5
-    assert store.acquire("k", 30, HOLDER, token()) is not None
+    assert redis_store.acquire("k", 30, HOLDER, token()) is not None
     # A timeout in the URL does not defeat the supervisor's bound.
     overridden = open_store(url + "&socket_timeout=60&protocol=3")
     try:
@@ -737,16 +742,18 @@ def test_set_io_timeout_applies_to_new_connections(store, url):
         overridden.close()
 
 
-def test_more_threads_than_pooled_connections_wait_for_one(store):
+def test_more_threads_than_pooled_connections_wait_for_one(redis_store):
     from tasklock_cli.stores.redis import MAX_CONNECTIONS
 
-    leases = [store.acquire(f"k{n}", 30, HOLDER, token()) for n in range(MAX_CONNECTIONS + 50)]
+    leases = [
+        redis_store.acquire(f"k{n}", 30, HOLDER, token()) for n in range(MAX_CONNECTIONS + 50)
+    ]
     errors: list[BaseException] = []
 
     def renew(lease) -> None:
         try:
             for _ in range(5):
-                store.renew(lease, 30)
+                redis_store.renew(lease, 30)
         except BaseException as exc:  # collected: a thread's failure must fail the test
             errors.append(exc)
 
@@ -758,13 +765,13 @@ def test_more_threads_than_pooled_connections_wait_for_one(store):
     assert errors == []
 
 
-def test_store_sockets_are_not_inherited_by_children(store, other):
+def test_store_sockets_are_not_inherited_by_children(redis_store, other):
     lease = other.acquire("k", 30, OTHER, token())
     releaser = threading.Timer(0.1, lambda: other.release(lease))
     releaser.start()
-    store.wait_for_release("k", 2)  # a blocking BLPOP on its own pooled connection
+    redis_store.wait_for_release("k", 2)  # a blocking BLPOP on its own pooled connection
     releaser.join()
-    store.peek("k")
+    redis_store.peek("k")
     sockets = []
     for fd in os.listdir("/proc/self/fd"):
         try:
@@ -779,8 +786,8 @@ def test_store_sockets_are_not_inherited_by_children(store, other):
 # -- doctor ---------------------------------------------------------------------------------
 
 
-def test_doctor_reports_every_check(store):
-    checks = {c.name: c for c in store.doctor()}
+def test_doctor_reports_every_check(redis_store):
+    checks = {c.name: c for c in redis_store.doctor()}
     assert set(checks) >= {
         "store",
         "reachable",
@@ -834,8 +841,8 @@ def test_doctor_when_config_is_disabled():
 # -- test support ---------------------------------------------------------------------------
 
 
-def test_drop_namespace_removes_only_that_prefix(store, raw, prefix, url):
-    store.acquire("k", 30, HOLDER, token())
+def test_drop_namespace_removes_only_that_prefix(redis_store, raw, prefix, url):
+    redis_store.acquire("k", 30, HOLDER, token())
     raw.set(prefix[:-1] + b"-neighbour", b"keep")
     try:
         assert redis_support.drop_namespace(url) == 2

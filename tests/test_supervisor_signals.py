@@ -19,7 +19,7 @@ from tests.test_engine_units import FakeClock
 
 
 @pytest.fixture
-def store(tmp_path):
+def sqlite_store(tmp_path):
     with SQLiteStore(tmp_path / "locks.db") as opened:
         yield opened
 
@@ -30,23 +30,25 @@ def no_subreaper(monkeypatch):
     monkeypatch.setattr(supervisor_module, "become_subreaper", lambda: None)
 
 
-def run(store, command: list[str]) -> int:
+def run(sqlite_store, command: list[str]) -> int:
     events = EventLog(stream=open(os.devnull, "w"))  # noqa: SIM115 - closed with the process
-    return Supervisor(store, RunOptions(key="k", command=command, ttl=60), events).run()
+    return Supervisor(sqlite_store, RunOptions(key="k", command=command, ttl=60), events).run()
 
 
-def test_a_sigterm_while_the_child_is_being_started_reaches_the_child(store, monkeypatch):
+def test_a_sigterm_while_the_child_is_being_started_reaches_the_child(sqlite_store, monkeypatch):
     class SignalledWhileStarting(Child):
         def __init__(self, *args, **kwargs) -> None:
             super().__init__(*args, **kwargs)
             os.kill(os.getpid(), signal.SIGTERM)  # handled before the supervisor knows it
 
     monkeypatch.setattr(supervisor_module, "Child", SignalledWhileStarting)
-    assert run(store, ["sleep", "5"]) == 128 + signal.SIGTERM
-    assert store.peek("k") is None
+    assert run(sqlite_store, ["sleep", "5"]) == 128 + signal.SIGTERM
+    assert sqlite_store.peek("k") is None
 
 
-def test_a_signal_once_the_lease_is_held_releases_it_and_runs_nothing(store, monkeypatch, tmp_path):
+def test_a_signal_once_the_lease_is_held_releases_it_and_runs_nothing(
+    sqlite_store, monkeypatch, tmp_path
+):
     marker = tmp_path / "ran"
     original_run_child = Supervisor._run_child
 
@@ -55,12 +57,12 @@ def test_a_signal_once_the_lease_is_held_releases_it_and_runs_nothing(store, mon
         return original_run_child(self)
 
     monkeypatch.setattr(Supervisor, "_run_child", signalled_first)
-    assert run(store, ["touch", str(marker)]) == 128 + signal.SIGHUP
+    assert run(sqlite_store, ["touch", str(marker)]) == 128 + signal.SIGHUP
     assert not marker.exists()
-    assert store.peek("k") is None
+    assert sqlite_store.peek("k") is None
 
 
-def test_a_signal_during_the_last_attempt_wins_over_the_conflict(store, tmp_path):
+def test_a_signal_during_the_last_attempt_wins_over_the_conflict(sqlite_store, tmp_path):
     other = SQLiteStore(tmp_path / "locks.db")
     assert other.acquire("k", 60, Holder("h", 1, "u", []), "someone else") is not None
 

@@ -61,6 +61,11 @@ def json_events(stderr: str) -> list[dict]:
     return [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
 
 
+def lost_by(stderr: str) -> list[str]:
+    """The ``detected_by`` of every ``lost`` event in a JSON-lines stderr."""
+    return [event["detected_by"] for event in json_events(stderr) if event["event"] == "lost"]
+
+
 def one_error_line(stderr: str) -> str:
     """The stderr of a failed command: exactly one line, the contract's error form."""
     lines = stderr.strip().splitlines()

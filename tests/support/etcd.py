@@ -11,12 +11,13 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
+
+from tests.support.ports import free_port
 
 
 def etcd_binary() -> str | None:
@@ -24,12 +25,6 @@ def etcd_binary() -> str | None:
     if configured:
         return configured if os.access(configured, os.X_OK) else None
     return shutil.which("etcd")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def post(client_url: str, path: str, body: dict, timeout: float = 3) -> dict:

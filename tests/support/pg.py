@@ -15,13 +15,14 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from tests.support.ports import free_port
 
 PG_BIN_ENV = "TASKLOCK_TEST_PG_BIN"
 
@@ -54,12 +55,6 @@ def drop_namespace(url: str) -> None:
         conn.execute(statement)
     finally:
         conn.close()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def pg_bin_dir() -> Path | None:

@@ -13,6 +13,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from tests.support.ports import free_port
+
 REDIS_SERVER = os.environ.get("TASKLOCK_TEST_REDIS_SERVER", "/usr/bin/redis-server")
 
 
@@ -45,12 +47,6 @@ def drop_namespace(url: str) -> int:
     finally:
         client.close()
     return removed
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def redis_server_available() -> bool:

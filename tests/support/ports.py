@@ -1,0 +1,11 @@
+"""Free TCP ports on the loopback, for the private servers the tests start."""
+
+from __future__ import annotations
+
+import socket
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
