@@ -95,3 +95,25 @@ def test_a_failed_renewal_before_the_start_releases_the_lease(tmp_path):
         with pytest.raises(StoreUnavailable):
             supervisor.run()
         assert store.peek("k") is None  # not left held for the rest of its ttl
+
+
+def test_a_signal_pending_when_the_pre_start_renewal_fails_wins(tmp_path):
+    """The renewal right before the start fails while a signal is pending: 128+N, not the
+    store's error, and the lease is not left held."""
+    clock = FakeClock()
+
+    class SlowThenDownAndSignalled(SQLiteStore):
+        def acquire(self, *args, **kwargs):
+            lease = super().acquire(*args, **kwargs)
+            clock.advance(45)  # under half the 60 s ttl left: a renewal comes first
+            return lease
+
+        def renew(self, lease, ttl):
+            os.kill(os.getpid(), signal.SIGHUP)  # recorded while the renewal is under way
+            raise StoreUnavailable("the store went away")
+
+    with SlowThenDownAndSignalled(tmp_path / "locks.db") as store:
+        events = EventLog(stream=open(os.devnull, "w"))  # noqa: SIM115
+        supervisor = Supervisor(store, RunOptions(key="k", command=["true"], ttl=60), events, clock)
+        assert supervisor.run() == 128 + signal.SIGHUP
+        assert store.peek("k") is None
