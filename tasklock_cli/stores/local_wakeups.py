@@ -19,17 +19,24 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import os
 import threading
 import time
 from pathlib import Path
 
+try:  # the built-in SHA-256: hashlib would load OpenSSL (milliseconds on every run)
+    from _sha256 import sha256 as _sha256  # Python < 3.12
+except ImportError:  # pragma: no cover - the module's name from 3.12 on
+    try:
+        from _sha2 import sha256 as _sha256
+    except ImportError:
+        from hashlib import sha256 as _sha256
+
 from tasklock_cli.stores.base import wait_readable
 
 
 def _key_prefix(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()[:24] + "."
+    return _sha256(key.encode()).hexdigest()[:24] + "."
 
 
 class LocalWakeups:
