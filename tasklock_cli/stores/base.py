@@ -7,11 +7,13 @@ the supervisor's business (see ``tasklock_cli.lease``).
 from __future__ import annotations
 
 import select
+import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
+from typing import Protocol
 
 #: Rows per read of a listing (see ``Store.list``).
 LIST_PAGE = 1000
@@ -201,6 +203,62 @@ def utc_from_timestamp(seconds: float) -> datetime:
 
 def rfc3339(moment: datetime) -> str:
     return moment.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class BreakWatch(Protocol):
+    """A holder's open line for hearing that its lease was broken (a LISTEN connection, a
+    subscription): made at its first wait, kept until its release."""
+
+    lock: threading.Lock
+
+    def wait(self, deadline: float, wake_fd: int | None) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+class BreakWatches:
+    """The waiting skeleton of ``Store.wait_for_break`` for stores that hear of a break on
+    a line of their own: one watch per held lease, opened at the first wait (then the
+    lease is looked at once, so a break before it is seen), kept until ``drop``. Trouble
+    with a watch is not a break: it is dropped (the next wait opens another) and that wait
+    sleeps on ``wake_fd``; the renewals report the store's state."""
+
+    def __init__(self, open_watch: Callable[[Lease], tuple[BreakWatch, bool]], trouble: tuple):
+        self._open = open_watch  # -> (watch, found broken when opened)
+        self._trouble = trouble  # the exceptions that mean "this watch failed"
+        self._lock = threading.Lock()
+        self._watches: dict[tuple[str, int], BreakWatch] = {}
+
+    def wait(self, lease: Lease, timeout: float, wake_fd: int | None) -> bool:
+        deadline = time.monotonic() + max(0.0, timeout)
+        try:
+            with self._lock:
+                watch = self._watches.get((lease.key, lease.fencing_token))
+            if watch is None:
+                watch, broken = self._open(lease)
+                with self._lock:
+                    self._watches[(lease.key, lease.fencing_token)] = watch
+                if broken:
+                    return True
+            with watch.lock:
+                return watch.wait(deadline, wake_fd)
+        except self._trouble:
+            self.drop(lease)
+            wait_readable([wake_fd], deadline - time.monotonic())
+            return False
+
+    def drop(self, lease: Lease) -> None:
+        """The lease is released: its watch closes."""
+        with self._lock:
+            watch = self._watches.pop((lease.key, lease.fencing_token), None)
+        if watch is not None:
+            watch.close()
+
+    def close(self) -> None:
+        with self._lock:
+            watches, self._watches = list(self._watches.values()), {}
+        for watch in watches:
+            watch.close()
 
 
 class Store(ABC):

@@ -68,6 +68,7 @@ from tasklock_cli.stores.base import (
     BROKEN_OWNER_PREFIX,
     LEDGER_KEEP,
     LIST_PAGE,
+    BreakWatches,
     Holder,
     Lease,
     LeaseInfo,
@@ -534,8 +535,9 @@ class PostgresStore(Store):
         self._oid = 0
         self._channel = ""
         self._turn_space = 0
-        self._listeners_lock = threading.Lock()
-        self._break_listeners: dict[tuple[str, int], _BreakListener] = {}
+        self._break_watches = BreakWatches(
+            self._break_listener, (psycopg.Error, _Overrun, OSError, TasklockError)
+        )
         self._listening = False
         self._turn_of: str | None = None  # the key whose first waiter we are (advisory lock)
         self._statements: dict[tuple[str, str], sql.Composed] = {}
@@ -908,7 +910,7 @@ class PostgresStore(Store):
         if record is not None:
             params["started"] = record.started_at
             params["data"] = Jsonb(record.fields())
-        self._stop_listening_for_break(lease)
+        self._break_watches.drop(lease)
         if keep_for > 0:
             params["keep"] = float(keep_for)
             later = self._sql(_RELEASE_LATER if record is None else _RELEASE_LATER_RECORDED)
@@ -1023,29 +1025,12 @@ class PostgresStore(Store):
     # -- a holder waiting for a break ---------------------------------------------------
 
     def wait_for_break(self, lease: Lease, timeout: float, wake_fd: int | None = None) -> bool:
-        """LISTEN on the lease's break channel on a connection of its own (made at the first
-        wait, kept until release), then look at the lease once; from then on select on
-        that connection and ``wake_fd``. Trouble with that connection is not a break: it is
-        dropped (the next wait makes another) and this wait sleeps on ``wake_fd``; the
-        renewals report the store's state."""
-        deadline = time.monotonic() + max(0.0, timeout)
-        try:
-            listener, broken = self._break_listener(lease)
-            if broken:
-                return True
-            with listener.lock:
-                return listener.wait(deadline, wake_fd)
-        except (psycopg.Error, _Overrun, OSError, TasklockError):
-            self._stop_listening_for_break(lease)
-            wait_readable([wake_fd], deadline - time.monotonic())
-            return False
+        """LISTEN on the lease's break channel on a connection of its own, then select on it
+        and ``wake_fd`` (see BreakWatches)."""
+        return self._break_watches.wait(lease, timeout, wake_fd)
 
     def _break_listener(self, lease: Lease) -> tuple[_BreakListener, bool]:
-        """The lease's listener, and whether the lease was found broken on making it."""
-        with self._listeners_lock:
-            listener = self._break_listeners.get((lease.key, lease.fencing_token))
-        if listener is not None:
-            return listener, False
+        """A new listener for the lease, and whether the lease was found broken on making it."""
         if not self._oid:
             self._run(lambda conn: None)  # learn the table's oid
         conn = psycopg.Connection.connect(self._conninfo, autocommit=True, **self._connect_kwargs())
@@ -1063,15 +1048,7 @@ class PostgresStore(Store):
         except BaseException:
             listener.close()
             raise
-        with self._listeners_lock:
-            self._break_listeners[(lease.key, lease.fencing_token)] = listener
         return listener, intact is None
-
-    def _stop_listening_for_break(self, lease: Lease) -> None:
-        with self._listeners_lock:
-            listener = self._break_listeners.pop((lease.key, lease.fencing_token), None)
-        if listener is not None:
-            listener.close()
 
     # -- waiting --------------------------------------------------------------------
 
@@ -1268,10 +1245,7 @@ class PostgresStore(Store):
         return checks
 
     def close(self) -> None:
-        with self._listeners_lock:
-            listeners, self._break_listeners = list(self._break_listeners.values()), {}
-        for listener in listeners:
-            listener.close()
+        self._break_watches.close()
         with self._lock:
             self._drop()
         self._watchdog.stop()

@@ -58,6 +58,7 @@ from tasklock_cli.stores.base import (
     BROKEN_OWNER_PREFIX,
     LEDGER_KEEP,
     LIST_PAGE,
+    BreakWatches,
     Holder,
     Lease,
     LeaseInfo,
@@ -437,8 +438,9 @@ class RedisStore(Store):
         # one short, so that close passes on the wake-up it may have taken.
         self._blocked_lock = threading.Lock()
         self._blocked_on: Counter[str] = Counter()
-        self._subscriptions_lock = threading.Lock()
-        self._break_subscriptions: dict[tuple[str, int], _BreakSubscription] = {}
+        self._break_watches = BreakWatches(
+            self._break_subscription, (rexc.RedisError, TasklockError, OSError)
+        )
         self._scripts = {
             name: Script(None, source.encode("utf-8"))
             for name, source in (
@@ -660,7 +662,7 @@ class RedisStore(Store):
             attempts += 1
             return script(keys=keys, args=args, client=client)
 
-        self._unsubscribe_from_break(lease)
+        self._break_watches.drop(lease)
         result = int(self._call(run, lease.key))
         if result == 1:
             return True
@@ -796,24 +798,11 @@ class RedisStore(Store):
         break. Trouble with that connection is not a break: it is dropped (the next wait
         makes another) and this wait sleeps on ``wake_fd``; the renewals report the
         store's state."""
-        deadline = time.monotonic() + max(0.0, timeout)
-        try:
-            subscription, broken = self._break_subscription(lease)
-            if broken:
-                return True
-            with subscription.lock:
-                return subscription.wait(deadline, wake_fd)
-        except (rexc.RedisError, TasklockError, OSError):
-            self._unsubscribe_from_break(lease)
-            wait_readable([wake_fd], deadline - time.monotonic())
-            return False
+        return self._break_watches.wait(lease, timeout, wake_fd)
 
     def _break_subscription(self, lease: Lease) -> tuple[_BreakSubscription, bool]:
-        """The lease's subscription, and whether the lease was found broken on making it."""
-        with self._subscriptions_lock:
-            known = self._break_subscriptions.get((lease.key, lease.fencing_token))
-        if known is not None:
-            return known, False
+        """A new subscription for the lease, and whether the lease was found broken on
+        making it."""
         with self._client_lock:
             client = self._client
         subscription = _BreakSubscription(
@@ -833,15 +822,7 @@ class RedisStore(Store):
         except BaseException:
             subscription.close()
             raise
-        with self._subscriptions_lock:
-            self._break_subscriptions[(lease.key, lease.fencing_token)] = subscription
         return subscription, int(intact) != 1
-
-    def _unsubscribe_from_break(self, lease: Lease) -> None:
-        with self._subscriptions_lock:
-            known = self._break_subscriptions.pop((lease.key, lease.fencing_token), None)
-        if known is not None:
-            known.close()
 
     def wait_for_release(self, key: str, timeout: float, wake_fd: int | None = None) -> None:
         """Block until the lease on ``key`` is released or expires, at most ``timeout``.
@@ -1072,10 +1053,7 @@ class RedisStore(Store):
             blocked, self._blocked_on = list(self._blocked_on), Counter()
         for key in blocked:  # the wake-up it may have popped goes to the next waiter
             self._pass_on(key)
-        with self._subscriptions_lock:
-            subscriptions, self._break_subscriptions = list(self._break_subscriptions.values()), {}
-        for subscription in subscriptions:
-            subscription.close()
+        self._break_watches.close()
         with self._client_lock:
             client = self._client
         with contextlib.suppress(Exception):
