@@ -33,7 +33,7 @@ from bench.harness import (
 )
 from bench.heartbeat import section_heartbeat
 from bench.overhead import overhead_commands, section_overhead
-from bench.roundtrips import section_roundtrips
+from bench.roundtrips import section_round_trip_counts, section_roundtrips
 from bench.scale import section_scale
 from bench.stores import ALL_STORES, POSTGRES_BASE, REDIS_BASE, StoreKind, make_stores
 
@@ -181,7 +181,10 @@ def run_sections(args: argparse.Namespace, workdir: Path, kinds: list[StoreKind]
     single: dict[str, float] = {}
     sections: dict[int, Callable[[], Table | list[Table]]] = {
         1: lambda: section_overhead(kinds, envs, budget, workdir),
-        2: lambda: section_roundtrips(kinds, budget, single),
+        2: lambda: [
+            section_roundtrips(kinds, budget, single),
+            section_round_trip_counts(kinds),
+        ],
         3: lambda: section_handoff(kinds, envs, budget, workdir),
         4: lambda: [
             section_contention(kinds, budget, single),
