@@ -167,10 +167,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def warm_bytecode(kinds: list[StoreKind], envs: Envs) -> None:
-    """Fill the private bytecode cache: one `tasklock run` and one import floor per store."""
+    """Fill the private bytecode cache: one run of each of section 1's commands per store
+    (`tasklock run`, import floor, driver import, the python floors)."""
     for kind in kinds:
         if kind.reason is None:
-            for cmd in overhead_commands([kind], envs, Path(tempfile.gettempdir()))[:2]:
+            for cmd in overhead_commands([kind], envs, Path(tempfile.gettempdir())):
                 timed_run(cmd.argv, cmd.env)
 
 
