@@ -33,7 +33,7 @@ from bench.harness import (
 )
 from bench.heartbeat import section_heartbeat
 from bench.overhead import overhead_commands, section_overhead
-from bench.roundtrips import section_roundtrips
+from bench.roundtrips import section_round_trip_counts, section_roundtrips
 from bench.scale import section_scale
 from bench.stores import ALL_STORES, POSTGRES_BASE, REDIS_BASE, StoreKind, make_stores
 
@@ -167,10 +167,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def warm_bytecode(kinds: list[StoreKind], envs: Envs) -> None:
-    """Fill the private bytecode cache: one `tasklock run` and one import floor per store."""
+    """Fill the private bytecode cache: one run of each of section 1's commands per store
+    (`tasklock run`, import floor, driver import, the python floors)."""
     for kind in kinds:
         if kind.reason is None:
-            for cmd in overhead_commands([kind], envs, Path(tempfile.gettempdir()))[:2]:
+            for cmd in overhead_commands([kind], envs, Path(tempfile.gettempdir())):
                 timed_run(cmd.argv, cmd.env)
 
 
@@ -181,7 +182,10 @@ def run_sections(args: argparse.Namespace, workdir: Path, kinds: list[StoreKind]
     single: dict[str, float] = {}
     sections: dict[int, Callable[[], Table | list[Table]]] = {
         1: lambda: section_overhead(kinds, envs, budget, workdir),
-        2: lambda: section_roundtrips(kinds, budget, single),
+        2: lambda: [
+            section_roundtrips(kinds, budget, single),
+            section_round_trip_counts(kinds),
+        ],
         3: lambda: section_handoff(kinds, envs, budget, workdir),
         4: lambda: [
             section_contention(kinds, budget, single),

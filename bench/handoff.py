@@ -4,9 +4,12 @@ starting, all through the CLI."""
 from __future__ import annotations
 
 import itertools
+import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
+from bench.etcd_member import Gateway, b64, prefix_end
 from bench.harness import (
     TASKLOCK,
     Budget,
@@ -20,7 +23,11 @@ from bench.harness import (
     wait_until,
     with_store,
 )
+from bench.overhead import etcdctl_lock
 from bench.stores import StoreKind
+
+#: The reference peer's row: two or more `etcdctl lock K -- CMD` clients taking turns.
+ETCDCTL_ROW = "etcdctl lock (etcd)"
 
 HOLDER_SCRIPT = (
     'echo "s $EPOCHREALTIME" >> "$BENCH_LOG"; '
@@ -43,22 +50,59 @@ def read_events(log: Path) -> list[tuple[float, str]]:
     return sorted(events)
 
 
+@dataclass
+class Contender:
+    """What takes turns on the lock: tasklock on a store, or `etcdctl lock` on the member."""
+
+    name: str
+    kind: StoreKind
+    etcdctl: bool = False
+
+    def argv(self, env: dict[str, str], tag: str) -> tuple[list[str], dict[str, str]]:
+        """The command line before the child's `bash -c SCRIPT`, and its environment."""
+        if self.etcdctl:
+            lock = f"{self.kind.etcd_prefix('handoff-etcdctl')}hot-{tag}"
+            return etcdctl_lock(self.kind, [lock, "--", "bash", "-c"]), {
+                **env,
+                "ETCDCTL_API": "3",
+            }
+        argv = [TASKLOCK, "run", f"hot-{tag}", "--wait", "inf", "--", "bash", "-c"]
+        return argv, with_store(env, self.kind.url("handoff"))
+
+    def all_waiting(self, errs: list[Path], tag: str) -> bool:
+        """tasklock: every waiter printed its `waiting` event; etcdctl (which prints nothing):
+        the holder's and every waiter's key exist under the lock's prefix (each client puts
+        its own key, then waits for the keys created before it to go)."""
+        if not self.etcdctl:
+            return all("waiting" in e.read_text() for e in errs)
+        prefix = f"{self.kind.etcd_prefix('handoff-etcdctl')}hot-{tag}/".encode()
+        gateway = Gateway(self.kind.member().client_port)
+        try:
+            found = gateway.post(
+                "/v3/kv/range",
+                {"key": b64(prefix), "range_end": b64(prefix_end(prefix)), "count_only": True},
+            )
+        finally:
+            gateway.close()
+        return int(found.get("count", 0)) >= len(errs) + 1
+
+
 def handoff_round(
-    kind: StoreKind, env: dict[str, str], waiters: int, tag: str, workdir: Path
+    contender: Contender, env: dict[str, str], waiters: int, tag: str, workdir: Path
 ) -> tuple[list[float], int]:
     """One holder, then ``waiters`` queued behind it; returns (hand-off latencies, overlaps)."""
     rundir = workdir / f"handoff-{tag}"
     rundir.mkdir()
     log, go = rundir / "log", rundir / "go"
-    env = {**with_store(env, kind.url("handoff")), "BENCH_LOG": str(log), "BENCH_GO": str(go)}
-    argv = [TASKLOCK, "run", f"hot-{tag}", "--wait", "inf", "--", "bash", "-c"]
+    argv, env = contender.argv(env, tag)
+    env = {**env, "BENCH_LOG": str(log), "BENCH_GO": str(go)}
     procs = [spawn([*argv, HOLDER_SCRIPT], env)]
     try:
         wait_until(lambda: len(read_events(log)) >= 1, 15, "the holder to start")
         errs = [rundir / f"w{i}.err" for i in range(waiters)]
         for err in errs:
             procs.append(spawn([*argv, WAITER_SCRIPT], env, stderr=err.open("w")))
-        wait_until(lambda: all("waiting" in e.read_text() for e in errs), 30 + waiters, "waiters")
+        wait_until(lambda: contender.all_waiting(errs, tag), 30 + waiters, "waiters")
         time.sleep(0.3)  # let every waiter settle into its steady polling/listening state
         go.touch()
         for proc in procs:
@@ -68,6 +112,17 @@ def handoff_round(
             if proc.poll() is None:
                 reap(proc, timeout=0)
     return handoff_latencies(read_events(log))
+
+
+def contenders(kinds: list[StoreKind]) -> list[Contender]:
+    """Every live store, and `etcdctl lock` right after etcd when etcdctl is installed."""
+    found = []
+    for kind in kinds:
+        if kind.reason is None:
+            found.append(Contender(kind.name, kind))
+            if kind.name == "etcd" and shutil.which("etcdctl"):
+                found.append(Contender(ETCDCTL_ROW, kind, etcdctl=True))
+    return found
 
 
 def handoff_latencies(events: list[tuple[float, str]]) -> tuple[list[float], int]:
@@ -82,28 +137,29 @@ def section_handoff(kinds: list[StoreKind], envs: Envs, budget: Budget, workdir:
         "3. Hand-off latency (previous holder's child exits → next waiter's child starts)",
         ["store", "waiters", "rounds", "hand-offs", "p50 ms", "p99 ms", "max ms", "overlaps"],
     )
-    live = [k for k in kinds if k.reason is None]
+    live = contenders(kinds)
     results: dict[tuple[str, int], tuple[int, list[float], int]] = {}
     for waiters, rounds in budget.handoff_rounds.items():
         deadline = time.monotonic() + budget.handoff_seconds
         for r in range(rounds):
             if r and time.monotonic() > deadline:
                 break
-            for kind in live:  # stores interleaved round by round
-                gaps, overlaps = handoff_round(
-                    kind, envs.warm, waiters, f"{kind.name}-{waiters}-{r}", workdir
-                )
-                done, all_gaps, all_overlaps = results.get((kind.name, waiters), (0, [], 0))
-                results[(kind.name, waiters)] = (done + 1, all_gaps + gaps, all_overlaps + overlaps)
+            for who in live:  # stores (and etcdctl) interleaved round by round
+                tag = f"{who.name.split()[0]}-{waiters}-{r}"
+                gaps, overlaps = handoff_round(who, envs.warm, waiters, tag, workdir)
+                done, all_gaps, all_overlaps = results.get((who.name, waiters), (0, [], 0))
+                results[(who.name, waiters)] = (done + 1, all_gaps + gaps, all_overlaps + overlaps)
     for kind in kinds:
         if kind.reason is not None:
             table.skip(kind.name, kind.reason)
-            continue
+    if any(k.name == "etcd" and k.reason is None for k in kinds) and not shutil.which("etcdctl"):
+        table.skip(ETCDCTL_ROW, "no etcdctl on PATH")
+    for who in live:
         for waiters in budget.handoff_rounds:
-            done, gaps, overlaps = results[(kind.name, waiters)]
+            done, gaps, overlaps = results[(who.name, waiters)]
             ms = [g * 1000 for g in gaps]
             table.add(
-                kind.name,
+                who.name,
                 waiters,
                 done,
                 len(ms),
@@ -125,8 +181,20 @@ def section_handoff(kinds: list[StoreKind], envs: Envs, budget: Budget, workdir:
                 waiter waking (SQLite: a byte written to the longest waiter's FIFO; Redis:
                 BLPOP on the key's wake list; PostgreSQL: LISTEN/NOTIFY for the first waiter in
                 line, the others queued behind it on an advisory lock: one waiter woken per
-                release) and spawning the child. `overlaps` counts two children running at once
-                (must be 0)."""
+                release; etcd: a streamed watch, the first waiter on the lock key, each other
+                one on the waiter ahead of it) and spawning the child. `overlaps` counts two
+                children running at once (must be 0)."""
+        ),
+        prose(
+            f"""`{ETCDCTL_ROW}`: the reference peer measured the same way in the same rounds
+                (interleaved with the stores, right after tasklock on etcd, against the same
+                member): holder and waiters are `etcdctl --endpoints=… lock K -- bash -c …`
+                with the same scripts. etcdctl prints nothing while it waits, so its waiters
+                are confirmed waiting when the holder's and every waiter's key exist under
+                `K/` (each etcdctl client puts its own key with its session's lease, then
+                watches the key created just before its own). Its hand-off contains etcdctl
+                noticing its child's exit, revoking its session lease, the next client's watch
+                firing, and spawning the child."""
         ),
     ]
     return table

@@ -55,6 +55,12 @@ def exit_now(statement: str) -> str:
     return f"{statement}; import os; os._exit(0)"
 
 
+#: The driver each network store imports: issue 18's floor for `run -- true` on that store.
+DRIVERS = {"postgres": "psycopg", "redis": "redis"}
+#: Issue 18's target: `run -- true` on PostgreSQL/Redis within this ratio of the driver import.
+DRIVER_TARGET = 1.15
+
+
 def store_commands(kind: StoreKind, env: dict[str, str], tag: str = "") -> list[Cmd]:
     run = [TASKLOCK, "run", "k", "--", "true"]
     floor = [PYTHON, "-c", exit_now(floor_imports(kind))]
@@ -62,6 +68,15 @@ def store_commands(kind: StoreKind, env: dict[str, str], tag: str = "") -> list[
         Cmd(f"{kind.name}: tasklock run k -- true{tag}", run, env, kind.name),
         Cmd(f"{kind.name}: import floor{tag}", floor, env, kind.name),
     ]
+
+
+def driver_command(kind: StoreKind, env: dict[str, str]) -> list[Cmd]:
+    """`python -c 'import <driver>; import os; os._exit(0)'` for a store with a driver."""
+    driver = DRIVERS.get(kind.name)
+    if driver is None:
+        return []
+    statement = exit_now(f"import {driver}")
+    return [Cmd(f"python -c '{statement}'", [PYTHON, "-c", statement], env, f"driver:{kind.name}")]
 
 
 def etcdctl_lock(kind: StoreKind, argv_tail: list[str]) -> list[str]:
@@ -73,6 +88,8 @@ def overhead_commands(kinds: list[StoreKind], envs: Envs, workdir: Path) -> list
     cmds: list[Cmd] = []
     for kind in kinds:
         cmds += store_commands(kind, with_store(envs.warm, kind.url("overhead")))
+    for kind in kinds:
+        cmds += driver_command(kind, envs.warm)
     cmds += [
         Cmd("python -c pass (with teardown)", [PYTHON, "-c", "pass"], envs.warm),
         Cmd(PYTHON_FLOOR, [PYTHON, "-c", "import os; os._exit(0)"], envs.warm),
@@ -183,6 +200,8 @@ def section_overhead(kinds: list[StoreKind], envs: Envs, budget: Budget, workdir
         for run_cmd, floor in ((mine[0], mine[1]), (mine[2], mine[3])):
             overhead_row(table, run_cmd, floor, python_floor)
             overhead_row(table, floor, python_floor, python_floor)
+        driver_rows(table, mine[0], [c for c in warm if c.group == f"driver:{kind.name}"],
+                    python_floor)  # fmt: skip
     guard = [c for c in warm if c.group == "guard"]
     if guard:
         overhead_row(table, guard[1], guard[0], python_floor)
@@ -195,6 +214,16 @@ def section_overhead(kinds: list[StoreKind], envs: Envs, budget: Budget, workdir
         table.add("etcdctl lock K /bin/true", "skipped: no etcd member or no etcdctl", *[""] * 8)
     table.notes += overhead_notes(guard)
     return table
+
+
+def driver_rows(table: Table, run_cmd: Cmd, drivers: list[Cmd], python_floor: Cmd) -> None:
+    """The driver's bare import, and the store's `run -- true` once more with it as floor."""
+    for driver in drivers:
+        overhead_row(table, driver, python_floor, python_floor)
+        rerun = Cmd(f"{run_cmd.label} (vs its driver's import; target × floor ≤ "
+                    f"{DRIVER_TARGET})", run_cmd.argv, run_cmd.env, run_cmd.group,
+                    run_cmd.times, run_cmd.rss_kib)  # fmt: skip
+        overhead_row(table, rerun, driver, python_floor)
 
 
 def overhead_notes(guard: list[Cmd]) -> list[str]:
@@ -227,6 +256,15 @@ def overhead_notes(guard: list[Cmd]) -> list[str]:
             `os.wait4` returning."""
         ),
     ]
+    notes.append(
+        prose(
+            f"""Driver rows (PostgreSQL, Redis): `python -c 'import psycopg; import os;
+            os._exit(0)'` and the same for `redis`, the bare driver import that issue 18 sets
+            as the floor of `run -- true` on those stores; the `(vs its driver's import …)`
+            row repeats the store's `tasklock run k -- true` samples with that import as its
+            floor: the target is `× floor` ≤ {DRIVER_TARGET}."""
+        )
+    )
     if guard:
         notes.append(
             prose(

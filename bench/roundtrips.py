@@ -8,8 +8,10 @@ import random
 import secrets
 import time
 from collections.abc import Callable
+from urllib.parse import urlsplit
 
 from bench.harness import HOLDER, Budget, Table, fmt, median, p99, prose, timer
+from bench.proxy import CountingProxy
 from bench.stores import POSTGRES_BASE, StoreKind
 from tasklock_cli.stores import open_store
 from tasklock_cli.stores.base import Store
@@ -218,6 +220,88 @@ def section_roundtrips(
                 attribution only — what the same statements cost without waiting for the WAL
                 flush. Not a supported setting: after a server crash the last commits can be
                 lost, and a fencing token could then be handed out twice."""
+        ),
+    ]
+    return table
+
+
+#: The stores reached over TCP, whose round trips a proxy can count.
+NETWORK_STORES = ("redis", "postgres", "etcd")
+#: The issues' goals: etcd (issue 16) and PostgreSQL, one round trip per acquire and renew.
+ONE_ROUND_TRIP = {("etcd", "acquire"), ("etcd", "renew"), ("postgres", "acquire"),
+                  ("postgres", "renew")}  # fmt: skip
+
+
+def counted(proxy: CountingProxy, op: Callable[[], object], out: list[int]) -> object:
+    proxy.take()
+    result = op()
+    out.append(proxy.take())
+    return result
+
+
+def count_round_trips(kind: StoreKind, reps: int) -> dict[str, list[int]]:
+    """Round trips of each store operation, through a counting proxy in front of the server."""
+    url = kind.url("rtcount")
+    target = urlsplit(url)
+    counts: dict[str, list[int]] = {}
+    with CountingProxy(target.hostname or "127.0.0.1", target.port or 0) as proxy:
+        store = open_store(proxy.url_for(url))
+        try:
+            counted(proxy, lambda: store.peek("rt-connect"), counts.setdefault("connect", []))
+            token = secrets.token_hex(16)
+            for i in range(reps):
+                key = f"rt-count-{i}"
+                lease = counted(
+                    proxy, lambda k=key: store.acquire(k, 60, HOLDER, token),
+                    counts.setdefault("acquire", []),
+                )  # fmt: skip
+                assert lease is not None, f"could not take {key}"
+                counted(proxy, lambda le=lease: store.renew(le, 60), counts.setdefault("renew", []))
+                counted(proxy, lambda k=key: store.peek(k), counts.setdefault("peek", []))
+                counted(proxy, lambda le=lease: store.release(le), counts.setdefault("release", []))
+        finally:
+            store.close()
+        counts["connections"] = [proxy.connections]
+    return counts
+
+
+COUNT_LABELS = {
+    "connect": "open_store + first peek (connection set-up)",
+    "acquire": "acquire (free key)",
+    "renew": "renew (held lease)",
+    "peek": "peek (held key)",
+    "release": "release",
+}
+
+
+def section_round_trip_counts(kinds: list[StoreKind], reps: int = 20) -> Table:
+    table = Table(
+        "2b. Round trips per store operation (counted at a TCP proxy)",
+        ["store", "operation", "n", "round trips p50", "min", "max", "target"],
+    )
+    for kind in kinds:
+        if kind.name not in NETWORK_STORES:
+            continue
+        if kind.reason is not None:
+            table.skip(kind.name, kind.reason)
+            continue
+        counts = count_round_trips(kind, reps)
+        for name, label in COUNT_LABELS.items():
+            values = counts[name]
+            target = "1" if (kind.name, name) in ONE_ROUND_TRIP else ""
+            table.add(kind.name, label, len(values), median(values), min(values), max(values),
+                      target)  # fmt: skip
+        table.notes.append(f"{kind.name}: {counts['connections'][0]} TCP connection(s) in all.")
+    table.notes[:0] = [
+        prose(
+            """The store is opened through a loopback TCP proxy of the bench's own
+            (bench/proxy.py) in front of the server (etcd: the bench's member), one process,
+            through the store API. A round trip is counted each time a connection's traffic
+            turns from client → server to server → client (the client waited for an answer);
+            the count is taken before the answer is passed on, so it is complete when the call
+            returns. Per rep: acquire a fresh key, renew it, peek it, release it, each counted
+            on its own. SQLite has no network and no row here. target: one round trip per
+            acquire and renew (issue 16 for etcd; the PostgreSQL goal of section 2)."""
         ),
     ]
     return table
