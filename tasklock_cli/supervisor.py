@@ -59,6 +59,8 @@ class RunOptions:
     max_lifetime: float = settings.default("max-lifetime")
     hold_at_least: float = settings.default("hold-at-least")
     conflict_exit_code: int = settings.default("conflict-exit-code")
+    once_per: float | None = settings.default("once-per")
+    done_exit_code: int = settings.default("done-exit-code")
     note: str | None = None
     store_url: str | None = None  # passed to the command (TASKLOCK_STORE) for `check`
 
