@@ -3,7 +3,9 @@ format (version 0.0.4), for node_exporter's textfile collector.
 
 One sample per key and metric, labelled ``key="..."``. The "last run" of a key is its
 newest record that ran the command (a ``done-already`` record of ``--once-per`` did not);
-a lost run has no exit code, shown as NaN (so ``!= 0`` alerts on it too).
+a lost run has no exit code, shown as NaN (so ``!= 0`` alerts on it too). The last
+success comes from the store's newest success of the key, which the ledger's trim keeps
+however many runs came after it.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ LAST_START = Family(
 )
 LAST_SUCCESS = Family(
     "tasklock_last_success_timestamp_seconds",
-    "When the last run of the key that exited 0 ended (Unix time); among the runs kept.",
+    "When the last run of the key that exited 0 ended (Unix time).",
 )
 LAST_EXIT_CODE = Family(
     "tasklock_last_exit_code",
@@ -61,8 +63,9 @@ def format_value(value: float) -> str:
     return repr(float(value))
 
 
-def key_samples(runs: list[RunRecord], held: int) -> dict[Family, float]:
-    """The samples of one key, from its runs (newest first) and its live holders."""
+def key_samples(runs: list[RunRecord], held: int, success: RunRecord | None) -> dict[Family, float]:
+    """The samples of one key, from its runs (newest first), its live holders and its
+    newest success."""
     samples: dict[Family, float] = {HELD: float(held)}
     ran = [run for run in runs if run.outcome != "done-already"]
     if ran:
@@ -72,7 +75,6 @@ def key_samples(runs: list[RunRecord], held: int) -> dict[Family, float]:
         if last.ended_at is not None:
             took = (last.ended_at - last.started_at).total_seconds()
             samples[LAST_DURATION] = max(0.0, took)
-    success = next((run for run in ran if run.outcome == "succeeded"), None)
     if success is not None and success.ended_at is not None:
         samples[LAST_SUCCESS] = success.ended_at.timestamp()
     return samples
@@ -85,7 +87,12 @@ def collect(store: Store, prefix: str = "") -> dict[str, dict[Family, float]]:
     for info in store.list(prefix=prefix):
         held[info.key] = held.get(info.key, 0) + 1
     keys = sorted(set(store.ledger_keys(prefix)) | set(held))
-    return {key: key_samples(store.history(key, LEDGER_KEEP), held.get(key, 0)) for key in keys}
+    return {
+        key: key_samples(
+            store.history(key, LEDGER_KEEP), held.get(key, 0), store.last_success(key)[0]
+        )
+        for key in keys
+    }
 
 
 def exposition(per_key: dict[str, dict[Family, float]]) -> Iterable[str]:

@@ -60,14 +60,14 @@ class RunSetting:
             return "must be at least 100ms"
         if self.name in ("renew-every", "max-lifetime") and value <= 0:
             return "must be positive"
+        if self.name == "once-per" and not 1 <= value < math.inf:
+            return "must be a finite duration of at least 1s"
         return None
 
 
 RUN_SETTINGS: tuple[RunSetting, ...] = (
     RunSetting("ttl", 30.0, "Lease length; freed D after the last renewal.  [default: 30s]"),
-    RunSetting(
-        "renew-every", None, "Heartbeat interval, less than --ttl.  [default: ttl/3]"
-    ),
+    RunSetting("renew-every", None, "Heartbeat interval, less than --ttl.  [default: ttl/3]"),
     RunSetting(
         "wait",
         0.0,
@@ -89,6 +89,18 @@ RUN_SETTINGS: tuple[RunSetting, ...] = (
         "hold-at-least",
         0.0,
         "Keep the lease until D after acquisition even if the command ends sooner.",
+    ),
+    RunSetting(
+        "once-per",
+        None,
+        "Run at most once per window of D (aligned to the Unix epoch on the store's clock): "
+        "a run that succeeded in this window means the command is not run.",
+    ),
+    RunSetting(
+        "done-exit-code",
+        0,
+        "Exit code when --once-per finds the window already done.  [default: 0]",
+        integer=True,
     ),
     RunSetting(
         "conflict-exit-code",

@@ -17,6 +17,7 @@ import signal
 import socket
 import threading
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 
 from tasklock_cli import clock as clocks
 from tasklock_cli import settings
@@ -46,6 +47,7 @@ FORWARDED_SIGNALS = (
 #: this long, so a lease it grants is known and released; a call still blocked (a store
 #: cut off, a dead link) is then cut short.
 CUT_SHORT_AFTER_S = 0.12
+EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,8 @@ class RunOptions:
     max_lifetime: float = settings.default("max-lifetime")
     hold_at_least: float = settings.default("hold-at-least")
     conflict_exit_code: int = settings.default("conflict-exit-code")
+    once_per: float | None = settings.default("once-per")
+    done_exit_code: int = settings.default("done-exit-code")
     note: str | None = None
     store_url: str | None = None  # passed to the command (TASKLOCK_STORE) for `check`
 
@@ -172,7 +176,7 @@ class Supervisor:
         self.store.set_io_timeout(options.io_timeout)
         self._acquiring = True
         try:
-            self._acquire()
+            done_by = self._acquire()
         except Conflict as conflict:
             emit_conflict(self.events, options.key, conflict)
             return options.conflict_exit_code
@@ -184,9 +188,13 @@ class Supervisor:
             f"{self.keeper.fencing_token}, ttl {format_duration(options.ttl)})",
             expires_at=rfc3339(self.keeper.lease.expires_at),
         )
+        if done_by is not None and not self.state.pending_signals:
+            return self._done_already(done_by)
         return self._run_child()
 
-    def _acquire(self) -> None:
+    def _acquire(self) -> RunRecord | None:
+        """Take the lease; with --once-per, the run that already did this window's work
+        (then the lease is held but the command must not run), else None."""
         options = self.options
 
         def announce(info: LeaseInfo | None) -> None:
@@ -197,11 +205,44 @@ class Supervisor:
             raise Interrupted(self.state.pending_signals[0])
         try:
             self._waiter.acquire()
-            # A long wait or a slow reply may have left little of the lease: renew first.
-            self.keeper.ensure_remaining(self.options.ttl / 2, self.options.io_timeout)
+            done_by = self._window_done_by()
+            if done_by is None:
+                # A long wait or a slow reply may have left little of the lease: renew first.
+                self.keeper.ensure_remaining(self.options.ttl / 2, self.options.io_timeout)
         except TasklockError:
             self._raise_if_signalled()  # it came during the last attempt: it wins
             raise
+        return done_by
+
+    def _window_done_by(self) -> RunRecord | None:
+        """--once-per: the run of the key that succeeded in the current window, read under
+        the lease (so no one else can run meanwhile) in one store call; None when there is
+        none, or without --once-per (no store call at all). When the read fails, the lease
+        is released (one try) and the error raised."""
+        period = self.options.once_per
+        if period is None:
+            return None
+        try:
+            success, now = self.store.last_success(self.options.key)
+        except TasklockError:
+            with contextlib.suppress(TasklockError):
+                self.keeper.release(lock_timeout=self.options.io_timeout)
+            raise
+        return success if done_in_window(success, now, period) else None
+
+    def _done_already(self, success: RunRecord) -> int:
+        """The window's work is done: let go (leaving a ``done-already`` record) without
+        running the command."""
+        self._emit(
+            "done-already",
+            f"{self.options.key!r} already succeeded in this --once-per window (fencing token "
+            f"{success.fencing_token}, started {rfc3339(success.started_at)}); "
+            "not running the command",
+            done_by=success.fencing_token,
+            done_at=rfc3339(success.started_at),
+        )
+        self._release(record=self.keeper.run_record("done-already", None))
+        return self.options.done_exit_code
 
     def _raise_if_signalled(self) -> None:
         if self.state.pending_signals:
@@ -454,6 +495,19 @@ class Supervisor:
         child.signal_group(signum)
         if signum == signal.SIGTERM and self.state.term_forwarded_at is None:
             self.state.term_forwarded_at = self.clock()
+
+
+def window_start(now: datetime, period: float) -> datetime:
+    """The start of the window of ``period`` seconds that holds ``now``; windows are
+    aligned to the Unix epoch (``1h``: each UTC hour). Exact to the microsecond."""
+    length = timedelta(seconds=period)
+    return EPOCH + ((now - EPOCH) // length) * length
+
+
+def done_in_window(success: RunRecord | None, now: datetime, period: float) -> bool:
+    """Whether ``success`` started in the window of ``period`` holding ``now`` (both times
+    on the store's clock). A start after ``now`` (a clock stepped back) counts as in it."""
+    return success is not None and success.started_at >= window_start(now, period)
 
 
 def child_env(key: str, lease, store_url: str | None) -> dict[str, str]:

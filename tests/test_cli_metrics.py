@@ -10,7 +10,11 @@ from datetime import datetime
 
 import pytest
 
+from tasklock_cli.stores import open_store
+from tasklock_cli.stores.base import LEDGER_KEEP, Holder, RunRecord
 from tests.support.cli import start, tasklock, wait_for_holder
+
+HOLDER = Holder(host="cron-host", pid=7, user="cron", command=["./report.sh"])
 
 METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
@@ -207,3 +211,23 @@ def test_a_lost_run_has_no_exit_code(sqlite_url, cli_env):
     got = metrics(env)
     assert math.isnan(got[("tasklock_last_exit_code", "k")])
     assert ("tasklock_last_success_timestamp_seconds", "k") not in got
+
+
+def test_the_last_success_outlives_the_trim_of_many_later_runs(env, store_url):
+    """A frequent --once-per cron adds a done-already record per run: the success they
+    follow must stay the key's last success, past the ledger's last LEDGER_KEEP runs."""
+    assert tasklock("run", "cron", "--", "true", env=env).returncode == 0
+    (succeeded,) = json.loads(tasklock("history", "cron", "--json", env=env).stdout)
+    with open_store(store_url) as store:
+        for number in range(LEDGER_KEEP + 3):
+            lease = store.acquire("cron", 30, HOLDER, f"owner-{number}")
+            token, started = lease.fencing_token, lease.acquired_at
+            done = RunRecord("cron", token, HOLDER, started, None, "done-already")
+            assert store.release(lease, record=done) is True
+    runs = json.loads(tasklock("history", "cron", "--json", env=env).stdout)
+    assert len(runs) == LEDGER_KEEP and {r["outcome"] for r in runs} == {"done-already"}
+
+    got = metrics(env)
+    assert got[("tasklock_last_success_timestamp_seconds", "cron")] == pytest.approx(
+        timestamp(succeeded["ended_at"]), abs=0.001
+    )

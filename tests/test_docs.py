@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -412,6 +413,7 @@ EXAMPLE_MARKERS = {
     "pip install . && tasklock run demo": "test_install_example_runs",
     "./export-invoices.sh": "test_first_example_runs",
     "*/5 * * * *": "test_cron_examples_run_once_per_schedule",
+    "reports:hourly --once-per": "test_once_per_cron_example_runs_once_per_window",
     "# /etc/systemd/system/reports.service": "test_systemd_units",
     "# /etc/systemd/system/reports.timer": "test_systemd_units",
     "kind: CronJob": "test_kubernetes_cronjob",
@@ -524,6 +526,28 @@ def test_cron_examples_run_once_per_schedule(shell_env, tmp_path):
     command = commands.pop().replace("/opt/reports/run.sh", str(job))
     first = sh(command, shell_env, tmp_path)
     second = sh(command, shell_env, tmp_path)  # another host, within --hold-at-least
+    assert (first.returncode, second.returncode) == (0, 0), first.stderr + second.stderr
+    assert second.stdout == second.stderr == ""  # cron mails nothing
+    assert ran(tmp_path) == ["run.sh 1"]
+
+
+def test_once_per_cron_example_runs_once_per_window(shell_env, tmp_path):
+    blocks = example("reports:hourly --once-per")
+    assert len(blocks) == 2  # README and man page
+    commands = set()
+    for block in blocks:
+        schedule, command = _cron_command(block)
+        assert schedule == "*/10 * * * *"
+        commands.add(re.sub(r"^TASKLOCK_STORE=\S+ ", "", command))
+    assert len(commands) == 1, commands  # both say the same
+    job = stub(tmp_path / "run.sh")
+    command = commands.pop().replace("/opt/reports/run.sh", str(job))
+    assert "--once-per 1h" in command
+    left_of_the_hour = 3600 - time.time() % 3600
+    if left_of_the_hour < 3:  # both runs in one window
+        time.sleep(left_of_the_hour + 0.05)
+    first = sh(command, shell_env, tmp_path)
+    second = sh(command, shell_env, tmp_path)  # another host, or a later try this hour
     assert (first.returncode, second.returncode) == (0, 0), first.stderr + second.stderr
     assert second.stdout == second.stderr == ""  # cron mails nothing
     assert ran(tmp_path) == ["run.sh 1"]

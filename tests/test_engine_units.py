@@ -7,6 +7,7 @@ import math
 import os
 import signal
 import sys
+from datetime import datetime
 
 import pytest
 from hypothesis import given
@@ -24,9 +25,9 @@ from tasklock_cli.lease import (
     LeaseKeeper,
     Waiter,
 )
-from tasklock_cli.stores.base import Holder
+from tasklock_cli.stores.base import Holder, RunRecord
 from tasklock_cli.stores.sqlite import SQLiteStore
-from tasklock_cli.supervisor import RunOptions
+from tasklock_cli.supervisor import RunOptions, done_in_window, window_start
 
 HOLDER = Holder(host="h", pid=1, user="u", command=["true"])
 
@@ -415,3 +416,37 @@ def test_an_immediate_conflict_says_until_when_not_how_long_it_waited(tmp_path, 
         Waiter(LeaseKeeper(store, "k", 60.0, HOLDER, clock), 0.0).acquire()
     assert str(conflict.value).startswith("'k' is held by h pid 1 (user u, token 1) until ")
     assert conflict.value.waited == 0.0
+
+
+# -- --once-per windows -------------------------------------------------------------------
+
+
+def _utc(text: str) -> datetime:
+    return datetime.fromisoformat(text)
+
+
+def _success(started_at: datetime) -> RunRecord:
+    holder = Holder(host="h", pid=1, user="u")
+    return RunRecord("k", 1, holder, started_at, 0, "succeeded")
+
+
+@pytest.mark.parametrize(
+    ("now", "period", "start"),
+    [
+        ("2024-05-01T13:59:59.999999+00:00", 3600, "2024-05-01T13:00:00+00:00"),
+        ("2024-05-01T14:00:00+00:00", 3600, "2024-05-01T14:00:00+00:00"),
+        ("2024-05-01T23:30:00+00:00", 86400, "2024-05-01T00:00:00+00:00"),
+        ("1970-01-01T00:00:04.400+00:00", 1.5, "1970-01-01T00:00:03+00:00"),
+        ("2024-05-01T14:00:03.5+00:00", 2, "2024-05-01T14:00:02+00:00"),
+    ],
+)
+def test_once_per_windows_are_aligned_to_the_unix_epoch(now, period, start):
+    assert window_start(_utc(now), period) == _utc(start)
+
+
+def test_a_window_is_done_by_a_success_that_started_in_it():
+    now = _utc("2024-05-01T14:20:00+00:00")
+    assert done_in_window(_success(_utc("2024-05-01T14:00:00+00:00")), now, 3600)
+    assert done_in_window(_success(_utc("2024-05-01T14:25:00+00:00")), now, 3600)  # clock back
+    assert not done_in_window(_success(_utc("2024-05-01T13:59:59.999999+00:00")), now, 3600)
+    assert not done_in_window(None, now, 3600)

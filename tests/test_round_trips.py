@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from tasklock_cli.stores import open_store
-from tasklock_cli.stores.base import Holder, Lease, Store
+from tasklock_cli.stores.base import Holder, Lease, RunRecord, Store
 from tasklock_cli.stores.postgres import split_table
 from tests.support.proxy import TcpProxy
 
@@ -63,6 +63,22 @@ def test_acquire_renew_release_and_peek_each_take_one_round_trip(proxied, networ
     if network_store_url.startswith("etcd"):
         expected["peek"] = 2
     assert counts == expected, counts
+
+
+def test_once_per_reads_the_last_success_in_one_round_trip_and_the_release_keeps_one(
+    proxied,
+):
+    """--once-per's one extra call; the release that also keeps the key's newest success
+    apart from the trim is still one round trip."""
+    store, proxy = proxied
+    count_each_operation(store, proxy, "owner-warm-up")
+    store.last_success("k")
+    lease = store.acquire("k", 30, HOLDER, "owner-once")
+    record = RunRecord("k", lease.fencing_token, HOLDER, lease.acquired_at, 0, "succeeded")
+    trips, released = round_trips(proxy, lambda: store.release(lease, record=record))
+    assert (trips, released) == (1, True)
+    trips, (success, _) = round_trips(proxy, lambda: store.last_success("k"))
+    assert (trips, success.fencing_token) == (1, lease.fencing_token)
 
 
 @pytest.fixture

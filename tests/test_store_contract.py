@@ -645,6 +645,64 @@ def test_the_ledger_keeps_the_last_runs_of_a_key_and_trims_older_ones(store):
     assert len(store.history("quiet")) == 1
 
 
+def test_last_success_is_the_newest_run_that_succeeded_with_the_stores_clock(store, store_factory):
+    reader = store_factory()
+    run, now = reader.last_success("k")
+    assert run is None
+    assert now.tzinfo is not None and abs(now.timestamp() - time.time()) < 1.5
+
+    first = store.acquire("k", 30, HOLDER, token())
+    store.release(first, record=run_record(first))
+    failed = store.acquire("k", 30, HOLDER, token())
+    store.release(failed, record=run_record(failed, exit_code=3, outcome="failed"))
+    lost = store.acquire("k", 30, HOLDER, token())
+    store.release(
+        lost, record=run_record(lost, exit_code=None, outcome="lost", detected_by="rejected")
+    )
+
+    run, now = reader.last_success("k")
+    assert (run.key, run.fencing_token, run.outcome, run.exit_code) == (
+        "k",
+        first.fencing_token,
+        "succeeded",
+        0,
+    )
+    assert run.holder == HOLDER
+    # On the store's clock (etcd: the member's, whole seconds cut down).
+    assert -1.01 < (run.started_at - first.acquired_at).total_seconds() < 0.002
+    assert run.ended_at is not None and run.ended_at >= run.started_at
+    assert run.started_at <= now and abs(now.timestamp() - time.time()) < 1.5
+
+    second = store.acquire("k", 30, HOLDER, token())
+    store.release(second, keep_for=30, record=run_record(second))
+    assert reader.last_success("k")[0].fencing_token == second.fencing_token
+    assert reader.last_success("other")[0] is None
+
+
+def test_the_trim_keeps_a_keys_newest_success_however_many_runs_follow(store):
+    success = store.acquire("cron", 30, HOLDER, token())
+    store.release(success, record=run_record(success))
+    tokens = []
+    for _ in range(LEDGER_KEEP + 5):
+        lease = store.acquire("cron", 30, HOLDER, token())
+        store.release(lease, record=run_record(lease, exit_code=None, outcome="done-already"))
+        tokens.append(lease.fencing_token)
+
+    run, _ = store.last_success("cron")
+    assert (run.fencing_token, run.outcome) == (success.fencing_token, "succeeded")
+    newest = [run.fencing_token for run in store.history("cron", limit=LEDGER_KEEP)]
+    assert newest == tokens[::-1][:LEDGER_KEEP]
+    kept = [run.fencing_token for run in store.history("cron", limit=10 * LEDGER_KEEP)]
+    assert set(kept) - {success.fencing_token} == set(tokens[::-1][:LEDGER_KEEP])
+
+    # A newer success takes its place, and the old one is trimmed like any other run.
+    newer = store.acquire("cron", 30, HOLDER, token())
+    store.release(newer, record=run_record(newer))
+    assert store.last_success("cron")[0].fencing_token == newer.fencing_token
+    kept = [run.fencing_token for run in store.history("cron", limit=10 * LEDGER_KEEP)]
+    assert success.fencing_token not in kept and len(kept) == LEDGER_KEEP
+
+
 def test_a_run_written_twice_is_kept_once(store):
     lease = store.acquire("k", 30, HOLDER, token())
     record = run_record(lease)

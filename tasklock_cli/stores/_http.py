@@ -66,6 +66,8 @@ class Connection:
                 raise
         self.sock: socket.socket = sock
         self._buf = bytearray()
+        #: The Date header of the last reply (the server's clock, whole seconds), if any.
+        self.last_date: str | None = None
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -162,6 +164,7 @@ class Connection:
             status, headers = self.read_head(deadline)
             body = self.read_body(headers, deadline)
             replies.append((status, decode_json(body)))
+            self.last_date = headers.get("date")
             if headers.get("connection", "").lower() == "close":
                 raise HttpError("the server is closing the connection")
         return replies

@@ -299,7 +299,8 @@ class Store(ABC):
         Returns False when the lease was no longer ours. The fencing counter is kept.
         ``record`` (the run that held the lease) goes into the run ledger in the same write
         -- whether the lease was still ours or not -- which also trims the key's ledger to
-        its last ``LEDGER_KEEP`` runs. Writing the same run (key and token) again, as a
+        its last ``LEDGER_KEEP`` runs (keeping the newest success apart: see
+        ``last_success``). Writing the same run (key and token) again, as a
         retry does, keeps one record. A failing ledger write fails the release.
         """
 
@@ -311,6 +312,12 @@ class Store(ABC):
     @abstractmethod
     def history(self, key: str, limit: int = LEDGER_KEEP) -> list[RunRecord]:
         """The key's last ``limit`` runs from the ledger, newest (highest token) first."""
+
+    @abstractmethod
+    def last_success(self, key: str) -> tuple[RunRecord | None, datetime]:
+        """The key's newest run that succeeded (None when none), and the store's clock now,
+        in one round trip (``--once-per``, ``metrics``). The ledger's trim never removes
+        a key's newest success, however many runs came after it."""
 
     @abstractmethod
     def ledger_keys(self, prefix: str = "") -> list[str]:

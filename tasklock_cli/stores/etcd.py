@@ -20,6 +20,16 @@ key ``K`` (stored exactly, UTF-8)::
                          acquire's txn counts K's records and reads the oldest, so that
                          the release's txn can trim to the last LEDGER_KEEP runs
                          (keys hold no control characters: NUL ends K)
+    P success/K          K's newest run that succeeded, as in the ledger but started_at
+                         on the member's clock (see below); put by the same txn as its
+                         record, apart from the trim (``--once-per``, ``metrics``)
+
+Clocks: etcd has no clock a client can read but the HTTP ``Date`` header of its replies
+(the member's wall clock, whole seconds, cut down). ``last_success`` answers that of its
+reply as "now", and a success's start there is the ``Date`` of its acquisition's reply:
+both on the member's clock, so hosts with skewed clocks agree on a ``--once-per``
+window. Cut down to whole seconds, a time stays in its window exactly when the window's
+length is whole seconds (its bounds are then whole seconds too); else within 1 s.
 
 Round trips: acquire = 1 (the lease grant with a client-chosen ID and the ``txn`` that
 creates the key only if absent, with the lease attached, are pipelined on one connection:
@@ -56,6 +66,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -215,6 +226,7 @@ class _Members:
         self._connections: dict[int, _http.Connection] = {}
         self._current = 0
         self._token: str | None = None
+        self._last_date: str | None = None
         self._lock = threading.RLock()
 
     def _tls_context(self) -> ssl.SSLContext:
@@ -310,6 +322,14 @@ class _Members:
                 f"{self.io_timeout:g}s ({detail or 'no time left'})"
             )
 
+    def call_dated(
+        self, requests: list[tuple[str, dict[str, Any]]]
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """``call``, and the Date header of the last reply (the member's clock)."""
+        with self._lock:
+            replies = self.call(requests)
+            return replies, self._last_date
+
     def _where(self, index: int) -> str:
         host, port = self.config.members[index]
         return f"{host}:{port}"
@@ -328,7 +348,9 @@ class _Members:
         encoded = [
             _http.encode_request(host, path, body, self._headers()) for path, body in requests
         ]
-        return connection.exchange(encoded, deadline)
+        replies = connection.exchange(encoded, deadline)
+        self._last_date = connection.last_date
+        return replies
 
     def _authenticate(self, connection: _http.Connection, deadline: float) -> None:
         body = {"name": self.config.user, "password": self.config.password or ""}
@@ -432,6 +454,7 @@ class _Held:
     ttl: int  # as asked (etcd may have granted more)
     runs: int = 0  # the key's records in the ledger at the acquisition
     oldest_runs: list[bytes] = field(default_factory=list)  # the first TRIM_READ of them
+    member_date: str | None = None  # the Date header of the acquisition's reply
 
 
 class EtcdStore(Store):
@@ -471,6 +494,9 @@ class EtcdStore(Store):
 
     def _queue_entry(self, key: str, waiter_lease: int) -> bytes:
         return self._queue_prefix(key) + f"{waiter_lease:016x}".encode()
+
+    def _success_key(self, key: str) -> bytes:
+        return self._p + b"success/" + key.encode("utf-8")
 
     def _runs_prefix(self, key: str) -> bytes:
         return self._p + b"runs/" + key.encode("utf-8") + b"\0"
@@ -554,7 +580,7 @@ class EtcdStore(Store):
                 ],
             }
             try:
-                granted, reply = self._members.call([first, ("/v3/kv/txn", txn)])
+                (granted, reply), date = self._members.call_dated([first, ("/v3/kv/txn", txn)])
             except EtcdError as exc:
                 if exc.code == _NOT_FOUND or "lease" in exc.message.lower():
                     self._spare = None  # the spare lease ran out: grant a fresh one
@@ -571,7 +597,7 @@ class EtcdStore(Store):
                 runs = reply["responses"][-1].get("response_range", {})
                 oldest = [unb64(kv["key"]) for kv in runs.get("kvs", [])]
                 self._held[(key, owner_token, token)] = _Held(
-                    lease_id, value, ttl_s, int(runs.get("count", 0)), oldest
+                    lease_id, value, ttl_s, int(runs.get("count", 0)), oldest, date
                 )
                 return Lease(
                     key,
@@ -702,6 +728,14 @@ class EtcdStore(Store):
         ops: list[dict[str, Any]] = [
             {"request_put": {"key": b64(name), "value": b64(json.dumps(value).encode())}}
         ]
+        if record.outcome == "succeeded":
+            # Successes are released in token order (a run whose lease could have been
+            # taken over is lost, not succeeded), so the last one put is the newest.
+            member_started = _http_date(held.member_date) if held is not None else None
+            if member_started is not None:
+                value["started_at"] = math.floor(member_started * 1000)
+            success = b64(self._success_key(record.key))
+            ops.append({"request_put": {"key": success, "value": b64(json.dumps(value).encode())}})
         if held is not None:
             excess = held.runs + 1 - LEDGER_KEEP
             for old in held.oldest_runs[: max(0, excess)]:
@@ -731,8 +765,11 @@ class EtcdStore(Store):
             "sort_target": "KEY",
         }
         reply = self._call(("/v3/kv/range", body))[0]
+        return self._run_records(key, reply.get("kvs", []))
+
+    def _run_records(self, key: str, kvs: list[dict[str, Any]]) -> list[RunRecord]:
         records = []
-        for kv in reply.get("kvs", []):
+        for kv in kvs:
             try:
                 data = json.loads(unb64(kv.get("value")))
                 records.append(
@@ -751,6 +788,18 @@ class EtcdStore(Store):
                     f"prefix {self.prefix!r}"
                 ) from None
         return records
+
+    def last_success(self, key: str) -> tuple[RunRecord | None, datetime]:
+        name = self._success_key(key)
+        try:
+            [reply], date = self._members.call_dated([("/v3/kv/range", {"key": b64(name)})])
+        except EtcdError as exc:
+            raise self._translate(exc) from None
+        now = _http_date(date)
+        if now is None:  # no Date header (a proxy dropped it?): this machine's clock
+            now = time.time()
+        kvs = reply.get("kvs", [])
+        return (self._run_records(key, kvs)[0] if kvs else None), utc_from_timestamp(now)
 
     def ledger_keys(self, prefix: str = "") -> list[str]:
         start = self._p + b"runs/" + prefix.encode("utf-8")
@@ -1190,6 +1239,22 @@ class EtcdStore(Store):
             with contextlib.suppress(TasklockError):
                 self._revoke(waiter)
         self._members.close()
+
+
+_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+
+
+def _http_date(text: str | None) -> float | None:
+    """An HTTP Date header (``Tue, 15 Nov 1994 08:12:31 GMT``) as Unix time; None if none."""
+    try:
+        _, day, month, year, clock, _ = text.split()  # type: ignore[union-attr]
+        hour, minute, second = (int(part) for part in clock.split(":"))
+        moment = datetime(
+            int(year), _MONTHS.index(month) + 1, int(day), hour, minute, second, tzinfo=timezone.utc
+        )
+    except (AttributeError, ValueError):
+        return None
+    return moment.timestamp()
 
 
 def _range_op(name: bytes) -> dict[str, Any]:

@@ -221,7 +221,9 @@ SELECT pg_notify(%(channel)s, {_PAYLOAD.format(col="key")}) FROM cleared
 """
 # The run ledger's part of a release: the run's record (kept as first written when a
 # retry writes it again) and the trim to the key's last LEDGER_KEEP runs, counting the new
-# one (the statement's snapshot does not show its own insert).
+# one (the statement's snapshot does not show its own insert). The key's newest success
+# (the new run, when %(succeeded)s) is never trimmed: ``--once-per`` and ``metrics`` need it.
+_SUCCEEDED = "data->>'outcome' = 'succeeded'"
 _RECORD_RUN = f"""recorded AS (
     INSERT INTO {{runs}} (key, fencing_token, started_at, ended_at, data)
     VALUES (%(key)s, %(fence)s, %(started)s, clock_timestamp(), %(data)s)
@@ -232,6 +234,10 @@ _RECORD_RUN = f"""recorded AS (
         SELECT t FROM (SELECT fencing_token AS t FROM {{runs}} WHERE key = %(key)s
                        UNION SELECT %(fence)s::bigint) AS s
          ORDER BY t DESC OFFSET {LEDGER_KEEP - 1} LIMIT 1)
+      AND fencing_token <> coalesce((
+        SELECT max(t) FROM (SELECT fencing_token AS t FROM {{runs}}
+                             WHERE key = %(key)s AND {_SUCCEEDED}
+                            UNION ALL SELECT %(fence)s::bigint WHERE %(succeeded)s) AS s), -1)
     RETURNING 1
 ), """
 _RELEASE_RECORDED = _RELEASE.replace("WITH ", "WITH " + _RECORD_RUN, 1)
@@ -244,6 +250,15 @@ SELECT extract(epoch FROM expires_at - clock_timestamp())::float8 FROM {table}
 _HISTORY = """
 SELECT key, fencing_token, started_at, ended_at, data FROM {runs}
  WHERE key = %(key)s ORDER BY fencing_token DESC LIMIT %(limit)s
+"""
+# The key's newest success and the server's clock, in one statement.
+_LAST_SUCCESS = f"""
+SELECT n.now, r.key, r.fencing_token, r.started_at, r.ended_at, r.data
+  FROM (SELECT clock_timestamp() AS now) AS n
+  LEFT JOIN LATERAL (
+    SELECT key, fencing_token, started_at, ended_at, data FROM {{runs}}
+     WHERE key = %(key)s AND {_SUCCEEDED} ORDER BY fencing_token DESC LIMIT 1
+  ) AS r ON true
 """
 _LEDGER_KEYS = """
 SELECT DISTINCT key FROM {runs}
@@ -910,6 +925,7 @@ class PostgresStore(Store):
         if record is not None:
             params["started"] = record.started_at
             params["data"] = Jsonb(record.fields())
+            params["succeeded"] = record.outcome == "succeeded"
         self._break_watches.drop(lease)
         if keep_for > 0:
             params["keep"] = float(keep_for)
@@ -945,6 +961,14 @@ class PostgresStore(Store):
             RunRecord.from_fields(key, token, _utc(started), _utc(ended), data or {})
             for key, token, started, ended, data in rows
         ]
+
+    def last_success(self, key: str) -> tuple[RunRecord | None, datetime]:
+        statement = self._sql(_LAST_SUCCESS)
+        now, *run = self._run(lambda conn: conn.execute(statement, {"key": key}).fetchone())
+        if run[0] is None:
+            return None, _utc(now)
+        key, token, started, ended, data = run
+        return RunRecord.from_fields(key, token, _utc(started), _utc(ended), data or {}), _utc(now)
 
     def ledger_keys(self, prefix: str = "") -> list[str]:
         statement = self._sql(_LEDGER_KEYS)

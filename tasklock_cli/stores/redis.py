@@ -13,6 +13,8 @@ default ``tasklock:``)::
     P{K}:runs      zset  the run ledger: one JSON record per run, scored by its fencing
                          token; written by the release script, which trims it to the last
                          LEDGER_KEEP runs
+    P{K}:success   string  the newest run that succeeded, as in the ledger: put by the same
+                           release script, apart from the trim (``--once-per``, ``metrics``)
 
 A break marks the lease hash's owner ``broken:<owner>`` (see base) and PUBLISHes to
 ``P{K}:broken:<fencing token>``, which the lease's holder, waiting for a break, is
@@ -41,6 +43,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from typing import Any, TypeVar
 from urllib.parse import unquote, unquote_plus, urlsplit
 
@@ -89,6 +92,7 @@ _EXPECTED_TYPES = {
     "fence": "an integer counter",
     "wake": "a tasklock wake-up list",
     "runs": "a tasklock run ledger (sorted set)",
+    "success": "a tasklock run record (string)",
 }
 _FORCED_OPTIONS = (
     "socket_timeout",
@@ -177,8 +181,9 @@ return now + ttl
 """
 )
 
-# KEYS[2] = wake, KEYS[3] = runs; ARGV: owner, fencing_token, keep_ms (0 = delete now),
-# the run's record as JSON without ended_at ('' = none)
+# KEYS[2] = wake, KEYS[3] = runs, KEYS[4] = success; ARGV: owner, fencing_token, keep_ms
+# (0 = delete now), the run's record as JSON without ended_at ('' = none), '1' when the run
+# succeeded (it then becomes the key's newest success, unless a newer one is there)
 # -> 1 released (or kept for keep_ms), 0 no lease at all, -1 someone else's lease.
 # Our broken lease is ours to release too, and is never kept. The record goes into the
 # ledger whatever the lease's state (once per token), ended_at from Redis's clock.
@@ -191,6 +196,8 @@ local recording = ARGV[4] ~= ''
 if recording then
   local _, bad_runs = key_type(KEYS[3], 'zset', 'runs')
   if bad_runs then return bad_runs end
+  local _, bad_success = key_type(KEYS[4], 'string', 'success')
+  if bad_success then return bad_success end
 end
 local function release()
   if lease_type == 'none' then return 0 end
@@ -212,6 +219,12 @@ if recording and redis.call('ZCOUNT', KEYS[3], ARGV[2], ARGV[2]) == 0 then
   local record = string.sub(ARGV[4], 1, -2) .. ',"ended_at":' .. ms(now_ms()) .. '}'
   redis.call('ZADD', KEYS[3], ARGV[2], record)
   redis.call('ZREMRANGEBYRANK', KEYS[3], 0, -(LEDGER_KEEP + 1))
+  if ARGV[5] == '1' then
+    local newest = redis.call('GET', KEYS[4])
+    if not newest or tonumber(cjson.decode(newest)['fencing_token']) < tonumber(ARGV[2]) then
+      redis.call('SET', KEYS[4], record)
+    end
+  end
 end
 return result
 """.replace("LEDGER_KEEP", str(LEDGER_KEEP))
@@ -531,6 +544,9 @@ class RedisStore(Store):
     def _runs_key(self, key: str) -> bytes:
         return self._name(key, "runs")
 
+    def _success_key(self, key: str) -> bytes:
+        return self._name(key, "success")
+
     def _break_channel(self, key: str, token: int | str = "") -> bytes:
         """Where a break of ``key``'s lease with fencing token ``token`` is published
         (without ``token``: the part before it, which the scripts complete)."""
@@ -654,8 +670,14 @@ class RedisStore(Store):
         keep_ms = _ttl_ms(keep_for, "keep-for time") if keep_for > 0 else 0
         script = self._scripts["release"]
         attempts = 0
-        keys = [self._lease_key(lease.key), self._wake_key(lease.key), self._runs_key(lease.key)]
-        args = [lease.owner_token, lease.fencing_token, keep_ms, _record_json(record)]
+        keys = [
+            self._lease_key(lease.key),
+            self._wake_key(lease.key),
+            self._runs_key(lease.key),
+            self._success_key(lease.key),
+        ]
+        succeeded = "1" if record is not None and record.outcome == "succeeded" else ""
+        args = [lease.owner_token, lease.fencing_token, keep_ms, _record_json(record), succeeded]
 
         def run(client: redis.Redis) -> Any:
             nonlocal attempts
@@ -689,12 +711,28 @@ class RedisStore(Store):
     def history(self, key: str, limit: int = LEDGER_KEEP) -> list[RunRecord]:
         name = self._runs_key(key)
         members = self._call(lambda c: c.zrevrange(name, 0, limit - 1), key)
+        return self._decoded(key, name, members)
+
+    def last_success(self, key: str) -> tuple[RunRecord | None, datetime]:
+        name = self._success_key(key)
+
+        def read(client: redis.Redis) -> list[Any]:
+            pipe = client.pipeline(transaction=True)  # one round trip, one moment
+            pipe.get(name)
+            pipe.time()
+            return pipe.execute()
+
+        member, (seconds, micros) = self._call(read, key)
+        now = utc_from_timestamp(seconds + micros / 1_000_000)  # Redis's clock, as in TIME
+        return (self._decoded(key, name, [member])[0] if member else None), now
+
+    def _decoded(self, key: str, name: bytes, members: list[bytes]) -> list[RunRecord]:
         try:
             return [_run_record(key, member) for member in members]
         except (ValueError, TypeError, KeyError) as exc:
             raise ConfigError(
-                f"{self.display_url}: Redis key {name.decode('utf-8', 'replace')!r} is not a "
-                f"tasklock run ledger ({type(exc).__name__}: {exc}); another application uses "
+                f"{self.display_url}: Redis key {name.decode('utf-8', 'replace')!r} does not hold "
+                f"tasklock run records ({type(exc).__name__}: {exc}); another application uses "
                 f"the prefix {self.prefix!r}"
             ) from None
 

@@ -19,6 +19,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import TypeVar
 from urllib.parse import unquote, urlsplit
@@ -173,9 +174,15 @@ WHERE key = :key AND fencing_token = :token AND {_LIVE}
 # A run already in the ledger (a retried release) is kept as first written.
 _RECORD_RUN = f"""INSERT INTO {RUNS_TABLE} (key, fencing_token, started_at, ended_at, data)
 VALUES (:key, :token, :started, :wall, :data) ON CONFLICT DO NOTHING"""
+# The key's newest success (``--once-per``, ``metrics``); the trim never removes it.
+_NEWEST_SUCCESS = f"""FROM {RUNS_TABLE}
+WHERE key = :key AND json_extract(data, '$.outcome') = 'succeeded'
+ORDER BY fencing_token DESC LIMIT 1"""
 _TRIM_RUNS = f"""DELETE FROM {RUNS_TABLE} WHERE key = :key AND fencing_token < (
     SELECT fencing_token FROM {RUNS_TABLE} WHERE key = :key
-     ORDER BY fencing_token DESC LIMIT 1 OFFSET {LEDGER_KEEP - 1})"""
+     ORDER BY fencing_token DESC LIMIT 1 OFFSET {LEDGER_KEEP - 1})
+  AND fencing_token IS NOT (SELECT fencing_token {_NEWEST_SUCCESS})"""
+_LAST_SUCCESS = f"SELECT key, fencing_token, started_at, ended_at, data {_NEWEST_SUCCESS}"
 _HISTORY = f"""SELECT key, fencing_token, started_at, ended_at, data FROM {RUNS_TABLE}
 WHERE key = :key ORDER BY fencing_token DESC LIMIT :limit"""
 _LEDGER_KEYS = f"""SELECT DISTINCT key FROM {RUNS_TABLE}
@@ -399,16 +406,13 @@ class SQLiteStore(Store):
 
     def history(self, key: str, limit: int = LEDGER_KEEP) -> list[RunRecord]:
         rows = self._read(_HISTORY, {"key": key, "limit": limit})
-        return [
-            RunRecord.from_fields(
-                key,
-                token,
-                utc_from_timestamp(started),
-                utc_from_timestamp(ended),
-                json.loads(data),
-            )
-            for key, token, started, ended, data in rows
-        ]
+        return [_run_record(*row) for row in rows]
+
+    def last_success(self, key: str) -> tuple[RunRecord | None, datetime]:
+        # This machine's wall clock, which also timed every run's start (acquired_at).
+        rows = self._read(_LAST_SUCCESS, {"key": key})
+        now = utc_from_timestamp(self._wall())
+        return (_run_record(*rows[0]) if rows else None), now
 
     def ledger_keys(self, prefix: str = "") -> list[str]:
         rows = self._read(_LEDGER_KEYS, {"prefix": prefix, "n": len(prefix)})
@@ -568,6 +572,12 @@ class SQLiteStore(Store):
             expires_at=utc_from_timestamp(expires_at or 0),
             expired=not live,
         )
+
+
+def _run_record(key: str, token: int, started: float, ended: float, data: str) -> RunRecord:
+    return RunRecord.from_fields(
+        key, token, utc_from_timestamp(started), utc_from_timestamp(ended), json.loads(data)
+    )
 
 
 def filesystem_type(path: Path) -> str | None:
