@@ -13,6 +13,7 @@ import random
 import threading
 import time
 from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 
 from tasklock_cli import clock as clocks
 from tasklock_cli.durations import format_duration
@@ -166,6 +167,21 @@ class LeaseKeeper:
                 self.release(lock_timeout=io_timeout)
             raise
 
+    def window_done_by(self, period: float | None, io_timeout: float) -> RunRecord | None:
+        """--once-per: the run of the key that succeeded in the current window, read under
+        the lease (so no one else can run meanwhile) in one store call; None when there is
+        none, or without --once-per (no store call at all). When the read fails, the lease
+        is released (one try) and the error raised."""
+        if period is None:
+            return None
+        try:
+            success, now = self.store.last_success(self.key)
+        except TasklockError:
+            with contextlib.suppress(TasklockError):
+                self.release(lock_timeout=io_timeout)
+            raise
+        return success if done_in_window(success, now, period) else None
+
     def release_quietly(
         self, io_timeout: float, record: RunRecord | None = None, on_ledger_failed=None
     ) -> bool:
@@ -317,3 +333,19 @@ def _drain(fd: int | None) -> None:
     with contextlib.suppress(BlockingIOError, OSError):
         while os.read(fd, 512):
             pass
+
+
+EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def window_start(now: datetime, period: float) -> datetime:
+    """The start of the window of ``period`` seconds that holds ``now``; windows are
+    aligned to the Unix epoch (``1h``: each UTC hour). Exact to the microsecond."""
+    length = timedelta(seconds=period)
+    return EPOCH + ((now - EPOCH) // length) * length
+
+
+def done_in_window(success: RunRecord | None, now: datetime, period: float) -> bool:
+    """Whether ``success`` started in the window of ``period`` holding ``now`` (both times
+    on the store's clock). A start after ``now`` (a clock stepped back) counts as in it."""
+    return success is not None and success.started_at >= window_start(now, period)

@@ -17,7 +17,6 @@ import signal
 import socket
 import threading
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
 
 from tasklock_cli import clock as clocks
 from tasklock_cli import settings
@@ -47,7 +46,6 @@ FORWARDED_SIGNALS = (
 #: this long, so a lease it grants is known and released; a call still blocked (a store
 #: cut off, a dead link) is then cut short.
 CUT_SHORT_AFTER_S = 0.12
-EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
 @dataclass(frozen=True)
@@ -188,8 +186,10 @@ class Supervisor:
             f"{self.keeper.fencing_token}, ttl {format_duration(options.ttl)})",
             expires_at=rfc3339(self.keeper.lease.expires_at),
         )
-        if done_by is not None and not self.state.pending_signals:
-            return self._done_already(done_by)
+        if done_by is not None and not self.state.pending_signals:  # this window's work is done
+            emit_done_already(self.events, options.key, self.keeper.fencing_token, done_by)
+            self._release(record=self.keeper.run_record("done-already", None))
+            return options.done_exit_code
         return self._run_child()
 
     def _acquire(self) -> RunRecord | None:
@@ -205,7 +205,7 @@ class Supervisor:
             raise Interrupted(self.state.pending_signals[0])
         try:
             self._waiter.acquire()
-            done_by = self._window_done_by()
+            done_by = self.keeper.window_done_by(self.options.once_per, self.options.io_timeout)
             if done_by is None:
                 # A long wait or a slow reply may have left little of the lease: renew first.
                 self.keeper.ensure_remaining(self.options.ttl / 2, self.options.io_timeout)
@@ -213,36 +213,6 @@ class Supervisor:
             self._raise_if_signalled()  # it came during the last attempt: it wins
             raise
         return done_by
-
-    def _window_done_by(self) -> RunRecord | None:
-        """--once-per: the run of the key that succeeded in the current window, read under
-        the lease (so no one else can run meanwhile) in one store call; None when there is
-        none, or without --once-per (no store call at all). When the read fails, the lease
-        is released (one try) and the error raised."""
-        period = self.options.once_per
-        if period is None:
-            return None
-        try:
-            success, now = self.store.last_success(self.options.key)
-        except TasklockError:
-            with contextlib.suppress(TasklockError):
-                self.keeper.release(lock_timeout=self.options.io_timeout)
-            raise
-        return success if done_in_window(success, now, period) else None
-
-    def _done_already(self, success: RunRecord) -> int:
-        """The window's work is done: let go (leaving a ``done-already`` record) without
-        running the command."""
-        self._emit(
-            "done-already",
-            f"{self.options.key!r} already succeeded in this --once-per window (fencing token "
-            f"{success.fencing_token}, started {rfc3339(success.started_at)}); "
-            "not running the command",
-            done_by=success.fencing_token,
-            done_at=rfc3339(success.started_at),
-        )
-        self._release(record=self.keeper.run_record("done-already", None))
-        return self.options.done_exit_code
 
     def _raise_if_signalled(self) -> None:
         if self.state.pending_signals:
@@ -497,19 +467,6 @@ class Supervisor:
             self.state.term_forwarded_at = self.clock()
 
 
-def window_start(now: datetime, period: float) -> datetime:
-    """The start of the window of ``period`` seconds that holds ``now``; windows are
-    aligned to the Unix epoch (``1h``: each UTC hour). Exact to the microsecond."""
-    length = timedelta(seconds=period)
-    return EPOCH + ((now - EPOCH) // length) * length
-
-
-def done_in_window(success: RunRecord | None, now: datetime, period: float) -> bool:
-    """Whether ``success`` started in the window of ``period`` holding ``now`` (both times
-    on the store's clock). A start after ``now`` (a clock stepped back) counts as in it."""
-    return success is not None and success.started_at >= window_start(now, period)
-
-
 def child_env(key: str, lease, store_url: str | None) -> dict[str, str]:
     """The command's environment: ours, and the lease's variables."""
     env = dict(os.environ)
@@ -591,3 +548,16 @@ def emit_orphans_terminated(events: EventLog, key: str, keeper: LeaseKeeper, chi
     count = child.orphans
     message = f"terminated {count} process{'' if count == 1 else 'es'} the command left running"
     events.emit("orphans-terminated", key, keeper.fencing_token, message, count=count)
+
+
+def emit_done_already(events: EventLog, key: str, token: int | None, success: RunRecord) -> None:
+    events.emit(
+        "done-already",
+        key,
+        token,
+        f"{key!r} already succeeded in this --once-per window (fencing token "
+        f"{success.fencing_token}, started {rfc3339(success.started_at)}); "
+        "not running the command",
+        done_by=success.fencing_token,
+        done_at=rfc3339(success.started_at),
+    )

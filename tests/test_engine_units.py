@@ -24,10 +24,12 @@ from tasklock_cli.lease import (
     Conflict,
     LeaseKeeper,
     Waiter,
+    done_in_window,
+    window_start,
 )
 from tasklock_cli.stores.base import Holder, RunRecord
 from tasklock_cli.stores.sqlite import SQLiteStore
-from tasklock_cli.supervisor import RunOptions, done_in_window, window_start
+from tasklock_cli.supervisor import RunOptions
 
 HOLDER = Holder(host="h", pid=1, user="u", command=["true"])
 
