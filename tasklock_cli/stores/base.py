@@ -11,7 +11,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Protocol
 
@@ -59,6 +59,15 @@ class Lease:
     fencing_token: int
     acquired_at: datetime
     expires_at: datetime
+
+    def renewed_until(self, expires_at: datetime | None) -> Lease:
+        """This lease, renewed until ``expires_at``; LeaseLost when the store renewed
+        nothing (None: the lease is no longer ours)."""
+        if expires_at is None:
+            from tasklock_cli.errors import LeaseLost
+
+            raise LeaseLost(f"the lease on {self.key!r} is no longer ours")
+        return replace(self, expires_at=expires_at)
 
 
 @dataclass(frozen=True)
@@ -214,6 +223,37 @@ class BreakWatch(Protocol):
     def wait(self, deadline: float, wake_fd: int | None) -> bool: ...
 
     def close(self) -> None: ...
+
+
+class SocketBreakWatch:
+    """A break watch on a socket of its own: ``_fileno`` is selected on together with the
+    caller's ``wake_fd``, and ``_heard`` reads (never blocking) whether our break is among
+    what has arrived. Once heard, a break stays heard."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()  # one waiter at a time
+        self.broken = False
+
+    def _fileno(self) -> int:
+        raise NotImplementedError
+
+    def _heard(self) -> bool:
+        raise NotImplementedError
+
+    def wait(self, deadline: float, wake_fd: int | None) -> bool:
+        """True when our break is heard before ``deadline``; False at the deadline or when
+        ``wake_fd`` is readable."""
+        while True:
+            if self.broken or self._heard():
+                self.broken = True  # and stays so: later waits return at once
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0 or fd_readable(wake_fd):
+                return False
+            fileno = self._fileno()
+            ready = wait_readable([fileno, wake_fd], left)
+            if ready and fileno not in ready:
+                return False  # wake_fd alone
 
 
 class BreakWatches:

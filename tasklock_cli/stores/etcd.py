@@ -70,7 +70,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from tasklock_cli.errors import ConfigError, LeaseLost, StoreUnavailable, TasklockError
+from tasklock_cli.errors import ConfigError, StoreUnavailable, TasklockError
 from tasklock_cli.stores import _http
 from tasklock_cli.stores.base import (
     LEDGER_KEEP,
@@ -672,14 +672,8 @@ class EtcdStore(Store):
             remaining = self._move_own_lease(lease, held, ttl_s)
         if held is None or remaining <= 0:
             self._held.pop(ident, None)
-            raise LeaseLost(f"the lease on {lease.key!r} is no longer ours")
-        return Lease(
-            lease.key,
-            lease.owner_token,
-            lease.fencing_token,
-            lease.acquired_at,
-            utc_from_timestamp(sent + remaining),
-        )
+            return lease.renewed_until(None)
+        return lease.renewed_until(utc_from_timestamp(sent + remaining))
 
     def release(self, lease: Lease, keep_for: float = 0.0, record: RunRecord | None = None) -> bool:
         ident = (lease.key, lease.owner_token, lease.fencing_token)

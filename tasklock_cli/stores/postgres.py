@@ -63,7 +63,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 
-from tasklock_cli.errors import ConfigError, LeaseLost, StoreUnavailable, TasklockError
+from tasklock_cli.errors import ConfigError, StoreUnavailable, TasklockError
 from tasklock_cli.stores.base import (
     BROKEN_OWNER_PREFIX,
     LEDGER_KEEP,
@@ -73,6 +73,7 @@ from tasklock_cli.stores.base import (
     Lease,
     LeaseInfo,
     RunRecord,
+    SocketBreakWatch,
     Store,
     StoreCheck,
     fd_readable,
@@ -469,15 +470,14 @@ class _Watchdog:
                 self._deadline = None
 
 
-class _BreakListener:
+class _BreakListener(SocketBreakWatch):
     """A holder's own connection, LISTENing on its lease's break channel."""
 
     def __init__(self, conn: psycopg.Connection, payload: str, io_timeout: float) -> None:
+        super().__init__()
         self.conn = conn
         self.payload = payload
         self.io_timeout = io_timeout
-        self.lock = threading.Lock()  # one waiter at a time
-        self.broken = False
         self._watchdog = _Watchdog()
 
     def guarded(self, operation: Callable[[], _T]) -> _T:
@@ -489,19 +489,8 @@ class _BreakListener:
             if self._watchdog.disarm():
                 raise _Overrun()
 
-    def wait(self, deadline: float, wake_fd: int | None) -> bool:
-        """True when a break of our lease is heard before ``deadline``; False at the
-        deadline or when ``wake_fd`` is readable."""
-        while True:
-            if self.broken or self._heard():
-                self.broken = True  # and stays so: later waits return at once
-                return True
-            left = deadline - time.monotonic()
-            if left <= 0 or fd_readable(wake_fd):
-                return False
-            ready = wait_readable([self.conn.fileno(), wake_fd], left)
-            if ready and self.conn.fileno() not in ready:
-                return False  # wake_fd alone
+    def _fileno(self) -> int:
+        return self.conn.fileno()
 
     def _heard(self) -> bool:
         """Read what has arrived (never blocks); True when our break is among it."""
@@ -909,11 +898,7 @@ class PostgresStore(Store):
         }
         statement = self._sql(_RENEW)
         row = self._run(lambda conn: conn.execute(statement, params).fetchone())
-        if row is None:
-            raise LeaseLost(f"the lease on {lease.key!r} is no longer ours")
-        return Lease(
-            lease.key, lease.owner_token, lease.fencing_token, lease.acquired_at, _utc(row[0])
-        )
+        return lease.renewed_until(None if row is None else _utc(row[0]))
 
     def release(self, lease: Lease, keep_for: float = 0.0, record: RunRecord | None = None) -> bool:
         params: dict[str, Any] = {

@@ -56,7 +56,7 @@ from redis.backoff import NoBackoff
 from redis.commands.core import Script
 from redis.retry import Retry
 
-from tasklock_cli.errors import ConfigError, LeaseLost, StoreUnavailable, TasklockError
+from tasklock_cli.errors import ConfigError, StoreUnavailable, TasklockError
 from tasklock_cli.stores.base import (
     BROKEN_OWNER_PREFIX,
     LEDGER_KEEP,
@@ -66,6 +66,7 @@ from tasklock_cli.stores.base import (
     Lease,
     LeaseInfo,
     RunRecord,
+    SocketBreakWatch,
     Store,
     StoreCheck,
     fd_readable,
@@ -388,14 +389,13 @@ def _set_up_lean(connection: redis.connection.AbstractConnection) -> None:
 _WOKEN = object()
 
 
-class _BreakSubscription:
+class _BreakSubscription(SocketBreakWatch):
     """A holder's own subscription to its lease's break channel."""
 
     def __init__(self, pubsub: redis.client.PubSub, channel: bytes) -> None:
+        super().__init__()
         self.pubsub = pubsub
         self.channel = channel
-        self.lock = threading.Lock()  # one waiter at a time
-        self.broken = False
 
     def subscribe(self, timeout: float) -> None:
         """SUBSCRIBE and wait for the server's confirmation (from then on nothing is missed)."""
@@ -407,22 +407,11 @@ class _BreakSubscription:
                 return
         raise rexc.TimeoutError(f"no answer to SUBSCRIBE within {timeout:g} s")
 
-    def wait(self, deadline: float, wake_fd: int | None) -> bool:
-        """True when our break is heard before ``deadline``; False at the deadline or when
-        ``wake_fd`` is readable."""
-        while True:
-            if self.broken or self._heard():
-                self.broken = True  # and stays so: later waits return at once
-                return True
-            left = deadline - time.monotonic()
-            if left <= 0 or fd_readable(wake_fd):
-                return False
-            sock = self.pubsub.connection._sock if self.pubsub.connection else None
-            if sock is None:
-                raise rexc.ConnectionError("the subscription's connection is closed")
-            ready = wait_readable([sock.fileno(), wake_fd], left)
-            if ready and sock.fileno() not in ready:
-                return False  # wake_fd alone
+    def _fileno(self) -> int:
+        sock = self.pubsub.connection._sock if self.pubsub.connection else None
+        if sock is None:
+            raise rexc.ConnectionError("the subscription's connection is closed")
+        return sock.fileno()
 
     def _heard(self) -> bool:
         """Read every message already here (redis-py may buffer several); never blocks."""
@@ -656,14 +645,8 @@ class RedisStore(Store):
             ),
             lease.key,
         )
-        if result is None:
-            raise LeaseLost(f"the lease on {lease.key!r} is no longer ours")
-        return Lease(
-            lease.key,
-            lease.owner_token,
-            lease.fencing_token,
-            lease.acquired_at,
-            utc_from_timestamp(int(result) / 1000),
+        return lease.renewed_until(
+            None if result is None else utc_from_timestamp(int(result) / 1000)
         )
 
     def release(self, lease: Lease, keep_for: float = 0.0, record: RunRecord | None = None) -> bool:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TypeVar
 from urllib.parse import unquote, urlsplit
 
-from tasklock_cli.errors import ConfigError, LeaseLost, StoreUnavailable, UsageError
+from tasklock_cli.errors import ConfigError, StoreUnavailable, UsageError
 from tasklock_cli.stores.base import (
     BROKEN_OWNER_PREFIX,
     LEDGER_KEEP,
@@ -357,15 +357,7 @@ class SQLiteStore(Store):
         params = {**self._times(), "key": lease.key, "owner": lease.owner_token, "ttl": ttl}
         with self._write() as conn:
             row = conn.execute(_RENEW, params).fetchone()
-        if row is None:
-            raise LeaseLost(f"the lease on {lease.key!r} is no longer ours")
-        return Lease(
-            lease.key,
-            lease.owner_token,
-            lease.fencing_token,
-            lease.acquired_at,
-            utc_from_timestamp(row[0]),
-        )
+        return lease.renewed_until(None if row is None else utc_from_timestamp(row[0]))
 
     def release(self, lease: Lease, keep_for: float = 0.0, record: RunRecord | None = None) -> bool:
         params = {
