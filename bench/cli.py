@@ -15,27 +15,34 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
+from collections.abc import Iterator
+from collections.abc import Sequence
 from pathlib import Path
 
-from bench.contention import section_cli_contention, section_contention
+from bench.contention import section_cli_contention
+from bench.contention import section_contention
 from bench.handoff import section_handoff
-from bench.harness import (
-    FULL,
-    PYTHON,
-    QUICK,
-    Envs,
-    Table,
-    kill_leftovers,
-    make_envs,
-    prose,
-    timed_run,
-)
+from bench.harness import FULL
+from bench.harness import PYTHON
+from bench.harness import QUICK
+from bench.harness import Envs
+from bench.harness import Table
+from bench.harness import kill_leftovers
+from bench.harness import make_envs
+from bench.harness import prose
+from bench.harness import timed_run
 from bench.heartbeat import section_heartbeat
-from bench.overhead import overhead_commands, section_overhead
-from bench.roundtrips import section_round_trip_counts, section_roundtrips
+from bench.overhead import overhead_commands
+from bench.overhead import section_overhead
+from bench.roundtrips import section_round_trip_counts
+from bench.roundtrips import section_roundtrips
 from bench.scale import section_scale
-from bench.stores import ALL_STORES, POSTGRES_BASE, REDIS_BASE, StoreKind, make_stores
+from bench.stores import ALL_STORES
+from bench.stores import POSTGRES_BASE
+from bench.stores import REDIS_BASE
+from bench.stores import StoreKind
+from bench.stores import make_stores
 
 
 def machine_info() -> dict[str, str]:

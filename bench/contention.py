@@ -11,19 +11,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.harness import (
-    HOLDER,
-    LIVE_PROCS,
-    TASKLOCK,
-    Budget,
-    Envs,
-    Table,
-    fmt,
-    median,
-    prose,
-    spawn,
-    with_store,
-)
+from bench.harness import HOLDER
+from bench.harness import LIVE_PROCS
+from bench.harness import TASKLOCK
+from bench.harness import Budget
+from bench.harness import Envs
+from bench.harness import Table
+from bench.harness import fmt
+from bench.harness import median
+from bench.harness import prose
+from bench.harness import spawn
+from bench.harness import with_store
 from bench.overhead import etcdctl_lock
 from bench.stores import StoreKind
 from tasklock_cli.stores import open_store

@@ -9,20 +9,20 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.etcd_member import Gateway, b64, prefix_end
-from bench.harness import (
-    TASKLOCK,
-    Budget,
-    Envs,
-    Table,
-    median,
-    p99,
-    prose,
-    reap,
-    spawn,
-    wait_until,
-    with_store,
-)
+from bench.etcd_member import Gateway
+from bench.etcd_member import b64
+from bench.etcd_member import prefix_end
+from bench.harness import TASKLOCK
+from bench.harness import Budget
+from bench.harness import Envs
+from bench.harness import Table
+from bench.harness import median
+from bench.harness import p99
+from bench.harness import prose
+from bench.harness import reap
+from bench.harness import spawn
+from bench.harness import wait_until
+from bench.harness import with_store
 from bench.overhead import etcdctl_lock
 from bench.stores import StoreKind
 

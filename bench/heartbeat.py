@@ -13,29 +13,32 @@ import subprocess
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
-from bench.harness import (
-    HOLDER,
-    LIVE_PROCS,
-    PYTHON,
-    TASKLOCK,
-    Budget,
-    Envs,
-    Table,
-    fmt,
-    proc_cpu,
-    proc_sample,
-    prose,
-    spawn,
-    with_store,
-)
-from bench.stores import StoreKind, drop_namespace, floor_imports
-from tasklock_cli.errors import StoreUnavailable, TasklockError
+from bench.harness import HOLDER
+from bench.harness import LIVE_PROCS
+from bench.harness import PYTHON
+from bench.harness import TASKLOCK
+from bench.harness import Budget
+from bench.harness import Envs
+from bench.harness import Table
+from bench.harness import fmt
+from bench.harness import proc_cpu
+from bench.harness import proc_sample
+from bench.harness import prose
+from bench.harness import spawn
+from bench.harness import with_store
+from bench.stores import StoreKind
+from bench.stores import drop_namespace
+from bench.stores import floor_imports
+from tasklock_cli.errors import StoreUnavailable
+from tasklock_cli.errors import TasklockError
 from tasklock_cli.stores import open_store
-from tasklock_cli.stores.base import Lease, Store
+from tasklock_cli.stores.base import Lease
+from tasklock_cli.stores.base import Store
 
 HEARTBEAT_AT = (2.0, 2.5)  # seconds after start: steady window opens, RSS is read
 

@@ -11,23 +11,22 @@ import tarfile
 import time
 from pathlib import Path
 
-from bench.harness import (
-    PYTHON,
-    TASKLOCK,
-    Budget,
-    Cmd,
-    Envs,
-    Table,
-    fmt,
-    interleave,
-    median,
-    p99,
-    paired_diff_ms,
-    prose,
-    timed_run,
-    with_store,
-)
-from bench.stores import StoreKind, floor_imports
+from bench.harness import PYTHON
+from bench.harness import TASKLOCK
+from bench.harness import Budget
+from bench.harness import Cmd
+from bench.harness import Envs
+from bench.harness import Table
+from bench.harness import fmt
+from bench.harness import interleave
+from bench.harness import median
+from bench.harness import p99
+from bench.harness import paired_diff_ms
+from bench.harness import prose
+from bench.harness import timed_run
+from bench.harness import with_store
+from bench.stores import StoreKind
+from bench.stores import floor_imports
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The last commit before the guard process (tasklock_cli/guard.py) came in.

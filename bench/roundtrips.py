@@ -10,9 +10,17 @@ import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
-from bench.harness import HOLDER, Budget, Table, fmt, median, p99, prose, timer
+from bench.harness import HOLDER
+from bench.harness import Budget
+from bench.harness import Table
+from bench.harness import fmt
+from bench.harness import median
+from bench.harness import p99
+from bench.harness import prose
+from bench.harness import timer
 from bench.proxy import CountingProxy
-from bench.stores import POSTGRES_BASE, StoreKind
+from bench.stores import POSTGRES_BASE
+from bench.stores import StoreKind
 from tasklock_cli.stores import open_store
 from tasklock_cli.stores.base import Store
 

@@ -9,23 +9,22 @@ import secrets
 import time
 from typing import Any
 
-from bench.harness import (
-    HOLDER,
-    RUN_ID,
-    TASKLOCK,
-    Budget,
-    Envs,
-    Table,
-    fmt,
-    median,
-    ms,
-    p99,
-    prose,
-    timed,
-    timed_run,
-    with_store,
-)
-from bench.stores import StoreKind, postgres_batch_insert
+from bench.harness import HOLDER
+from bench.harness import RUN_ID
+from bench.harness import TASKLOCK
+from bench.harness import Budget
+from bench.harness import Envs
+from bench.harness import Table
+from bench.harness import fmt
+from bench.harness import median
+from bench.harness import ms
+from bench.harness import p99
+from bench.harness import prose
+from bench.harness import timed
+from bench.harness import timed_run
+from bench.harness import with_store
+from bench.stores import StoreKind
+from bench.stores import postgres_batch_insert
 from bench.sweep import sweep_table
 from tasklock_cli.stores import open_store
 from tasklock_cli.stores.base import Store

@@ -6,12 +6,16 @@ from __future__ import annotations
 import contextlib
 import shutil
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.etcd_member import EtcdMember, Gateway, b64
-from bench.harness import HOLDER, RUN_ID
+from bench.etcd_member import EtcdMember
+from bench.etcd_member import Gateway
+from bench.etcd_member import b64
+from bench.harness import HOLDER
+from bench.harness import RUN_ID
 from tasklock_cli.stores import open_store
 
 REDIS_BASE = "redis://127.0.0.1:6379/0"

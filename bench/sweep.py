@@ -14,20 +14,28 @@ import sqlite3
 import time
 from array import array
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
-from bench.harness import HOLDER, RUN_ID, Budget, Table, fmt, median, ms, p99, prose, timed
-from bench.stores import (
-    POSTGRES_BASE,
-    REDIS_BASE,
-    StoreKind,
-    drop_namespace,
-    postgres_batch_insert,
-    redis_prefix,
-    sqlite_pragmas,
-)
+from bench.harness import HOLDER
+from bench.harness import RUN_ID
+from bench.harness import Budget
+from bench.harness import Table
+from bench.harness import fmt
+from bench.harness import median
+from bench.harness import ms
+from bench.harness import p99
+from bench.harness import prose
+from bench.harness import timed
+from bench.stores import POSTGRES_BASE
+from bench.stores import REDIS_BASE
+from bench.stores import StoreKind
+from bench.stores import drop_namespace
+from bench.stores import postgres_batch_insert
+from bench.stores import redis_prefix
+from bench.stores import sqlite_pragmas
 from tasklock_cli.errors import TasklockError
 from tasklock_cli.stores import open_store
 

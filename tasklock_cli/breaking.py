@@ -5,7 +5,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from tasklock_cli.stores.base import LeaseInfo, Store
+from tasklock_cli.stores.base import LeaseInfo
+from tasklock_cli.stores.base import Store
 
 #: How long ``release --force`` waits for the holder of a broken lease to let go.
 LET_GO_TIMEOUT_S = 10.0

@@ -10,7 +10,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from tasklock_cli.errors import LeaseLost, UsageError
+from tasklock_cli.errors import LeaseLost
+from tasklock_cli.errors import UsageError
 from tasklock_cli.keys import validate_key
 from tasklock_cli.stores.base import Store
 

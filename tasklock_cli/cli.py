@@ -9,24 +9,28 @@ import sys
 from collections.abc import Callable
 from dataclasses import fields
 from functools import update_wrapper
-from typing import Any, NoReturn
+from typing import Any
+from typing import NoReturn
 
 import typer
 from typer.core import TyperGroup
 
-from tasklock_cli import __version__, settings
-from tasklock_cli.durations import format_duration, parse_duration
-from tasklock_cli.errors import ExitCode, StoreUnavailable, TasklockError, UsageError
+from tasklock_cli import __version__
+from tasklock_cli import settings
+from tasklock_cli.durations import format_duration
+from tasklock_cli.durations import parse_duration
+from tasklock_cli.errors import ExitCode
+from tasklock_cli.errors import StoreUnavailable
+from tasklock_cli.errors import TasklockError
+from tasklock_cli.errors import UsageError
 from tasklock_cli.events import stop_spinners
 from tasklock_cli.keys import validate_key
-from tasklock_cli.session import (
-    ErrorStyle,
-    GlobalFlags,
-    Globals,
-    exit_now,
-    fail,
-    run_command,
-)
+from tasklock_cli.session import ErrorStyle
+from tasklock_cli.session import GlobalFlags
+from tasklock_cli.session import Globals
+from tasklock_cli.session import exit_now
+from tasklock_cli.session import fail
+from tasklock_cli.session import run_command
 
 try:
     from typer.exceptions import TyperException as _CliException
@@ -301,7 +305,8 @@ def metrics(
     prefix: str = typer.Option("", "--prefix", metavar="P", help="Only keys starting with P."),
 ) -> None:
     """Print Prometheus metrics (text format) from the run ledger and the live leases."""
-    from tasklock_cli.metrics import collect, exposition
+    from tasklock_cli.metrics import collect
+    from tasklock_cli.metrics import exposition
 
     g: Globals = ctx.obj
     with g.open_store() as store:
@@ -372,7 +377,8 @@ def release(
     validate_key(key)
     if not force:
         raise UsageError("release breaks whoever holds the lock; confirm with --force")
-    from tasklock_cli.breaking import LET_GO_TIMEOUT_S, break_and_wait
+    from tasklock_cli.breaking import LET_GO_TIMEOUT_S
+    from tasklock_cli.breaking import break_and_wait
 
     with g.open_store() as store:
         outcome = break_and_wait(store, key, token)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import signal
-from enum import Enum, IntEnum
+from enum import Enum
+from enum import IntEnum
 
 
 class ExitCode(IntEnum):

@@ -6,7 +6,8 @@ import contextlib
 import json
 import os
 import sys
-from datetime import datetime, timezone
+from datetime import datetime
+from datetime import timezone
 from typing import TextIO
 
 from tasklock_cli.stores.base import rfc3339

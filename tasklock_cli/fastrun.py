@@ -10,7 +10,8 @@ exactly as there.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 from typing import NoReturn
 
 from tasklock_cli import settings
@@ -113,9 +114,14 @@ def _take_globals(args: list[str], index: int, into: dict) -> int | None:
 
 
 def run_fast(parsed: FastRun, args: list[str]) -> int:
-    from tasklock_cli.errors import ExitCode, TasklockError
+    from tasklock_cli.errors import ExitCode
+    from tasklock_cli.errors import TasklockError
     from tasklock_cli.events import stop_spinners
-    from tasklock_cli.session import ErrorStyle, GlobalFlags, Globals, fail, run_command
+    from tasklock_cli.session import ErrorStyle
+    from tasklock_cli.session import GlobalFlags
+    from tasklock_cli.session import Globals
+    from tasklock_cli.session import fail
+    from tasklock_cli.session import run_command
 
     try:
         before = GlobalFlags(**parsed.before).checked()

@@ -13,12 +13,22 @@ import random
 import threading
 import time
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime
+from datetime import timedelta
+from datetime import timezone
 
 from tasklock_cli import clock as clocks
 from tasklock_cli.durations import format_duration
-from tasklock_cli.errors import ExitCode, Interrupted, LeaseLost, StoreUnavailable, TasklockError
-from tasklock_cli.stores.base import Holder, Lease, LeaseInfo, RunRecord, Store
+from tasklock_cli.errors import ExitCode
+from tasklock_cli.errors import Interrupted
+from tasklock_cli.errors import LeaseLost
+from tasklock_cli.errors import StoreUnavailable
+from tasklock_cli.errors import TasklockError
+from tasklock_cli.stores.base import Holder
+from tasklock_cli.stores.base import Lease
+from tasklock_cli.stores.base import LeaseInfo
+from tasklock_cli.stores.base import RunRecord
+from tasklock_cli.stores.base import Store
 
 #: Releases tried with the run's record before the record is given up (release_retrying).
 LEDGER_TRIES = 2

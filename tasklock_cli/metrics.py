@@ -14,7 +14,9 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from tasklock_cli.stores.base import LEDGER_KEEP, RunRecord, Store
+from tasklock_cli.stores.base import LEDGER_KEEP
+from tasklock_cli.stores.base import RunRecord
+from tasklock_cli.stores.base import Store
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,14 @@ import sys
 
 from tasklock_cli import clock as clocks
 from tasklock_cli import proctree
-from tasklock_cli.errors import CommandNotExecutable, CommandNotFound, ExitCode, TasklockError
-from tasklock_cli.guard import MESSAGE_SIZE, become_subreaper, receive, run_guard
+from tasklock_cli.errors import CommandNotExecutable
+from tasklock_cli.errors import CommandNotFound
+from tasklock_cli.errors import ExitCode
+from tasklock_cli.errors import TasklockError
+from tasklock_cli.guard import MESSAGE_SIZE
+from tasklock_cli.guard import become_subreaper
+from tasklock_cli.guard import receive
+from tasklock_cli.guard import run_guard
 
 __all__ = ["Child", "Terminal", "become_subreaper", "spawn_command"]
 

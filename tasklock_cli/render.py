@@ -7,10 +7,14 @@ import json
 import os
 import sys
 from collections.abc import Iterable
-from datetime import datetime, timezone
+from datetime import datetime
+from datetime import timezone
 
 from tasklock_cli.durations import format_duration
-from tasklock_cli.stores.base import LeaseInfo, RunRecord, StoreCheck, rfc3339
+from tasklock_cli.stores.base import LeaseInfo
+from tasklock_cli.stores.base import RunRecord
+from tasklock_cli.stores.base import StoreCheck
+from tasklock_cli.stores.base import rfc3339
 
 
 def relative(moment: datetime, now: datetime | None = None) -> str:

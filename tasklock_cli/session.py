@@ -7,11 +7,15 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from dataclasses import replace
 from typing import NoReturn
 
 from tasklock_cli.errors import UsageError
-from tasklock_cli.events import NORMAL, QUIET, VERBOSE, EventLog
+from tasklock_cli.events import NORMAL
+from tasklock_cli.events import QUIET
+from tasklock_cli.events import VERBOSE
+from tasklock_cli.events import EventLog
 
 
 @dataclass(frozen=True)
@@ -141,7 +145,8 @@ def run_command(
     """`tasklock run`, once its command line is parsed (by typer or by fastrun)."""
     from tasklock_cli import settings
     from tasklock_cli.keys import validate_key
-    from tasklock_cli.supervisor import RunOptions, Supervisor
+    from tasklock_cli.supervisor import RunOptions
+    from tasklock_cli.supervisor import Supervisor
 
     validate_key(key)
     if not command:

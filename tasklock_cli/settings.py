@@ -10,7 +10,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from tasklock_cli.durations import format_duration, parse_duration
+from tasklock_cli.durations import format_duration
+from tasklock_cli.durations import parse_duration
 from tasklock_cli.errors import UsageError
 
 

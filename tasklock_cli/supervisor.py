@@ -16,23 +16,32 @@ import select
 import signal
 import socket
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field
 
 from tasklock_cli import clock as clocks
 from tasklock_cli import settings
 from tasklock_cli.durations import format_duration
-from tasklock_cli.errors import (
-    ExitCode,
-    Interrupted,
-    LossKind,
-    StoreUnavailable,
-    TasklockError,
-)
+from tasklock_cli.errors import ExitCode
+from tasklock_cli.errors import Interrupted
+from tasklock_cli.errors import LossKind
+from tasklock_cli.errors import StoreUnavailable
+from tasklock_cli.errors import TasklockError
 from tasklock_cli.events import EventLog
 from tasklock_cli.heartbeat import Heartbeat
-from tasklock_cli.lease import Conflict, LeaseKeeper, Waiter, describe_holder
-from tasklock_cli.process import Child, Terminal, become_subreaper
-from tasklock_cli.stores.base import Holder, Lease, LeaseInfo, RunRecord, Store, rfc3339
+from tasklock_cli.lease import Conflict
+from tasklock_cli.lease import LeaseKeeper
+from tasklock_cli.lease import Waiter
+from tasklock_cli.lease import describe_holder
+from tasklock_cli.process import Child
+from tasklock_cli.process import Terminal
+from tasklock_cli.process import become_subreaper
+from tasklock_cli.stores.base import Holder
+from tasklock_cli.stores.base import Lease
+from tasklock_cli.stores.base import LeaseInfo
+from tasklock_cli.stores.base import RunRecord
+from tasklock_cli.stores.base import Store
+from tasklock_cli.stores.base import rfc3339
 
 FORWARDED_SIGNALS = (
     signal.SIGINT,

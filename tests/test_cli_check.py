@@ -10,7 +10,9 @@ import uuid
 import pytest
 
 from tasklock_cli.stores.base import Holder
-from tests.support.cli import executable, one_error_line, tasklock
+from tests.support.cli import executable
+from tests.support.cli import one_error_line
+from tests.support.cli import tasklock
 
 HOLDER = Holder(host="host-a", pid=4242, user="alice", command=["./job.sh"], note=None)
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.blocked_imports import attempts, env_without
-from tests.support.cli import one_error_line, tasklock
+from tests.support.blocked_imports import attempts
+from tests.support.blocked_imports import env_without
+from tests.support.cli import one_error_line
+from tests.support.cli import tasklock
 
 DRIVERS = ["psycopg", "redis"]
 
@@ -85,7 +87,8 @@ def test_a_missing_driver_of_a_store_given_with_the_store_flag(cli_env, tmp_path
 def test_only_the_drivers_import_errors_become_config_errors():
     """An ImportError of tasklock's own code is a bug: it keeps its traceback."""
     from tasklock_cli.errors import ConfigError
-    from tasklock_cli.stores import _DRIVERS, _driver_needed
+    from tasklock_cli.stores import _DRIVERS
+    from tasklock_cli.stores import _driver_needed
 
     own = ImportError("cannot import name 'Gone' from 'tasklock_cli.stores.base'")
     own.name = "tasklock_cli.stores.base"

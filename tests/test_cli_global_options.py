@@ -12,7 +12,9 @@ import pytest
 
 from tasklock_cli.stores import open_store
 from tasklock_cli.stores.base import Holder
-from tests.support.cli import json_events, one_error_line, tasklock
+from tests.support.cli import json_events
+from tests.support.cli import one_error_line
+from tests.support.cli import tasklock
 
 HOLDER = Holder(host="elsewhere", pid=4242, user="alice", command=["./job.sh"], note="held")
 PEEK_SELF = ["sh", "-c", "tasklock peek k --json"]  # the child looks at its own lease

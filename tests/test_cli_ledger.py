@@ -9,7 +9,9 @@ from datetime import datetime
 
 import pytest
 
-from tests.support.cli import start, tasklock, wait_for_holder
+from tests.support.cli import start
+from tests.support.cli import tasklock
+from tests.support.cli import wait_for_holder
 
 
 @pytest.fixture

@@ -11,8 +11,12 @@ from datetime import datetime
 import pytest
 
 from tasklock_cli.stores import open_store
-from tasklock_cli.stores.base import LEDGER_KEEP, Holder, RunRecord
-from tests.support.cli import start, tasklock, wait_for_holder
+from tasklock_cli.stores.base import LEDGER_KEEP
+from tasklock_cli.stores.base import Holder
+from tasklock_cli.stores.base import RunRecord
+from tests.support.cli import start
+from tests.support.cli import tasklock
+from tests.support.cli import wait_for_holder
 
 HOLDER = Holder(host="cron-host", pid=7, user="cron", command=["./report.sh"])
 

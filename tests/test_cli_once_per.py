@@ -9,7 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cli import json_events, one_error_line, start, tasklock
+from tests.support.cli import json_events
+from tests.support.cli import one_error_line
+from tests.support.cli import start
+from tests.support.cli import tasklock
 
 
 @pytest.fixture

@@ -12,16 +12,14 @@ import time
 import pytest
 
 from tests.support import procs
-from tests.support.cli import (
-    json_events,
-    lost_by,
-    one_error_line,
-    peek,
-    start,
-    tasklock,
-    wait_for_holder,
-    wait_until,
-)
+from tests.support.cli import json_events
+from tests.support.cli import lost_by
+from tests.support.cli import one_error_line
+from tests.support.cli import peek
+from tests.support.cli import start
+from tests.support.cli import tasklock
+from tests.support.cli import wait_for_holder
+from tests.support.cli import wait_until
 
 
 @pytest.fixture

@@ -6,7 +6,9 @@ import json
 
 import pytest
 
-from tests.support.cli import json_events, one_error_line, tasklock
+from tests.support.cli import json_events
+from tests.support.cli import one_error_line
+from tests.support.cli import tasklock
 
 
 @pytest.fixture

@@ -16,16 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import procs, report
-from tests.support.cli import (
-    json_events,
-    lost_by,
-    peek,
-    start,
-    tasklock,
-    wait_for_holder,
-    wait_until,
-)
+from tests.support import procs
+from tests.support import report
+from tests.support.cli import json_events
+from tests.support.cli import lost_by
+from tests.support.cli import peek
+from tests.support.cli import start
+from tests.support.cli import tasklock
+from tests.support.cli import wait_for_holder
+from tests.support.cli import wait_until
 
 # A two-level tree that escapes its process group three ways: a plain background job, one
 # that calls setsid (a new session), and one double-forked (its parent exits at once).

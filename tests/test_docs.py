@@ -678,7 +678,8 @@ def test_script_that_locks_itself(shell_env, tmp_path):
 
 
 def test_lock_one_function_reaches_cleanup_when_busy(shell_env, tmp_path, sqlite_url):
-    from tests.support.cli import start, wait_for_holder
+    from tests.support.cli import start
+    from tests.support.cli import wait_for_holder
 
     script = tmp_path / "rotate.sh"
     script.write_text(
@@ -710,7 +711,8 @@ def test_leader_example_runs(shell_env, tmp_path):
 
 
 def test_waiting_example_matches_real_output(shell_env, tmp_path, sqlite_url):
-    from tests.support.cli import start, wait_for_holder
+    from tests.support.cli import start
+    from tests.support.cli import wait_for_holder
 
     shown = example("tasklock: waiting for", "readme")[0].splitlines()
     holder = start("run", "deploy:production", "--", "sleep", "30", env=shell_env)

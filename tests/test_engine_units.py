@@ -13,21 +13,22 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tasklock_cli.durations import format_duration, parse_duration
-from tasklock_cli.errors import Interrupted, UsageError
+from tasklock_cli.durations import format_duration
+from tasklock_cli.durations import parse_duration
+from tasklock_cli.errors import Interrupted
+from tasklock_cli.errors import UsageError
 from tasklock_cli.keys import validate_key
-from tasklock_cli.lease import (
-    FIRST_RETRY_S,
-    POLL_CEILING_S,
-    SIGNALLED_POLL_CEILING_S,
-    WAITING_EVENT_EVERY_S,
-    Conflict,
-    LeaseKeeper,
-    Waiter,
-    done_in_window,
-    window_start,
-)
-from tasklock_cli.stores.base import Holder, RunRecord
+from tasklock_cli.lease import FIRST_RETRY_S
+from tasklock_cli.lease import POLL_CEILING_S
+from tasklock_cli.lease import SIGNALLED_POLL_CEILING_S
+from tasklock_cli.lease import WAITING_EVENT_EVERY_S
+from tasklock_cli.lease import Conflict
+from tasklock_cli.lease import LeaseKeeper
+from tasklock_cli.lease import Waiter
+from tasklock_cli.lease import done_in_window
+from tasklock_cli.lease import window_start
+from tasklock_cli.stores.base import Holder
+from tasklock_cli.stores.base import RunRecord
 from tasklock_cli.stores.sqlite import SQLiteStore
 from tasklock_cli.supervisor import RunOptions
 

@@ -11,10 +11,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from tasklock_cli.errors import ConfigError, LeaseLost
+from tasklock_cli.errors import ConfigError
+from tasklock_cli.errors import LeaseLost
 from tasklock_cli.stores import open_store
 from tasklock_cli.stores.base import Holder
-from tasklock_cli.stores.etcd import EtcdStore, parse_url, prefix_end
+from tasklock_cli.stores.etcd import EtcdStore
+from tasklock_cli.stores.etcd import parse_url
+from tasklock_cli.stores.etcd import prefix_end
 from tests.support import services
 
 HOLDER = Holder(host="h", pid=1, user="u", command=["true"])
@@ -150,7 +153,8 @@ def auth_member() -> Iterator[str]:
 
 
 def test_etcd_auth_right_wrong_and_missing_credentials(auth_member, cli_env):
-    from tests.support.cli import one_error_line, tasklock
+    from tests.support.cli import one_error_line
+    from tests.support.cli import tasklock
 
     def run(userinfo: str):
         url = f"etcd://{userinfo}{auth_member}/?prefix=auth/"

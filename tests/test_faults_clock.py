@@ -7,12 +7,17 @@ import glob
 import os
 import subprocess
 import time
-from datetime import datetime, timezone
+from datetime import datetime
+from datetime import timezone
 
 import pytest
 
-from tests.support import report, services
-from tests.support.cli import executable, json_events, peek, wait_for_holder
+from tests.support import report
+from tests.support import services
+from tests.support.cli import executable
+from tests.support.cli import json_events
+from tests.support.cli import peek
+from tests.support.cli import wait_for_holder
 
 
 @pytest.fixture

@@ -12,8 +12,15 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support import etcd, report, services
-from tests.support.cli import json_events, one_error_line, peek, start, tasklock, wait_until
+from tests.support import etcd
+from tests.support import report
+from tests.support import services
+from tests.support.cli import json_events
+from tests.support.cli import one_error_line
+from tests.support.cli import peek
+from tests.support.cli import start
+from tests.support.cli import tasklock
+from tests.support.cli import wait_until
 from tests.support.proxy import TcpProxy
 
 STAMP = "date +%s.%N >> {log}"

@@ -8,8 +8,13 @@ import time
 
 import pytest
 
-from tests.support import report, services
-from tests.support.cli import json_events, lost_by, peek, start, wait_until
+from tests.support import report
+from tests.support import services
+from tests.support.cli import json_events
+from tests.support.cli import lost_by
+from tests.support.cli import peek
+from tests.support.cli import start
+from tests.support.cli import wait_until
 
 TTL = 4.0
 

@@ -13,8 +13,13 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.support import procs, report
-from tests.support.cli import json_events, peek, start, tasklock, wait_until
+from tests.support import procs
+from tests.support import report
+from tests.support.cli import json_events
+from tests.support.cli import peek
+from tests.support.cli import start
+from tests.support.cli import tasklock
+from tests.support.cli import wait_until
 from tests.support.proxy import TcpProxy
 
 

@@ -11,16 +11,15 @@ import time
 
 import pytest
 
-from tests.support import procs, report
-from tests.support.cli import (
-    json_events,
-    lost_by,
-    peek,
-    start,
-    tasklock,
-    wait_for_holder,
-    wait_until,
-)
+from tests.support import procs
+from tests.support import report
+from tests.support.cli import json_events
+from tests.support.cli import lost_by
+from tests.support.cli import peek
+from tests.support.cli import start
+from tests.support.cli import tasklock
+from tests.support.cli import wait_for_holder
+from tests.support.cli import wait_until
 
 GUARDED_WRITER = """
 import os, sqlite3, sys, time

@@ -8,13 +8,11 @@ import time
 
 import pytest
 
-from tests.support.cli import (
-    json_events,
-    one_error_line,
-    start,
-    tasklock,
-    wait_for_holder,
-)
+from tests.support.cli import json_events
+from tests.support.cli import one_error_line
+from tests.support.cli import start
+from tests.support.cli import tasklock
+from tests.support.cli import wait_for_holder
 
 
 @pytest.fixture

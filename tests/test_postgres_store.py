@@ -10,11 +10,16 @@ from collections.abc import Iterator
 
 import pytest
 
-from tasklock_cli.errors import ConfigError, LeaseLost, StoreUnavailable
+from tasklock_cli.errors import ConfigError
+from tasklock_cli.errors import LeaseLost
+from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.stores import open_store
 from tasklock_cli.stores.base import Holder
-from tasklock_cli.stores.postgres import DEFAULT_TABLE, PostgresStore, split_table
-from tests.support import pg, services
+from tasklock_cli.stores.postgres import DEFAULT_TABLE
+from tasklock_cli.stores.postgres import PostgresStore
+from tasklock_cli.stores.postgres import split_table
+from tests.support import pg
+from tests.support import services
 
 HOLDER = Holder(host="h", pid=1, user="u", command=["job"], note=None)
 

@@ -11,10 +11,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from tasklock_cli.errors import ConfigError, LeaseLost, StoreUnavailable
+from tasklock_cli.errors import ConfigError
+from tasklock_cli.errors import LeaseLost
+from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.stores import open_store
 from tasklock_cli.stores.base import Holder
-from tests.support import redis_support, services
+from tests.support import redis_support
+from tests.support import services
 from tests.support.ports import free_port
 
 HOLDER = Holder(host="host-a", pid=4242, user="alice", command=["./job.sh"], note="n")

@@ -7,14 +7,18 @@ excluded by doing every operation once before counting.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from collections.abc import Iterator
 from urllib.parse import urlsplit
 
 import psycopg
 import pytest
 
 from tasklock_cli.stores import open_store
-from tasklock_cli.stores.base import Holder, Lease, RunRecord, Store
+from tasklock_cli.stores.base import Holder
+from tasklock_cli.stores.base import Lease
+from tasklock_cli.stores.base import RunRecord
+from tasklock_cli.stores.base import Store
 from tasklock_cli.stores.postgres import split_table
 from tests.support.proxy import TcpProxy
 

@@ -9,13 +9,11 @@ import time
 import pytest
 
 from tasklock_cli.stores.base import Holder
-from tasklock_cli.stores.sqlite import (
-    _EXPIRED,
-    _EXPIRED_RANGES,
-    SCHEMA_VERSION,
-    TABLE,
-    SQLiteStore,
-)
+from tasklock_cli.stores.sqlite import _EXPIRED
+from tasklock_cli.stores.sqlite import _EXPIRED_RANGES
+from tasklock_cli.stores.sqlite import SCHEMA_VERSION
+from tasklock_cli.stores.sqlite import TABLE
+from tasklock_cli.stores.sqlite import SQLiteStore
 
 HOLDER = Holder(host="h", pid=1, user="u", command=["true"])
 

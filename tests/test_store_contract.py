@@ -12,7 +12,9 @@ from datetime import timezone
 import pytest
 
 from tasklock_cli.errors import LeaseLost
-from tasklock_cli.stores.base import LEDGER_KEEP, Holder, RunRecord
+from tasklock_cli.stores.base import LEDGER_KEEP
+from tasklock_cli.stores.base import Holder
+from tasklock_cli.stores.base import RunRecord
 
 HOLDER = Holder(
     host="host-a", pid=4242, user="alice", command=["./job.sh", "--all"], note="nightly"

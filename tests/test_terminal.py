@@ -63,7 +63,8 @@ def test_ctrl_c_reaches_the_command_once(env):
 
 
 def test_waiting_shows_a_spinner_with_the_holder_on_a_terminal(env, sqlite_url):
-    from tests.support.cli import start, wait_for_holder
+    from tests.support.cli import start
+    from tests.support.cli import wait_for_holder
 
     holder = start("run", "k", "--note", "busy", "--", "sleep", "30", env=env)
     try:
@@ -111,7 +112,8 @@ HIDE_CURSOR, SHOW_CURSOR = b"\x1b[?25l", b"\x1b[?25h"
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_while_waiting_restores_the_cursor(env, sqlite_url, signum):
-    from tests.support.cli import start, wait_for_holder
+    from tests.support.cli import start
+    from tests.support.cli import wait_for_holder
 
     holder = start("run", "k", "--", "sleep", "30", env=env)
     try:
@@ -128,7 +130,8 @@ def test_a_signal_while_waiting_restores_the_cursor(env, sqlite_url, signum):
 
 
 def test_giving_up_and_acquiring_after_a_wait_restore_the_cursor(env, sqlite_url):
-    from tests.support.cli import start, wait_for_holder
+    from tests.support.cli import start
+    from tests.support.cli import wait_for_holder
 
     holder = start("run", "k", "--", "sleep", "30", env=env)
     try:

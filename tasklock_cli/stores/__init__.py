@@ -10,12 +10,10 @@ from urllib.parse import urlsplit
 
 from tasklock_cli.errors import ConfigError
 from tasklock_cli.stores.base import Store
-from tasklock_cli.stores.urls import (  # noqa: F401 - the package's names for them
-    default_sqlite_path,
-    default_store_url,
-    redact_url,
-    sqlite_url,
-)
+from tasklock_cli.stores.urls import default_sqlite_path  # noqa: F401 - the package's names for them
+from tasklock_cli.stores.urls import default_store_url  # noqa: F401 - the package's names for them
+from tasklock_cli.stores.urls import redact_url
+from tasklock_cli.stores.urls import sqlite_url  # noqa: F401 - the package's names for them
 
 _SCHEMES = {
     "sqlite": "sqlite",

@@ -16,7 +16,8 @@ import json
 import select
 import socket
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+from typing import Any
 
 if TYPE_CHECKING:  # ssl costs an import only etcds:// needs
     import ssl

@@ -9,10 +9,16 @@ from __future__ import annotations
 import select
 import threading
 import time
-from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field, replace
-from datetime import datetime, timezone
+from abc import ABC
+from abc import abstractmethod
+from collections.abc import Callable
+from collections.abc import Iterator
+from dataclasses import asdict
+from dataclasses import dataclass
+from dataclasses import field
+from dataclasses import replace
+from datetime import datetime
+from datetime import timezone
 from typing import Protocol
 
 #: Rows per read of a listing (see ``Store.list``).

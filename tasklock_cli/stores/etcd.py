@@ -65,26 +65,33 @@ import select
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qsl, unquote, urlsplit
+from dataclasses import dataclass
+from dataclasses import field
+from datetime import datetime
+from datetime import timezone
+from typing import TYPE_CHECKING
+from typing import Any
+from urllib.parse import parse_qsl
+from urllib.parse import unquote
+from urllib.parse import urlsplit
 
-from tasklock_cli.errors import ConfigError, StoreUnavailable, TasklockError
+from tasklock_cli.errors import ConfigError
+from tasklock_cli.errors import StoreUnavailable
+from tasklock_cli.errors import TasklockError
 from tasklock_cli.stores import _http
-from tasklock_cli.stores.base import (
-    LEDGER_KEEP,
-    LIST_PAGE,
-    Holder,
-    Lease,
-    LeaseInfo,
-    RunRecord,
-    Store,
-    StoreCheck,
-    utc_from_timestamp,
-)
-from tasklock_cli.stores.doctor import clock_check, warning
-from tasklock_cli.stores.urls import redact_url, scrub
+from tasklock_cli.stores.base import LEDGER_KEEP
+from tasklock_cli.stores.base import LIST_PAGE
+from tasklock_cli.stores.base import Holder
+from tasklock_cli.stores.base import Lease
+from tasklock_cli.stores.base import LeaseInfo
+from tasklock_cli.stores.base import RunRecord
+from tasklock_cli.stores.base import Store
+from tasklock_cli.stores.base import StoreCheck
+from tasklock_cli.stores.base import utc_from_timestamp
+from tasklock_cli.stores.doctor import clock_check
+from tasklock_cli.stores.doctor import warning
+from tasklock_cli.stores.urls import redact_url
+from tasklock_cli.stores.urls import scrub
 
 if TYPE_CHECKING:  # imported when an etcds:// URL needs it
     import ssl

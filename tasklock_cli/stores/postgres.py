@@ -51,9 +51,12 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
-from datetime import datetime, timezone
-from typing import Any, TypeVar
+from collections.abc import Callable
+from collections.abc import Iterator
+from datetime import datetime
+from datetime import timezone
+from typing import Any
+from typing import TypeVar
 from urllib.parse import unquote
 
 import psycopg
@@ -63,25 +66,27 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 
-from tasklock_cli.errors import ConfigError, StoreUnavailable, TasklockError
-from tasklock_cli.stores.base import (
-    BROKEN_OWNER_PREFIX,
-    LEDGER_KEEP,
-    LIST_PAGE,
-    BreakWatches,
-    Holder,
-    Lease,
-    LeaseInfo,
-    RunRecord,
-    SocketBreakWatch,
-    Store,
-    StoreCheck,
-    fd_readable,
-    prefix_upper_bound,
-    wait_readable,
-)
+from tasklock_cli.errors import ConfigError
+from tasklock_cli.errors import StoreUnavailable
+from tasklock_cli.errors import TasklockError
+from tasklock_cli.stores.base import BROKEN_OWNER_PREFIX
+from tasklock_cli.stores.base import LEDGER_KEEP
+from tasklock_cli.stores.base import LIST_PAGE
+from tasklock_cli.stores.base import BreakWatches
+from tasklock_cli.stores.base import Holder
+from tasklock_cli.stores.base import Lease
+from tasklock_cli.stores.base import LeaseInfo
+from tasklock_cli.stores.base import RunRecord
+from tasklock_cli.stores.base import SocketBreakWatch
+from tasklock_cli.stores.base import Store
+from tasklock_cli.stores.base import StoreCheck
+from tasklock_cli.stores.base import fd_readable
+from tasklock_cli.stores.base import prefix_upper_bound
+from tasklock_cli.stores.base import wait_readable
 from tasklock_cli.stores.doctor import clock_check
-from tasklock_cli.stores.urls import redact_url, scrub, url_passwords
+from tasklock_cli.stores.urls import redact_url
+from tasklock_cli.stores.urls import scrub
+from tasklock_cli.stores.urls import url_passwords
 
 DEFAULT_TABLE = "tasklock_leases"
 DEFAULT_IO_TIMEOUT_S = 5.0

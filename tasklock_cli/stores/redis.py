@@ -42,10 +42,14 @@ import math
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from collections.abc import Iterator
 from datetime import datetime
-from typing import Any, TypeVar
-from urllib.parse import unquote, unquote_plus, urlsplit
+from typing import Any
+from typing import TypeVar
+from urllib.parse import unquote
+from urllib.parse import unquote_plus
+from urllib.parse import urlsplit
 
 # Absolute import: this is redis-py, not this module (Python 3 has no implicit relative
 # imports, and ``from __future__ import annotations`` changes nothing about that).
@@ -56,25 +60,26 @@ from redis.backoff import NoBackoff
 from redis.commands.core import Script
 from redis.retry import Retry
 
-from tasklock_cli.errors import ConfigError, StoreUnavailable, TasklockError
-from tasklock_cli.stores.base import (
-    BROKEN_OWNER_PREFIX,
-    LEDGER_KEEP,
-    LIST_PAGE,
-    BreakWatches,
-    Holder,
-    Lease,
-    LeaseInfo,
-    RunRecord,
-    SocketBreakWatch,
-    Store,
-    StoreCheck,
-    fd_readable,
-    utc_from_timestamp,
-    wait_readable,
-)
+from tasklock_cli.errors import ConfigError
+from tasklock_cli.errors import StoreUnavailable
+from tasklock_cli.errors import TasklockError
+from tasklock_cli.stores.base import BROKEN_OWNER_PREFIX
+from tasklock_cli.stores.base import LEDGER_KEEP
+from tasklock_cli.stores.base import LIST_PAGE
+from tasklock_cli.stores.base import BreakWatches
+from tasklock_cli.stores.base import Holder
+from tasklock_cli.stores.base import Lease
+from tasklock_cli.stores.base import LeaseInfo
+from tasklock_cli.stores.base import RunRecord
+from tasklock_cli.stores.base import SocketBreakWatch
+from tasklock_cli.stores.base import Store
+from tasklock_cli.stores.base import StoreCheck
+from tasklock_cli.stores.base import fd_readable
+from tasklock_cli.stores.base import utc_from_timestamp
+from tasklock_cli.stores.base import wait_readable
 from tasklock_cli.stores.doctor import clock_check
-from tasklock_cli.stores.urls import redact_url, scrub
+from tasklock_cli.stores.urls import redact_url
+from tasklock_cli.stores.urls import scrub
 
 DEFAULT_PREFIX = "tasklock:"
 DEFAULT_IO_TIMEOUT_S = 5.0

@@ -18,29 +18,33 @@ import random
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import TypeVar
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote
+from urllib.parse import urlsplit
 
-from tasklock_cli.errors import ConfigError, StoreUnavailable, UsageError
-from tasklock_cli.stores.base import (
-    BROKEN_OWNER_PREFIX,
-    LEDGER_KEEP,
-    LIST_PAGE,
-    Holder,
-    Lease,
-    LeaseInfo,
-    RunRecord,
-    Store,
-    StoreCheck,
-    prefix_upper_bound,
-    utc_from_timestamp,
-    wait_readable,
-)
-from tasklock_cli.stores.local_wakeups import BreakAlarms, LocalWakeups
-from tasklock_cli.stores.urls import default_sqlite_path, sqlite_url
+from tasklock_cli.errors import ConfigError
+from tasklock_cli.errors import StoreUnavailable
+from tasklock_cli.errors import UsageError
+from tasklock_cli.stores.base import BROKEN_OWNER_PREFIX
+from tasklock_cli.stores.base import LEDGER_KEEP
+from tasklock_cli.stores.base import LIST_PAGE
+from tasklock_cli.stores.base import Holder
+from tasklock_cli.stores.base import Lease
+from tasklock_cli.stores.base import LeaseInfo
+from tasklock_cli.stores.base import RunRecord
+from tasklock_cli.stores.base import Store
+from tasklock_cli.stores.base import StoreCheck
+from tasklock_cli.stores.base import prefix_upper_bound
+from tasklock_cli.stores.base import utc_from_timestamp
+from tasklock_cli.stores.base import wait_readable
+from tasklock_cli.stores.local_wakeups import BreakAlarms
+from tasklock_cli.stores.local_wakeups import LocalWakeups
+from tasklock_cli.stores.urls import default_sqlite_path
+from tasklock_cli.stores.urls import sqlite_url
 
 TABLE = "tasklock_leases"
 RUNS_TABLE = "tasklock_runs"

@@ -45,7 +45,8 @@ def drop_namespace(url: str) -> None:
     """Drop the table named by the URL's ``table=`` (never the default table)."""
     from psycopg import sql
 
-    from tasklock_cli.stores.postgres import DEFAULT_TABLE, parse_table
+    from tasklock_cli.stores.postgres import DEFAULT_TABLE
+    from tasklock_cli.stores.postgres import parse_table
 
     conn, table = _connect(url)
     try:
