@@ -558,7 +558,6 @@ class EtcdStore(Store):
 
     def acquire(self, key: str, ttl: float, holder: Holder, owner_token: str) -> Lease | None:
         ttl_s = _ttl_seconds(ttl, "lease TTL")
-        name = self._lock_key(key)
         for _ in range(3):
             lease_id, first = self._lease_request(ttl_s)
             sent = time.time()
@@ -571,21 +570,7 @@ class EtcdStore(Store):
                 },
                 sort_keys=True,
             ).encode()
-            success = [
-                {"request_put": {"key": b64(name), "value": b64(value), "lease": str(lease_id)}}
-            ]
-            if key in self._queued and self._waiter_lease is not None:
-                entry = self._queue_entry(key, self._waiter_lease)
-                success.append({"request_delete_range": {"key": b64(entry)}})
-            success.append(self._oldest_runs_op(key))
-            txn = {
-                "compare": [{"key": b64(name), "target": "CREATE", "create_revision": "0"}],
-                "success": success,
-                "failure": [
-                    {"request_range": {"key": b64(name)}},
-                    {"request_range": {"key": b64(self._broken_key(key))}},
-                ],
-            }
+            txn = self._create_if_absent(key, value, lease_id)
             try:
                 (granted, reply), date = self._members.call_dated([first, ("/v3/kv/txn", txn)])
             except EtcdError as exc:
@@ -621,6 +606,25 @@ class EtcdStore(Store):
                 return None  # broken: not even its owner may take it back
             return self._own_lease(key, owner_token, kvs[0], sent)
         raise StoreUnavailable(f"{self.display_url}: could not get a lease from etcd for {key!r}")
+
+    def _create_if_absent(self, key: str, value: bytes, lease_id: int) -> dict[str, Any]:
+        """The acquire's txn: create the lock key on ``lease_id`` if absent (leaving the
+        key's waiting queue, reading the oldest ledger records for the release's trim), else
+        read the holder and the broken mark back."""
+        name = self._lock_key(key)
+        success = [{"request_put": {"key": b64(name), "value": b64(value), "lease": str(lease_id)}}]
+        if key in self._queued and self._waiter_lease is not None:
+            entry = self._queue_entry(key, self._waiter_lease)
+            success.append({"request_delete_range": {"key": b64(entry)}})
+        success.append(self._oldest_runs_op(key))
+        return {
+            "compare": [{"key": b64(name), "target": "CREATE", "create_revision": "0"}],
+            "success": success,
+            "failure": [
+                {"request_range": {"key": b64(name)}},
+                {"request_range": {"key": b64(self._broken_key(key))}},
+            ],
+        }
 
     def _lease_request(self, ttl_s: int) -> tuple[int, tuple[str, dict[str, Any]]]:
         """A lease for an acquisition: the spare one refreshed, or a new one."""

@@ -41,6 +41,7 @@ from tasklock_cli.stores.base import StoreCheck
 from tasklock_cli.stores.base import prefix_upper_bound
 from tasklock_cli.stores.base import utc_from_timestamp
 from tasklock_cli.stores.base import wait_readable
+from tasklock_cli.stores.doctor import warning
 from tasklock_cli.stores.local_wakeups import BreakAlarms
 from tasklock_cli.stores.local_wakeups import LocalWakeups
 from tasklock_cli.stores.urls import default_sqlite_path
@@ -416,7 +417,7 @@ class SQLiteStore(Store):
 
     def peek(self, key: str) -> LeaseInfo | None:
         rows = self._read(f"{_SELECT} WHERE key = :key AND {_LIVE}", {**self._times(), "key": key})
-        return self._info(rows[0]) if rows else None
+        return _lease_info(rows[0]) if rows else None
 
     def list(self, prefix: str = "", include_expired: bool = False) -> Iterator[LeaseInfo]:
         condition = "owner_token IS NOT NULL" if include_expired else _LIVE
@@ -431,7 +432,7 @@ class SQLiteStore(Store):
             times = self._times()
             params = {**times, "prefix": prefix, "n": len(prefix), "upper": upper, "after": after}
             rows = self._read(sql, params)
-            yield from (self._info(row) for row in rows)
+            yield from (_lease_info(row) for row in rows)
             if len(rows) < LIST_PAGE:
                 return
             after = rows[-1][0]
@@ -464,7 +465,7 @@ class SQLiteStore(Store):
             row = conn.execute(_BREAK, params).fetchone()
         if row is None:
             return None
-        info = self._info(row)
+        info = _lease_info(row)
         self._alarms.alarm(key, info.fencing_token)
         return info
 
@@ -475,7 +476,7 @@ class SQLiteStore(Store):
             if row is None:
                 return None
             conn.execute(_FORCE_RELEASE, params)
-        info = self._info(row)
+        info = _lease_info(row)
         self._wakeups.wake_one(key)
         self._alarms.alarm(key, info.fencing_token)
         return info
@@ -532,19 +533,7 @@ class SQLiteStore(Store):
         checks.append(StoreCheck("reachable", True, f"opened and queried in {elapsed:.1f} ms"))
         checks.append(StoreCheck("schema", True, f"table {TABLE}, version {SCHEMA_VERSION}"))
         checks.append(StoreCheck("clock", True, "this machine's clock (CLOCK_BOOTTIME); no skew"))
-        fstype = filesystem_type(self.path)
-        if fstype in NETWORK_FILESYSTEMS or (fstype or "").startswith("fuse"):
-            checks.append(
-                StoreCheck(
-                    "filesystem",
-                    True,
-                    f"{self.path} is on {fstype}: SQLite locking is unreliable on network "
-                    "filesystems; use PostgreSQL or Redis across machines",
-                    warning=True,
-                )
-            )
-        else:
-            checks.append(StoreCheck("filesystem", True, f"{fstype or 'unknown'} (local)"))
+        checks.append(filesystem_check(self.path))
         return checks
 
     def close(self) -> None:
@@ -558,22 +547,35 @@ class SQLiteStore(Store):
                 self._conn.close()
                 self._conn = None
 
-    def _info(self, row: tuple) -> LeaseInfo:
-        key, token, acquired_at, expires_at, holder, live = row
-        return LeaseInfo(
-            key=key,
-            holder=Holder.from_dict(json.loads(holder or "{}")),
-            fencing_token=int(token),
-            acquired_at=utc_from_timestamp(acquired_at or 0),
-            expires_at=utc_from_timestamp(expires_at or 0),
-            expired=not live,
-        )
+
+def _lease_info(row: tuple) -> LeaseInfo:
+    key, token, acquired_at, expires_at, holder, live = row
+    return LeaseInfo(
+        key=key,
+        holder=Holder.from_dict(json.loads(holder or "{}")),
+        fencing_token=int(token),
+        acquired_at=utc_from_timestamp(acquired_at or 0),
+        expires_at=utc_from_timestamp(expires_at or 0),
+        expired=not live,
+    )
 
 
 def _run_record(key: str, token: int, started: float, ended: float, data: str) -> RunRecord:
     return RunRecord.from_fields(
         key, token, utc_from_timestamp(started), utc_from_timestamp(ended), json.loads(data)
     )
+
+
+def filesystem_check(path: Path) -> StoreCheck:
+    """doctor's ``filesystem`` line: a warning on a network filesystem."""
+    fstype = filesystem_type(path)
+    if fstype in NETWORK_FILESYSTEMS or (fstype or "").startswith("fuse"):
+        return warning(
+            "filesystem",
+            f"{path} is on {fstype}: SQLite locking is unreliable on network filesystems; "
+            "use PostgreSQL or Redis across machines",
+        )
+    return StoreCheck("filesystem", True, f"{fstype or 'unknown'} (local)")
 
 
 def filesystem_type(path: Path) -> str | None:
