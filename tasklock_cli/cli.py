@@ -119,7 +119,10 @@ def main_options(
         None,
         "--store",
         metavar="URL",
-        help="Store URL: sqlite:///PATH, postgresql://..., redis://... [env: TASKLOCK_STORE]",
+        help=(
+            "Store URL: sqlite:///PATH, postgresql://..., redis://..., etcd://HOST:PORT"
+            " [env: TASKLOCK_STORE]"
+        ),
     ),
     config: str | None = typer.Option(
         None, "--config", metavar="FILE", help="Config file (TOML) [env: TASKLOCK_CONFIG]"
