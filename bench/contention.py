@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import random
 import secrets
@@ -18,6 +17,7 @@ from bench.harness import Budget
 from bench.harness import Envs
 from bench.harness import Table
 from bench.harness import fmt
+from bench.harness import gather
 from bench.harness import median
 from bench.harness import prose
 from bench.harness import spawn
@@ -45,23 +45,9 @@ def contention_worker(url: str, keys: list[str], start_at: float, end_at: float,
 
 
 def run_workers(url: str, keys: list[str], procs: int, seconds: float) -> tuple[int, int]:
-    ctx = mp.get_context("fork")
-    out = ctx.Queue()
     start_at = time.time() + 1.0
-    workers = [
-        ctx.Process(target=contention_worker, args=(url, keys, start_at, start_at + seconds, out))
-        for _ in range(procs)
-    ]
-    for w in workers:
-        w.start()
-    try:
-        results = [out.get(timeout=seconds + 60) for _ in workers]
-    finally:
-        for w in workers:
-            w.join(timeout=10)
-            if w.is_alive():
-                w.kill()
-                w.join()
+    args = [(url, keys, start_at, start_at + seconds)] * procs
+    results = gather(contention_worker, args, seconds + 60)
     return sum(r[0] for r in results), sum(r[1] for r in results)
 
 

@@ -192,6 +192,26 @@ def kill_leftovers() -> None:
     LIVE_PROCS.clear()
 
 
+def gather(target: Callable[..., None], args_per_worker: list[tuple], timeout: float) -> list:
+    """Run ``target(*args, out)`` in one forked process per args tuple; each puts one result
+    on ``out``. The results, in arrival order; every worker is joined (killed if stuck)."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    out = ctx.Queue()
+    workers = [ctx.Process(target=target, args=(*args, out)) for args in args_per_worker]
+    for worker in workers:
+        worker.start()
+    try:
+        return [out.get(timeout=timeout) for _ in workers]
+    finally:
+        for worker in workers:
+            worker.join(timeout=10)
+            if worker.is_alive():
+                worker.kill()
+                worker.join()
+
+
 def timed_run(argv: list[str], env: dict[str, str]) -> float:
     return timed_usage(argv, env)[0]
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import multiprocessing as mp
 import random
 import secrets
 import time
@@ -16,6 +15,7 @@ from bench.harness import Budget
 from bench.harness import Envs
 from bench.harness import Table
 from bench.harness import fmt
+from bench.harness import gather
 from bench.harness import median
 from bench.harness import ms
 from bench.harness import p99
@@ -47,24 +47,10 @@ def insert_worker(
 
 def api_insert(url: str, names: list[str], ttl: float, seconds: float, procs: int) -> list[str]:
     """Insert through ``store.acquire`` from ``procs`` forked processes; returns what made it."""
-    ctx = mp.get_context("fork")
-    out = ctx.Queue()
     deadline = time.time() + seconds
     chunks = [names[i::procs] for i in range(procs)]
-    workers = [
-        ctx.Process(target=insert_worker, args=(url, i, chunk, ttl, deadline, out))
-        for i, chunk in enumerate(chunks)
-    ]
-    for w in workers:
-        w.start()
-    try:
-        counts = dict(out.get(timeout=seconds + 60) for _ in workers)
-    finally:
-        for w in workers:
-            w.join(timeout=10)
-            if w.is_alive():
-                w.kill()
-                w.join()
+    args = [(url, i, chunk, ttl, deadline) for i, chunk in enumerate(chunks)]
+    counts = dict(gather(insert_worker, args, seconds + 60))
     return sorted(name for i, chunk in enumerate(chunks) for name in chunk[: counts[i]])
 
 

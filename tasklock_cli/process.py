@@ -143,8 +143,6 @@ class Child:
                 return
             self._note(report.decode().split())
 
-    # Compatibility with callers that reap: the guard reaps; we read its reports.
-    reap = poll
 
     def _note(self, words: list[str]) -> None:
         verb = words[0]

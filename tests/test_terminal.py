@@ -7,25 +7,25 @@ import pty
 import select
 import signal
 import time
+from collections.abc import Callable
 
 import pytest
 
 from tests.support.cli import executable
 
 
-def run_in_pty(
-    args: list[str], env: dict[str, str], keystrokes: list[tuple[bytes, bytes]], timeout: float = 20
+def _drive_pty(
+    args: list[str], env: dict[str, str], act: Callable[[int, bytes, int], None], timeout: float
 ) -> tuple[int, bytes]:
-    """Run under a new pseudo-terminal; send each keystroke once its prompt has appeared."""
+    """Run under a new pseudo-terminal, calling ``act(pid, output so far)`` before each
+    read; the exit code and everything written to the terminal."""
     pid, master = pty.fork()
     if pid == 0:  # the child: the pty is its controlling terminal
         os.execve(executable(), [executable(), *args], env)
     output = b""
     deadline = time.monotonic() + timeout
-    pending = list(keystrokes)
     while time.monotonic() < deadline:
-        if pending and pending[0][0] in output:
-            os.write(master, pending.pop(0)[1])
+        act(pid, output, master)
         ready, _, _ = select.select([master], [], [], 0.1)
         if ready:
             try:
@@ -38,6 +38,19 @@ def run_in_pty(
     _, status = os.waitpid(pid, 0)
     os.close(master)
     return os.waitstatus_to_exitcode(status), output
+
+
+def run_in_pty(
+    args: list[str], env: dict[str, str], keystrokes: list[tuple[bytes, bytes]], timeout: float = 20
+) -> tuple[int, bytes]:
+    """Run under a new pseudo-terminal; send each keystroke once its prompt has appeared."""
+    pending = list(keystrokes)
+
+    def type_when_prompted(_pid: int, output: bytes, master: int) -> None:
+        if pending and pending[0][0] in output:
+            os.write(master, pending.pop(0)[1])
+
+    return _drive_pty(args, env, type_when_prompted, timeout)
 
 
 @pytest.fixture
@@ -83,28 +96,15 @@ def _run_in_pty_then_signal(
     args: list[str], env: dict[str, str], when: bytes, signum: int, timeout: float = 20
 ) -> tuple[int, bytes]:
     """Run under a new pseudo-terminal; send ``signum`` to tasklock once ``when`` appeared."""
-    pid, master = pty.fork()
-    if pid == 0:
-        os.execve(executable(), [executable(), *args], env)
-    output, signalled = b"", False
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    signalled = []
+
+    def signal_when_shown(pid: int, output: bytes, _master: int) -> None:
         if not signalled and when in output:
             time.sleep(0.3)  # a few spinner frames drawn
             os.kill(pid, signum)
-            signalled = True
-        ready, _, _ = select.select([master], [], [], 0.1)
-        if ready:
-            try:
-                chunk = os.read(master, 4096)
-            except OSError:
-                break
-            if not chunk:
-                break
-            output += chunk
-    _, status = os.waitpid(pid, 0)
-    os.close(master)
-    return os.waitstatus_to_exitcode(status), output
+            signalled.append(True)
+
+    return _drive_pty(args, env, signal_when_shown, timeout)
 
 
 HIDE_CURSOR, SHOW_CURSOR = b"\x1b[?25l", b"\x1b[?25h"
