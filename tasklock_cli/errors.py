@@ -51,6 +51,17 @@ class ConfigError(TasklockError):
     exit_code = ExitCode.CONFIG
 
 
+class LimitMismatch(ConfigError):
+    """``run --limit N`` on a key whose live holders use another limit."""
+
+    def __init__(self, key: str, held: int, asked: int) -> None:
+        self.key, self.held, self.asked = key, held, asked
+        super().__init__(
+            f"{key!r} is held with --limit {held}, but this run asked for --limit {asked}: "
+            "every holder of a key must use the same limit"
+        )
+
+
 class StoreUnavailable(TasklockError):
     """The store could not be reached or did not answer in time."""
 

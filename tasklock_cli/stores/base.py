@@ -23,6 +23,10 @@ from typing import Protocol
 
 #: Rows per read of a listing (see ``Store.list``).
 LIST_PAGE = 1000
+#: A waiter wakes this long after the lease it waits on runs out, so it finds it expired.
+EXPIRY_SLACK_S = 0.002
+#: How often a waiter looks again on a store that cannot wake it.
+POLL_WITHOUT_WAKEUPS_S = 0.05
 
 #: A broken lease keeps its place on the store with its owner token prefixed by this: its
 #: owner's renew no longer matches (LeaseLost) and nobody else may take it while it is live,
@@ -65,6 +69,9 @@ class Lease:
     fencing_token: int
     acquired_at: datetime
     expires_at: datetime
+    #: The semaphore slot held (0..limit-1); a plain lock is slot 0 of limit 1.
+    slot: int = 0
+    limit: int = 1
 
     def renewed_until(self, expires_at: datetime | None) -> Lease:
         """This lease, renewed until ``expires_at``; LeaseLost when the store renewed
@@ -86,6 +93,8 @@ class LeaseInfo:
     acquired_at: datetime
     expires_at: datetime
     expired: bool
+    slot: int = 0
+    limit: int = 1
 
     def to_json(self) -> dict:
         return {
@@ -95,6 +104,8 @@ class LeaseInfo:
             "acquired_at": rfc3339(self.acquired_at),
             "expires_at": rfc3339(self.expires_at),
             "expired": self.expired,
+            "slot": self.slot,
+            "limit": self.limit,
         }
 
 
@@ -327,11 +338,17 @@ class Store(ABC):
     expiry_lag: float = 0.0
 
     @abstractmethod
-    def acquire(self, key: str, ttl: float, holder: Holder, owner_token: str) -> Lease | None:
-        """Take the lease if it is free or expired, else return None.
+    def acquire(
+        self, key: str, ttl: float, holder: Holder, owner_token: str, limit: int = 1
+    ) -> Lease | None:
+        """Take the lowest free slot of ``key`` (``0..limit-1``; a plain lock has one), a
+        slot being free when no live lease holds it; None when all ``limit`` slots are held.
 
-        Retrying with the same ``owner_token`` after a lost reply returns the same lease
-        (same fencing token) instead of a conflict with ourselves.
+        The fencing token is greater than every token issued before for ``key``, in any
+        slot. Raises ``LimitMismatch`` when a live holder of ``key`` uses another limit
+        (the success path stays one round trip; telling a mismatch from a conflict may take
+        another). Retrying with the same ``owner_token`` after a lost reply returns the same
+        lease (same slot and token) instead of a conflict with ourselves.
         """
 
     @abstractmethod
@@ -370,12 +387,18 @@ class Store(ABC):
         """The keys starting with ``prefix`` that have runs in the ledger, sorted."""
 
     @abstractmethod
+    def holders(self, key: str) -> list[LeaseInfo]:
+        """The live leases on ``key``, one per held slot, ordered by slot (one read)."""
+
     def peek(self, key: str) -> LeaseInfo | None:
-        """The live lease on ``key``, or None when free or expired."""
+        """The live lease on ``key`` with the lowest fencing token, or None when free."""
+        live = self.holders(key)
+        return min(live, key=lambda info: info.fencing_token) if live else None
 
     @abstractmethod
     def list(self, prefix: str = "", include_expired: bool = False) -> Iterator[LeaseInfo]:
-        """Leases whose key starts with ``prefix``, ordered by key, yielded as they are read
+        """Leases whose key starts with ``prefix``, one per held slot, ordered by key then
+        slot, yielded as they are read
         (in pages of ``LIST_PAGE``, each its own snapshot): a huge listing never sits whole
         in memory."""
 
@@ -384,22 +407,24 @@ class Store(ABC):
         """Clear expired leases left in the store; never touches fencing counters."""
 
     @abstractmethod
-    def break_lease(self, key: str, token: int | None = None) -> LeaseInfo | None:
-        """Mark the live lease on ``key`` broken (only the one whose fencing token is
-        ``token``, when given).
+    def break_lease(self, key: str, token: int | None = None) -> list[LeaseInfo]:
+        """Mark the live leases on ``key`` broken -- every slot's, or only the one whose
+        fencing token is ``token``, when given.
 
-        From then on its renew raises LeaseLost; nobody else can acquire the key (peek and
+        From then on its renew raises LeaseLost; nobody else can acquire its slot (peek and
         list still show it held) until its owner releases it, it expires on the store's
         clock, or ``force_release`` frees it; its owner's release still succeeds (True) and
         frees it, ``keep_for`` or not. Its expiry is not extended. The holder is told at once
         through the store's notification path (``wait_for_break`` returns). Returns the
-        lease as it was broken, None when no live lease matched. Idempotent."""
+        leases as they were broken, ordered by slot; empty when no live lease matched.
+        Idempotent."""
 
     @abstractmethod
-    def force_release(self, key: str, token: int | None = None) -> LeaseInfo | None:
-        """Free the lease on ``key`` whoever holds it (only the one with fencing token
-        ``token``, when given), broken or not; wakes a waiter and tells the holder (as
-        ``break_lease``). Returns what was freed. The fencing counter is kept."""
+    def force_release(self, key: str, token: int | None = None) -> list[LeaseInfo]:
+        """Free the leases on ``key`` whoever holds them -- every slot's, or only the one
+        with fencing token ``token`` -- broken or not; wakes a waiter and tells each holder
+        (as ``break_lease``). Returns what was freed, ordered by slot. The fencing counter
+        is kept."""
 
     def wait_for_break(self, lease: Lease, timeout: float, wake_fd: int | None = None) -> bool:
         """Called by ``lease``'s holder between renewals: block until the lease is broken or
@@ -411,12 +436,54 @@ class Store(ABC):
         wait_readable([wake_fd], timeout)
         return False
 
+    #: What this store's waiting primitives raise on trouble; the wait then ends in
+    #: ``_wait_after_trouble`` and the caller's next acquire reports the store's state.
+    waiting_trouble: tuple[type[BaseException], ...] = (OSError,)
+
     def wait_for_release(self, key: str, timeout: float, wake_fd: int | None = None) -> None:
-        """Block up to ``timeout`` seconds, returning early where the store can signal a
-        release, and when ``wake_fd`` becomes readable (it is not read: a signal handler's
-        wake-up pipe ends a wait without raising out of a blocking call)."""
-        if timeout > 0:
-            wait_readable([wake_fd], timeout)
+        """Block until a slot of ``key`` may be free -- a release woke us, or the first
+        live lease ran out -- at most ``timeout`` seconds; at once when ``wake_fd`` becomes
+        readable (it is not read: a signal handler's wake-up pipe ends a wait without
+        raising out of a blocking call). Never raises.
+
+        The skeleton every store shares: take this waiter's turn and start listening
+        (``_prepare_wait``), then look at how long the key stays full
+        (``_time_until_free``: a release after the listening began is not missed), then
+        wait for a wake-up until then (``_await_wakeup``)."""
+        if timeout <= 0:
+            return
+        deadline = time.monotonic() + timeout
+        try:
+            if not self._prepare_wait(key, deadline, wake_fd) or fd_readable(wake_fd):
+                return
+            left = self._time_until_free(key)
+            if left is None:
+                return
+            until = min(deadline, time.monotonic() + max(0.0, left) + EXPIRY_SLACK_S)
+            self._await_wakeup(key, until, wake_fd)
+        except self.waiting_trouble:
+            self._wait_after_trouble(key, deadline, wake_fd)
+
+    def _prepare_wait(self, key: str, deadline: float, wake_fd: int | None) -> bool:
+        """Queue for ``key`` where waiters take turns, and start listening for its release.
+        False when the wait should end now (the turn did not come before ``deadline``: the
+        caller looks again)."""
+        return True
+
+    def _time_until_free(self, key: str) -> float | None:
+        """Seconds until the first live lease of a full ``key`` runs out on the store's
+        clock; None when a slot is free now (fewer live leases than their limit). This
+        default, for stores that cannot be woken, only has the caller poll again soon."""
+        return POLL_WITHOUT_WAKEUPS_S
+
+    def _await_wakeup(self, key: str, until: float, wake_fd: int | None) -> None:
+        """Wait for a release of ``key`` to wake us, until ``until`` (monotonic) or until
+        ``wake_fd`` is readable. This default cannot be woken: it sleeps."""
+        wait_readable([wake_fd], until - time.monotonic())
+
+    def _wait_after_trouble(self, key: str, deadline: float, wake_fd: int | None) -> None:
+        """The waiting primitives failed: sleep out the wait (on ``wake_fd``)."""
+        wait_readable([wake_fd], deadline - time.monotonic())
 
     def stop_waiting(self, key: str) -> None:  # noqa: B027 - stores that only poll keep no place
         """The caller has given up waiting for ``key`` but keeps the store open: leave the
