@@ -24,7 +24,7 @@ function __tasklock_state --description 'none, the command being completed, or C
             end
         else
             switch "$cmd $token"
-                case 'run --ttl' 'run --renew-every' 'run --wait' 'run --grace' 'run --max-lifetime' 'run --hold-at-least' 'run --once-per' 'run --done-exit-code' 'run --conflict-exit-code' 'run --note' 'run --store' 'run --config' 'run --log-format' 'peek --store' 'peek --config' 'peek --log-format' 'list --prefix' 'list --interval' 'list --store' 'list --config' 'list --log-format' 'history --limit' 'history --store' 'history --config' 'history --log-format' 'metrics --prefix' 'metrics --store' 'metrics --config' 'metrics --log-format' 'check --token' 'check --store' 'check --config' 'check --log-format' 'sweep --store' 'sweep --config' 'sweep --log-format' 'release --token' 'release --store' 'release --config' 'release --log-format' 'init --store' 'init --config' 'init --log-format' 'doctor --store' 'doctor --config' 'doctor --log-format'
+                case 'run --ttl' 'run --renew-every' 'run --wait' 'run --grace' 'run --max-lifetime' 'run --hold-at-least' 'run --once-per' 'run --done-exit-code' 'run --conflict-exit-code' 'run --limit' 'run --note' 'run --store' 'run --config' 'run --log-format' 'peek --store' 'peek --config' 'peek --log-format' 'list --prefix' 'list --interval' 'list --store' 'list --config' 'list --log-format' 'history --limit' 'history --store' 'history --config' 'history --log-format' 'metrics --prefix' 'metrics --store' 'metrics --config' 'metrics --log-format' 'check --token' 'check --store' 'check --config' 'check --log-format' 'sweep --store' 'sweep --config' 'sweep --log-format' 'release --token' 'release --store' 'release --config' 'release --log-format' 'init --store' 'init --config' 'init --log-format' 'doctor --store' 'doctor --config' 'doctor --log-format'
                     set skip 1
                 case 'run --'
                     echo $cmd:child
@@ -81,6 +81,7 @@ complete -c tasklock -n '__tasklock_is run' -l hold-at-least -x -d 'Keep the lea
 complete -c tasklock -n '__tasklock_is run' -l once-per -x -d 'Run at most once per window of D (aligned to the Unix epoch on the store\'s clock): a run that succeeded in this window means the command is not run.'
 complete -c tasklock -n '__tasklock_is run' -l done-exit-code -x -d 'Exit code when --once-per finds the window already done.'
 complete -c tasklock -n '__tasklock_is run' -l conflict-exit-code -x -d 'Exit code when the lock is held by someone else.'
+complete -c tasklock -n '__tasklock_is run' -l limit -x -d 'Semaphore: up to N holders at once, each in its own slot 0..N-1 (TASKLOCK_SLOT); every holder of KEY must use the same N.'
 complete -c tasklock -n '__tasklock_is run' -l note -x -d 'Shown by peek and list.'
 complete -c tasklock -n '__tasklock_is run' -l store -x -d 'Store URL: sqlite:///PATH, postgresql://..., redis://..., etcd://HOST:PORT'
 complete -c tasklock -n '__tasklock_is run' -l config -r -F -d 'Config file (TOML)'

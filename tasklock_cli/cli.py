@@ -227,21 +227,18 @@ def peek(
     g: Globals = ctx.obj
     validate_key(key)
     with g.open_store() as store:
-        info = store.peek(key)
+        holders = store.holders(key)
     if as_json:
-        typer.echo(
-            json.dumps(
-                {**info.to_json(), "held": True} if info else {"key": key, "held": False},
-                ensure_ascii=False,
-            )
-        )
-    elif info is None:
+        from tasklock_cli import render
+
+        typer.echo(json.dumps(render.peek_json(key, holders), ensure_ascii=False))
+    elif not holders:
         typer.echo(f"{key} is free")
     else:
         from tasklock_cli import render
 
-        render.lease_details(info)
-    raise typer.Exit(0 if info else 1)
+        render.lease_details(holders)
+    raise typer.Exit(0 if holders else 1)
 
 
 @app.command("list")
@@ -385,21 +382,9 @@ def release(
 
     with g.open_store() as store:
         outcome = break_and_wait(store, key, token)
-    if outcome.broken is None:
-        typer.echo(
-            f"{key} was not held" if token is None else f"{key} is not held with token {token}"
-        )
-        return
-    from tasklock_cli.lease import describe_holder
+    from tasklock_cli import render
 
-    broke = f"broke the lease on {key} held by {describe_holder(outcome.broken)}"
-    if outcome.let_go_after is not None:
-        typer.echo(f"{broke}; the holder let go after {outcome.let_go_after:.2f}s")
-    else:
-        typer.echo(
-            f"{broke}; the holder did not answer within {LET_GO_TIMEOUT_S:g}s,"
-            " so the lease was freed anyway"
-        )
+    typer.echo(render.break_outcome(key, token, outcome, LET_GO_TIMEOUT_S))
 
 
 @app.command()

@@ -106,7 +106,8 @@ def _run_settings(path: Path, text: str, settings: dict) -> dict[str, object]:
             raise _bad(path, text, name, "is not a run setting")
         if setting.integer:
             if not isinstance(value, int) or isinstance(value, bool) or setting.problem(value):
-                raise _bad(path, text, name, "must be an integer from 0 to 255")
+                low, high = setting.integer
+                raise _bad(path, text, name, f"must be an integer from {low} to {high}")
             checked[name] = value
             continue
         try:

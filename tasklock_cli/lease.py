@@ -71,12 +71,17 @@ def describe_conflict(
     waited: float = 0.0,
     first_holder: LeaseInfo | None = None,
 ) -> str:
+    held = (
+        f"{key!r} is held"
+        if info is None or info.limit == 1
+        else (f"all {info.limit} slots of {key!r} are held, the longest")
+    )
     if waited <= 0:
         if info is None:
-            return f"{key!r} is held by someone else"
+            return f"{held} by someone else"
         until = f"{info.expires_at:%Y-%m-%dT%H:%M:%SZ}"
-        return f"{key!r} is held by {describe_holder(info)} until {until}"
-    gave_up = f"gave up waiting {format_duration(waited)}: {key!r} is held by"
+        return f"{held} by {describe_holder(info)} until {until}"
+    gave_up = f"gave up waiting {format_duration(waited)}: {held} by"
     if info is None:
         return f"{gave_up} someone else"
     if first_holder is not None and first_holder.fencing_token == info.fencing_token:
@@ -95,6 +100,7 @@ class LeaseKeeper:
     ttl: float
     holder: Holder
     clock: clocks.Clock = clocks.monotonic
+    limit: int = 1  # a semaphore's number of slots
 
     def __post_init__(self) -> None:
         self.owner_token = os.urandom(16).hex()  # not secrets: it imports OpenSSL
@@ -115,7 +121,9 @@ class LeaseKeeper:
         lost reply recognises a lease it already holds instead of conflicting with itself."""
         with self.lock:
             sent = self.clock()
-            lease = self.store.acquire(self.key, self.ttl, self.holder, self.owner_token)
+            lease = self.store.acquire(
+                self.key, self.ttl, self.holder, self.owner_token, limit=self.limit
+            )
             if lease is None:
                 return False
             self.lease, self.deadline, self.acquired_at = lease, sent + self.ttl, sent
@@ -146,6 +154,7 @@ class LeaseKeeper:
             exit_code=exit_code,
             outcome=outcome,
             detected_by=detected_by,
+            slot=lease.slot,
         )
 
     def release(

@@ -62,6 +62,7 @@ def lease_table(leases: Iterable[LeaseInfo]) -> None:
                 rfc3339(info.expires_at),
                 "expired" if info.expired else "held",
                 h.note or "",
+                str(info.slot),
             ]
             sys.stdout.write("\t".join(_one_line(f) for f in fields) + "\n")
         return
@@ -74,12 +75,17 @@ def _rich_table(leases: list[LeaseInfo]):
     if not leases:
         return "no locks held"
     table = Table(box=None, header_style="bold")
-    for column in ("KEY", "HOLDER", "TOKEN", "ACQUIRED", "EXPIRES", "NOTE"):
+    slots = any(info.limit > 1 for info in leases)
+    for column in ("KEY", *(("SLOT",) if slots else ()), "HOLDER", "TOKEN", "ACQUIRED"):
+        table.add_column(column)
+    for column in ("EXPIRES", "NOTE"):
         table.add_column(column)
     for info in leases:
         h = info.holder
+        slot = (f"{info.slot} of {info.limit}",) if slots else ()
         table.add_row(
             info.key,
+            *slot,
             f"{h.user}@{h.host} pid {h.pid}",
             str(info.fencing_token),
             relative(info.acquired_at),
@@ -163,10 +169,34 @@ def _history_rich_table(key: str, runs: list[RunRecord]):
     return table
 
 
-def lease_details(info: LeaseInfo) -> None:
+def peek_json(key: str, holders: list[LeaseInfo]) -> dict:
+    """``peek --json``: the holder with the lowest token; a semaphore's every slot too."""
+    if not holders:
+        return {"key": key, "held": False}
+    first = min(holders, key=lambda info: info.fencing_token)
+    shown = {**first.to_json(), "held": True}
+    if first.limit > 1:
+        shown["holders"] = [info.to_json() for info in holders]
+    return shown
+
+
+def lease_details(holders: list[LeaseInfo]) -> None:
+    """``peek``: the lease on a key; for a semaphore, one block per held slot."""
+    if holders[0].limit > 1:
+        limit = holders[0].limit
+        sys.stdout.write(f"{holders[0].key}: {len(holders)} of {limit} slots held\n")
+    for index, info in enumerate(holders):
+        if index:
+            sys.stdout.write("\n")
+        _lease_block(info)
+
+
+def _lease_block(info: LeaseInfo) -> None:
     h = info.holder
+    slot = [("slot", f"{info.slot} of {info.limit}")] if info.limit > 1 else []
     rows = [
         ("key", info.key),
+        *slot,
         ("holder", f"{h.host} pid {h.pid} (user {h.user})"),
         ("command", " ".join(h.command)),
         ("note", h.note or "-"),
@@ -189,3 +219,21 @@ def doctor_report(config_file: str, checks: list[StoreCheck]) -> None:
 
 def _one_line(text: str) -> str:
     return text.replace("\t", " ").replace("\n", " ")
+
+
+def break_outcome(key: str, token: int | None, outcome, timeout: float) -> str:
+    """``release --force``'s one line: what was broken and whether its holders let go."""
+    if not outcome.broken:
+        return f"{key} was not held" if token is None else f"{key} is not held with token {token}"
+    from tasklock_cli.lease import describe_holder
+
+    if len(outcome.broken) == 1:
+        broke = f"broke the lease on {key} held by {describe_holder(outcome.broken[0])}"
+        holders = "the holder"
+    else:
+        slots = ", ".join(str(info.slot) for info in outcome.broken)
+        broke = f"broke the {len(outcome.broken)} leases on {key} (slots {slots})"
+        holders = "the holders"
+    if outcome.let_go_after is not None:
+        return f"{broke}; {holders} let go after {outcome.let_go_after:.2f}s"
+    return f"{broke}; {holders} did not answer within {timeout:g}s, so the lease was freed anyway"

@@ -14,13 +14,18 @@ from tasklock_cli.durations import format_duration
 from tasklock_cli.durations import parse_duration
 from tasklock_cli.errors import UsageError
 
+#: Exit codes a setting may name.
+EXIT_CODES = (0, 255)
+#: The most holders a semaphore (--limit) may have.
+MAX_LIMIT = 1000
+
 
 @dataclass(frozen=True)
 class RunSetting:
     name: str  # the config key; the flag is --name
     default: float | int | None
     help: str
-    integer: bool = False  # an exit code, 0-255; else a duration
+    integer: tuple[int, int] | None = None  # an integer within these bounds; else a duration
     allow_inf: bool = False
 
     @property
@@ -54,7 +59,8 @@ class RunSetting:
     def problem(self, value: float) -> str | None:
         """What is wrong with a value on its own, or None (flags and config file alike)."""
         if self.integer:
-            return None if 0 <= value <= 255 else "must be from 0 to 255"
+            low, high = self.integer
+            return None if low <= value <= high else f"must be from {low} to {high}"
         if self.name == "ttl" and not 0 < value < math.inf:
             return "must be a positive, finite duration"
         if self.name == "ttl" and value < 0.1:
@@ -101,13 +107,20 @@ RUN_SETTINGS: tuple[RunSetting, ...] = (
         "done-exit-code",
         0,
         "Exit code when --once-per finds the window already done.  [default: 0]",
-        integer=True,
+        integer=EXIT_CODES,
     ),
     RunSetting(
         "conflict-exit-code",
         75,
         "Exit code when the lock is held by someone else.  [default: 75]",
-        integer=True,
+        integer=EXIT_CODES,
+    ),
+    RunSetting(
+        "limit",
+        1,
+        "Semaphore: up to N holders at once, each in its own slot 0..N-1 (TASKLOCK_SLOT); "
+        "every holder of KEY must use the same N.  [default: 1]",
+        integer=(1, MAX_LIMIT),
     ),
 )
 BY_NAME = {setting.name: setting for setting in RUN_SETTINGS}

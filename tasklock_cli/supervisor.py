@@ -70,6 +70,7 @@ class RunOptions:
     conflict_exit_code: int = settings.default("conflict-exit-code")
     once_per: float | None = settings.default("once-per")
     done_exit_code: int = settings.default("done-exit-code")
+    limit: int = settings.default("limit")
     note: str | None = None
     store_url: str | None = None  # passed to the command (TASKLOCK_STORE) for `check`
 
@@ -137,9 +138,8 @@ class Supervisor:
         self.options = options
         self.events = events
         self.clock = clock
-        self.keeper = LeaseKeeper(
-            store, options.key, options.ttl, current_holder(options.command, options.note), clock
-        )
+        holder = current_holder(options.command, options.note)
+        self.keeper = LeaseKeeper(store, options.key, options.ttl, holder, clock, options.limit)
         self.state = _State()
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.heartbeat = Heartbeat(
@@ -189,12 +189,7 @@ class Supervisor:
             return options.conflict_exit_code
         finally:
             self._stop_acquiring()
-        self._emit(
-            "acquired",
-            f"acquired {options.key!r} (fencing token "
-            f"{self.keeper.fencing_token}, ttl {format_duration(options.ttl)})",
-            expires_at=rfc3339(self.keeper.lease.expires_at),
-        )
+        emit_acquired(self.events, options, self.keeper.lease)
         if done_by is not None and not self.state.pending_signals:  # this window's work is done
             emit_done_already(self.events, options.key, self.keeper.fencing_token, done_by)
             self._release(record=self.keeper.run_record("done-already", None))
@@ -482,10 +477,24 @@ def child_env(key: str, lease, store_url: str | None) -> dict[str, str]:
     env["TASKLOCK_KEY"] = key
     env["TASKLOCK_FENCING_TOKEN"] = str(lease.fencing_token)
     env["TASKLOCK_LEASE_EXPIRES_AT"] = rfc3339(lease.expires_at)
-    env["TASKLOCK_SLOT"] = "0"
+    env["TASKLOCK_SLOT"] = str(lease.slot)
     if store_url is not None:  # for `tasklock check` in the command
         env["TASKLOCK_STORE"] = store_url
     return env
+
+
+def emit_acquired(events: EventLog, options: RunOptions, lease: Lease) -> None:
+    slot = f" slot {lease.slot} of {lease.limit}" if lease.limit > 1 else ""
+    fields: dict[str, object] = {"slot": lease.slot} if lease.limit > 1 else {}
+    events.emit(
+        "acquired",
+        options.key,
+        lease.fencing_token,
+        f"acquired {options.key!r}{slot} (fencing token {lease.fencing_token}, "
+        f"ttl {format_duration(options.ttl)})",
+        expires_at=rfc3339(lease.expires_at),
+        **fields,
+    )
 
 
 def install_signal_handlers(on_signal, on_alarm, wake_fd: int) -> dict:

@@ -423,6 +423,7 @@ EXAMPLE_MARKERS = {
     "exec tasklock run backup:nightly": "test_script_that_locks_itself",
     "--locked-rotate": "test_lock_one_function_reaches_cleanup_when_busy",
     "queue:leader": "test_leader_example_runs",
+    "pool:integration --limit 4": "test_semaphore_example_runs_at_most_4_at_once",
     "tasklock: waiting for": "test_waiting_example_matches_real_output",
     "TASKLOCK_FENCING_TOKEN": "test_fencing_examples_against_postgresql",
     '{"event": "error"': "test_json_error_example_matches_real_output",
@@ -889,3 +890,34 @@ def test_prometheus_recipe(shell_env, tmp_path):
     assert expr == (
         'time() - tasklock_last_success_timestamp_seconds{key="invoices:nightly"} > 26 * 3600'
     )
+
+
+def test_semaphore_example_runs_at_most_4_at_once(shell_env, tmp_path):
+    """Six copies of the pool example at once: four run together, each with its own
+    slot's database, and the other two wait for free slots."""
+    job = tmp_path / "run-integration-tests.sh"
+    job.write_text(
+        "#!/bin/sh\n"
+        f'echo "start $2" >> "{tmp_path}/pool.log"\n'
+        "sleep 3\n"
+        f'echo "end $2" >> "{tmp_path}/pool.log"\n'
+    )
+    job.chmod(0o755)
+    for block in example("pool:integration --limit 4"):
+        (tmp_path / "pool.log").unlink(missing_ok=True)
+        runs = [
+            subprocess.Popen(["sh", "-c", block], env=shell_env, cwd=tmp_path) for _ in range(6)
+        ]
+        assert [run.wait(timeout=60) for run in runs] == [0] * 6
+        running: set[str] = set()
+        most = 0
+        for line in (tmp_path / "pool.log").read_text().splitlines():
+            what, database = line.split()
+            if what == "start":
+                assert database not in running, "two jobs on one slot's database at once"
+                running.add(database)
+                most = max(most, len(running))
+            else:
+                running.remove(database)
+        assert most == 4
+        assert running == set()
