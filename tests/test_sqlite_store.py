@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+import tasklock_cli.stores.sqlite as sqlite_module
 from tasklock_cli.stores.base import Holder
 from tasklock_cli.stores.base import Lease
 from tasklock_cli.stores.sqlite import _EXPIRED
@@ -92,6 +93,25 @@ def test_sweep_searches_the_index_instead_of_scanning_held_leases(tmp_path):
         assert len(plan) == 1 and plan[0].startswith(f"SEARCH {TABLE} USING INDEX"), plan
     counted = query_plan(path, f"SELECT count(*) FROM {TABLE} WHERE {_EXPIRED}")
     assert not [step for step in counted if step.startswith("SCAN")], counted
+
+
+@pytest.mark.parametrize("statement", ["_ACQUIRE", "_OTHER_LIMIT", "_FULLNESS", "_BREAK"])
+def test_a_keys_statements_search_its_rows_not_every_live_lease(tmp_path, statement):
+    """The expiry index's live range spans every key: a statement about one key must
+    search the primary key (key, slot) instead."""
+    path = tmp_path / "locks.db"
+    SQLiteStore(path).init_schema()
+    params = dict.fromkeys(["key", "owner", "limit", "ttl", "wall", "holder", "token"], 1)
+    with sqlite3.connect(path) as conn:
+        plan = [
+            row[3]
+            for row in conn.execute(
+                f"EXPLAIN QUERY PLAN {getattr(sqlite_module, statement)}",
+                {**params, "boot": "b", "now": 0.0, "prefix": "broken:"},
+            )
+        ]
+    searches = [step for step in plan if TABLE in step]
+    assert searches and all("USING PRIMARY KEY (key=?" in step for step in searches), plan
 
 
 def test_sweep_frees_leases_of_another_boot_and_run_out_ones_only(tmp_path):

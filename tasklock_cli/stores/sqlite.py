@@ -79,6 +79,9 @@ NETWORK_FILESYSTEMS = {
 
 # A lease is live when it has an owner, was granted in this boot, and has not run out.
 _LIVE = "owner_token IS NOT NULL AND boot_id = :boot AND expires_boot > :now"
+# The same in a query of one key: the unary + keeps the planner on the primary key (key,
+# slot) rather than on the expiry index, whose range holds the live leases of every key.
+_LIVE_ON_KEY = "owner_token IS NOT NULL AND +boot_id = :boot AND +expires_boot > :now"
 # Expired = run out in this boot, or granted in another boot: three ranges of the expiry
 # index, so nothing scans the held leases (each repeats the partial index's condition).
 _EXPIRED_RANGES = (
@@ -92,21 +95,22 @@ _EXPIRED = "(" + " OR ".join(f"({part})" for part in _EXPIRED_RANGES) + ")"
 # no live lease (slot 0, or one just above a held slot).
 _OWN_SLOT = f"SELECT slot FROM {TABLE} WHERE key = :key AND owner_token = :owner AND slot < :limit"
 _LOWEST_FREE_SLOT = f"""SELECT min(candidate) FROM (
-    SELECT 0 AS candidate UNION SELECT slot + 1 FROM {TABLE} WHERE key = :key AND {_LIVE})
-WHERE candidate < :limit
-  AND NOT EXISTS (SELECT 1 FROM {TABLE} WHERE key = :key AND slot = candidate AND {_LIVE})"""
+    SELECT 0 AS candidate
+    UNION SELECT slot + 1 FROM {TABLE} WHERE key = :key AND {_LIVE_ON_KEY})
+WHERE candidate < :limit AND NOT EXISTS (
+    SELECT 1 FROM {TABLE} WHERE key = :key AND slot = candidate AND {_LIVE_ON_KEY})"""
 # Rows are only ever freed, never deleted: the highest token of a key's rows counts on.
 _NEXT_TOKEN = f"SELECT coalesce(max(fencing_token), 0) + 1 FROM {TABLE} WHERE key = :key"
 # A live lease of the key with another limit than asked (LimitMismatch).
 _OTHER_LIMIT = f"""SELECT slot_limit FROM {TABLE}
-WHERE key = :key AND slot_limit <> :limit AND {_LIVE} LIMIT 1"""
+WHERE key = :key AND slot_limit <> :limit AND {_LIVE_ON_KEY} LIMIT 1"""
 _ACQUIRE = f"""
+WITH chosen (slot) AS MATERIALIZED (SELECT coalesce(({_OWN_SLOT}), ({_LOWEST_FREE_SLOT})))
 INSERT INTO {TABLE} (key, slot, slot_limit, fencing_token, owner_token, boot_id,
                      expires_boot, acquired_at, expires_at, holder)
-SELECT :key, chosen, :limit, ({_NEXT_TOKEN}), :owner, :boot, :now + :ttl,
+SELECT :key, slot, :limit, ({_NEXT_TOKEN}), :owner, :boot, :now + :ttl,
        :wall, :wall + :ttl, :holder
-FROM (SELECT coalesce(({_OWN_SLOT}), ({_LOWEST_FREE_SLOT})) AS chosen)
-WHERE chosen IS NOT NULL AND NOT EXISTS ({_OTHER_LIMIT})
+FROM chosen WHERE slot IS NOT NULL AND NOT EXISTS ({_OTHER_LIMIT})
 ON CONFLICT (key, slot) DO UPDATE SET
     fencing_token = CASE WHEN owner_token IS :owner THEN fencing_token
                          ELSE excluded.fencing_token END,
@@ -122,7 +126,7 @@ RETURNING slot, fencing_token, acquired_at, expires_at
 _OWN_LEASE = "key = :key AND slot = :slot AND owner_token = :owner"
 _RENEW = f"""
 UPDATE {TABLE} SET expires_boot = :now + :ttl, expires_at = :wall + :ttl
-WHERE {_OWN_LEASE} AND {_LIVE}
+WHERE {_OWN_LEASE} AND {_LIVE_ON_KEY}
 RETURNING expires_at
 """
 # Freeing a row clears the lease and keeps the key's fencing counter.
@@ -135,14 +139,14 @@ _MATCHING = "key = :key AND owner_token IS NOT NULL AND (:token IS NULL OR fenci
 _FORCE_RELEASE = f"{_FREE} WHERE {_MATCHING}"
 _RELEASE_LATER = f"""
 UPDATE {TABLE} SET expires_boot = :now + :keep, expires_at = :wall + :keep
-WHERE {_OWN_LEASE} AND {_LIVE}
+WHERE {_OWN_LEASE} AND {_LIVE_ON_KEY}
 """
 _INFO_COLUMNS = "key, slot, slot_limit, fencing_token, acquired_at, expires_at, holder"
 _BREAK = f"""
 UPDATE {TABLE} SET owner_token = CASE
         WHEN substr(owner_token, 1, length(:prefix)) = :prefix THEN owner_token
         ELSE :prefix || owner_token END
-WHERE {_MATCHING} AND {_LIVE}
+WHERE {_MATCHING} AND {_LIVE_ON_KEY}
 RETURNING {_INFO_COLUMNS}, 1
 """
 # Our lease is still ours, unbroken (expired or not: the renewal tells that).
@@ -151,11 +155,11 @@ WHERE key = :key AND owner_token = :owner AND fencing_token = :token"""
 # A key's live leases, their limit, and the seconds (this boot's clock) until the first
 # runs out.
 _FULLNESS = f"""SELECT count(*), max(slot_limit), min(expires_boot) - :now FROM {TABLE}
-WHERE key = :key AND {_LIVE}"""
+WHERE key = :key AND {_LIVE_ON_KEY}"""
 _SELECT = f"SELECT {_INFO_COLUMNS}, ({_LIVE}) AS live FROM {TABLE}"
 # Seconds left of the live, unbroken lease with a fencing token.
 _TIME_LEFT = f"""SELECT expires_boot - :now FROM {TABLE}
-WHERE key = :key AND fencing_token = :token AND {_LIVE}
+WHERE key = :key AND fencing_token = :token AND {_LIVE_ON_KEY}
   AND substr(owner_token, 1, length(:prefix)) <> :prefix"""
 # A run already in the ledger (a retried release) is kept as first written.
 _RECORD_RUN = f"""INSERT INTO {RUNS_TABLE} (key, fencing_token, started_at, ended_at, data)
@@ -391,7 +395,7 @@ class SQLiteStore(Store):
         return [row[0] for row in rows]
 
     def holders(self, key: str) -> list[LeaseInfo]:
-        sql = f"{_SELECT} WHERE key = :key AND {_LIVE} ORDER BY slot"
+        sql = f"{_SELECT} WHERE key = :key AND {_LIVE_ON_KEY} ORDER BY slot"
         return [_lease_info(row) for row in self._read(sql, {**self._times(), "key": key})]
 
     def list(self, prefix: str = "", include_expired: bool = False) -> Iterator[LeaseInfo]:
