@@ -230,7 +230,7 @@ def test_one_store_is_safe_to_share_between_threads(tmp_path):
 
 
 def test_a_write_lock_held_elsewhere_is_waited_out_then_reported(tmp_path, monkeypatch):
-    import tasklock_cli.stores.sqlite as sqlite_store
+    import tasklock_cli.stores.sqlite_connection as sqlite_connection
     from tasklock_cli.errors import StoreUnavailable
 
     path = tmp_path / "locks.db"
@@ -245,7 +245,7 @@ def test_a_write_lock_held_elsewhere_is_waited_out_then_reported(tmp_path, monke
     assert time.monotonic() - started >= 0.25
     release_later.join()
 
-    monkeypatch.setattr(sqlite_store, "BUSY_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(sqlite_connection, "BUSY_TIMEOUT_S", 0.2)
     blocker.execute("BEGIN IMMEDIATE")
     with pytest.raises(StoreUnavailable, match="locked"):
         store.acquire("j", 30, HOLDER, "owner-b")

@@ -11,24 +11,18 @@ A broken lease keeps its row, its owner token prefixed with ``broken:`` (see bas
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import random
 import sqlite3
-import threading
 import time
-from collections.abc import Callable
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import TypeVar
 from urllib.parse import unquote
 from urllib.parse import urlsplit
 
 from tasklock_cli.errors import ConfigError
 from tasklock_cli.errors import LimitMismatch
-from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.errors import UsageError
 from tasklock_cli.stores.base import BROKEN_OWNER_PREFIX
 from tasklock_cli.stores.base import LEDGER_KEEP
@@ -42,40 +36,21 @@ from tasklock_cli.stores.base import StoreCheck
 from tasklock_cli.stores.base import prefix_upper_bound
 from tasklock_cli.stores.base import utc_from_timestamp
 from tasklock_cli.stores.base import wait_readable
-from tasklock_cli.stores.doctor import warning
 from tasklock_cli.stores.local_wakeups import BreakAlarms
 from tasklock_cli.stores.local_wakeups import LocalWakeups
+from tasklock_cli.stores.sqlite_connection import SQLiteConnection
+from tasklock_cli.stores.sqlite_doctor import store_checks
 from tasklock_cli.stores.sqlite_schema import RUNS_TABLE
 from tasklock_cli.stores.sqlite_schema import SCHEMA
 from tasklock_cli.stores.sqlite_schema import SCHEMA_VERSION
 from tasklock_cli.stores.sqlite_schema import TABLE
-from tasklock_cli.stores.sqlite_schema import ensure_schema
 from tasklock_cli.stores.urls import default_sqlite_path
 from tasklock_cli.stores.urls import sqlite_url
 
-_T = TypeVar("_T")
-
-_BUSY_CODES = {getattr(sqlite3, "SQLITE_BUSY", 5), getattr(sqlite3, "SQLITE_LOCKED", 6)}
-BUSY_TIMEOUT_S = 5.0
-#: SQLite's own busy handler sleeps ever longer (up to 100 ms a time) while the write lock
-#: is taken, so a waiter can miss the moments it is free; it gets only this long per try,
-#: and tasklock retries itself every millisecond or so until BUSY_TIMEOUT_S.
-BUSY_SLICE_S = 0.003
 SWEEP_BATCH = 500
 SWEEP_PAUSE_MIN_S = 0.002
 #: Where FIFOs cannot be made, waiters poll at this interval instead.
 UNSIGNALLED_POLL_S = 0.05
-NETWORK_FILESYSTEMS = {
-    "nfs",
-    "nfs4",
-    "cifs",
-    "smb3",
-    "smbfs",
-    "9p",
-    "fuse.sshfs",
-    "glusterfs",
-    "ceph",
-}
 
 # A lease is live when it has an owner, was granted in this boot, and has not run out.
 _LIVE = "owner_token IS NOT NULL AND boot_id = :boot AND expires_boot > :now"
@@ -197,15 +172,11 @@ class SQLiteStore(Store):
         self, path: Path, clock=boot_clock, wall_clock=time.time, create_parent: bool = False
     ) -> None:
         self.path = path
-        self._create_parent = create_parent
         self.display_url = sqlite_url(path)
         self._clock = clock
         self._wall = wall_clock
         self._boot = current_boot_id()
-        self._conn: sqlite3.Connection | None = None
-        # One connection, shared by the threads of a process (the heartbeat and the main
-        # thread, or many leases held through the API): one transaction at a time on it.
-        self._lock = threading.RLock()
+        self._db = SQLiteConnection(path, create_parent)
         self._wakeups = LocalWakeups(path.with_name(path.name + ".waiters"))
         self._alarms = BreakAlarms(path.with_name(path.name + ".holders"))
 
@@ -226,83 +197,6 @@ class SQLiteStore(Store):
         # user chose, and a missing directory there is more likely a typo.
         return cls(path, create_parent=path == default_sqlite_path())
 
-    # -- connection ---------------------------------------------------------------
-
-    def _connection(self) -> sqlite3.Connection:
-        if self._conn is None:
-            self._conn = self._connect()
-        return self._conn
-
-    def _connect(self) -> sqlite3.Connection:
-        if self._create_parent:
-            try:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise ConfigError(f"cannot create {self.path.parent}: {exc.strerror}") from exc
-        elif not self.path.parent.is_dir():
-            raise ConfigError(
-                f"the directory of the SQLite store {self.path} does not exist "
-                f"(create {self.path.parent} or choose another path)"
-            )
-        try:
-            conn = sqlite3.connect(
-                self.path, timeout=BUSY_SLICE_S, isolation_level=None, check_same_thread=False
-            )
-            self._when_not_busy(lambda: conn.execute("PRAGMA journal_mode=WAL"))
-            conn.execute("PRAGMA synchronous=NORMAL")
-            ensure_schema(conn, str(self.path), self._when_not_busy)
-        except sqlite3.Error as exc:
-            raise self._translate(exc) from exc
-        return conn
-
-    def _translate(self, exc: sqlite3.Error) -> Exception:
-        message = str(exc)
-        lowered = message.lower()
-        if "not a database" in lowered or "malformed" in lowered:
-            return ConfigError(f"{self.path} is not a tasklock SQLite database ({message})")
-        if "readonly" in lowered or "unable to open" in lowered or "permission" in lowered:
-            return ConfigError(f"cannot write {self.path} ({message})")
-        return StoreUnavailable(f"{self.path}: {message}")
-
-    @contextlib.contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            conn = self._connection()
-            try:
-                self._when_not_busy(lambda: conn.execute("BEGIN IMMEDIATE"))
-                try:
-                    yield conn
-                except BaseException:
-                    conn.execute("ROLLBACK")
-                    raise
-                self._when_not_busy(lambda: conn.execute("COMMIT"))
-            except sqlite3.Error as exc:
-                raise self._translate(exc) from exc
-
-    def _read(self, sql: str, params: dict) -> list[sqlite3.Row]:
-        try:
-            with self._lock:
-                conn = self._connection()
-                return self._when_not_busy(lambda: conn.execute(sql, params).fetchall())
-        except sqlite3.Error as exc:
-            raise self._translate(exc) from exc
-
-    @staticmethod
-    def _when_not_busy(operation: Callable[[], _T]) -> _T:
-        """Retry ``operation`` while the database is busy, at short intervals, for at most
-        BUSY_TIMEOUT_S; then the busy error is the caller's."""
-        give_up_at = time.monotonic() + BUSY_TIMEOUT_S
-        while True:
-            try:
-                return operation()
-            except sqlite3.OperationalError as exc:
-                busy = getattr(exc, "sqlite_errorcode", None) in _BUSY_CODES
-                if not (busy or "database is locked" in str(exc)):
-                    raise
-                if time.monotonic() >= give_up_at:
-                    raise
-            time.sleep(random.uniform(0.0005, 0.0015))
-
     def _times(self) -> dict:
         return {"boot": self._boot, "now": self._clock(), "wall": self._wall()}
 
@@ -319,7 +213,7 @@ class SQLiteStore(Store):
             "holder": json.dumps(holder.to_dict()),
             "limit": limit,
         }
-        with self._write() as conn:
+        with self._db.write() as conn:
             row = conn.execute(_ACQUIRE, params).fetchone()
             other_limit = None if row else conn.execute(_OTHER_LIMIT, params).fetchone()
         if other_limit is not None:
@@ -340,7 +234,7 @@ class SQLiteStore(Store):
 
     def renew(self, lease: Lease, ttl: float) -> Lease:
         params = {**self._times(), **_lease_params(lease), "ttl": ttl}
-        with self._write() as conn:
+        with self._db.write() as conn:
             row = conn.execute(_RENEW, params).fetchone()
         return lease.renewed_until(None if row is None else utc_from_timestamp(row[0]))
 
@@ -352,7 +246,7 @@ class SQLiteStore(Store):
             "keep": keep_for,
         }
         freed = False
-        with self._write() as conn:
+        with self._db.write() as conn:
             kept = keep_for > 0 and conn.execute(_RELEASE_LATER, params).rowcount == 1
             if not kept:  # (a broken lease is freed, keep_for or not)
                 freed = conn.execute(_RELEASE, params).rowcount == 1
@@ -377,26 +271,26 @@ class SQLiteStore(Store):
 
     def time_left(self, key: str, fencing_token: int) -> float | None:
         params = {**self._times(), "key": key, "token": fencing_token}
-        rows = self._read(_TIME_LEFT, {**params, "prefix": BROKEN_OWNER_PREFIX})
+        rows = self._db.read(_TIME_LEFT, {**params, "prefix": BROKEN_OWNER_PREFIX})
         return max(0.0, float(rows[0][0])) if rows else None
 
     def history(self, key: str, limit: int = LEDGER_KEEP) -> list[RunRecord]:
-        rows = self._read(_HISTORY, {"key": key, "limit": limit})
+        rows = self._db.read(_HISTORY, {"key": key, "limit": limit})
         return [_run_record(*row) for row in rows]
 
     def last_success(self, key: str) -> tuple[RunRecord | None, datetime]:
         # This machine's wall clock, which also timed every run's start (acquired_at).
-        rows = self._read(_LAST_SUCCESS, {"key": key})
+        rows = self._db.read(_LAST_SUCCESS, {"key": key})
         now = utc_from_timestamp(self._wall())
         return (_run_record(*rows[0]) if rows else None), now
 
     def ledger_keys(self, prefix: str = "") -> list[str]:
-        rows = self._read(_LEDGER_KEYS, {"prefix": prefix, "n": len(prefix)})
+        rows = self._db.read(_LEDGER_KEYS, {"prefix": prefix, "n": len(prefix)})
         return [row[0] for row in rows]
 
     def holders(self, key: str) -> list[LeaseInfo]:
         sql = f"{_SELECT} WHERE key = :key AND {_LIVE_ON_KEY} ORDER BY slot"
-        return [_lease_info(row) for row in self._read(sql, {**self._times(), "key": key})]
+        return [_lease_info(row) for row in self._db.read(sql, {**self._times(), "key": key})]
 
     def list(self, prefix: str = "", include_expired: bool = False) -> Iterator[LeaseInfo]:
         condition = "owner_token IS NOT NULL" if include_expired else _LIVE
@@ -410,7 +304,7 @@ class SQLiteStore(Store):
         after: tuple[str, int] = ("", -1)  # keys are never empty
         while True:  # each page judged live on the clock as it is read
             params = {**self._times(), "prefix": prefix, "n": len(prefix), "upper": upper}
-            rows = self._read(sql, {**params, "after": after[0], "after_slot": after[1]})
+            rows = self._db.read(sql, {**params, "after": after[0], "after_slot": after[1]})
             yield from (_lease_info(row) for row in rows)
             if len(rows) < LIST_PAGE:
                 return
@@ -419,7 +313,7 @@ class SQLiteStore(Store):
     def sweep(self, dry_run: bool = False) -> int:
         if dry_run:
             sql = f"SELECT count(*) FROM {TABLE} WHERE {_EXPIRED}"
-            return int(self._read(sql, self._times())[0][0])
+            return int(self._db.read(sql, self._times())[0][0])
         # One range at a time: LIMIT then stops a batch early (the OR of the three would
         # collect every expired row first).
         removed = 0
@@ -428,19 +322,20 @@ class SQLiteStore(Store):
             clear = f"{_FREE} WHERE (key, slot) IN ({victims})"
             while True:
                 started = time.monotonic()
-                with self._write() as conn:
+                with self._db.write() as conn:
                     count = conn.execute(clear, self._times()).rowcount
                 removed += count
                 if count < SWEEP_BATCH:
                     break
-                # Small batches, and a pause twice as long as each, so acquirers retrying
-                # a busy database (see _when_not_busy) get the write lock between batches.
+                # Small batches, and a pause twice as long as each, so acquirers retrying a
+                # busy database (see sqlite_connection.when_not_busy) get the write lock
+                # between batches.
                 time.sleep(max(SWEEP_PAUSE_MIN_S, 2 * (time.monotonic() - started)))
         return removed
 
     def break_lease(self, key: str, token: int | None = None) -> list[LeaseInfo]:
         params = {**self._times(), "key": key, "token": token, "prefix": BROKEN_OWNER_PREFIX}
-        with self._write() as conn:
+        with self._db.write() as conn:
             rows = conn.execute(_BREAK, params).fetchall()
         broken = sorted((_lease_info(row) for row in rows), key=lambda info: info.slot)
         for info in broken:
@@ -449,7 +344,7 @@ class SQLiteStore(Store):
 
     def force_release(self, key: str, token: int | None = None) -> list[LeaseInfo]:
         params = {**self._times(), "key": key, "token": token}
-        with self._write() as conn:
+        with self._db.write() as conn:
             rows = conn.execute(f"{_SELECT} WHERE {_MATCHING} ORDER BY slot", params).fetchall()
             if rows:
                 conn.execute(_FORCE_RELEASE, params)
@@ -473,7 +368,7 @@ class SQLiteStore(Store):
 
     def _intact(self, lease: Lease) -> bool:
         params = {"key": lease.key, "owner": lease.owner_token, "token": lease.fencing_token}
-        return bool(self._read(_INTACT, params))
+        return bool(self._db.read(_INTACT, params))
 
     # -- waiting (the skeleton is base's): FIFOs, or polling where there are none ------
 
@@ -482,7 +377,7 @@ class SQLiteStore(Store):
         return True
 
     def _time_until_free(self, key: str) -> float | None:
-        ((live, limit, remaining),) = self._read(_FULLNESS, {**self._times(), "key": key})
+        ((live, limit, remaining),) = self._db.read(_FULLNESS, {**self._times(), "key": key})
         return None if live == 0 or live < limit else float(remaining)
 
     def _await_wakeup(self, key: str, until: float, wake_fd: int | None) -> None:
@@ -497,27 +392,14 @@ class SQLiteStore(Store):
         self._wakeups.give_up(key)
 
     def init_schema(self) -> None:
-        self._connection()
+        self._db.open()
 
     def schema_sql(self) -> str:
         return SCHEMA.strip() + f"\nPRAGMA user_version = {SCHEMA_VERSION};\n"
 
     def doctor(self) -> list[StoreCheck]:
-        checks = [StoreCheck("store", True, self.display_url)]
-        started = time.perf_counter()
-        try:
-            self._connection()
-            probe_key = f"tasklock-doctor-{os.urandom(16).hex()}"
-            self.holders(probe_key)
-        except (ConfigError, StoreUnavailable) as exc:
-            checks.append(StoreCheck("reachable", False, str(exc)))
-            return checks
-        elapsed = (time.perf_counter() - started) * 1000
-        checks.append(StoreCheck("reachable", True, f"opened and queried in {elapsed:.1f} ms"))
-        checks.append(StoreCheck("schema", True, f"table {TABLE}, version {SCHEMA_VERSION}"))
-        checks.append(StoreCheck("clock", True, "this machine's clock (CLOCK_BOOTTIME); no skew"))
-        checks.append(filesystem_check(self.path))
-        return checks
+        probe_key = f"tasklock-doctor-{os.urandom(16).hex()}"
+        return store_checks(self.display_url, self.path, lambda: self.holders(probe_key))
 
     def close(self) -> None:
         # Still in a queue at close: the wait was cut short (a signal), maybe just after
@@ -525,10 +407,7 @@ class SQLiteStore(Store):
         if self._wakeups.key is not None:
             self._wakeups.give_up(self._wakeups.key)
         self._alarms.forget_all()
-        with self._lock:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+        self._db.close()
 
 
 def _lease_params(lease: Lease) -> dict:
@@ -553,33 +432,3 @@ def _run_record(key: str, token: int, started: float, ended: float, data: str) -
     return RunRecord.from_fields(
         key, token, utc_from_timestamp(started), utc_from_timestamp(ended), json.loads(data)
     )
-
-
-def filesystem_check(path: Path) -> StoreCheck:
-    """doctor's ``filesystem`` line: a warning on a network filesystem."""
-    fstype = filesystem_type(path)
-    if fstype in NETWORK_FILESYSTEMS or (fstype or "").startswith("fuse"):
-        return warning(
-            "filesystem",
-            f"{path} is on {fstype}: SQLite locking is unreliable on network filesystems; "
-            "use PostgreSQL or Redis across machines",
-        )
-    return StoreCheck("filesystem", True, f"{fstype or 'unknown'} (local)")
-
-
-def filesystem_type(path: Path) -> str | None:
-    """The filesystem type of the mount holding ``path``, from /proc/self/mountinfo."""
-    try:
-        target = os.path.realpath(path.parent)
-        best, best_type = "", None
-        with open("/proc/self/mountinfo") as mountinfo:
-            for line in mountinfo:
-                fields = line.split()
-                mount_point = fields[4].replace("\\040", " ")
-                fstype = fields[fields.index("-") + 1]
-                inside = target == mount_point or target.startswith(mount_point.rstrip("/") + "/")
-                if inside and len(mount_point) >= len(best):
-                    best, best_type = mount_point, fstype
-        return best_type
-    except (OSError, ValueError, IndexError):
-        return None
