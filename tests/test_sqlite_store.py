@@ -251,3 +251,17 @@ def test_a_write_lock_held_elsewhere_is_waited_out_then_reported(tmp_path, monke
         store.acquire("j", 30, HOLDER, "owner-b")
     blocker.execute("ROLLBACK")
     blocker.close()
+
+
+def test_where_fifos_cannot_be_made_a_waiter_polls(tmp_path):
+    path = tmp_path / "locks.db"
+    path.with_name("locks.db.waiters").write_text("not a directory: no FIFOs here")
+    holder, waiter = SQLiteStore(path), SQLiteStore(path)
+    assert holder.acquire("k", 30, HOLDER, "owner-a") is not None
+    started = time.monotonic()
+    waiter.wait_for_release("k", 5)  # looks again after one poll interval
+    waited = time.monotonic() - started
+    assert sqlite_module.UNSIGNALLED_POLL_S * 0.8 <= waited < 1.0, waited
+    started = time.monotonic()
+    waiter.wait_for_release("free", 5)
+    assert time.monotonic() - started < 0.04
