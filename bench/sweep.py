@@ -181,9 +181,9 @@ def sqlite_fill_expired(path: Path, names: list[str]) -> None:
             conn.execute(f"PRAGMA {name}={value}")
         conn.execute("BEGIN IMMEDIATE")
         conn.executemany(
-            f"""INSERT INTO {table} (key, fencing_token, owner_token, boot_id, expires_boot,
-                                     acquired_at, expires_at, holder)
-                VALUES (?, 1, ?, ?, ?, ?, ?, ?)""",
+            f"""INSERT INTO {table} (key, slot, slot_limit, fencing_token, owner_token,
+                                     boot_id, expires_boot, acquired_at, expires_at, holder)
+                VALUES (?, 0, 1, 1, ?, ?, ?, ?, ?, ?)""",
             rows,
         )
         conn.execute("COMMIT")

@@ -1,4 +1,4 @@
-"""SQLite-only behaviour: the sweep's index use, leases from another boot, schema upgrade."""
+"""SQLite-only behaviour: the sweep's index use, leases from another boot, schema upgrades."""
 
 from __future__ import annotations
 
@@ -8,12 +8,16 @@ import time
 
 import pytest
 
+import tasklock_cli.stores.sqlite as sqlite_module
 from tasklock_cli.stores.base import Holder
+from tasklock_cli.stores.base import Lease
 from tasklock_cli.stores.sqlite import _EXPIRED
 from tasklock_cli.stores.sqlite import _EXPIRED_RANGES
 from tasklock_cli.stores.sqlite import SCHEMA_VERSION
 from tasklock_cli.stores.sqlite import TABLE
 from tasklock_cli.stores.sqlite import SQLiteStore
+from tasklock_cli.stores.sqlite import boot_clock
+from tasklock_cli.stores.sqlite import current_boot_id
 
 HOLDER = Holder(host="h", pid=1, user="u", command=["true"])
 
@@ -33,6 +37,48 @@ PRAGMA user_version = 1;
 """
 
 
+# What version 3 made: one row per key, its fencing counter in that row.
+VERSION_3_SCHEMA = f"""
+CREATE TABLE {TABLE} (
+    key           TEXT PRIMARY KEY,
+    fencing_token INTEGER NOT NULL,
+    owner_token   TEXT,
+    boot_id       TEXT,
+    expires_boot  REAL,
+    acquired_at   REAL,
+    expires_at    REAL,
+    holder        TEXT
+) WITHOUT ROWID;
+CREATE INDEX {TABLE}_expiry ON {TABLE} (boot_id, expires_boot)
+    WHERE owner_token IS NOT NULL;
+CREATE TABLE tasklock_runs (
+    key           TEXT NOT NULL,
+    fencing_token INTEGER NOT NULL,
+    started_at    REAL NOT NULL,
+    ended_at      REAL NOT NULL,
+    data          TEXT NOT NULL,
+    PRIMARY KEY (key, fencing_token)
+) WITHOUT ROWID;
+PRAGMA user_version = 3;
+"""
+
+
+def make_version_3_file(path) -> None:
+    """A live lease on "live" (token 7) and a freed key "freed" (counter at 5), as
+    version 3 wrote them."""
+    with sqlite3.connect(path) as conn:
+        conn.executescript(VERSION_3_SCHEMA)
+        holder = '{"host": "h", "pid": 1, "user": "u", "command": ["true"], "note": null}'
+        now, wall = boot_clock(), time.time()
+        conn.execute(
+            f"INSERT INTO {TABLE} VALUES ('live', 7, 'owner-live', ?, ?, ?, ?, ?)",
+            (current_boot_id(), now + 3600, wall, wall + 3600, holder),
+        )
+        conn.execute(
+            f"INSERT INTO {TABLE} VALUES ('freed', 5, NULL, NULL, NULL, ?, NULL, NULL)", (wall,)
+        )
+
+
 def query_plan(path, sql: str) -> list[str]:
     with sqlite3.connect(path) as conn:
         params = {"boot": "b", "now": 0.0}
@@ -47,6 +93,25 @@ def test_sweep_searches_the_index_instead_of_scanning_held_leases(tmp_path):
         assert len(plan) == 1 and plan[0].startswith(f"SEARCH {TABLE} USING INDEX"), plan
     counted = query_plan(path, f"SELECT count(*) FROM {TABLE} WHERE {_EXPIRED}")
     assert not [step for step in counted if step.startswith("SCAN")], counted
+
+
+@pytest.mark.parametrize("statement", ["_ACQUIRE", "_OTHER_LIMIT", "_FULLNESS", "_BREAK"])
+def test_a_keys_statements_search_its_rows_not_every_live_lease(tmp_path, statement):
+    """The expiry index's live range spans every key: a statement about one key must
+    search the primary key (key, slot) instead."""
+    path = tmp_path / "locks.db"
+    SQLiteStore(path).init_schema()
+    params = dict.fromkeys(["key", "owner", "limit", "ttl", "wall", "holder", "token"], 1)
+    with sqlite3.connect(path) as conn:
+        plan = [
+            row[3]
+            for row in conn.execute(
+                f"EXPLAIN QUERY PLAN {getattr(sqlite_module, statement)}",
+                {**params, "boot": "b", "now": 0.0, "prefix": "broken:"},
+            )
+        ]
+    searches = [step for step in plan if TABLE in step]
+    assert searches and all("USING PRIMARY KEY (key=?" in step for step in searches), plan
 
 
 def test_sweep_frees_leases_of_another_boot_and_run_out_ones_only(tmp_path):
@@ -86,6 +151,61 @@ def test_a_version_1_file_is_upgraded_in_place_keeping_its_leases(tmp_path):
     assert info is not None and info.fencing_token == first.fencing_token
 
 
+def test_a_version_3_file_is_rebuilt_keeping_live_leases_and_fencing_counters(tmp_path):
+    path = tmp_path / "locks.db"
+    make_version_3_file(path)
+    store = SQLiteStore(path)
+
+    (live,) = store.holders("live")
+    assert (live.slot, live.limit, live.fencing_token, live.expired) == (0, 1, 7, False)
+    assert live.holder == HOLDER
+    assert store.acquire("live", 30, HOLDER, "owner-other") is None
+    old_lease = Lease("live", "owner-live", 7, live.acquired_at, live.expires_at)
+    assert store.renew(old_lease, 30).fencing_token == 7  # its holder keeps renewing it
+    assert store.release(old_lease) is True
+    after_live = store.acquire("live", 30, HOLDER, "owner-next", limit=2)
+    assert (after_live.slot, after_live.fencing_token) == (0, 8)
+    after_freed = store.acquire("freed", 30, HOLDER, "owner-freed")
+    assert (after_freed.slot, after_freed.fencing_token) == (0, 6)
+
+    with sqlite3.connect(path) as conn:
+        (version,) = conn.execute("PRAGMA user_version").fetchone()
+        # name -> place in the primary key (0: not in it)
+        columns = {row[1]: row[5] for row in conn.execute(f"PRAGMA table_info({TABLE})")}
+        tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
+    assert version == SCHEMA_VERSION == 4
+    assert (columns["key"], columns["slot"], columns["slot_limit"]) == (1, 2, 0)
+    assert f"{TABLE}_expiry" in tables and f"{TABLE}_v4" not in tables
+
+
+def test_two_processes_opening_a_version_3_file_at_once_both_use_it(tmp_path):
+    path = tmp_path / "locks.db"
+    make_version_3_file(path)
+    opened = threading.Barrier(6)
+    errors: list[BaseException] = []
+
+    def open_at_once() -> None:
+        store = SQLiteStore(path)  # its own connection, as another process would have
+        try:
+            opened.wait()
+            store.init_schema()
+            assert [info.fencing_token for info in store.holders("live")] == [7]
+        except BaseException as exc:  # collected: a thread's failure must fail the test
+            errors.append(exc)
+        finally:
+            store.close()
+
+    threads = [threading.Thread(target=open_at_once) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    with sqlite3.connect(path) as conn:
+        rows = conn.execute(f"SELECT key, slot, slot_limit, fencing_token FROM {TABLE}").fetchall()
+    assert sorted(rows) == [("freed", 0, 1, 5), ("live", 0, 1, 7)]
+
+
 def test_one_store_is_safe_to_share_between_threads(tmp_path):
     store = SQLiteStore(tmp_path / "locks.db")
     errors: list[BaseException] = []
@@ -110,7 +230,7 @@ def test_one_store_is_safe_to_share_between_threads(tmp_path):
 
 
 def test_a_write_lock_held_elsewhere_is_waited_out_then_reported(tmp_path, monkeypatch):
-    import tasklock_cli.stores.sqlite as sqlite_store
+    import tasklock_cli.stores.sqlite_connection as sqlite_connection
     from tasklock_cli.errors import StoreUnavailable
 
     path = tmp_path / "locks.db"
@@ -125,9 +245,23 @@ def test_a_write_lock_held_elsewhere_is_waited_out_then_reported(tmp_path, monke
     assert time.monotonic() - started >= 0.25
     release_later.join()
 
-    monkeypatch.setattr(sqlite_store, "BUSY_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(sqlite_connection, "BUSY_TIMEOUT_S", 0.2)
     blocker.execute("BEGIN IMMEDIATE")
     with pytest.raises(StoreUnavailable, match="locked"):
         store.acquire("j", 30, HOLDER, "owner-b")
     blocker.execute("ROLLBACK")
     blocker.close()
+
+
+def test_where_fifos_cannot_be_made_a_waiter_polls(tmp_path):
+    path = tmp_path / "locks.db"
+    path.with_name("locks.db.waiters").write_text("not a directory: no FIFOs here")
+    holder, waiter = SQLiteStore(path), SQLiteStore(path)
+    assert holder.acquire("k", 30, HOLDER, "owner-a") is not None
+    started = time.monotonic()
+    waiter.wait_for_release("k", 5)  # looks again after one poll interval
+    waited = time.monotonic() - started
+    assert sqlite_module.UNSIGNALLED_POLL_S * 0.8 <= waited < 1.0, waited
+    started = time.monotonic()
+    waiter.wait_for_release("free", 5)
+    assert time.monotonic() - started < 0.04

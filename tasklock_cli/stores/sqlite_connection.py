@@ -1,0 +1,124 @@
+"""The SQLite store's connection: opened at first use (making the schema current), shared
+by the threads of a process, its errors told as tasklock's, and a busy file retried."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TypeVar
+
+from tasklock_cli.errors import ConfigError
+from tasklock_cli.errors import StoreUnavailable
+from tasklock_cli.stores.sqlite_schema import ensure_schema
+
+_T = TypeVar("_T")
+_BUSY_CODES = {getattr(sqlite3, "SQLITE_BUSY", 5), getattr(sqlite3, "SQLITE_LOCKED", 6)}
+BUSY_TIMEOUT_S = 5.0
+#: SQLite's own busy handler sleeps ever longer (up to 100 ms a time) while the write lock
+#: is taken, so a waiter can miss the moments it is free; it gets only this long per try,
+#: and tasklock retries itself every millisecond or so until BUSY_TIMEOUT_S.
+BUSY_SLICE_S = 0.003
+
+
+def when_not_busy(operation: Callable[[], _T]) -> _T:
+    """Retry ``operation`` while the database is busy, at short intervals, for at most
+    BUSY_TIMEOUT_S; then the busy error is the caller's."""
+    give_up_at = time.monotonic() + BUSY_TIMEOUT_S
+    while True:
+        try:
+            return operation()
+        except sqlite3.OperationalError as exc:
+            busy = getattr(exc, "sqlite_errorcode", None) in _BUSY_CODES
+            if not (busy or "database is locked" in str(exc)):
+                raise
+            if time.monotonic() >= give_up_at:
+                raise
+        time.sleep(random.uniform(0.0005, 0.0015))
+
+
+class SQLiteConnection:
+    """One connection to ``path``, shared by the threads of a process (the heartbeat and
+    the main thread, or many leases held through the API): one transaction at a time."""
+
+    def __init__(self, path: Path, create_parent: bool) -> None:
+        self.path = path
+        self._create_parent = create_parent
+        self._conn: sqlite3.Connection | None = None
+        self._lock = threading.RLock()
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            self._conn = self._connect()
+        return self._conn
+
+    def _connect(self) -> sqlite3.Connection:
+        if self._create_parent:
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise ConfigError(f"cannot create {self.path.parent}: {exc.strerror}") from exc
+        elif not self.path.parent.is_dir():
+            raise ConfigError(
+                f"the directory of the SQLite store {self.path} does not exist "
+                f"(create {self.path.parent} or choose another path)"
+            )
+        try:
+            conn = sqlite3.connect(
+                self.path, timeout=BUSY_SLICE_S, isolation_level=None, check_same_thread=False
+            )
+            when_not_busy(lambda: conn.execute("PRAGMA journal_mode=WAL"))
+            conn.execute("PRAGMA synchronous=NORMAL")
+            ensure_schema(conn, str(self.path), when_not_busy)
+        except sqlite3.Error as exc:
+            raise self._translate(exc) from exc
+        return conn
+
+    def _translate(self, exc: sqlite3.Error) -> Exception:
+        message = str(exc)
+        lowered = message.lower()
+        if "not a database" in lowered or "malformed" in lowered:
+            return ConfigError(f"{self.path} is not a tasklock SQLite database ({message})")
+        if "readonly" in lowered or "unable to open" in lowered or "permission" in lowered:
+            return ConfigError(f"cannot write {self.path} ({message})")
+        return StoreUnavailable(f"{self.path}: {message}")
+
+    def open(self) -> None:
+        """Connect now (and make the schema current) rather than at the first statement."""
+        with self._lock:
+            self._connection()
+
+    @contextlib.contextmanager
+    def write(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction (BEGIN IMMEDIATE), committed when the block ends."""
+        with self._lock:
+            conn = self._connection()
+            try:
+                when_not_busy(lambda: conn.execute("BEGIN IMMEDIATE"))
+                try:
+                    yield conn
+                except BaseException:
+                    conn.execute("ROLLBACK")
+                    raise
+                when_not_busy(lambda: conn.execute("COMMIT"))
+            except sqlite3.Error as exc:
+                raise self._translate(exc) from exc
+
+    def read(self, sql: str, params: dict) -> list[sqlite3.Row]:
+        try:
+            with self._lock:
+                conn = self._connection()
+                return when_not_busy(lambda: conn.execute(sql, params).fetchall())
+        except sqlite3.Error as exc:
+            raise self._translate(exc) from exc
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None

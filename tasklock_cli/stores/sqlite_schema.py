@@ -1,0 +1,120 @@
+"""The SQLite store's tables, and bringing a file made by an earlier version up to date.
+
+Version 4 keys a lease by (key, slot) for semaphores. A WITHOUT ROWID table cannot change
+its primary key in place, so a version-3 table is rebuilt: each of its rows becomes slot
+0 of limit 1, keeping its fencing token (the key's counter). Every check and change runs
+in one write transaction, so two processes opening an old file at once migrate it once.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from typing import TypeVar
+
+from tasklock_cli.errors import ConfigError
+
+TABLE = "tasklock_leases"
+RUNS_TABLE = "tasklock_runs"
+SCHEMA_VERSION = 4
+_T = TypeVar("_T")
+
+_EXPIRY_INDEX = f"""CREATE INDEX IF NOT EXISTS {TABLE}_expiry ON {TABLE} (boot_id, expires_boot)
+    WHERE owner_token IS NOT NULL"""
+# The run ledger: one row per run, written with the release (``data``: RunRecord.fields).
+_RUNS_SCHEMA = f"""CREATE TABLE IF NOT EXISTS {RUNS_TABLE} (
+    key           TEXT NOT NULL,
+    fencing_token INTEGER NOT NULL,
+    started_at    REAL NOT NULL,
+    ended_at      REAL NOT NULL,
+    data          TEXT NOT NULL,
+    PRIMARY KEY (key, fencing_token)
+) WITHOUT ROWID"""
+# ``slot_limit``: the limit its holder asked for (``limit`` is an SQL keyword). A freed
+# row keeps its fencing token: the highest token of a key's rows is its counter.
+_LEASES_SCHEMA = """CREATE TABLE IF NOT EXISTS {table} (
+    key           TEXT NOT NULL,
+    slot          INTEGER NOT NULL,
+    slot_limit    INTEGER NOT NULL,
+    fencing_token INTEGER NOT NULL,
+    owner_token   TEXT,
+    boot_id       TEXT,
+    expires_boot  REAL,
+    acquired_at   REAL,
+    expires_at    REAL,
+    holder        TEXT,
+    PRIMARY KEY (key, slot)
+) WITHOUT ROWID"""
+_CREATE = (_LEASES_SCHEMA.format(table=TABLE), _EXPIRY_INDEX, _RUNS_SCHEMA)
+SCHEMA = ";\n".join(_CREATE) + ";"
+
+_V3_COLUMNS = (
+    "key",
+    "fencing_token",
+    "owner_token",
+    "boot_id",
+    "expires_boot",
+    "acquired_at",
+    "expires_at",
+    "holder",
+)
+COLUMNS = frozenset((*_V3_COLUMNS, "slot", "slot_limit"))
+_REBUILT = f"{TABLE}_v4"
+_V3_LIST = ", ".join(_V3_COLUMNS)
+# Versions 1 to 3 (one row per key): version 1 indexed expires_boot alone (its index goes
+# with the old table), version 2 had no run ledger.
+_REBUILD = (
+    _LEASES_SCHEMA.format(table=_REBUILT),
+    f"INSERT INTO {_REBUILT} (slot, slot_limit, {_V3_LIST}) SELECT 0, 1, {_V3_LIST} FROM {TABLE}",
+    f"DROP TABLE {TABLE}",
+    f"ALTER TABLE {_REBUILT} RENAME TO {TABLE}",
+    _EXPIRY_INDEX,
+    _RUNS_SCHEMA,
+)
+
+
+def schema_state(conn: sqlite3.Connection) -> tuple[frozenset[str], int]:
+    """The lease table's columns (empty when there is none) and the file's version."""
+    columns = frozenset(row[1] for row in conn.execute(f"PRAGMA table_info({TABLE})"))
+    (version,) = conn.execute("PRAGMA user_version").fetchone()
+    return columns, int(version)
+
+
+def is_current(conn: sqlite3.Connection) -> bool:
+    columns, version = schema_state(conn)
+    return columns == COLUMNS and version >= SCHEMA_VERSION
+
+
+def upgrade_steps(conn: sqlite3.Connection, where: str) -> tuple[str, ...]:
+    """The statements that make the file current, read inside the write transaction that
+    will run them (another process may have just done it); ConfigError when the table
+    there is not tasklock's."""
+    columns, version = schema_state(conn)
+    if not columns:
+        steps: tuple[str, ...] = _CREATE
+    elif columns == COLUMNS:
+        steps = () if version >= SCHEMA_VERSION else _CREATE  # all idempotent
+    elif columns == frozenset(_V3_COLUMNS):
+        steps = _REBUILD
+    else:
+        raise ConfigError(
+            f"{where}: table {TABLE} exists but is not a tasklock table "
+            f"(columns: {', '.join(sorted(columns))})"
+        )
+    return (*steps, f"PRAGMA user_version={SCHEMA_VERSION}") if steps else ()
+
+
+def ensure_schema(
+    conn: sqlite3.Connection, where: str, when_not_busy: Callable[[Callable[[], _T]], _T]
+) -> None:
+    """Create or upgrade the tables of a connection in autocommit mode."""
+    if is_current(conn) or not upgrade_steps(conn, where):  # (a foreign table: refused)
+        return
+    when_not_busy(lambda: conn.execute("BEGIN IMMEDIATE"))
+    try:
+        for statement in upgrade_steps(conn, where):
+            conn.execute(statement)
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    when_not_busy(lambda: conn.execute("COMMIT"))
