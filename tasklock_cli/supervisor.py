@@ -170,7 +170,8 @@ class Supervisor:
             self.events.debug(f"{stop} (while acquiring {self.options.key!r})")
             # A lease we were granted goes back, with little time for it: it may be the
             # store that kept us waiting.
-            self.keeper.release_quietly(CUT_SHORT_AFTER_S)
+            record = self.keeper.run_record("signalled", None)
+            self.keeper.release_quietly(CUT_SHORT_AFTER_S, record, self._on_ledger_failed)
             return stop.exit_code
         finally:
             restore_signal_handlers(previous_handlers)

@@ -191,7 +191,7 @@ def test_a_bad_limit_in_the_config_file_is_a_config_error(cli_env, sqlite_url, t
     result = tasklock("run", "k", "--", "true", env=env)
     assert result.returncode == 78
     line = one_error_line(result.stderr)
-    assert "limit" in line and "1 to 1000" in line and "line 2" in line, line
+    assert "limit" in line and "1 to 1000" in line and "tasklock.toml:2:" in line, line
 
 
 def test_waiters_of_a_full_semaphore_get_a_slot_as_one_frees(env, holders):

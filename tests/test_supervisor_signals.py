@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import pytest
 
@@ -118,3 +119,27 @@ def test_a_signal_pending_when_the_pre_start_renewal_fails_wins(tmp_path):
         supervisor = Supervisor(store, RunOptions(key="k", command=["true"], ttl=60), events, clock)
         assert supervisor.run() == 128 + signal.SIGHUP
         assert store.peek("k") is None
+
+
+def test_a_signal_that_cuts_a_store_call_short_after_the_acquire_leaves_a_ledger_record(
+    tmp_path,
+):
+    """A store call under the lease (the --once-per look) blocks, a SIGTERM comes and cuts
+    it short: the lease goes back with a `signalled` record, as every run that acquired
+    the lease leaves one."""
+
+    class StuckAfterAcquiring(SQLiteStore):
+        def last_success(self, key):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(30)  # a store that stopped answering; the signal's alarm ends it
+            raise AssertionError("not cut short")
+
+    with StuckAfterAcquiring(tmp_path / "locks.db") as store:
+        events = EventLog(stream=open(os.devnull, "w"))  # noqa: SIM115
+        options = RunOptions(key="k", command=["true"], ttl=60, once_per=3600)
+        started = time.monotonic()
+        assert Supervisor(store, options, events).run() == 128 + signal.SIGTERM
+        assert time.monotonic() - started < 5
+        assert store.peek("k") is None
+        (run,) = store.history("k")
+        assert (run.outcome, run.exit_code) == ("signalled", None)
