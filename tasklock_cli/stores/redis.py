@@ -4,19 +4,24 @@ Key layout, per lock key ``K`` under the namespace prefix ``P`` (``prefix=`` in 
 default ``tasklock:``)::
 
     P{K}:lease     hash  owner, fencing_token, holder (JSON), acquired_at, expires_at (ms)
-                         with a PX TTL: the lease exists exactly while it is live
+                         with a PX TTL: the lease exists exactly while it is live; a plain
+                         lock's, or slot 0 of a semaphore (which adds slot and limit)
+    P{K}:lease:N   hash  slot N > 0 of a semaphore (``run --limit``), as slot 0's
+    P{K}:limit     string  a semaphore's limit, with a PX at least as late as the expiry of
+                           its last live slot (see ``redis_scripts``); none for a plain lock
     P{K}:fence     string  the per-key fencing counter (INCR); never given a TTL, never
                            deleted by release, expiry, sweep or force release
-    P{K}:wake      list  one element while the key is free after a release: a waiter's
+    P{K}:wake      list  an element per release while a slot is free after it: a waiter's
                          BLPOP takes it, so each release wakes exactly one waiter (the one
-                         waiting longest); acquire deletes it, and it expires by itself
+                         waiting longest); an acquire that fills the key deletes it, and it
+                         expires by itself
     P{K}:runs      zset  the run ledger: one JSON record per run, scored by its fencing
                          token; written by the release script, which trims it to the last
                          LEDGER_KEEP runs
     P{K}:success   string  the newest run that succeeded, as in the ledger: put by the same
                            release script, apart from the trim (``--once-per``, ``metrics``)
 
-A break marks the lease hash's owner ``broken:<owner>`` (see base) and PUBLISHes to
+A break marks a lease hash's owner ``broken:<owner>`` (see base) and PUBLISHes to
 ``P{K}:broken:<fencing token>``, which the lease's holder, waiting for a break, is
 subscribed to on a connection of its own; a forced release deletes the hash, wakes a
 waiter and PUBLISHes the same.
@@ -39,6 +44,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import re
 import threading
 import time
 from collections import Counter
@@ -61,9 +67,9 @@ from redis.commands.core import Script
 from redis.retry import Retry
 
 from tasklock_cli.errors import ConfigError
+from tasklock_cli.errors import LimitMismatch
 from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.errors import TasklockError
-from tasklock_cli.stores.base import BROKEN_OWNER_PREFIX
 from tasklock_cli.stores.base import LEDGER_KEEP
 from tasklock_cli.stores.base import LIST_PAGE
 from tasklock_cli.stores.base import BreakWatches
@@ -78,6 +84,7 @@ from tasklock_cli.stores.base import fd_readable
 from tasklock_cli.stores.base import utc_from_timestamp
 from tasklock_cli.stores.base import wait_readable
 from tasklock_cli.stores.doctor import clock_check
+from tasklock_cli.stores.redis_scripts import SCRIPTS
 from tasklock_cli.stores.urls import redact_url
 from tasklock_cli.stores.urls import scrub
 
@@ -88,8 +95,6 @@ DEFAULT_IO_TIMEOUT_S = 5.0
 HEALTH_CHECK_INTERVAL_S = 15
 SCAN_COUNT = 10_000
 MAX_CONNECTIONS = 100
-#: How long a release's wake-up waits for a waiter that is between its PTTL and its BLPOP.
-WAKE_TOKEN_MS = 5_000
 
 _T = TypeVar("_T")
 #: What each part of a lock key must be, as foreign-key errors describe it.
@@ -99,6 +104,7 @@ _EXPECTED_TYPES = {
     "wake": "a tasklock wake-up list",
     "runs": "a tasklock run ledger (sorted set)",
     "success": "a tasklock run record (string)",
+    "limit": "a tasklock semaphore limit (string)",
 }
 _FORCED_OPTIONS = (
     "socket_timeout",
@@ -108,209 +114,9 @@ _FORCED_OPTIONS = (
     "decode_responses",
 )
 
-# All scripts: KEYS[1] = lease hash. Types are checked first so that a foreign key under the
-# prefix is reported (as "WRONGTYPE lease|fence|wake <type>") before anything is written.
-_PRELUDE = """
-if redis.replicate_commands then redis.replicate_commands() end
-local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
-local function ms(n) return string.format('%d', n) end
--- The key's type, and an error reply when it is neither missing nor the expected one.
-local function key_type(name, expected, role)
-  local t = redis.call('TYPE', name)['ok']
-  if t ~= 'none' and t ~= expected then
-    return t, redis.error_reply('WRONGTYPE ' .. role .. ' ' .. t)
-  end
-  return t, nil
-end
-local lease_type, bad_lease = key_type(KEYS[1], 'hash', 'lease')
-if bad_lease then return bad_lease end
--- Wake exactly one waiter: one element, whoever BLPOPs first (Redis serves the longest
--- blocked client) takes it; nobody blocked: it waits a little for a waiter on its way.
-local function wake_one(name)
-  redis.call('DEL', name)
-  redis.call('RPUSH', name, '1')
-  redis.call('PEXPIRE', name, WAKE_TOKEN_MS)
-end
-local BROKEN = 'BROKEN_OWNER_PREFIX'
-local function is_broken(owner) return string.sub(owner, 1, #BROKEN) == BROKEN end
-""".replace("WAKE_TOKEN_MS", str(WAKE_TOKEN_MS)).replace("BROKEN_OWNER_PREFIX", BROKEN_OWNER_PREFIX)
-
-# KEYS[2] = fence, KEYS[3] = wake; ARGV: owner, ttl_ms, holder_json.
-# -> {fencing_token, acquired_at_ms, expires_at_ms} or nil (held by someone else)
-_ACQUIRE = (
-    _PRELUDE
-    + """
-local fence_type, bad_fence = key_type(KEYS[2], 'string', 'fence')
-if bad_fence then return bad_fence end
-local _, bad_wake = key_type(KEYS[3], 'list', 'wake')
-if bad_wake then return bad_wake end
-local now = now_ms()
-local ttl = tonumber(ARGV[2])
-if lease_type == 'hash' then
-  local cur = redis.call('HMGET', KEYS[1], 'owner', 'fencing_token', 'acquired_at')
-  if cur[1] ~= ARGV[1] then return false end
-  -- our own acquisition whose reply was lost: same lease, same token, refreshed TTL
-  redis.call('HSET', KEYS[1], 'expires_at', ms(now + ttl), 'holder', ARGV[3])
-  redis.call('PEXPIRE', KEYS[1], ttl)
-  return {tonumber(cur[2]), tonumber(cur[3]), now + ttl}
-end
-if fence_type == 'string' then
-  local value = redis.call('GET', KEYS[2])
-  if not string.match(value, '^%d+$') then
-    return redis.error_reply('WRONGTYPE fence non-integer string')
-  end
-end
-local token = redis.call('INCR', KEYS[2])
-redis.call('DEL', KEYS[3])  -- held again: a wake-up left for a waiter would be a false one
-redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'fencing_token', ms(token), 'holder', ARGV[3],
-           'acquired_at', ms(now), 'expires_at', ms(now + ttl))
-redis.call('PEXPIRE', KEYS[1], ttl)
-return {token, now, now + ttl}
-"""
-)
-
-# ARGV: owner, fencing_token, ttl_ms -> expires_at_ms, or nil when the lease is not ours/live
-_RENEW = (
-    _PRELUDE
-    + """
-if lease_type == 'none' then return false end
-local cur = redis.call('HMGET', KEYS[1], 'owner', 'fencing_token')
-if cur[1] ~= ARGV[1] or cur[2] ~= ARGV[2] then return false end
-local now = now_ms()
-local ttl = tonumber(ARGV[3])
-redis.call('HSET', KEYS[1], 'expires_at', ms(now + ttl))
-redis.call('PEXPIRE', KEYS[1], ttl)
-return now + ttl
-"""
-)
-
-# KEYS[2] = wake, KEYS[3] = runs, KEYS[4] = success; ARGV: owner, fencing_token, keep_ms
-# (0 = delete now), the run's record as JSON without ended_at ('' = none), '1' when the run
-# succeeded (it then becomes the key's newest success, unless a newer one is there)
-# -> 1 released (or kept for keep_ms), 0 no lease at all, -1 someone else's lease.
-# Our broken lease is ours to release too, and is never kept. The record goes into the
-# ledger whatever the lease's state (once per token), ended_at from Redis's clock.
-_RELEASE = (
-    _PRELUDE
-    + """
-local _, bad_wake = key_type(KEYS[2], 'list', 'wake')
-if bad_wake then return bad_wake end
-local recording = ARGV[4] ~= ''
-if recording then
-  local _, bad_runs = key_type(KEYS[3], 'zset', 'runs')
-  if bad_runs then return bad_runs end
-  local _, bad_success = key_type(KEYS[4], 'string', 'success')
-  if bad_success then return bad_success end
-end
-local function release()
-  if lease_type == 'none' then return 0 end
-  local cur = redis.call('HMGET', KEYS[1], 'owner', 'fencing_token')
-  local broken = cur[1] == BROKEN .. ARGV[1]
-  if (cur[1] ~= ARGV[1] and not broken) or cur[2] ~= ARGV[2] then return -1 end
-  local keep = tonumber(ARGV[3])
-  if keep > 0 and not broken then
-    redis.call('HSET', KEYS[1], 'expires_at', ms(now_ms() + keep))
-    redis.call('PEXPIRE', KEYS[1], keep)
-    return 1
-  end
-  redis.call('DEL', KEYS[1])
-  wake_one(KEYS[2])
-  return 1
-end
-local result = release()
-if recording and redis.call('ZCOUNT', KEYS[3], ARGV[2], ARGV[2]) == 0 then
-  local record = string.sub(ARGV[4], 1, -2) .. ',"ended_at":' .. ms(now_ms()) .. '}'
-  redis.call('ZADD', KEYS[3], ARGV[2], record)
-  redis.call('ZREMRANGEBYRANK', KEYS[3], 0, -(LEDGER_KEEP + 1))
-  if ARGV[5] == '1' then
-    local newest = redis.call('GET', KEYS[4])
-    if not newest or tonumber(cjson.decode(newest)['fencing_token']) < tonumber(ARGV[2]) then
-      redis.call('SET', KEYS[4], record)
-    end
-  end
-end
-return result
-""".replace("LEDGER_KEEP", str(LEDGER_KEEP))
-)
-
-# ARGV: fencing_token ('' = any), the holders' break channel without the token
-# -> the lease's hash as a flat list, or nil when no lease matched
-_BREAK = (
-    _PRELUDE
-    + """
-if lease_type == 'none' then return false end
-local cur = redis.call('HMGET', KEYS[1], 'owner', 'fencing_token')
-if ARGV[1] ~= '' and cur[2] ~= ARGV[1] then return false end
-if not is_broken(cur[1]) then  -- (HSET keeps the TTL: the expiry is not extended)
-  redis.call('HSET', KEYS[1], 'owner', BROKEN .. cur[1])
-end
-redis.call('PUBLISH', ARGV[2] .. cur[2], '1')
-return redis.call('HGETALL', KEYS[1])
-"""
-)
-
-# KEYS[2] = wake; ARGV as _BREAK -> the freed lease's hash as a flat list, or nil
-_FORCE_RELEASE = (
-    _PRELUDE
-    + """
-local _, bad_wake = key_type(KEYS[2], 'list', 'wake')
-if bad_wake then return bad_wake end
-if lease_type == 'none' then return false end
-local token = redis.call('HGET', KEYS[1], 'fencing_token')
-if ARGV[1] ~= '' and token ~= ARGV[1] then return false end
-local data = redis.call('HGETALL', KEYS[1])
-redis.call('DEL', KEYS[1])
-wake_one(KEYS[2])
-redis.call('PUBLISH', ARGV[2] .. token, '1')
-return data
-"""
-)
-
-# ARGV: owner, fencing_token -> 1 while that lease is ours and unbroken (live), else 0
-_INTACT = (
-    _PRELUDE
-    + """
-if lease_type == 'none' then return 0 end
-local cur = redis.call('HMGET', KEYS[1], 'owner', 'fencing_token')
-if cur[1] == ARGV[1] and cur[2] == ARGV[2] then return 1 end
-return 0
-"""
-)
-
-# KEYS[2] = wake: a waiter whose wait was cut short may have taken the last release's
-# wake-up with it; while the key is still free, one is left for the next waiter.
-_PASS_ON = (
-    _PRELUDE
-    + """
-local _, bad_wake = key_type(KEYS[2], 'list', 'wake')
-if bad_wake then return bad_wake end
-if lease_type == 'none' then wake_one(KEYS[2]) end
-return 1
-"""
-)
-
-# Read-only: for each KEYS[i] -> [fencing_token, acquired_at, expires_at, holder] (false for a
-# missing field), 0 when the key is gone, or the type name of a foreign key. One JSON string
-# per batch: decoding it is C-speed, where parsing 100,000 HGETALL replies in Python is not.
-_READ_MANY = """
-local out = {}
-for i, name in ipairs(KEYS) do
-  local t = redis.call('TYPE', name)['ok']
-  if t == 'hash' then
-    out[i] = redis.call('HMGET', name, 'fencing_token', 'acquired_at', 'expires_at', 'holder')
-  elseif t == 'none' then
-    out[i] = 0
-  else
-    out[i] = t
-  end
-end
-return cjson.encode(out)
-"""
-
 _GLOB_SPECIAL = frozenset(b"*?[]\\^")
+#: What follows the prefix's ``{`` in the name of slot N > 0's lease hash.
+_SLOT_NAME = re.compile(rb"(.*)\}:lease:([1-9][0-9]*)", re.DOTALL)
 
 
 def _record_json(record: RunRecord | None) -> str:
@@ -449,17 +255,7 @@ class RedisStore(Store):
             self._break_subscription, (rexc.RedisError, TasklockError, OSError)
         )
         self._scripts = {
-            name: Script(None, source.encode("utf-8"))
-            for name, source in (
-                ("acquire", _ACQUIRE),
-                ("renew", _RENEW),
-                ("release", _RELEASE),
-                ("force_release", _FORCE_RELEASE),
-                ("break", _BREAK),
-                ("intact", _INTACT),
-                ("pass_on", _PASS_ON),
-                ("read_many", _READ_MANY),
-            )
+            name: Script(None, source.encode("utf-8")) for name, source in SCRIPTS.items()
         }
         self._client_lock = threading.Lock()
         self._client = self._make_client()
@@ -526,8 +322,14 @@ class RedisStore(Store):
         """The Redis key of one of a lock key's parts: lease, fence or wake."""
         return self._prefix_b + b"{" + key.encode("utf-8") + b"}:" + role.encode()
 
-    def _lease_key(self, key: str) -> bytes:
-        return self._name(key, "lease")
+    def _lease_key(self, key: str, slot: int = 0) -> bytes:
+        """Slot 0's hash is the key's lease hash of old; slot N's adds ``:N`` (see
+        ``redis_scripts``)."""
+        name = self._name(key, "lease")
+        return name + b":%d" % slot if slot else name
+
+    def _limit_key(self, key: str) -> bytes:
+        return self._name(key, "limit")
 
     def _fence_key(self, key: str) -> bytes:
         return self._name(key, "fence")
@@ -546,8 +348,15 @@ class RedisStore(Store):
         (without ``token``: the part before it, which the scripts complete)."""
         return self._name(key, "broken:") + str(token).encode()
 
-    def _key_of(self, lease_key: bytes) -> str:
-        return lease_key[len(self._prefix_b) + 1 : -len(b"}:lease")].decode("utf-8", "replace")
+    def _slot_of(self, lease_key: bytes) -> tuple[str, int] | None:
+        """The lock key and slot of a lease hash's name; None for a name of another part."""
+        inner = lease_key[len(self._prefix_b) + 1 :]
+        if inner.endswith(b"}:lease"):
+            return inner[: -len(b"}:lease")].decode("utf-8", "replace"), 0
+        match = _SLOT_NAME.fullmatch(inner)
+        if match is None:
+            return None
+        return match[1].decode("utf-8", "replace"), int(match[2])
 
     def _call(self, operation: Callable[[redis.Redis], _T], key: str | None = None) -> _T:
         """Run ``operation`` once more on a fresh connection if the connection broke.
@@ -616,27 +425,34 @@ class RedisStore(Store):
 
     # -- the interface --------------------------------------------------------------
 
-    def acquire(self, key: str, ttl: float, holder: Holder, owner_token: str) -> Lease | None:
+    def acquire(
+        self, key: str, ttl: float, holder: Holder, owner_token: str, limit: int = 1
+    ) -> Lease | None:
         ttl_ms = _ttl_ms(ttl, "lease TTL")
         holder_json = json.dumps(holder.to_dict())
         script = self._scripts["acquire"]
+        keys = [self._lease_key(key), self._fence_key(key), self._wake_key(key)]
         result = self._call(
             lambda c: script(
-                keys=[self._lease_key(key), self._fence_key(key), self._wake_key(key)],
-                args=[owner_token, ttl_ms, holder_json],
+                keys=[*keys, self._limit_key(key)],
+                args=[owner_token, ttl_ms, holder_json, limit],
                 client=c,
             ),
             key,
         )
         if result is None:
             return None
-        token, acquired_ms, expires_ms = (int(v) for v in result)
+        if result[0] == b"limit":
+            raise LimitMismatch(key, int(result[1]), limit)
+        token, acquired_ms, expires_ms, slot = (int(v) for v in result)
         return Lease(
             key,
             owner_token,
             token,
             utc_from_timestamp(acquired_ms / 1000),
             utc_from_timestamp(expires_ms / 1000),
+            slot=slot,
+            limit=limit,
         )
 
     def renew(self, lease: Lease, ttl: float) -> Lease:
@@ -644,8 +460,8 @@ class RedisStore(Store):
         script = self._scripts["renew"]
         result = self._call(
             lambda c: script(
-                keys=[self._lease_key(lease.key)],
-                args=[lease.owner_token, lease.fencing_token, ttl_ms],
+                keys=[self._lease_key(lease.key, lease.slot), self._limit_key(lease.key)],
+                args=[lease.owner_token, lease.fencing_token, ttl_ms, lease.limit],
                 client=c,
             ),
             lease.key,
@@ -659,13 +475,16 @@ class RedisStore(Store):
         script = self._scripts["release"]
         attempts = 0
         keys = [
-            self._lease_key(lease.key),
+            self._lease_key(lease.key, lease.slot),
             self._wake_key(lease.key),
             self._runs_key(lease.key),
             self._success_key(lease.key),
+            self._limit_key(lease.key),
+            self._lease_key(lease.key),
         ]
         succeeded = "1" if record is not None and record.outcome == "succeeded" else ""
         args = [lease.owner_token, lease.fencing_token, keep_ms, _record_json(record), succeeded]
+        args.append(lease.limit)
 
         def run(client: redis.Redis) -> Any:
             nonlocal attempts
@@ -681,20 +500,18 @@ class RedisStore(Store):
         return result == 0 and attempts > 1 and keep_ms == 0
 
     def time_left(self, key: str, fencing_token: int) -> float | None:
-        name = self._lease_key(key)
+        for row in self._slots(key):
+            if int(row[1]) == fencing_token:
+                broken, pttl = int(row[7]), int(row[6])
+                return None if broken or pttl <= 0 else pttl / 1000
+        return None
 
-        def read(client: redis.Redis) -> list[Any]:
-            pipe = client.pipeline(transaction=True)  # one round trip, one moment
-            pipe.hmget(name, ["owner", "fencing_token"])
-            pipe.pttl(name)
-            return pipe.execute()
-
-        (owner, token), pttl = self._call(read, key)
-        if owner is None or owner.decode().startswith(BROKEN_OWNER_PREFIX):
-            return None
-        if token != str(fencing_token).encode() or pttl <= 0:
-            return None
-        return pttl / 1000
+    def _slots(self, key: str) -> list[list[Any]]:
+        """The key's live slots, in one read: per slot (ordered) [slot, fencing_token,
+        acquired_at, expires_at, holder, limit, pttl, broken] (None for a missing field)."""
+        script = self._scripts["slots"]
+        keys = [self._lease_key(key), self._limit_key(key)]
+        return self._call(lambda c: script(keys=keys, client=c), key)
 
     def history(self, key: str, limit: int = LEDGER_KEEP) -> list[RunRecord]:
         name = self._runs_key(key)
@@ -731,37 +548,42 @@ class RedisStore(Store):
         keys = {name[start:end].decode("utf-8", "replace") for name in names}
         return sorted(key for key in keys if key.startswith(prefix))
 
-    def peek(self, key: str) -> LeaseInfo | None:
+    def holders(self, key: str) -> list[LeaseInfo]:
         name = self._lease_key(key)
-        data = self._call(lambda c: c.hgetall(name), key)
-        return self._info(key, name, data) if data else None
+        return [
+            self._record(key, name, *row[1:5], slot=int(row[0]), limit=row[5])
+            for row in self._slots(key)
+        ]
 
     def list(self, prefix: str = "", include_expired: bool = False) -> Iterator[LeaseInfo]:
         # Redis frees expired keys itself: include_expired can only ever show live leases.
-        pattern = glob_escape(self._prefix_b + b"{" + prefix.encode("utf-8")) + b"*}:lease"
-        # SCAN returns names in no order: collect them (names only), sort by key, then
-        # read and yield the leases page by page.
-        names = sorted(set(self._call(lambda c: self._scan(c, pattern))), key=self._key_of)
-        return self._read_pages(names, prefix)
+        # One pattern for every slot's hash (``}:lease`` and ``}:lease:N``); it may match
+        # other parts of keys that contain ``}:lease``, which ``_slot_of`` leaves out.
+        pattern = glob_escape(self._prefix_b + b"{" + prefix.encode("utf-8")) + b"*}:lease*"
+        # SCAN returns names in no order: collect them (names only), sort by key and slot,
+        # then read and yield the leases page by page.
+        slots = {name: self._slot_of(name) for name in self._call(lambda c: self._scan(c, pattern))}
+        found = sorted((where, name) for name, where in slots.items() if where is not None)
+        return self._read_pages([(name, *where) for where, name in found], prefix)
 
-    def _read_pages(self, names: list[bytes], prefix: str) -> Iterator[LeaseInfo]:
+    def _read_pages(self, names: list[tuple[bytes, str, int]], prefix: str) -> Iterator[LeaseInfo]:
         for start in range(0, len(names), LIST_PAGE):
             batch = names[start : start + LIST_PAGE]
-            rows = self._call(lambda c, batch=batch: self._fetch(c, batch))
-            for name, row in zip(batch, rows, strict=True):
-                key = self._key_of(name)
+            rows = self._call(lambda c, batch=batch: self._fetch(c, [n for n, _, _ in batch]))
+            for (name, key, slot), row in zip(batch, rows, strict=True):
                 if row is None or not key.startswith(prefix):
                     continue  # expired between SCAN and the read
                 if isinstance(row, str):
                     raise self._foreign_key_error(f"WRONGTYPE lease {row}", key)
-                yield self._record(key, name, *row)
+                yield self._record(key, name, *row[:4], slot=slot, limit=row[4])
 
     @staticmethod
     def _scan(client: redis.Redis, pattern: bytes) -> list[bytes]:
         return list(client.scan_iter(match=pattern, count=SCAN_COUNT))
 
     def _fetch(self, client: redis.Redis, names: list[bytes]) -> list[Any]:
-        """Per name: (token, acquired_at, expires_at, holder), None when gone, or a type name."""
+        """Per name: (token, acquired_at, expires_at, holder, limit), None when gone, or a
+        type name."""
         raw = self._scripts["read_many"](keys=names, client=client)
         try:
             decoded = json.loads(raw)
@@ -771,7 +593,7 @@ class RedisStore(Store):
             return [None if row == 0 else row for row in decoded]
         pipe = client.pipeline(transaction=False)
         for name in names:
-            pipe.hmget(name, ["fencing_token", "acquired_at", "expires_at", "holder"])
+            pipe.hmget(name, ["fencing_token", "acquired_at", "expires_at", "holder", "limit"])
         rows: list[Any] = []
         for name, result in zip(names, pipe.execute(raise_on_error=False), strict=True):
             if isinstance(result, rexc.ResponseError):
@@ -789,26 +611,22 @@ class RedisStore(Store):
         self._call(lambda c: c.ping())
         return 0
 
-    def break_lease(self, key: str, token: int | None = None) -> LeaseInfo | None:
-        script = self._scripts["break"]
-        name = self._lease_key(key)
-        args = ["" if token is None else token, self._break_channel(key)]
-        flat = self._call(lambda c: script(keys=[name], args=args, client=c), key)
-        return self._flat_info(key, name, flat)
+    def break_lease(self, key: str, token: int | None = None) -> list[LeaseInfo]:
+        return self._each_slot("break", key, token, [])
 
-    def force_release(self, key: str, token: int | None = None) -> LeaseInfo | None:
-        script = self._scripts["force_release"]
-        name = self._lease_key(key)
-        wake = self._wake_key(key)
-        args = ["" if token is None else token, self._break_channel(key)]
-        flat = self._call(lambda c: script(keys=[name, wake], args=args, client=c), key)
-        return self._flat_info(key, name, flat)
+    def force_release(self, key: str, token: int | None = None) -> list[LeaseInfo]:
+        return self._each_slot("force_release", key, token, [self._wake_key(key)])
 
-    def _flat_info(self, key: str, name: bytes, flat: list[bytes] | None) -> LeaseInfo | None:
-        if not flat:
-            return None
-        data = dict(zip(flat[0::2], flat[1::2], strict=True))
-        return self._info(key, name, data)
+    def _each_slot(
+        self, script_name: str, key: str, token: int | None, more_keys: list[bytes]
+    ) -> list[LeaseInfo]:
+        """Break or force release the live slots with ``token`` (None: all); what they were."""
+        script = self._scripts[script_name]
+        name = self._lease_key(key)
+        keys = [name, self._limit_key(key), *more_keys]
+        args = ["" if token is None else token, self._break_channel(key)]
+        flats = self._call(lambda c: script(keys=keys, args=args, client=c), key)
+        return [self._info(key, name, dict(zip(f[0::2], f[1::2], strict=True))) for f in flats]
 
     # -- a holder waiting for a break ---------------------------------------------------
 
@@ -839,7 +657,7 @@ class RedisStore(Store):
             script = self._scripts["intact"]
             intact = self._call(
                 lambda c: script(
-                    keys=[self._lease_key(lease.key)],
+                    keys=[self._lease_key(lease.key, lease.slot)],
                     args=[lease.owner_token, lease.fencing_token],
                     client=c,
                 ),
@@ -850,46 +668,46 @@ class RedisStore(Store):
             raise
         return subscription, int(intact) != 1
 
-    def wait_for_release(self, key: str, timeout: float, wake_fd: int | None = None) -> None:
-        """Block until the lease on ``key`` is released or expires, at most ``timeout``.
+    # -- waiting for a release (the skeleton is Store.wait_for_release) ----------------
+    #
+    # A release pushes an element onto the key's wake list and a waiter BLPOPs it: a
+    # release between the look and the BLPOP leaves its wake-up in the list, so it is not
+    # missed, and each release wakes one waiter, so N waiters do not all rush at the store
+    # when one of them can win. Waiters keep no place on the server (nothing to prepare).
 
-        Look at the lease first (free: return), then BLPOP the key's wake list, at most
-        until the lease's own expiry. A release between the two leaves its wake-up in the
-        list, so it is not missed; each release wakes one waiter, so N waiters do not all
-        rush at the store and the CPU when one of them can win. Never raises: on trouble it
-        sleeps the rest of the timeout and the caller's next acquire reports the store's
-        state. With ``wake_fd``, the BLPOP's socket is selected on together with it: once
-        it is readable the BLPOP is abandoned with its connection, and the wake-up it may
-        have taken is passed on.
-        """
-        if timeout <= 0:
-            return
-        deadline = time.monotonic() + timeout
-        try:
-            name, wake = self._lease_key(key), self._wake_key(key)
-            pttl = int(self._call(lambda c: c.pttl(name), key))
-            if pttl == -2:
-                return  # already free
-            if pttl >= 0:  # wake at the lease's own expiry (nobody pushes a wake-up for it)
-                deadline = min(deadline, time.monotonic() + pttl / 1000 + 0.002)
-            while True:
-                # Slices well inside the socket timeout; BLPOP's timeout 0 means forever.
-                left = min(deadline - time.monotonic(), self._io_timeout / 2)
-                if left < 0.001 or fd_readable(wake_fd):
-                    return
-                seconds = math.floor(left * 1000) / 1000
-                with self._blocked(key):
-                    if wake_fd is None:
-                        popped = self._call(lambda c, s=seconds: c.blpop([wake], timeout=s), key)
-                    else:
-                        popped = self._blpop_or_wake(wake, seconds, wake_fd)
-                if popped is _WOKEN:
-                    self._pass_on(key)
-                    return
-                if popped is not None:
-                    return
-        except (rexc.RedisError, TasklockError, OSError):
-            wait_readable([wake_fd], deadline - time.monotonic())
+    waiting_trouble = (rexc.RedisError, TasklockError, OSError)
+
+    def _time_until_free(self, key: str) -> float | None:
+        """None while a slot is free; else the PTTL of the first live slot to run out
+        (nobody pushes a wake-up for an expiry)."""
+        rows = self._slots(key)
+        limit = max((int(row[5] or 1) for row in rows), default=1)
+        if len(rows) < limit:
+            return None
+        pttls = [int(row[6]) for row in rows if int(row[6]) >= 0]
+        return min(pttls) / 1000 if pttls else math.inf
+
+    def _await_wakeup(self, key: str, until: float, wake_fd: int | None) -> None:
+        """BLPOP the key's wake list until ``until``. With ``wake_fd``, the BLPOP's socket
+        is selected on together with it: once it is readable the BLPOP is abandoned with
+        its connection, and the wake-up it may have taken is passed on."""
+        wake = self._wake_key(key)
+        while True:
+            # Slices well inside the socket timeout; BLPOP's timeout 0 means forever.
+            left = min(until - time.monotonic(), self._io_timeout / 2)
+            if left < 0.001 or fd_readable(wake_fd):
+                return
+            seconds = math.floor(left * 1000) / 1000
+            with self._blocked(key):
+                if wake_fd is None:
+                    popped = self._call(lambda c, s=seconds: c.blpop([wake], timeout=s), key)
+                else:
+                    popped = self._blpop_or_wake(wake, seconds, wake_fd)
+            if popped is _WOKEN:
+                self._pass_on(key)
+                return
+            if popped is not None:
+                return
 
     @contextlib.contextmanager
     def _blocked(self, key: str) -> Iterator[None]:
@@ -899,7 +717,7 @@ class RedisStore(Store):
             self._blocked_on[key] += 1
         try:
             yield
-        except (rexc.RedisError, TasklockError, OSError):
+        except self.waiting_trouble:
             self._unblocked(key)
             raise
         self._unblocked(key)
@@ -938,7 +756,7 @@ class RedisStore(Store):
         """A waiter leaving early may have taken the last release's wake-up: while the key
         is free, one is left for the next waiter. Never raises."""
         script = self._scripts["pass_on"]
-        keys = [self._lease_key(key), self._wake_key(key)]
+        keys = [self._lease_key(key), self._wake_key(key), self._limit_key(key)]
         with contextlib.suppress(TasklockError):
             self._call(lambda c: script(keys=keys, client=c), key)
 
@@ -1090,10 +908,20 @@ class RedisStore(Store):
 
     def _info(self, key: str, name: bytes, data: dict[bytes, bytes]) -> LeaseInfo:
         fields = (b"fencing_token", b"acquired_at", b"expires_at", b"holder")
-        return self._record(key, name, *(data.get(field) for field in fields))
+        slot = int(data.get(b"slot") or 0)
+        limit = data.get(b"limit")
+        return self._record(key, name, *(data.get(field) for field in fields), slot, limit)
 
     def _record(
-        self, key: str, name: bytes, token: Any, acquired: Any, expires: Any, holder: Any
+        self,
+        key: str,
+        name: bytes,
+        token: Any,
+        acquired: Any,
+        expires: Any,
+        holder: Any,
+        slot: int = 0,
+        limit: Any = None,
     ) -> LeaseInfo:
         try:
             info = LeaseInfo(
@@ -1103,6 +931,8 @@ class RedisStore(Store):
                 acquired_at=utc_from_timestamp(int(acquired) / 1000),
                 expires_at=utc_from_timestamp(int(expires) / 1000),
                 expired=False,  # a lease key that exists is live: Redis drops it at its PX
+                slot=slot,
+                limit=int(limit or 1),  # a plain lock's hash (an older tasklock's too) has none
             )
         except (ValueError, TypeError, AttributeError) as exc:
             raise ConfigError(
