@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -13,6 +14,7 @@ import pytest
 
 from tasklock_cli.errors import ConfigError
 from tasklock_cli.errors import LeaseLost
+from tasklock_cli.errors import LimitMismatch
 from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.stores import open_store
 from tasklock_cli.stores.base import Holder
@@ -152,6 +154,141 @@ def test_release_with_keep_for_sets_px(redis_store, raw, prefix):
     lease = redis_store.acquire("k", 30, HOLDER, token())
     assert redis_store.release(lease, keep_for=5) is True
     assert 4_000 < raw.pttl(prefix + b"{k}:lease") <= 5_000
+
+
+# -- semaphore slots ---------------------------------------------------------------------
+
+
+def test_semaphore_slots_are_hashes_beside_slot_zero_sharing_one_counter(redis_store, raw, prefix):
+    short = redis_store.acquire("pool", 2, HOLDER, token(), limit=3)
+    long = redis_store.acquire("pool", 60, OTHER, token(), limit=3)
+    slot0, slot1 = prefix + b"{pool}:lease", prefix + b"{pool}:lease:1"
+    limit_key, fence_key = prefix + b"{pool}:limit", prefix + b"{pool}:fence"
+    assert (short.slot, long.slot) == (0, 1)
+    assert raw.hget(slot0, "slot") == b"0" and raw.hget(slot1, "slot") == b"1"
+    assert raw.hget(slot0, "limit") == raw.hget(slot1, "limit") == b"3"
+    assert int(raw.hget(slot1, "fencing_token")) == long.fencing_token == 2
+    assert 59_000 < raw.pttl(slot1) <= 60_000
+    assert raw.get(fence_key) == b"2" and raw.ttl(fence_key) == -1
+    # The limit outlives the last live slot: at least as long as the longest PX.
+    assert raw.get(limit_key) == b"3" and raw.pttl(limit_key) >= raw.pttl(slot1) - 50
+    assert sorted(raw.scan_iter(match=prefix + b"*")) == sorted(
+        [slot0, slot1, limit_key, fence_key]
+    )
+    renewed = redis_store.renew(long, 120)
+    assert 119_000 < raw.pttl(limit_key) <= 120_000
+    assert redis_store.release(short) is True
+    assert raw.exists(limit_key) == 1  # slot 1 still held
+    assert redis_store.release(renewed) is True
+    assert raw.exists(slot0, slot1, limit_key) == 0
+    _assert_counter(raw, prefix, "pool", 2)
+
+
+def test_a_plain_lock_keeps_its_layout_of_old(redis_store, raw, prefix):
+    redis_store.acquire("k", 30, HOLDER, token())
+    data = raw.hgetall(prefix + b"{k}:lease")
+    assert b"slot" not in data and b"limit" not in data
+    assert raw.exists(prefix + b"{k}:limit") == 0
+
+
+def test_a_lease_written_before_semaphores_is_slot_zero_of_limit_one(redis_store, raw, prefix):
+    """What the previous version left in Redis: the lease hash without slot and limit
+    fields, and the counter. Nothing to migrate: it reads as slot 0 of limit 1 and the
+    counter counts on."""
+    lease_key, fence_key = prefix + b"{old}:lease", prefix + b"{old}:fence"
+    seconds, _ = raw.time()
+    raw.hset(
+        lease_key,
+        mapping={
+            "owner": "0123abcd",
+            "fencing_token": "41",
+            "holder": json.dumps(OTHER.to_dict()),
+            "acquired_at": seconds * 1000,
+            "expires_at": (seconds + 30) * 1000,
+        },
+    )
+    raw.pexpire(lease_key, 30_000)
+    raw.set(fence_key, 41)
+    (info,) = redis_store.holders("old")
+    assert (info.slot, info.limit, info.fencing_token, info.holder) == (0, 1, 41, OTHER)
+    with pytest.raises(LimitMismatch) as caught:
+        redis_store.acquire("old", 30, HOLDER, token(), limit=3)
+    assert (caught.value.held, caught.value.asked) == (1, 3)
+    assert redis_store.acquire("old", 30, HOLDER, token()) is None
+    assert [i.slot for i in redis_store.force_release("old", 41)] == [0]
+    assert redis_store.acquire("old", 30, HOLDER, token(), limit=3).fencing_token == 42
+
+
+def test_live_slots_above_the_asked_limit_are_a_mismatch(redis_store, other):
+    """Held with limit 5 on slots 3 and 4 only: slots 0 to 2 are free, yet a plain lock or a
+    limit of 2 would share the key with holders of another limit."""
+    leases = [redis_store.acquire("pool", 30, HOLDER, token(), limit=5) for _ in range(5)]
+    for lease in leases[:3]:
+        assert redis_store.release(lease) is True
+    for asked in (1, 2, 4):
+        with pytest.raises(LimitMismatch) as caught:
+            other.acquire("pool", 30, OTHER, token(), limit=asked)
+        assert (caught.value.held, caught.value.asked) == (5, asked)
+    assert [i.slot for i in other.holders("pool")] == [3, 4]
+    assert other.acquire("pool", 30, OTHER, token(), limit=5).slot == 0
+
+
+def test_a_limit_left_by_expired_slots_is_no_mismatch_and_goes(redis_store, other, raw, prefix):
+    redis_store.acquire("pool", 0.2, HOLDER, token(), limit=4)
+    time.sleep(0.35)
+    raw.set(prefix + b"{pool}:limit", b"4", px=60_000)  # as if it had outlived its slots
+    plain = other.acquire("pool", 30, OTHER, token())
+    assert (plain.slot, plain.limit) == (0, 1)
+    assert raw.exists(prefix + b"{pool}:limit") == 0
+    assert [(i.slot, i.limit) for i in other.holders("pool")] == [(0, 1)]
+
+
+def test_slot_names_never_read_as_other_keys(redis_store):
+    """``x}:lease:1`` is a key of its own, not slot 1 of ``x``; ``x``'s slot 1 is not a key."""
+    keys = ["x}:lease:1", "x}:lease", "x}:limit", "x:1"]
+    for key in keys:
+        assert redis_store.acquire(key, 30, HOLDER, token(), limit=2).slot == 0
+    assert [redis_store.acquire("x", 30, HOLDER, token(), limit=2).slot for _ in "ab"] == [0, 1]
+    listed = [(i.key, i.slot) for i in redis_store.list(prefix="x")]
+    assert listed == sorted([(key, 0) for key in keys] + [("x", 0), ("x", 1)])
+    assert [i.slot for i in redis_store.holders("x}:lease")] == [0]
+
+
+def test_releases_of_two_slots_wake_two_waiters(url, opened, other, raw, prefix):
+    leases = [other.acquire("pool", 30, OTHER, token(), limit=2) for _ in range(2)]
+    woke: list[float] = []
+
+    def wait() -> None:
+        waiter = open_store(url)
+        opened.append(waiter)
+        waiter.wait_for_release("pool", 3)
+        woke.append(time.monotonic())
+
+    threads = [threading.Thread(target=wait) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.3)
+    released = time.monotonic()
+    assert all(other.release(lease) for lease in leases)
+    for thread in threads:
+        thread.join()
+    assert len(woke) == 2 and all(at - released < 0.5 for at in woke), woke
+    assert raw.llen(prefix + b"{pool}:wake") == 0
+
+
+def test_the_wake_list_never_holds_more_wake_ups_than_free_slots(redis_store, raw, prefix):
+    leases = [redis_store.acquire("pool", 30, HOLDER, token(), limit=3) for _ in range(3)]
+    wake_key = prefix + b"{pool}:wake"
+    for freed, lease in enumerate(leases, start=1):
+        assert redis_store.release(lease) is True
+        assert raw.llen(wake_key) == freed
+    redis_store.acquire("pool", 30, HOLDER, token(), limit=3)
+    assert raw.llen(wake_key) == 2  # one taken by that acquire
+    redis_store.acquire("pool", 30, HOLDER, token(), limit=3)
+    redis_store.acquire("pool", 30, HOLDER, token(), limit=3)
+    assert raw.exists(wake_key) == 0  # full again: no false wake-ups
+    assert [i.slot for i in redis_store.force_release("pool")] == [0, 1, 2]
+    assert raw.llen(wake_key) == 3
 
 
 # -- the fencing counter ----------------------------------------------------------------
