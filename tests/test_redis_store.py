@@ -441,7 +441,7 @@ def test_list_prefix_scans_only_the_prefix(redis_store, raw, prefix, monkeypatch
     pipe.execute()
     scanned = _scanned_names(monkeypatch)
     assert [i.key for i in redis_store.list(prefix=GLOB_PREFIX)] == sorted(inside)
-    assert sorted(scanned) == sorted(redis_store._lease_key(key) for key in inside)
+    assert sorted(scanned) == sorted(redis_store._names.lease(key) for key in inside)
     scanned.clear()
     assert [i.key for i in redis_store.list(prefix="a[b]*?")] == sorted(
         [*inside, "a[b]*?\\x{", "a[b]*?\\^"]
@@ -572,7 +572,7 @@ def test_each_release_wakes_one_waiter_the_longest_waiting_first(url, opened, ot
 
 def test_a_release_between_the_look_and_the_block_is_not_missed(redis_store, other, monkeypatch):
     lease = other.acquire("k", 30, OTHER, token())
-    real_call, calls = redis_store._call, []
+    real_call, calls = redis_store._conn.call, []
 
     def call_then_release(operation, key=None):
         result = real_call(operation, key)
@@ -581,7 +581,7 @@ def test_a_release_between_the_look_and_the_block_is_not_missed(redis_store, oth
             assert other.release(lease) is True
         return result
 
-    monkeypatch.setattr(redis_store, "_call", call_then_release)
+    monkeypatch.setattr(redis_store._conn, "call", call_then_release)
     started = time.monotonic()
     redis_store.wait_for_release("k", 3)
     assert time.monotonic() - started < 1
@@ -870,14 +870,14 @@ def test_prefix_is_taken_from_the_url_and_defaults_to_tasklock():
 
 def test_set_io_timeout_applies_to_new_connections(redis_store, url):
     redis_store.set_io_timeout(1.5)
-    kwargs = redis_store._client.connection_pool.connection_kwargs
+    kwargs = redis_store._conn.client.connection_pool.connection_kwargs
     assert kwargs["socket_timeout"] == 1.5 and kwargs["socket_connect_timeout"] == 1.5
     assert redis_store.acquire("k", 30, HOLDER, token()) is not None
     # A timeout in the URL does not defeat the supervisor's bound.
     overridden = open_store(url + "&socket_timeout=60&protocol=3")
     try:
         overridden.set_io_timeout(1.5)
-        kwargs = overridden._client.connection_pool.connection_kwargs
+        kwargs = overridden._conn.client.connection_pool.connection_kwargs
         assert kwargs["socket_timeout"] == 1.5 and kwargs["protocol"] == 2
         assert overridden.peek("k").fencing_token == 1
     finally:
@@ -885,7 +885,7 @@ def test_set_io_timeout_applies_to_new_connections(redis_store, url):
 
 
 def test_more_threads_than_pooled_connections_wait_for_one(redis_store):
-    from tasklock_cli.stores.redis import MAX_CONNECTIONS
+    from tasklock_cli.stores.redis_connection import MAX_CONNECTIONS
 
     leases = [
         redis_store.acquire(f"k{n}", 30, HOLDER, token()) for n in range(MAX_CONNECTIONS + 50)

@@ -37,6 +37,14 @@ local function key_type(name, expected, role)
   end
   return t, nil
 end
+-- The first error reply among {name, expected type, role} checks, or nil.
+local function bad_types(checks)
+  for _, c in ipairs(checks) do
+    local _, bad = key_type(c[1], c[2], c[3])
+    if bad then return bad end
+  end
+  return nil
+end
 local lease_type, bad_lease = key_type(KEYS[1], 'hash', 'lease')
 if bad_lease then return bad_lease end
 -- A release wakes one waiter per freed slot: an element each, whoever BLPOPs first takes
@@ -78,10 +86,8 @@ ACQUIRE = (
     + """
 local fence_type, bad_fence = key_type(KEYS[2], 'string', 'fence')
 if bad_fence then return bad_fence end
-local _, bad_wake = key_type(KEYS[3], 'list', 'wake')
-if bad_wake then return bad_wake end
-local _, bad_limit = key_type(KEYS[4], 'string', 'limit')
-if bad_limit then return bad_limit end
+local bad = bad_types({{KEYS[3], 'list', 'wake'}, {KEYS[4], 'string', 'limit'}})
+if bad then return bad end
 local now = now_ms()
 local ttl = tonumber(ARGV[2])
 local limit = tonumber(ARGV[4])
@@ -136,8 +142,8 @@ RENEW = (
     _PRELUDE
     + """
 if lease_type == 'none' then return false end
-local _, bad_limit = key_type(KEYS[2], 'string', 'limit')
-if bad_limit then return bad_limit end
+local bad = bad_types({{KEYS[2], 'string', 'limit'}})
+if bad then return bad end
 local cur = redis.call('HMGET', KEYS[1], 'owner', 'fencing_token')
 if cur[1] ~= ARGV[1] or cur[2] ~= ARGV[2] then return false end
 local now = now_ms()
@@ -159,16 +165,12 @@ return now + ttl
 RELEASE = (
     _PRELUDE
     + """
-local _, bad_wake = key_type(KEYS[2], 'list', 'wake')
-if bad_wake then return bad_wake end
-local _, bad_limit = key_type(KEYS[5], 'string', 'limit')
-if bad_limit then return bad_limit end
+local bad = bad_types({{KEYS[2], 'list', 'wake'}, {KEYS[5], 'string', 'limit'}})
+if bad then return bad end
 local recording = ARGV[4] ~= ''
 if recording then
-  local _, bad_runs = key_type(KEYS[3], 'zset', 'runs')
-  if bad_runs then return bad_runs end
-  local _, bad_success = key_type(KEYS[4], 'string', 'success')
-  if bad_success then return bad_success end
+  local bad = bad_types({{KEYS[3], 'zset', 'runs'}, {KEYS[4], 'string', 'success'}})
+  if bad then return bad end
 end
 local limit = tonumber(ARGV[6])
 local function release()
@@ -208,8 +210,8 @@ return result
 # The live slots of the key whose fencing token is ARGV[1] ('' = every one), for break and
 # force release; KEYS[2] = limit. Defines `matching`: {slot, name, token} per slot.
 _MATCHING_SLOTS = """
-local _, bad_limit = key_type(KEYS[2], 'string', 'limit')
-if bad_limit then return bad_limit end
+local bad = bad_types({{KEYS[2], 'string', 'limit'}})
+if bad then return bad end
 local count = slot_count(KEYS[2])
 local matching = {}
 for slot = 0, count - 1 do
@@ -247,8 +249,8 @@ FORCE_RELEASE = (
     _PRELUDE
     + _MATCHING_SLOTS
     + """
-local _, bad_wake = key_type(KEYS[3], 'list', 'wake')
-if bad_wake then return bad_wake end
+local bad = bad_types({{KEYS[3], 'list', 'wake'}})
+if bad then return bad end
 local out = {}
 for _, slot in ipairs(matching) do
   out[#out + 1] = redis.call('HGETALL', slot[2])
@@ -281,10 +283,8 @@ return 0
 PASS_ON = (
     _PRELUDE
     + """
-local _, bad_wake = key_type(KEYS[2], 'list', 'wake')
-if bad_wake then return bad_wake end
-local _, bad_limit = key_type(KEYS[3], 'string', 'limit')
-if bad_limit then return bad_limit end
+local bad = bad_types({{KEYS[2], 'list', 'wake'}, {KEYS[3], 'string', 'limit'}})
+if bad then return bad end
 local count = slot_count(KEYS[3])
 local live = live_slots(KEYS[1], count)
 if live < count then wake(KEYS[2], 1, count - live) end
@@ -297,8 +297,8 @@ return 1
 SLOTS = (
     _PRELUDE
     + """
-local _, bad_limit = key_type(KEYS[2], 'string', 'limit')
-if bad_limit then return bad_limit end
+local bad = bad_types({{KEYS[2], 'string', 'limit'}})
+if bad then return bad end
 local rows = {}
 for slot = 0, slot_count(KEYS[2]) - 1 do
   local name = slot_key(KEYS[1], slot)
