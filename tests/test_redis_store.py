@@ -506,32 +506,6 @@ def test_wait_for_release_wakes_on_release_from_another_client(redis_store, othe
     assert redis_store.acquire("k", 30, HOLDER, token()) is not None
 
 
-def test_wait_for_release_wakes_on_force_release(redis_store, other):
-    other.acquire("k", 30, OTHER, token())
-    timer = threading.Timer(0.2, lambda: other.force_release("k"))
-    started = time.monotonic()
-    timer.start()
-    redis_store.wait_for_release("k", 5)
-    timer.join()
-    assert time.monotonic() - started < 1.5
-
-
-def test_wait_for_release_returns_at_once_when_already_free(redis_store, other):
-    lease = other.acquire("k", 30, OTHER, token())
-    other.release(lease)  # released between our failed acquire and the wait
-    started = time.monotonic()
-    redis_store.wait_for_release("k", 5)
-    assert time.monotonic() - started < 0.5
-
-
-def test_wait_for_release_wakes_at_the_lease_expiry(redis_store, other):
-    other.acquire("k", 0.3, OTHER, token())
-    started = time.monotonic()
-    redis_store.wait_for_release("k", 5)
-    assert 0.2 < time.monotonic() - started < 1.5
-    assert redis_store.acquire("k", 30, HOLDER, token()) is not None
-
-
 def test_wait_for_release_honours_its_timeout_and_can_repeat(redis_store, other):
     lease = other.acquire("k", 30, OTHER, token())
     for _ in range(3):  # each wait leaves the connection clean for the next
