@@ -9,6 +9,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -21,6 +22,7 @@ from tasklock_cli.stores.base import Holder
 from tests.support import redis_support
 from tests.support import services
 from tests.support.ports import free_port
+from tests.support.proxy import TcpProxy
 
 HOLDER = Holder(host="host-a", pid=4242, user="alice", command=["./job.sh"], note="n")
 OTHER = Holder(host="host-b", pid=99, user="bob", command=["true"], note=None)
@@ -994,3 +996,34 @@ def test_unix_socket_urls_work(tmp_path):
                 other.close()
         finally:
             store.close()
+
+
+def test_a_semaphores_operations_take_one_round_trip_each(url):
+    """Slots change nothing of the one round trip: acquire (also into slot 2, also when
+    every slot is held or the limit does not match), renew, release, holders."""
+    with TcpProxy("127.0.0.1", urlsplit(url).port or 6379) as proxy:
+        store = open_store(proxy.url_for(url))
+        try:
+            store.release(store.acquire("warm-up", 30, HOLDER, token()))  # scripts loaded
+            counted: dict[str, int] = {}
+
+            def count(name: str, operation):
+                before = proxy.round_trips
+                try:
+                    return operation()
+                finally:
+                    counted[name] = proxy.round_trips - before
+
+            first = count("acquire", lambda: store.acquire("pool", 30, HOLDER, token(), limit=3))
+            store.acquire("pool", 30, HOLDER, token(), limit=3)
+            third = count("acquire slot 2", lambda: store.acquire("pool", 30, OTHER, token(), 3))
+            assert (first.slot, third.slot) == (0, 2)
+            assert count("full", lambda: store.acquire("pool", 30, OTHER, token(), 3)) is None
+            with pytest.raises(LimitMismatch):
+                count("mismatch", lambda: store.acquire("pool", 30, OTHER, token()))
+            count("renew", lambda: store.renew(third, 30))
+            assert len(count("holders", lambda: store.holders("pool"))) == 3
+            assert count("release", lambda: store.release(third)) is True
+        finally:
+            store.close()
+    assert len(counted) == 7 and counted == dict.fromkeys(counted, 1), counted

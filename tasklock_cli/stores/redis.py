@@ -179,7 +179,7 @@ class RedisStore(Store):
 
     def time_left(self, key: str, fencing_token: int) -> float | None:
         for row in self._slots(key):
-            if int(row[1]) == fencing_token:
+            if row[1] == str(fencing_token).encode():
                 broken, pttl = int(row[7]), int(row[6])
                 return None if broken or pttl <= 0 else pttl / 1000
         return None

@@ -105,14 +105,10 @@ class RedisWakeLists:
     def pass_on(self, key: str) -> None:
         """A waiter leaving early may have taken the last release's wake-up: while the key
         is free, one is left for the next waiter. Never raises."""
-        script = self._conn.scripts["pass_on"]
-        keys = [
-            self._conn.names.lease(key),
-            self._conn.names.name(key, "wake"),
-            self._conn.names.name(key, "limit"),
-        ]
+        names = self._conn.names
+        keys = [names.lease(key), names.name(key, "wake"), names.name(key, "limit")]
         with contextlib.suppress(TasklockError):
-            self._conn.call(lambda c: script(keys=keys, client=c), key)
+            self._conn.script("pass_on", keys, [], key)
 
     def close(self) -> None:
         """Pass on the wake-ups that BLPOPs cut short may have popped."""
