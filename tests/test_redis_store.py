@@ -2,23 +2,27 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
 import time
 import uuid
 from collections.abc import Iterator
+from urllib.parse import urlsplit
 
 import pytest
 
 from tasklock_cli.errors import ConfigError
 from tasklock_cli.errors import LeaseLost
+from tasklock_cli.errors import LimitMismatch
 from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.stores import open_store
 from tasklock_cli.stores.base import Holder
 from tests.support import redis_support
 from tests.support import services
 from tests.support.ports import free_port
+from tests.support.proxy import TcpProxy
 
 HOLDER = Holder(host="host-a", pid=4242, user="alice", command=["./job.sh"], note="n")
 OTHER = Holder(host="host-b", pid=99, user="bob", command=["true"], note=None)
@@ -154,6 +158,141 @@ def test_release_with_keep_for_sets_px(redis_store, raw, prefix):
     assert 4_000 < raw.pttl(prefix + b"{k}:lease") <= 5_000
 
 
+# -- semaphore slots ---------------------------------------------------------------------
+
+
+def test_semaphore_slots_are_hashes_beside_slot_zero_sharing_one_counter(redis_store, raw, prefix):
+    short = redis_store.acquire("pool", 2, HOLDER, token(), limit=3)
+    long = redis_store.acquire("pool", 60, OTHER, token(), limit=3)
+    slot0, slot1 = prefix + b"{pool}:lease", prefix + b"{pool}:lease:1"
+    limit_key, fence_key = prefix + b"{pool}:limit", prefix + b"{pool}:fence"
+    assert (short.slot, long.slot) == (0, 1)
+    assert raw.hget(slot0, "slot") == b"0" and raw.hget(slot1, "slot") == b"1"
+    assert raw.hget(slot0, "limit") == raw.hget(slot1, "limit") == b"3"
+    assert int(raw.hget(slot1, "fencing_token")) == long.fencing_token == 2
+    assert 59_000 < raw.pttl(slot1) <= 60_000
+    assert raw.get(fence_key) == b"2" and raw.ttl(fence_key) == -1
+    # The limit outlives the last live slot: at least as long as the longest PX.
+    assert raw.get(limit_key) == b"3" and raw.pttl(limit_key) >= raw.pttl(slot1) - 50
+    assert sorted(raw.scan_iter(match=prefix + b"*")) == sorted(
+        [slot0, slot1, limit_key, fence_key]
+    )
+    renewed = redis_store.renew(long, 120)
+    assert 119_000 < raw.pttl(limit_key) <= 120_000
+    assert redis_store.release(short) is True
+    assert raw.exists(limit_key) == 1  # slot 1 still held
+    assert redis_store.release(renewed) is True
+    assert raw.exists(slot0, slot1, limit_key) == 0
+    _assert_counter(raw, prefix, "pool", 2)
+
+
+def test_a_plain_lock_keeps_its_layout_of_old(redis_store, raw, prefix):
+    redis_store.acquire("k", 30, HOLDER, token())
+    data = raw.hgetall(prefix + b"{k}:lease")
+    assert b"slot" not in data and b"limit" not in data
+    assert raw.exists(prefix + b"{k}:limit") == 0
+
+
+def test_a_lease_written_before_semaphores_is_slot_zero_of_limit_one(redis_store, raw, prefix):
+    """What the previous version left in Redis: the lease hash without slot and limit
+    fields, and the counter. Nothing to migrate: it reads as slot 0 of limit 1 and the
+    counter counts on."""
+    lease_key, fence_key = prefix + b"{old}:lease", prefix + b"{old}:fence"
+    seconds, _ = raw.time()
+    raw.hset(
+        lease_key,
+        mapping={
+            "owner": "0123abcd",
+            "fencing_token": "41",
+            "holder": json.dumps(OTHER.to_dict()),
+            "acquired_at": seconds * 1000,
+            "expires_at": (seconds + 30) * 1000,
+        },
+    )
+    raw.pexpire(lease_key, 30_000)
+    raw.set(fence_key, 41)
+    (info,) = redis_store.holders("old")
+    assert (info.slot, info.limit, info.fencing_token, info.holder) == (0, 1, 41, OTHER)
+    with pytest.raises(LimitMismatch) as caught:
+        redis_store.acquire("old", 30, HOLDER, token(), limit=3)
+    assert (caught.value.held, caught.value.asked) == (1, 3)
+    assert redis_store.acquire("old", 30, HOLDER, token()) is None
+    assert [i.slot for i in redis_store.force_release("old", 41)] == [0]
+    assert redis_store.acquire("old", 30, HOLDER, token(), limit=3).fencing_token == 42
+
+
+def test_live_slots_above_the_asked_limit_are_a_mismatch(redis_store, other):
+    """Held with limit 5 on slots 3 and 4 only: slots 0 to 2 are free, yet a plain lock or a
+    limit of 2 would share the key with holders of another limit."""
+    leases = [redis_store.acquire("pool", 30, HOLDER, token(), limit=5) for _ in range(5)]
+    for lease in leases[:3]:
+        assert redis_store.release(lease) is True
+    for asked in (1, 2, 4):
+        with pytest.raises(LimitMismatch) as caught:
+            other.acquire("pool", 30, OTHER, token(), limit=asked)
+        assert (caught.value.held, caught.value.asked) == (5, asked)
+    assert [i.slot for i in other.holders("pool")] == [3, 4]
+    assert other.acquire("pool", 30, OTHER, token(), limit=5).slot == 0
+
+
+def test_a_limit_left_by_expired_slots_is_no_mismatch_and_goes(redis_store, other, raw, prefix):
+    redis_store.acquire("pool", 0.2, HOLDER, token(), limit=4)
+    time.sleep(0.35)
+    raw.set(prefix + b"{pool}:limit", b"4", px=60_000)  # as if it had outlived its slots
+    plain = other.acquire("pool", 30, OTHER, token())
+    assert (plain.slot, plain.limit) == (0, 1)
+    assert raw.exists(prefix + b"{pool}:limit") == 0
+    assert [(i.slot, i.limit) for i in other.holders("pool")] == [(0, 1)]
+
+
+def test_slot_names_never_read_as_other_keys(redis_store):
+    """``x}:lease:1`` is a key of its own, not slot 1 of ``x``; ``x``'s slot 1 is not a key."""
+    keys = ["x}:lease:1", "x}:lease", "x}:limit", "x:1"]
+    for key in keys:
+        assert redis_store.acquire(key, 30, HOLDER, token(), limit=2).slot == 0
+    assert [redis_store.acquire("x", 30, HOLDER, token(), limit=2).slot for _ in "ab"] == [0, 1]
+    listed = [(i.key, i.slot) for i in redis_store.list(prefix="x")]
+    assert listed == sorted([(key, 0) for key in keys] + [("x", 0), ("x", 1)])
+    assert [i.slot for i in redis_store.holders("x}:lease")] == [0]
+
+
+def test_releases_of_two_slots_wake_two_waiters(url, opened, other, raw, prefix):
+    leases = [other.acquire("pool", 30, OTHER, token(), limit=2) for _ in range(2)]
+    woke: list[float] = []
+
+    def wait() -> None:
+        waiter = open_store(url)
+        opened.append(waiter)
+        waiter.wait_for_release("pool", 3)
+        woke.append(time.monotonic())
+
+    threads = [threading.Thread(target=wait) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.3)
+    released = time.monotonic()
+    assert all(other.release(lease) for lease in leases)
+    for thread in threads:
+        thread.join()
+    assert len(woke) == 2 and all(at - released < 0.5 for at in woke), woke
+    assert raw.llen(prefix + b"{pool}:wake") == 0
+
+
+def test_the_wake_list_never_holds_more_wake_ups_than_free_slots(redis_store, raw, prefix):
+    leases = [redis_store.acquire("pool", 30, HOLDER, token(), limit=3) for _ in range(3)]
+    wake_key = prefix + b"{pool}:wake"
+    for freed, lease in enumerate(leases, start=1):
+        assert redis_store.release(lease) is True
+        assert raw.llen(wake_key) == freed
+    redis_store.acquire("pool", 30, HOLDER, token(), limit=3)
+    assert raw.llen(wake_key) == 2  # one taken by that acquire
+    redis_store.acquire("pool", 30, HOLDER, token(), limit=3)
+    redis_store.acquire("pool", 30, HOLDER, token(), limit=3)
+    assert raw.exists(wake_key) == 0  # full again: no false wake-ups
+    assert [i.slot for i in redis_store.force_release("pool")] == [0, 1, 2]
+    assert raw.llen(wake_key) == 3
+
+
 # -- the fencing counter ----------------------------------------------------------------
 
 
@@ -173,7 +312,8 @@ def test_counter_survives_release_force_release_expiry_and_sweep(redis_store, ot
     _assert_counter(raw, prefix, "k", 1)
 
     redis_store.acquire("k", 30, HOLDER, token())
-    assert other.force_release("k").fencing_token == 2
+    (freed,) = other.force_release("k")
+    assert freed.fencing_token == 2
     assert raw.exists(lease_key) == 0
     _assert_counter(raw, prefix, "k", 2)
 
@@ -193,11 +333,11 @@ def test_force_release_returns_the_broken_lease_and_keeps_the_counter(
     redis_store, other, raw, prefix
 ):
     lease = redis_store.acquire("k", 30, HOLDER, token())
-    broken = other.force_release("k")
+    (broken,) = other.force_release("k")
     assert broken.key == "k" and broken.holder == HOLDER
     assert broken.fencing_token == lease.fencing_token
     assert broken.expires_at == lease.expires_at
-    assert other.force_release("k") is None
+    assert other.force_release("k") == []
     _assert_counter(raw, prefix, "k", 1)
 
 
@@ -254,7 +394,7 @@ def test_list_uses_scan_never_keys(redis_store, monkeypatch):
     assert [i.key for i in redis_store.list()] == ["a", "b", "c"]
     assert [i.key for i in redis_store.list(prefix="b")] == ["b"]
     assert scans and all(match is not None for match in scans)
-    assert scans[-1].endswith(b"{b*}:lease")
+    assert scans[-1].endswith(b"{b*}:lease*")  # every slot's hash: :lease and :lease:N
 
 
 def test_list_ignores_foreign_keys_and_other_namespaces(redis_store, raw, prefix, url):
@@ -303,7 +443,7 @@ def test_list_prefix_scans_only_the_prefix(redis_store, raw, prefix, monkeypatch
     pipe.execute()
     scanned = _scanned_names(monkeypatch)
     assert [i.key for i in redis_store.list(prefix=GLOB_PREFIX)] == sorted(inside)
-    assert sorted(scanned) == sorted(redis_store._lease_key(key) for key in inside)
+    assert sorted(scanned) == sorted(redis_store._names.lease(key) for key in inside)
     scanned.clear()
     assert [i.key for i in redis_store.list(prefix="a[b]*?")] == sorted(
         [*inside, "a[b]*?\\x{", "a[b]*?\\^"]
@@ -368,32 +508,6 @@ def test_wait_for_release_wakes_on_release_from_another_client(redis_store, othe
     assert redis_store.acquire("k", 30, HOLDER, token()) is not None
 
 
-def test_wait_for_release_wakes_on_force_release(redis_store, other):
-    other.acquire("k", 30, OTHER, token())
-    timer = threading.Timer(0.2, lambda: other.force_release("k"))
-    started = time.monotonic()
-    timer.start()
-    redis_store.wait_for_release("k", 5)
-    timer.join()
-    assert time.monotonic() - started < 1.5
-
-
-def test_wait_for_release_returns_at_once_when_already_free(redis_store, other):
-    lease = other.acquire("k", 30, OTHER, token())
-    other.release(lease)  # released between our failed acquire and the wait
-    started = time.monotonic()
-    redis_store.wait_for_release("k", 5)
-    assert time.monotonic() - started < 0.5
-
-
-def test_wait_for_release_wakes_at_the_lease_expiry(redis_store, other):
-    other.acquire("k", 0.3, OTHER, token())
-    started = time.monotonic()
-    redis_store.wait_for_release("k", 5)
-    assert 0.2 < time.monotonic() - started < 1.5
-    assert redis_store.acquire("k", 30, HOLDER, token()) is not None
-
-
 def test_wait_for_release_honours_its_timeout_and_can_repeat(redis_store, other):
     lease = other.acquire("k", 30, OTHER, token())
     for _ in range(3):  # each wait leaves the connection clean for the next
@@ -434,7 +548,7 @@ def test_each_release_wakes_one_waiter_the_longest_waiting_first(url, opened, ot
 
 def test_a_release_between_the_look_and_the_block_is_not_missed(redis_store, other, monkeypatch):
     lease = other.acquire("k", 30, OTHER, token())
-    real_call, calls = redis_store._call, []
+    real_call, calls = redis_store._conn.call, []
 
     def call_then_release(operation, key=None):
         result = real_call(operation, key)
@@ -443,7 +557,7 @@ def test_a_release_between_the_look_and_the_block_is_not_missed(redis_store, oth
             assert other.release(lease) is True
         return result
 
-    monkeypatch.setattr(redis_store, "_call", call_then_release)
+    monkeypatch.setattr(redis_store._conn, "call", call_then_release)
     started = time.monotonic()
     redis_store.wait_for_release("k", 3)
     assert time.monotonic() - started < 1
@@ -535,7 +649,8 @@ def test_script_flush_is_survived(redis_store, other, raw):
     raw.script_flush()
     assert other.acquire("k", 30, OTHER, token()).fencing_token == 2
     raw.script_flush()
-    assert redis_store.force_release("k").holder == OTHER
+    (freed,) = redis_store.force_release("k")
+    assert freed.holder == OTHER
 
 
 def test_foreign_string_at_a_lease_key_is_a_clear_error(redis_store, raw, prefix):
@@ -731,14 +846,14 @@ def test_prefix_is_taken_from_the_url_and_defaults_to_tasklock():
 
 def test_set_io_timeout_applies_to_new_connections(redis_store, url):
     redis_store.set_io_timeout(1.5)
-    kwargs = redis_store._client.connection_pool.connection_kwargs
+    kwargs = redis_store._conn.client.connection_pool.connection_kwargs
     assert kwargs["socket_timeout"] == 1.5 and kwargs["socket_connect_timeout"] == 1.5
     assert redis_store.acquire("k", 30, HOLDER, token()) is not None
     # A timeout in the URL does not defeat the supervisor's bound.
     overridden = open_store(url + "&socket_timeout=60&protocol=3")
     try:
         overridden.set_io_timeout(1.5)
-        kwargs = overridden._client.connection_pool.connection_kwargs
+        kwargs = overridden._conn.client.connection_pool.connection_kwargs
         assert kwargs["socket_timeout"] == 1.5 and kwargs["protocol"] == 2
         assert overridden.peek("k").fencing_token == 1
     finally:
@@ -746,7 +861,7 @@ def test_set_io_timeout_applies_to_new_connections(redis_store, url):
 
 
 def test_more_threads_than_pooled_connections_wait_for_one(redis_store):
-    from tasklock_cli.stores.redis import MAX_CONNECTIONS
+    from tasklock_cli.stores.redis_connection import MAX_CONNECTIONS
 
     leases = [
         redis_store.acquire(f"k{n}", 30, HOLDER, token()) for n in range(MAX_CONNECTIONS + 50)
@@ -881,3 +996,34 @@ def test_unix_socket_urls_work(tmp_path):
                 other.close()
         finally:
             store.close()
+
+
+def test_a_semaphores_operations_take_one_round_trip_each(url):
+    """Slots change nothing of the one round trip: acquire (also into slot 2, also when
+    every slot is held or the limit does not match), renew, release, holders."""
+    with TcpProxy("127.0.0.1", urlsplit(url).port or 6379) as proxy:
+        store = open_store(proxy.url_for(url))
+        try:
+            store.release(store.acquire("warm-up", 30, HOLDER, token()))  # scripts loaded
+            counted: dict[str, int] = {}
+
+            def count(name: str, operation):
+                before = proxy.round_trips
+                try:
+                    return operation()
+                finally:
+                    counted[name] = proxy.round_trips - before
+
+            first = count("acquire", lambda: store.acquire("pool", 30, HOLDER, token(), limit=3))
+            store.acquire("pool", 30, HOLDER, token(), limit=3)
+            third = count("acquire slot 2", lambda: store.acquire("pool", 30, OTHER, token(), 3))
+            assert (first.slot, third.slot) == (0, 2)
+            assert count("full", lambda: store.acquire("pool", 30, OTHER, token(), 3)) is None
+            with pytest.raises(LimitMismatch):
+                count("mismatch", lambda: store.acquire("pool", 30, OTHER, token()))
+            count("renew", lambda: store.renew(third, 30))
+            assert len(count("holders", lambda: store.holders("pool"))) == 3
+            assert count("release", lambda: store.release(third)) is True
+        finally:
+            store.close()
+    assert len(counted) == 7 and counted == dict.fromkeys(counted, 1), counted

@@ -21,15 +21,15 @@ REDIS_SERVER = os.environ.get("TASKLOCK_TEST_REDIS_SERVER", "/usr/bin/redis-serv
 def _client_for(url: str):
     import redis
 
-    from tasklock_cli.stores.redis import _split_url
+    from tasklock_cli.stores.redis_connection import split_url
 
-    clean, prefix, _ = _split_url(url)
+    clean, prefix, _ = split_url(url)
     return redis.Redis.from_url(clean, socket_timeout=5, socket_connect_timeout=5), prefix
 
 
 def drop_namespace(url: str) -> int:
     """Delete every key under the URL's ``prefix=`` (SCAN, never KEYS); returns how many."""
-    from tasklock_cli.stores.redis import glob_escape
+    from tasklock_cli.stores.redis_connection import glob_escape
 
     client, prefix = _client_for(url)
     if not prefix:

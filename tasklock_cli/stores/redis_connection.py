@@ -1,0 +1,321 @@
+"""The Redis store's connection: its URL, its pool of redis-py connections with tasklock's
+timeouts, one retry on a broken connection, Redis's errors as tasklock's, and the names of
+each lock key's parts (see ``tasklock_cli.stores.redis`` for the layout).
+
+Connections: sockets are close-on-exec (Python's default), so a child never inherits them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import re
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+from typing import TypeVar
+from urllib.parse import unquote
+from urllib.parse import unquote_plus
+from urllib.parse import urlsplit
+
+# Absolute import: this is redis-py, not this module (Python 3 has no implicit relative
+# imports, and ``from __future__ import annotations`` changes nothing about that).
+import redis
+import redis.connection
+import redis.exceptions as rexc
+from redis.backoff import NoBackoff
+from redis.commands.core import Script
+from redis.retry import Retry
+
+from tasklock_cli.errors import ConfigError
+from tasklock_cli.errors import StoreUnavailable
+from tasklock_cli.errors import TasklockError
+from tasklock_cli.stores.redis_scripts import SCRIPTS
+from tasklock_cli.stores.urls import scrub
+
+DEFAULT_PREFIX = "tasklock:"
+DEFAULT_IO_TIMEOUT_S = 5.0
+#: Idle connections are PINGed before reuse, so a connection the server closed (restart,
+#: ``timeout`` setting) fails *before* the real command is sent and can be retried safely.
+HEALTH_CHECK_INTERVAL_S = 15
+MAX_CONNECTIONS = 100
+
+_T = TypeVar("_T")
+#: What each part of a lock key must be, as foreign-key errors describe it.
+_EXPECTED_TYPES = {
+    "lease": "a tasklock lease hash",
+    "fence": "an integer counter",
+    "wake": "a tasklock wake-up list",
+    "runs": "a tasklock run ledger (sorted set)",
+    "success": "a tasklock run record (string)",
+    "limit": "a tasklock semaphore limit (string)",
+}
+_FORCED_OPTIONS = (
+    "socket_timeout",
+    "socket_connect_timeout",
+    "retry",
+    "protocol",
+    "decode_responses",
+)
+_GLOB_SPECIAL = frozenset(b"*?[]\\^")
+#: What follows the prefix's ``{`` in the name of slot N > 0's lease hash.
+_SLOT_NAME = re.compile(rb"(.*)\}:lease:([1-9][0-9]*)", re.DOTALL)
+
+
+def glob_escape(raw: bytes) -> bytes:
+    """``raw`` as a literal in a Redis MATCH pattern (every metacharacter backslashed)."""
+    out = bytearray()
+    for byte in raw:
+        if byte in _GLOB_SPECIAL:
+            out.append(0x5C)
+        out.append(byte)
+    return bytes(out)
+
+
+def split_url(url: str) -> tuple[str, str, list[str]]:
+    """(url for redis-py without tasklock's own ``prefix=``, prefix, secrets to scrub)."""
+    parts = urlsplit(url)
+    prefix = DEFAULT_PREFIX
+    kept: list[str] = []
+    secrets: list[str] = []
+    for item in parts.query.split("&") if parts.query else []:
+        name, _, value = item.partition("=")
+        name = unquote_plus(name)
+        if name == "prefix":
+            prefix = unquote_plus(value)
+            continue
+        if name == "protocol":
+            continue  # tasklock speaks RESP2 (see _connection_kwargs), whatever the URL says
+        if name == "password" and value:
+            secrets.append(unquote_plus(value))
+        kept.append(item)
+    if parts.password:
+        secrets.append(unquote(parts.password))
+    # Rebuilt textually: urlunsplit would turn unix:///path into unix:/path.
+    base, _, rest = url.partition("?")
+    fragment = rest.partition("#")[2] if "#" in rest else ""
+    clean = base + ("?" + "&".join(kept) if kept else "") + ("#" + fragment if fragment else "")
+    return clean, prefix, secrets
+
+
+def _set_up_lean(connection: redis.connection.AbstractConnection) -> None:
+    """The connection's handshake without what costs a round trip each on every new
+    connection, i.e. on every ``tasklock run``: the health-check PING redis-py would first
+    send on a socket that has only just connected, and CLIENT SETINFO LIB-NAME / LIB-VER
+    (the client name, ``tasklock``, is kept). The handshake reads these attributes in
+    every redis-py release (``driver_info`` in newer ones, ``lib_name``/``lib_version``
+    in older ones), unlike the constructor options, whose ``None`` some releases ignore."""
+    connection.next_health_check = time.monotonic() + HEALTH_CHECK_INTERVAL_S
+    connection.driver_info = None
+    connection.lib_name = connection.lib_version = None
+    connection.on_connect()
+
+
+class RedisKeys:
+    """The Redis names of a lock key's parts under the namespace ``prefix``."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.prefix_b = prefix.encode("utf-8")
+
+    def name(self, key: str, role: str) -> bytes:
+        """The Redis key of one of a lock key's parts: lease, fence, wake, runs, ..."""
+        return self.prefix_b + b"{" + key.encode("utf-8") + b"}:" + role.encode()
+
+    def lease(self, key: str, slot: int = 0) -> bytes:
+        """Slot 0's hash is the key's lease hash of old; slot N's adds ``:N`` (see
+        ``redis_scripts``)."""
+        name = self.name(key, "lease")
+        return name + b":%d" % slot if slot else name
+
+    def break_channel(self, key: str, token: int | str = "") -> bytes:
+        """Where a break of ``key``'s lease with fencing token ``token`` is published
+        (without ``token``: the part before it, which the scripts complete)."""
+        return self.name(key, "broken:") + str(token).encode()
+
+    def pattern(self, key_prefix: str, role: str) -> bytes:
+        """A SCAN MATCH pattern for the parts named ``role`` of keys starting with
+        ``key_prefix`` (``role`` may end with a glob)."""
+        return glob_escape(self.prefix_b + b"{" + key_prefix.encode("utf-8")) + b"*}:" + role
+
+    def slot_of(self, lease_key: bytes) -> tuple[str, int] | None:
+        """The lock key and slot of a lease hash's name; None for a name of another part."""
+        inner = lease_key[len(self.prefix_b) + 1 :]
+        if inner.endswith(b"}:lease"):
+            return inner[: -len(b"}:lease")].decode("utf-8", "replace"), 0
+        match = _SLOT_NAME.fullmatch(inner)
+        if match is None:
+            return None
+        return match[1].decode("utf-8", "replace"), int(match[2])
+
+
+class RedisConnection:
+    """The store's redis-py client (remade when the I/O timeout changes) and how each call
+    goes through it: ``call`` retries a broken connection once and turns Redis's errors
+    into tasklock's; ``scripts`` are the store's Lua scripts, loaded on first use."""
+
+    def __init__(self, url: str, display_url: str, names: RedisKeys) -> None:
+        self._url = url
+        self.display_url = display_url
+        self.names = names
+        self._secrets = [s for s in split_url(url)[2] if s]
+        self._tcp = urlsplit(url).scheme.lower() in ("redis", "rediss")
+        self.io_timeout = DEFAULT_IO_TIMEOUT_S
+        self.scripts = {
+            name: Script(None, source.encode("utf-8")) for name, source in SCRIPTS.items()
+        }
+        self._client_lock = threading.Lock()
+        self._client = self._make_client()
+
+    @property
+    def client(self) -> redis.Redis:
+        with self._client_lock:
+            return self._client
+
+    def _connection_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {
+            "socket_connect_timeout": self.io_timeout,
+            "socket_timeout": self.io_timeout,
+            # No silent retries inside redis-py (they would multiply the time a call can
+            # take past the supervisor's deadline); ``call`` retries once, knowingly.
+            "retry": Retry(NoBackoff(), 0),
+            "health_check_interval": HEALTH_CHECK_INTERVAL_S,
+            "redis_connect_func": _set_up_lean,
+            "client_name": "tasklock",  # CLIENT LIST shows who holds the connections
+            "decode_responses": False,
+            # RESP2, so servers and proxies without HELLO work too.
+            "protocol": 2,
+        }
+        if self._tcp:
+            kwargs["socket_keepalive"] = True
+        return kwargs
+
+    def _make_client(self) -> redis.Redis:
+        try:
+            ours = self._connection_kwargs()
+            # Blocking: a thread beyond MAX_CONNECTIONS waits (within the I/O timeout) for a
+            # connection instead of failing with "Too many connections".
+            pool = redis.BlockingConnectionPool.from_url(
+                self._url, max_connections=MAX_CONNECTIONS, timeout=self.io_timeout, **ours
+            )
+            client = redis.Redis(connection_pool=pool)
+            # redis-py lets URL options override keyword arguments; these stay tasklock's, so
+            # ``set_io_timeout`` bounds every call whatever the URL says.
+            for name in _FORCED_OPTIONS:
+                pool.connection_kwargs[name] = ours[name]
+            # Build (not connect) one connection so unknown URL parameters fail here, clearly.
+            pool.connection_class(**pool.connection_kwargs)
+        except (ValueError, TypeError, rexc.RedisError) as exc:
+            raise ConfigError(
+                f"invalid Redis URL {self.display_url!r}: {self.scrub(exc)}"
+            ) from None
+        return client
+
+    def set_io_timeout(self, seconds: float) -> None:
+        if not math.isfinite(seconds) or seconds <= 0 or seconds == self.io_timeout:
+            return
+        with self._client_lock:
+            self.io_timeout = seconds
+            old, self._client = self._client, self._make_client()
+        # Idle connections of the old pool close now; ones in use close when collected.
+        old.connection_pool.disconnect(inuse_connections=False)
+
+    def call(self, operation: Callable[[redis.Redis], _T], key: str | None = None) -> _T:
+        """Run ``operation`` once more on a fresh connection if the connection broke.
+
+        A broken connection (refused, reset, closed by the server) fails fast; a timeout is
+        not retried here, so one call stays within about one I/O timeout. Every retried
+        operation is safe to repeat: acquire recognises its own owner token, renew and
+        release check it, reads are reads.
+        """
+        for attempt in (1, 2):
+            try:
+                return operation(self._client)
+            except (rexc.AuthenticationError, rexc.AuthorizationError) as exc:
+                raise self.translate(exc, key) from None
+            except rexc.ConnectionError as exc:
+                if attempt == 1 and not isinstance(exc, rexc.BusyLoadingError):
+                    continue
+                raise self.translate(exc, key) from None
+            except rexc.RedisError as exc:
+                raise self.translate(exc, key) from None
+        raise AssertionError("unreachable")
+
+    def translate(self, exc: Exception, key: str | None = None) -> TasklockError:
+        text = self.scrub(exc)
+        where = self.display_url
+        if isinstance(exc, rexc.AuthenticationError | rexc.AuthorizationError):
+            # 78, not 69: the server answered and refused these credentials. Retrying cannot
+            # help; the store URL (or the server's ACL) has to be fixed.
+            return ConfigError(
+                f"{where}: Redis refused the credentials ({text}); "
+                "check the user name and password of the store URL"
+            )
+        if isinstance(exc, rexc.ConnectionError | rexc.TimeoutError):
+            return StoreUnavailable(f"{where}: {text}")
+        if isinstance(exc, rexc.InvalidResponse):
+            return StoreUnavailable(f"{where}: the server does not speak Redis ({text})")
+        if isinstance(exc, rexc.NoPermissionError):
+            return ConfigError(f"{where}: the Redis user may not run what tasklock needs ({text})")
+        if isinstance(exc, rexc.ResponseError):
+            if text.startswith("WRONGTYPE"):
+                return self.foreign_key_error(text, key)
+            if "unknown command" in text.lower():
+                return ConfigError(f"{where}: this Redis lacks a command tasklock needs ({text})")
+        return StoreUnavailable(f"{where}: Redis answered with an error: {text}")
+
+    def foreign_key_error(self, text: str, key: str | None) -> ConfigError:
+        # Our scripts answer "WRONGTYPE lease|fence|wake <type>"; plain commands "WRONGTYPE ...".
+        words = text.split()
+        which = words[1] if len(words) > 1 and words[1] in _EXPECTED_TYPES else "lease"
+        found = " ".join(words[2:]) if len(words) > 2 and words[1] == which else None
+        if key is not None:
+            name = self.names.name(key, which)
+            described = f"Redis key {name.decode('utf-8', 'replace')!r}"
+            if found is None:
+                with contextlib.suppress(rexc.RedisError):
+                    found = self._client.type(name).decode()
+        else:
+            described = "a Redis key"
+        expected = _EXPECTED_TYPES[which]
+        holds = f"holds a {found}" if found else "holds another type"
+        return ConfigError(
+            f"{self.display_url}: {described} {holds}, not {expected}: another application "
+            f"uses the prefix {self.names.prefix!r}; remove that key or set another prefix= in the "
+            "store URL (nothing was changed)"
+        )
+
+    def config_get(self, name: str) -> str | None:
+        """The setting's value, or None when CONFIG is refused (managed Redis)."""
+        try:
+            values = self._client.config_get(name)
+        except rexc.ResponseError:  # unknown/renamed command, NOPERM, ...
+            return None
+        except rexc.RedisError as exc:
+            raise self.translate(exc) from None
+        values = values or {}
+        value = values.get(name, values.get(name.encode()))
+        return value.decode() if isinstance(value, bytes) else value
+
+    def script(self, name: str, keys: list[bytes], args: list[Any], key: str | None) -> Any:
+        """Run the store's Lua script ``name`` (EVALSHA, reloaded on NOSCRIPT) in ``call``."""
+        script = self.scripts[name]
+        return self.call(lambda c: script(keys=keys, args=args, client=c), key)
+
+    def scrub(self, exc: object) -> str:
+        return scrub(exc, self._secrets)
+
+    def not_ours(self, name: bytes, holds: str, exc: Exception) -> ConfigError:
+        """A key under our prefix that does not hold what tasklock keeps there."""
+        return ConfigError(
+            f"{self.display_url}: Redis key {name.decode('utf-8', 'replace')!r} {holds} "
+            f"({type(exc).__name__}: {exc}); another application uses the prefix "
+            f"{self.names.prefix!r}"
+        )
+
+    def close(self) -> None:
+        client = self.client
+        with contextlib.suppress(Exception):
+            client.close()
+            client.connection_pool.disconnect()

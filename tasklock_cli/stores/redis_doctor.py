@@ -1,0 +1,133 @@
+"""The Redis store's ``doctor``: reachability, the server, the settings fencing tokens
+depend on (persistence, eviction), the Lua scripts and Redis's clock."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from tasklock_cli.errors import TasklockError
+from tasklock_cli.stores.base import StoreCheck
+from tasklock_cli.stores.doctor import clock_check
+from tasklock_cli.stores.redis_connection import RedisConnection
+
+
+class RedisDoctor:
+    def __init__(self, conn: RedisConnection) -> None:
+        self._conn = conn
+
+    def checks(self) -> list[StoreCheck]:
+        checks = [
+            StoreCheck(
+                "store", True, f"{self._conn.display_url} (key prefix {self._conn.names.prefix!r})"
+            )
+        ]
+        try:
+            self._conn.call(lambda c: c.ping())  # connects (and authenticates)
+            started = time.perf_counter()
+            self._conn.call(lambda c: c.ping())
+            rtt = time.perf_counter() - started
+        except TasklockError as exc:
+            checks.append(StoreCheck("reachable", False, str(exc)))
+            return checks
+        checks.append(StoreCheck("reachable", True, f"PING answered in {rtt * 1000:.1f} ms"))
+        for check in (self._check_server, self._check_persistence, self._check_eviction):
+            try:
+                checks.append(check())
+            except TasklockError as exc:
+                checks.append(StoreCheck(check.__name__[7:], False, str(exc)))
+        checks.append(self._check_scripts())
+        checks.append(self._check_clock())
+        return checks
+
+    def _check_scripts(self) -> StoreCheck:
+        try:
+            for script in self._conn.scripts.values():
+                self._conn.call(lambda c, script=script: c.script_load(script.script))
+        except TasklockError as exc:
+            return StoreCheck("scripts", False, f"cannot load tasklock's Lua scripts: {exc}")
+        return StoreCheck("scripts", True, f"{len(self._conn.scripts)} Lua scripts loaded")
+
+    def _info_section(self, section: str) -> dict[str, Any]:
+        return self._conn.call(lambda c: c.info(section))
+
+    def _check_server(self) -> StoreCheck:
+        info = self._info_section("server")
+        version = info.get("redis_version", "unknown")
+        mode = info.get("redis_mode", "standalone")
+        if mode == "cluster":
+            return StoreCheck(
+                "server",
+                True,
+                f"Redis {version} in cluster mode: tasklock talks to one node; keys of other "
+                "slots get MOVED errors — use a standalone or primary endpoint",
+                warning=True,
+            )
+        return StoreCheck("server", True, f"Redis {version} ({mode})")
+
+    def _check_persistence(self) -> StoreCheck:
+        appendonly = self._conn.config_get("appendonly")
+        fsync = self._conn.config_get("appendfsync")
+        risk = (
+            "fencing tokens are only as durable as Redis: after a restart or failover that "
+            "loses writes, tokens issued before can be issued again"
+        )
+        if appendonly is None or fsync is None:
+            try:
+                aof = self._info_section("persistence").get("aof_enabled")
+            except TasklockError:
+                aof = None
+            known = "" if aof is None else f" (INFO says aof_enabled={aof})"
+            return StoreCheck(
+                "persistence",
+                True,
+                f"could not be checked: CONFIG GET is not allowed{known}; {risk} — "
+                "make sure AOF with appendfsync everysec or always is on",
+                warning=True,
+            )
+        if appendonly == "yes" and fsync in ("everysec", "always"):
+            return StoreCheck("persistence", True, f"AOF on, appendfsync {fsync}")
+        return StoreCheck(
+            "persistence",
+            True,
+            f"appendonly {appendonly}, appendfsync {fsync}: {risk}; "
+            "enable appendonly yes with appendfsync everysec or always",
+            warning=True,
+        )
+
+    def _check_eviction(self) -> StoreCheck:
+        policy = self._conn.config_get("maxmemory-policy")
+        if policy is None:
+            try:
+                policy = self._info_section("memory").get("maxmemory_policy")
+            except TasklockError:
+                policy = None
+        if policy is None:
+            return StoreCheck(
+                "eviction",
+                True,
+                "maxmemory-policy could not be checked (CONFIG GET and INFO refused); it "
+                "must be noeviction",
+                warning=True,
+            )
+        if policy == "noeviction":
+            return StoreCheck("eviction", True, "maxmemory-policy noeviction")
+        what = (
+            "volatile-* policies evict live leases (a second holder can start)"
+            if str(policy).startswith("volatile")
+            else "allkeys-* policies can evict leases and fencing counters"
+        )
+        return StoreCheck(
+            "eviction", True, f"maxmemory-policy {policy}: {what}; use noeviction", warning=True
+        )
+
+    def _check_clock(self) -> StoreCheck:
+        try:
+            sent_wall = time.time()
+            sent = time.perf_counter()
+            seconds, micros = self._conn.call(lambda c: c.time())
+            rtt = time.perf_counter() - sent
+        except TasklockError as exc:
+            return StoreCheck("clock", False, str(exc))
+        offset = seconds + micros / 1_000_000 - (sent_wall + rtt / 2)
+        return clock_check("Redis's", offset, rtt / 2, "expiry runs on Redis's clock")

@@ -1,0 +1,349 @@
+"""The Redis store's Lua scripts: every mutation, and the reads that must see one moment.
+
+Each script is one EVALSHA; times come from Redis's ``TIME``, never the client's clock.
+Types are checked first so that a foreign key under the prefix is reported (as
+"WRONGTYPE lease|fence|wake|limit <type>") before anything is written.
+
+Slots: slot 0 is the key's lease hash (``P{K}:lease``, as before semaphores), slot ``n``
+the hash ``P{K}:lease:n`` (a name no lock key's parts can have: theirs end in a role, these
+in a digit); the scripts build a slot's name from slot 0's. A plain lock's hash has no
+``slot`` or ``limit`` field (slot 0 of limit 1, also for an older tasklock's leases); a
+semaphore's hashes have both. ``P{K}:limit`` holds the semaphore's limit, with a PX at
+least as late as the last expiry of its live slots: it tells how many slots to look at,
+which the liveness of the slots themselves then decides.
+"""
+
+from __future__ import annotations
+
+from tasklock_cli.stores.base import BROKEN_OWNER_PREFIX
+from tasklock_cli.stores.base import LEDGER_KEEP
+
+#: How long a release's wake-up waits for a waiter that is between its look and its BLPOP.
+WAKE_TOKEN_MS = 5_000
+
+# All scripts: KEYS[1] = the lease hash (slot 0's unless said otherwise).
+_PRELUDE = """
+if redis.replicate_commands then redis.replicate_commands() end
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function ms(n) return string.format('%d', n) end
+-- The key's type, and an error reply when it is neither missing nor the expected one.
+local function key_type(name, expected, role)
+  local t = redis.call('TYPE', name)['ok']
+  if t ~= 'none' and t ~= expected then
+    return t, redis.error_reply('WRONGTYPE ' .. role .. ' ' .. t)
+  end
+  return t, nil
+end
+-- The first error reply among {name, expected type, role} checks, or nil.
+local function bad_types(checks)
+  for _, c in ipairs(checks) do
+    local _, bad = key_type(c[1], c[2], c[3])
+    if bad then return bad end
+  end
+  return nil
+end
+local lease_type, bad_lease = key_type(KEYS[1], 'hash', 'lease')
+if bad_lease then return bad_lease end
+-- A release wakes one waiter per freed slot: an element each, whoever BLPOPs first takes
+-- it (Redis serves the longest blocked client); never more elements than free slots;
+-- nobody blocked: they wait a little for a waiter on its way.
+local function wake(name, pushes, free)
+  for _ = 1, pushes do redis.call('RPUSH', name, '1') end
+  redis.call('LTRIM', name, -free, -1)
+  redis.call('PEXPIRE', name, WAKE_TOKEN_MS)
+end
+local BROKEN = 'BROKEN_OWNER_PREFIX'
+local function is_broken(owner) return string.sub(owner, 1, #BROKEN) == BROKEN end
+local function slot_key(base, slot)
+  if slot == 0 then return base end
+  return base .. ':' .. slot
+end
+-- How many slots the key's live holders may use: the recorded limit, else 1.
+local function slot_count(limit_key)
+  return tonumber(redis.call('GET', limit_key) or '1') or 1
+end
+local function live_slots(base, count)
+  local live = 0
+  for slot = 0, count - 1 do live = live + redis.call('EXISTS', slot_key(base, slot)) end
+  return live
+end
+-- The limit record outlives every live slot of a semaphore (a plain lock keeps none).
+local function extend_limit(limit_key, limit, ttl)
+  if limit > 1 and redis.call('PTTL', limit_key) < ttl then
+    redis.call('SET', limit_key, limit, 'PX', ttl)
+  end
+end
+""".replace("WAKE_TOKEN_MS", str(WAKE_TOKEN_MS)).replace("BROKEN_OWNER_PREFIX", BROKEN_OWNER_PREFIX)
+
+# KEYS[2] = fence, KEYS[3] = wake, KEYS[4] = limit; ARGV: owner, ttl_ms, holder_json, limit.
+# -> {fencing_token, acquired_at_ms, expires_at_ms, slot}, nil when every slot is held, or
+# {'limit', held} when a live holder uses another limit.
+ACQUIRE = (
+    _PRELUDE
+    + """
+local fence_type, bad_fence = key_type(KEYS[2], 'string', 'fence')
+if bad_fence then return bad_fence end
+local bad = bad_types({{KEYS[3], 'list', 'wake'}, {KEYS[4], 'string', 'limit'}})
+if bad then return bad end
+local now = now_ms()
+local ttl = tonumber(ARGV[2])
+local limit = tonumber(ARGV[4])
+local free, live = nil, 0
+for slot = 0, math.max(limit, slot_count(KEYS[4])) - 1 do
+  local name = slot_key(KEYS[1], slot)
+  local t, bad = key_type(name, 'hash', 'lease')
+  if bad then return bad end
+  if t == 'hash' then
+    local cur = redis.call('HMGET', name, 'owner', 'fencing_token', 'acquired_at', 'limit')
+    local held = tonumber(cur[4]) or 1
+    if held ~= limit then return {'limit', held} end
+    if cur[1] == ARGV[1] then
+      -- our own acquisition whose reply was lost: same lease, same token, refreshed TTL
+      redis.call('HSET', name, 'expires_at', ms(now + ttl), 'holder', ARGV[3])
+      redis.call('PEXPIRE', name, ttl)
+      extend_limit(KEYS[4], limit, ttl)
+      return {tonumber(cur[2]), tonumber(cur[3]), now + ttl, slot}
+    end
+    live = live + 1
+  elseif free == nil and slot < limit then
+    free = slot
+  end
+end
+if free == nil then return false end
+if fence_type == 'string' then
+  local value = redis.call('GET', KEYS[2])
+  if not string.match(value, '^%d+$') then
+    return redis.error_reply('WRONGTYPE fence non-integer string')
+  end
+end
+local token = redis.call('INCR', KEYS[2])
+local name = slot_key(KEYS[1], free)
+redis.call('HSET', name, 'owner', ARGV[1], 'fencing_token', ms(token), 'holder', ARGV[3],
+           'acquired_at', ms(now), 'expires_at', ms(now + ttl))
+if limit > 1 then redis.call('HSET', name, 'slot', free, 'limit', limit) end
+redis.call('PEXPIRE', name, ttl)
+if limit > 1 then extend_limit(KEYS[4], limit, ttl) else redis.call('DEL', KEYS[4]) end
+-- held again: a wake-up left beyond the slots still free would be a false one
+if live + 1 >= limit then
+  redis.call('DEL', KEYS[3])
+else
+  redis.call('LTRIM', KEYS[3], -(limit - live - 1), -1)
+end
+return {token, now, now + ttl, free}
+"""
+)
+
+# KEYS[1] = the lease's slot hash, KEYS[2] = limit; ARGV: owner, fencing_token, ttl_ms,
+# limit -> expires_at_ms, or nil when the lease is not ours/live
+RENEW = (
+    _PRELUDE
+    + """
+if lease_type == 'none' then return false end
+local bad = bad_types({{KEYS[2], 'string', 'limit'}})
+if bad then return bad end
+local cur = redis.call('HMGET', KEYS[1], 'owner', 'fencing_token')
+if cur[1] ~= ARGV[1] or cur[2] ~= ARGV[2] then return false end
+local now = now_ms()
+local ttl = tonumber(ARGV[3])
+redis.call('HSET', KEYS[1], 'expires_at', ms(now + ttl))
+redis.call('PEXPIRE', KEYS[1], ttl)
+extend_limit(KEYS[2], tonumber(ARGV[4]), ttl)
+return now + ttl
+"""
+)
+
+# KEYS[1] = the lease's slot hash, KEYS[2] = wake, KEYS[3] = runs, KEYS[4] = success,
+# KEYS[5] = limit, KEYS[6] = slot 0's hash; ARGV: owner, fencing_token, keep_ms (0 = delete
+# now), the run's record as JSON without ended_at ('' = none), '1' when the run succeeded
+# (it then becomes the key's newest success, unless a newer one is there), limit
+# -> 1 released (or kept for keep_ms), 0 no lease at all, -1 someone else's lease.
+# Our broken lease is ours to release too, and is never kept. The record goes into the
+# ledger whatever the lease's state (once per token), ended_at from Redis's clock.
+RELEASE = (
+    _PRELUDE
+    + """
+local bad = bad_types({{KEYS[2], 'list', 'wake'}, {KEYS[5], 'string', 'limit'}})
+if bad then return bad end
+local recording = ARGV[4] ~= ''
+if recording then
+  local bad = bad_types({{KEYS[3], 'zset', 'runs'}, {KEYS[4], 'string', 'success'}})
+  if bad then return bad end
+end
+local limit = tonumber(ARGV[6])
+local function release()
+  if lease_type == 'none' then return 0 end
+  local cur = redis.call('HMGET', KEYS[1], 'owner', 'fencing_token')
+  local broken = cur[1] == BROKEN .. ARGV[1]
+  if (cur[1] ~= ARGV[1] and not broken) or cur[2] ~= ARGV[2] then return -1 end
+  local keep = tonumber(ARGV[3])
+  if keep > 0 and not broken then
+    redis.call('HSET', KEYS[1], 'expires_at', ms(now_ms() + keep))
+    redis.call('PEXPIRE', KEYS[1], keep)
+    extend_limit(KEYS[5], limit, keep)
+    return 1
+  end
+  redis.call('DEL', KEYS[1])
+  local live = live_slots(KEYS[6], limit)
+  if live == 0 and limit > 1 then redis.call('DEL', KEYS[5]) end
+  wake(KEYS[2], 1, limit - live)
+  return 1
+end
+local result = release()
+if recording and redis.call('ZCOUNT', KEYS[3], ARGV[2], ARGV[2]) == 0 then
+  local record = string.sub(ARGV[4], 1, -2) .. ',"ended_at":' .. ms(now_ms()) .. '}'
+  redis.call('ZADD', KEYS[3], ARGV[2], record)
+  redis.call('ZREMRANGEBYRANK', KEYS[3], 0, -(LEDGER_KEEP + 1))
+  if ARGV[5] == '1' then
+    local newest = redis.call('GET', KEYS[4])
+    if not newest or tonumber(cjson.decode(newest)['fencing_token']) < tonumber(ARGV[2]) then
+      redis.call('SET', KEYS[4], record)
+    end
+  end
+end
+return result
+""".replace("LEDGER_KEEP", str(LEDGER_KEEP))
+)
+
+# The live slots of the key whose fencing token is ARGV[1] ('' = every one), for break and
+# force release; KEYS[2] = limit. Defines `matching`: {slot, name, token} per slot.
+_MATCHING_SLOTS = """
+local bad = bad_types({{KEYS[2], 'string', 'limit'}})
+if bad then return bad end
+local count = slot_count(KEYS[2])
+local matching = {}
+for slot = 0, count - 1 do
+  local name = slot_key(KEYS[1], slot)
+  local t, bad = key_type(name, 'hash', 'lease')
+  if bad then return bad end
+  if t == 'hash' then
+    local token = redis.call('HGET', name, 'fencing_token')
+    if ARGV[1] == '' or token == ARGV[1] then matching[#matching + 1] = {slot, name, token} end
+  end
+end
+"""
+
+# KEYS[2] = limit; ARGV: fencing_token ('' = any), the holders' break channel without the
+# token -> per broken slot, its hash as a flat list (ordered by slot; empty: none matched)
+BREAK = (
+    _PRELUDE
+    + _MATCHING_SLOTS
+    + """
+local out = {}
+for _, slot in ipairs(matching) do
+  local owner = redis.call('HGET', slot[2], 'owner')
+  if not is_broken(owner) then  -- (HSET keeps the TTL: the expiry is not extended)
+    redis.call('HSET', slot[2], 'owner', BROKEN .. owner)
+  end
+  redis.call('PUBLISH', ARGV[2] .. slot[3], '1')
+  out[#out + 1] = redis.call('HGETALL', slot[2])
+end
+return out
+"""
+)
+
+# KEYS[2] = limit, KEYS[3] = wake; ARGV as BREAK -> per freed slot, its hash as a flat list
+FORCE_RELEASE = (
+    _PRELUDE
+    + _MATCHING_SLOTS
+    + """
+local bad = bad_types({{KEYS[3], 'list', 'wake'}})
+if bad then return bad end
+local out = {}
+for _, slot in ipairs(matching) do
+  out[#out + 1] = redis.call('HGETALL', slot[2])
+  redis.call('DEL', slot[2])
+  redis.call('PUBLISH', ARGV[2] .. slot[3], '1')
+end
+if #out > 0 then
+  local live = live_slots(KEYS[1], count)
+  if live == 0 then redis.call('DEL', KEYS[2]) end
+  wake(KEYS[3], #out, count - live)
+end
+return out
+"""
+)
+
+# KEYS[1] = the lease's slot hash; ARGV: owner, fencing_token -> 1 while that lease is ours
+# and unbroken (live), else 0
+INTACT = (
+    _PRELUDE
+    + """
+if lease_type == 'none' then return 0 end
+local cur = redis.call('HMGET', KEYS[1], 'owner', 'fencing_token')
+if cur[1] == ARGV[1] and cur[2] == ARGV[2] then return 1 end
+return 0
+"""
+)
+
+# KEYS[2] = wake, KEYS[3] = limit: a waiter whose wait was cut short may have taken the
+# last release's wake-up with it; while a slot is still free, one is left for the next.
+PASS_ON = (
+    _PRELUDE
+    + """
+local bad = bad_types({{KEYS[2], 'list', 'wake'}, {KEYS[3], 'string', 'limit'}})
+if bad then return bad end
+local count = slot_count(KEYS[3])
+local live = live_slots(KEYS[1], count)
+if live < count then wake(KEYS[2], 1, count - live) end
+return 1
+"""
+)
+
+# Read-only; KEYS[2] = limit -> per live slot, ordered: {slot, fencing_token, acquired_at,
+# expires_at, holder, limit, pttl, 1 when broken else 0} (false for a missing field)
+SLOTS = (
+    _PRELUDE
+    + """
+local bad = bad_types({{KEYS[2], 'string', 'limit'}})
+if bad then return bad end
+local rows = {}
+for slot = 0, slot_count(KEYS[2]) - 1 do
+  local name = slot_key(KEYS[1], slot)
+  local t, bad = key_type(name, 'hash', 'lease')
+  if bad then return bad end
+  if t == 'hash' then
+    local f = redis.call('HMGET', name, 'fencing_token', 'acquired_at', 'expires_at', 'holder',
+                         'limit', 'owner')
+    local broken = f[6] and is_broken(f[6]) and 1 or 0
+    rows[#rows + 1] = {slot, f[1], f[2], f[3], f[4], f[5], redis.call('PTTL', name), broken}
+  end
+end
+return rows
+"""
+)
+
+# Read-only: for each KEYS[i] -> [fencing_token, acquired_at, expires_at, holder, limit]
+# (false for a missing field), 0 when the key is gone, or the type name of a foreign key.
+# One JSON string per batch: decoding it is C-speed, where parsing 100,000 HGETALL replies
+# in Python is not.
+READ_MANY = """
+local out = {}
+for i, name in ipairs(KEYS) do
+  local t = redis.call('TYPE', name)['ok']
+  if t == 'hash' then
+    out[i] = redis.call('HMGET', name, 'fencing_token', 'acquired_at', 'expires_at', 'holder',
+                        'limit')
+  elseif t == 'none' then
+    out[i] = 0
+  else
+    out[i] = t
+  end
+end
+return cjson.encode(out)
+"""
+
+#: name -> source, as the store loads them.
+SCRIPTS = {
+    "acquire": ACQUIRE,
+    "renew": RENEW,
+    "release": RELEASE,
+    "force_release": FORCE_RELEASE,
+    "break": BREAK,
+    "intact": INTACT,
+    "pass_on": PASS_ON,
+    "slots": SLOTS,
+    "read_many": READ_MANY,
+}

@@ -1,0 +1,118 @@
+"""The Redis store's wake-up primitive: each key's wake list, which a release pushes onto
+and a waiter BLPOPs (``RedisStore`` keeps the look at the key; base.py the skeleton).
+
+A release between the look and the BLPOP leaves its wake-up in the list, so it is not
+missed; each release wakes one waiter, so N waiters do not all rush at the store when one
+of them can win. Waiters keep no place on the server. A BLPOP cut short by a signal may
+have taken a wake-up with it: it is marked while under way, and ``close`` passes such a
+wake-up on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+
+import redis.exceptions as rexc
+
+from tasklock_cli.errors import TasklockError
+from tasklock_cli.stores.base import fd_readable
+from tasklock_cli.stores.base import wait_readable
+from tasklock_cli.stores.redis_connection import RedisConnection
+
+#: What the waiting primitives raise on trouble (see ``Store.waiting_trouble``).
+WAITING_TROUBLE = (rexc.RedisError, TasklockError, OSError)
+#: ``_blpop_or_wake``: the wake-up fd was readable first.
+_WOKEN = object()
+
+
+class RedisWakeLists:
+    def __init__(self, conn: RedisConnection) -> None:
+        self._conn = conn
+        # The keys of BLPOPs under way, per thread: left there only when a signal cuts
+        # one short, so that close passes on the wake-up it may have taken.
+        self._blocked_lock = threading.Lock()
+        self._blocked_on: Counter[str] = Counter()
+
+    def await_wakeup(self, key: str, until: float, wake_fd: int | None) -> None:
+        """BLPOP the key's wake list until ``until``. With ``wake_fd``, the BLPOP's socket
+        is selected on together with it: once it is readable the BLPOP is abandoned with
+        its connection, and the wake-up it may have taken is passed on."""
+        wake = self._conn.names.name(key, "wake")
+        while True:
+            # Slices well inside the socket timeout; BLPOP's timeout 0 means forever.
+            left = min(until - time.monotonic(), self._conn.io_timeout / 2)
+            if left < 0.001 or fd_readable(wake_fd):
+                return
+            seconds = math.floor(left * 1000) / 1000
+            with self._blocked(key):
+                if wake_fd is None:
+                    popped = self._conn.call(lambda c, s=seconds: c.blpop([wake], timeout=s), key)
+                else:
+                    popped = self._blpop_or_wake(wake, seconds, wake_fd)
+            if popped is _WOKEN:
+                self.pass_on(key)
+                return
+            if popped is not None:
+                return
+
+    @contextlib.contextmanager
+    def _blocked(self, key: str) -> Iterator[None]:
+        """Mark a BLPOP on ``key`` under way; the mark stays when a signal's exception
+        cuts it short (close then passes on the wake-up it may have taken)."""
+        with self._blocked_lock:
+            self._blocked_on[key] += 1
+        try:
+            yield
+        except WAITING_TROUBLE:
+            self._unblocked(key)
+            raise
+        self._unblocked(key)
+
+    def _unblocked(self, key: str) -> None:
+        with self._blocked_lock:
+            self._blocked_on[key] -= 1
+            if self._blocked_on[key] <= 0:
+                del self._blocked_on[key]
+
+    def _blpop_or_wake(self, wake: bytes, seconds: float, wake_fd: int) -> object:
+        """BLPOP on a pool connection whose socket is selected on with ``wake_fd``: the
+        popped element, None at BLPOP's timeout, or _WOKEN when ``wake_fd`` came first."""
+        pool = self._conn.client.connection_pool
+        conn = pool.get_connection()
+        try:
+            conn.send_command("BLPOP", wake, seconds)
+            sock = conn._sock  # (redis-py keeps the socket there; selected on, not read)
+            if sock is None:
+                raise rexc.ConnectionError("the connection closed while sending BLPOP")
+            ready = wait_readable([sock.fileno(), wake_fd], seconds + self._conn.io_timeout)
+            if sock.fileno() in ready:
+                return conn.read_response()
+            conn.disconnect()  # abandoned: the server drops the BLPOP with the connection
+            if not ready:
+                raise rexc.TimeoutError(f"no answer to BLPOP within {seconds:g} s")
+            return _WOKEN
+        except BaseException:
+            conn.disconnect()
+            raise
+        finally:
+            pool.release(conn)
+
+    def pass_on(self, key: str) -> None:
+        """A waiter leaving early may have taken the last release's wake-up: while the key
+        is free, one is left for the next waiter. Never raises."""
+        names = self._conn.names
+        keys = [names.lease(key), names.name(key, "wake"), names.name(key, "limit")]
+        with contextlib.suppress(TasklockError):
+            self._conn.script("pass_on", keys, [], key)
+
+    def close(self) -> None:
+        """Pass on the wake-ups that BLPOPs cut short may have popped."""
+        with self._blocked_lock:
+            blocked, self._blocked_on = list(self._blocked_on), Counter()
+        for key in blocked:  # the wake-up it may have popped goes to the next waiter
+            self.pass_on(key)
