@@ -132,10 +132,12 @@ def test_renew_and_release_touch_only_their_own_slot(store, store_factory):
     assert renewed.slot == 1 and renewed.fencing_token == b.fencing_token
     time.sleep(past)
     assert [info.slot for info in store.holders("pool")] == [1]
-    assert store.release(a) is False  # expired: nothing of anyone else's is freed
-    assert [info.slot for info in store.holders("pool")] == [1]
+    taker = store_factory().acquire("pool", 30, OTHER, token(), limit=2)
+    assert taker.slot == 0
+    assert store.release(a) is False  # expired and taken: nothing of anyone else's is freed
+    assert [info.slot for info in store.holders("pool")] == [0, 1]
     assert store.release(renewed) is True
-    assert store_factory().holders("pool") == []
+    assert [info.slot for info in store_factory().holders("pool")] == [0]
 
 
 @pytest.mark.parametrize(("held", "asked"), [(3, 1), (1, 2), (3, 5), (4, 2)])
