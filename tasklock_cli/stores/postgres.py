@@ -2,12 +2,21 @@
 
 One table (``table=`` in the URL, default ``tasklock_leases``, ``schema.table`` allowed)::
 
-    key            text COLLATE "C" PRIMARY KEY   -- the exact key, never hashed
-    fencing_token  bigint NOT NULL                -- only ever increases
-    owner_token    text                           -- NULL when free
+    key            text COLLATE "C"     -- the exact key, never hashed
+    slot           integer              -- 0..limit-1; -1: the key's fencing counter
+    slot_limit     integer              -- the limit its holder asked for (1: a plain lock)
+    fencing_token  bigint NOT NULL      -- only ever increases
+    owner_token    text                 -- NULL when free
     holder         jsonb
     acquired_at    timestamptz
     expires_at     timestamptz
+    PRIMARY KEY (key, slot)
+
+A semaphore (``run --limit N``) has a row per slot; a plain lock is slot 0 of limit 1.
+Each key also has a counter row (slot -1, never a lease) holding the last fencing token
+issued in any of its slots: acquirers of a key queue on it within their statement, so
+two of them never issue the same token. A table from before semaphores (one row per
+key) is migrated on first use: its rows become slot 0 of limit 1.
 
 Rows are never deleted: release, sweep and force release clear the owner, so the per-key
 fencing counter survives them. Every lease statement is a single autocommit statement
@@ -15,12 +24,12 @@ timed with ``clock_timestamp()`` on the server, under READ COMMITTED (forced per
 connection); serialization failures and deadlocks are retried here and never surface.
 
 Releases wake waiters: release, force release and sweep ``pg_notify`` one channel per
-table (named after the table's oid) with the key as payload, inside the same statement.
-A waiter LISTENs, then asks how long the lease has left (so a release between its failed
-acquire and the LISTEN is not missed), then waits for the notification or that expiry.
-Only a key's first waiter listens; the others queue behind it on a session advisory lock
-(its "turn"). A waiter's acquire is one simple query: UNLISTEN, then the acquire, which
-also ends the turn when it is granted.
+table (named after the table's oid) with the key as payload, inside the same statement,
+whichever slot they free. A waiter LISTENs, then asks whether the key is full and for how
+long (so a release between its failed acquire and the LISTEN is not missed), then waits
+for the notification or that expiry. Only a key's first waiter listens; the others queue
+behind it on a session advisory lock (its "turn"). A waiter's acquire is one simple
+query: UNLISTEN, then the acquire, which also ends the turn when it is granted.
 
 Holders hear of a break the same way: a break or forced release ``pg_notify``s the key's
 break channel (``tasklock_broken_<table oid>_<md5 of key>``) with the fencing token as
@@ -67,6 +76,7 @@ from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 
 from tasklock_cli.errors import ConfigError
+from tasklock_cli.errors import LimitMismatch
 from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.errors import TasklockError
 from tasklock_cli.stores.base import BROKEN_OWNER_PREFIX
@@ -92,6 +102,11 @@ DEFAULT_TABLE = "tasklock_leases"
 DEFAULT_IO_TIMEOUT_S = 5.0
 SWEEP_BATCH = 1000
 SERIALIZATION_RETRIES = 5
+#: How often an acquire runs again after losing a race (another acquire of the key
+#: committed since its snapshot; each loss is another client's win).
+ACQUIRE_RACE_RETRIES = 50
+#: How often a waiter looks again at a key whose slots changed during its look.
+STALE_LOOKS = 3
 #: Longest slice a waiter holds the store's lock while waiting for a notification.
 WAIT_SLICE_S = 0.1
 #: Longest slice a waiter queues for its turn to listen (see ``wait_for_release``).
@@ -108,21 +123,32 @@ _EPOCH = datetime.fromtimestamp(0, tz=timezone.utc)
 #: What a tasklock table looks like (column -> format_type()).
 _COLUMNS = {
     "key": "text",
+    "slot": "integer",
+    "slot_limit": "integer",
     "fencing_token": "bigint",
     "owner_token": "text",
     "holder": "jsonb",
     "acquired_at": "timestamp with time zone",
     "expires_at": "timestamp with time zone",
 }
+#: The table before semaphores: one row per key (migrated by ``_migrate``).
+_COLUMNS_BEFORE_SLOTS = {
+    name: kind for name, kind in _COLUMNS.items() if name not in ("slot", "slot_limit")
+}
+#: The slot of the row that keeps a key's fencing counter (never a lease).
+COUNTER_SLOT = -1
 
 _DDL = """\
 CREATE TABLE IF NOT EXISTS {table} (
-    key           text COLLATE "C" PRIMARY KEY,
+    key           text COLLATE "C" NOT NULL,
+    slot          integer NOT NULL DEFAULT 0,
+    slot_limit    integer NOT NULL DEFAULT 1,
     fencing_token bigint NOT NULL,
     owner_token   text,
     holder        jsonb,
     acquired_at   timestamptz,
-    expires_at    timestamptz
+    expires_at    timestamptz,
+    PRIMARY KEY (key, slot)
 );
 CREATE INDEX IF NOT EXISTS {index} ON {table} (expires_at) WHERE owner_token IS NOT NULL;
 CREATE TABLE IF NOT EXISTS {runs} (
@@ -134,19 +160,55 @@ CREATE TABLE IF NOT EXISTS {runs} (
     PRIMARY KEY (key, fencing_token)
 );
 """
+# From the table before semaphores (one row per key): its rows become slot 0 of limit 1
+# and the unique key moves from (key) to (key, slot). Idempotent; a no-op on a current
+# table or none. ``_migrate`` runs it under the schema lock; ``schema_sql`` prints it.
+_MIGRATE_TO_SLOTS = """
+DO $migrate$
+DECLARE
+    drop_old_key text;
+BEGIN
+    IF to_regclass({name}) IS NULL THEN
+        RETURN;
+    END IF;
+    ALTER TABLE {table} ADD COLUMN IF NOT EXISTS slot integer NOT NULL DEFAULT 0,
+                        ADD COLUMN IF NOT EXISTS slot_limit integer NOT NULL DEFAULT 1;
+    FOR drop_old_key IN  -- every unique index on (key) alone, or its constraint
+        SELECT CASE WHEN con.conname IS NULL
+                    THEN format('DROP INDEX %s', i.indexrelid::regclass)
+                    ELSE format('ALTER TABLE %s DROP CONSTRAINT %I', {name}, con.conname) END
+          FROM pg_index i
+          JOIN pg_attribute k ON k.attrelid = i.indrelid AND k.attnum = i.indkey[0]
+          LEFT JOIN pg_constraint con ON con.conindid = i.indexrelid
+                                     AND con.conrelid = i.indrelid
+         WHERE i.indrelid = to_regclass({name}) AND i.indisunique AND i.indnatts = 1
+           AND k.attname = 'key'
+    LOOP
+        EXECUTE drop_old_key;
+    END LOOP;
+    IF NOT EXISTS (SELECT FROM pg_index
+                    WHERE indrelid = to_regclass({name}) AND indisprimary) THEN
+        ALTER TABLE {table} ADD PRIMARY KEY (key, slot);
+    END IF;
+END
+$migrate$;
+"""
 
-# One query: kind of relation, its columns, whether ``key`` has a unique index, and
-# whether the run ledger's table exists (parameters: the ledger's name, the table's).
+# One query: kind of relation, its columns, the columns of each unique index (as
+# "a,b"), and whether the run ledger's table exists (parameters: the ledger's name, the
+# table's).
 _INSPECT = """
 SELECT c.oid::bigint, c.relkind::text, to_regclass(%s) IS NOT NULL,
        (SELECT coalesce(json_object_agg(a.attname, format_type(a.atttypid, a.atttypmod)),
                         '{}'::json)
           FROM pg_attribute a
          WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped),
-       EXISTS (SELECT 1 FROM pg_index i
-                 JOIN pg_attribute k ON k.attrelid = i.indrelid AND k.attnum = i.indkey[0]
-                WHERE i.indrelid = c.oid AND i.indisunique AND i.indnatts = 1
-                  AND i.indpred IS NULL AND k.attname = 'key')
+       ARRAY(SELECT string_agg(a.attname, ',' ORDER BY k.n)
+               FROM pg_index i
+              CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, n)
+               JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+              WHERE i.indrelid = c.oid AND i.indisunique AND i.indpred IS NULL
+              GROUP BY i.indexrelid)
   FROM pg_class c
  WHERE c.oid = to_regclass(%s)
 """
@@ -174,38 +236,91 @@ _PAYLOAD = (
     + " THEN {col} ELSE md5({col}) END"
 )
 _CLEARED = "owner_token = NULL, holder = NULL, acquired_at = NULL, expires_at = NULL"
-_INFO_COLUMNS = "key, fencing_token, acquired_at, expires_at, holder"
+_INFO_COLUMNS = "key, slot, slot_limit, fencing_token, acquired_at, expires_at, holder"
+_NEW_EXPIRY = "n.t + make_interval(secs => %(ttl)s::float8)"
 
-# One clock reading per statement: the takeover test and the new times agree exactly.
-_ACQUIRE = """
-INSERT INTO {table} AS l (key, fencing_token, owner_token, holder, acquired_at, expires_at)
-SELECT %(key)s, 1, %(owner)s, %(holder)s, n.t, n.t + make_interval(secs => %(ttl)s::float8)
-  FROM (SELECT clock_timestamp() AS t) AS n
-ON CONFLICT (key) DO UPDATE SET
-    fencing_token = CASE WHEN l.owner_token = excluded.owner_token
-                         THEN l.fencing_token ELSE l.fencing_token + 1 END,
-    acquired_at   = CASE WHEN l.owner_token = excluded.owner_token
-                         THEN l.acquired_at ELSE excluded.acquired_at END,
-    owner_token = excluded.owner_token,
-    holder = excluded.holder,
-    expires_at = excluded.expires_at
-WHERE l.owner_token IS NULL
-   OR l.owner_token = excluded.owner_token
-   OR l.expires_at <= excluded.acquired_at
-RETURNING fencing_token, acquired_at, expires_at
+# One statement, one clock reading (the takeover test and the new times agree exactly).
+# Acquirers of a key queue on its counter row (slot -1): the upsert of ``counter`` locks
+# it and bumps it only when it still holds what this statement's snapshot saw. When it
+# does not, another acquire committed since the snapshot, and what ``seen`` shows of the
+# slots may be out of date: nothing is taken and the outcome is 'lost' (the caller runs
+# the statement again, on a new snapshot). A slot row is only ever taken when its latest
+# version is free (ON CONFLICT ... WHERE), so a stale snapshot costs a retry, never a
+# second holder. Outcomes: 'taken' (with the lease), 'mismatch' (with the live holders'
+# limit), 'lost'; no row when every slot is held.
+_ACQUIRE = f"""
+WITH n AS (SELECT clock_timestamp() AS t),
+seen AS (
+    SELECT slot, slot_limit, fencing_token, owner_token, expires_at
+      FROM {{table}} WHERE key = %(key)s
+), live AS (
+    SELECT s.slot, s.slot_limit FROM seen AS s, n
+     WHERE s.slot >= 0 AND s.owner_token IS NOT NULL AND s.expires_at > n.t
+), mine AS (
+    SELECT slot FROM seen WHERE slot >= 0 AND owner_token = %(owner)s
+), free AS (
+    SELECT g AS slot FROM generate_series(0, %(limit)s::integer - 1) AS g
+     WHERE g NOT IN (SELECT slot FROM live)
+       AND NOT EXISTS (SELECT FROM mine)
+       AND NOT EXISTS (SELECT FROM live WHERE slot_limit <> %(limit)s::integer)
+     ORDER BY g LIMIT 1
+), counter AS (
+    INSERT INTO {{table}} AS c (key, slot, slot_limit, fencing_token)
+    SELECT %(key)s, {COUNTER_SLOT}, 0, coalesce((SELECT max(fencing_token) FROM seen), 0) + 1
+      FROM free
+    ON CONFLICT (key, slot) DO UPDATE SET fencing_token = c.fencing_token + 1
+     WHERE c.fencing_token = (SELECT fencing_token FROM seen WHERE slot = {COUNTER_SLOT})
+    RETURNING fencing_token
+), claimed AS (
+    INSERT INTO {{table}} AS l
+           (key, slot, slot_limit, fencing_token, owner_token, holder, acquired_at, expires_at)
+    SELECT %(key)s, free.slot, %(limit)s::integer, counter.fencing_token, %(owner)s,
+           %(holder)s, n.t, {_NEW_EXPIRY}
+      FROM free, counter, n
+    ON CONFLICT (key, slot) DO UPDATE SET
+        slot_limit = excluded.slot_limit,
+        fencing_token = excluded.fencing_token,
+        owner_token = excluded.owner_token,
+        holder = excluded.holder,
+        acquired_at = excluded.acquired_at,
+        expires_at = excluded.expires_at
+     WHERE l.owner_token IS NULL OR l.expires_at <= excluded.acquired_at
+    RETURNING slot, slot_limit, fencing_token, acquired_at, expires_at
+), retried AS (
+    UPDATE {{table}} AS l SET holder = %(holder)s, expires_at = {_NEW_EXPIRY}
+      FROM mine, n
+     WHERE l.key = %(key)s AND l.slot = mine.slot AND l.owner_token = %(owner)s
+    RETURNING l.slot, l.slot_limit, l.fencing_token, l.acquired_at, l.expires_at
+)
+SELECT r.* {{turn_end}} FROM (
+    SELECT 'taken' AS outcome, slot, slot_limit, fencing_token, acquired_at, expires_at
+      FROM claimed
+    UNION ALL
+    SELECT 'taken', slot, slot_limit, fencing_token, acquired_at, expires_at FROM retried
+    UNION ALL
+    SELECT CASE WHEN h.held IS NULL OR EXISTS (SELECT FROM mine) THEN 'lost' ELSE 'mismatch' END,
+           NULL, h.held, NULL, NULL, NULL
+      FROM (SELECT max(slot_limit) AS held FROM live
+             WHERE slot_limit <> %(limit)s::integer) AS h
+     WHERE NOT EXISTS (SELECT FROM claimed) AND NOT EXISTS (SELECT FROM retried)
+       AND (h.held IS NOT NULL OR EXISTS (SELECT FROM free) OR EXISTS (SELECT FROM mine))
+) AS r
 """
-# A waiter's acquire that, once granted, ends its turn in the same statement.
-_ENDING_TURN = "WITH acquired AS ({acquire}) SELECT *, {unlock} FROM acquired"
-_RENEW = """
-UPDATE {table} SET expires_at = clock_timestamp() + make_interval(secs => %(ttl)s::float8)
- WHERE key = %(key)s AND owner_token = %(owner)s AND fencing_token = %(fence)s
-   AND expires_at > clock_timestamp()
+# A waiter's acquire ends its turn in the same statement once the lease is taken.
+_ENDING_TURN = ", CASE WHEN r.outcome = 'taken' THEN {unlock} END"
+# The lease of %(owner)s in slot %(slot)s, with fencing token %(fence)s.
+_OURS = (
+    "key = %(key)s AND slot = %(slot)s AND owner_token = %(owner)s AND fencing_token = %(fence)s"
+)
+_RENEW = f"""
+UPDATE {{table}} SET expires_at = clock_timestamp() + make_interval(secs => %(ttl)s::float8)
+ WHERE {_OURS} AND expires_at > clock_timestamp()
 RETURNING expires_at
 """
 # Our own lease, broken or not, is freed; a broken one is never kept for longer.
 _FREE_OURS = f"""
     UPDATE {{table}} SET {_CLEARED}
-     WHERE key = %(key)s AND owner_token IN (%(owner)s, %(broken)s)
+     WHERE key = %(key)s AND slot = %(slot)s AND owner_token IN (%(owner)s, %(broken)s)
        AND fencing_token = %(fence)s
     RETURNING key
 """
@@ -213,8 +328,7 @@ _RELEASE_LATER = f"""
 WITH kept AS (
     UPDATE {{table}}
        SET expires_at = clock_timestamp() + make_interval(secs => %(keep)s::float8)
-     WHERE key = %(key)s AND owner_token = %(owner)s AND fencing_token = %(fence)s
-       AND expires_at > clock_timestamp()
+     WHERE {_OURS} AND expires_at > clock_timestamp()
     RETURNING key
 ), cleared AS ({_FREE_OURS.replace("%(owner)s, ", "")})
 SELECT key FROM kept
@@ -271,7 +385,7 @@ SELECT DISTINCT key FROM {runs}
  WHERE key >= %(prefix)s COLLATE "C" AND left(key, char_length(%(prefix)s)) = %(prefix)s
  ORDER BY key
 """
-# The lease on %(key)s with fencing token %(token)s (any when NULL).
+# The leases on %(key)s, or the one with fencing token %(token)s when not NULL.
 _MATCHING = (
     "key = %(key)s AND owner_token IS NOT NULL"
     " AND (%(token)s::bigint IS NULL OR fencing_token = %(token)s::bigint)"
@@ -283,13 +397,15 @@ WITH old AS (
        FOR UPDATE
 ), cleared AS (
     UPDATE {{table}} AS t SET {_CLEARED}
-      FROM old WHERE t.key = old.key AND t.owner_token IS NOT NULL
-    RETURNING t.key
+      FROM old WHERE t.key = old.key AND t.slot = old.slot AND t.owner_token IS NOT NULL
+    RETURNING t.slot
 )
-SELECT old.key, old.fencing_token, old.acquired_at, old.expires_at, old.holder, old.live,
+SELECT old.key, old.slot, old.slot_limit, old.fencing_token, old.acquired_at, old.expires_at,
+       old.holder, old.live,
        pg_notify(%(channel)s, {_PAYLOAD.format(col="old.key")}),
        pg_notify(%(break_channel)s, old.fencing_token::text)
-  FROM old JOIN cleared ON cleared.key = old.key
+  FROM old JOIN cleared ON cleared.slot = old.slot
+ ORDER BY old.slot
 """
 _BREAK = f"""
 WITH broken AS (
@@ -300,53 +416,66 @@ WITH broken AS (
     RETURNING {_INFO_COLUMNS}
 )
 SELECT {_INFO_COLUMNS}, true, pg_notify(%(break_channel)s, fencing_token::text) FROM broken
+ ORDER BY slot
 """
 # Our lease is still ours, unbroken (expired or not: the renewal tells that).
-_INTACT = """
-SELECT 1 FROM {table} WHERE key = %(key)s AND owner_token = %(owner)s AND fencing_token = %(fence)s
-"""
+_INTACT = f"SELECT 1 FROM {{table}} WHERE {_OURS}"
 _SELECT = f"SELECT {_INFO_COLUMNS}, expires_at > clock_timestamp() AS live FROM {{table}}"
-_PEEK = (
-    _SELECT + " WHERE key = %(key)s AND owner_token IS NOT NULL AND expires_at > clock_timestamp()"
+_HOLDERS = (
+    _SELECT + " WHERE key = %(key)s AND owner_token IS NOT NULL"
+    " AND expires_at > clock_timestamp() ORDER BY slot"
 )
 # Literal prefix match (no LIKE wildcards); the range bound lets the primary key help.
 _LIST = (
     _SELECT + " WHERE owner_token IS NOT NULL {live}"
-    ' AND key >= %(prefix)s COLLATE "C" {upper} AND key > %(after)s COLLATE "C"'
-    ' AND left(key, char_length(%(prefix)s)) = %(prefix)s ORDER BY key COLLATE "C"'
+    ' AND key >= %(prefix)s COLLATE "C" {upper}'
+    ' AND (key, slot) > (%(after)s COLLATE "C", %(after_slot)s::integer)'
+    ' AND left(key, char_length(%(prefix)s)) = %(prefix)s ORDER BY key COLLATE "C", slot'
     f" LIMIT {LIST_PAGE}"
 )
 _UPPER = ' AND key < %(upper)s COLLATE "C"'
 _SWEEP_COUNT = (
     "SELECT count(*) FROM {table} WHERE owner_token IS NOT NULL AND expires_at <= clock_timestamp()"
 )
-# Batches walk the primary key forwards (key > the last batch's last key): no batch scans
-# again past rows an earlier one cleared, so none holds its row locks for long.
+# Batches walk the primary key forwards (past the last batch's last key and slot): no
+# batch scans again past rows an earlier one cleared, so none holds its row locks for long.
 _SWEEP = f"""
 WITH victims AS (
-    SELECT key FROM {{table}}
-     WHERE key > %(after)s COLLATE "C"
+    SELECT key, slot FROM {{table}}
+     WHERE (key, slot) > (%(after)s COLLATE "C", %(after_slot)s::integer)
        AND owner_token IS NOT NULL AND expires_at <= clock_timestamp()
-     ORDER BY key COLLATE "C"
+     ORDER BY key COLLATE "C", slot
      LIMIT {SWEEP_BATCH}
        FOR UPDATE SKIP LOCKED
 ), cleared AS (
     UPDATE {{table}} AS t SET {_CLEARED}
-     WHERE t.key = ANY (ARRAY(SELECT key FROM victims)) AND t.owner_token IS NOT NULL
+      FROM victims AS v
+     WHERE t.key = v.key AND t.slot = v.slot AND t.owner_token IS NOT NULL
        AND t.expires_at <= clock_timestamp()
-    RETURNING t.key
+    RETURNING t.key, t.slot
 )
-SELECT key, pg_notify(%(channel)s, {_PAYLOAD.format(col="key")}) FROM cleared
+SELECT key, slot, pg_notify(%(channel)s, {_PAYLOAD.format(col="key")}) FROM cleared
 """
-# Seconds until the live lease on a key runs out on the server's clock; NULL or no row =
-# free. FOR SHARE waits for an acquire still in flight: a woken waiter hands on its turn
-# in the statement that takes the lease, before that commits, and the next waiter must
-# not find the lease free from the snapshot before it. (The condition is in the select
-# list, not the WHERE, so that the key's row is locked and read again as committed.)
-_REMAINING = """
-SELECT CASE WHEN owner_token IS NOT NULL AND expires_at > clock_timestamp()
-            THEN extract(epoch FROM expires_at - clock_timestamp())::float8 END
-  FROM {table} WHERE key = %(key)s FOR SHARE
+# Whether the key is full -- seconds until its first live lease runs out on the server's
+# clock -- or not (NULL). Its counter row is locked FOR SHARE first: that waits for an
+# acquire still in flight (a woken waiter hands on its turn in the statement that takes
+# the lease, before that commits). The first column tells whether the counter changed
+# since this statement's snapshot (its latest version is another): then the slots as read
+# here are out of date and the caller asks again.
+_TIME_UNTIL_FREE = f"""
+WITH latest AS (
+    SELECT xmin::text AS version FROM {{table}}
+     WHERE key = %(key)s AND slot = {COUNTER_SLOT} FOR SHARE
+), live AS (
+    SELECT slot_limit, expires_at FROM {{table}}
+     WHERE key = %(key)s AND slot >= 0 AND owner_token IS NOT NULL
+       AND expires_at > clock_timestamp()
+)
+SELECT (SELECT version FROM latest) IS DISTINCT FROM
+       (SELECT xmin::text FROM {{table}} WHERE key = %(key)s AND slot = {COUNTER_SLOT}),
+       CASE WHEN count(*) >= max(slot_limit)
+            THEN extract(epoch FROM min(expires_at) - clock_timestamp())::float8 END
+  FROM live
 """
 
 # Connection failures that mean "fix the URL / the server's setup", not "try again later".
@@ -564,7 +693,11 @@ class PostgresStore(Store):
         statement = self._statements.get((template, live, upper))
         if statement is None:
             statement = sql.SQL(template).format(
-                table=self._table, runs=self._runs, live=sql.SQL(live), upper=sql.SQL(upper)
+                table=self._table,
+                runs=self._runs,
+                live=sql.SQL(live),
+                upper=sql.SQL(upper),
+                turn_end=sql.SQL(""),
             )
             self._statements[(template, live, upper)] = statement
         return statement
@@ -760,41 +893,46 @@ class PostgresStore(Store):
     def _inspect_params(self, conn: psycopg.Connection) -> list[str]:
         return [self._runs.as_string(conn), self._table.as_string(conn)]
 
-    def _inspect(self, conn: psycopg.Connection) -> tuple[int, bool] | None:
+    def _inspect(self, conn: psycopg.Connection) -> tuple[int, bool, bool] | None:
         return self._judge_table(conn.execute(_INSPECT, self._inspect_params(conn)).fetchone())
 
-    def _judge_table(self, row: tuple | None) -> tuple[int, bool] | None:
-        """(the table's oid, whether the run ledger's table exists) when it is a tasklock
-        table, None when missing; else ConfigError."""
+    def _judge_table(self, row: tuple | None) -> tuple[int, bool, bool] | None:
+        """(the table's oid, whether the run ledger's table exists, whether it is a table
+        from before semaphores, to migrate) when it is a tasklock table, None when
+        missing; else ConfigError."""
         if row is None:
             return None
-        oid, relkind, has_runs, columns, has_unique_key = row
+        oid, relkind, has_runs, columns, unique_keys = row
         columns = dict(columns or {})
+        unique_keys = set(unique_keys or ())
         if relkind not in ("r", "p"):
             raise ConfigError(
                 f"{self.display_url}: {self.table_name} exists but is not a table "
                 f"(relkind {relkind!r}); choose another name with ?table="
             )
-        if columns != _COLUMNS or not has_unique_key:
+        current = columns == _COLUMNS and unique_keys >= {"key,slot"} and "key" not in unique_keys
+        before_slots = columns in (_COLUMNS, _COLUMNS_BEFORE_SLOTS) and bool(
+            unique_keys & {"key", "key,slot"}
+        )
+        if not (current or before_slots):
             found = ", ".join(f"{name} {kind}" for name, kind in sorted(columns.items()))
-            why = "" if has_unique_key else "; no unique index on key"
+            why = "" if unique_keys & {"key", "key,slot"} else "; no unique index on key"
             raise ConfigError(
                 f"{self.display_url}: table {self.table_name} exists but is not a tasklock "
                 f"table (columns: {found or 'none'}{why}); choose another name with ?table="
             )
-        return int(oid), bool(has_runs)
+        return int(oid), bool(has_runs), not current
+
+    def _schema_lock_id(self) -> int:
+        digest = hashlib.sha256(f"tasklock:{self.table_name}".encode()).digest()
+        return int.from_bytes(digest[:8], "big", signed=True)
 
     def _create(self, conn: psycopg.Connection) -> None:
-        lock_id = int.from_bytes(
-            hashlib.sha256(f"tasklock:{self.table_name}".encode()).digest()[:8],
-            "big",
-            signed=True,
-        )
         try:
             # Racing first users queue on the advisory lock; CREATE ... IF NOT EXISTS
             # alone can still fail with unique_violation on pg_type when two race.
             with conn.transaction():
-                conn.execute("SELECT pg_advisory_xact_lock(%s)", [lock_id])
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", [self._schema_lock_id()])
                 conn.execute(self._ddl())
         except (pgerr.UniqueViolation, pgerr.DuplicateTable, pgerr.DuplicateObject):
             pass  # someone without our advisory lock created it at the same moment
@@ -803,6 +941,25 @@ class PostgresStore(Store):
                 f"{self.display_url}: table {self.table_name} is missing and cannot be "
                 f"created ({self._scrub(str(exc))}); have a DBA run the output of "
                 "`tasklock init --print-sql`"
+            ) from None
+
+    def _migrate(self, conn: psycopg.Connection) -> None:
+        """Bring a table from before semaphores to the current shape: its rows become slot
+        0 of limit 1 (their fencing tokens stay: a key's counter row starts from them).
+        Under the schema lock and in one transaction, so racing clients migrate it once;
+        one that comes second finds it done."""
+        try:
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", [self._schema_lock_id()])
+                found = self._inspect(conn)
+                if found is None or not found[2]:
+                    return
+                conn.execute(self._migration())
+        except pgerr.InsufficientPrivilege as exc:
+            raise ConfigError(
+                f"{self.display_url}: table {self.table_name} is from an older tasklock and "
+                f"cannot be migrated ({self._scrub(str(exc))}); have a DBA run the output "
+                "of `tasklock init --print-sql`"
             ) from None
 
     def _ensure_schema(self, conn: psycopg.Connection, inspected: tuple | _Unset | None) -> None:
@@ -821,12 +978,16 @@ class PostgresStore(Store):
                     raise ConfigError(
                         f"{self.display_url}: table {self.table_name} could not be created"
                     )
-            elif not found[1]:
-                # A lease table from before the run ledger. Leases work without the ledger:
-                # when it cannot be created, writing a run fails instead (and the run's
-                # release is retried without it).
-                with contextlib.suppress(ConfigError):
-                    self._create(conn)
+            else:
+                if found[2]:
+                    self._migrate(conn)
+                    found = self._inspect(conn) or found
+                if not found[1]:
+                    # A lease table from before the run ledger. Leases work without the
+                    # ledger: when it cannot be created, writing a run fails instead (and
+                    # the run's release is retried without it).
+                    with contextlib.suppress(ConfigError):
+                        self._create(conn)
             oid = found[0]
             self._oid = oid
             self._channel = f"tasklock_released_{oid}"
@@ -834,6 +995,10 @@ class PostgresStore(Store):
 
         self._guarded(conn, check)
         self._schema_ok = True
+
+    def _migration(self) -> sql.Composed:
+        name = sql.Literal(".".join(f'"{part}"' for part in self._table_parts))
+        return sql.SQL(_MIGRATE_TO_SLOTS).format(table=self._table, name=name)
 
     def _ddl(self) -> sql.Composed:
         index = self._table_parts[-1][:50] + "_expires_idx"
@@ -845,17 +1010,24 @@ class PostgresStore(Store):
     def schema_sql(self) -> str:
         return (
             "-- tasklock lease table; rows are never deleted (they keep the fencing counter),\n"
-            "-- and the run ledger's table\n" + self._ddl().as_string(None)
+            "-- and the run ledger's table\n"
+            + self._ddl().as_string(None)
+            + "-- a lease table from before semaphores (one row per key): its rows become\n"
+            "-- slot 0 of limit 1 (nothing to do on a current table)"
+            + self._migration().as_string(None)
         )
 
     # -- the interface --------------------------------------------------------------
 
-    def acquire(self, key: str, ttl: float, holder: Holder, owner_token: str) -> Lease | None:
+    def acquire(
+        self, key: str, ttl: float, holder: Holder, owner_token: str, limit: int = 1
+    ) -> Lease | None:
         params = {
             "key": key,
             "owner": owner_token,
             "holder": Jsonb(holder.to_dict()),
             "ttl": float(ttl),
+            "limit": int(limit),
         }
         statement = self._sql(_ACQUIRE)
 
@@ -864,11 +1036,27 @@ class PostgresStore(Store):
                 return self._acquire_as_waiter(conn, params)
             return conn.execute(statement, params).fetchone()
 
-        row = self._run(attempt)
-        if row is None:
-            return None
-        token, acquired_at, expires_at = row[:3]
-        return Lease(key, owner_token, int(token), _utc(acquired_at), _utc(expires_at))
+        for _ in range(ACQUIRE_RACE_RETRIES):
+            row = self._run(attempt)
+            if row is None:
+                return None
+            outcome, slot, slot_limit, token, acquired_at, expires_at = row[:6]
+            if outcome == "mismatch":
+                raise LimitMismatch(key, int(slot_limit), int(limit))
+            if outcome == "taken":
+                return Lease(
+                    key,
+                    owner_token,
+                    int(token),
+                    _utc(acquired_at),
+                    _utc(expires_at),
+                    slot=int(slot),
+                    limit=int(slot_limit),
+                )
+            # "lost": another acquire of the key committed since the statement's snapshot
+        raise StoreUnavailable(
+            f"{self.display_url}: {key!r} is taken and freed too fast to acquire it"
+        )
 
     def _acquire_as_waiter(self, conn: psycopg.Connection, params: dict) -> tuple | None:
         """A waiter's acquire, in the same round trip as what a holder no longer needs:
@@ -879,16 +1067,16 @@ class PostgresStore(Store):
         refused acquire has still unlistened: the next wait listens again first."""
         acquire = self._sql(_ACQUIRE)
         if self._turn_of is not None:
-            acquire = sql.SQL(_ENDING_TURN).format(
-                acquire=acquire,
-                unlock=self._turn_lock("pg_advisory_unlock", self._turn_of, call_only=True),
+            unlock = self._turn_lock("pg_advisory_unlock", self._turn_of, call_only=True)
+            acquire = sql.SQL(_ACQUIRE).format(
+                table=self._table, turn_end=sql.SQL(_ENDING_TURN).format(unlock=unlock)
             )
         cursor = psycopg.ClientCursor(conn)
         cursor.execute(sql.SQL("UNLISTEN *; ") + acquire, params)
         cursor.nextset()
         row = cursor.fetchone()
         self._listening = False
-        if row is not None:
+        if row is not None and row[0] == "taken":
             self._turn_of = None
         for _ in conn.notifies(timeout=0):  # what arrived before the UNLISTEN
             pass
@@ -897,6 +1085,7 @@ class PostgresStore(Store):
     def renew(self, lease: Lease, ttl: float) -> Lease:
         params = {
             "key": lease.key,
+            "slot": lease.slot,
             "owner": lease.owner_token,
             "fence": lease.fencing_token,
             "ttl": float(ttl),
@@ -908,6 +1097,7 @@ class PostgresStore(Store):
     def release(self, lease: Lease, keep_for: float = 0.0, record: RunRecord | None = None) -> bool:
         params: dict[str, Any] = {
             "key": lease.key,
+            "slot": lease.slot,
             "owner": lease.owner_token,
             "broken": BROKEN_OWNER_PREFIX + lease.owner_token,
             "fence": lease.fencing_token,
@@ -965,22 +1155,23 @@ class PostgresStore(Store):
         rows = self._run(lambda conn: conn.execute(statement, {"prefix": prefix}).fetchall())
         return [row[0] for row in rows]
 
-    def peek(self, key: str) -> LeaseInfo | None:
-        statement = self._sql(_PEEK)
-        row = self._run(lambda conn: conn.execute(statement, {"key": key}).fetchone())
-        return self._info(row) if row else None
+    def holders(self, key: str) -> list[LeaseInfo]:
+        statement = self._sql(_HOLDERS)
+        rows = self._run(lambda conn: conn.execute(statement, {"key": key}).fetchall())
+        return [self._info(row) for row in rows]
 
     def list(self, prefix: str = "", include_expired: bool = False) -> Iterator[LeaseInfo]:
         live = "" if include_expired else "AND expires_at > clock_timestamp()"
         upper = prefix_upper_bound(prefix)
         statement = self._sql(_LIST, live, _UPPER if upper is not None else "")
-        params = {"prefix": prefix, "upper": upper, "after": ""}  # keys are never empty
+        # Keys are never empty, and slots are never below the counter's.
+        params = {"prefix": prefix, "upper": upper, "after": "", "after_slot": COUNTER_SLOT}
         while True:
             rows = self._run(lambda conn: conn.execute(statement, params).fetchall())
             yield from (self._info(row) for row in rows)
             if len(rows) < LIST_PAGE:
                 return
-            params["after"] = rows[-1][0]
+            params["after"], params["after_slot"] = rows[-1][0], rows[-1][1]
 
     def sweep(self, dry_run: bool = False) -> int:
         if dry_run:
@@ -988,48 +1179,48 @@ class PostgresStore(Store):
             return int(self._run(lambda conn: conn.execute(count_sql).fetchone()[0]))
         statement = self._sql(_SWEEP)
 
-        after = ""  # keys are never empty
+        after: tuple[str, int] = ("", COUNTER_SLOT)  # keys are never empty
 
-        def batch(conn: psycopg.Connection) -> list[str]:
-            params = {"channel": self._channel, "after": after}  # channel: known once connected
-            return [row[0] for row in conn.execute(statement, params).fetchall()]
+        def batch(conn: psycopg.Connection) -> list[tuple[str, int]]:
+            params = {"channel": self._channel, "after": after[0], "after_slot": after[1]}
+            return [(row[0], row[1]) for row in conn.execute(statement, params).fetchall()]
 
         removed = 0
         while True:  # bounded batches: no statement holds many row locks for long
             started = time.monotonic()
-            keys = self._run(batch)
-            removed += len(keys)
-            if len(keys) < SWEEP_BATCH:
+            cleared = self._run(batch)
+            removed += len(cleared)
+            if len(cleared) < SWEEP_BATCH:
                 return removed
-            after = max(keys)
+            after = max(cleared)
             # Leave the server (and its WAL) to other clients twice as long as a batch took.
             time.sleep(2 * (time.monotonic() - started))
 
-    def break_lease(self, key: str, token: int | None = None) -> LeaseInfo | None:
+    def break_lease(self, key: str, token: int | None = None) -> list[LeaseInfo]:
         statement = self._sql(_BREAK)
         params = {"key": key, "token": token, "prefix": BROKEN_OWNER_PREFIX}
 
-        def run(conn: psycopg.Connection) -> tuple | None:
+        def run(conn: psycopg.Connection) -> list[tuple]:
             channel = self._break_channel(key)  # known once connected
-            return conn.execute(statement, {**params, "break_channel": channel}).fetchone()
+            return conn.execute(statement, {**params, "break_channel": channel}).fetchall()
 
-        row = self._run(run)  # idempotent: a broken lease is found again and told again
-        return self._info(row[:6]) if row else None
+        rows = self._run(run)  # idempotent: a broken lease is found again and told again
+        return [self._info(row[:8]) for row in rows]
 
-    def force_release(self, key: str, token: int | None = None) -> LeaseInfo | None:
+    def force_release(self, key: str, token: int | None = None) -> list[LeaseInfo]:
         statement = self._sql(_FORCE_RELEASE)
 
-        def run(conn: psycopg.Connection) -> tuple | None:
+        def run(conn: psycopg.Connection) -> list[tuple]:
             params = {
                 "key": key,
                 "token": token,
                 "channel": self._channel,
                 "break_channel": self._break_channel(key),
             }
-            return conn.execute(statement, params).fetchone()
+            return conn.execute(statement, params).fetchall()
 
-        row = self._run(run, idempotent=False)
-        return self._info(row[:6]) if row else None
+        rows = self._run(run, idempotent=False)
+        return [self._info(row[:8]) for row in rows]
 
     def _break_channel(self, key: str) -> str:
         """The channel a break of ``key``'s lease is notified on (an identifier: at most 63
@@ -1052,7 +1243,12 @@ class PostgresStore(Store):
         try:
             os.set_inheritable(conn.fileno(), False)
             listen = sql.SQL("LISTEN {}").format(sql.Identifier(self._break_channel(lease.key)))
-            params = {"key": lease.key, "owner": lease.owner_token, "fence": lease.fencing_token}
+            params = {
+                "key": lease.key,
+                "slot": lease.slot,
+                "owner": lease.owner_token,
+                "fence": lease.fencing_token,
+            }
 
             def listen_then_look() -> tuple | None:
                 conn.execute(listen)  # committed (autocommit) before the look: nothing missed
@@ -1064,43 +1260,40 @@ class PostgresStore(Store):
             raise
         return listener, intact is None
 
-    # -- waiting --------------------------------------------------------------------
+    # -- waiting (the skeleton is Store.wait_for_release) ------------------------------
 
-    def wait_for_release(self, key: str, timeout: float, wake_fd: int | None = None) -> None:
-        """Block until the lease on ``key`` is released or expires, at most ``timeout``.
+    #: Trouble while waiting: the wait sleeps out its time, the next acquire reports it.
+    waiting_trouble = (TasklockError,)
 
-        Waiters take turns: only the first waiter of a key listens, and the others queue
-        on a session advisory lock behind it, so a release wakes one waiter, not all of
-        them at once. The first waiter keeps its turn until it gets the lease, stops
-        waiting (``stop_waiting``) or its session ends; then the next in the queue listens.
+    def _prepare_wait(self, key: str, deadline: float, wake_fd: int | None) -> bool:
+        """Waiters take turns: only the first waiter of a key listens, and the others
+        queue on a session advisory lock behind it, so a release wakes one waiter, not
+        all of them at once. The first waiter keeps its turn until it gets the lease,
+        stops waiting (``stop_waiting``) or its session ends; then the next in line
+        listens. Once it is our turn: LISTEN (before the look at the key)."""
+        if self._turn_of != key and not self._wait_for_turn(key, deadline, wake_fd):
+            return False  # still queued behind another waiter: the caller looks again
+        self._run(self._listen)
+        return True
 
-        Listening: LISTEN first, then ask the server how long the lease has left, then
-        wait for a release notification, at most until that expiry. Never raises: on
-        trouble it sleeps the rest of the timeout and the caller's next acquire reports
-        the store's state. Returns early, too, once ``wake_fd`` is readable.
-        """
-        if timeout <= 0:
-            return
-        deadline = time.monotonic() + timeout
-        try:
-            if self._turn_of != key and not self._wait_for_turn(key, deadline, wake_fd):
-                return  # still queued behind another waiter: the caller looks again
-            if fd_readable(wake_fd):
+    def _time_until_free(self, key: str) -> float | None:
+        statement = self._sql(_TIME_UNTIL_FREE)
+        for _ in range(STALE_LOOKS):
+            row = self._run(lambda conn: conn.execute(statement, {"key": key}).fetchone())
+            stale, left = row
+            if not stale:
+                break
+        return None if left is None else max(0.0, float(left))
+
+    def _await_wakeup(self, key: str, until: float, wake_fd: int | None) -> None:
+        wanted = _payload_for(key)
+        while True:
+            left = until - time.monotonic()
+            if left <= 0:
                 return
-            remaining = self._run(lambda conn: self._listen_and_check(conn, key))
-            if remaining is None:
-                return  # free already
-            deadline = min(deadline, time.monotonic() + remaining + 0.002)
-            wanted = _payload_for(key)
-            while True:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return
-                slice_s = min(left, WAIT_SLICE_S, self._io_timeout / 2)
-                if self._wait_slice(wanted, slice_s, wake_fd):
-                    return
-        except TasklockError:
-            wait_readable([wake_fd], deadline - time.monotonic())
+            slice_s = min(left, WAIT_SLICE_S, self._io_timeout / 2)
+            if self._wait_slice(wanted, slice_s, wake_fd):
+                return
 
     def stop_waiting(self, key: str) -> None:
         """UNLISTEN and hand the turn on, in one round trip. The next waiter in line then
@@ -1167,15 +1360,13 @@ class PostgresStore(Store):
         )
         return call if call_only else sql.SQL("SELECT ") + call
 
-    def _listen_and_check(self, conn: psycopg.Connection, key: str) -> float | None:
+    def _listen(self, conn: psycopg.Connection) -> None:
         if not self._listening:
             self._listening = True  # before, like the turn: see _take_turn
             conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
-        # Whatever arrived before this point is answered by the check below.
+        # Whatever arrived before this point is answered by the look that follows.
         for _ in conn.notifies(timeout=0):
             pass
-        row = conn.execute(self._sql(_REMAINING), {"key": key}).fetchone()
-        return None if row is None or row[0] is None else max(0.0, float(row[0]))
 
     def _wait_slice(self, wanted: str, seconds: float, wake_fd: int | None = None) -> bool:
         """Wait up to ``seconds`` for a notification about ``wanted``, or for ``wake_fd``
@@ -1265,7 +1456,7 @@ class PostgresStore(Store):
         self._watchdog.stop()
 
     def _info(self, row: tuple) -> LeaseInfo:
-        key, token, acquired_at, expires_at, holder, live = row
+        key, slot, slot_limit, token, acquired_at, expires_at, holder, live = row
         return LeaseInfo(
             key=key,
             holder=Holder.from_dict(holder or {}),
@@ -1273,6 +1464,8 @@ class PostgresStore(Store):
             acquired_at=_utc(acquired_at),
             expires_at=_utc(expires_at),
             expired=not live,
+            slot=int(slot),
+            limit=int(slot_limit),
         )
 
 
