@@ -6,6 +6,7 @@ import fcntl
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from collections.abc import Iterator
 
 import pytest
@@ -172,18 +173,21 @@ def test_init_schema_creates_the_table_and_doctor_sees_it(pg_url, stores):
     assert checks["clock"].ok and not checks["clock"].warning
 
 
-def test_racing_first_use_creates_the_table_once_without_errors(pg_url, stores):
-    clients = [open_pg(pg_url, stores) for _ in range(8)]
+def first_uses_at_once(
+    clients: list[PostgresStore], use: Callable[[int, PostgresStore], object]
+) -> tuple[list, list[BaseException]]:
+    """Every client's first use at the same moment (every other one runs init first):
+    what each ``use`` returned, and what was raised."""
     barrier = threading.Barrier(len(clients))
     errors: list[BaseException] = []
-    results = []
+    results: list = []
 
     def first_use(index: int, client: PostgresStore) -> None:
         barrier.wait()
         try:
             if index % 2:
                 client.init_schema()
-            results.append(client.acquire(f"k{index}", 30, HOLDER, token()))
+            results.append(use(index, client))
         except BaseException as exc:
             errors.append(exc)
 
@@ -192,6 +196,14 @@ def test_racing_first_use_creates_the_table_once_without_errors(pg_url, stores):
         thread.start()
     for thread in threads:
         thread.join()
+    return results, errors
+
+
+def test_racing_first_use_creates_the_table_once_without_errors(pg_url, stores):
+    clients = [open_pg(pg_url, stores) for _ in range(8)]
+    results, errors = first_uses_at_once(
+        clients, lambda index, client: client.acquire(f"k{index}", 30, HOLDER, token())
+    )
     assert errors == []
     assert len(results) == 8 and all(r is not None for r in results)
 
@@ -310,27 +322,11 @@ def test_print_sql_migrates_a_table_from_before_semaphores_too(pg_url, stores):
 def test_racing_clients_migrate_a_table_from_before_semaphores_once(pg_url, stores):
     make_table_before_slots(pg_url)
     clients = [open_pg(pg_url, stores) for _ in range(6)]
-    barrier = threading.Barrier(len(clients))
-    errors: list[BaseException] = []
-    tokens: list[int] = []
-
-    def first_use(index: int, client: PostgresStore) -> None:
-        barrier.wait()
-        try:
-            if index % 2:
-                client.init_schema()
-            lease = client.acquire("freed", 30, HOLDER, token(), limit=6)
-            tokens.append(lease.fencing_token)
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=first_use, args=pair) for pair in enumerate(clients)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    leases, errors = first_uses_at_once(
+        clients, lambda _, client: client.acquire("freed", 30, HOLDER, token(), limit=6)
+    )
     assert errors == []
-    assert sorted(tokens) == [8, 9, 10, 11, 12, 13]
+    assert sorted(lease.fencing_token for lease in leases) == [8, 9, 10, 11, 12, 13]
     assert [info.slot for info in clients[0].holders("freed")] == [0, 1, 2, 3, 4, 5]
 
 
@@ -468,71 +464,6 @@ def test_same_owner_retry_after_lost_reply_is_idempotent(pg_url, stores):
 # -- waiting --------------------------------------------------------------------------
 
 
-def test_wait_for_release_wakes_right_after_a_release(pg_url, stores):
-    holder, waiter = open_pg(pg_url, stores), open_pg(pg_url, stores)
-    lease = holder.acquire("k", 30, HOLDER, token())
-    assert waiter.acquire("k", 30, HOLDER, token()) is None
-    released_at: list[float] = []
-
-    def release_soon() -> None:
-        time.sleep(0.5)
-        released_at.append(time.monotonic())
-        holder.release(lease)
-
-    thread = threading.Thread(target=release_soon)
-    started = time.monotonic()
-    thread.start()
-    waiter.wait_for_release("k", 5)
-    woke = time.monotonic()
-    thread.join()
-    assert released_at, "woke before the release"
-    assert woke - released_at[0] < 1.0, woke - released_at[0]
-    assert woke - started < 2.5
-    assert waiter.acquire("k", 30, HOLDER, token()) is not None
-
-
-def test_wait_for_release_wakes_on_force_release(pg_url, stores):
-    holder, waiter, admin = (open_pg(pg_url, stores) for _ in range(3))
-    holder.acquire("k", 30, HOLDER, token())
-    timer = threading.Timer(0.3, lambda: admin.force_release("k"))
-    started = time.monotonic()
-    timer.start()
-    waiter.wait_for_release("k", 5)
-    timer.join()
-    assert time.monotonic() - started < 2
-
-
-def test_release_between_failed_acquire_and_wait_is_not_missed(pg_url, stores):
-    holder, waiter = open_pg(pg_url, stores), open_pg(pg_url, stores)
-    lease = holder.acquire("k", 30, HOLDER, token())
-    assert waiter.acquire("k", 30, HOLDER, token()) is None
-    holder.release(lease)  # before the waiter LISTENs
-    started = time.monotonic()
-    waiter.wait_for_release("k", 5)
-    assert time.monotonic() - started < 1
-
-
-def test_wait_for_release_returns_at_the_lease_expiry(pg_url, stores):
-    holder, waiter = open_pg(pg_url, stores), open_pg(pg_url, stores)
-    holder.acquire("k", 0.5, HOLDER, token())
-    started = time.monotonic()
-    waiter.wait_for_release("k", 5)
-    assert time.monotonic() - started < 2
-    assert waiter.acquire("k", 30, HOLDER, token()) is not None
-
-
-def test_a_release_of_another_key_does_not_wake_the_waiter(pg_url, stores):
-    holder, waiter = open_pg(pg_url, stores), open_pg(pg_url, stores)
-    holder.acquire("k", 30, HOLDER, token())
-    other = holder.acquire("other", 30, HOLDER, token())
-    timer = threading.Timer(0.1, lambda: holder.release(other))
-    started = time.monotonic()
-    timer.start()
-    waiter.wait_for_release("k", 0.6)
-    timer.join()
-    assert time.monotonic() - started >= 0.55
-
-
 def test_the_next_waiter_takes_its_turn_when_the_first_waiter_goes_away(pg_url, stores):
     holder, first, second = (open_pg(pg_url, stores) for _ in range(3))
     lease = holder.acquire("k", 30, HOLDER, token())
@@ -560,7 +491,7 @@ def test_a_waiter_that_gets_the_lease_gives_its_turn_to_the_next(pg_url, stores)
     with pg.admin_connection(pg_url) as conn:
         (turns_held,) = conn.execute(
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND pid = %s",
-            [first._conn.info.backend_pid],
+            [first._db.current.info.backend_pid],
         ).fetchone()
     assert turns_held == 0
     started = time.monotonic()
@@ -626,7 +557,7 @@ def test_connection_forces_read_committed_even_if_the_role_says_serializable(sto
     try:
         store = open_pg(url, stores)
         store.init_schema()
-        level = store._conn.execute("SHOW default_transaction_isolation").fetchone()[0]
+        level = store._db.current.execute("SHOW default_transaction_isolation").fetchone()[0]
         assert level == "read committed"
         assert store.acquire("k", 30, HOLDER, token()) is not None
     finally:
@@ -639,7 +570,7 @@ def test_connection_forces_read_committed_even_if_the_role_says_serializable(sto
 def test_terminated_backend_reconnects(pg_url, stores):
     store = open_pg(pg_url, stores)
     lease = store.acquire("k", 30, HOLDER, token())
-    pid = store._conn.info.backend_pid
+    pid = store._db.current.info.backend_pid
     with pg.admin_connection(pg_url) as admin:
         assert admin.execute("SELECT pg_terminate_backend(%s)", [pid]).fetchone()[0]
     time.sleep(0.1)
@@ -648,14 +579,14 @@ def test_terminated_backend_reconnects(pg_url, stores):
     except StoreUnavailable:
         renewed = store.renew(lease, 30)
     assert renewed.fencing_token == lease.fencing_token
-    assert store._conn.info.backend_pid != pid
+    assert store._db.current.info.backend_pid != pid
     assert store.release(lease) is True
 
 
 def test_connections_are_close_on_exec(pg_url, stores):
     store = open_pg(pg_url, stores)
     store.peek("k")
-    flags = fcntl.fcntl(store._conn.fileno(), fcntl.F_GETFD)
+    flags = fcntl.fcntl(store._db.current.fileno(), fcntl.F_GETFD)
     assert flags & fcntl.FD_CLOEXEC
 
 
@@ -741,7 +672,7 @@ def test_a_hung_server_fails_within_the_io_timeout_then_recovers(private_server)
         store.set_io_timeout(1)
         try:
             lease = store.acquire("k", 30, HOLDER, token())
-            pid = store._conn.info.backend_pid
+            pid = store._db.current.info.backend_pid
             server.pause_backend(pid)
             started = time.monotonic()
             with pytest.raises(StoreUnavailable, match="no answer"):
