@@ -241,16 +241,22 @@ def postgres_batch_insert(
     one_transaction: bool = False,
 ) -> None:
     """Rows shaped exactly as PostgresStore.acquire writes them (one clock reading per row,
-    taken ``age`` seconds back), ``per_statement`` rows per statement; autocommit, or all in
-    one transaction."""
+    taken ``age`` seconds back: slot 0 of limit 1, and the key's counter row, slot -1),
+    ``per_statement`` keys per statement; autocommit, or all in one transaction."""
     import psycopg
     from psycopg.types.json import Jsonb
 
     statement = f"""
-        INSERT INTO {table} (key, fencing_token, owner_token, holder, acquired_at, expires_at)
-        SELECT k, 1, md5(k), %(holder)s, t, t + %(ttl)s * interval '1 second'
+        INSERT INTO {table}
+               (key, slot, slot_limit, fencing_token, owner_token, holder, acquired_at,
+                expires_at)
+        SELECT k, s.slot, 1 + s.slot, 1, CASE WHEN s.slot = 0 THEN md5(k) END,
+               CASE WHEN s.slot = 0 THEN %(holder)s END,
+               CASE WHEN s.slot = 0 THEN t END,
+               CASE WHEN s.slot = 0 THEN t + %(ttl)s * interval '1 second' END
         FROM (SELECT k, clock_timestamp() - %(age)s * interval '1 second' AS t
-                FROM unnest(%(keys)s::text[]) AS k) AS n"""
+                FROM unnest(%(keys)s::text[]) AS k) AS n
+        CROSS JOIN (VALUES (-1), (0)) AS s(slot)"""
     params = {"holder": Jsonb(HOLDER.to_dict()), "ttl": ttl, "age": age}
     with (
         psycopg.connect(POSTGRES_BASE, autocommit=True) as conn,

@@ -6,15 +6,18 @@ import fcntl
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from collections.abc import Iterator
 
 import pytest
 
 from tasklock_cli.errors import ConfigError
 from tasklock_cli.errors import LeaseLost
+from tasklock_cli.errors import LimitMismatch
 from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.stores import open_store
 from tasklock_cli.stores.base import Holder
+from tasklock_cli.stores.base import Lease
 from tasklock_cli.stores.postgres import DEFAULT_TABLE
 from tasklock_cli.stores.postgres import PostgresStore
 from tasklock_cli.stores.postgres import split_table
@@ -145,6 +148,7 @@ def test_schema_sql_is_valid_ddl_and_the_store_uses_the_table(pg_url, stores):
     store = open_pg(pg_url, stores)
     ddl = store.schema_sql()
     assert "CREATE TABLE IF NOT EXISTS" in ddl and "fencing_token" in ddl
+    assert "slot_limit" in ddl and "PRIMARY KEY (key, slot)" in ddl
     with pg.admin_connection(pg_url) as conn:
         conn.execute(ddl)
         conn.execute(ddl)  # idempotent
@@ -169,18 +173,21 @@ def test_init_schema_creates_the_table_and_doctor_sees_it(pg_url, stores):
     assert checks["clock"].ok and not checks["clock"].warning
 
 
-def test_racing_first_use_creates_the_table_once_without_errors(pg_url, stores):
-    clients = [open_pg(pg_url, stores) for _ in range(8)]
+def first_uses_at_once(
+    clients: list[PostgresStore], use: Callable[[int, PostgresStore], object]
+) -> tuple[list, list[BaseException]]:
+    """Every client's first use at the same moment (every other one runs init first):
+    what each ``use`` returned, and what was raised."""
     barrier = threading.Barrier(len(clients))
     errors: list[BaseException] = []
-    results = []
+    results: list = []
 
     def first_use(index: int, client: PostgresStore) -> None:
         barrier.wait()
         try:
             if index % 2:
                 client.init_schema()
-            results.append(client.acquire(f"k{index}", 30, HOLDER, token()))
+            results.append(use(index, client))
         except BaseException as exc:
             errors.append(exc)
 
@@ -189,6 +196,14 @@ def test_racing_first_use_creates_the_table_once_without_errors(pg_url, stores):
         thread.start()
     for thread in threads:
         thread.join()
+    return results, errors
+
+
+def test_racing_first_use_creates_the_table_once_without_errors(pg_url, stores):
+    clients = [open_pg(pg_url, stores) for _ in range(8)]
+    results, errors = first_uses_at_once(
+        clients, lambda index, client: client.acquire(f"k{index}", 30, HOLDER, token())
+    )
     assert errors == []
     assert len(results) == 8 and all(r is not None for r in results)
 
@@ -232,8 +247,87 @@ def test_rows_are_kept_after_release_sweep_and_force_release(pg_url, stores):
     lease = store.acquire("k", 30, HOLDER, token())
     store.release(lease)
     with pg.admin_connection(pg_url) as conn:
-        row = conn.execute(f"SELECT fencing_token, owner_token FROM {table}").fetchone()
-    assert row == (lease.fencing_token, None)
+        rows = conn.execute(
+            f"SELECT slot, fencing_token, owner_token FROM {table} ORDER BY slot"
+        ).fetchall()
+    # The key's fencing counter (slot -1) and its slot 0, freed.
+    assert rows == [(-1, lease.fencing_token, None), (0, lease.fencing_token, None)]
+
+
+# The lease table as tasklock created it before semaphores (one row per key).
+_TABLE_BEFORE_SLOTS = """
+CREATE TABLE {table} (
+    key           text COLLATE "C" PRIMARY KEY,
+    fencing_token bigint NOT NULL,
+    owner_token   text,
+    holder        jsonb,
+    acquired_at   timestamptz,
+    expires_at    timestamptz
+);
+CREATE INDEX {table}_expires_idx ON {table} (expires_at) WHERE owner_token IS NOT NULL;
+INSERT INTO {table} VALUES
+    ('held', 41, 'owner-held', '{{"host": "old", "pid": 7, "user": "u"}}',
+     now(), now() + interval '30 s'),
+    ('freed', 7, NULL, NULL, NULL, NULL);
+"""
+
+
+def make_table_before_slots(url: str) -> str:
+    table = split_table(url)[1]
+    with pg.admin_connection(url) as conn:
+        conn.execute(_TABLE_BEFORE_SLOTS.format(table=table))
+    return table
+
+
+def test_a_table_from_before_semaphores_is_migrated_and_its_leases_kept(pg_url, stores):
+    table = make_table_before_slots(pg_url)
+    store = open_pg(pg_url, stores)
+    (held,) = store.holders("held")
+    assert (held.slot, held.limit, held.fencing_token, held.holder.host) == (0, 1, 41, "old")
+    assert store.acquire("held", 30, HOLDER, token()) is None  # still live
+    with pytest.raises(LimitMismatch):
+        store.acquire("held", 30, HOLDER, token(), limit=2)
+    old_lease = Lease("held", "owner-held", 41, held.acquired_at, held.expires_at)
+    assert store.renew(old_lease, 30).fencing_token == 41  # its owner still renews it
+    assert store.release(old_lease) is True
+    assert store.acquire("held", 30, HOLDER, token()).fencing_token == 42
+    assert store.acquire("freed", 30, HOLDER, token(), limit=2).fencing_token == 8
+    assert store.acquire("freed", 30, HOLDER, token(), limit=2).fencing_token == 9
+    with pg.admin_connection(pg_url) as conn:
+        (primary_key,) = conn.execute(
+            "SELECT pg_get_constraintdef(oid) FROM pg_constraint"
+            " WHERE conrelid = %s::regclass AND contype = 'p'",
+            [table],
+        ).fetchone()
+    assert primary_key == "PRIMARY KEY (key, slot)"
+    assert {c.name: c for c in store.doctor()}["schema"].detail.endswith("is a tasklock table")
+
+
+def test_print_sql_migrates_a_table_from_before_semaphores_too(pg_url, stores):
+    """For a DBA who runs the schema himself: the printed SQL brings an older table to
+    the current shape (and changes nothing when run again)."""
+    table = make_table_before_slots(pg_url)
+    store = open_pg(pg_url, stores)
+    with pg.admin_connection(pg_url) as conn:
+        conn.execute(store.schema_sql())
+        conn.execute(store.schema_sql())
+        rows = conn.execute(
+            f"SELECT key, slot, slot_limit, fencing_token FROM {table} ORDER BY key"
+        ).fetchall()
+    assert rows == [("freed", 0, 1, 7), ("held", 0, 1, 41)]
+    assert store.acquire("freed", 30, HOLDER, token(), limit=3).fencing_token == 8
+    assert [info.fencing_token for info in store.holders("held")] == [41]
+
+
+def test_racing_clients_migrate_a_table_from_before_semaphores_once(pg_url, stores):
+    make_table_before_slots(pg_url)
+    clients = [open_pg(pg_url, stores) for _ in range(6)]
+    leases, errors = first_uses_at_once(
+        clients, lambda _, client: client.acquire("freed", 30, HOLDER, token(), limit=6)
+    )
+    assert errors == []
+    assert sorted(lease.fencing_token for lease in leases) == [8, 9, 10, 11, 12, 13]
+    assert [info.slot for info in clients[0].holders("freed")] == [0, 1, 2, 3, 4, 5]
 
 
 def test_sweep_works_in_batches_and_keeps_counters(pg_url, stores):
@@ -311,6 +405,53 @@ def test_heavy_contention_never_two_holders_and_tokens_strictly_increase(pg_url,
     assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens)
 
 
+def test_heavy_contention_on_slots_never_shares_a_slot_and_never_repeats_a_token(pg_url, stores):
+    """Acquirers of different slots queue on the key's counter row: no two compute the
+    same token, and a token is above every token of a lease released before it."""
+    clients = [open_pg(pg_url, stores) for _ in range(12)]
+    clients[0].init_schema()
+    guard = threading.Lock()
+    held: dict[int, int] = {}  # slot -> token
+    highest_released = [0]
+    tokens: list[int] = []
+    problems: list[str] = []
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(len(clients))
+
+    def worker(client: PostgresStore) -> None:
+        barrier.wait()
+        try:
+            for _ in range(30):
+                with guard:
+                    floor = highest_released[0]
+                lease = client.acquire("pool", 30, HOLDER, token(), limit=3)
+                if lease is None:
+                    continue
+                with guard:
+                    if lease.slot in held or not 0 <= lease.slot < 3:
+                        problems.append(f"slot {lease.slot} given twice: {held}")
+                    if lease.fencing_token <= floor:
+                        problems.append(f"token {lease.fencing_token} not above {floor}")
+                    held[lease.slot] = lease.fencing_token
+                    tokens.append(lease.fencing_token)
+                with guard:
+                    del held[lease.slot]
+                    highest_released[0] = max(highest_released[0], lease.fencing_token)
+                if not client.release(lease):
+                    problems.append(f"release of {lease.fencing_token} returned False")
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(client,)) for client in clients]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == [] and problems == []
+    assert len(tokens) >= 12
+    assert len(set(tokens)) == len(tokens)
+
+
 def test_same_owner_retry_after_lost_reply_is_idempotent(pg_url, stores):
     a, b = open_pg(pg_url, stores), open_pg(pg_url, stores)
     owner = token()
@@ -321,71 +462,6 @@ def test_same_owner_retry_after_lost_reply_is_idempotent(pg_url, stores):
 
 
 # -- waiting --------------------------------------------------------------------------
-
-
-def test_wait_for_release_wakes_right_after_a_release(pg_url, stores):
-    holder, waiter = open_pg(pg_url, stores), open_pg(pg_url, stores)
-    lease = holder.acquire("k", 30, HOLDER, token())
-    assert waiter.acquire("k", 30, HOLDER, token()) is None
-    released_at: list[float] = []
-
-    def release_soon() -> None:
-        time.sleep(0.5)
-        released_at.append(time.monotonic())
-        holder.release(lease)
-
-    thread = threading.Thread(target=release_soon)
-    started = time.monotonic()
-    thread.start()
-    waiter.wait_for_release("k", 5)
-    woke = time.monotonic()
-    thread.join()
-    assert released_at, "woke before the release"
-    assert woke - released_at[0] < 1.0, woke - released_at[0]
-    assert woke - started < 2.5
-    assert waiter.acquire("k", 30, HOLDER, token()) is not None
-
-
-def test_wait_for_release_wakes_on_force_release(pg_url, stores):
-    holder, waiter, admin = (open_pg(pg_url, stores) for _ in range(3))
-    holder.acquire("k", 30, HOLDER, token())
-    timer = threading.Timer(0.3, lambda: admin.force_release("k"))
-    started = time.monotonic()
-    timer.start()
-    waiter.wait_for_release("k", 5)
-    timer.join()
-    assert time.monotonic() - started < 2
-
-
-def test_release_between_failed_acquire_and_wait_is_not_missed(pg_url, stores):
-    holder, waiter = open_pg(pg_url, stores), open_pg(pg_url, stores)
-    lease = holder.acquire("k", 30, HOLDER, token())
-    assert waiter.acquire("k", 30, HOLDER, token()) is None
-    holder.release(lease)  # before the waiter LISTENs
-    started = time.monotonic()
-    waiter.wait_for_release("k", 5)
-    assert time.monotonic() - started < 1
-
-
-def test_wait_for_release_returns_at_the_lease_expiry(pg_url, stores):
-    holder, waiter = open_pg(pg_url, stores), open_pg(pg_url, stores)
-    holder.acquire("k", 0.5, HOLDER, token())
-    started = time.monotonic()
-    waiter.wait_for_release("k", 5)
-    assert time.monotonic() - started < 2
-    assert waiter.acquire("k", 30, HOLDER, token()) is not None
-
-
-def test_a_release_of_another_key_does_not_wake_the_waiter(pg_url, stores):
-    holder, waiter = open_pg(pg_url, stores), open_pg(pg_url, stores)
-    holder.acquire("k", 30, HOLDER, token())
-    other = holder.acquire("other", 30, HOLDER, token())
-    timer = threading.Timer(0.1, lambda: holder.release(other))
-    started = time.monotonic()
-    timer.start()
-    waiter.wait_for_release("k", 0.6)
-    timer.join()
-    assert time.monotonic() - started >= 0.55
 
 
 def test_the_next_waiter_takes_its_turn_when_the_first_waiter_goes_away(pg_url, stores):
@@ -415,7 +491,7 @@ def test_a_waiter_that_gets_the_lease_gives_its_turn_to_the_next(pg_url, stores)
     with pg.admin_connection(pg_url) as conn:
         (turns_held,) = conn.execute(
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND pid = %s",
-            [first._conn.info.backend_pid],
+            [first._db.current.info.backend_pid],
         ).fetchone()
     assert turns_held == 0
     started = time.monotonic()
@@ -435,9 +511,13 @@ def test_a_waiter_does_not_take_a_lease_still_being_acquired_for_free(pg_url, st
     _, table = split_table(pg_url)
     with pg.admin_connection(pg_url) as in_flight:
         in_flight.autocommit = False
-        in_flight.execute(  # an acquire that has not committed yet
+        in_flight.execute(  # an acquire that has not committed yet: counter row and slot 0
+            f"UPDATE {table} SET fencing_token = fencing_token + 1 WHERE key = 'k' AND slot = -1"
+        )
+        in_flight.execute(
             f"UPDATE {table} SET owner_token = 'x', fencing_token = fencing_token + 1,"
-            " acquired_at = now(), expires_at = now() + interval '30 s' WHERE key = 'k'"
+            " acquired_at = now(), expires_at = now() + interval '30 s'"
+            " WHERE key = 'k' AND slot = 0"
         )
         looking = threading.Thread(target=waiter.wait_for_release, args=("k", 10))
         looking.start()
@@ -446,7 +526,7 @@ def test_a_waiter_does_not_take_a_lease_still_being_acquired_for_free(pg_url, st
         in_flight.commit()
         time.sleep(0.3)
         assert looking.is_alive()  # held, as committed: it waits for the release
-    assert holder.force_release("k") is not None
+    assert [info.slot for info in holder.force_release("k")] == [0]
     looking.join(timeout=5)
     assert not looking.is_alive()
 
@@ -477,7 +557,7 @@ def test_connection_forces_read_committed_even_if_the_role_says_serializable(sto
     try:
         store = open_pg(url, stores)
         store.init_schema()
-        level = store._conn.execute("SHOW default_transaction_isolation").fetchone()[0]
+        level = store._db.current.execute("SHOW default_transaction_isolation").fetchone()[0]
         assert level == "read committed"
         assert store.acquire("k", 30, HOLDER, token()) is not None
     finally:
@@ -490,7 +570,7 @@ def test_connection_forces_read_committed_even_if_the_role_says_serializable(sto
 def test_terminated_backend_reconnects(pg_url, stores):
     store = open_pg(pg_url, stores)
     lease = store.acquire("k", 30, HOLDER, token())
-    pid = store._conn.info.backend_pid
+    pid = store._db.current.info.backend_pid
     with pg.admin_connection(pg_url) as admin:
         assert admin.execute("SELECT pg_terminate_backend(%s)", [pid]).fetchone()[0]
     time.sleep(0.1)
@@ -499,14 +579,14 @@ def test_terminated_backend_reconnects(pg_url, stores):
     except StoreUnavailable:
         renewed = store.renew(lease, 30)
     assert renewed.fencing_token == lease.fencing_token
-    assert store._conn.info.backend_pid != pid
+    assert store._db.current.info.backend_pid != pid
     assert store.release(lease) is True
 
 
 def test_connections_are_close_on_exec(pg_url, stores):
     store = open_pg(pg_url, stores)
     store.peek("k")
-    flags = fcntl.fcntl(store._conn.fileno(), fcntl.F_GETFD)
+    flags = fcntl.fcntl(store._db.current.fileno(), fcntl.F_GETFD)
     assert flags & fcntl.FD_CLOEXEC
 
 
@@ -592,7 +672,7 @@ def test_a_hung_server_fails_within_the_io_timeout_then_recovers(private_server)
         store.set_io_timeout(1)
         try:
             lease = store.acquire("k", 30, HOLDER, token())
-            pid = store._conn.info.backend_pid
+            pid = store._db.current.info.backend_pid
             server.pause_backend(pid)
             started = time.monotonic()
             with pytest.raises(StoreUnavailable, match="no answer"):

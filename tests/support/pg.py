@@ -46,7 +46,7 @@ def drop_namespace(url: str) -> None:
     from psycopg import sql
 
     from tasklock_cli.stores.postgres import DEFAULT_TABLE
-    from tasklock_cli.stores.postgres import parse_table
+    from tasklock_cli.stores.postgres_schema import parse_table
 
     conn, table = _connect(url)
     try:

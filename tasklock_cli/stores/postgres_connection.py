@@ -1,0 +1,364 @@
+"""The PostgreSQL store's connection: opened on first use and set up in one round trip,
+every call bounded by the I/O timeout, failures mapped to tasklock errors, a broken
+connection dropped and the next call made on a new one."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import os
+import random
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+from typing import TypeVar
+
+import psycopg
+import psycopg.errors as pgerr
+from psycopg.conninfo import conninfo_to_dict
+
+from tasklock_cli.errors import ConfigError
+from tasklock_cli.errors import StoreUnavailable
+from tasklock_cli.errors import TasklockError
+from tasklock_cli.stores.postgres_schema import INSPECT
+from tasklock_cli.stores.postgres_schema import UNSET
+from tasklock_cli.stores.postgres_schema import PgSchema
+from tasklock_cli.stores.postgres_schema import Unset
+from tasklock_cli.stores.urls import scrub
+from tasklock_cli.stores.urls import url_passwords
+
+DEFAULT_IO_TIMEOUT_S = 5.0
+SERIALIZATION_RETRIES = 5
+
+_T = TypeVar("_T")
+
+# Every new connection's settings, sent with its first statement (``_open``). READ
+# COMMITTED whatever the server's or role's default: every lease statement re-checks the
+# row it locks, and never fails with 40001.
+_SESSION_SETUP = (
+    "SET default_transaction_isolation = 'read committed';"
+    " SET TIME ZONE 'UTC';"
+    " SET idle_in_transaction_session_timeout = '60s';"
+    " SET statement_timeout = {timeout};"
+)
+
+
+# Connection failures that mean "fix the URL / the server's setup", not "try again later".
+_CONFIG_FAILURES = (
+    "password authentication failed",
+    "authentication failed",
+    "no password supplied",
+    "password is required",
+    "does not exist",  # database "x" / role "x" does not exist
+    "no pg_hba.conf entry",
+    "pg_hba.conf rejects",
+    "permission denied for database",
+    "invalid connection option",
+    "invalid uri",
+    "invalid sslmode",
+    "invalid integer value",
+)
+
+
+class Overrun(Exception):
+    """The watchdog shut the socket: the server did not answer within the I/O timeout."""
+
+
+class Watchdog:
+    """Shuts a connection's socket down when a call overruns its deadline.
+
+    libpq has no client-side read timeout: a server that accepted the request and went
+    silent (SIGSTOPped, or its host cut off before TCP notices) would block the caller
+    for as long as the kernel keeps the connection. Shutting the socket down makes the
+    blocked read fail at once; the connection is then dropped and reopened next time.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._deadline: float | None = None
+        self._fd = -1
+        self._fired = False
+        self._stopped = False
+        self._thread: threading.Thread | None = None
+
+    def arm(self, fd: int, seconds: float) -> None:
+        with self._cond:
+            if self._thread is None:
+                self._stopped = False
+                self._thread = threading.Thread(
+                    target=self._run, name="tasklock-pg-watchdog", daemon=True
+                )
+                self._thread.start()
+            self._fd, self._fired = fd, False
+            self._deadline = time.monotonic() + seconds
+            self._cond.notify()
+
+    def disarm(self) -> bool:
+        """Stop watching; True when the deadline had passed and the socket was shut."""
+        with self._cond:
+            self._deadline = None
+            fired, self._fired = self._fired, False
+            return fired
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._deadline = None
+            self._thread = None
+            self._cond.notify_all()
+
+    def _run(self) -> None:
+        with self._cond:
+            while not self._stopped:
+                if self._deadline is None:
+                    self._cond.wait()
+                    continue
+                left = self._deadline - time.monotonic()
+                if left > 0:
+                    self._cond.wait(left)
+                    continue
+                # Still armed past the deadline: the call is blocked on this socket, and
+                # the caller holds the store lock, so the fd cannot have been closed.
+                with contextlib.suppress(OSError):
+                    sock = socket.socket(fileno=os.dup(self._fd))
+                    try:
+                        sock.shutdown(socket.SHUT_RDWR)
+                    finally:
+                        sock.close()
+                self._fired = True
+                self._deadline = None
+
+
+class PgConnection:
+    """The store's one connection (``current``), used under ``lock`` through ``run``.
+
+    ``on_new_session`` callbacks are told when the session ends (dropped, or replaced by
+    a new one): what the server kept for it -- LISTENs, advisory locks -- is gone."""
+
+    def __init__(self, conninfo: str, display_url: str, schema: PgSchema) -> None:
+        self._conninfo = conninfo
+        self.display_url = display_url
+        self._schema = schema
+        self._secrets = sorted(url_passwords(conninfo), key=len, reverse=True)
+        try:
+            params = conninfo_to_dict(conninfo)
+        except psycopg.Error as exc:
+            raise ConfigError(
+                f"invalid PostgreSQL URL {display_url!r}: {self.scrub(str(exc))}"
+            ) from None
+        password = str(params.get("password") or "")
+        if password and password not in self._secrets:
+            self._secrets.insert(0, password)
+        self._user_params = {k for k, v in params.items() if v is not None}
+        self.io_timeout = DEFAULT_IO_TIMEOUT_S
+        self.lock = threading.RLock()
+        self._watchdog = Watchdog()
+        self.current: psycopg.Connection | None = None
+        self._applied_timeout: float | None = None
+        self._schema_ok = False
+        self.on_new_session: list[Callable[[], None]] = []
+
+    def scrub(self, text: str) -> str:
+        return " ".join(scrub(text, self._secrets).split())  # libpq's messages span lines
+
+    def set_io_timeout(self, seconds: float) -> None:
+        if not math.isfinite(seconds) or seconds <= 0:
+            return
+        with self.lock:
+            self.io_timeout = seconds  # applied to the connection on its next use
+
+    def connect_kwargs(self) -> dict[str, Any]:
+        io = self.io_timeout
+        kwargs: dict[str, Any] = {
+            # libpq's minimum is 2 s (smaller values are raised to 2), per host tried.
+            "connect_timeout": max(2, math.ceil(io)),
+            "keepalives": 1,
+            "keepalives_idle": max(1, int(io)),
+            "keepalives_interval": max(1, int(io / 3)),
+            "keepalives_count": 3,
+            "tcp_user_timeout": max(100, int(io * 1000)),
+        }
+        if "application_name" not in self._user_params:
+            kwargs["application_name"] = "tasklock"
+        return kwargs
+
+    def connect(self) -> psycopg.Connection:
+        """A new autocommit connection, close-on-exec, not set up (a holder's own)."""
+        conn = psycopg.Connection.connect(self._conninfo, autocommit=True, **self.connect_kwargs())
+        try:
+            os.set_inheritable(conn.fileno(), False)  # libpq sets FD_CLOEXEC; make sure
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _open(self, inspect: bool) -> tuple[psycopg.Connection, tuple | None]:
+        """A new connection, set up in one round trip after connecting: the session
+        settings, the statement timeout and (``inspect``) the look at the table, whose
+        row is returned for ``PgSchema.ensure``."""
+        conn = psycopg.Connection.connect(self._conninfo, autocommit=True, **self.connect_kwargs())
+        try:
+            os.set_inheritable(conn.fileno(), False)  # libpq sets FD_CLOEXEC; make sure
+            setup = _SESSION_SETUP.format(timeout=self._statement_timeout_ms())
+            cursor = psycopg.ClientCursor(conn)  # one simple query, parameters bound here
+            if not inspect:
+                self._guarded(conn, lambda: cursor.execute(setup))
+                return conn, None
+
+            def set_up_and_inspect() -> tuple | None:
+                cursor.execute(setup + INSPECT, self._schema.inspection_params(conn))
+                while cursor.nextset():  # to the last result, the inspection's
+                    pass
+                return cursor.fetchone()
+
+            return conn, self._guarded(conn, set_up_and_inspect)
+        except BaseException:
+            conn.close()
+            raise
+
+    def _statement_timeout_ms(self) -> int:
+        return max(100, int(self.io_timeout * 800))  # the server cancels before we give up
+
+    def _guarded(self, conn: psycopg.Connection, operation: Callable[[], _T]) -> _T:
+        """Run ``operation`` with the watchdog armed for one I/O timeout."""
+        self._watchdog.arm(conn.fileno(), self.io_timeout + 0.05)
+        overran = False
+        try:
+            return operation()
+        finally:
+            overran = self._watchdog.disarm()
+            if overran:
+                raise Overrun()
+
+    def _connection(self, ensure_schema: bool = True) -> psycopg.Connection:
+        conn = self.current
+        if conn is not None and (conn.closed or conn.broken):
+            self.drop()
+            conn = None
+        inspected: tuple | Unset | None = UNSET
+        if conn is None:
+            conn, row = self._open(inspect=ensure_schema)
+            if ensure_schema:
+                inspected = row
+            self.current = conn
+            self._applied_timeout = self.io_timeout
+            self._session_ended()
+        if self._applied_timeout != self.io_timeout:
+            millis = self._statement_timeout_ms()
+            self._guarded(conn, lambda: conn.execute(f"SET statement_timeout = {millis}"))
+            self._applied_timeout = self.io_timeout
+        if ensure_schema and not self._schema_ok:
+            self._guarded(conn, lambda: self._schema.ensure(conn, inspected))
+            self._schema_ok = True
+        return conn
+
+    def _session_ended(self) -> None:
+        self._schema_ok = False
+        for forget in self.on_new_session:
+            forget()
+
+    def drop(self) -> None:
+        conn, self.current = self.current, None
+        self._session_ended()
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+    def close(self) -> None:
+        with self.lock:
+            self.drop()
+        self._watchdog.stop()
+
+    def run(
+        self,
+        operation: Callable[[psycopg.Connection], _T],
+        *,
+        idempotent: bool = True,
+        ensure_schema: bool = True,
+    ) -> _T:
+        """Run ``operation`` on the connection, mapping every failure to a tasklock error.
+
+        Retried here: serialization failures and deadlocks (a few times), a table that
+        vanished (recreated once), and a connection found broken when reused (once, on a
+        new connection) -- for non-idempotent statements only when the server said it
+        had not run the statement (it was shutting down or terminated the session).
+        """
+        with self.lock:
+            conflicts = 0
+            reconnected = recreated = False
+            while True:
+                # A failure on a connection opened by an earlier call may just mean it went
+                # stale (server restart, terminated backend, idle timeout): retry once.
+                stale = self.current is not None
+                try:
+                    conn = self._connection(ensure_schema)
+                    return self._guarded(conn, functools.partial(operation, conn))
+                except Overrun:
+                    self.drop()
+                    raise StoreUnavailable(
+                        f"{self.display_url}: no answer within {self.io_timeout:g} s"
+                    ) from None
+                except (pgerr.SerializationFailure, pgerr.DeadlockDetected) as exc:
+                    conflicts += 1
+                    if conflicts > SERIALIZATION_RETRIES:
+                        raise self._translate(exc) from None
+                    time.sleep(random.uniform(0.001, 0.005) * conflicts)
+                except pgerr.UndefinedTable as exc:
+                    self._schema_ok = False
+                    if recreated:
+                        raise self._translate(exc) from None
+                    recreated = True
+                except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+                    retry = self._worth_reconnecting(exc, idempotent)  # (drops a broken one)
+                    if not (retry and stale and not reconnected):
+                        raise self._translate(exc) from None
+                    reconnected = True
+                except psycopg.Error as exc:
+                    raise self._translate(exc) from None
+
+    def _worth_reconnecting(self, exc: psycopg.Error, idempotent: bool) -> bool:
+        """After a failure on a connection opened by an earlier call: drops it when broken;
+        True when the call may run again on a new one."""
+        current = self.current
+        broken = current is None or current.closed or current.broken
+        if broken:
+            self.drop()
+        not_run = (getattr(exc, "sqlstate", None) or "").startswith("57P")
+        return broken and (idempotent or not_run) and not isinstance(exc, pgerr.QueryCanceled)
+
+    def _translate(self, exc: Exception) -> TasklockError:
+        text = self.scrub(str(exc)) or type(exc).__name__
+        where = self.display_url
+        table = self._schema.table_name
+        state = getattr(exc, "sqlstate", None) or ""
+        if isinstance(exc, pgerr.QueryCanceled):
+            return StoreUnavailable(
+                f"{where}: the statement did not finish within {self.io_timeout:g} s ({text})"
+            )
+        if isinstance(exc, pgerr.ReadOnlySqlTransaction):
+            return StoreUnavailable(
+                f"{where}: connected to a read-only server ({text}); "
+                "add target_session_attrs=read-write to the URL for failover setups"
+            )
+        if isinstance(exc, pgerr.InsufficientPrivilege):
+            return ConfigError(f"{where}: the database user may not use table {table} ({text})")
+        if isinstance(exc, pgerr.UndefinedTable):
+            return ConfigError(f"{where}: table {table} is missing ({text})")
+        if state in ("28P01", "28000", "3D000") or (
+            isinstance(exc, psycopg.OperationalError)
+            and not state
+            and any(marker in text.lower() for marker in _CONFIG_FAILURES)
+        ):
+            # Wrong password, unknown role or database, a pg_hba rule: the server answered
+            # and refused. Retrying cannot help and the supervisor must not wait it out as
+            # an outage, so this is a configuration error (78), not "unreachable" (69).
+            # Refused/reset connections, unknown hosts and timeouts stay 69.
+            return ConfigError(f"{where}: the server refused the connection: {text}")
+        if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+            return StoreUnavailable(f"{where}: {text}")
+        if state.startswith("42") or isinstance(exc, psycopg.ProgrammingError):
+            return ConfigError(f"{where}: table {table} is unusable ({text})")
+        return StoreUnavailable(f"{where}: PostgreSQL answered with an error: {text}")

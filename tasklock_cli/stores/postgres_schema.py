@@ -1,0 +1,271 @@
+"""The PostgreSQL store's table: its DDL, the look at it on a new connection, its
+creation on first use and its migration from the table before semaphores."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import re
+from collections.abc import Callable
+
+import psycopg
+import psycopg.errors as pgerr
+from psycopg import sql
+
+from tasklock_cli.errors import ConfigError
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_$]{0,62}")
+
+#: What a tasklock table looks like (column -> format_type()).
+_COLUMNS = {
+    "key": "text",
+    "slot": "integer",
+    "slot_limit": "integer",
+    "fencing_token": "bigint",
+    "owner_token": "text",
+    "holder": "jsonb",
+    "acquired_at": "timestamp with time zone",
+    "expires_at": "timestamp with time zone",
+}
+#: The table before semaphores: one row per key (migrated by ``_migrate``).
+_COLUMNS_BEFORE_SLOTS = {
+    name: kind for name, kind in _COLUMNS.items() if name not in ("slot", "slot_limit")
+}
+_DDL = """\
+CREATE TABLE IF NOT EXISTS {table} (
+    key           text COLLATE "C" NOT NULL,
+    slot          integer NOT NULL DEFAULT 0,
+    slot_limit    integer NOT NULL DEFAULT 1,
+    fencing_token bigint NOT NULL,
+    owner_token   text,
+    holder        jsonb,
+    acquired_at   timestamptz,
+    expires_at    timestamptz,
+    PRIMARY KEY (key, slot)
+);
+CREATE INDEX IF NOT EXISTS {index} ON {table} (expires_at) WHERE owner_token IS NOT NULL;
+CREATE TABLE IF NOT EXISTS {runs} (
+    key           text COLLATE "C" NOT NULL,
+    fencing_token bigint NOT NULL,
+    started_at    timestamptz NOT NULL,
+    ended_at      timestamptz NOT NULL,
+    data          jsonb NOT NULL,
+    PRIMARY KEY (key, fencing_token)
+);
+"""
+# From the table before semaphores (one row per key): its rows become slot 0 of limit 1
+# and the unique key moves from (key) to (key, slot). Idempotent; a no-op on a current
+# table or none. ``PgSchema._migrate`` runs it under the schema lock; ``schema_sql`` prints it.
+_MIGRATE_TO_SLOTS = """
+DO $migrate$
+DECLARE
+    drop_old_key text;
+BEGIN
+    IF to_regclass({name}) IS NULL THEN
+        RETURN;
+    END IF;
+    ALTER TABLE {table} ADD COLUMN IF NOT EXISTS slot integer NOT NULL DEFAULT 0,
+                        ADD COLUMN IF NOT EXISTS slot_limit integer NOT NULL DEFAULT 1;
+    FOR drop_old_key IN  -- every unique index on (key) alone, or its constraint
+        SELECT CASE WHEN con.conname IS NULL
+                    THEN format('DROP INDEX %s', i.indexrelid::regclass)
+                    ELSE format('ALTER TABLE %s DROP CONSTRAINT %I', {name}, con.conname) END
+          FROM pg_index i
+          JOIN pg_attribute k ON k.attrelid = i.indrelid AND k.attnum = i.indkey[0]
+          LEFT JOIN pg_constraint con ON con.conindid = i.indexrelid
+                                     AND con.conrelid = i.indrelid
+         WHERE i.indrelid = to_regclass({name}) AND i.indisunique AND i.indnatts = 1
+           AND k.attname = 'key'
+    LOOP
+        EXECUTE drop_old_key;
+    END LOOP;
+    IF NOT EXISTS (SELECT FROM pg_index
+                    WHERE indrelid = to_regclass({name}) AND indisprimary) THEN
+        ALTER TABLE {table} ADD PRIMARY KEY (key, slot);
+    END IF;
+END
+$migrate$;
+"""
+
+# One query: kind of relation, its columns, the columns of each unique index (as
+# "a,b"), and whether the run ledger's table exists (parameters: the ledger's name, the
+# table's).
+INSPECT = """
+SELECT c.oid::bigint, c.relkind::text, to_regclass(%s) IS NOT NULL,
+       (SELECT coalesce(json_object_agg(a.attname, format_type(a.atttypid, a.atttypmod)),
+                        '{}'::json)
+          FROM pg_attribute a
+         WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped),
+       ARRAY(SELECT string_agg(a.attname, ',' ORDER BY k.n)
+               FROM pg_index i
+              CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, n)
+               JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+              WHERE i.indrelid = c.oid AND i.indisunique AND i.indpred IS NULL
+              GROUP BY i.indexrelid)
+  FROM pg_class c
+ WHERE c.oid = to_regclass(%s)
+"""
+
+
+class Unset:
+    """Not looked at yet (as opposed to None: looked at, and missing)."""
+
+
+UNSET = Unset()
+
+
+def parse_table(name: str) -> tuple[str, ...]:
+    """``"leases"`` -> ``("leases",)``, ``"ops.leases"`` -> ``("ops", "leases")``."""
+    parts = tuple(name.split("."))
+    if not 1 <= len(parts) <= 2 or not all(_IDENTIFIER.fullmatch(part) for part in parts):
+        raise ConfigError(
+            f"invalid table name {name!r} in the store URL (expected NAME or SCHEMA.NAME, "
+            "each a letter or underscore followed by up to 62 letters, digits, _ or $)"
+        )
+    return parts
+
+
+class PgSchema:
+    """The lease table and the run ledger's table beside it, as one store URL names them.
+
+    ``ensure`` (once per connection) checks that the table is a tasklock table, creates
+    it when missing and migrates it when it is from before semaphores; it then knows the
+    table's oid, which names the channels and the waiters' advisory lock space."""
+
+    def __init__(self, table: str, display_url: str, scrub: Callable[[str], str]) -> None:
+        self.table_name = table
+        self._display_url = display_url
+        self._scrub = scrub
+        self._parts = parse_table(table)
+        self.table = sql.Identifier(*self._parts)
+        # The run ledger's table, beside the leases' (names are at most 63 bytes).
+        runs_parts = (*self._parts[:-1], self._parts[-1][:58] + "_runs")
+        self.runs = sql.Identifier(*runs_parts)
+        self.runs_table_name = ".".join(runs_parts)
+        self.oid = 0
+        self.channel = ""  # where releases are notified
+        self.turn_space = 0  # the first int4 of the waiters' advisory locks
+
+    def inspection_params(self, conn: psycopg.Connection) -> list[str]:
+        return [self.runs.as_string(conn), self.table.as_string(conn)]
+
+    def inspect(self, conn: psycopg.Connection) -> tuple[int, bool, bool] | None:
+        return self.judge(conn.execute(INSPECT, self.inspection_params(conn)).fetchone())
+
+    def judge(self, row: tuple | None) -> tuple[int, bool, bool] | None:
+        """(the table's oid, whether the run ledger's table exists, whether it is a table
+        from before semaphores, to migrate) when it is a tasklock table, None when
+        missing; else ConfigError."""
+        if row is None:
+            return None
+        oid, relkind, has_runs, columns, unique_keys = row
+        columns = dict(columns or {})
+        unique_keys = set(unique_keys or ())
+        if relkind not in ("r", "p"):
+            raise ConfigError(
+                f"{self._display_url}: {self.table_name} exists but is not a table "
+                f"(relkind {relkind!r}); choose another name with ?table="
+            )
+        current = columns == _COLUMNS and unique_keys >= {"key,slot"} and "key" not in unique_keys
+        before_slots = columns in (_COLUMNS, _COLUMNS_BEFORE_SLOTS) and bool(
+            unique_keys & {"key", "key,slot"}
+        )
+        if not (current or before_slots):
+            found = ", ".join(f"{name} {kind}" for name, kind in sorted(columns.items()))
+            why = "" if unique_keys & {"key", "key,slot"} else "; no unique index on key"
+            raise ConfigError(
+                f"{self._display_url}: table {self.table_name} exists but is not a tasklock "
+                f"table (columns: {found or 'none'}{why}); choose another name with ?table="
+            )
+        return int(oid), bool(has_runs), not current
+
+    def describe(self, conn: psycopg.Connection) -> tuple[bool, str]:
+        """``doctor``'s line about the table (it changes nothing)."""
+        try:
+            found = self.inspect(conn)
+        except ConfigError as exc:
+            return False, str(exc)
+        if found is None:
+            return True, f"table {self.table_name} will be created on first use"
+        return True, f"table {self.table_name} is a tasklock table"
+
+    def ensure(self, conn: psycopg.Connection, inspected: tuple | Unset | None) -> None:
+        """The table exists (created if missing), is ours, and is current (migrated).
+        ``inspected``: the table's row, when the connection's set-up read it already."""
+        found = self.inspect(conn) if isinstance(inspected, Unset) else self.judge(inspected)
+        if found is None:
+            self._create(conn)
+            found = self.inspect(conn)
+            if found is None:
+                raise ConfigError(
+                    f"{self._display_url}: table {self.table_name} could not be created"
+                )
+        else:
+            if found[2]:
+                self._migrate(conn)
+                found = self.inspect(conn) or found
+            if not found[1]:
+                # A lease table from before the run ledger. Leases work without the
+                # ledger: when it cannot be created, writing a run fails instead (and
+                # the run's release is retried without it).
+                with contextlib.suppress(ConfigError):
+                    self._create(conn)
+        self.oid = found[0]
+        self.channel = f"tasklock_released_{self.oid}"
+        self.turn_space = self.oid & 0x7FFFFFFF
+
+    def _lock_id(self) -> int:
+        digest = hashlib.sha256(f"tasklock:{self.table_name}".encode()).digest()
+        return int.from_bytes(digest[:8], "big", signed=True)
+
+    def _create(self, conn: psycopg.Connection) -> None:
+        try:
+            # Racing first users queue on the advisory lock; CREATE ... IF NOT EXISTS
+            # alone can still fail with unique_violation on pg_type when two race.
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", [self._lock_id()])
+                conn.execute(self.ddl())
+        except (pgerr.UniqueViolation, pgerr.DuplicateTable, pgerr.DuplicateObject):
+            pass  # someone without our advisory lock created it at the same moment
+        except (pgerr.InsufficientPrivilege, pgerr.InvalidSchemaName) as exc:
+            raise ConfigError(
+                f"{self._display_url}: table {self.table_name} is missing and cannot be "
+                f"created ({self._scrub(str(exc))}); have a DBA run the output of "
+                "`tasklock init --print-sql`"
+            ) from None
+
+    def _migrate(self, conn: psycopg.Connection) -> None:
+        """Bring a table from before semaphores to the current shape: its rows become slot
+        0 of limit 1 (their fencing tokens stay: a key's counter row starts from them).
+        Under the schema lock and in one transaction, so racing clients migrate it once;
+        one that comes second finds it done."""
+        try:
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", [self._lock_id()])
+                found = self.inspect(conn)
+                if found is not None and found[2]:
+                    conn.execute(self.migration())
+        except pgerr.InsufficientPrivilege as exc:
+            raise ConfigError(
+                f"{self._display_url}: table {self.table_name} is from an older tasklock and "
+                f"cannot be migrated ({self._scrub(str(exc))}); have a DBA run the output "
+                "of `tasklock init --print-sql`"
+            ) from None
+
+    def migration(self) -> sql.Composed:
+        name = sql.Literal(".".join(f'"{part}"' for part in self._parts))
+        return sql.SQL(_MIGRATE_TO_SLOTS).format(table=self.table, name=name)
+
+    def ddl(self) -> sql.Composed:
+        index = self._parts[-1][:50] + "_expires_idx"
+        return sql.SQL(_DDL).format(table=self.table, index=sql.Identifier(index), runs=self.runs)
+
+    def schema_sql(self) -> str:
+        return (
+            "-- tasklock lease table; rows are never deleted (they keep the fencing counter),\n"
+            "-- and the run ledger's table\n"
+            + self.ddl().as_string(None)
+            + "-- a lease table from before semaphores (one row per key): its rows become\n"
+            "-- slot 0 of limit 1 (nothing to do on a current table)"
+            + self.migration().as_string(None)
+        )
