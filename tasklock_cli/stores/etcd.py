@@ -6,15 +6,27 @@ key to it; the key exists exactly while the lease lives (or until it is released
 Key layout under the namespace prefix ``P`` (``?prefix=``, default ``tasklock/``), for lock
 key ``K`` (stored exactly, UTF-8)::
 
-    P lock/K             value: JSON {owner, holder, acquired_at (ms, client clock), ttl}
-                         attached to the holder's lease. Fencing token = the key's
+    P lock/K             slot 0 (a plain lock is slot 0 of limit 1), value: JSON {owner,
+                         holder, acquired_at (ms, client clock), ttl, limit (semaphores
+                         only)} attached to the holder's lease. Fencing token = the key's
                          create_revision: etcd's global revision only ever grows, so a key
                          created again (after release, expiry, forced release) gets a
-                         greater one, and no counter can be reset or deleted.
-    P broken/K           value: the fencing token of a broken lease; attached, with the
-                         lock key, to the breaker's lease (see ``break_lease``)
+                         greater one, in any slot, and no counter can be reset or deleted.
+    P lock/K NUL N/S     slot S > 0 of K held with limit N (S: SLOT_DIGITS digits, so key
+                         order is slot order), as the lock key; for S = 0 the limit marker
+                         put on slot 0's lease with the lock key. Keys hold no control
+                         characters: no other key's lock key starts with ``K NUL``, and a
+                         range from ``K`` to ``K \x01`` holds K's slots and nothing else
+                         (one read, one watch). A key held with limit N has no key under
+                         ``K NUL`` of another limit: the acquire's txn compares that.
+    P owner/K NUL <owner>  a semaphore holder's mark, on its lease: a retry after a lost
+                         reply finds its own slot instead of taking a free one
+    P broken/K [NUL S]   value: the fencing token of a broken lease in slot S (none for
+                         slot 0); attached, with the slot's keys, to the breaker's lease
+                         (see ``break_lease``)
     P wait/<len>:K/<id>  a waiter's place in K's queue, attached to the waiter's lease;
-                         ordered by create_revision (``wait_for_release``)
+                         ordered by create_revision (``wait_for_release``): the first
+                         waiter watches K's slots, each other one the waiter before it
     P runs/K NUL <token> the run ledger: one JSON record per run (token: 20 digits, so
                          key order is token order), put by the release's txn. The
                          acquire's txn counts K's records and reads the oldest, so that
@@ -32,13 +44,16 @@ window. Cut down to whole seconds, a time stays in its window exactly when the w
 length is whole seconds (its bounds are then whole seconds too); else within 1 s.
 
 Round trips: acquire = 1 (the lease grant with a client-chosen ID and the ``txn`` that
-creates the key only if absent, with the lease attached, are pipelined on one connection:
-grant, then txn, without waiting in between; the txn's failure branch reads the holder
-back). Renew = 1 (lease keepalive: it fails once the lease was revoked, which is what
-release, forced release and break do). Release = 1 (a ``txn`` guarded by the owner's value
-and the fencing token deletes the key; the emptied lease runs out on its own, since a
-revoke could report a release that a break had just moved away from it). ``keep_for``,
-break and forced release take 2-4.
+creates the slot's key only if absent, with the lease attached, are pipelined on one
+connection: grant, then txn, without waiting in between; the slots are tried in order by
+txns nested in the failure branch of the one before, and where none was free the txn reads
+the holders back). A limit over SLOTS_PER_TXN whose first slots are all held takes one more
+txn per SLOTS_PER_TXN slots (etcd bounds the ops of a txn, nested ones counted in). Renew =
+1 (lease keepalive: it fails once the lease was revoked, which is what release, forced
+release and break do). Release = 1 (a ``txn`` guarded by the owner's value and the fencing
+token deletes the slot's keys; the emptied lease runs out on its own, since a revoke could
+report a release that a break had just moved away from it). ``keep_for``, break and
+forced release take 2-4 per slot.
 
 Leases have whole seconds, and etcd raises short ones to its minimum (1 s at least; 2 s
 with the default election timeout); the granted TTL is used for ``expires_at``. A lease
@@ -60,10 +75,11 @@ import base64
 import contextlib
 import json
 import math
-import random
+import secrets
 import select
 import threading
 import time
+from collections.abc import Callable
 from collections.abc import Iterator
 from dataclasses import dataclass
 from dataclasses import field
@@ -71,11 +87,13 @@ from datetime import datetime
 from datetime import timezone
 from typing import TYPE_CHECKING
 from typing import Any
+from typing import NamedTuple
 from urllib.parse import parse_qsl
 from urllib.parse import unquote
 from urllib.parse import urlsplit
 
 from tasklock_cli.errors import ConfigError
+from tasklock_cli.errors import LimitMismatch
 from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.errors import TasklockError
 from tasklock_cli.stores import _http
@@ -107,6 +125,13 @@ POLL_S = 0.1
 #: The oldest ledger records an acquire reads, for its release to trim (more than one,
 #: so that a ledger grown past LEDGER_KEEP shrinks back).
 TRIM_READ = 4
+#: Slot numbers in key names have this many digits (zero-padded: key order is slot order).
+SLOT_DIGITS = 10
+#: The slots one acquire txn tries, nested (etcd counts nested ops against --max-txn-ops,
+#: 128 by default; a level takes 3-4); past them the read of a refusal says where to go on.
+SLOTS_PER_TXN = 24
+#: Leases whose remaining time one pipelined call asks.
+TTL_BATCH = 64
 _NOT_FOUND = 5
 _UNAUTHENTICATED = 16
 _RETRY_ELSEWHERE = (
@@ -219,7 +244,9 @@ def _ttl_seconds(seconds: float, what: str) -> int:
 
 
 def _new_lease_id() -> int:
-    return random.getrandbits(62) | 1  # positive int64, never 0 (0 means "no lease")
+    # Not the random module: a program (or a test framework) that seeds it would hand out
+    # the same IDs again, and etcd refuses to grant an ID that exists.
+    return secrets.randbits(62) | 1  # positive int64, never 0 (0 means "no lease")
 
 
 class _Members:
@@ -462,6 +489,7 @@ class _Held:
     runs: int = 0  # the key's records in the ledger at the acquisition
     oldest_runs: list[bytes] = field(default_factory=list)  # the first TRIM_READ of them
     member_date: str | None = None  # the Date header of the acquisition's reply
+    broken: bool = False  # read back broken: its renewals fail, its release still frees it
 
 
 class EtcdStore(Store):
@@ -481,6 +509,7 @@ class EtcdStore(Store):
         self._waiter_lease: int | None = None
         self._waiter_refreshed = 0.0
         self._queued: set[str] = set()
+        self._looked_at: dict[str, int] = {}  # key -> revision of the waiter's last look
         self._state_lock = threading.Lock()
 
     @classmethod
@@ -492,8 +521,34 @@ class EtcdStore(Store):
     def _lock_key(self, key: str) -> bytes:
         return self._p + b"lock/" + key.encode("utf-8")
 
-    def _broken_key(self, key: str) -> bytes:
-        return self._p + b"broken/" + key.encode("utf-8")
+    def _slot_key(self, key: str, slot: int, limit: int) -> bytes:
+        """Where slot ``slot`` of ``key`` held with ``limit`` keeps its lease: slot 0 in the
+        lock key (as a plain lock, which it is with limit 1), the others under the key's
+        own ``NUL`` prefix."""
+        if slot == 0:
+            return self._lock_key(key)
+        return self._lock_key(key) + f"\0{limit}/{slot:0{SLOT_DIGITS}d}".encode()
+
+    def _slot_names(self, key: str, slot: int, limit: int, owner: str) -> list[bytes]:
+        """The keys a holder of the slot puts on its lease: the slot's key; for a semaphore
+        its owner mark (a retry finds its own slot though another is free) and, for slot
+        0, the limit marker (where slot 0 would be among the other slots)."""
+        names = [self._slot_key(key, slot, limit)]
+        if limit > 1:
+            names.append(self._owner_mark(key, owner))
+            if slot == 0:
+                names.append(self._limit_marker(key, limit))
+        return names
+
+    def _owner_mark(self, key: str, owner: str) -> bytes:
+        return self._p + b"owner/" + key.encode("utf-8") + b"\0" + owner.encode("utf-8")
+
+    def _limit_marker(self, key: str, limit: int) -> bytes:
+        return self._lock_key(key) + f"\0{limit}/{0:0{SLOT_DIGITS}d}".encode()
+
+    def _broken_key(self, key: str, slot: int = 0) -> bytes:
+        name = self._p + b"broken/" + key.encode("utf-8")
+        return name if slot == 0 else name + f"\0{slot:0{SLOT_DIGITS}d}".encode()
 
     def _queue_prefix(self, key: str) -> bytes:
         raw = key.encode("utf-8")
@@ -556,21 +611,16 @@ class EtcdStore(Store):
 
     # -- acquire / renew / release ---------------------------------------------------
 
-    def acquire(self, key: str, ttl: float, holder: Holder, owner_token: str) -> Lease | None:
+    def acquire(
+        self, key: str, ttl: float, holder: Holder, owner_token: str, limit: int = 1
+    ) -> Lease | None:
         ttl_s = _ttl_seconds(ttl, "lease TTL")
-        for _ in range(3):
+        start = 0  # the first slot the txn tries (past SLOTS_PER_TXN: where the read said)
+        for _ in range(3 + limit // SLOTS_PER_TXN):
             lease_id, first = self._lease_request(ttl_s)
             sent = time.time()
-            value = json.dumps(
-                {
-                    "owner": owner_token,
-                    "holder": holder.to_dict(),
-                    "acquired_at": int(sent * 1000),
-                    "ttl": ttl_s,
-                },
-                sort_keys=True,
-            ).encode()
-            txn = self._create_if_absent(key, value, lease_id)
+            value = _lease_value(owner_token, holder, sent, ttl_s, limit)
+            txn, plan = self._acquire_txn(key, limit, start, owner_token, value, lease_id)
             try:
                 (granted, reply), date = self._members.call_dated([first, ("/v3/kv/txn", txn)])
             except EtcdError as exc:
@@ -582,49 +632,144 @@ class EtcdStore(Store):
             if granted_ttl <= 0:
                 self._spare = None
                 continue
-            if reply.get("succeeded"):
+            slot, responses = _taken_slot(reply, plan)
+            if slot is not None:
                 self._spare = None
                 self._queued.discard(key)
                 token = _revision(reply)
-                runs = reply["responses"][-1].get("response_range", {})
+                runs = responses[-1].get("response_range", {})
                 oldest = [unb64(kv["key"]) for kv in runs.get("kvs", [])]
                 self._held[(key, owner_token, token)] = _Held(
                     lease_id, value, ttl_s, int(runs.get("count", 0)), oldest, date
                 )
+                expires = utc_from_timestamp(sent + granted_ttl)
                 return Lease(
-                    key,
-                    owner_token,
-                    token,
-                    utc_from_timestamp(sent),
-                    utc_from_timestamp(sent + granted_ttl),
+                    key, owner_token, token, utc_from_timestamp(sent), expires, slot, limit
                 )
             self._spare = (lease_id, ttl_s)
-            kvs, broken = (_kvs(response) for response in reply["responses"])
-            if not kvs:
-                continue  # freed between the compare and the read: try again
-            if broken and unb64(broken[0].get("value")) == kvs[0]["create_revision"].encode():
-                return None  # broken: not even its owner may take it back
-            return self._own_lease(key, owner_token, kvs[0], sent)
+            slots, broken = self._slots_from(responses)
+            outcome = self._after_conflict(key, owner_token, limit, slots, broken, sent)
+            if not isinstance(outcome, int):
+                return outcome
+            start = outcome  # a slot is free after all (freed meanwhile, or past this txn's)
         raise StoreUnavailable(f"{self.display_url}: could not get a lease from etcd for {key!r}")
 
-    def _create_if_absent(self, key: str, value: bytes, lease_id: int) -> dict[str, Any]:
-        """The acquire's txn: create the lock key on ``lease_id`` if absent (leaving the
-        key's waiting queue, reading the oldest ledger records for the release's trim), else
-        read the holder and the broken mark back."""
-        name = self._lock_key(key)
-        success = [{"request_put": {"key": b64(name), "value": b64(value), "lease": str(lease_id)}}]
+    def _after_conflict(
+        self,
+        key: str,
+        owner_token: str,
+        limit: int,
+        slots: list[_SlotKv],
+        broken: set[int],
+        sent: float,
+    ) -> Lease | int | None:
+        """What the read of a refused acquire says: our own lease (a lost reply), None
+        (every slot held), or the lowest free slot to try next; raises LimitMismatch."""
+        for held in slots:
+            if held.limit != limit:
+                raise LimitMismatch(key, held.limit, limit)
+        for held in slots:
+            record = _decode_value(unb64(held.kv.get("value")))
+            if record is not None and record.get("owner") == owner_token:
+                if held.token in broken:
+                    return None  # broken: not even its owner may take it back
+                return self._own_lease(key, owner_token, held, sent)
+        taken = {held.slot for held in slots}
+        return next((slot for slot in range(limit) if slot not in taken), None)
+
+    def _acquire_txn(
+        self, key: str, limit: int, start: int, owner_token: str, value: bytes, lease_id: int
+    ) -> tuple[dict[str, Any], list[int | None]]:
+        """The acquire's txn: take the lowest free slot from ``start`` on, each slot a txn
+        nested in the failure branch of the one before (etcd 3.4 has no loop), at most
+        SLOTS_PER_TXN of them (etcd bounds a txn's ops, nested ones counted in). A taking
+        leaves the key's waiting queue and reads the oldest ledger records (for the
+        release's trim). Guards: no key of another limit (or a semaphore's slot 0 without
+        its marker: a plain lock), and no slot taken by us already. Where it ends without
+        a slot it reads the key's slots and broken marks. Returns the txn and its plan (the
+        slot of each nested level, None for the guard) for ``_taken_slot``."""
+        reads = self._slot_reads(key)
+        guards = self._other_limits_absent(key, limit)
+        if limit > 1:  # and no slot of ours already (a retry after a lost reply)
+            guards.append(_absent(self._owner_mark(key, owner_token)))
+        chain, plan = reads, []
+        for slot in reversed(range(max(start, 1), min(limit, start + SLOTS_PER_TXN))):
+            level = _nested(
+                [_absent(self._slot_key(key, slot, limit))],
+                self._take_slot_ops(key, slot, limit, owner_token, value, lease_id),
+                chain,
+            )
+            chain, plan = [level], [slot, *plan]
+        if limit > 1:
+            marker = {**_absent(self._limit_marker(key, limit)), "result": "GREATER"}
+            chain, plan = [_nested([marker, *guards], chain, reads)], [None, *plan]
+        if start == 0:
+            free = [_absent(self._lock_key(key)), *guards]
+            taking = self._take_slot_ops(key, 0, limit, owner_token, value, lease_id)
+            chain, plan = [_nested(free, taking, chain)], [0, *plan]
+        return chain[0]["request_txn"], plan
+
+    def _take_slot_ops(
+        self, key: str, slot: int, limit: int, owner: str, value: bytes, lease_id: int
+    ) -> list[dict[str, Any]]:
+        ops: list[dict[str, Any]] = [
+            {"request_put": {"key": b64(name), "value": b64(value), "lease": str(lease_id)}}
+            for name in self._slot_names(key, slot, limit, owner)
+        ]
         if key in self._queued and self._waiter_lease is not None:
             entry = self._queue_entry(key, self._waiter_lease)
-            success.append({"request_delete_range": {"key": b64(entry)}})
-        success.append(self._oldest_runs_op(key))
-        return {
-            "compare": [{"key": b64(name), "target": "CREATE", "create_revision": "0"}],
-            "success": success,
-            "failure": [
-                {"request_range": {"key": b64(name)}},
-                {"request_range": {"key": b64(self._broken_key(key))}},
-            ],
-        }
+            ops.append({"request_delete_range": {"key": b64(entry)}})
+        ops.append(self._oldest_runs_op(key))
+        return ops
+
+    def _other_limits_absent(self, key: str, limit: int) -> list[dict[str, Any]]:
+        """Compares that hold while no slot key of another limit than ``limit`` exists."""
+        slots = self._lock_key(key) + b"\0"
+        ours = slots + f"{limit}/".encode()
+        return [
+            {**_absent(slots), "range_end": b64(ours)},
+            {**_absent(prefix_end(ours)), "range_end": b64(prefix_end(slots))},
+        ]
+
+    def _slot_reads(self, key: str) -> list[dict[str, Any]]:
+        """Range ops reading every slot key of ``key`` and every broken mark."""
+        return [
+            {"request_range": _family(self._lock_key(key))},
+            {"request_range": _family(self._broken_key(key))},
+        ]
+
+    def _slots_from(self, responses: list[dict[str, Any]]) -> tuple[list[_SlotKv], set[int]]:
+        """The live slots (ordered by slot) and the broken tokens ``_slot_reads`` read."""
+        lock_kvs, broken_kvs = (_kvs(response) for response in responses)
+        slots = [held for kv in lock_kvs if (held := self._slot_of(kv)) is not None]
+        broken = {int(value) for kv in broken_kvs if (value := unb64(kv.get("value"))).isdigit()}
+        return sorted(slots, key=lambda held: held.slot), broken
+
+    def _read_slots(self, key: str) -> tuple[list[_SlotKv], set[int], int]:
+        """``key``'s live slots, broken tokens, and the revision they were read at."""
+        reply = self._txn([], self._slot_reads(key), [])
+        slots, broken = self._slots_from(reply.get("responses", []))
+        return slots, broken, _revision(reply)
+
+    def _slot_of(self, kv: dict[str, Any]) -> _SlotKv | None:
+        """The slot a key under the lock prefix holds; None for a limit marker."""
+        rest = unb64(kv["key"])[len(self._lock_key("")) :]
+        name, nul, tail = rest.partition(b"\0")
+        key = name.decode("utf-8", "replace")
+        if not nul:
+            record = _decode_value(unb64(kv.get("value"))) or {}
+            return _SlotKv(key, 0, int(record.get("limit", 1)), kv)
+        limit_text, _, slot_text = tail.partition(b"/")
+        if not (limit_text.isdigit() and slot_text.isdigit()):
+            raise self._foreign(unb64(kv["key"]), "lease")
+        slot = int(slot_text)
+        return None if slot == 0 else _SlotKv(key, slot, int(limit_text), kv)
+
+    def _foreign(self, name: bytes, what: str) -> ConfigError:
+        return ConfigError(
+            f"{self.display_url}: etcd key {name.decode('utf-8', 'replace')!r} is not a "
+            f"tasklock {what}; another application uses the prefix {self.prefix!r}"
+        )
 
     def _lease_request(self, ttl_s: int) -> tuple[int, tuple[str, dict[str, Any]]]:
         """A lease for an acquisition: the spare one refreshed, or a new one."""
@@ -634,48 +779,59 @@ class EtcdStore(Store):
         lease_id = _new_lease_id()
         return lease_id, ("/v3/lease/grant", {"ID": str(lease_id), "TTL": str(ttl_s)})
 
-    def _own_lease(
-        self, key: str, owner_token: str, kv: dict[str, Any], sent: float
-    ) -> Lease | None:
-        """The holder read back: our own acquisition whose reply was lost, or None."""
-        value = unb64(kv.get("value"))
-        record = _decode_value(value)
-        if record is None or record.get("owner") != owner_token:
-            return None
-        lease_id = int(kv.get("lease", 0))
+    def _own_lease(self, key: str, owner_token: str, held: _SlotKv, sent: float) -> Lease | None:
+        """Our own acquisition whose reply was lost, read back; None when its lease ran out."""
+        value = unb64(held.kv.get("value"))
+        record = _decode_value(value) or {}
+        lease_id = int(held.kv.get("lease", 0))
         remaining = self._keepalive(lease_id) if lease_id else 0
         if remaining <= 0:
             return None
-        token = int(kv["create_revision"])
-        self._held[(key, owner_token, token)] = _Held(lease_id, value, int(record.get("ttl", 0)))
+        self._held[(key, owner_token, held.token)] = _Held(
+            lease_id, value, int(record.get("ttl", 0))
+        )
         acquired = int(record.get("acquired_at", sent * 1000)) / 1000
         return Lease(
             key,
             owner_token,
-            token,
+            held.token,
             utc_from_timestamp(acquired),
             utc_from_timestamp(sent + remaining),
+            held.slot,
+            held.limit,
         )
 
     def _held_lease(self, lease: Lease) -> _Held | None:
         """Our lease ID and value for ``lease``; read from etcd when this client did not
-        acquire it. None when the key is not held with this owner token and fencing token."""
+        acquire it. None when the slot is not held with this owner token and fencing token."""
         known = self._held.get((lease.key, lease.owner_token, lease.fencing_token))
         if known is not None:
             return known
-        kv, _ = self._range(self._lock_key(lease.key))
-        if kv is None or int(kv.get("create_revision", 0)) != lease.fencing_token:
+        name, mark = (
+            self._slot_key(lease.key, lease.slot, lease.limit),
+            self._broken_key(lease.key, lease.slot),
+        )
+        reply = self._txn([], [_range_op(name), _range_op(mark)], [])
+        lock_kvs, broken_kvs = (_kvs(r) for r in reply.get("responses", []))
+        if not lock_kvs or int(lock_kvs[0].get("create_revision", 0)) != lease.fencing_token:
             return None
-        value = unb64(kv.get("value"))
+        value = unb64(lock_kvs[0].get("value"))
         record = _decode_value(value)
         if record is None or record.get("owner") != lease.owner_token:
             return None
-        return _Held(int(kv.get("lease", 0)), value, int(record.get("ttl", 0)))
+        broken = any(
+            unb64(kv.get("value")) == str(lease.fencing_token).encode() for kv in broken_kvs
+        )
+        return _Held(
+            int(lock_kvs[0].get("lease", 0)), value, int(record.get("ttl", 0)), broken=broken
+        )
 
     def renew(self, lease: Lease, ttl: float) -> Lease:
         ttl_s = _ttl_seconds(ttl, "lease TTL")
         ident = (lease.key, lease.owner_token, lease.fencing_token)
         held = self._held_lease(lease)
+        if held is not None and held.broken:
+            held = None  # on the breaker's lease now: not ours to keep alive
         sent = time.time()
         remaining = self._keepalive(held.lease_id) if held and held.lease_id else 0
         if held is not None and remaining > 0 and ttl_s != held.ttl:
@@ -749,16 +905,15 @@ class EtcdStore(Store):
         return ops
 
     def time_left(self, key: str, fencing_token: int) -> float | None:
-        name, broken = self._lock_key(key), self._broken_key(key)
-        reply = self._txn([], [_range_op(name), _range_op(broken)], [])
-        lock_kvs, broken_kvs = (_kvs(r) for r in reply.get("responses", []))
-        if not lock_kvs or int(lock_kvs[0]["create_revision"]) != fencing_token:
+        slots, broken, _ = self._read_slots(key)
+        if fencing_token in broken:
             return None
-        if broken_kvs and unb64(broken_kvs[0].get("value")) == str(fencing_token).encode():
-            return None
-        lease_id = int(lock_kvs[0].get("lease", 0))
-        remaining = self._remaining(lease_id) if lease_id else -1.0
-        return remaining if remaining > 0 else None
+        for held in slots:
+            if held.token == fencing_token:
+                lease_id = int(held.kv.get("lease", 0))
+                remaining = self._remaining(lease_id) if lease_id else -1.0
+                return remaining if remaining > 0 else None
+        return None
 
     def history(self, key: str, limit: int = LEDGER_KEEP) -> list[RunRecord]:
         start = self._runs_prefix(key)
@@ -824,19 +979,20 @@ class EtcdStore(Store):
             start = unb64(kvs[-1]["key"]) + b"\0"
 
     def _owner_compare(self, lease: Lease, held: _Held) -> list[dict[str, Any]]:
-        name = b64(self._lock_key(lease.key))
+        name = b64(self._slot_key(lease.key, lease.slot, lease.limit))
         return [
             {"key": name, "target": "CREATE", "create_revision": str(lease.fencing_token)},
             {"key": name, "target": "VALUE", "value": b64(held.value)},
         ]
 
     def _delete_as_owner(self, lease: Lease, held: _Held, ledger: list[dict] | None = None) -> bool:
-        """Delete the key if it is still ours by value and fencing token (our lease may be
+        """Delete the slot's keys if still ours by value and fencing token (our lease may be
         gone: broken, or a release whose reply was lost); ``ledger`` ops run either way."""
-        success = [
-            {"request_delete_range": {"key": b64(self._lock_key(lease.key))}},
-            {"request_delete_range": {"key": b64(self._broken_key(lease.key))}},
+        names = [
+            *self._slot_names(lease.key, lease.slot, lease.limit, lease.owner_token),
+            self._broken_key(lease.key, lease.slot),
         ]
+        success = [{"request_delete_range": {"key": b64(name)}} for name in names]
         ledger = ledger or []
         reply = self._txn(self._owner_compare(lease, held), success + ledger, ledger)
         return bool(reply.get("succeeded"))
@@ -844,21 +1000,19 @@ class EtcdStore(Store):
     def _move_own_lease(
         self, lease: Lease, held: _Held, ttl_s: int, ledger: list[dict] | None = None
     ) -> int:
-        """Move our key to a new lease of ``ttl_s`` (grant and txn pipelined), revoke the old
-        one; the new lease's TTL, 0 when the key was no longer ours. ``ledger`` ops run in
-        the txn either way."""
+        """Move our slot's keys to a new lease of ``ttl_s`` (grant and txn pipelined),
+        revoke the old one; the new lease's TTL, 0 when the slot was no longer ours.
+        ``ledger`` ops run in the txn either way."""
         new_id = _new_lease_id()
-        name = b64(self._lock_key(lease.key))
+        name = b64(self._slot_key(lease.key, lease.slot, lease.limit))
         compare = [
             *self._owner_compare(lease, held),
             {"key": name, "target": "LEASE", "lease": str(held.lease_id)},
         ]
+        names = self._slot_names(lease.key, lease.slot, lease.limit, lease.owner_token)
         txn = {
             "compare": compare,
-            "success": [
-                {"request_put": {"key": name, "ignore_value": True, "lease": str(new_id)}},
-                *(ledger or []),
-            ],
+            "success": [*_moves_to_lease(names, new_id), *(ledger or [])],
             "failure": list(ledger or []),
         }
         granted = self._on_new_lease(new_id, ttl_s, txn)
@@ -870,53 +1024,63 @@ class EtcdStore(Store):
 
     # -- reading ----------------------------------------------------------------------
 
-    def peek(self, key: str) -> LeaseInfo | None:
-        kv, _ = self._range(self._lock_key(key))
-        return self._info(key, kv) if kv is not None else None
+    def holders(self, key: str) -> list[LeaseInfo]:
+        slots, _, _ = self._read_slots(key)
+        return [info for _, info in self._with_infos(slots)]
 
     def _remaining(self, lease_id: int) -> float:
-        """Seconds the lease has left (-1 when gone). etcd answers whole seconds, cut
-        down: the middle of that second is the best guess, within the TTL granted."""
-        reply = self._call(("/v3/lease/timetolive", {"ID": str(lease_id)}))[0]
-        remaining = int(reply.get("TTL", 0))  # 0 is left out of the reply
-        if remaining < 0:
-            return -1.0
-        return min(remaining + 0.5, float(reply.get("grantedTTL", remaining + 1)))
+        return _remaining_of(self._call(("/v3/lease/timetolive", {"ID": str(lease_id)}))[0])
 
-    def _info(self, key: str, kv: dict[str, Any]) -> LeaseInfo | None:
-        lease_id = int(kv.get("lease", 0))
-        remaining = self._remaining(lease_id) if lease_id else -1
+    def _remaining_many(self, lease_ids: list[int]) -> dict[int, float]:
+        """``_remaining`` of each lease, asked pipelined (in batches of TTL_BATCH)."""
+        remaining: dict[int, float] = {}
+        for at in range(0, len(lease_ids), TTL_BATCH):
+            batch = lease_ids[at : at + TTL_BATCH]
+            asks = [("/v3/lease/timetolive", {"ID": str(lease_id)}) for lease_id in batch]
+            remaining.update(zip(batch, map(_remaining_of, self._call(*asks)), strict=True))
+        return remaining
+
+    def _with_infos(self, slots: list[_SlotKv]) -> list[tuple[_SlotKv, LeaseInfo]]:
+        """Each slot with what an observer sees of it; those whose lease ran out meanwhile
+        are left out."""
+        lease_ids = sorted({held.lease_id for held in slots if held.lease_id})
+        remaining = self._remaining_many(lease_ids)
+        pairs = []
+        for held in slots:
+            info = self._info(held, remaining.get(held.lease_id, -1.0))
+            if info is not None:
+                pairs.append((held, info))
+        return pairs
+
+    def _info(self, held: _SlotKv, remaining: float) -> LeaseInfo | None:
         if remaining < 0:
             return None  # the lease ran out between the two reads
-        record = _decode_value(unb64(kv.get("value")))
+        record = _decode_value(unb64(held.kv.get("value")))
         if record is None:
-            raise ConfigError(
-                f"{self.display_url}: etcd key {self._lock_key(key).decode('utf-8', 'replace')!r}"
-                f" is not a tasklock lease; another application uses the prefix {self.prefix!r}"
-            )
+            raise self._foreign(unb64(held.kv["key"]), "lease")
         return LeaseInfo(
-            key=key,
+            key=held.key,
             holder=Holder.from_dict(record.get("holder", {})),
-            fencing_token=int(kv["create_revision"]),
+            fencing_token=held.token,
             acquired_at=utc_from_timestamp(int(record.get("acquired_at", 0)) / 1000),
             expires_at=utc_from_timestamp(time.time() + remaining),
             expired=False,  # a key that exists is live: etcd deletes it with its lease
+            slot=held.slot,
+            limit=held.limit,
         )
 
     def list(self, prefix: str = "", include_expired: bool = False) -> Iterator[LeaseInfo]:
         # etcd deletes a key with its lease: include_expired can only ever show live leases.
+        # A key's slots follow its lock key: NUL sorts before any character of a key.
         start = self._lock_key(prefix)
         end = prefix_end(start)
-        strip = len(self._lock_key(""))
         while True:
             body = {"key": b64(start), "range_end": b64(end), "limit": str(LIST_PAGE)}
             reply = self._call(("/v3/kv/range", body))[0]
             kvs = reply.get("kvs", [])
-            for kv in kvs:
-                name = unb64(kv["key"])
-                info = self._info(name[strip:].decode("utf-8", "replace"), kv)
-                if info is not None:
-                    yield info
+            slots = [held for kv in kvs if (held := self._slot_of(kv)) is not None]
+            for _, info in self._with_infos(slots):
+                yield info
             if not reply.get("more") or not kvs:
                 return
             start = unb64(kvs[-1]["key"]) + b"\0"
@@ -929,59 +1093,84 @@ class EtcdStore(Store):
 
     # -- forced release and breaking --------------------------------------------------
 
-    def force_release(self, key: str, token: int | None = None) -> LeaseInfo | None:
-        name = self._lock_key(key)
+    def force_release(self, key: str, token: int | None = None) -> list[LeaseInfo]:
+        """Revoke the leases of the chosen slots (revoking deletes their keys and tells the
+        holder: its keepalive fails); a slot whose key moved meanwhile (a break) is read
+        and revoked again."""
+        freed: dict[int, LeaseInfo] = {}
+        wanted: set[int] | None = None  # the tokens of the first read
         for _ in range(5):
-            kv, _ = self._range(name)
-            if kv is None or (token is not None and int(kv["create_revision"]) != token):
-                return None
-            info = self._info(key, kv)
-            lease_id = int(kv.get("lease", 0))
-            if info is not None and lease_id and self._revoke(lease_id):
-                return info  # revoking deletes the key and tells the holder (keepalive fails)
-        return None
+            slots, _, _ = self._read_slots(key)
+            chosen = [held for held in slots if token is None or held.token == token]
+            wanted = {held.token for held in chosen} if wanted is None else wanted
+            left = [held for held in chosen if held.token in wanted - freed.keys()]
+            if not left:
+                break
+            for held, info in self._with_infos(left):
+                if held.lease_id and self._revoke(held.lease_id):
+                    freed[held.token] = info
+        return sorted(freed.values(), key=lambda info: info.slot)
 
-    def break_lease(self, key: str, token: int | None = None) -> LeaseInfo | None:
-        """Move the key to a new lease (the breaker's) for the time the old one had left,
-        and revoke the old one: the holder's renew fails at once, nobody else can take
-        the key meanwhile, and the fencing token (create_revision) stays the same."""
-        name, broken = self._lock_key(key), self._broken_key(key)
-        for _ in range(5):
-            reply = self._txn([], [_range_op(name), _range_op(broken)], [])
-            lock_kvs, broken_kvs = (_kvs(r) for r in reply.get("responses", []))
-            if not lock_kvs:
-                return None
-            kv = lock_kvs[0]
-            rev = int(kv["create_revision"])
-            if token is not None and rev != token:
-                return None
-            info = self._info(key, kv)
+    def break_lease(self, key: str, token: int | None = None) -> list[LeaseInfo]:
+        slots, broken, _ = self._read_slots(key)
+        infos = []
+        for held in slots:
+            if token is None or held.token == token:
+                info = self._break_slot(held, held.token in broken)
+                if info is not None:
+                    infos.append(info)
+        return infos
+
+    def _break_slot(self, held: _SlotKv, already_broken: bool) -> LeaseInfo | None:
+        """Move the slot's keys to a new lease (the breaker's) for the time the old one had
+        left, and revoke the old one: the holder's renew fails at once, nobody else can
+        take the slot meanwhile, and the fencing token (create_revision) stays the same."""
+        mark = self._broken_key(held.key, held.slot)
+        for attempt in range(5):
+            if attempt:
+                reread = self._reread_slot(held, mark)
+                if reread is None:
+                    return None
+                held, already_broken = reread
+            info = self._info(held, self._remaining(held.lease_id) if held.lease_id else -1.0)
             if info is None:
                 continue
-            if broken_kvs and unb64(broken_kvs[0].get("value")) == str(rev).encode():
-                return info  # broken already
-            old_lease = int(kv.get("lease", 0))
+            if already_broken:
+                return info
             left = max(1, math.ceil(info.expires_at.timestamp() - time.time()))
-            if self._move_to_new_lease(name, broken, rev, old_lease, left):
-                self._revoke(old_lease)
+            if self._move_to_new_lease(held, mark, left):
+                self._revoke(held.lease_id)
                 return info
         return None
 
-    def _move_to_new_lease(
-        self, name: bytes, broken: bytes, rev: int, old_lease: int, ttl_s: int
-    ) -> bool:
+    def _held_names(self, held: _SlotKv) -> list[bytes]:
+        record = _decode_value(unb64(held.kv.get("value"))) or {}
+        return self._slot_names(held.key, held.slot, held.limit, str(record.get("owner", "")))
+
+    def _reread_slot(self, held: _SlotKv, mark: bytes) -> tuple[_SlotKv, bool] | None:
+        """The slot read again (and whether it is broken); None once another lease holds it."""
+        name = self._slot_key(held.key, held.slot, held.limit)
+        reply = self._txn([], [_range_op(name), _range_op(mark)], [])
+        lock_kvs, broken_kvs = (_kvs(r) for r in reply.get("responses", []))
+        if not lock_kvs or int(lock_kvs[0]["create_revision"]) != held.token:
+            return None
+        broken = bool(broken_kvs) and unb64(broken_kvs[0].get("value")) == str(held.token).encode()
+        return held._replace(kv=lock_kvs[0]), broken
+
+    def _move_to_new_lease(self, held: _SlotKv, mark: bytes, ttl_s: int) -> bool:
         new_id = _new_lease_id()
+        name = b64(self._slot_key(held.key, held.slot, held.limit))
         txn = {
             "compare": [
-                {"key": b64(name), "target": "CREATE", "create_revision": str(rev)},
-                {"key": b64(name), "target": "LEASE", "lease": str(old_lease)},
+                {"key": name, "target": "CREATE", "create_revision": str(held.token)},
+                {"key": name, "target": "LEASE", "lease": str(held.lease_id)},
             ],
             "success": [
-                {"request_put": {"key": b64(name), "ignore_value": True, "lease": str(new_id)}},
+                *_moves_to_lease(self._held_names(held), new_id),
                 {
                     "request_put": {
-                        "key": b64(broken),
-                        "value": b64(str(rev).encode()),
+                        "key": b64(mark),
+                        "value": b64(str(held.token).encode()),
                         "lease": str(new_id),
                     }
                 },
@@ -1006,52 +1195,63 @@ class EtcdStore(Store):
 
     # -- waiting ----------------------------------------------------------------------
 
-    def wait_for_release(self, key: str, timeout: float, wake_fd: int | None = None) -> None:
-        """Block until the lease on ``key`` is released or expires, at most ``timeout``.
+    # Waiters queue up (a key per waiter, ordered by create_revision, as etcd's own lock
+    # recipe does): the first watches every slot of the key, each other one the waiter
+    # before it, so a release wakes exactly one waiter. A watch starts at the revision of
+    # the read before it, so a release in between is not missed.
 
-        Waiters queue up (a key per waiter, ordered by create_revision, as etcd's own lock
-        recipe does): the first watches the lock key, each other one the waiter before it,
-        so a release wakes exactly one waiter. The watch starts at the revision of the read
-        that found the key held, so a release in between is not missed. Never raises: on
-        trouble it polls for the rest of the timeout and the caller's next acquire
-        reports the store's state.
-        """
-        if timeout <= 0:
-            return
-        deadline = time.monotonic() + timeout
-        try:
-            self._wait_in_queue(key, deadline, wake_fd)
-        except (TasklockError, EtcdError, OSError, _http.Woken):
-            self._poll_until(key, deadline, wake_fd, lambda kv: kv is None)
+    waiting_trouble = (TasklockError, EtcdError, OSError, _http.Woken)
 
-    def _wait_in_queue(self, key: str, deadline: float, wake_fd: int | None) -> None:
-        lock_name = self._lock_key(key)
+    def _prepare_wait(self, key: str, deadline: float, wake_fd: int | None) -> bool:
+        """Join ``key``'s queue and wait until we are first in it (watching the waiter
+        before us); False when the turn did not come before the deadline."""
         while time.monotonic() < deadline:
             entry = self._join_queue(key)
-            lock_kv, ahead, present, rev = self._queue_state(key, entry)
+            ahead, present, rev = self._queue_state(key, entry)
             if not present:
                 self._forget_waiter_lease()
                 continue
-            if ahead is None and lock_kv is None:
-                return
-            watched = lock_name if ahead is None else ahead
+            if ahead is None:
+                return True
             until = min(deadline, self._waiter_refreshed + WAITER_TTL_S / 3)
-            event = self._watch(watched, rev + 1, until, wake_fd, lambda ev: _is_delete(ev))
-            if event == "woken":
-                return
-            if event == "matched" and watched == lock_name:
-                return
+            if self._watch({"key": b64(ahead)}, rev + 1, until, wake_fd) == "woken":
+                return False
+        return False
+
+    def _time_until_free(self, key: str) -> float | None:
+        slots, _, rev = self._read_slots(key)
+        self._looked_at[key] = rev
+        if not slots or len(slots) < slots[0].limit:
+            return None
+        remaining = self._remaining_many(sorted({held.lease_id for held in slots}))
+        # The latest the key can go: whole seconds answered (the guess is their middle),
+        # and the leader's expiry lag. Its deletion is what wakes the watch, earlier.
+        return max(0.0, min(remaining.values(), default=0.0)) + 0.5 + self.expiry_lag
+
+    def _await_wakeup(self, key: str, until: float, wake_fd: int | None) -> None:
+        """Watch every slot of ``key`` from the revision ``_time_until_free`` read it at
+        until one is deleted (released, freed, run out), refreshing our waiter lease."""
+        rev = self._looked_at.pop(key)
+        while time.monotonic() < until:
+            refresh_by = min(until, self._waiter_refreshed + WAITER_TTL_S / 3)
+            event = self._watch(_family(self._lock_key(key)), rev + 1, refresh_by, wake_fd)
+            if event != "timeout" or not self._refresh_waiter_lease():
+                return  # woken, or our place in the queue is gone: look again
+
+    def _wait_after_trouble(self, key: str, deadline: float, wake_fd: int | None) -> None:
+        """Poll the key until a slot is free."""
+        self._poll_until(deadline, wake_fd, lambda: self._slot_free(key))
+
+    def _slot_free(self, key: str) -> bool:
+        slots, _, _ = self._read_slots(key)
+        return not slots or len(slots) < slots[0].limit
 
     def _join_queue(self, key: str) -> bytes:
         """Our place in ``key``'s queue (joining, or refreshing our waiter lease when due)."""
+        if time.monotonic() - self._waiter_refreshed > WAITER_TTL_S / 3:
+            self._refresh_waiter_lease()
         with self._state_lock:
             now = time.monotonic()
-            if self._waiter_lease is not None and now - self._waiter_refreshed > WAITER_TTL_S / 3:
-                if self._keepalive(self._waiter_lease) <= 0:
-                    self._waiter_lease = None
-                    self._queued.clear()
-                else:
-                    self._waiter_refreshed = now
             requests: list[tuple[str, dict[str, Any]]] = []
             if self._waiter_lease is None:
                 self._waiter_lease = _new_lease_id()
@@ -1067,51 +1267,52 @@ class EtcdStore(Store):
                 self._queued.add(key)
             return entry
 
+    def _refresh_waiter_lease(self) -> bool:
+        """Keep our places in queues; False when they are gone (the waiter lease ran out)."""
+        with self._state_lock:
+            if self._waiter_lease is None:
+                return False
+            if self._keepalive(self._waiter_lease) <= 0:
+                self._waiter_lease = None
+                self._queued.clear()
+                return False
+            self._waiter_refreshed = time.monotonic()
+            return True
+
     def _forget_waiter_lease(self) -> None:
         with self._state_lock:
             self._waiter_lease = None
             self._queued.clear()
 
-    def _queue_state(
-        self, key: str, entry: bytes
-    ) -> tuple[dict[str, Any] | None, bytes | None, bool, int]:
-        """(lock key's kv, the waiter just before us or None, whether we are queued, rev)."""
+    def _queue_state(self, key: str, entry: bytes) -> tuple[bytes | None, bool, int]:
+        """(the waiter just before us or None, whether we are queued, the read's revision)."""
         queue = self._queue_prefix(key)
-        reply = self._txn(
-            [],
-            [
-                _range_op(self._lock_key(key)),
-                {
-                    "request_range": {
-                        "key": b64(queue),
-                        "range_end": b64(prefix_end(queue)),
-                        "sort_order": "ASCEND",
-                        "sort_target": "CREATE",
-                        "keys_only": True,
-                    }
-                },
-            ],
-            [],
-        )
-        lock_kvs, queue_kvs = (_kvs(r) for r in reply.get("responses", []))
-        names = [unb64(kv["key"]) for kv in queue_kvs]
+        body = {
+            "key": b64(queue),
+            "range_end": b64(prefix_end(queue)),
+            "sort_order": "ASCEND",
+            "sort_target": "CREATE",
+            "keys_only": True,
+        }
+        reply = self._call(("/v3/kv/range", body))[0]
+        names = [unb64(kv["key"]) for kv in reply.get("kvs", [])]
         if entry not in names:
-            return (lock_kvs[0] if lock_kvs else None), None, False, _revision(reply)
+            return None, False, _revision(reply)
         at = names.index(entry)
-        ahead = names[at - 1] if at > 0 else None
-        return (lock_kvs[0] if lock_kvs else None), ahead, True, _revision(reply)
+        return (names[at - 1] if at > 0 else None), True, _revision(reply)
 
     def _watch(
         self,
-        name: bytes,
+        keys: dict[str, str],
         start_revision: int,
         deadline: float,
         wake_fd: int | None,
-        matches: Any,
+        matches: Callable[[dict[str, Any]], bool] = lambda event: _is_delete(event),
     ) -> str:
-        """Watch ``name`` from ``start_revision`` until an event ``matches`` ("matched"),
-        ``deadline`` ("timeout") or wake_fd ("woken"). Raises when the watch breaks."""
-        request = {"create_request": {"key": b64(name), "start_revision": str(start_revision)}}
+        """Watch ``keys`` (a key, or a range) from ``start_revision`` until an event
+        ``matches`` ("matched"), ``deadline`` ("timeout") or wake_fd ("woken"). Raises when
+        the watch breaks."""
+        request = {"create_request": {**keys, "start_revision": str(start_revision)}}
         connect_by = min(deadline, time.monotonic() + self._members.io_timeout)
         stream = self._members.open_stream("/v3/watch", request, connect_by)
         try:
@@ -1129,12 +1330,11 @@ class EtcdStore(Store):
         finally:
             stream.close()
 
-    def _poll_until(self, key: str, deadline: float, wake_fd: int | None, done: Any) -> bool:
-        """Read the key every POLL_S until ``done(kv)``; False at the deadline or on wake_fd."""
+    def _poll_until(self, deadline: float, wake_fd: int | None, done: Callable[[], bool]) -> bool:
+        """Ask ``done()`` every POLL_S until it is True; False at the deadline or on wake_fd."""
         while True:
             with contextlib.suppress(TasklockError, EtcdError, OSError):
-                kv, _ = self._range(self._lock_key(key))
-                if done(kv):
+                if done():
                     return True
             left = deadline - time.monotonic()
             if left <= 0 or _sleep_or_wake(min(POLL_S, left), wake_fd):
@@ -1151,7 +1351,7 @@ class EtcdStore(Store):
 
     def wait_for_break(self, lease: Lease, timeout: float, wake_fd: int | None = None) -> bool:
         """Block until the lease is broken or freed by force (True), ``timeout`` passes or
-        wake_fd is readable (False). Watches the lock key from the revision of a first read
+        wake_fd is readable (False). Watches the slot's key from the revision of a first read
         (which already tells of a break before the call)."""
         deadline = time.monotonic() + max(0.0, timeout)
         known = self._held.get((lease.key, lease.owner_token, lease.fencing_token))
@@ -1162,14 +1362,15 @@ class EtcdStore(Store):
                 return True
             return lease_id is not None and int(kv.get("lease", 0)) != lease_id
 
+        name = self._slot_key(lease.key, lease.slot, lease.limit)
         try:
-            kv, rev = self._range(self._lock_key(lease.key))
+            kv, rev = self._range(name)
             if gone(kv):
                 return True
             if lease_id is None:
                 lease_id = int(kv.get("lease", 0))
             outcome = self._watch(
-                self._lock_key(lease.key),
+                {"key": b64(name)},
                 rev + 1,
                 deadline,
                 wake_fd,
@@ -1177,7 +1378,7 @@ class EtcdStore(Store):
             )
             return outcome == "matched"
         except (TasklockError, EtcdError, OSError, _http.Woken):
-            return self._poll_until(lease.key, deadline, wake_fd, gone)
+            return self._poll_until(deadline, wake_fd, lambda: gone(self._range(name)[0]))
 
     # -- settings, diagnostics, closing -----------------------------------------------
 
@@ -1244,6 +1445,86 @@ class EtcdStore(Store):
             with contextlib.suppress(TasklockError):
                 self._revoke(waiter)
         self._members.close()
+
+
+class _SlotKv(NamedTuple):
+    """A slot of a key as read: the etcd kv of its key (slot 0: the lock key)."""
+
+    key: str
+    slot: int
+    limit: int
+    kv: dict[str, Any]
+
+    @property
+    def token(self) -> int:
+        return int(self.kv["create_revision"])
+
+    @property
+    def lease_id(self) -> int:
+        return int(self.kv.get("lease", 0))
+
+
+def _lease_value(owner_token: str, holder: Holder, sent: float, ttl_s: int, limit: int) -> bytes:
+    """A slot key's value; ``limit`` only for a semaphore (a plain lock's value is as an
+    older tasklock writes it)."""
+    value: dict[str, Any] = {
+        "owner": owner_token,
+        "holder": holder.to_dict(),
+        "acquired_at": int(sent * 1000),
+        "ttl": ttl_s,
+    }
+    if limit > 1:
+        value["limit"] = limit
+    return json.dumps(value, sort_keys=True).encode()
+
+
+def _absent(name: bytes) -> dict[str, Any]:
+    """A compare that holds while ``name`` does not exist (with a range_end: no key in it)."""
+    return {"key": b64(name), "target": "CREATE", "create_revision": "0"}
+
+
+def _family(name: bytes) -> dict[str, str]:
+    """The range of ``name`` and every key under ``name`` NUL (its slots, its marks)."""
+    return {"key": b64(name), "range_end": b64(name + b"\x01")}
+
+
+def _nested(compare: list[dict], success: list[dict], failure: list[dict]) -> dict[str, Any]:
+    return {"request_txn": {"compare": compare, "success": success, "failure": failure}}
+
+
+def _taken_slot(
+    reply: dict[str, Any], plan: list[int | None]
+) -> tuple[int | None, list[dict[str, Any]]]:
+    """Follow the acquire's nested txn (see ``_acquire_txn``) down to where it ended: the
+    slot taken (None when none was) and the responses of that level."""
+    node = reply
+    for at, slot in enumerate(plan):
+        succeeded = bool(node.get("succeeded"))
+        responses = node.get("responses", [])
+        if slot is not None and succeeded:
+            return slot, responses
+        goes_on = succeeded if slot is None else not succeeded
+        if not goes_on or at == len(plan) - 1:
+            return None, responses
+        node = responses[0]["response_txn"]
+    return None, []
+
+
+def _moves_to_lease(names: list[bytes], lease_id: int) -> list[dict[str, Any]]:
+    return [
+        {"request_put": {"key": b64(name), "ignore_value": True, "lease": str(lease_id)}}
+        for name in names
+    ]
+
+
+def _remaining_of(reply: dict[str, Any]) -> float:
+    """Seconds a lease has left (-1 when gone), from its timetolive reply. etcd answers
+    whole seconds, cut down: the middle of that second is the best guess, within the TTL
+    granted."""
+    remaining = int(reply.get("TTL", 0))  # 0 is left out of the reply
+    if remaining < 0:
+        return -1.0
+    return min(remaining + 0.5, float(reply.get("grantedTTL", remaining + 1)))
 
 
 _MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
