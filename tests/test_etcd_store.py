@@ -21,9 +21,9 @@ from tasklock_cli.stores import open_store
 from tasklock_cli.stores.base import Holder
 from tasklock_cli.stores.etcd import SLOTS_PER_TXN
 from tasklock_cli.stores.etcd import EtcdStore
-from tasklock_cli.stores.etcd import b64
-from tasklock_cli.stores.etcd import parse_url
-from tasklock_cli.stores.etcd import prefix_end
+from tasklock_cli.stores.etcd_connection import b64
+from tasklock_cli.stores.etcd_connection import parse_url
+from tasklock_cli.stores.etcd_connection import prefix_end
 from tests.support import services
 
 HOLDER = Holder(host="h", pid=1, user="u", command=["true"])
