@@ -119,8 +119,6 @@ def test_wait_for_break_wakes_promptly_times_out_and_heeds_wake_fd(clients):
         started = time.monotonic()
         assert holder.wait_for_break(lease, 5, read_end) is False
         assert time.monotonic() - started < 0.1
-        assert holder.wait_for_release("k", 5, read_end) is None
-        assert time.monotonic() - started < 0.2
     finally:
         os.close(read_end)
         os.close(write_end)
