@@ -389,6 +389,8 @@ class EtcdStore(Store):
             for held, info in _with_infos(self._client, self._keys, left):
                 if held.lease_id and self._client.revoke(held.lease_id):
                     freed[held.token] = info
+            if wanted <= freed.keys():
+                break
         return sorted(freed.values(), key=lambda info: info.slot)
 
     def break_lease(self, key: str, token: int | None = None) -> list[LeaseInfo]:
@@ -410,7 +412,7 @@ class EtcdStore(Store):
     def _time_until_free(self, key: str) -> float | None:
         slots, _, rev = _read_slots(self._client, self._keys, key)
         self._looked_at[key] = rev  # the wake-up's watch starts there: nothing is missed
-        if not slots or len(slots) < slots[0].limit:
+        if _has_free_slot(slots):
             return None
         remaining = self._client.remaining_many(sorted({held.lease_id for held in slots}))
         # The latest the key can go: whole seconds answered (the guess is their middle),
@@ -424,11 +426,11 @@ class EtcdStore(Store):
 
     def _wait_after_trouble(self, key: str, deadline: float, wake_fd: int | None) -> None:
         """Poll the key until a slot is free."""
-        poll_until(deadline, wake_fd, lambda: self._slot_free(key))
 
-    def _slot_free(self, key: str) -> bool:
-        slots, _, _ = _read_slots(self._client, self._keys, key)
-        return not slots or len(slots) < slots[0].limit
+        def free_now() -> bool:
+            return _has_free_slot(_read_slots(self._client, self._keys, key)[0])
+
+        poll_until(deadline, wake_fd, free_now)
 
     def stop_waiting(self, key: str) -> None:
         self._queue.leave(key)
@@ -455,6 +457,11 @@ def _read_slots(client: EtcdClient, keys: EtcdKeys, key: str) -> tuple[list[Slot
     reply = client.txn([], keys.slot_reads(key), [])
     slots, broken = keys.slots_from(reply.get("responses", []))
     return slots, broken, revision(reply)
+
+
+def _has_free_slot(slots: list[SlotKv]) -> bool:
+    """Fewer live slots than their limit (none at all, too)."""
+    return not slots or len(slots) < slots[0].limit
 
 
 def _with_infos(
