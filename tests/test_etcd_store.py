@@ -1,8 +1,10 @@
-"""etcd-only store behaviour: URL parsing, and the break / forced release / wait-for-break
-methods the store interface is gaining (their contract cases land with the interface)."""
+"""etcd-only store behaviour: URL parsing, break / forced release / wait-for-break, the
+key layout of slots (and what an older tasklock wrote), and the nested acquire txn."""
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import threading
 import time
@@ -13,11 +15,15 @@ import pytest
 
 from tasklock_cli.errors import ConfigError
 from tasklock_cli.errors import LeaseLost
+from tasklock_cli.errors import LimitMismatch
+from tasklock_cli.stores import _http
 from tasklock_cli.stores import open_store
 from tasklock_cli.stores.base import Holder
+from tasklock_cli.stores.etcd import SLOTS_PER_TXN
 from tasklock_cli.stores.etcd import EtcdStore
-from tasklock_cli.stores.etcd import parse_url
-from tasklock_cli.stores.etcd import prefix_end
+from tasklock_cli.stores.etcd_connection import b64
+from tasklock_cli.stores.etcd_connection import parse_url
+from tasklock_cli.stores.etcd_connection import prefix_end
 from tests.support import services
 
 HOLDER = Holder(host="h", pid=1, user="u", command=["true"])
@@ -74,11 +80,11 @@ def clients(url) -> Iterator[tuple[EtcdStore, EtcdStore]]:
 def test_a_broken_lease_is_held_until_its_owner_lets_go(clients):
     holder, ops = clients
     lease = holder.acquire("k", 30, HOLDER, "owner")
-    assert ops.break_lease("k", token=lease.fencing_token + 1) is None  # wrong token
+    assert ops.break_lease("k", token=lease.fencing_token + 1) == []  # wrong token
     holder.renew(lease, 30)
-    broken = ops.break_lease("k")
-    assert broken is not None and broken.fencing_token == lease.fencing_token
-    assert ops.break_lease("k").fencing_token == lease.fencing_token  # idempotent
+    (broken,) = ops.break_lease("k")
+    assert broken.fencing_token == lease.fencing_token
+    assert [info.fencing_token for info in ops.break_lease("k")] == [lease.fencing_token]
     with pytest.raises(LeaseLost):
         holder.renew(lease, 30)
     assert ops.acquire("k", 30, HOLDER, "other") is None
@@ -92,9 +98,10 @@ def test_a_broken_lease_is_held_until_its_owner_lets_go(clients):
 def test_force_release_with_a_token_frees_only_that_lease(clients):
     holder, ops = clients
     lease = holder.acquire("k", 30, HOLDER, "owner")
-    assert ops.force_release("k", token=lease.fencing_token + 1) is None
+    assert ops.force_release("k", token=lease.fencing_token + 1) == []
     assert ops.peek("k") is not None
-    assert ops.force_release("k", token=lease.fencing_token).fencing_token == lease.fencing_token
+    (freed,) = ops.force_release("k", token=lease.fencing_token)
+    assert freed.fencing_token == lease.fencing_token
     assert ops.peek("k") is None
     with pytest.raises(LeaseLost):
         holder.renew(lease, 30)
@@ -112,8 +119,6 @@ def test_wait_for_break_wakes_promptly_times_out_and_heeds_wake_fd(clients):
         started = time.monotonic()
         assert holder.wait_for_break(lease, 5, read_end) is False
         assert time.monotonic() - started < 0.1
-        assert holder.wait_for_release("k", 5, read_end) is None
-        assert time.monotonic() - started < 0.2
     finally:
         os.close(read_end)
         os.close(write_end)
@@ -168,3 +173,104 @@ def test_etcd_auth_right_wrong_and_missing_credentials(auth_member, cli_env):
     missing = run("")
     assert missing.returncode == 78, missing.stderr
     assert "requires authentication" in one_error_line(missing.stderr)
+
+
+def _older_tasklocks_lock(url: str, key: str) -> int:
+    """A plain lock as the previous tasklock writes it (no slots, no limit); its token."""
+    from tests.support import etcd
+
+    config = parse_url(url)
+    base = "http://{}:{}".format(*config.members[0])
+    etcd.post(base, "/v3/lease/grant", {"ID": "4242", "TTL": "30"})
+    value = {"owner": "old", "holder": HOLDER.to_dict(), "acquired_at": 1, "ttl": 30}
+    name = (config.prefix + "lock/" + key).encode()
+    put = {"key": b64(name), "value": b64(json.dumps(value).encode()), "lease": "4242"}
+    reply = etcd.post(base, "/v3/kv/put", put)
+    return int(reply["header"]["revision"])
+
+
+def test_a_lock_of_the_previous_version_is_slot_zero_of_limit_one(url, clients):
+    holder, ops = clients
+    old_token = _older_tasklocks_lock(url, "k")
+    (info,) = ops.holders("k")
+    assert (info.slot, info.limit, info.fencing_token) == (0, 1, old_token)
+    assert holder.acquire("k", 30, HOLDER, "new") is None
+    with pytest.raises(LimitMismatch) as caught:
+        holder.acquire("k", 30, HOLDER, "new", limit=3)
+    assert (caught.value.held, caught.value.asked) == (1, 3)
+    assert [freed.fencing_token for freed in ops.force_release("k")] == [old_token]
+    lease = holder.acquire("k", 30, HOLDER, "new", limit=3)
+    assert lease.slot == 0 and lease.fencing_token > old_token
+
+
+def test_a_plain_lock_keeps_the_previous_versions_key_and_value(url, clients):
+    """An older tasklock sharing the store sees a plain lock as before: its lock key, and a
+    value with the fields it knows."""
+    from tests.support import etcd
+
+    holder, _ = clients
+    lease = holder.acquire("k", 30, HOLDER, "owner")
+    config = parse_url(url)
+    base = "http://{}:{}".format(*config.members[0])
+    start = (config.prefix + "lock/").encode()
+    body = {"key": b64(start), "range_end": b64(prefix_end(start))}
+    (kv,) = etcd.post(base, "/v3/kv/range", body)["kvs"]
+    assert base64.b64decode(kv["key"]) == start + b"k"
+    assert int(kv["create_revision"]) == lease.fencing_token
+    value = json.loads(base64.b64decode(kv["value"]))
+    assert sorted(value) == ["acquired_at", "holder", "owner", "ttl"]
+
+
+def test_a_semaphore_acquire_is_one_pipelined_exchange_however_many_slots_it_tries(
+    clients, monkeypatch
+):
+    holder, other = clients
+    for _ in range(SLOTS_PER_TXN - 1):
+        assert holder.acquire("pool", 30, HOLDER, uuid.uuid4().hex, limit=SLOTS_PER_TXN)
+    exchanges: list[int] = []
+    exchange = _http.Connection.exchange
+
+    def counted(connection, requests, deadline):
+        exchanges.append(len(requests))
+        return exchange(connection, requests, deadline)
+
+    monkeypatch.setattr(_http.Connection, "exchange", counted)
+    lease = other.acquire("pool", 30, HOLDER, "last", limit=SLOTS_PER_TXN)
+    assert lease.slot == SLOTS_PER_TXN - 1
+    assert exchanges == [2]  # the lease grant and the txn, pipelined
+    exchanges.clear()
+    assert other.acquire("pool", 30, HOLDER, "one-too-many", limit=SLOTS_PER_TXN) is None
+    assert exchanges == [2]
+
+
+def test_a_limit_past_one_txn_goes_on_where_the_read_says(clients):
+    """Past SLOTS_PER_TXN slots (etcd's bound on a txn's ops) the refusal's read tells
+    the next txn where the lowest free slot is."""
+    holder, other = clients
+    limit = SLOTS_PER_TXN + 5
+    leases = [
+        holder.acquire("wide", 30, HOLDER, uuid.uuid4().hex, limit=limit) for _ in range(limit)
+    ]
+    assert [lease.slot for lease in leases] == list(range(limit))
+    tokens = [lease.fencing_token for lease in leases]
+    assert tokens == sorted(set(tokens))
+    assert other.acquire("wide", 30, HOLDER, "x", limit=limit) is None
+    assert holder.release(leases[SLOTS_PER_TXN + 2]) is True
+    again = other.acquire("wide", 30, HOLDER, "x", limit=limit)
+    assert again.slot == SLOTS_PER_TXN + 2 and again.fencing_token > tokens[-1]
+    assert [info.slot for info in other.holders("wide")] == list(range(limit))
+
+
+def test_a_slot_key_cannot_be_another_keys_lock(clients):
+    """A key whose name looks like another key's slot is a key of its own."""
+    holder, other = clients
+    leases = [holder.acquire("a", 30, HOLDER, uuid.uuid4().hex, limit=2) for _ in range(2)]
+    look_alike = "a/2/" + "1".zfill(10)
+    assert other.acquire(look_alike, 30, HOLDER, "o") is not None
+    assert [info.slot for info in other.holders("a")] == [0, 1]
+    assert [(info.key, info.slot) for info in other.list()] == [
+        ("a", 0),
+        ("a", 1),
+        (look_alike, 0),
+    ]
+    assert holder.release(leases[1]) is True

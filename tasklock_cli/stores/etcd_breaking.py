@@ -1,0 +1,117 @@
+"""Breaking a slot of the etcd store, and its holder hearing of it.
+
+A break moves the slot's keys to a new lease (the breaker's) for the time the old one had
+left, with a broken mark on it, and revokes the old one: the holder's keepalive fails at
+once, nobody else can take the slot meanwhile, and the fencing token (create_revision)
+stays the same. The holder watches its slot's key for that move, or its deletion.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+from tasklock_cli.errors import TasklockError
+from tasklock_cli.stores import _http
+from tasklock_cli.stores.base import Lease
+from tasklock_cli.stores.base import LeaseInfo
+from tasklock_cli.stores.etcd_connection import EtcdClient
+from tasklock_cli.stores.etcd_connection import EtcdError
+from tasklock_cli.stores.etcd_connection import b64
+from tasklock_cli.stores.etcd_connection import is_delete
+from tasklock_cli.stores.etcd_connection import kvs_of
+from tasklock_cli.stores.etcd_connection import new_lease_id
+from tasklock_cli.stores.etcd_connection import unb64
+from tasklock_cli.stores.etcd_keys import EtcdKeys
+from tasklock_cli.stores.etcd_keys import SlotKv
+from tasklock_cli.stores.etcd_keys import moves_to_lease
+from tasklock_cli.stores.etcd_keys import range_op
+from tasklock_cli.stores.etcd_waiting import poll_until
+
+
+class SlotBreaker:
+    """Breaks slots, and waits for the break of a slot of ours."""
+
+    def __init__(self, client: EtcdClient, keys: EtcdKeys) -> None:
+        self._client = client
+        self._keys = keys
+
+    def break_slot(self, held: SlotKv, already_broken: bool) -> LeaseInfo | None:
+        """Break the slot as read (``held``); what it was, or None when its lease ran out
+        or another holder has it now."""
+        mark = self._keys.broken_key(held.key, held.slot)
+        for attempt in range(5):
+            if attempt:
+                reread = self._reread(held, mark)
+                if reread is None:
+                    return None
+                held, already_broken = reread
+            remaining = self._client.remaining(held.lease_id) if held.lease_id else -1.0
+            info = self._keys.info(held, remaining)
+            if info is None:
+                continue
+            if already_broken:
+                return info
+            left = max(1, math.ceil(info.expires_at.timestamp() - time.time()))
+            if self._move_to_new_lease(held, mark, left):
+                self._client.revoke(held.lease_id)
+                return info
+        return None
+
+    def _reread(self, held: SlotKv, mark: bytes) -> tuple[SlotKv, bool] | None:
+        """The slot read again (and whether it is broken); None once another lease holds it."""
+        name = self._keys.slot_key(held.key, held.slot, held.limit)
+        reply = self._client.txn([], [range_op(name), range_op(mark)], [])
+        lock_kvs, broken_kvs = (kvs_of(r) for r in reply.get("responses", []))
+        if not lock_kvs or int(lock_kvs[0]["create_revision"]) != held.token:
+            return None
+        broken = bool(broken_kvs) and unb64(broken_kvs[0].get("value")) == str(held.token).encode()
+        return held._replace(kv=lock_kvs[0]), broken
+
+    def _move_to_new_lease(self, held: SlotKv, mark: bytes, ttl_s: int) -> bool:
+        new_id = new_lease_id()
+        name = b64(self._keys.slot_key(held.key, held.slot, held.limit))
+        names = self._keys.slot_names(held.key, held.slot, held.limit, held.owner)
+        put_mark = {"key": b64(mark), "value": b64(str(held.token).encode()), "lease": str(new_id)}
+        txn = {
+            "compare": [
+                {"key": name, "target": "CREATE", "create_revision": str(held.token)},
+                {"key": name, "target": "LEASE", "lease": str(held.lease_id)},
+            ],
+            "success": [*moves_to_lease(names, new_id), {"request_put": put_mark}],
+            "failure": [],
+        }
+        return self._client.on_new_lease(new_id, ttl_s, txn) is not None
+
+    def wait_for_break(
+        self, lease: Lease, lease_id: int | None, timeout: float, wake_fd: int | None
+    ) -> bool:
+        """Block until the lease (on etcd lease ``lease_id``, when known) is broken or freed
+        by force (True), ``timeout`` passes or wake_fd is readable (False). Watches the
+        slot's key from the revision of a first read (which already tells of a break
+        before the call); polls it when the watch fails."""
+        deadline = time.monotonic() + max(0.0, timeout)
+
+        def gone(kv: dict[str, Any] | None) -> bool:
+            if kv is None or int(kv.get("create_revision", 0)) != lease.fencing_token:
+                return True
+            return lease_id is not None and int(kv.get("lease", 0)) != lease_id
+
+        name = self._keys.slot_key(lease.key, lease.slot, lease.limit)
+        try:
+            kv, rev = self._client.range(name)
+            if gone(kv):
+                return True
+            if lease_id is None:
+                lease_id = int(kv.get("lease", 0)) if kv else None
+            outcome = self._client.watch(
+                {"key": b64(name)},
+                rev + 1,
+                deadline,
+                wake_fd,
+                lambda event: is_delete(event) or gone(event.get("kv")),
+            )
+            return outcome == "matched"
+        except (TasklockError, EtcdError, OSError, _http.Woken):
+            return poll_until(deadline, wake_fd, lambda: gone(self._client.range(name)[0]))

@@ -1,0 +1,507 @@
+"""The etcd store's connection: the members of its URL, and the calls it makes.
+
+Client: the standard library only (sockets, ``ssl``, ``json``) — see ``_http``: no new
+dependency and a fast import, and pipelining, which ``http.client`` cannot do. The python
+``etcd3`` package is broken with protobuf >= 4; etcd3gw pulls in ``requests``.
+
+Failover: every member listed in the URL may answer. On a connection error, a timeout or
+an "unavailable"/"no leader" answer, the call moves to the next member, all within the
+I/O timeout (``set_io_timeout``).
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from dataclasses import field
+from typing import TYPE_CHECKING
+from typing import Any
+from urllib.parse import parse_qsl
+from urllib.parse import unquote
+from urllib.parse import urlsplit
+
+from tasklock_cli.errors import ConfigError
+from tasklock_cli.errors import StoreUnavailable
+from tasklock_cli.errors import TasklockError
+from tasklock_cli.stores import _http
+from tasklock_cli.stores.base import fd_readable
+from tasklock_cli.stores.urls import redact_url
+from tasklock_cli.stores.urls import scrub
+
+if TYPE_CHECKING:  # imported when an etcds:// URL needs it
+    import ssl
+
+DEFAULT_PREFIX = "tasklock/"
+DEFAULT_PORT = 2379
+DEFAULT_IO_TIMEOUT_S = 5.0
+#: Leases whose remaining time one pipelined call asks.
+TTL_BATCH = 64
+NOT_FOUND = 5
+_UNAUTHENTICATED = 16
+_RETRY_ELSEWHERE = (
+    "no leader",
+    "leader changed",
+    "timed out",
+    "too many requests",
+    "not capable",
+    "unhealthy",
+    "stopped",
+)
+
+
+class EtcdError(Exception):
+    """etcd answered with an error (gRPC ``code`` and message)."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass
+class EtcdConfig:
+    members: list[tuple[str, int]]
+    tls: bool = False
+    user: str | None = None
+    password: str | None = None
+    prefix: str = DEFAULT_PREFIX
+    cacert: str | None = None
+    cert: str | None = None
+    key: str | None = None
+    secrets: list[str] = field(default_factory=list)
+
+
+def parse_url(url: str) -> EtcdConfig:
+    """``etcd[s]://[user:password@]HOST:PORT[,HOST:PORT...][/][?prefix=&cacert=&cert=&key=]``."""
+    shown = redact_url(url)
+    parts = urlsplit(url)
+    userinfo, at, hosts = parts.netloc.rpartition("@")
+    config = EtcdConfig(members=[], tls=parts.scheme.lower() == "etcds")
+    if at:
+        user, colon, password = userinfo.partition(":")
+        config.user = unquote(user)
+        config.password = unquote(password) if colon else ""
+        if config.password:
+            config.secrets.append(config.password)
+    for item in hosts.split(","):
+        config.members.append(_member(item, shown))
+    if parts.path not in ("", "/"):
+        raise ConfigError(f"etcd store URL {shown!r}: unexpected path {parts.path!r}")
+    for name, value in parse_qsl(parts.query, keep_blank_values=True):
+        if name in ("prefix", "cacert", "cert", "key"):
+            setattr(config, name, value)
+        else:
+            raise ConfigError(
+                f"etcd store URL {shown!r}: unknown parameter {name!r} "
+                "(known: prefix, cacert, cert, key)"
+            )
+    if not config.prefix:
+        raise ConfigError(f"etcd store URL {shown!r}: prefix= must not be empty")
+    if (config.cacert or config.cert or config.key) and not config.tls:
+        raise ConfigError(f"etcd store URL {shown!r}: cacert/cert/key need etcds://")
+    if bool(config.cert) != bool(config.key):
+        raise ConfigError(f"etcd store URL {shown!r}: cert= and key= go together")
+    return config
+
+
+def _member(item: str, shown: str) -> tuple[str, int]:
+    item = item.strip()
+    if item.startswith("["):
+        host, _, rest = item[1:].partition("]")
+        port_text = rest[1:] if rest.startswith(":") else ""
+    else:
+        host, _, port_text = item.partition(":")
+    if not host:
+        raise ConfigError(f"etcd store URL {shown!r}: a member without a host")
+    try:
+        port = int(port_text) if port_text else DEFAULT_PORT
+    except ValueError:
+        raise ConfigError(f"etcd store URL {shown!r}: bad port in {item!r}") from None
+    if not 0 < port < 65536:
+        raise ConfigError(f"etcd store URL {shown!r}: bad port in {item!r}")
+    return host, port
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def unb64(text: str | None) -> bytes:
+    return base64.b64decode(text or "")
+
+
+def prefix_end(prefix: bytes) -> bytes:
+    """etcd's range end for every key starting with ``prefix``."""
+    chars = bytearray(prefix)
+    while chars:
+        if chars[-1] < 0xFF:
+            chars[-1] += 1
+            return bytes(chars)
+        chars.pop()
+    return b"\0"
+
+
+def ttl_seconds(seconds: float, what: str) -> int:
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ConfigError(f"the {what} must be a positive, finite duration (got {seconds!r})")
+    return max(1, math.ceil(seconds))
+
+
+def new_lease_id() -> int:
+    # Not the random module: a program (or a test framework) that seeds it would hand out
+    # the same IDs again, and etcd refuses to grant an ID that exists.
+    return secrets.randbits(62) | 1  # positive int64, never 0 (0 means "no lease")
+
+
+class Members:
+    """Kept-alive connections to the listed members; calls fail over between them."""
+
+    def __init__(self, config: EtcdConfig, display_url: str) -> None:
+        self.config = config
+        self.display_url = display_url
+        self.io_timeout = DEFAULT_IO_TIMEOUT_S
+        self._tls = self._tls_context() if config.tls else None
+        self._connections: dict[int, _http.Connection] = {}
+        self._current = 0
+        self._token: str | None = None
+        self._last_date: str | None = None
+        self._lock = threading.RLock()
+
+    def _tls_context(self) -> ssl.SSLContext:
+        import ssl
+
+        try:
+            context = ssl.create_default_context(cafile=self.config.cacert)
+            if self.config.cert:
+                context.load_cert_chain(self.config.cert, self.config.key)
+        except OSError as exc:  # ssl.SSLError is one
+            raise ConfigError(f"{self.display_url}: cannot load the TLS files: {exc}") from None
+        return context
+
+    def scrub(self, text: object) -> str:
+        return scrub(text, self.config.secrets)
+
+    def close(self) -> None:
+        with self._lock:
+            connections, self._connections = self._connections, {}
+        for connection in connections.values():
+            connection.close()
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": self._token} if self._token else {}
+
+    def _connect(self, index: int, deadline: float) -> _http.Connection:
+        connection = self._connections.get(index)
+        if connection is None:
+            host, port = self.config.members[index]
+            connection = _http.Connection(host, port, self._tls, deadline)
+            self._connections[index] = connection
+        return connection
+
+    def _drop(self, index: int) -> None:
+        connection = self._connections.pop(index, None)
+        if connection is not None:
+            connection.close()
+
+    def call(self, requests: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+        """Send the requests pipelined to one member and return their replies; fail over to
+        the next member on trouble. Raises EtcdError for an answer that is an error (of the
+        first failing request), StoreUnavailable when no member answered in time."""
+        with self._lock:
+            deadline = time.monotonic() + self.io_timeout
+            problems: dict[int, str] = {}
+            count = len(self.config.members)
+            tried = 0
+            reauthenticated = False
+            while True:
+                index = self._current
+                left = deadline - time.monotonic()
+                if left <= 0 or (tried >= count and self._all_refused(problems)):
+                    break
+                # A member that does not answer may take half of what is left, so that
+                # another one still gets its turn.
+                share = left if count == 1 else max(left / 2, min(left, 0.25))
+                attempt_deadline = time.monotonic() + share
+                try:
+                    replies = self._exchange(index, requests, attempt_deadline)
+                except _http.CertificateRejected as exc:
+                    raise ConfigError(
+                        f"{self.display_url}: the TLS certificate was rejected ({exc}); "
+                        "check cacert= in the store URL"
+                    ) from None
+                except (OSError, _http.Woken) as exc:  # ssl.SSLError is an OSError
+                    self._drop(index)
+                    problems[index] = describe(exc)
+                    self._current = (index + 1) % count
+                    tried += 1
+                    if tried % count == 0 and not self._all_refused(problems):
+                        time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+                    continue
+                error = _first_error(replies)
+                if error is None:
+                    return [reply for _, reply in replies]
+                if error.code == _UNAUTHENTICATED and self.config.user and not reauthenticated:
+                    reauthenticated = True
+                    self._token = None
+                    continue
+                if _retry_elsewhere(error):
+                    problems[index] = error.message
+                    self._current = (index + 1) % count
+                    tried += 1
+                    if tried % count == 0:
+                        time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+                    continue
+                raise error
+            detail = "; ".join(
+                f"{self._where(i)}: {self.scrub(text)}" for i, text in sorted(problems.items())
+            )
+            raise StoreUnavailable(
+                f"{self.display_url}: no etcd member answered within "
+                f"{self.io_timeout:g}s ({detail or 'no time left'})"
+            )
+
+    def call_dated(
+        self, requests: list[tuple[str, dict[str, Any]]]
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """``call``, and the Date header of the last reply (the member's clock)."""
+        with self._lock:
+            replies = self.call(requests)
+            return replies, self._last_date
+
+    def _where(self, index: int) -> str:
+        host, port = self.config.members[index]
+        return f"{host}:{port}"
+
+    @staticmethod
+    def _all_refused(problems: dict[int, str]) -> bool:
+        return bool(problems) and all("refused" in text for text in problems.values())
+
+    def _exchange(
+        self, index: int, requests: list[tuple[str, dict[str, Any]]], deadline: float
+    ) -> list[tuple[int, dict[str, Any]]]:
+        connection = self._connect(index, deadline)
+        if self.config.user and self._token is None:
+            self._authenticate(connection, deadline)
+        host = self.config.members[index][0]
+        encoded = [
+            _http.encode_request(host, path, body, self._headers()) for path, body in requests
+        ]
+        replies = connection.exchange(encoded, deadline)
+        self._last_date = connection.last_date
+        return replies
+
+    def _authenticate(self, connection: _http.Connection, deadline: float) -> None:
+        body = {"name": self.config.user, "password": self.config.password or ""}
+        request = _http.encode_request(connection.host, "/v3/auth/authenticate", body, {})
+        [(status, reply)] = connection.exchange([request], deadline)
+        error = _error_of(status, reply)
+        if error is not None:
+            if _retry_elsewhere(error):
+                raise error
+            raise ConfigError(
+                f"{self.display_url}: etcd refused the credentials ({error.message}); "
+                "check the user name and password of the store URL"
+            )
+        self._token = str(reply.get("token", "")) or None
+
+    def open_stream(self, path: str, body: dict[str, Any], deadline: float) -> _http.Stream:
+        """A new connection (to the current member) carrying one streamed request."""
+        with self._lock:
+            index = self._current
+            host, port = self.config.members[index]
+            if self.config.user and self._token is None:
+                self._authenticate(self._connect(index, deadline), deadline)
+            headers = self._headers()
+        connection = _http.Connection(host, port, self._tls, deadline)
+        try:
+            connection.send(_http.encode_request(host, path, body, headers), deadline)
+            status, reply_headers = connection.read_head(deadline)
+            if status != 200:
+                error = _error_of(
+                    status, _http.decode_json(connection.read_body(reply_headers, deadline))
+                )
+                raise error or EtcdError(14, f"HTTP {status}")
+        except BaseException:
+            connection.close()
+            raise
+        return _http.Stream(connection)
+
+    def server_date(self) -> float | None:
+        """The member's wall clock (HTTP Date header, whole seconds), for doctor."""
+        with self._lock:
+            deadline = time.monotonic() + self.io_timeout
+            connection = self._connect(self._current, deadline)
+            host = self.config.members[self._current][0]
+            connection.send(
+                _http.encode_request(host, "/v3/maintenance/status", {}, self._headers()),
+                deadline,
+            )
+            _, headers = connection.read_head(deadline)
+            connection.read_body(headers, deadline)
+        date = headers.get("date")
+        from email.utils import parsedate_to_datetime  # only doctor needs it
+
+        return parsedate_to_datetime(date).timestamp() if date else None
+
+
+def describe(exc: BaseException) -> str:
+    if isinstance(exc, _http.Woken | TimeoutError):
+        return "timed out"
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
+    return str(exc) or type(exc).__name__
+
+
+def _error_of(status: int, reply: dict[str, Any]) -> EtcdError | None:
+    inner = reply.get("error")
+    if isinstance(inner, dict):  # a streamed reply's error
+        return EtcdError(int(inner.get("grpc_code", inner.get("code", 2))), str(inner))
+    if status == 200 and inner is None:
+        return None
+    message = str(reply.get("message") or inner or f"HTTP {status}")
+    return EtcdError(int(reply.get("code", 14 if status >= 500 else 2)), message)
+
+
+def _first_error(replies: list[tuple[int, dict[str, Any]]]) -> EtcdError | None:
+    for status, reply in replies:
+        error = _error_of(status, reply)
+        if error is not None:
+            return error
+    return None
+
+
+def _retry_elsewhere(error: EtcdError) -> bool:
+    text = error.message.lower()
+    return error.code in (4, 14) or any(part in text for part in _RETRY_ELSEWHERE)
+
+
+def revision(reply: dict[str, Any]) -> int:
+    return int(reply.get("header", {}).get("revision", 0))
+
+
+def kvs_of(response: dict[str, Any]) -> list[dict[str, Any]]:
+    return response.get("response_range", {}).get("kvs", [])
+
+
+def remaining_of(reply: dict[str, Any]) -> float:
+    """Seconds a lease has left (-1 when gone), from its timetolive reply. etcd answers
+    whole seconds, cut down: the middle of that second is the best guess, within the TTL
+    granted."""
+    remaining = int(reply.get("TTL", 0))  # 0 is left out of the reply
+    if remaining < 0:
+        return -1.0
+    return min(remaining + 0.5, float(reply.get("grantedTTL", remaining + 1)))
+
+
+def is_delete(event: dict[str, Any]) -> bool:
+    return event.get("type") == "DELETE"
+
+
+class EtcdClient:
+    """The store's calls: the members' answers, etcd's errors as tasklock's, and the lease
+    and watch requests every part of the store makes."""
+
+    def __init__(self, config: EtcdConfig, display_url: str) -> None:
+        self.display_url = display_url
+        self.members = Members(config, display_url)
+
+    def call(self, *requests: tuple[str, dict[str, Any]]) -> list[dict[str, Any]]:
+        try:
+            return self.members.call(list(requests))
+        except EtcdError as exc:
+            raise self.translate(exc) from None
+
+    def translate(self, exc: EtcdError) -> TasklockError:
+        text = self.members.scrub(exc.message)
+        if "user name is empty" in text:
+            return ConfigError(
+                f"{self.display_url}: etcd requires authentication ({text}); put user:password@ "
+                "in the store URL"
+            )
+        if exc.code in (7, 16) or "permission denied" in text.lower():
+            return ConfigError(f"{self.display_url}: etcd refused what tasklock needs ({text})")
+        return StoreUnavailable(f"{self.display_url}: etcd answered with an error: {text}")
+
+    def txn(self, compare: list[dict], success: list[dict], failure: list[dict]) -> dict:
+        body = {"compare": compare, "success": success, "failure": failure}
+        return self.call(("/v3/kv/txn", body))[0]
+
+    def range(self, name: bytes) -> tuple[dict[str, Any] | None, int]:
+        reply = self.call(("/v3/kv/range", {"key": b64(name)}))[0]
+        kvs = reply.get("kvs", [])
+        return (kvs[0] if kvs else None), revision(reply)
+
+    def revoke(self, lease_id: int) -> bool:
+        """True when the lease existed (and its keys are now deleted)."""
+        try:
+            self.members.call([("/v3/lease/revoke", {"ID": str(lease_id)})])
+        except EtcdError as exc:
+            if exc.code == NOT_FOUND:
+                return False
+            raise self.translate(exc) from None
+        return True
+
+    def keepalive(self, lease_id: int) -> int:
+        """The lease's TTL after a refresh; 0 when the lease is gone."""
+        reply = self.call(("/v3/lease/keepalive", {"ID": str(lease_id)}))[0]
+        return int(reply.get("result", reply).get("TTL", 0))
+
+    def remaining(self, lease_id: int) -> float:
+        return remaining_of(self.call(("/v3/lease/timetolive", {"ID": str(lease_id)}))[0])
+
+    def remaining_many(self, lease_ids: list[int]) -> dict[int, float]:
+        """``remaining`` of each lease, asked pipelined (in batches of TTL_BATCH)."""
+        remaining: dict[int, float] = {}
+        for at in range(0, len(lease_ids), TTL_BATCH):
+            batch = lease_ids[at : at + TTL_BATCH]
+            asks = [("/v3/lease/timetolive", {"ID": str(lease_id)}) for lease_id in batch]
+            remaining.update(zip(batch, map(remaining_of, self.call(*asks)), strict=True))
+        return remaining
+
+    def on_new_lease(self, new_id: int, ttl_s: int, txn: dict) -> dict | None:
+        """Grant lease ``new_id`` and run ``txn`` (which puts keys on it), pipelined; the
+        grant's reply, or None (the lease revoked again) when the txn's compare failed."""
+        try:
+            granted, reply = self.members.call(
+                [("/v3/lease/grant", {"ID": str(new_id), "TTL": str(ttl_s)}), ("/v3/kv/txn", txn)]
+            )
+        except EtcdError as exc:
+            raise self.translate(exc) from None
+        if not reply.get("succeeded"):
+            self.revoke(new_id)
+            return None
+        return granted
+
+    def watch(
+        self,
+        keys: dict[str, str],
+        start_revision: int,
+        deadline: float,
+        wake_fd: int | None,
+        matches: Callable[[dict[str, Any]], bool] = is_delete,
+    ) -> str:
+        """Watch ``keys`` (a key, or a range) from ``start_revision`` until an event
+        ``matches`` ("matched"), ``deadline`` ("timeout") or wake_fd ("woken"). Raises when
+        the watch breaks."""
+        request = {"create_request": {**keys, "start_revision": str(start_revision)}}
+        connect_by = min(deadline, time.monotonic() + self.members.io_timeout)
+        stream = self.members.open_stream("/v3/watch", request, connect_by)
+        try:
+            while True:
+                message = stream.next(deadline, wake_fd)
+                if message is None:
+                    return "woken" if fd_readable(wake_fd) else "timeout"
+                result = message.get("result", {})
+                if "error" in message:
+                    raise EtcdError(14, str(message["error"]))
+                if result.get("canceled"):
+                    raise EtcdError(14, f"the watch was cancelled: {result}")
+                if any(matches(event) for event in result.get("events", [])):
+                    return "matched"
+        finally:
+            stream.close()

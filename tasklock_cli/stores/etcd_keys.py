@@ -1,0 +1,233 @@
+"""The etcd store's key layout, and reading its slots back.
+
+Under the namespace prefix ``P`` (``?prefix=``, default ``tasklock/``), for lock key ``K``
+(stored exactly, UTF-8)::
+
+    P lock/K             slot 0 (a plain lock is slot 0 of limit 1), value: JSON {owner,
+                         holder, acquired_at (ms, client clock), ttl, limit (semaphores
+                         only)} attached to the holder's lease. Fencing token = the key's
+                         create_revision: etcd's global revision only ever grows, so a key
+                         created again (after release, expiry, forced release) gets a
+                         greater one, in any slot, and no counter can be reset or deleted.
+    P lock/K NUL N/S     slot S > 0 of K held with limit N (S: SLOT_DIGITS digits, so key
+                         order is slot order), as the lock key; for S = 0 the limit marker
+                         put on slot 0's lease with the lock key. Keys hold no control
+                         characters: no other key's lock key starts with ``K NUL``, and a
+                         range from ``K`` to ``K \x01`` holds K's slots and nothing else
+                         (one read, one watch). A key held with limit N has no key under
+                         ``K NUL`` of another limit: the acquire's txn compares that.
+    P owner/K NUL <owner>  a semaphore holder's mark, on its lease: a retry after a lost
+                         reply finds its own slot instead of taking a free one
+    P broken/K [NUL S]   value: the fencing token of a broken lease in slot S (none for
+                         slot 0); attached, with the slot's keys, to the breaker's lease
+                         (see ``EtcdStore.break_lease``)
+    P wait/<len>:K/<id>  a waiter's place in K's queue, attached to the waiter's lease;
+                         ordered by create_revision (see ``etcd_waiting``): the first
+                         waiter watches K's slots, each other one the waiter before it
+    P runs/K NUL <token> the run ledger: one JSON record per run (token: 20 digits, so
+                         key order is token order), put by the release's txn. The
+                         acquire's txn counts K's records and reads the oldest, so that
+                         the release's txn can trim to the last LEDGER_KEEP runs
+                         (keys hold no control characters: NUL ends K)
+    P success/K          K's newest run that succeeded, as in the ledger but started_at
+                         on the member's clock (see ``etcd``); put by the same txn as its
+                         record, apart from the trim (``--once-per``, ``metrics``)
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+from typing import NamedTuple
+
+from tasklock_cli.errors import ConfigError
+from tasklock_cli.stores.base import Holder
+from tasklock_cli.stores.base import LeaseInfo
+from tasklock_cli.stores.base import utc_from_timestamp
+from tasklock_cli.stores.etcd_connection import b64
+from tasklock_cli.stores.etcd_connection import kvs_of
+from tasklock_cli.stores.etcd_connection import unb64
+
+#: Slot numbers in key names have this many digits (zero-padded: key order is slot order).
+SLOT_DIGITS = 10
+
+
+class SlotKv(NamedTuple):
+    """A slot of a key as read: the etcd kv of its key (slot 0: the lock key)."""
+
+    key: str
+    slot: int
+    limit: int
+    kv: dict[str, Any]
+
+    @property
+    def token(self) -> int:
+        return int(self.kv["create_revision"])
+
+    @property
+    def lease_id(self) -> int:
+        return int(self.kv.get("lease", 0))
+
+    @property
+    def owner(self) -> str:
+        return str((decode_value(unb64(self.kv.get("value"))) or {}).get("owner", ""))
+
+
+class EtcdKeys:
+    """The names of a namespace's keys, and its slots read back from them."""
+
+    def __init__(self, prefix: str, display_url: str) -> None:
+        self.prefix = prefix
+        self.display_url = display_url
+        self._p = prefix.encode("utf-8")
+
+    def lock_key(self, key: str) -> bytes:
+        return self._p + b"lock/" + key.encode("utf-8")
+
+    def slot_key(self, key: str, slot: int, limit: int) -> bytes:
+        """Where slot ``slot`` of ``key`` held with ``limit`` keeps its lease: slot 0 in the
+        lock key (as a plain lock, which it is with limit 1), the others under the key's
+        own ``NUL`` prefix."""
+        if slot == 0:
+            return self.lock_key(key)
+        return self.lock_key(key) + f"\0{limit}/{slot:0{SLOT_DIGITS}d}".encode()
+
+    def slot_names(self, key: str, slot: int, limit: int, owner: str) -> list[bytes]:
+        """The keys a holder of the slot puts on its lease: the slot's key; for a semaphore
+        its owner mark (a retry finds its own slot though another is free) and, for slot
+        0, the limit marker (where slot 0 would be among the other slots)."""
+        names = [self.slot_key(key, slot, limit)]
+        if limit > 1:
+            names.append(self.owner_mark(key, owner))
+            if slot == 0:
+                names.append(self.limit_marker(key, limit))
+        return names
+
+    def owner_mark(self, key: str, owner: str) -> bytes:
+        return self._p + b"owner/" + key.encode("utf-8") + b"\0" + owner.encode("utf-8")
+
+    def limit_marker(self, key: str, limit: int) -> bytes:
+        return self.lock_key(key) + f"\0{limit}/{0:0{SLOT_DIGITS}d}".encode()
+
+    def broken_key(self, key: str, slot: int = 0) -> bytes:
+        name = self._p + b"broken/" + key.encode("utf-8")
+        return name if slot == 0 else name + f"\0{slot:0{SLOT_DIGITS}d}".encode()
+
+    def queue_prefix(self, key: str) -> bytes:
+        raw = key.encode("utf-8")
+        return self._p + b"wait/" + str(len(raw)).encode() + b":" + raw + b"/"
+
+    def queue_entry(self, key: str, waiter_lease: int) -> bytes:
+        return self.queue_prefix(key) + f"{waiter_lease:016x}".encode()
+
+    def success_key(self, key: str) -> bytes:
+        return self._p + b"success/" + key.encode("utf-8")
+
+    def runs_prefix(self, key: str) -> bytes:
+        return self._p + b"runs/" + key.encode("utf-8") + b"\0"
+
+    def run_key(self, key: str, token: int) -> bytes:
+        return self.runs_prefix(key) + f"{token:020d}".encode()
+
+    def ledger_start(self, prefix: str) -> tuple[bytes, int]:
+        """Where the ledger's keys starting with ``prefix`` begin, and the length to strip."""
+        return self._p + b"runs/" + prefix.encode("utf-8"), len(self._p + b"runs/")
+
+    # -- slots read back ---------------------------------------------------------------
+
+    def slot_reads(self, key: str) -> list[dict[str, Any]]:
+        """Range ops reading every slot key of ``key`` and every broken mark."""
+        return [
+            {"request_range": family(self.lock_key(key))},
+            {"request_range": family(self.broken_key(key))},
+        ]
+
+    def slots_from(self, responses: list[dict[str, Any]]) -> tuple[list[SlotKv], set[int]]:
+        """The live slots (ordered by slot) and the broken tokens ``slot_reads`` read."""
+        lock_kvs, broken_kvs = (kvs_of(response) for response in responses)
+        slots = [held for kv in lock_kvs if (held := self.slot_of(kv)) is not None]
+        broken = {int(value) for kv in broken_kvs if (value := unb64(kv.get("value"))).isdigit()}
+        return sorted(slots, key=lambda held: held.slot), broken
+
+    def slot_of(self, kv: dict[str, Any]) -> SlotKv | None:
+        """The slot a key under the lock prefix holds; None for a limit marker."""
+        rest = unb64(kv["key"])[len(self.lock_key("")) :]
+        name, nul, tail = rest.partition(b"\0")
+        key = name.decode("utf-8", "replace")
+        if not nul:
+            record = decode_value(unb64(kv.get("value"))) or {}
+            return SlotKv(key, 0, int(record.get("limit", 1)), kv)
+        limit_text, _, slot_text = tail.partition(b"/")
+        if not (limit_text.isdigit() and slot_text.isdigit()):
+            raise self.foreign(unb64(kv["key"]), "lease")
+        slot = int(slot_text)
+        return None if slot == 0 else SlotKv(key, slot, int(limit_text), kv)
+
+    def info(self, held: SlotKv, remaining: float) -> LeaseInfo | None:
+        """What an observer sees of a slot whose lease has ``remaining`` seconds (None when
+        it ran out: -1)."""
+        if remaining < 0:
+            return None  # the lease ran out between the two reads
+        record = decode_value(unb64(held.kv.get("value")))
+        if record is None:
+            raise self.foreign(unb64(held.kv["key"]), "lease")
+        return LeaseInfo(
+            key=held.key,
+            holder=Holder.from_dict(record.get("holder", {})),
+            fencing_token=held.token,
+            acquired_at=utc_from_timestamp(int(record.get("acquired_at", 0)) / 1000),
+            expires_at=utc_from_timestamp(time.time() + remaining),
+            expired=False,  # a key that exists is live: etcd deletes it with its lease
+            slot=held.slot,
+            limit=held.limit,
+        )
+
+    def foreign(self, name: bytes, what: str) -> ConfigError:
+        return ConfigError(
+            f"{self.display_url}: etcd key {name.decode('utf-8', 'replace')!r} is not a "
+            f"tasklock {what}; another application uses the prefix {self.prefix!r}"
+        )
+
+
+def lease_value(owner_token: str, holder: Holder, sent: float, ttl_s: int, limit: int) -> bytes:
+    """A slot key's value; ``limit`` only for a semaphore (a plain lock's value is as an
+    older tasklock writes it)."""
+    value: dict[str, Any] = {
+        "owner": owner_token,
+        "holder": holder.to_dict(),
+        "acquired_at": int(sent * 1000),
+        "ttl": ttl_s,
+    }
+    if limit > 1:
+        value["limit"] = limit
+    return json.dumps(value, sort_keys=True).encode()
+
+
+def decode_value(value: bytes) -> dict[str, Any] | None:
+    try:
+        record = json.loads(value)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) and "owner" in record else None
+
+
+def absent(name: bytes) -> dict[str, Any]:
+    """A compare that holds while ``name`` does not exist (with a range_end: no key in it)."""
+    return {"key": b64(name), "target": "CREATE", "create_revision": "0"}
+
+
+def family(name: bytes) -> dict[str, str]:
+    """The range of ``name`` and every key under ``name`` NUL (its slots, its marks)."""
+    return {"key": b64(name), "range_end": b64(name + b"\x01")}
+
+
+def range_op(name: bytes) -> dict[str, Any]:
+    return {"request_range": {"key": b64(name)}}
+
+
+def moves_to_lease(names: list[bytes], lease_id: int) -> list[dict[str, Any]]:
+    return [
+        {"request_put": {"key": b64(name), "ignore_value": True, "lease": str(lease_id)}}
+        for name in names
+    ]

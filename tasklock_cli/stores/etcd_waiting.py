@@ -1,0 +1,171 @@
+"""The etcd store's queues of waiters, as etcd's own lock recipe keeps them.
+
+A waiter puts a key of its own in the lock key's queue (``P wait/<len>:K/<id>``, on its
+waiter lease); the queue is ordered by create_revision. The first waiter watches every
+slot of the key, each other one the waiter before it, so a release wakes exactly one
+waiter, and a waiter that goes (it got the lease, gave up, or crashed and its waiter
+lease ran out) hands the turn on. A watch starts at the revision of the read before it,
+so nothing in between is missed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from tasklock_cli.errors import TasklockError
+from tasklock_cli.stores.base import wait_readable
+from tasklock_cli.stores.etcd_connection import EtcdClient
+from tasklock_cli.stores.etcd_connection import EtcdError
+from tasklock_cli.stores.etcd_connection import b64
+from tasklock_cli.stores.etcd_connection import new_lease_id
+from tasklock_cli.stores.etcd_connection import prefix_end
+from tasklock_cli.stores.etcd_connection import revision
+from tasklock_cli.stores.etcd_connection import unb64
+from tasklock_cli.stores.etcd_keys import EtcdKeys
+
+#: A waiter's place in a queue lives this long without a refresh (a crashed waiter's place
+#: is given up after it); waiting refreshes it every third of it.
+WAITER_TTL_S = 6
+#: When the watch breaks, waiting falls back to reading the key this often.
+POLL_S = 0.1
+
+
+class WaiterQueue:
+    """This client's places in the queues of keys: one waiter lease for all of them,
+    refreshed while waiting."""
+
+    def __init__(self, client: EtcdClient, keys: EtcdKeys) -> None:
+        self._client = client
+        self._keys = keys
+        self._waiter_lease: int | None = None
+        self._waiter_refreshed = 0.0
+        self._queued: set[str] = set()
+        self._lock = threading.Lock()
+
+    def entry_if_queued(self, key: str) -> bytes | None:
+        """Our place in ``key``'s queue, for an acquire to delete with its taking."""
+        with self._lock:
+            if key in self._queued and self._waiter_lease is not None:
+                return self._keys.queue_entry(key, self._waiter_lease)
+            return None
+
+    def left(self, key: str) -> None:
+        """An acquire deleted our place in ``key``'s queue."""
+        with self._lock:
+            self._queued.discard(key)
+
+    def take_turn(self, key: str, deadline: float, wake_fd: int | None) -> bool:
+        """Join ``key``'s queue and wait until we are first in it (watching the waiter
+        before us); False when the turn did not come before the deadline or wake_fd."""
+        while time.monotonic() < deadline:
+            entry = self._join(key)
+            ahead, present, rev = self._place(key, entry)
+            if not present:
+                self._forget()
+                continue
+            if ahead is None:
+                return True
+            until = min(deadline, self._waiter_refreshed + WAITER_TTL_S / 3)
+            if self._client.watch({"key": b64(ahead)}, rev + 1, until, wake_fd) == "woken":
+                return False
+        return False
+
+    def await_release(
+        self, keys: dict[str, str], start_revision: int, until: float, wake_fd: int | None
+    ) -> None:
+        """Watch ``keys`` from ``start_revision`` until one is deleted (a release, a forced
+        release, an expiry), ``until`` or wake_fd, keeping our place meanwhile."""
+        while time.monotonic() < until:
+            refresh_by = min(until, self._waiter_refreshed + WAITER_TTL_S / 3)
+            event = self._client.watch(keys, start_revision, refresh_by, wake_fd)
+            if event != "timeout" or not self._refresh():
+                return  # woken, or our place in the queue is gone: look again
+
+    def leave(self, key: str) -> None:
+        """Give up our place in ``key``'s queue (so the next waiter moves up)."""
+        with self._lock:
+            if key not in self._queued or self._waiter_lease is None:
+                return
+            entry = self._keys.queue_entry(key, self._waiter_lease)
+            self._queued.discard(key)
+        with contextlib.suppress(TasklockError):
+            self._client.call(("/v3/kv/deleterange", {"key": b64(entry)}))
+
+    def close(self) -> None:
+        """Our places in queues go, so the waiters behind move up."""
+        with self._lock:
+            waiter, self._waiter_lease = self._waiter_lease, None
+            self._queued.clear()
+        if waiter is not None:
+            with contextlib.suppress(TasklockError):
+                self._client.revoke(waiter)
+
+    def _join(self, key: str) -> bytes:
+        """Our place in ``key``'s queue (joining, or refreshing our waiter lease when due)."""
+        if time.monotonic() - self._waiter_refreshed > WAITER_TTL_S / 3:
+            self._refresh()
+        with self._lock:
+            now = time.monotonic()
+            requests: list[tuple[str, dict[str, Any]]] = []
+            if self._waiter_lease is None:
+                self._waiter_lease = new_lease_id()
+                self._waiter_refreshed = now
+                grant = {"ID": str(self._waiter_lease), "TTL": str(WAITER_TTL_S)}
+                requests.append(("/v3/lease/grant", grant))
+            entry = self._keys.queue_entry(key, self._waiter_lease)
+            if key not in self._queued:
+                put = {"key": b64(entry), "value": "", "lease": str(self._waiter_lease)}
+                requests.append(("/v3/kv/put", put))
+            if requests:
+                self._client.call(*requests)
+                self._queued.add(key)
+            return entry
+
+    def _refresh(self) -> bool:
+        """Keep our places in queues; False when they are gone (the waiter lease ran out)."""
+        with self._lock:
+            if self._waiter_lease is None:
+                return False
+            if self._client.keepalive(self._waiter_lease) <= 0:
+                self._waiter_lease = None
+                self._queued.clear()
+                return False
+            self._waiter_refreshed = time.monotonic()
+            return True
+
+    def _forget(self) -> None:
+        with self._lock:
+            self._waiter_lease = None
+            self._queued.clear()
+
+    def _place(self, key: str, entry: bytes) -> tuple[bytes | None, bool, int]:
+        """(the waiter just before us or None, whether we are queued, the read's revision)."""
+        queue = self._keys.queue_prefix(key)
+        body = {
+            "key": b64(queue),
+            "range_end": b64(prefix_end(queue)),
+            "sort_order": "ASCEND",
+            "sort_target": "CREATE",
+            "keys_only": True,
+        }
+        reply = self._client.call(("/v3/kv/range", body))[0]
+        names = [unb64(kv["key"]) for kv in reply.get("kvs", [])]
+        if entry not in names:
+            return None, False, revision(reply)
+        at = names.index(entry)
+        return (names[at - 1] if at > 0 else None), True, revision(reply)
+
+
+def poll_until(deadline: float, wake_fd: int | None, done: Callable[[], bool]) -> bool:
+    """Ask ``done()`` every POLL_S until it is True; False at the deadline or on wake_fd."""
+    while True:
+        with contextlib.suppress(TasklockError, EtcdError, OSError):
+            if done():
+                return True
+        left = deadline - time.monotonic()
+        if left <= 0 or wait_readable([wake_fd], min(POLL_S, left)):
+            return False
