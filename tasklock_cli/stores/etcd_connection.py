@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import base64
 import math
-import secrets
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -154,8 +154,9 @@ def ttl_seconds(seconds: float, what: str) -> int:
 
 def new_lease_id() -> int:
     # Not the random module: a program (or a test framework) that seeds it would hand out
-    # the same IDs again, and etcd refuses to grant an ID that exists.
-    return secrets.randbits(62) | 1  # positive int64, never 0 (0 means "no lease")
+    # the same IDs again, and etcd refuses to grant an ID that exists. Not secrets either:
+    # it imports OpenSSL, a cost on every start.
+    return (int.from_bytes(os.urandom(8), "big") >> 2) | 1  # positive int64, never 0
 
 
 class Members:
