@@ -15,13 +15,13 @@ import fnmatch
 import os
 import re
 import sys
-from dataclasses import dataclass
-from dataclasses import field
 from pathlib import Path
 
 from tasklock_cli.durations import parse_duration
 from tasklock_cli.errors import ConfigError
 from tasklock_cli.errors import UsageError
+from tasklock_cli.records import dataclass
+from tasklock_cli.records import field
 from tasklock_cli.settings import BY_NAME
 from tasklock_cli.stores.urls import default_store_url
 

@@ -10,11 +10,11 @@ exactly as there.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
-from dataclasses import field
 from typing import NoReturn
 
 from tasklock_cli import settings
+from tasklock_cli.records import dataclass
+from tasklock_cli.records import field
 
 _GLOBAL_VALUES = {"--store": "store", "--config": "config", "--log-format": "log_format"}
 _VERBOSE = {"-v": 1, "--verbose": 1, "-vv": 2, "-vvv": 3}

@@ -12,7 +12,6 @@ import os
 import random
 import threading
 import time
-from dataclasses import dataclass
 from datetime import datetime
 from datetime import timedelta
 from datetime import timezone
@@ -24,6 +23,7 @@ from tasklock_cli.errors import Interrupted
 from tasklock_cli.errors import LeaseLost
 from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.errors import TasklockError
+from tasklock_cli.records import dataclass
 from tasklock_cli.stores.base import Holder
 from tasklock_cli.stores.base import Lease
 from tasklock_cli.stores.base import LeaseInfo

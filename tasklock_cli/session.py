@@ -7,8 +7,6 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from dataclasses import dataclass
-from dataclasses import replace
 from typing import NoReturn
 
 from tasklock_cli.errors import UsageError
@@ -16,6 +14,8 @@ from tasklock_cli.events import NORMAL
 from tasklock_cli.events import QUIET
 from tasklock_cli.events import VERBOSE
 from tasklock_cli.events import EventLog
+from tasklock_cli.records import dataclass
+from tasklock_cli.records import replace
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,6 @@ import select
 import signal
 import socket
 import threading
-from dataclasses import dataclass
-from dataclasses import field
 
 from tasklock_cli import clock as clocks
 from tasklock_cli import settings
@@ -36,6 +34,8 @@ from tasklock_cli.lease import describe_holder
 from tasklock_cli.process import Child
 from tasklock_cli.process import Terminal
 from tasklock_cli.process import become_subreaper
+from tasklock_cli.records import dataclass
+from tasklock_cli.records import field
 from tasklock_cli.stores.base import Holder
 from tasklock_cli.stores.base import Lease
 from tasklock_cli.stores.base import LeaseInfo

@@ -5,10 +5,10 @@ from __future__ import annotations
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from tasklock_cli.errors import ConfigError
+from tasklock_cli.records import dataclass
 from tasklock_cli.stores.base import Store
 from tasklock_cli.stores.urls import default_sqlite_path  # noqa: F401 - the package's names for them
 from tasklock_cli.stores.urls import default_store_url  # noqa: F401 - the package's names for them
