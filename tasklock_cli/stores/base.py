@@ -13,13 +13,13 @@ from abc import ABC
 from abc import abstractmethod
 from collections.abc import Callable
 from collections.abc import Iterator
-from dataclasses import asdict
-from dataclasses import dataclass
-from dataclasses import field
-from dataclasses import replace
 from datetime import datetime
 from datetime import timezone
 from typing import Protocol
+
+from tasklock_cli.records import dataclass
+from tasklock_cli.records import field
+from tasklock_cli.records import replace
 
 #: Rows per read of a listing (see ``Store.list``).
 LIST_PAGE = 1000
@@ -47,7 +47,13 @@ class Holder:
     note: str | None = None
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {
+            "host": self.host,
+            "pid": self.pid,
+            "user": self.user,
+            "command": list(self.command),
+            "note": self.note,
+        }
 
     @classmethod
     def from_dict(cls, data: dict) -> Holder:
