@@ -11,9 +11,7 @@ The config file is TOML, found at ``--config FILE`` > ``$TASKLOCK_CONFIG`` > ``.
 
 from __future__ import annotations
 
-import fnmatch
 import os
-import re
 import sys
 from pathlib import Path
 
@@ -37,9 +35,15 @@ class Config:
         """The file's value of a ``run`` setting for this key: the last matching pattern wins."""
         value = self.run_defaults.get(name)
         for pattern, settings in self.key_overrides:
-            if fnmatch.fnmatchcase(key, pattern) and name in settings:
+            if _fnmatchcase(key, pattern) and name in settings:
                 value = settings[name]
         return value
+
+
+def _fnmatchcase(key: str, pattern: str) -> bool:
+    import fnmatch  # with its re: only for a config file with key patterns
+
+    return fnmatch.fnmatchcase(key, pattern)
 
 
 def config_candidates(explicit: str | None) -> list[tuple[Path, bool]]:
@@ -136,6 +140,8 @@ def _bad(path: Path, text: str, setting: str, problem: str) -> ConfigError:
 
 
 def _line_of(text: str, setting: str) -> int | None:
+    import re
+
     pattern = re.compile(rf"^\s*(\[[^\]]*)?[\"']?{re.escape(setting)}[\"']?\s*[=\].]")
     for number, line in enumerate(text.splitlines(), start=1):
         if pattern.search(line):

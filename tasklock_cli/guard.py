@@ -28,11 +28,15 @@ import signal
 import socket
 import subprocess
 from collections.abc import Callable
-from typing import NoReturn
 
 from tasklock_cli import clock as clocks
 from tasklock_cli import proctree
 from tasklock_cli.errors import TasklockError
+
+#: typing costs ~2 ms per start: its names are for the type checker only.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import NoReturn
 
 #: After the wrapper died: SIGTERM to the tree, then SIGKILL this much later.
 ORPHANED_GRACE_S = 0.5

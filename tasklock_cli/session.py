@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from typing import NoReturn
 
 from tasklock_cli.errors import UsageError
 from tasklock_cli.events import NORMAL
@@ -16,6 +15,11 @@ from tasklock_cli.events import VERBOSE
 from tasklock_cli.events import EventLog
 from tasklock_cli.records import dataclass
 from tasklock_cli.records import replace
+
+#: typing costs ~2 ms per start: its names are for the type checker only.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import NoReturn
 
 
 @dataclass(frozen=True)

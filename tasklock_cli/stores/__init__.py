@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from urllib.parse import urlsplit
@@ -85,6 +84,8 @@ def _raised_by(exc: ImportError, package: str) -> bool:
     the error comes from the package's own code (say psycopg without a libpq to load)."""
     if (exc.name or "").partition(".")[0] == package:
         return True
+    import traceback
+
     frames = traceback.walk_tb(exc.__traceback__)
     return any(
         str(frame.f_globals.get("__name__", "")).partition(".")[0] == package for frame, _ in frames
