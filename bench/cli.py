@@ -33,6 +33,7 @@ from bench.harness import make_envs
 from bench.harness import prose
 from bench.harness import timed_run
 from bench.heartbeat import section_heartbeat
+from bench.install import described
 from bench.overhead import overhead_commands
 from bench.overhead import section_overhead
 from bench.roundtrips import section_round_trip_counts
@@ -53,6 +54,7 @@ def machine_info() -> dict[str, str]:
         "cpu": f"{model.group(1) if model else 'unknown'}, {os.cpu_count()} cores",
         "kernel": platform.release(),
         "python": f"{platform.python_version()} ({PYTHON})",
+        "tasklock timed": described(),
         "load before run": " ".join(f"{x:.2f}" for x in os.getloadavg()),
     }
 
@@ -163,6 +165,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument(
         "--sections", default="1,2,3,4,5,6", help="comma-separated section numbers to run"
+    )
+    parser.add_argument(
+        "--dev-install",
+        action="store_true",
+        help="time the running venv's tasklock instead of a private regular install",
     )
     args = parser.parse_args(argv)
     args.stores = [s.strip() for s in args.stores.split(",") if s.strip()]

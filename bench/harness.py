@@ -10,7 +10,6 @@ import re
 import resource
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -20,12 +19,12 @@ from dataclasses import field
 from pathlib import Path
 from typing import Any
 
+from bench.install import interpreter_and_tasklock
 from tasklock_cli.stores.base import Holder
 
-PYTHON = sys.executable
-
-
-TASKLOCK = str(Path(PYTHON).parent / "tasklock")
+#: The interpreter of the floors and the `tasklock` timed: those of the private install
+#: (bench/install.py) unless --dev-install.
+PYTHON, TASKLOCK = interpreter_and_tasklock()
 
 
 RUN_ID = f"{os.getpid()}"
