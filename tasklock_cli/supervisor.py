@@ -27,6 +27,7 @@ from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.errors import TasklockError
 from tasklock_cli.events import EventLog
 from tasklock_cli.heartbeat import Heartbeat
+from tasklock_cli.heartbeat import renewal_schedule
 from tasklock_cli.lease import Conflict
 from tasklock_cli.lease import LeaseKeeper
 from tasklock_cli.lease import Waiter
@@ -76,14 +77,12 @@ class RunOptions:
     @property
     def safety_margin(self) -> float:
         """Kept between the child's SIGKILL and the local deadline."""
-        return min(1.0, max(0.05, self.ttl * 0.05))
+        return renewal_schedule(self.ttl, self.renew_every).safety_margin
 
     @property
     def renew_interval(self) -> float:
-        """--renew-every (ttl/3 by default), but never so close to the ttl that the first
-        renewal would come after the child had to be stopped."""
-        wanted = self.renew_every if self.renew_every is not None else self.ttl / 3
-        return min(wanted, (self.ttl - self.safety_margin) * 0.75)
+        """--renew-every (ttl/3 by default), bounded as tasklock_cli.heartbeat says."""
+        return renewal_schedule(self.ttl, self.renew_every).renew_interval
 
     @property
     def loss_grace(self) -> float:
@@ -94,11 +93,11 @@ class RunOptions:
 
     @property
     def renew_retry_interval(self) -> float:
-        return max(0.05, min(1.0, self.renew_interval / 4))
+        return renewal_schedule(self.ttl, self.renew_every).renew_retry_interval
 
     @property
     def io_timeout(self) -> float:
-        return max(0.25, min(5.0, self.renew_interval / 2))
+        return renewal_schedule(self.ttl, self.renew_every).io_timeout
 
 
 @dataclass
