@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bench.contention import section_cli_contention
+from bench.contention import section_cli_limit
 from bench.contention import section_contention
 from bench.handoff import section_handoff
 from bench.harness import FULL
@@ -204,6 +205,7 @@ def run_sections(args: argparse.Namespace, workdir: Path, kinds: list[StoreKind]
         4: lambda: [
             section_contention(kinds, budget, single),
             section_cli_contention(kinds, envs, budget, workdir),
+            section_cli_limit(kinds, envs, budget, workdir),
         ],
         5: lambda: section_scale(kinds, envs, budget),
         6: lambda: section_heartbeat(kinds, envs, budget),

@@ -50,6 +50,9 @@ class Budget:
     many_leases_seconds: float
     cli_clients: int = 8
     cli_runs: int = 25
+    #: 4c: clients and runs per client of the `--limit 4` hand-off through the CLI.
+    limit_clients: int = 16
+    limit_runs: int = 10
     sweep_baseline_seconds: float = 1.0
     many_leases: int = 1000
     many_leases_ttl: float = 3.0
@@ -89,6 +92,7 @@ QUICK = Budget(
     many_leases_seconds=4.0,
     cli_clients=4,
     cli_runs=8,
+    limit_runs=3,
 )
 
 
