@@ -74,6 +74,7 @@ def test_a_plain_run_on_sqlite_imports_only_what_it_needs(cli_env, sqlite_url):
     result = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30
     )
+    assert result.returncode == 0, result.stderr
     code, *imported = result.stdout.split()
     assert code == "0", result.stderr
     assert "tasklock_cli.stores.sqlite" in imported  # it did run
