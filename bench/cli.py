@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bench.contention import section_cli_contention
+from bench.contention import section_cli_limit
 from bench.contention import section_contention
 from bench.handoff import section_handoff
 from bench.harness import FULL
@@ -33,6 +34,7 @@ from bench.harness import make_envs
 from bench.harness import prose
 from bench.harness import timed_run
 from bench.heartbeat import section_heartbeat
+from bench.install import described
 from bench.overhead import overhead_commands
 from bench.overhead import section_overhead
 from bench.roundtrips import section_round_trip_counts
@@ -53,6 +55,7 @@ def machine_info() -> dict[str, str]:
         "cpu": f"{model.group(1) if model else 'unknown'}, {os.cpu_count()} cores",
         "kernel": platform.release(),
         "python": f"{platform.python_version()} ({PYTHON})",
+        "tasklock timed": described(),
         "load before run": " ".join(f"{x:.2f}" for x in os.getloadavg()),
     }
 
@@ -164,6 +167,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--sections", default="1,2,3,4,5,6", help="comma-separated section numbers to run"
     )
+    parser.add_argument(
+        "--dev-install",
+        action="store_true",
+        help="time the running venv's tasklock instead of a private regular install",
+    )
     args = parser.parse_args(argv)
     args.stores = [s.strip() for s in args.stores.split(",") if s.strip()]
     unknown = set(args.stores) - set(ALL_STORES)
@@ -197,6 +205,7 @@ def run_sections(args: argparse.Namespace, workdir: Path, kinds: list[StoreKind]
         4: lambda: [
             section_contention(kinds, budget, single),
             section_cli_contention(kinds, envs, budget, workdir),
+            section_cli_limit(kinds, envs, budget, workdir),
         ],
         5: lambda: section_scale(kinds, envs, budget),
         6: lambda: section_heartbeat(kinds, envs, budget),

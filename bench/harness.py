@@ -10,7 +10,6 @@ import re
 import resource
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -20,12 +19,12 @@ from dataclasses import field
 from pathlib import Path
 from typing import Any
 
+from bench.install import interpreter_and_tasklock
 from tasklock_cli.stores.base import Holder
 
-PYTHON = sys.executable
-
-
-TASKLOCK = str(Path(PYTHON).parent / "tasklock")
+#: The interpreter of the floors and the `tasklock` timed: those of the private install
+#: (bench/install.py) unless --dev-install.
+PYTHON, TASKLOCK = interpreter_and_tasklock()
 
 
 RUN_ID = f"{os.getpid()}"
@@ -51,6 +50,9 @@ class Budget:
     many_leases_seconds: float
     cli_clients: int = 8
     cli_runs: int = 25
+    #: 4c: clients and runs per client of the `--limit 4` hand-off through the CLI.
+    limit_clients: int = 16
+    limit_runs: int = 10
     sweep_baseline_seconds: float = 1.0
     many_leases: int = 1000
     many_leases_ttl: float = 3.0
@@ -90,6 +92,7 @@ QUICK = Budget(
     many_leases_seconds=4.0,
     cli_clients=4,
     cli_runs=8,
+    limit_runs=3,
 )
 
 

@@ -36,6 +36,8 @@ from bench.stores import drop_namespace
 from bench.stores import floor_imports
 from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.errors import TasklockError
+from tasklock_cli.heartbeat import RenewalSchedule
+from tasklock_cli.heartbeat import renewal_schedule
 from tasklock_cli.stores import open_store
 from tasklock_cli.stores.base import Lease
 from tasklock_cli.stores.base import Store
@@ -158,31 +160,6 @@ def keeper_clock() -> float:
     return time.clock_gettime(time.CLOCK_BOOTTIME)
 
 
-@dataclass(frozen=True)
-class Schedule:
-    """`tasklock run`'s renewal schedule for a ttl, with --renew-every left at its default
-    (ttl/3): the same formulas as the wrapper, restated here so that the bench needs none of
-    its private classes."""
-
-    ttl: float
-
-    @property
-    def safety_margin(self) -> float:
-        return min(1.0, max(0.05, self.ttl * 0.05))
-
-    @property
-    def renew_interval(self) -> float:
-        return min(self.ttl / 3, (self.ttl - self.safety_margin) * 0.75)
-
-    @property
-    def renew_retry_interval(self) -> float:
-        return max(0.05, min(1.0, self.renew_interval / 4))
-
-    @property
-    def io_timeout(self) -> float:
-        return max(0.25, min(5.0, self.renew_interval / 2))
-
-
 @dataclass
 class Held:
     """One lease kept through the store API the way the wrapper keeps it: the local
@@ -224,7 +201,9 @@ class HeldStats:
     lost: list[str] = field(default_factory=list)  # threads that gave their lease up
 
 
-def renew_loop(keeper: Held, options: Schedule, stop: threading.Event, stats: HeldStats) -> None:
+def renew_loop(
+    keeper: Held, options: RenewalSchedule, stop: threading.Event, stats: HeldStats
+) -> None:
     """The wrapper's heartbeat schedule: wait until the next renewal, renew, reschedule
     (retry sooner after StoreUnavailable; give up on LeaseLost or a passed deadline)."""
     next_renewal = keeper.acquired_at + options.renew_interval
@@ -253,7 +232,7 @@ def renew_loop(keeper: Held, options: Schedule, stop: threading.Event, stats: He
 def many_leases_child(url: str, count: int, ttl: float, conn: Any) -> None:
     """Forked: one store, ``count`` held leases on it, each acquired and then renewed by
     its own thread on the supervisor's schedule, until told to stop; then all released."""
-    options = Schedule(ttl)
+    options = renewal_schedule(ttl)
     store = open_store(url)
     store.set_io_timeout(options.io_timeout)  # as Supervisor.run does
     store.peek("hb:connect")  # the connection exists before the 'before' sample
@@ -324,7 +303,7 @@ def hold_many(kind: StoreKind, budget: Budget) -> HeldRun:
     ours, theirs = ctx.Pipe()
     url = kind.url("hb_many")
     count, ttl = budget.many_leases, budget.many_leases_ttl
-    interval = Schedule(ttl).renew_interval
+    interval = renewal_schedule(ttl).renew_interval
     proc = ctx.Process(target=many_leases_child, args=(url, count, ttl, theirs))
     proc.start()
     run = HeldRun()
@@ -358,7 +337,7 @@ def hold_many(kind: StoreKind, budget: Budget) -> HeldRun:
 
 
 def held_row(table: Table, kind: StoreKind, run: HeldRun, budget: Budget) -> None:
-    interval = Schedule(budget.many_leases_ttl).renew_interval
+    interval = renewal_schedule(budget.many_leases_ttl).renew_interval
     w0, w1 = run.window
     span = w1 - w0
     renewed = sum(1 for t in run.stats.renewed if w0 <= t <= w1)
@@ -396,7 +375,7 @@ def held_row(table: Table, kind: StoreKind, run: HeldRun, budget: Budget) -> Non
 
 def many_leases_table(kinds: list[StoreKind], budget: Budget) -> Table:
     n, ttl = budget.many_leases, budget.many_leases_ttl
-    options = Schedule(ttl)
+    options = renewal_schedule(ttl)
     table = Table(
         f"6b. {n:,} leases held by one process through the store API (ttl {ttl:g} s)",
         ["store", "leases held", "threads", "renewals/s", "expected/s", "failed", "late",

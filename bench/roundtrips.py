@@ -135,8 +135,18 @@ WRITE_LABELS = {
 }
 
 
-#: The issue's PostgreSQL target: acquire and renew each one round trip.
-PG_TARGET = "÷ raw ≤ 2.5"
+#: Issue 18's PostgreSQL target, restated: acquire and renew against a durable one-row
+#: UPDATE with commit, repeated on one connection (the raw write row): p50 ratio at most this.
+PG_TARGETS = {"acquire": 2.0, "renew": 1.5}
+
+
+def pg_target_cell(name: str, ratio: float | None) -> str:
+    """The target column of a PostgreSQL acquire or renew row: the bound, met or missed."""
+    bound = PG_TARGETS[name]
+    if ratio is None:
+        return f"÷ raw write ≤ {bound:g}: no raw write"
+    verdict = "met" if ratio <= bound else f"missed by {ratio / bound:.2f}×"
+    return f"÷ raw write ≤ {bound:g}: {verdict}"
 
 
 def roundtrip_rows(
@@ -173,7 +183,10 @@ def roundtrip_rows(
             continue
         tag = ASYNC_TAG if name.endswith(ASYNC_TAG) else ""
         write = s.get(f"write{tag}")
-        target = PG_TARGET if kind.name == "postgres" and name in ("acquire", "renew") else ""
+        ratio = median(samples) / median(write) if write else None
+        target = ""
+        if kind.name == "postgres" and name in PG_TARGETS:
+            target = pg_target_cell(name, ratio)
         table.add(
             kind.name,
             label,
@@ -182,7 +195,7 @@ def roundtrip_rows(
             p99(samples) * us,
             len(samples) / sum(samples),
             fmt(median(samples) / raw) if name != "raw" else "1.00",
-            fmt(median(samples) / median(write)) if write else "—",
+            fmt(ratio) if ratio is not None else "—",
             target,
         )
 
@@ -221,13 +234,16 @@ def section_roundtrips(
                 operation, in shuffled order, repeated until the time bound."""
         ),
         prose(
-            f"""target: the issue's PostgreSQL goal, acquire and renew each one round trip, i.e.
-                p50 ≤ 2.5 × `SELECT 1`. The `synchronous_commit=off` rows (PostgreSQL only) open
-                a second store on `{POSTGRES_BASE}?{ASYNC_COMMIT}` (libpq passes `options` to the
-                server; the label shows `SHOW synchronous_commit` on that store's connection):
-                attribution only — what the same statements cost without waiting for the WAL
-                flush. Not a supported setting: after a server crash the last commits can be
-                lost, and a fencing token could then be handed out twice."""
+            f"""target: issue 18's PostgreSQL goal, restated against a durable write: acquire
+                p50 ≤ {PG_TARGETS["acquire"]:g} × and renew p50 ≤ {PG_TARGETS["renew"]:g} × the
+                raw durable write (a one-row `UPDATE` with its commit, repeated on one
+                connection), each marked met or missed (by how much). The
+                `synchronous_commit=off` rows (PostgreSQL only) open a second store on
+                `{POSTGRES_BASE}?{ASYNC_COMMIT}` (libpq passes `options` to the server; the
+                label shows `SHOW synchronous_commit` on that store's connection): attribution
+                only — what the same statements cost without waiting for the WAL flush. Not a
+                supported setting: after a server crash the last commits can be lost, and a
+                fencing token could then be handed out twice."""
         ),
     ]
     return table

@@ -11,17 +11,15 @@ The config file is TOML, found at ``--config FILE`` > ``$TASKLOCK_CONFIG`` > ``.
 
 from __future__ import annotations
 
-import fnmatch
 import os
-import re
 import sys
-from dataclasses import dataclass
-from dataclasses import field
 from pathlib import Path
 
 from tasklock_cli.durations import parse_duration
 from tasklock_cli.errors import ConfigError
 from tasklock_cli.errors import UsageError
+from tasklock_cli.records import dataclass
+from tasklock_cli.records import field
 from tasklock_cli.settings import BY_NAME
 from tasklock_cli.stores.urls import default_store_url
 
@@ -37,9 +35,15 @@ class Config:
         """The file's value of a ``run`` setting for this key: the last matching pattern wins."""
         value = self.run_defaults.get(name)
         for pattern, settings in self.key_overrides:
-            if fnmatch.fnmatchcase(key, pattern) and name in settings:
+            if _fnmatchcase(key, pattern) and name in settings:
                 value = settings[name]
         return value
+
+
+def _fnmatchcase(key: str, pattern: str) -> bool:
+    import fnmatch  # with its re: only for a config file with key patterns
+
+    return fnmatch.fnmatchcase(key, pattern)
 
 
 def config_candidates(explicit: str | None) -> list[tuple[Path, bool]]:
@@ -137,6 +141,8 @@ def _bad(path: Path, text: str, setting: str, problem: str) -> ConfigError:
 
 
 def _line_of(text: str, setting: str) -> int | None:
+    import re
+
     pattern = re.compile(rf"^\s*(\[[^\]]*)?[\"']?{re.escape(setting)}[\"']?\s*[=\].]")
     for number, line in enumerate(text.splitlines(), start=1):
         if pattern.search(line):

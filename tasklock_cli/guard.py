@@ -20,19 +20,23 @@ Messages are single datagrams of space-separated words on a SOCK_SEQPACKET socke
 
 from __future__ import annotations
 
+import _socket  # not socket: its enums and selectors cost ~2 ms per start
 import contextlib
 import math
 import os
 import select
 import signal
-import socket
 import subprocess
 from collections.abc import Callable
-from typing import NoReturn
 
 from tasklock_cli import clock as clocks
 from tasklock_cli import proctree
 from tasklock_cli.errors import TasklockError
+
+#: typing costs ~2 ms per start: its names are for the type checker only.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import NoReturn
 
 #: After the wrapper died: SIGTERM to the tree, then SIGKILL this much later.
 ORPHANED_GRACE_S = 0.5
@@ -57,12 +61,25 @@ _DEAF_TO = (
 def become_subreaper() -> None:
     """Orphans below us are re-parented to us instead of init. Linux only; harmless elsewhere."""
     with contextlib.suppress(OSError, AttributeError):
+        _call_libc("prctl", PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def _call_libc(name: str, *args: int) -> int:
+    """``name(*args)`` from the C library, integers passed as C ints as ctypes passes them.
+    Through _ctypes' own dlopen/dlsym/call_function: the ctypes package on top of it costs
+    ~1.5 ms of every start; ctypes itself where _ctypes lacks them."""
+    try:
+        import _ctypes
+
+        function = _ctypes.dlsym(_ctypes.dlopen(None), name)
+        return _ctypes.call_function(function, args)
+    except (ImportError, AttributeError):
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        return getattr(ctypes.CDLL(None, use_errno=True), name)(*args)
 
 
-def run_guard(sock: socket.socket, spawn: Callable[[], subprocess.Popen]) -> NoReturn:
+def run_guard(sock: _socket.socket, spawn: Callable[[], subprocess.Popen]) -> NoReturn:
     """The guard's whole life, in the freshly forked process; never returns."""
     code = 1
     try:
@@ -80,7 +97,7 @@ def _noop(_signum: int, _frame: object) -> None:
 
 
 class _Guard:
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: _socket.socket) -> None:
         self.sock = sock
         self.me = os.getpid()
         self.child: subprocess.Popen | None = None
@@ -218,12 +235,12 @@ class _Guard:
             self._wrapper_gone()
 
 
-def receive(sock: socket.socket) -> bytes | None:
+def receive(sock: _socket.socket) -> bytes | None:
     """The next message, without waiting: None when none has come, b"" when the other side
     is gone (its last messages are read first)."""
     while True:
         try:
-            return sock.recv(MESSAGE_SIZE, socket.MSG_DONTWAIT)
+            return sock.recv(MESSAGE_SIZE, _socket.MSG_DONTWAIT)
         except BlockingIOError:
             return None
         except ConnectionResetError:

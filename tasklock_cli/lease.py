@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import random
 import threading
 import time
-from dataclasses import dataclass
 from datetime import datetime
 from datetime import timedelta
 from datetime import timezone
@@ -24,6 +22,7 @@ from tasklock_cli.errors import Interrupted
 from tasklock_cli.errors import LeaseLost
 from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.errors import TasklockError
+from tasklock_cli.records import dataclass
 from tasklock_cli.stores.base import Holder
 from tasklock_cli.stores.base import Lease
 from tasklock_cli.stores.base import LeaseInfo
@@ -255,6 +254,12 @@ class LeaseKeeper:
                 record = None
 
 
+def _random_fraction() -> float:
+    import random  # only when waiting: ~1 ms of start-up otherwise
+
+    return random.random()
+
+
 class Waiter:
     """Retries an acquisition until it succeeds or ``wait`` seconds have passed."""
 
@@ -263,13 +268,13 @@ class Waiter:
         keeper: LeaseKeeper,
         wait: float,
         on_waiting=None,
-        rng=random.random,
+        rng=None,
         wake_fd: int | None = None,
     ):
         self.keeper = keeper
         self.wait = wait
         self.on_waiting = on_waiting
-        self.rng = rng
+        self.rng = rng or _random_fraction
         self.wake_fd = wake_fd  # readable when a signal came (signal.set_wakeup_fd)
         signals = keeper.store.signals_release
         self.ceiling = SIGNALLED_POLL_CEILING_S if signals else POLL_CEILING_S

@@ -8,11 +8,11 @@ defaults from it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from tasklock_cli.durations import format_duration
 from tasklock_cli.durations import parse_duration
 from tasklock_cli.errors import UsageError
+from tasklock_cli.records import dataclass
 
 #: Exit codes a setting may name.
 EXIT_CODES = (0, 255)

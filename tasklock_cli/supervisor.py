@@ -7,6 +7,7 @@ deadline, which is itself earlier than the store's expiry.
 
 from __future__ import annotations
 
+import _socket  # not socket: its enums and selectors cost ~2 ms per start
 import contextlib
 import functools
 import getpass
@@ -14,10 +15,7 @@ import math
 import os
 import select
 import signal
-import socket
 import threading
-from dataclasses import dataclass
-from dataclasses import field
 
 from tasklock_cli import clock as clocks
 from tasklock_cli import settings
@@ -29,6 +27,7 @@ from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.errors import TasklockError
 from tasklock_cli.events import EventLog
 from tasklock_cli.heartbeat import Heartbeat
+from tasklock_cli.heartbeat import renewal_schedule
 from tasklock_cli.lease import Conflict
 from tasklock_cli.lease import LeaseKeeper
 from tasklock_cli.lease import Waiter
@@ -36,6 +35,8 @@ from tasklock_cli.lease import describe_holder
 from tasklock_cli.process import Child
 from tasklock_cli.process import Terminal
 from tasklock_cli.process import become_subreaper
+from tasklock_cli.records import dataclass
+from tasklock_cli.records import field
 from tasklock_cli.stores.base import Holder
 from tasklock_cli.stores.base import Lease
 from tasklock_cli.stores.base import LeaseInfo
@@ -77,14 +78,12 @@ class RunOptions:
     @property
     def safety_margin(self) -> float:
         """Kept between the child's SIGKILL and the local deadline."""
-        return min(1.0, max(0.05, self.ttl * 0.05))
+        return renewal_schedule(self.ttl, self.renew_every).safety_margin
 
     @property
     def renew_interval(self) -> float:
-        """--renew-every (ttl/3 by default), but never so close to the ttl that the first
-        renewal would come after the child had to be stopped."""
-        wanted = self.renew_every if self.renew_every is not None else self.ttl / 3
-        return min(wanted, (self.ttl - self.safety_margin) * 0.75)
+        """--renew-every (ttl/3 by default), bounded as tasklock_cli.heartbeat says."""
+        return renewal_schedule(self.ttl, self.renew_every).renew_interval
 
     @property
     def loss_grace(self) -> float:
@@ -95,11 +94,11 @@ class RunOptions:
 
     @property
     def renew_retry_interval(self) -> float:
-        return max(0.05, min(1.0, self.renew_interval / 4))
+        return renewal_schedule(self.ttl, self.renew_every).renew_retry_interval
 
     @property
     def io_timeout(self) -> float:
-        return max(0.25, min(5.0, self.renew_interval / 2))
+        return renewal_schedule(self.ttl, self.renew_every).io_timeout
 
 
 @dataclass
@@ -123,7 +122,8 @@ def current_holder(command: list[str], note: str | None) -> Holder:
         user = getpass.getuser()
     except (KeyError, OSError):
         user = str(os.getuid())
-    return Holder(host=socket.gethostname(), pid=os.getpid(), user=user, command=command, note=note)
+    host = _socket.gethostname()
+    return Holder(host=host, pid=os.getpid(), user=user, command=command, note=note)
 
 
 class Supervisor:

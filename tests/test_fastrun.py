@@ -4,9 +4,21 @@ test_cli_global_options.py)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from tasklock_cli.fastrun import parse
+
+#: Modules a plain `run` on SQLite must not import: the CLI framework and the network
+#: drivers, and what costs start-up time for nothing (issue 18): dataclasses (with inspect,
+#: ast, dis, tokenize), typing, traceback (with textwrap) and the ctypes package.
+NOT_ON_RUNS_PATH = {
+    "typer", "click", "rich", "psycopg", "redis", "secrets", "tomllib", "_hashlib",
+    "dataclasses", "inspect", "ast", "dis", "tokenize", "typing", "traceback", "textwrap",
+    "ctypes",
+}  # fmt: skip
 
 
 def test_a_plain_run_with_global_options_on_both_sides():
@@ -45,3 +57,25 @@ def test_a_plain_run_with_global_options_on_both_sides():
 )
 def test_anything_else_goes_to_typer(args):
     assert parse(args) is None
+
+
+def test_a_plain_run_on_sqlite_imports_only_what_it_needs(cli_env, sqlite_url):
+    """Counted from the moment the interpreter is up: what site imported before (an
+    editable install's finder, say) is not the run's."""
+    code = (
+        "import sys\n"
+        "before = set(sys.modules)\n"
+        "from tasklock_cli.fastrun import parse, run_fast\n"
+        "args = ['run', 'k', '--ttl', '5s', '--', 'true']\n"
+        "code = run_fast(parse(args), args)\n"
+        "print(code, *sorted(set(sys.modules) - before))\n"
+    )
+    env = {**cli_env, "TASKLOCK_STORE": sqlite_url}
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30
+    )
+    assert result.returncode == 0, result.stderr
+    code, *imported = result.stdout.split()
+    assert code == "0", result.stderr
+    assert "tasklock_cli.stores.sqlite" in imported  # it did run
+    assert not {name.split(".")[0] for name in imported} & NOT_ON_RUNS_PATH

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from tasklock_cli.errors import ConfigError
+from tasklock_cli.records import dataclass
 from tasklock_cli.stores.base import Store
 from tasklock_cli.stores.urls import default_sqlite_path  # noqa: F401 - the package's names for them
 from tasklock_cli.stores.urls import default_store_url  # noqa: F401 - the package's names for them
@@ -85,6 +84,8 @@ def _raised_by(exc: ImportError, package: str) -> bool:
     the error comes from the package's own code (say psycopg without a libpq to load)."""
     if (exc.name or "").partition(".")[0] == package:
         return True
+    import traceback
+
     frames = traceback.walk_tb(exc.__traceback__)
     return any(
         str(frame.f_globals.get("__name__", "")).partition(".")[0] == package for frame, _ in frames

@@ -13,13 +13,12 @@ from abc import ABC
 from abc import abstractmethod
 from collections.abc import Callable
 from collections.abc import Iterator
-from dataclasses import asdict
-from dataclasses import dataclass
-from dataclasses import field
-from dataclasses import replace
 from datetime import datetime
 from datetime import timezone
-from typing import Protocol
+
+from tasklock_cli.records import dataclass
+from tasklock_cli.records import field
+from tasklock_cli.records import replace
 
 #: Rows per read of a listing (see ``Store.list``).
 LIST_PAGE = 1000
@@ -47,7 +46,13 @@ class Holder:
     note: str | None = None
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {
+            "host": self.host,
+            "pid": self.pid,
+            "user": self.user,
+            "command": list(self.command),
+            "note": self.note,
+        }
 
     @classmethod
     def from_dict(cls, data: dict) -> Holder:
@@ -231,15 +236,20 @@ def rfc3339(moment: datetime) -> str:
     return moment.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-class BreakWatch(Protocol):
-    """A holder's open line for hearing that its lease was broken (a LISTEN connection, a
-    subscription): made at its first wait, kept until its release."""
+#: typing costs ~2 ms per start: BreakWatch is for the type checker only.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Protocol
 
-    lock: threading.Lock
+    class BreakWatch(Protocol):
+        """A holder's open line for hearing that its lease was broken (a LISTEN connection,
+        a subscription): made at its first wait, kept until its release."""
 
-    def wait(self, deadline: float, wake_fd: int | None) -> bool: ...
+        lock: threading.Lock
 
-    def close(self) -> None: ...
+        def wait(self, deadline: float, wake_fd: int | None) -> bool: ...
+
+        def close(self) -> None: ...
 
 
 class SocketBreakWatch:
