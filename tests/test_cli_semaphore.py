@@ -150,7 +150,9 @@ def test_a_plain_lock_peeks_without_holders(env, holders):
 def test_release_force_breaks_every_slot_or_the_one_with_the_token(env, holders):
     first = holders.start("pool", "--limit", "3", "--log-format", "json")
     holders.wait_held(1)
+    # One at a time, so that the second run is the one in slot 1.
     second = holders.start("pool", "--limit", "3", "--log-format", "json")
+    holders.wait_held(2)
     third = holders.start("pool", "--limit", "3", "--log-format", "json")
     held = holders.wait_held(3)
 
