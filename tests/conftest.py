@@ -12,6 +12,7 @@ import pytest
 from tasklock_cli.stores import open_store
 from tasklock_cli.stores.base import Store
 from tests.support import services
+from tests.support.cli import executable
 
 STORE_KINDS = ["sqlite", "postgres", "redis", "etcd"]
 NETWORK_STORE_KINDS = ["postgres", "redis", "etcd"]
@@ -85,6 +86,9 @@ def cli_env(tmp_path) -> dict[str, str]:
     env["XDG_STATE_HOME"] = str(tmp_path / "state")
     env["XDG_CONFIG_HOME"] = str(tmp_path / "config")
     env["NO_COLOR"] = "1"
+    # Commands run under tasklock call `tasklock` by name: the one under test, venv or not.
+    bin_dir = os.path.dirname(executable())
+    env["PATH"] = os.pathsep.join([bin_dir, env.get("PATH", "")])
     return env
 
 
