@@ -106,7 +106,7 @@ class Heartbeat:
 
     def _run(self) -> None:
         options = self.options
-        next_renewal = self.keeper.acquired_at + options.renew_interval
+        next_renewal = self.keeper.acquired_at + options.schedule.renew_interval
         if self._quiet_start(next_renewal):
             return
         while not self._until_renewal(next_renewal):
@@ -121,14 +121,14 @@ class Heartbeat:
                 return
             except StoreUnavailable as exc:
                 self.events.debug(f"renewal failed, retrying: {exc}")
-                next_renewal = self.clock() + options.renew_retry_interval
+                next_renewal = self.clock() + options.schedule.renew_retry_interval
                 continue
             except Exception as exc:  # a heartbeat that dies silently would let the child run on
-                deadline = self.keeper.deadline - options.safety_margin
+                deadline = self.keeper.deadline - options.schedule.safety_margin
                 self.on_loss(LossKind.UNREACHABLE, f"renewal failed: {exc!r}", deadline)
                 return
             self.on_renewed(lease)
-            next_renewal = self.clock() + options.renew_interval
+            next_renewal = self.clock() + options.schedule.renew_interval
 
     def _quiet_start(self, renew_at: float) -> bool:
         """Wait QUIET_START_S (at most until ``renew_at``) for a stop; True when stopped."""

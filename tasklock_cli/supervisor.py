@@ -27,6 +27,7 @@ from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.errors import TasklockError
 from tasklock_cli.events import EventLog
 from tasklock_cli.heartbeat import Heartbeat
+from tasklock_cli.heartbeat import RenewalSchedule
 from tasklock_cli.heartbeat import renewal_schedule
 from tasklock_cli.lease import Conflict
 from tasklock_cli.lease import LeaseKeeper
@@ -76,29 +77,17 @@ class RunOptions:
     store_url: str | None = None  # passed to the command (TASKLOCK_STORE) for `check`
 
     @property
-    def safety_margin(self) -> float:
-        """Kept between the child's SIGKILL and the local deadline."""
-        return renewal_schedule(self.ttl, self.renew_every).safety_margin
-
-    @property
-    def renew_interval(self) -> float:
-        """--renew-every (ttl/3 by default), bounded as tasklock_cli.heartbeat says."""
-        return renewal_schedule(self.ttl, self.renew_every).renew_interval
+    def schedule(self) -> RenewalSchedule:
+        """When the lease is renewed, and the margins that follow from it."""
+        return renewal_schedule(self.ttl, self.renew_every)
 
     @property
     def loss_grace(self) -> float:
         """The SIGTERM-to-SIGKILL window when renewals fail: --grace, shortened where the ttl
         is too short for it, so that retrying renewals still gets half the time left."""
-        room = self.ttl - self.safety_margin - self.renew_interval
+        schedule = self.schedule
+        room = self.ttl - schedule.safety_margin - schedule.renew_interval
         return max(0.0, min(self.grace, room / 2))
-
-    @property
-    def renew_retry_interval(self) -> float:
-        return renewal_schedule(self.ttl, self.renew_every).renew_retry_interval
-
-    @property
-    def io_timeout(self) -> float:
-        return renewal_schedule(self.ttl, self.renew_every).io_timeout
 
 
 @dataclass
@@ -181,7 +170,7 @@ class Supervisor:
 
     def _acquire_and_run(self) -> int:
         options = self.options
-        self.store.set_io_timeout(options.io_timeout)
+        self.store.set_io_timeout(options.schedule.io_timeout)
         self._acquiring = True
         try:
             done_by = self._acquire()
@@ -210,10 +199,12 @@ class Supervisor:
             raise Interrupted(self.state.pending_signals[0])
         try:
             self._waiter.acquire()
-            done_by = self.keeper.window_done_by(self.options.once_per, self.options.io_timeout)
+            done_by = self.keeper.window_done_by(
+                self.options.once_per, self.options.schedule.io_timeout
+            )
             if done_by is None:
                 # A long wait or a slow reply may have left little of the lease: renew first.
-                self.keeper.ensure_remaining(self.options.ttl / 2, self.options.io_timeout)
+                self.keeper.ensure_remaining(self.options.ttl / 2, self.options.schedule.io_timeout)
         except TasklockError:
             self._raise_if_signalled()  # it came during the last attempt: it wins
             raise
@@ -253,7 +244,7 @@ class Supervisor:
             terminal.give_to(child.pgid)
             self.heartbeat.start()
             self._watch(child, terminal)
-            self.heartbeat.stop(join_within=self.options.io_timeout)
+            self.heartbeat.stop(join_within=self.options.schedule.io_timeout)
             return self._finish(child)
         finally:
             terminal.take_back()
@@ -264,7 +255,7 @@ class Supervisor:
         if loss is not None and loss.detected_by == LossKind.REJECTED:
             # Broken by an operator: it is still ours to let go, token-checked, unless
             # someone else holds it by now (then this frees nothing).
-            io_timeout = self.options.io_timeout
+            io_timeout = self.options.schedule.io_timeout
             if self.keeper.release_quietly(io_timeout, record, self._on_ledger_failed):
                 self._emit("released", f"released {self.options.key!r}")
             return ExitCode.LOST
@@ -307,11 +298,11 @@ class Supervisor:
                         f"resumed {format_duration(now - deadline)} past the local lease deadline",
                         kill_at=now,
                     )
-                elif now >= deadline - options.safety_margin - options.loss_grace:
+                elif now >= deadline - options.schedule.safety_margin - options.loss_grace:
                     self._lose(
                         LossKind.UNREACHABLE,
                         "could not renew the lease in time",
-                        kill_at=deadline - options.safety_margin,
+                        kill_at=deadline - options.schedule.safety_margin,
                     )
                 elif now - started >= options.max_lifetime:
                     self._lose(
@@ -356,18 +347,20 @@ class Supervisor:
     def _backstop_in(self) -> float:
         """Seconds until the guard kills the tree by itself: after our own SIGKILL would
         have gone out, still before the local deadline (and so before the store's)."""
-        return self.keeper.deadline - self.options.safety_margin / 2 - self.clock()
+        return self.keeper.deadline - self.options.schedule.safety_margin / 2 - self.clock()
 
     def _kill_time(self) -> float:
         """When the SIGKILL goes out after a loss: as the loss planned it, but never past the
         local deadline, whatever else fails meanwhile (say max-lifetime, then the store)."""
         assert self.state.loss is not None
-        return min(self.state.loss.kill_at, self.keeper.deadline - self.options.safety_margin)
+        return min(
+            self.state.loss.kill_at, self.keeper.deadline - self.options.schedule.safety_margin
+        )
 
     def _sleep_until_next_event(self, child: Child, now: float, started: float) -> None:
         options, state = self.options, self.state
         wake_times = [
-            self.keeper.deadline - options.safety_margin - options.loss_grace,
+            self.keeper.deadline - options.schedule.safety_margin - options.loss_grace,
             self.keeper.deadline,
             started + options.max_lifetime,
         ]
@@ -422,8 +415,8 @@ class Supervisor:
         try:
             released = self.keeper.release_retrying(
                 keep_for,
-                options.io_timeout,
-                options.renew_retry_interval,
+                options.schedule.io_timeout,
+                options.schedule.renew_retry_interval,
                 self.events.debug,
                 record,
                 self._on_ledger_failed,

@@ -216,8 +216,10 @@ def test_loss_grace_leaves_room_for_retries(ttl, renew, grace, loss_grace):
     options = RunOptions(key="k", command=["true"], ttl=ttl, renew_every=renew, grace=grace)
     assert options.loss_grace == pytest.approx(loss_grace)
     # the SIGKILL lands before the deadline, after at least one renewal attempt
-    assert options.renew_interval < ttl - options.safety_margin - options.loss_grace
-    assert 0 < options.safety_margin <= 1.0
+    assert (
+        options.schedule.renew_interval < ttl - options.schedule.safety_margin - options.loss_grace
+    )
+    assert 0 < options.schedule.safety_margin <= 1.0
 
 
 def test_command_is_spawned_in_its_own_group_with_only_the_env(fp):
