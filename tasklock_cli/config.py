@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
+from tasklock_cli import paths
 from tasklock_cli.durations import parse_duration
 from tasklock_cli.errors import ConfigError
 from tasklock_cli.errors import UsageError
@@ -22,6 +22,11 @@ from tasklock_cli.records import dataclass
 from tasklock_cli.records import field
 from tasklock_cli.settings import BY_NAME
 from tasklock_cli.stores.urls import default_store_url
+
+#: typing costs ~2 ms per start: its names are for the type checker only.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from pathlib import Path
 
 
 @dataclass
@@ -46,24 +51,27 @@ def _fnmatchcase(key: str, pattern: str) -> bool:
     return fnmatch.fnmatchcase(key, pattern)
 
 
-def config_candidates(explicit: str | None) -> list[tuple[Path, bool]]:
-    """(path, must_exist) in the order they are looked for."""
+def config_candidates(explicit: str | None) -> list[tuple[str, bool]]:
+    """(path, must_exist) in the order they are looked for; the paths as ``str(Path(...))``
+    (pathlib is imported only for a file found: most runs have none)."""
     if explicit:
-        return [(Path(explicit), True)]
+        return [(paths.normal(explicit), True)]
     if os.environ.get("TASKLOCK_CONFIG"):
-        return [(Path(os.environ["TASKLOCK_CONFIG"]), True)]
-    config_home = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+        return [(paths.normal(os.environ["TASKLOCK_CONFIG"]), True)]
+    config_home = os.environ.get("XDG_CONFIG_HOME") or paths.joined(paths.home(), ".config")
     return [
-        (Path("tasklock.toml"), False),
-        (Path(config_home) / "tasklock" / "config.toml", False),
-        (Path("/etc/tasklock/config.toml"), False),
+        ("tasklock.toml", False),
+        (paths.joined(config_home, "tasklock", "config.toml"), False),
+        ("/etc/tasklock/config.toml", False),
     ]
 
 
 def load_config(explicit: str | None = None) -> Config:
     for path, must_exist in config_candidates(explicit):
-        if path.is_file():
-            return parse_config_file(path)
+        if paths.is_file(path):
+            from pathlib import Path
+
+            return parse_config_file(Path(path))
         if must_exist:
             raise ConfigError(f"config file {path} does not exist")
     return Config()

@@ -10,7 +10,6 @@ from __future__ import annotations
 import _socket  # not socket: its enums and selectors cost ~2 ms per start
 import contextlib
 import functools
-import getpass
 import math
 import os
 import select
@@ -108,11 +107,22 @@ class _State:
 
 def current_holder(command: list[str], note: str | None) -> Holder:
     try:
-        user = getpass.getuser()
+        user = login_name()
     except (KeyError, OSError):
         user = str(os.getuid())
     host = _socket.gethostname()
     return Holder(host=host, pid=os.getpid(), user=user, command=command, note=note)
+
+
+def login_name() -> str:
+    """``getpass.getuser()``, step for step, without importing getpass (and termios)."""
+    for name in ("LOGNAME", "USER", "LNAME", "USERNAME"):
+        user = os.environ.get(name)
+        if user:
+            return user
+    import pwd
+
+    return pwd.getpwuid(os.getuid())[0]
 
 
 class Supervisor:

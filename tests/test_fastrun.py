@@ -13,11 +13,12 @@ from tasklock_cli.fastrun import parse
 
 #: Modules a plain `run` on SQLite must not import: the CLI framework and the network
 #: drivers, and what costs start-up time for nothing (issue 18): dataclasses (with inspect,
-#: ast, dis, tokenize), typing, traceback (with textwrap) and the ctypes package.
+#: ast, dis, tokenize), typing, traceback (with textwrap), the ctypes package, pathlib and
+#: urllib (with ipaddress), getpass (with termios).
 NOT_ON_RUNS_PATH = {
     "typer", "click", "rich", "psycopg", "redis", "secrets", "tomllib", "_hashlib",
     "dataclasses", "inspect", "ast", "dis", "tokenize", "typing", "traceback", "textwrap",
-    "ctypes",
+    "ctypes", "pathlib", "urllib", "ipaddress", "getpass", "termios",
 }  # fmt: skip
 
 

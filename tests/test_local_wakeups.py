@@ -87,7 +87,7 @@ def test_a_wake_up_written_while_giving_up_reaches_the_next_waiter(tmp_path, mon
     last look and its close: that wake-up must not be lost with first's FIFO."""
     first, second = LocalWakeups(tmp_path / "w"), LocalWakeups(tmp_path / "w")
     assert first.register("k") and second.register("k")
-    (fifo,) = [n for n in os.listdir(tmp_path / "w") if n == first._path.name]
+    (fifo,) = [n for n in os.listdir(tmp_path / "w") if n == os.path.basename(first._path)]
     releaser_fd = os.open(tmp_path / "w" / fifo, os.O_WRONLY | os.O_NONBLOCK)
     real_close, first_fd = os.close, first._fd
     written = []

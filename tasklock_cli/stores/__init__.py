@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from urllib.parse import urlsplit
 
 from tasklock_cli.errors import ConfigError
 from tasklock_cli.records import dataclass
@@ -13,6 +12,7 @@ from tasklock_cli.stores.urls import default_sqlite_path  # noqa: F401 - the pac
 from tasklock_cli.stores.urls import default_store_url  # noqa: F401 - the package's names for them
 from tasklock_cli.stores.urls import redact_url
 from tasklock_cli.stores.urls import sqlite_url  # noqa: F401 - the package's names for them
+from tasklock_cli.stores.urls import url_scheme
 
 _SCHEMES = {
     "sqlite": "sqlite",
@@ -42,7 +42,7 @@ _DRIVERS = {
 
 
 def open_store(url: str) -> Store:
-    scheme = urlsplit(url).scheme.lower() if "://" in url else ""
+    scheme = url_scheme(url) if "://" in url else ""
     backend = _SCHEMES.get(scheme)
     if backend == "sqlite":
         from tasklock_cli.stores.sqlite import SQLiteStore

@@ -22,7 +22,6 @@ import errno
 import os
 import threading
 import time
-from pathlib import Path
 
 try:  # the built-in SHA-256: hashlib would load OpenSSL (milliseconds on every run)
     from _sha256 import sha256 as _sha256  # Python < 3.12
@@ -32,7 +31,13 @@ except ImportError:  # pragma: no cover - the module's name from 3.12 on
     except ImportError:
         from hashlib import sha256 as _sha256
 
+from tasklock_cli import paths
 from tasklock_cli.stores.base import wait_readable
+
+#: typing costs ~2 ms per start: its names are for the type checker only.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from pathlib import Path
 
 
 def _key_prefix(key: str) -> str:
@@ -40,10 +45,10 @@ def _key_prefix(key: str) -> str:
 
 
 class LocalWakeups:
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
+    def __init__(self, directory: str | Path) -> None:
+        self.directory = paths.normal(directory)
         self._key: str | None = None
-        self._path: Path | None = None
+        self._path: str | None = None
         self._fd: int | None = None
 
     @property
@@ -58,13 +63,13 @@ class LocalWakeups:
             return True
         self.leave()
         unique = f"{time.time_ns():020d}.{os.getpid()}.{os.urandom(4).hex()}"
-        path = self.directory / f"{_key_prefix(key)}{unique}"
+        path = paths.joined(self.directory, f"{_key_prefix(key)}{unique}")
         # Made and opened under a name no release looks at, then renamed: a release never
         # finds the FIFO without its reader (which it would take for a dead waiter's).
-        making = self.directory / f"new.{unique}"
+        making = paths.joined(self.directory, f"new.{unique}")
         fd: int | None = None
         try:
-            self.directory.mkdir(exist_ok=True)
+            paths.make_dir(self.directory)
             os.mkfifo(making, 0o622)  # anyone may wake us; only we read
             # Read-write, not read-only: a read-only FIFO whose last writer has gone reads
             # as end-of-file, so select() would report it ready for good after the first
@@ -78,7 +83,7 @@ class LocalWakeups:
                 os.close(fd)
             for name in (making, path):
                 with contextlib.suppress(OSError):
-                    name.unlink()
+                    os.unlink(name)
             if isinstance(exc, OSError):
                 return False
             raise
@@ -103,7 +108,7 @@ class LocalWakeups:
             os.close(fd)
         if path is not None:
             with contextlib.suppress(OSError):
-                path.unlink()
+                os.unlink(path)
 
     def give_up(self, key: str) -> None:
         """Leave ``key``'s queue and wake the next waiter, always.
@@ -126,7 +131,7 @@ class LocalWakeups:
         except OSError:
             return
         for name in names:
-            path = self.directory / name
+            path = paths.joined(self.directory, name)
             if path == self._path:
                 continue
             try:
@@ -134,7 +139,7 @@ class LocalWakeups:
             except OSError as exc:
                 if exc.errno == errno.ENXIO:  # no reader: its waiter is gone
                     with contextlib.suppress(OSError):
-                        path.unlink()
+                        os.unlink(path)
                 continue
             try:
                 os.write(fd, b"!")
@@ -153,13 +158,13 @@ class BreakAlarms:
     until the lease is released, so a break between two waits is still there to be read:
     it is never drained (a broken lease stays broken)."""
 
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
+    def __init__(self, directory: str | Path) -> None:
+        self.directory = paths.normal(directory)
         self._lock = threading.Lock()
-        self._fifos: dict[tuple[str, int], tuple[Path, int]] = {}
+        self._fifos: dict[tuple[str, int], tuple[str, int]] = {}
 
-    def _path(self, key: str, token: int) -> Path:
-        return self.directory / f"{_key_prefix(key)}{token}"
+    def _path(self, key: str, token: int) -> str:
+        return paths.joined(self.directory, f"{_key_prefix(key)}{token}")
 
     def listen(self, key: str, token: int) -> tuple[int | None, bool]:
         """``(fd to select on, new)`` for the lease; ``new`` when just made (the caller must
@@ -170,10 +175,10 @@ class BreakAlarms:
             if known is not None:
                 return known[1], False
             path = self._path(key, token)
-            making = self.directory / f"new.{os.getpid()}.{os.urandom(4).hex()}"
+            making = paths.joined(self.directory, f"new.{os.getpid()}.{os.urandom(4).hex()}")
             fd: int | None = None
             try:
-                self.directory.mkdir(exist_ok=True)
+                paths.make_dir(self.directory)
                 self._remove_dead(key)
                 os.mkfifo(making, 0o622)
                 fd = os.open(making, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -182,7 +187,7 @@ class BreakAlarms:
                 if fd is not None:
                     os.close(fd)
                 with contextlib.suppress(OSError):
-                    making.unlink()
+                    os.unlink(making)
                 return None, True
             self._fifos[(key, token)] = (path, fd)
             return fd, True
@@ -200,9 +205,9 @@ class BreakAlarms:
             self._close(path, fd)
 
     @staticmethod
-    def _close(path: Path, fd: int) -> None:
+    def _close(path: str, fd: int) -> None:
         with contextlib.suppress(OSError):
-            path.unlink()
+            os.unlink(path)
         os.close(fd)
 
     def _remove_dead(self, key: str) -> None:
@@ -213,11 +218,13 @@ class BreakAlarms:
                 if not name.startswith(prefix):
                     continue
                 try:
-                    os.close(os.open(self.directory / name, os.O_WRONLY | os.O_NONBLOCK))
+                    os.close(
+                        os.open(paths.joined(self.directory, name), os.O_WRONLY | os.O_NONBLOCK)
+                    )
                 except OSError as exc:
                     if exc.errno == errno.ENXIO:
                         with contextlib.suppress(OSError):
-                            (self.directory / name).unlink()
+                            os.unlink(paths.joined(self.directory, name))
 
     def alarm(self, key: str, token: int) -> None:
         """Tell the holder of ``key``'s lease with ``token`` that it is broken, if it waits

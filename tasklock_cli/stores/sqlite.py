@@ -20,10 +20,8 @@ import sqlite3
 import time
 from collections.abc import Iterator
 from datetime import datetime
-from pathlib import Path
-from urllib.parse import unquote
-from urllib.parse import urlsplit
 
+from tasklock_cli import paths
 from tasklock_cli.errors import ConfigError
 from tasklock_cli.errors import LimitMismatch
 from tasklock_cli.errors import UsageError
@@ -42,13 +40,18 @@ from tasklock_cli.stores.base import wait_readable
 from tasklock_cli.stores.local_wakeups import BreakAlarms
 from tasklock_cli.stores.local_wakeups import LocalWakeups
 from tasklock_cli.stores.sqlite_connection import SQLiteConnection
-from tasklock_cli.stores.sqlite_doctor import store_checks
 from tasklock_cli.stores.sqlite_schema import RUNS_TABLE
 from tasklock_cli.stores.sqlite_schema import SCHEMA
 from tasklock_cli.stores.sqlite_schema import SCHEMA_VERSION
 from tasklock_cli.stores.sqlite_schema import TABLE
-from tasklock_cli.stores.urls import default_sqlite_path
+from tasklock_cli.stores.urls import default_sqlite_file
+from tasklock_cli.stores.urls import sqlite_netloc_and_path
 from tasklock_cli.stores.urls import sqlite_url
+
+#: typing costs ~2 ms per start: its names are for the type checker only.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from pathlib import Path
 
 SWEEP_BATCH = 500
 SWEEP_PAUSE_MIN_S = 0.002
@@ -163,7 +166,8 @@ def boot_clock() -> float:
 
 def current_boot_id() -> str:
     try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        with open("/proc/sys/kernel/random/boot_id") as boot_id:
+            return boot_id.read().strip()
     except OSError:
         return "unknown-boot"
 
@@ -172,33 +176,36 @@ class SQLiteStore(Store):
     signals_release = True  # among processes on this machine (see local_wakeups)
 
     def __init__(
-        self, path: Path, clock=boot_clock, wall_clock=time.time, create_parent: bool = False
+        self,
+        path: str | Path,
+        clock=boot_clock,
+        wall_clock=time.time,
+        create_parent: bool = False,
     ) -> None:
-        self.path = path
+        self.path = paths.normal(path)
         self.display_url = sqlite_url(path)
         self._clock = clock
         self._wall = wall_clock
         self._boot = current_boot_id()
-        self._db = SQLiteConnection(path, create_parent)
-        self._wakeups = LocalWakeups(path.with_name(path.name + ".waiters"))
-        self._alarms = BreakAlarms(path.with_name(path.name + ".holders"))
+        self._db = SQLiteConnection(self.path, create_parent)
+        self._wakeups = LocalWakeups(paths.with_name(self.path, paths.name(self.path) + ".waiters"))
+        self._alarms = BreakAlarms(paths.with_name(self.path, paths.name(self.path) + ".holders"))
 
     @classmethod
     def from_url(cls, url: str) -> SQLiteStore:
-        parts = urlsplit(url)
-        if parts.netloc:  # sqlite://x.db: a file that moves with the current directory
+        netloc, raw_path = sqlite_netloc_and_path(url)
+        if netloc:  # sqlite://x.db: a file that moves with the current directory
             raise UsageError(
                 f"sqlite URL {url!r} is not an absolute path (sqlite://x.db would depend "
                 "on the current directory, so cron and a shell would use different "
                 "stores); use sqlite:///ABS/PATH.db (three slashes)"
             )
-        raw_path = unquote(parts.path)
         if not raw_path or raw_path == "/":
             raise ConfigError(f"sqlite URL {url!r} names no file (use sqlite:///ABS/PATH.db)")
-        path = Path(raw_path)
+        path = paths.normal(raw_path)
         # Only the default store's directory is made; an explicit path names a place the
         # user chose, and a missing directory there is more likely a typo.
-        return cls(path, create_parent=path == default_sqlite_path())
+        return cls(path, create_parent=path == default_sqlite_file())
 
     def _times(self) -> dict:
         return {"boot": self._boot, "now": self._clock(), "wall": self._wall()}
@@ -401,8 +408,12 @@ class SQLiteStore(Store):
         return SCHEMA.strip() + f"\nPRAGMA user_version = {SCHEMA_VERSION};\n"
 
     def doctor(self) -> list[StoreCheck]:
+        from pathlib import Path
+
+        from tasklock_cli.stores.sqlite_doctor import store_checks
+
         probe_key = f"tasklock-doctor-{os.urandom(16).hex()}"
-        return store_checks(self.display_url, self.path, lambda: self.holders(probe_key))
+        return store_checks(self.display_url, Path(self.path), lambda: self.holders(probe_key))
 
     def close(self) -> None:
         # Still in a queue at close: the wait was cut short (a signal), maybe just after

@@ -9,8 +9,8 @@ import threading
 import time
 from collections.abc import Callable
 from collections.abc import Iterator
-from pathlib import Path
 
+from tasklock_cli import paths
 from tasklock_cli.errors import ConfigError
 from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.stores.sqlite_schema import ensure_schema
@@ -51,7 +51,8 @@ class SQLiteConnection:
     """One connection to ``path``, shared by the threads of a process (the heartbeat and
     the main thread, or many leases held through the API): one transaction at a time."""
 
-    def __init__(self, path: Path, create_parent: bool) -> None:
+    def __init__(self, path: str, create_parent: bool) -> None:
+        """``path`` as ``paths.normal`` gives it."""
         self.path = path
         self._create_parent = create_parent
         self._conn: sqlite3.Connection | None = None
@@ -63,15 +64,16 @@ class SQLiteConnection:
         return self._conn
 
     def _connect(self) -> sqlite3.Connection:
+        directory = paths.parent(self.path)
         if self._create_parent:
             try:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
+                paths.make_dir(directory, parents=True)
             except OSError as exc:
-                raise ConfigError(f"cannot create {self.path.parent}: {exc.strerror}") from exc
-        elif not self.path.parent.is_dir():
+                raise ConfigError(f"cannot create {directory}: {exc.strerror}") from exc
+        elif not paths.is_dir(directory):
             raise ConfigError(
                 f"the directory of the SQLite store {self.path} does not exist "
-                f"(create {self.path.parent} or choose another path)"
+                f"(create {directory} or choose another path)"
             )
         try:
             conn = sqlite3.connect(

@@ -4,24 +4,62 @@ from __future__ import annotations
 
 import os
 import re
-from pathlib import Path
-from urllib.parse import unquote
-from urllib.parse import urlsplit
-from urllib.parse import urlunsplit
+
+from tasklock_cli import paths
+
+#: typing costs ~2 ms per start: its names are for the type checker only.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from pathlib import Path
+
+# urllib.parse (with ipaddress, ~3 ms) and pathlib are not imported on `run`'s path: a plain
+# sqlite:///PATH is taken apart here; other URLs import them when they need them.
+
+
+def default_sqlite_file() -> str:
+    """``str(default_sqlite_path())``."""
+    state_home = os.environ.get("XDG_STATE_HOME") or paths.joined(paths.home(), ".local", "state")
+    return paths.joined(state_home, "tasklock", "locks.db")
 
 
 def default_sqlite_path() -> Path:
-    state_home = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(state_home) / "tasklock" / "locks.db"
+    from pathlib import Path
+
+    return Path(default_sqlite_file())
 
 
-def sqlite_url(path: Path) -> str:
+def sqlite_url(path: str | os.PathLike) -> str:
     """``sqlite:///ABS/PATH.db``: the path's own leading slash is the URL's third."""
-    return f"sqlite://{path}" if path.is_absolute() else f"sqlite:///{path}"
+    text = paths.normal(path)
+    return f"sqlite://{text}" if text.startswith("/") else f"sqlite:///{text}"
 
 
 def default_store_url() -> str:
-    return sqlite_url(default_sqlite_path())
+    return sqlite_url(default_sqlite_file())
+
+
+_PLAIN_SQLITE = "sqlite:///"
+_NOT_PLAIN = frozenset("?#%\t\r\n")  # what urlsplit and unquote would take out or change
+
+
+def url_scheme(url: str) -> str:
+    """``urlsplit(url).scheme.lower()``."""
+    if url.startswith(_PLAIN_SQLITE):
+        return "sqlite"
+    from urllib.parse import urlsplit
+
+    return urlsplit(url).scheme.lower()
+
+
+def sqlite_netloc_and_path(url: str) -> tuple[str, str]:
+    """``urlsplit(url).netloc`` and the ``unquote``d ``urlsplit(url).path``."""
+    if url.startswith(_PLAIN_SQLITE) and not _NOT_PLAIN.intersection(url):
+        return "", url[len(_PLAIN_SQLITE) - 1 :]
+    from urllib.parse import unquote
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    return parts.netloc, unquote(parts.path)
 
 
 _PASSWORD_IN_CONNINFO = re.compile(r"(password\s*=\s*)(\S+)", re.IGNORECASE)
@@ -29,6 +67,9 @@ _PASSWORD_IN_CONNINFO = re.compile(r"(password\s*=\s*)(\S+)", re.IGNORECASE)
 
 def redact_url(url: str) -> str:
     """The URL with any password replaced by ``***`` (userinfo, ``?password=`` or conninfo)."""
+    from urllib.parse import urlsplit
+    from urllib.parse import urlunsplit
+
     redacted = _PASSWORD_IN_CONNINFO.sub(r"\1***", url)
     try:
         parts = urlsplit(redacted)
@@ -49,6 +90,8 @@ def url_passwords(url: str) -> set[str]:
     if ":" not in userinfo:
         return set()
     raw = userinfo.split(":", 1)[1]
+    from urllib.parse import unquote
+
     return {secret for secret in (raw, unquote(raw)) if secret}
 
 

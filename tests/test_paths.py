@@ -1,0 +1,107 @@
+"""tasklock_cli.paths and the plain sqlite:/// URL reading give what pathlib and
+urllib.parse give (they stand in for them on `run`'s path)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+from pathlib import Path
+from pathlib import PurePosixPath
+from urllib.parse import unquote
+from urllib.parse import urlsplit
+
+import pytest
+
+from tasklock_cli import paths
+from tasklock_cli.stores.urls import sqlite_netloc_and_path
+from tasklock_cli.stores.urls import sqlite_url
+from tasklock_cli.stores.urls import url_scheme
+
+#: Every string of up to 6 of these pieces: roots, dots, names.
+PIECES = ["/", ".", "..", "a", "b."]
+TEXTS = ["".join(p) for n in range(7) for p in itertools.product(PIECES, repeat=n)]
+
+
+def test_normal_parent_name_and_joined_are_purepath_s():
+    for text in TEXTS:
+        pure = PurePosixPath(text)
+        normal = paths.normal(text)
+        assert normal == str(pure), text
+        assert paths.parent(normal) == str(pure.parent), text
+        assert paths.name(normal) == pure.name, text
+        if text:
+            assert paths.joined(text, "x", "y.db") == str(pure / "x" / "y.db"), text
+        assert sqlite_url(text) == sqlite_url(pure)
+
+
+def test_with_name_is_paths_with_its_error():
+    for text in TEXTS:
+        path, normal = Path(text), paths.normal(text)
+        try:
+            expected = str(path.with_name(path.name + ".w"))
+        except ValueError as exc:
+            with pytest.raises(ValueError, match=f"^{re.escape(str(exc))}$"):
+                paths.with_name(normal, paths.name(normal) + ".w")
+        else:
+            assert paths.with_name(normal, paths.name(normal) + ".w") == expected
+
+
+def test_home_and_is_file_are_paths(tmp_path):
+    assert paths.home() == str(Path.home())
+    (tmp_path / "f").write_text("")
+    for name in ["f", "missing", "f/under", "", "nul\0"]:
+        assert paths.is_file(str(tmp_path / name)) == (tmp_path / name).is_file()
+        assert paths.is_dir(str(tmp_path / name)) == (tmp_path / name).is_dir()
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads every directory")
+def test_is_file_raises_where_path_does(tmp_path):
+    closed = tmp_path / "closed"
+    closed.mkdir(mode=0)
+    try:
+        with pytest.raises(PermissionError):
+            (closed / "f").is_file()
+        with pytest.raises(PermissionError):
+            paths.is_file(str(closed / "f"))
+    finally:
+        closed.chmod(0o700)
+
+
+def test_make_dir_is_mkdir_exist_ok(tmp_path):
+    paths.make_dir(str(tmp_path / "a" / "b" / "c"), parents=True)
+    assert (tmp_path / "a" / "b" / "c").is_dir()
+    paths.make_dir(str(tmp_path / "a" / "b" / "c"), parents=True)  # exists: fine
+    paths.make_dir(str(tmp_path / "a" / "d"))
+    with pytest.raises(FileNotFoundError):
+        paths.make_dir(str(tmp_path / "x" / "y"))
+    (tmp_path / "file").write_text("")
+    with pytest.raises(FileExistsError):
+        paths.make_dir(str(tmp_path / "file"))
+    with pytest.raises(NotADirectoryError):
+        paths.make_dir(str(tmp_path / "file" / "z"), parents=True)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "sqlite:///tmp/l.db",
+        "sqlite:////tmp//x/./l.db/",
+        "sqlite:///",
+        "sqlite://",
+        "sqlite://host/x.db",
+        "sqlite:///a%20b.db",
+        "sqlite:///a.db?mode=ro",
+        "sqlite:///a.db#frag",
+        "sqlite:///a\tb.db",
+        "sqlite:///a\nb.db",
+        "SQLite:///a.db",
+        " sqlite:///a.db",
+        "sqlite:///ä.db",
+        "sqlite:///[::1].db",
+    ],
+)
+def test_sqlite_urls_read_as_urlsplit_and_unquote_read_them(url):
+    parts = urlsplit(url)
+    assert sqlite_netloc_and_path(url) == (parts.netloc, unquote(parts.path))
+    assert url_scheme(url) == parts.scheme.lower()
