@@ -181,7 +181,7 @@ def section_handoff(kinds: list[StoreKind], envs: Envs, budget: Budget, workdir:
                 waiter waking (SQLite: a byte written to the longest waiter's FIFO; Redis:
                 BLPOP on the key's wake list; PostgreSQL: LISTEN/NOTIFY for the first waiter in
                 line, the others queued behind it on an advisory lock: one waiter woken per
-                release; etcd: a streamed watch, the first waiter on the lock key, each other
+                release; etcd: a streamed watch, the first waiter on the key's slots, each other
                 one on the waiter ahead of it) and spawning the child. `overlaps` counts two
                 children running at once (must be 0)."""
         ),
