@@ -47,12 +47,12 @@ def name(path: str) -> str:
     return "" if path.strip("/") == "" or path == "." else path.rpartition("/")[2]
 
 
-def with_name(path: str, new_name: str) -> str:
-    """``str(PurePosixPath(path).with_name(new_name))`` of a ``normal`` path, for a plain
-    ``new_name``; the same ValueError for a path without a name."""
+def with_name_suffix(path: str, suffix: str) -> str:
+    """``str(p.with_name(p.name + suffix))`` for ``p = PurePosixPath(path)`` of a ``normal``
+    path (``x.db`` -> ``x.db.waiters``); the same ValueError for a path without a name."""
     if not name(path):
         raise ValueError(f"PosixPath({path!r}) has an empty name")
-    return path[: len(path) - len(name(path))] + new_name
+    return path + suffix  # a normal path ends with its name
 
 
 def home() -> str:

@@ -35,16 +35,16 @@ def test_normal_parent_name_and_joined_are_purepath_s():
         assert sqlite_url(text) == sqlite_url(pure)
 
 
-def test_with_name_is_paths_with_its_error():
+def test_with_name_suffix_is_paths_with_name_with_its_error():
     for text in TEXTS:
         path, normal = Path(text), paths.normal(text)
         try:
             expected = str(path.with_name(path.name + ".w"))
         except ValueError as exc:
             with pytest.raises(ValueError, match=f"^{re.escape(str(exc))}$"):
-                paths.with_name(normal, paths.name(normal) + ".w")
+                paths.with_name_suffix(normal, ".w")
         else:
-            assert paths.with_name(normal, paths.name(normal) + ".w") == expected
+            assert paths.with_name_suffix(normal, ".w") == expected
 
 
 def test_home_and_is_file_are_paths(tmp_path):

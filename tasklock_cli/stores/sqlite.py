@@ -188,8 +188,8 @@ class SQLiteStore(Store):
         self._wall = wall_clock
         self._boot = current_boot_id()
         self._db = SQLiteConnection(self.path, create_parent)
-        self._wakeups = LocalWakeups(paths.with_name(self.path, paths.name(self.path) + ".waiters"))
-        self._alarms = BreakAlarms(paths.with_name(self.path, paths.name(self.path) + ".holders"))
+        self._wakeups = LocalWakeups(paths.with_name_suffix(self.path, ".waiters"))
+        self._alarms = BreakAlarms(paths.with_name_suffix(self.path, ".holders"))
 
     @classmethod
     def from_url(cls, url: str) -> SQLiteStore:
