@@ -8,7 +8,6 @@ from contextlib import contextmanager
 from tasklock_cli.errors import ConfigError
 from tasklock_cli.records import dataclass
 from tasklock_cli.stores.base import Store
-from tasklock_cli.stores.urls import default_sqlite_path  # noqa: F401 - the package's names for them
 from tasklock_cli.stores.urls import default_store_url  # noqa: F401 - the package's names for them
 from tasklock_cli.stores.urls import redact_url
 from tasklock_cli.stores.urls import sqlite_url  # noqa: F401 - the package's names for them

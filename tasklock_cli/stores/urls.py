@@ -7,25 +7,14 @@ import re
 
 from tasklock_cli import paths
 
-#: typing costs ~2 ms per start: its names are for the type checker only.
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from pathlib import Path
-
 # urllib.parse (with ipaddress, ~3 ms) and pathlib are not imported on `run`'s path: a plain
 # sqlite:///PATH is taken apart here; other URLs import them when they need them.
 
 
 def default_sqlite_file() -> str:
-    """``str(default_sqlite_path())``."""
+    """The default store's file: ``$XDG_STATE_HOME/tasklock/locks.db``."""
     state_home = os.environ.get("XDG_STATE_HOME") or paths.joined(paths.home(), ".local", "state")
     return paths.joined(state_home, "tasklock", "locks.db")
-
-
-def default_sqlite_path() -> Path:
-    from pathlib import Path
-
-    return Path(default_sqlite_file())
 
 
 def sqlite_url(path: str | os.PathLike) -> str:
