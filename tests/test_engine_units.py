@@ -29,7 +29,7 @@ from tasklock_cli.lease import done_in_window
 from tasklock_cli.lease import window_start
 from tasklock_cli.stores.base import Holder
 from tasklock_cli.stores.base import RunRecord
-from tasklock_cli.stores.sqlite import SQLiteStore
+from tasklock_cli.stores.sqlite.store import SQLiteStore
 from tasklock_cli.supervisor import RunOptions
 
 HOLDER = Holder(host="h", pid=1, user="u", command=["true"])

@@ -16,14 +16,14 @@ import pytest
 from tasklock_cli.errors import ConfigError
 from tasklock_cli.errors import LeaseLost
 from tasklock_cli.errors import LimitMismatch
-from tasklock_cli.stores import _http
 from tasklock_cli.stores import open_store
 from tasklock_cli.stores.base import Holder
-from tasklock_cli.stores.etcd import SLOTS_PER_TXN
-from tasklock_cli.stores.etcd import EtcdStore
-from tasklock_cli.stores.etcd_connection import b64
-from tasklock_cli.stores.etcd_connection import parse_url
-from tasklock_cli.stores.etcd_connection import prefix_end
+from tasklock_cli.stores.etcd import http
+from tasklock_cli.stores.etcd.connection import b64
+from tasklock_cli.stores.etcd.connection import parse_url
+from tasklock_cli.stores.etcd.connection import prefix_end
+from tasklock_cli.stores.etcd.store import SLOTS_PER_TXN
+from tasklock_cli.stores.etcd.store import EtcdStore
 from tests.support import services
 
 HOLDER = Holder(host="h", pid=1, user="u", command=["true"])
@@ -228,13 +228,13 @@ def test_a_semaphore_acquire_is_one_pipelined_exchange_however_many_slots_it_tri
     for _ in range(SLOTS_PER_TXN - 1):
         assert holder.acquire("pool", 30, HOLDER, uuid.uuid4().hex, limit=SLOTS_PER_TXN)
     exchanges: list[int] = []
-    exchange = _http.Connection.exchange
+    exchange = http.Connection.exchange
 
     def counted(connection, requests, deadline):
         exchanges.append(len(requests))
         return exchange(connection, requests, deadline)
 
-    monkeypatch.setattr(_http.Connection, "exchange", counted)
+    monkeypatch.setattr(http.Connection, "exchange", counted)
     lease = other.acquire("pool", 30, HOLDER, "last", limit=SLOTS_PER_TXN)
     assert lease.slot == SLOTS_PER_TXN - 1
     assert exchanges == [2]  # the lease grant and the txn, pipelined

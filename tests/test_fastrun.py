@@ -78,5 +78,5 @@ def test_a_plain_run_on_sqlite_imports_only_what_it_needs(cli_env, sqlite_url):
     assert result.returncode == 0, result.stderr
     code, *imported = result.stdout.split()
     assert code == "0", result.stderr
-    assert "tasklock_cli.stores.sqlite" in imported  # it did run
+    assert "tasklock_cli.stores.sqlite.store" in imported  # it did run
     assert not {name.split(".")[0] for name in imported} & NOT_ON_RUNS_PATH

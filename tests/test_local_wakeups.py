@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tasklock_cli.stores.local_wakeups import LocalWakeups
+from tasklock_cli.stores.sqlite.waiting import LocalWakeups
 from tests.support.cli import wait_until
 
 
@@ -125,7 +125,7 @@ def test_a_killed_waiters_fifo_is_removed_and_the_next_waiter_woken(tmp_path):
     directory = tmp_path / "w"
     code = (
         "import sys, time\n"
-        "from tasklock_cli.stores.local_wakeups import LocalWakeups\n"
+        "from tasklock_cli.stores.sqlite.waiting import LocalWakeups\n"
         f"assert LocalWakeups(__import__('pathlib').Path({str(directory)!r})).register('k')\n"
         "print('ready', flush=True)\n"
         "time.sleep(60)\n"

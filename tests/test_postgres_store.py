@@ -18,9 +18,9 @@ from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.stores import open_store
 from tasklock_cli.stores.base import Holder
 from tasklock_cli.stores.base import Lease
-from tasklock_cli.stores.postgres import DEFAULT_TABLE
-from tasklock_cli.stores.postgres import PostgresStore
-from tasklock_cli.stores.postgres import split_table
+from tasklock_cli.stores.postgres.store import DEFAULT_TABLE
+from tasklock_cli.stores.postgres.store import PostgresStore
+from tasklock_cli.stores.postgres.store import split_table
 from tests.support import pg
 from tests.support import services
 

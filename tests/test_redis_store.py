@@ -861,7 +861,7 @@ def test_set_io_timeout_applies_to_new_connections(redis_store, url):
 
 
 def test_more_threads_than_pooled_connections_wait_for_one(redis_store):
-    from tasklock_cli.stores.redis_connection import MAX_CONNECTIONS
+    from tasklock_cli.stores.redis.connection import MAX_CONNECTIONS
 
     leases = [
         redis_store.acquire(f"k{n}", 30, HOLDER, token()) for n in range(MAX_CONNECTIONS + 50)

@@ -19,7 +19,7 @@ from tasklock_cli.stores.base import Holder
 from tasklock_cli.stores.base import Lease
 from tasklock_cli.stores.base import RunRecord
 from tasklock_cli.stores.base import Store
-from tasklock_cli.stores.postgres import split_table
+from tasklock_cli.stores.postgres.store import split_table
 from tests.support.proxy import TcpProxy
 
 HOLDER = Holder(host="h", pid=1, user="u", command=["true"])

@@ -8,16 +8,16 @@ import time
 
 import pytest
 
-import tasklock_cli.stores.sqlite as sqlite_module
+import tasklock_cli.stores.sqlite.store as sqlite_module
 from tasklock_cli.stores.base import Holder
 from tasklock_cli.stores.base import Lease
-from tasklock_cli.stores.sqlite import _EXPIRED
-from tasklock_cli.stores.sqlite import _EXPIRED_RANGES
-from tasklock_cli.stores.sqlite import SCHEMA_VERSION
-from tasklock_cli.stores.sqlite import TABLE
-from tasklock_cli.stores.sqlite import SQLiteStore
-from tasklock_cli.stores.sqlite import boot_clock
-from tasklock_cli.stores.sqlite import current_boot_id
+from tasklock_cli.stores.sqlite.store import _EXPIRED
+from tasklock_cli.stores.sqlite.store import _EXPIRED_RANGES
+from tasklock_cli.stores.sqlite.store import SCHEMA_VERSION
+from tasklock_cli.stores.sqlite.store import TABLE
+from tasklock_cli.stores.sqlite.store import SQLiteStore
+from tasklock_cli.stores.sqlite.store import boot_clock
+from tasklock_cli.stores.sqlite.store import current_boot_id
 
 HOLDER = Holder(host="h", pid=1, user="u", command=["true"])
 
@@ -230,7 +230,7 @@ def test_one_store_is_safe_to_share_between_threads(tmp_path):
 
 
 def test_a_write_lock_held_elsewhere_is_waited_out_then_reported(tmp_path, monkeypatch):
-    import tasklock_cli.stores.sqlite_connection as sqlite_connection
+    import tasklock_cli.stores.sqlite.connection as sqlite_connection
     from tasklock_cli.errors import StoreUnavailable
 
     path = tmp_path / "locks.db"

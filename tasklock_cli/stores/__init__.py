@@ -44,19 +44,19 @@ def open_store(url: str) -> Store:
     scheme = url_scheme(url) if "://" in url else ""
     backend = _SCHEMES.get(scheme)
     if backend == "sqlite":
-        from tasklock_cli.stores.sqlite import SQLiteStore
+        from tasklock_cli.stores.sqlite.store import SQLiteStore
 
         return SQLiteStore.from_url(url)
     if backend == "postgres":
         with _driver_needed(_DRIVERS[backend]):
-            from tasklock_cli.stores.postgres import PostgresStore
+            from tasklock_cli.stores.postgres.store import PostgresStore
         return PostgresStore.from_url(url)
     if backend == "redis":
         with _driver_needed(_DRIVERS[backend]):
-            from tasklock_cli.stores.redis import RedisStore
+            from tasklock_cli.stores.redis.store import RedisStore
         return RedisStore.from_url(url)
     if backend == "etcd":
-        from tasklock_cli.stores.etcd import EtcdStore
+        from tasklock_cli.stores.etcd.store import EtcdStore
 
         return EtcdStore.from_url(url)
     known = ", ".join(f"{name}://" for name in _SCHEMES)

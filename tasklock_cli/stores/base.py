@@ -24,8 +24,6 @@ from tasklock_cli.records import replace
 LIST_PAGE = 1000
 #: A waiter wakes this long after the lease it waits on runs out, so it finds it expired.
 EXPIRY_SLACK_S = 0.002
-#: How often a waiter looks again on a store that cannot wake it.
-POLL_WITHOUT_WAKEUPS_S = 0.05
 
 #: A broken lease keeps its place on the store with its owner token prefixed by this: its
 #: owner's renew no longer matches (LeaseLost) and nobody else may take it while it is live,
@@ -226,6 +224,20 @@ def wait_readable(fds: list[int | None], timeout: float) -> list[int]:
 def fd_readable(fd: int | None) -> bool:
     """True when ``fd`` has something to read right now (nothing is read)."""
     return fd is not None and bool(wait_readable([fd], 0))
+
+
+def import_on_first_use(package: str, module: str, name: str) -> Callable[[str], object]:
+    """A module ``__getattr__`` for ``package`` that imports ``name`` from its ``module``
+    when it is first asked for (PEP 562)."""
+
+    def attribute(wanted: str) -> object:
+        if wanted != name:
+            raise AttributeError(f"module {package!r} has no attribute {wanted!r}")
+        from importlib import import_module
+
+        return getattr(import_module(f"{package}.{module}"), name)
+
+    return attribute
 
 
 def utc_from_timestamp(seconds: float) -> datetime:
@@ -436,15 +448,11 @@ class Store(ABC):
         (as ``break_lease``). Returns what was freed, ordered by slot. The fencing counter
         is kept."""
 
+    @abstractmethod
     def wait_for_break(self, lease: Lease, timeout: float, wake_fd: int | None = None) -> bool:
         """Called by ``lease``'s holder between renewals: block until the lease is broken or
         freed by force (True), ``timeout`` seconds pass (False), or ``wake_fd`` becomes
-        readable (False; it is not read). A break from before the call is seen too.
-
-        This default is for a store without notifications: its holder learns of a break
-        at its next renewal."""
-        wait_readable([wake_fd], timeout)
-        return False
+        readable (False; it is not read). A break from before the call is seen too."""
 
     #: What this store's waiting primitives raise on trouble; the wait then ends in
     #: ``_wait_after_trouble`` and the caller's next acquire reports the store's state.
@@ -480,16 +488,15 @@ class Store(ABC):
         caller looks again)."""
         return True
 
+    @abstractmethod
     def _time_until_free(self, key: str) -> float | None:
         """Seconds until the first live lease of a full ``key`` runs out on the store's
-        clock; None when a slot is free now (fewer live leases than their limit). This
-        default, for stores that cannot be woken, only has the caller poll again soon."""
-        return POLL_WITHOUT_WAKEUPS_S
+        clock; None when a slot is free now (fewer live leases than their limit)."""
 
+    @abstractmethod
     def _await_wakeup(self, key: str, until: float, wake_fd: int | None) -> None:
         """Wait for a release of ``key`` to wake us, until ``until`` (monotonic) or until
-        ``wake_fd`` is readable. This default cannot be woken: it sleeps."""
-        wait_readable([wake_fd], until - time.monotonic())
+        ``wake_fd`` is readable."""
 
     def _wait_after_trouble(self, key: str, deadline: float, wake_fd: int | None) -> None:
         """The waiting primitives failed: sleep out the wait (on ``wake_fd``)."""
@@ -514,9 +521,13 @@ class Store(ABC):
         """DDL for DBAs who create the schema themselves; None where there is none."""
         return None
 
-    @abstractmethod
     def doctor(self) -> list[StoreCheck]:
-        """Reachability, schema, round-trip time, clock offset."""
+        """Reachability, schema, round-trip time, clock offset: the ``store_checks(store)``
+        of the store package's ``doctor`` module, the one entry point every store has."""
+        from importlib import import_module
+
+        package = type(self).__module__.rpartition(".")[0]
+        return import_module(f"{package}.doctor").store_checks(self)
 
     def close(self) -> None:  # noqa: B027 - nothing to close by default
         """Release connections."""

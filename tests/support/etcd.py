@@ -171,9 +171,9 @@ def base_url() -> str:
 
 def drop_namespace(url: str) -> None:
     """Delete every key under the URL's ``prefix=``."""
-    from tasklock_cli.stores.etcd_connection import b64
-    from tasklock_cli.stores.etcd_connection import parse_url
-    from tasklock_cli.stores.etcd_connection import prefix_end
+    from tasklock_cli.stores.etcd.connection import b64
+    from tasklock_cli.stores.etcd.connection import parse_url
+    from tasklock_cli.stores.etcd.connection import prefix_end
 
     config = parse_url(url)
     if not config.prefix:

@@ -30,7 +30,7 @@ PG_BIN_ENV = "TASKLOCK_TEST_PG_BIN"
 def _connect(url: str) -> tuple[Any, str]:
     import psycopg
 
-    from tasklock_cli.stores.postgres import split_table
+    from tasklock_cli.stores.postgres.store import split_table
 
     clean, table = split_table(url)
     return psycopg.connect(clean, autocommit=True, connect_timeout=5), table
@@ -45,8 +45,8 @@ def drop_namespace(url: str) -> None:
     """Drop the table named by the URL's ``table=`` (never the default table)."""
     from psycopg import sql
 
-    from tasklock_cli.stores.postgres import DEFAULT_TABLE
-    from tasklock_cli.stores.postgres_schema import parse_table
+    from tasklock_cli.stores.postgres.schema import parse_table
+    from tasklock_cli.stores.postgres.store import DEFAULT_TABLE
 
     conn, table = _connect(url)
     try:

@@ -21,7 +21,7 @@ REDIS_SERVER = os.environ.get("TASKLOCK_TEST_REDIS_SERVER", "/usr/bin/redis-serv
 def _client_for(url: str):
     import redis
 
-    from tasklock_cli.stores.redis_connection import split_url
+    from tasklock_cli.stores.redis.connection import split_url
 
     clean, prefix, _ = split_url(url)
     return redis.Redis.from_url(clean, socket_timeout=5, socket_connect_timeout=5), prefix
@@ -29,7 +29,7 @@ def _client_for(url: str):
 
 def drop_namespace(url: str) -> int:
     """Delete every key under the URL's ``prefix=`` (SCAN, never KEYS); returns how many."""
-    from tasklock_cli.stores.redis_connection import glob_escape
+    from tasklock_cli.stores.redis.keys import glob_escape
 
     client, prefix = _client_for(url)
     if not prefix:

@@ -23,10 +23,10 @@ from psycopg.conninfo import conninfo_to_dict
 from tasklock_cli.errors import ConfigError
 from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.errors import TasklockError
-from tasklock_cli.stores.postgres_schema import INSPECT
-from tasklock_cli.stores.postgres_schema import UNSET
-from tasklock_cli.stores.postgres_schema import PgSchema
-from tasklock_cli.stores.postgres_schema import Unset
+from tasklock_cli.stores.postgres.schema import INSPECT
+from tasklock_cli.stores.postgres.schema import UNSET
+from tasklock_cli.stores.postgres.schema import PgSchema
+from tasklock_cli.stores.postgres.schema import Unset
 from tasklock_cli.stores.urls import scrub
 from tasklock_cli.stores.urls import url_passwords
 

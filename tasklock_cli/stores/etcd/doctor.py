@@ -6,15 +6,20 @@ import time
 from typing import Any
 
 from tasklock_cli.errors import TasklockError
-from tasklock_cli.stores import _http
 from tasklock_cli.stores.base import StoreCheck
 from tasklock_cli.stores.doctor import clock_check
 from tasklock_cli.stores.doctor import warning
-from tasklock_cli.stores.etcd_connection import EtcdClient
-from tasklock_cli.stores.etcd_connection import describe
+from tasklock_cli.stores.etcd import http
+from tasklock_cli.stores.etcd.connection import EtcdClient
+from tasklock_cli.stores.etcd.connection import describe
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from tasklock_cli.stores.etcd.store import EtcdStore
 
 
-def doctor_checks(client: EtcdClient, prefix: str) -> list[StoreCheck]:
+def store_checks(store: EtcdStore) -> list[StoreCheck]:
+    client, prefix = store._client, store.prefix
     members = ", ".join(f"{h}:{p}" for h, p in client.members.config.members)
     checks = [
         StoreCheck(
@@ -57,7 +62,7 @@ def _check_clock(client: EtcdClient) -> StoreCheck:
         sent = time.time()
         server = client.members.server_date()
         received = time.time()
-    except (OSError, _http.Woken) as exc:
+    except (OSError, http.Woken) as exc:
         return StoreCheck("clock", False, f"cannot read the member's clock: {describe(exc)}")
     if server is None:
         return StoreCheck("clock", True, "the member sent no Date header", warning=True)

@@ -1,50 +1,19 @@
-"""etcd v3 store, over etcd's gRPC JSON gateway (``POST /v3/...``, etcd >= 3.4).
-
-Expiry is decided by etcd's leases: each acquisition grants a lease and attaches the
-slot's keys to it; they exist exactly while the lease lives (or until it is released).
-The key layout is in ``etcd_keys``; the connection (members, failover, the calls) in
-``etcd_connection``; waiters' queues in ``etcd_waiting``; breaking in ``etcd_breaking``;
-the run ledger in ``etcd_ledger``; ``doctor`` in ``etcd_doctor``.
-
-Clocks: etcd has no clock a client can read but the HTTP ``Date`` header of its replies
-(the member's wall clock, whole seconds, cut down). ``last_success`` answers that of its
-reply as "now", and a success's start there is the ``Date`` of its acquisition's reply:
-both on the member's clock, so hosts with skewed clocks agree on a ``--once-per``
-window. Cut down to whole seconds, a time stays in its window exactly when the window's
-length is whole seconds (its bounds are then whole seconds too); else within 1 s.
-
-Round trips: acquire = 1 (the lease grant with a client-chosen ID and the ``txn`` that
-creates the slot's key only if absent, with the lease attached, are pipelined on one
-connection: grant, then txn, without waiting in between; the slots are tried in order by
-txns nested in the failure branch of the one before, and where none was free the txn reads
-the holders back). A limit over SLOTS_PER_TXN whose first slots are all held takes one more
-txn per SLOTS_PER_TXN slots (etcd bounds the ops of a txn, nested ones counted in). Renew =
-1 (lease keepalive: it fails once the lease was revoked, which is what release, forced
-release and break do). Release = 1 (a ``txn`` guarded by the owner's value and the fencing
-token deletes the slot's keys; the emptied lease runs out on its own, since a revoke could
-report a release that a break had just moved away from it). ``keep_for``, break and
-forced release take 2-4 per slot.
-
-Leases have whole seconds, and etcd raises short ones to its minimum (1 s at least; 2 s
-with the default election timeout); the granted TTL is used for ``expires_at``. A lease
-also runs out up to ~0.5 s late (etcd's leader checks expiries twice a second). A TTL
-under the granted one is still safe for the holder: its own deadline counts the TTL asked.
-"""
+"""The etcd store class: its txns and the interface methods (the overview is the
+package's docstring)."""
 
 from __future__ import annotations
 
 import math
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from dataclasses import field
 from datetime import datetime
 from typing import Any
 
 from tasklock_cli.errors import LimitMismatch
 from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.errors import TasklockError
-from tasklock_cli.stores import _http
+from tasklock_cli.records import dataclass
+from tasklock_cli.records import field
 from tasklock_cli.stores.base import LEDGER_KEEP
 from tasklock_cli.stores.base import LIST_PAGE
 from tasklock_cli.stores.base import Holder
@@ -52,33 +21,32 @@ from tasklock_cli.stores.base import Lease
 from tasklock_cli.stores.base import LeaseInfo
 from tasklock_cli.stores.base import RunRecord
 from tasklock_cli.stores.base import Store
-from tasklock_cli.stores.base import StoreCheck
 from tasklock_cli.stores.base import utc_from_timestamp
-from tasklock_cli.stores.etcd_breaking import SlotBreaker
-from tasklock_cli.stores.etcd_connection import NOT_FOUND
-from tasklock_cli.stores.etcd_connection import EtcdClient
-from tasklock_cli.stores.etcd_connection import EtcdConfig
-from tasklock_cli.stores.etcd_connection import EtcdError
-from tasklock_cli.stores.etcd_connection import b64
-from tasklock_cli.stores.etcd_connection import new_lease_id
-from tasklock_cli.stores.etcd_connection import parse_url
-from tasklock_cli.stores.etcd_connection import prefix_end
-from tasklock_cli.stores.etcd_connection import revision
-from tasklock_cli.stores.etcd_connection import ttl_seconds
-from tasklock_cli.stores.etcd_connection import unb64
-from tasklock_cli.stores.etcd_doctor import doctor_checks
-from tasklock_cli.stores.etcd_keys import EtcdKeys
-from tasklock_cli.stores.etcd_keys import SlotKv
-from tasklock_cli.stores.etcd_keys import absent
-from tasklock_cli.stores.etcd_keys import decode_value
-from tasklock_cli.stores.etcd_keys import family
-from tasklock_cli.stores.etcd_keys import lease_value
-from tasklock_cli.stores.etcd_keys import moves_to_lease
-from tasklock_cli.stores.etcd_keys import range_op
-from tasklock_cli.stores.etcd_ledger import EtcdLedger
-from tasklock_cli.stores.etcd_ledger import LedgerAtAcquire
-from tasklock_cli.stores.etcd_waiting import WaiterQueue
-from tasklock_cli.stores.etcd_waiting import poll_until
+from tasklock_cli.stores.etcd import http
+from tasklock_cli.stores.etcd.breaks import SlotBreaker
+from tasklock_cli.stores.etcd.connection import NOT_FOUND
+from tasklock_cli.stores.etcd.connection import EtcdClient
+from tasklock_cli.stores.etcd.connection import EtcdConfig
+from tasklock_cli.stores.etcd.connection import EtcdError
+from tasklock_cli.stores.etcd.connection import b64
+from tasklock_cli.stores.etcd.connection import new_lease_id
+from tasklock_cli.stores.etcd.connection import parse_url
+from tasklock_cli.stores.etcd.connection import prefix_end
+from tasklock_cli.stores.etcd.connection import revision
+from tasklock_cli.stores.etcd.connection import ttl_seconds
+from tasklock_cli.stores.etcd.connection import unb64
+from tasklock_cli.stores.etcd.keys import EtcdKeys
+from tasklock_cli.stores.etcd.keys import SlotKv
+from tasklock_cli.stores.etcd.keys import absent
+from tasklock_cli.stores.etcd.keys import decode_value
+from tasklock_cli.stores.etcd.keys import family
+from tasklock_cli.stores.etcd.keys import lease_value
+from tasklock_cli.stores.etcd.keys import moves_to_lease
+from tasklock_cli.stores.etcd.keys import range_op
+from tasklock_cli.stores.etcd.ledger import EtcdLedger
+from tasklock_cli.stores.etcd.ledger import LedgerAtAcquire
+from tasklock_cli.stores.etcd.waiting import WaiterQueue
+from tasklock_cli.stores.etcd.waiting import poll_until
 from tasklock_cli.stores.urls import redact_url
 
 #: The slots one acquire txn tries, nested (etcd counts nested ops against --max-txn-ops,
@@ -103,7 +71,7 @@ class EtcdStore(Store):
     # default); the leader looks for expired leases twice a second.
     min_ttl = 1.0
     expiry_lag = 0.7
-    waiting_trouble = (TasklockError, EtcdError, OSError, _http.Woken)
+    waiting_trouble = (TasklockError, EtcdError, OSError, http.Woken)
 
     def __init__(self, config: EtcdConfig, display_url: str) -> None:
         self.display_url = display_url
@@ -404,7 +372,7 @@ class EtcdStore(Store):
         lease_id = known.lease_id if known else None
         return self._breaker.wait_for_break(lease, lease_id, timeout, wake_fd)
 
-    # -- waiting (the skeleton is Store.wait_for_release; the queue is etcd_waiting's) --
+    # -- waiting (the skeleton is Store.wait_for_release; the queue is waiting.py.s) --
 
     def _prepare_wait(self, key: str, deadline: float, wake_fd: int | None) -> bool:
         return self._queue.take_turn(key, deadline, wake_fd)
@@ -440,9 +408,6 @@ class EtcdStore(Store):
     def set_io_timeout(self, seconds: float) -> None:
         if math.isfinite(seconds) and seconds > 0:
             self._client.members.io_timeout = seconds
-
-    def doctor(self) -> list[StoreCheck]:
-        return doctor_checks(self._client, self.prefix)
 
     def close(self) -> None:
         self._queue.close()

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from tasklock_cli.errors import ConfigError
 from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.stores.base import StoreCheck
 from tasklock_cli.stores.doctor import warning
-from tasklock_cli.stores.sqlite_schema import SCHEMA_VERSION
-from tasklock_cli.stores.sqlite_schema import TABLE
+from tasklock_cli.stores.sqlite.schema import SCHEMA_VERSION
+from tasklock_cli.stores.sqlite.schema import TABLE
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from tasklock_cli.stores.sqlite.store import SQLiteStore
 
 NETWORK_FILESYSTEMS = {
     "nfs",
@@ -27,12 +30,13 @@ NETWORK_FILESYSTEMS = {
 }
 
 
-def store_checks(display_url: str, path: Path, probe: Callable[[], object]) -> list[StoreCheck]:
-    """doctor's lines; ``probe`` opens the store and reads it once."""
-    checks = [StoreCheck("store", True, display_url)]
+def store_checks(store: SQLiteStore) -> list[StoreCheck]:
+    """doctor's lines: the file opened and read once, its schema, its filesystem."""
+    checks = [StoreCheck("store", True, store.display_url)]
+    probe_key = f"tasklock-doctor-{os.urandom(16).hex()}"
     started = time.perf_counter()
     try:
-        probe()
+        store.holders(probe_key)
     except (ConfigError, StoreUnavailable) as exc:
         checks.append(StoreCheck("reachable", False, str(exc)))
         return checks
@@ -40,7 +44,7 @@ def store_checks(display_url: str, path: Path, probe: Callable[[], object]) -> l
     checks.append(StoreCheck("reachable", True, f"opened and queried in {elapsed:.1f} ms"))
     checks.append(StoreCheck("schema", True, f"table {TABLE}, version {SCHEMA_VERSION}"))
     checks.append(StoreCheck("clock", True, "this machine's clock (CLOCK_BOOTTIME); no skew"))
-    checks.append(filesystem_check(path))
+    checks.append(filesystem_check(Path(store.path)))
     return checks
 
 

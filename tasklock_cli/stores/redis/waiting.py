@@ -22,7 +22,7 @@ import redis.exceptions as rexc
 from tasklock_cli.errors import TasklockError
 from tasklock_cli.stores.base import fd_readable
 from tasklock_cli.stores.base import wait_readable
-from tasklock_cli.stores.redis_connection import RedisConnection
+from tasklock_cli.stores.redis.connection import RedisConnection
 
 #: What the waiting primitives raise on trouble (see ``Store.waiting_trouble``).
 WAITING_TROUBLE = (rexc.RedisError, TasklockError, OSError)

@@ -1,6 +1,5 @@
 """The Redis store's connection: its URL, its pool of redis-py connections with tasklock's
-timeouts, one retry on a broken connection, Redis's errors as tasklock's, and the names of
-each lock key's parts (see ``tasklock_cli.stores.redis`` for the layout).
+timeouts, one retry on a broken connection, Redis's errors as tasklock's.
 
 Connections: sockets are close-on-exec (Python's default), so a child never inherits them.
 """
@@ -9,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -31,10 +29,11 @@ from redis.retry import Retry
 from tasklock_cli.errors import ConfigError
 from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.errors import TasklockError
-from tasklock_cli.stores.redis_scripts import SCRIPTS
+from tasklock_cli.stores.redis.keys import DEFAULT_PREFIX
+from tasklock_cli.stores.redis.keys import RedisKeys
+from tasklock_cli.stores.redis.scripts import SCRIPTS
 from tasklock_cli.stores.urls import scrub
 
-DEFAULT_PREFIX = "tasklock:"
 DEFAULT_IO_TIMEOUT_S = 5.0
 #: Idle connections are PINGed before reuse, so a connection the server closed (restart,
 #: ``timeout`` setting) fails *before* the real command is sent and can be retried safely.
@@ -58,19 +57,6 @@ _FORCED_OPTIONS = (
     "protocol",
     "decode_responses",
 )
-_GLOB_SPECIAL = frozenset(b"*?[]\\^")
-#: What follows the prefix's ``{`` in the name of slot N > 0's lease hash.
-_SLOT_NAME = re.compile(rb"(.*)\}:lease:([1-9][0-9]*)", re.DOTALL)
-
-
-def glob_escape(raw: bytes) -> bytes:
-    """``raw`` as a literal in a Redis MATCH pattern (every metacharacter backslashed)."""
-    out = bytearray()
-    for byte in raw:
-        if byte in _GLOB_SPECIAL:
-            out.append(0x5C)
-        out.append(byte)
-    return bytes(out)
 
 
 def split_url(url: str) -> tuple[str, str, list[str]]:
@@ -110,44 +96,6 @@ def _set_up_lean(connection: redis.connection.AbstractConnection) -> None:
     connection.driver_info = None
     connection.lib_name = connection.lib_version = None
     connection.on_connect()
-
-
-class RedisKeys:
-    """The Redis names of a lock key's parts under the namespace ``prefix``."""
-
-    def __init__(self, prefix: str) -> None:
-        self.prefix = prefix
-        self.prefix_b = prefix.encode("utf-8")
-
-    def name(self, key: str, role: str) -> bytes:
-        """The Redis key of one of a lock key's parts: lease, fence, wake, runs, ..."""
-        return self.prefix_b + b"{" + key.encode("utf-8") + b"}:" + role.encode()
-
-    def lease(self, key: str, slot: int = 0) -> bytes:
-        """Slot 0's hash is the key's lease hash of old; slot N's adds ``:N`` (see
-        ``redis_scripts``)."""
-        name = self.name(key, "lease")
-        return name + b":%d" % slot if slot else name
-
-    def break_channel(self, key: str, token: int | str = "") -> bytes:
-        """Where a break of ``key``'s lease with fencing token ``token`` is published
-        (without ``token``: the part before it, which the scripts complete)."""
-        return self.name(key, "broken:") + str(token).encode()
-
-    def pattern(self, key_prefix: str, role: str) -> bytes:
-        """A SCAN MATCH pattern for the parts named ``role`` of keys starting with
-        ``key_prefix`` (``role`` may end with a glob)."""
-        return glob_escape(self.prefix_b + b"{" + key_prefix.encode("utf-8")) + b"*}:" + role
-
-    def slot_of(self, lease_key: bytes) -> tuple[str, int] | None:
-        """The lock key and slot of a lease hash's name; None for a name of another part."""
-        inner = lease_key[len(self.prefix_b) + 1 :]
-        if inner.endswith(b"}:lease"):
-            return inner[: -len(b"}:lease")].decode("utf-8", "replace"), 0
-        match = _SLOT_NAME.fullmatch(inner)
-        if match is None:
-            return None
-        return match[1].decode("utf-8", "replace"), int(match[2])
 
 
 class RedisConnection:

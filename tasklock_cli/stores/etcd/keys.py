@@ -22,7 +22,7 @@ Under the namespace prefix ``P`` (``?prefix=``, default ``tasklock/``), for lock
                          slot 0); attached, with the slot's keys, to the breaker's lease
                          (see ``EtcdStore.break_lease``)
     P wait/<len>:K/<id>  a waiter's place in K's queue, attached to the waiter's lease;
-                         ordered by create_revision (see ``etcd_waiting``): the first
+                         ordered by create_revision (see ``waiting``): the first
                          waiter watches K's slots, each other one the waiter before it
     P runs/K NUL <token> the run ledger: one JSON record per run (token: 20 digits, so
                          key order is token order), put by the release's txn. The
@@ -45,9 +45,9 @@ from tasklock_cli.errors import ConfigError
 from tasklock_cli.stores.base import Holder
 from tasklock_cli.stores.base import LeaseInfo
 from tasklock_cli.stores.base import utc_from_timestamp
-from tasklock_cli.stores.etcd_connection import b64
-from tasklock_cli.stores.etcd_connection import kvs_of
-from tasklock_cli.stores.etcd_connection import unb64
+from tasklock_cli.stores.etcd.connection import b64
+from tasklock_cli.stores.etcd.connection import kvs_of
+from tasklock_cli.stores.etcd.connection import unb64
 
 #: Slot numbers in key names have this many digits (zero-padded: key order is slot order).
 SLOT_DIGITS = 10

@@ -18,14 +18,14 @@ from typing import Any
 
 from tasklock_cli.errors import TasklockError
 from tasklock_cli.stores.base import wait_readable
-from tasklock_cli.stores.etcd_connection import EtcdClient
-from tasklock_cli.stores.etcd_connection import EtcdError
-from tasklock_cli.stores.etcd_connection import b64
-from tasklock_cli.stores.etcd_connection import new_lease_id
-from tasklock_cli.stores.etcd_connection import prefix_end
-from tasklock_cli.stores.etcd_connection import revision
-from tasklock_cli.stores.etcd_connection import unb64
-from tasklock_cli.stores.etcd_keys import EtcdKeys
+from tasklock_cli.stores.etcd.connection import EtcdClient
+from tasklock_cli.stores.etcd.connection import EtcdError
+from tasklock_cli.stores.etcd.connection import b64
+from tasklock_cli.stores.etcd.connection import new_lease_id
+from tasklock_cli.stores.etcd.connection import prefix_end
+from tasklock_cli.stores.etcd.connection import revision
+from tasklock_cli.stores.etcd.connection import unb64
+from tasklock_cli.stores.etcd.keys import EtcdKeys
 
 #: A waiter's place in a queue lives this long without a refresh (a crashed waiter's place
 #: is given up after it); waiting refreshes it every third of it.

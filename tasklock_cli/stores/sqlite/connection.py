@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from tasklock_cli import paths
 from tasklock_cli.errors import ConfigError
 from tasklock_cli.errors import StoreUnavailable
-from tasklock_cli.stores.sqlite_schema import ensure_schema
+from tasklock_cli.stores.sqlite.schema import ensure_schema
 
 #: typing costs ~2 ms per start: _T is for the type checker only.
 TYPE_CHECKING = False

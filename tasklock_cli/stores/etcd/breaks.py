@@ -13,21 +13,21 @@ import time
 from typing import Any
 
 from tasklock_cli.errors import TasklockError
-from tasklock_cli.stores import _http
 from tasklock_cli.stores.base import Lease
 from tasklock_cli.stores.base import LeaseInfo
-from tasklock_cli.stores.etcd_connection import EtcdClient
-from tasklock_cli.stores.etcd_connection import EtcdError
-from tasklock_cli.stores.etcd_connection import b64
-from tasklock_cli.stores.etcd_connection import is_delete
-from tasklock_cli.stores.etcd_connection import kvs_of
-from tasklock_cli.stores.etcd_connection import new_lease_id
-from tasklock_cli.stores.etcd_connection import unb64
-from tasklock_cli.stores.etcd_keys import EtcdKeys
-from tasklock_cli.stores.etcd_keys import SlotKv
-from tasklock_cli.stores.etcd_keys import moves_to_lease
-from tasklock_cli.stores.etcd_keys import range_op
-from tasklock_cli.stores.etcd_waiting import poll_until
+from tasklock_cli.stores.etcd import http
+from tasklock_cli.stores.etcd.connection import EtcdClient
+from tasklock_cli.stores.etcd.connection import EtcdError
+from tasklock_cli.stores.etcd.connection import b64
+from tasklock_cli.stores.etcd.connection import is_delete
+from tasklock_cli.stores.etcd.connection import kvs_of
+from tasklock_cli.stores.etcd.connection import new_lease_id
+from tasklock_cli.stores.etcd.connection import unb64
+from tasklock_cli.stores.etcd.keys import EtcdKeys
+from tasklock_cli.stores.etcd.keys import SlotKv
+from tasklock_cli.stores.etcd.keys import moves_to_lease
+from tasklock_cli.stores.etcd.keys import range_op
+from tasklock_cli.stores.etcd.waiting import poll_until
 
 
 class SlotBreaker:
@@ -113,5 +113,5 @@ class SlotBreaker:
                 lambda event: is_delete(event) or gone(event.get("kv")),
             )
             return outcome == "matched"
-        except (TasklockError, EtcdError, OSError, _http.Woken):
+        except (TasklockError, EtcdError, OSError, http.Woken):
             return poll_until(deadline, wake_fd, lambda: gone(self._client.range(name)[0]))

@@ -9,10 +9,18 @@ from typing import Any
 from tasklock_cli.errors import TasklockError
 from tasklock_cli.stores.base import StoreCheck
 from tasklock_cli.stores.doctor import clock_check
-from tasklock_cli.stores.redis_connection import RedisConnection
+from tasklock_cli.stores.redis.connection import RedisConnection
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from tasklock_cli.stores.redis.store import RedisStore
 
 
-class RedisDoctor:
+def store_checks(store: RedisStore) -> list[StoreCheck]:
+    return _RedisDoctor(store._conn).checks()
+
+
+class _RedisDoctor:
     def __init__(self, conn: RedisConnection) -> None:
         self._conn = conn
 

@@ -1,44 +1,5 @@
-"""Redis store: Redis's own TTLs decide expiry; the fencing counter lives as long as Redis's data.
-
-Key layout, per lock key ``K`` under the namespace prefix ``P`` (``prefix=`` in the URL,
-default ``tasklock:``)::
-
-    P{K}:lease     hash  owner, fencing_token, holder (JSON), acquired_at, expires_at (ms)
-                         with a PX TTL: the lease exists exactly while it is live; a plain
-                         lock's, or slot 0 of a semaphore (which adds slot and limit)
-    P{K}:lease:N   hash  slot N > 0 of a semaphore (``run --limit``), as slot 0's
-    P{K}:limit     string  a semaphore's limit, with a PX at least as late as the expiry of
-                           its last live slot (see ``redis_scripts``); none for a plain lock
-    P{K}:fence     string  the per-key fencing counter (INCR); never given a TTL, never
-                           deleted by release, expiry, sweep or force release
-    P{K}:wake      list  an element per release while a slot is free after it: a waiter's
-                         BLPOP takes it, so each release wakes exactly one waiter (the one
-                         waiting longest); an acquire that fills the key deletes it, and it
-                         expires by itself
-    P{K}:runs      zset  the run ledger: one JSON record per run, scored by its fencing
-                         token; written by the release script, which trims it to the last
-                         LEDGER_KEEP runs
-    P{K}:success   string  the newest run that succeeded, as in the ledger: put by the same
-                           release script, apart from the trim (``--once-per``, ``metrics``)
-
-A break marks a lease hash's owner ``broken:<owner>`` (see base) and PUBLISHes to
-``P{K}:broken:<fencing token>``, which the lease's holder, waiting for a break, is
-subscribed to on a connection of its own; a forced release deletes the hash, wakes a
-waiter and PUBLISHes the same.
-
-``K`` is stored exactly (no hashing, no truncation). The ``{...}`` hash tag keeps a lease
-and its counter in one Redis Cluster slot (except for keys starting with ``}``, whose tag is
-empty). Every mutation is one Lua script (EVALSHA, reloaded on NOSCRIPT) that checks the
-owner token and takes its times from Redis's ``TIME``, never the client's clock.
-
-Durability: the fencing counter is only as durable as Redis. ``FLUSHALL``/``FLUSHDB``, a
-restart without persistence, or a failover that loses the last writes resets the counter,
-and tokens issued before can be issued again. ``doctor`` warns about the settings that
-matter (AOF with ``appendfsync everysec|always``, ``maxmemory-policy noeviction``).
-
-Companions: ``redis_scripts`` (the Lua), ``redis_connection`` (URL, pool, errors, names),
-``redis_waiting`` (the wake lists), ``redis_breaks`` (break watches), ``redis_doctor``.
-"""
+"""The Redis store class: the interface methods and their queries (the overview is the
+package's docstring)."""
 
 from __future__ import annotations
 
@@ -61,16 +22,14 @@ from tasklock_cli.stores.base import Lease
 from tasklock_cli.stores.base import LeaseInfo
 from tasklock_cli.stores.base import RunRecord
 from tasklock_cli.stores.base import Store
-from tasklock_cli.stores.base import StoreCheck
 from tasklock_cli.stores.base import utc_from_timestamp
-from tasklock_cli.stores.redis_breaks import open_break_subscription
-from tasklock_cli.stores.redis_connection import DEFAULT_PREFIX
-from tasklock_cli.stores.redis_connection import RedisConnection
-from tasklock_cli.stores.redis_connection import RedisKeys
-from tasklock_cli.stores.redis_connection import split_url
-from tasklock_cli.stores.redis_doctor import RedisDoctor
-from tasklock_cli.stores.redis_waiting import WAITING_TROUBLE
-from tasklock_cli.stores.redis_waiting import RedisWakeLists
+from tasklock_cli.stores.redis.breaks import open_break_subscription
+from tasklock_cli.stores.redis.connection import RedisConnection
+from tasklock_cli.stores.redis.connection import split_url
+from tasklock_cli.stores.redis.keys import DEFAULT_PREFIX
+from tasklock_cli.stores.redis.keys import RedisKeys
+from tasklock_cli.stores.redis.waiting import WAITING_TROUBLE
+from tasklock_cli.stores.redis.waiting import RedisWakeLists
 from tasklock_cli.stores.urls import redact_url
 
 SCAN_COUNT = 10_000
@@ -276,11 +235,11 @@ class RedisStore(Store):
         return [self._info(key, name, dict(zip(f[0::2], f[1::2], strict=True))) for f in flats]
 
     def wait_for_break(self, lease: Lease, timeout: float, wake_fd: int | None = None) -> bool:
-        """A subscription to the lease's break channel (see ``redis_breaks``)."""
+        """A subscription to the lease's break channel (see ``breaks``)."""
         return self._break_watches.wait(lease, timeout, wake_fd)
 
     # -- waiting for a release: the skeleton is Store.wait_for_release, the wake lists are
-    # in redis_waiting; waiters keep no place on the server (nothing to prepare).
+    # in waiting; waiters keep no place on the server (nothing to prepare).
 
     def _time_until_free(self, key: str) -> float | None:
         """None while a slot is free; else the PTTL of the first live slot to run out
@@ -299,9 +258,6 @@ class RedisStore(Store):
 
     def init_schema(self) -> None:
         """Nothing to create: keys appear on first use."""
-
-    def doctor(self) -> list[StoreCheck]:
-        return RedisDoctor(self._conn).checks()
 
     def close(self) -> None:
         self._wake_lists.close()

@@ -15,10 +15,10 @@ from psycopg import sql
 
 from tasklock_cli.stores.base import Lease
 from tasklock_cli.stores.base import SocketBreakWatch
-from tasklock_cli.stores.postgres_connection import Overrun
-from tasklock_cli.stores.postgres_connection import PgConnection
-from tasklock_cli.stores.postgres_connection import Watchdog
-from tasklock_cli.stores.postgres_schema import PgSchema
+from tasklock_cli.stores.postgres.connection import Overrun
+from tasklock_cli.stores.postgres.connection import PgConnection
+from tasklock_cli.stores.postgres.connection import Watchdog
+from tasklock_cli.stores.postgres.schema import PgSchema
 
 _T = TypeVar("_T")
 

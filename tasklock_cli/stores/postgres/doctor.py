@@ -11,11 +11,15 @@ import psycopg
 from tasklock_cli.errors import TasklockError
 from tasklock_cli.stores.base import StoreCheck
 from tasklock_cli.stores.doctor import clock_check
-from tasklock_cli.stores.postgres_connection import PgConnection
-from tasklock_cli.stores.postgres_schema import PgSchema
+from tasklock_cli.stores.postgres.schema import PgSchema
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from tasklock_cli.stores.postgres.store import PostgresStore
 
 
-def doctor_checks(db: PgConnection, schema: PgSchema) -> list[StoreCheck]:
+def store_checks(store: PostgresStore) -> list[StoreCheck]:
+    db, schema = store._db, store._schema  # the package's own parts
     checks = [StoreCheck("store", True, db.display_url)]
     try:
         found = db.run(lambda conn: _probe(conn, schema), ensure_schema=False)

@@ -18,7 +18,7 @@ import redis.exceptions as rexc
 
 from tasklock_cli.stores.base import Lease
 from tasklock_cli.stores.base import SocketBreakWatch
-from tasklock_cli.stores.redis_connection import RedisConnection
+from tasklock_cli.stores.redis.connection import RedisConnection
 
 
 class BreakSubscription(SocketBreakWatch):

@@ -20,8 +20,8 @@ from psycopg.pq import TransactionStatus
 
 from tasklock_cli.stores.base import fd_readable
 from tasklock_cli.stores.base import wait_readable
-from tasklock_cli.stores.postgres_connection import PgConnection
-from tasklock_cli.stores.postgres_schema import PgSchema
+from tasklock_cli.stores.postgres.connection import PgConnection
+from tasklock_cli.stores.postgres.schema import PgSchema
 
 #: Longest slice a waiter holds the store's lock while waiting for a notification.
 WAIT_SLICE_S = 0.1

@@ -1,6 +1,6 @@
 """The etcd store's connection: the members of its URL, and the calls it makes.
 
-Client: the standard library only (sockets, ``ssl``, ``json``) — see ``_http``: no new
+Client: the standard library only (sockets, ``ssl``, ``json``) — see ``http``: no new
 dependency and a fast import, and pipelining, which ``http.client`` cannot do. The python
 ``etcd3`` package is broken with protobuf >= 4; etcd3gw pulls in ``requests``.
 
@@ -17,8 +17,6 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from dataclasses import field
 from typing import TYPE_CHECKING
 from typing import Any
 from urllib.parse import parse_qsl
@@ -28,8 +26,10 @@ from urllib.parse import urlsplit
 from tasklock_cli.errors import ConfigError
 from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.errors import TasklockError
-from tasklock_cli.stores import _http
+from tasklock_cli.records import dataclass
+from tasklock_cli.records import field
 from tasklock_cli.stores.base import fd_readable
+from tasklock_cli.stores.etcd import http
 from tasklock_cli.stores.urls import redact_url
 from tasklock_cli.stores.urls import scrub
 
@@ -167,7 +167,7 @@ class Members:
         self.display_url = display_url
         self.io_timeout = DEFAULT_IO_TIMEOUT_S
         self._tls = self._tls_context() if config.tls else None
-        self._connections: dict[int, _http.Connection] = {}
+        self._connections: dict[int, http.Connection] = {}
         self._current = 0
         self._token: str | None = None
         self._last_date: str | None = None
@@ -196,11 +196,11 @@ class Members:
     def _headers(self) -> dict[str, str]:
         return {"Authorization": self._token} if self._token else {}
 
-    def _connect(self, index: int, deadline: float) -> _http.Connection:
+    def _connect(self, index: int, deadline: float) -> http.Connection:
         connection = self._connections.get(index)
         if connection is None:
             host, port = self.config.members[index]
-            connection = _http.Connection(host, port, self._tls, deadline)
+            connection = http.Connection(host, port, self._tls, deadline)
             self._connections[index] = connection
         return connection
 
@@ -230,12 +230,12 @@ class Members:
                 attempt_deadline = time.monotonic() + share
                 try:
                     replies = self._exchange(index, requests, attempt_deadline)
-                except _http.CertificateRejected as exc:
+                except http.CertificateRejected as exc:
                     raise ConfigError(
                         f"{self.display_url}: the TLS certificate was rejected ({exc}); "
                         "check cacert= in the store URL"
                     ) from None
-                except (OSError, _http.Woken) as exc:  # ssl.SSLError is an OSError
+                except (OSError, http.Woken) as exc:  # ssl.SSLError is an OSError
                     self._drop(index)
                     problems[index] = describe(exc)
                     self._current = (index + 1) % count
@@ -290,15 +290,15 @@ class Members:
             self._authenticate(connection, deadline)
         host = self.config.members[index][0]
         encoded = [
-            _http.encode_request(host, path, body, self._headers()) for path, body in requests
+            http.encode_request(host, path, body, self._headers()) for path, body in requests
         ]
         replies = connection.exchange(encoded, deadline)
         self._last_date = connection.last_date
         return replies
 
-    def _authenticate(self, connection: _http.Connection, deadline: float) -> None:
+    def _authenticate(self, connection: http.Connection, deadline: float) -> None:
         body = {"name": self.config.user, "password": self.config.password or ""}
-        request = _http.encode_request(connection.host, "/v3/auth/authenticate", body, {})
+        request = http.encode_request(connection.host, "/v3/auth/authenticate", body, {})
         [(status, reply)] = connection.exchange([request], deadline)
         error = _error_of(status, reply)
         if error is not None:
@@ -310,7 +310,7 @@ class Members:
             )
         self._token = str(reply.get("token", "")) or None
 
-    def open_stream(self, path: str, body: dict[str, Any], deadline: float) -> _http.Stream:
+    def open_stream(self, path: str, body: dict[str, Any], deadline: float) -> http.Stream:
         """A new connection (to the current member) carrying one streamed request."""
         with self._lock:
             index = self._current
@@ -318,19 +318,19 @@ class Members:
             if self.config.user and self._token is None:
                 self._authenticate(self._connect(index, deadline), deadline)
             headers = self._headers()
-        connection = _http.Connection(host, port, self._tls, deadline)
+        connection = http.Connection(host, port, self._tls, deadline)
         try:
-            connection.send(_http.encode_request(host, path, body, headers), deadline)
+            connection.send(http.encode_request(host, path, body, headers), deadline)
             status, reply_headers = connection.read_head(deadline)
             if status != 200:
                 error = _error_of(
-                    status, _http.decode_json(connection.read_body(reply_headers, deadline))
+                    status, http.decode_json(connection.read_body(reply_headers, deadline))
                 )
                 raise error or EtcdError(14, f"HTTP {status}")
         except BaseException:
             connection.close()
             raise
-        return _http.Stream(connection)
+        return http.Stream(connection)
 
     def server_date(self) -> float | None:
         """The member's wall clock (HTTP Date header, whole seconds), for doctor."""
@@ -339,7 +339,7 @@ class Members:
             connection = self._connect(self._current, deadline)
             host = self.config.members[self._current][0]
             connection.send(
-                _http.encode_request(host, "/v3/maintenance/status", {}, self._headers()),
+                http.encode_request(host, "/v3/maintenance/status", {}, self._headers()),
                 deadline,
             )
             _, headers = connection.read_head(deadline)
@@ -351,7 +351,7 @@ class Members:
 
 
 def describe(exc: BaseException) -> str:
-    if isinstance(exc, _http.Woken | TimeoutError):
+    if isinstance(exc, http.Woken | TimeoutError):
         return "timed out"
     if isinstance(exc, ConnectionRefusedError):
         return "connection refused"

@@ -1,21 +1,8 @@
-"""SQLite file store: one machine, many processes.
-
-Expiry runs on CLOCK_BOOTTIME tagged with the kernel's boot id, so a wall-clock jump
-changes nothing and a reboot (which ended every holder) frees every lease.
-
-A lease is a row per key and slot (a plain lock is slot 0 of limit 1). Rows are freed,
-never deleted, so the highest fencing token among a key's rows is its counter.
-
-A release wakes the key's longest-waiting waiter on this machine through a FIFO in
-``<file>.waiters/`` (see local_wakeups); waiters also look again when the lease runs out.
-A break or forced release tells the lease's holder through its FIFO in ``<file>.holders/``.
-A broken lease keeps its row, its owner token prefixed with ``broken:`` (see base).
-"""
+"""The SQLite store class and its statements (the overview is the package's docstring)."""
 
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -33,17 +20,16 @@ from tasklock_cli.stores.base import Lease
 from tasklock_cli.stores.base import LeaseInfo
 from tasklock_cli.stores.base import RunRecord
 from tasklock_cli.stores.base import Store
-from tasklock_cli.stores.base import StoreCheck
 from tasklock_cli.stores.base import prefix_upper_bound
 from tasklock_cli.stores.base import utc_from_timestamp
 from tasklock_cli.stores.base import wait_readable
-from tasklock_cli.stores.local_wakeups import BreakAlarms
-from tasklock_cli.stores.local_wakeups import LocalWakeups
-from tasklock_cli.stores.sqlite_connection import SQLiteConnection
-from tasklock_cli.stores.sqlite_schema import RUNS_TABLE
-from tasklock_cli.stores.sqlite_schema import SCHEMA
-from tasklock_cli.stores.sqlite_schema import SCHEMA_VERSION
-from tasklock_cli.stores.sqlite_schema import TABLE
+from tasklock_cli.stores.sqlite.breaks import BreakAlarms
+from tasklock_cli.stores.sqlite.connection import SQLiteConnection
+from tasklock_cli.stores.sqlite.schema import RUNS_TABLE
+from tasklock_cli.stores.sqlite.schema import SCHEMA
+from tasklock_cli.stores.sqlite.schema import SCHEMA_VERSION
+from tasklock_cli.stores.sqlite.schema import TABLE
+from tasklock_cli.stores.sqlite.waiting import LocalWakeups
 from tasklock_cli.stores.urls import default_sqlite_file
 from tasklock_cli.stores.urls import sqlite_netloc_and_path
 from tasklock_cli.stores.urls import sqlite_url
@@ -173,7 +159,7 @@ def current_boot_id() -> str:
 
 
 class SQLiteStore(Store):
-    signals_release = True  # among processes on this machine (see local_wakeups)
+    signals_release = True  # among processes on this machine (see waiting and breaks)
 
     def __init__(
         self,
@@ -338,7 +324,7 @@ class SQLiteStore(Store):
                 if count < SWEEP_BATCH:
                     break
                 # Small batches, and a pause twice as long as each, so acquirers retrying a
-                # busy database (see sqlite_connection.when_not_busy) get the write lock
+                # busy database (see connection.when_not_busy) get the write lock
                 # between batches.
                 time.sleep(max(SWEEP_PAUSE_MIN_S, 2 * (time.monotonic() - started)))
         return removed
@@ -406,14 +392,6 @@ class SQLiteStore(Store):
 
     def schema_sql(self) -> str:
         return SCHEMA.strip() + f"\nPRAGMA user_version = {SCHEMA_VERSION};\n"
-
-    def doctor(self) -> list[StoreCheck]:
-        from pathlib import Path
-
-        from tasklock_cli.stores.sqlite_doctor import store_checks
-
-        probe_key = f"tasklock-doctor-{os.urandom(16).hex()}"
-        return store_checks(self.display_url, Path(self.path), lambda: self.holders(probe_key))
 
     def close(self) -> None:
         # Still in a queue at close: the wait was cut short (a signal), maybe just after

@@ -1,4 +1,4 @@
-"""The etcd store's run ledger (``P runs/K NUL <token>``, ``P success/K``: see ``etcd_keys``).
+"""The etcd store's run ledger (``P runs/K NUL <token>``, ``P success/K``: see ``keys``).
 
 A release's txn puts its run's record (and, for a success, the key's newest success) and
 trims the oldest records its acquire's txn counted and read.
@@ -9,23 +9,23 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import dataclass
-from dataclasses import field
 from datetime import datetime
 from datetime import timezone
 from typing import Any
 
 from tasklock_cli.errors import ConfigError
+from tasklock_cli.records import dataclass
+from tasklock_cli.records import field
 from tasklock_cli.stores.base import LEDGER_KEEP
 from tasklock_cli.stores.base import LIST_PAGE
 from tasklock_cli.stores.base import RunRecord
 from tasklock_cli.stores.base import utc_from_timestamp
-from tasklock_cli.stores.etcd_connection import EtcdClient
-from tasklock_cli.stores.etcd_connection import EtcdError
-from tasklock_cli.stores.etcd_connection import b64
-from tasklock_cli.stores.etcd_connection import prefix_end
-from tasklock_cli.stores.etcd_connection import unb64
-from tasklock_cli.stores.etcd_keys import EtcdKeys
+from tasklock_cli.stores.etcd.connection import EtcdClient
+from tasklock_cli.stores.etcd.connection import EtcdError
+from tasklock_cli.stores.etcd.connection import b64
+from tasklock_cli.stores.etcd.connection import prefix_end
+from tasklock_cli.stores.etcd.connection import unb64
+from tasklock_cli.stores.etcd.keys import EtcdKeys
 
 #: The oldest ledger records an acquire reads, for its release to trim (more than one,
 #: so that a ledger grown past LEDGER_KEEP shrinks back).

@@ -1,57 +1,4 @@
-"""PostgreSQL store (psycopg 3): the server's clock decides expiry.
-
-One table (``table=`` in the URL, default ``tasklock_leases``, ``schema.table`` allowed)::
-
-    key            text COLLATE "C"     -- the exact key, never hashed
-    slot           integer              -- 0..limit-1; -1: the key's fencing counter
-    slot_limit     integer              -- the limit its holder asked for (1: a plain lock)
-    fencing_token  bigint NOT NULL      -- only ever increases
-    owner_token    text                 -- NULL when free
-    holder         jsonb
-    acquired_at    timestamptz
-    expires_at     timestamptz
-    PRIMARY KEY (key, slot)
-
-A semaphore (``run --limit N``) has a row per slot; a plain lock is slot 0 of limit 1.
-Each key also has a counter row (slot -1, never a lease) holding the last fencing token
-issued in any of its slots: acquirers of a key queue on it within their statement, so
-two of them never issue the same token. A table from before semaphores (one row per
-key) is migrated on first use: its rows become slot 0 of limit 1.
-
-Rows are never deleted: release, sweep and force release clear the owner, so the per-key
-fencing counter survives them. Every lease statement is a single autocommit statement
-timed with ``clock_timestamp()`` on the server, under READ COMMITTED (forced per
-connection); serialization failures and deadlocks are retried here and never surface.
-
-Releases wake waiters: release, force release and sweep ``pg_notify`` one channel per
-table (named after the table's oid) with the key as payload, inside the same statement,
-whichever slot they free. A waiter LISTENs, then asks whether the key is full and for how
-long (so a release between its failed acquire and the LISTEN is not missed), then waits
-for the notification or that expiry. Only a key's first waiter listens; the others queue
-behind it on a session advisory lock (its "turn"). A waiter's acquire is one simple
-query: UNLISTEN, then the acquire, which also ends the turn when it is granted.
-
-Holders hear of a break the same way: a break or forced release ``pg_notify``s the key's
-break channel (``tasklock_broken_<table oid>_<md5 of key>``) with the fencing token as
-payload, in its statement; a holder waiting for a break LISTENs on it on a connection of
-its own (one per lease, kept until release), which it selects on. A broken lease keeps
-its row, its owner token prefixed with ``broken:`` (see base).
-
-A new connection (every ``tasklock run`` opens one) costs the connect and one round trip
-of set-up: the session settings, the statement timeout and the look at the table go in
-one simple query.
-
-Every call is bounded by the I/O timeout (``set_io_timeout``): ``statement_timeout`` on
-the server, TCP keepalives and ``tcp_user_timeout`` on the socket, and a watchdog that
-shuts the socket down when the server does not answer at all (a hung or cut-off host).
-A broken connection is dropped and the next call opens a new one. Sockets are
-close-on-exec, so a child never inherits them.
-
-The parts live beside this module, which keeps the lease statements and the store
-interface: ``postgres_connection`` (the connection and its bounds), ``postgres_schema``
-(the table, its creation and migration), ``postgres_waiting`` (turns and LISTEN),
-``postgres_breaks`` (break listeners) and ``postgres_doctor``.
-"""
+"""The PostgreSQL store class and its statements (the overview is the package's docstring)."""
 
 from __future__ import annotations
 
@@ -78,15 +25,13 @@ from tasklock_cli.stores.base import Lease
 from tasklock_cli.stores.base import LeaseInfo
 from tasklock_cli.stores.base import RunRecord
 from tasklock_cli.stores.base import Store
-from tasklock_cli.stores.base import StoreCheck
 from tasklock_cli.stores.base import prefix_upper_bound
-from tasklock_cli.stores.postgres_breaks import PgBreakListeners
-from tasklock_cli.stores.postgres_connection import Overrun
-from tasklock_cli.stores.postgres_connection import PgConnection
-from tasklock_cli.stores.postgres_doctor import doctor_checks
-from tasklock_cli.stores.postgres_schema import PgSchema
-from tasklock_cli.stores.postgres_waiting import MAX_PAYLOAD_KEY_BYTES
-from tasklock_cli.stores.postgres_waiting import PgTurns
+from tasklock_cli.stores.postgres.breaks import PgBreakListeners
+from tasklock_cli.stores.postgres.connection import Overrun
+from tasklock_cli.stores.postgres.connection import PgConnection
+from tasklock_cli.stores.postgres.schema import PgSchema
+from tasklock_cli.stores.postgres.waiting import MAX_PAYLOAD_KEY_BYTES
+from tasklock_cli.stores.postgres.waiting import PgTurns
 from tasklock_cli.stores.urls import redact_url
 
 DEFAULT_TABLE = "tasklock_leases"
@@ -632,9 +577,6 @@ class PostgresStore(Store):
 
     def stop_waiting(self, key: str) -> None:
         self._turns.stop(key)
-
-    def doctor(self) -> list[StoreCheck]:
-        return doctor_checks(self._db, self._schema)
 
     def close(self) -> None:
         self._break_watches.close()

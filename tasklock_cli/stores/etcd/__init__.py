@@ -1,0 +1,40 @@
+"""etcd v3 store, over etcd's gRPC JSON gateway (``POST /v3/...``, etcd >= 3.4).
+
+Expiry is decided by etcd's leases: each acquisition grants a lease and attaches the
+slot's keys to it; they exist exactly while the lease lives (or until it is released).
+The key layout is in ``keys``; the connection (members, failover, the calls) in
+``connection``; waiters' queues in ``waiting``; breaking in ``breaks``;
+the run ledger in ``ledger``; ``doctor`` in ``doctor``.
+
+Clocks: etcd has no clock a client can read but the HTTP ``Date`` header of its replies
+(the member's wall clock, whole seconds, cut down). ``last_success`` answers that of its
+reply as "now", and a success's start there is the ``Date`` of its acquisition's reply:
+both on the member's clock, so hosts with skewed clocks agree on a ``--once-per``
+window. Cut down to whole seconds, a time stays in its window exactly when the window's
+length is whole seconds (its bounds are then whole seconds too); else within 1 s.
+
+Round trips: acquire = 1 (the lease grant with a client-chosen ID and the ``txn`` that
+creates the slot's key only if absent, with the lease attached, are pipelined on one
+connection: grant, then txn, without waiting in between; the slots are tried in order by
+txns nested in the failure branch of the one before, and where none was free the txn reads
+the holders back). A limit over SLOTS_PER_TXN whose first slots are all held takes one more
+txn per SLOTS_PER_TXN slots (etcd bounds the ops of a txn, nested ones counted in). Renew =
+1 (lease keepalive: it fails once the lease was revoked, which is what release, forced
+release and break do). Release = 1 (a ``txn`` guarded by the owner's value and the fencing
+token deletes the slot's keys; the emptied lease runs out on its own, since a revoke could
+report a release that a break had just moved away from it). ``keep_for``, break and
+forced release take 2-4 per slot.
+
+Leases have whole seconds, and etcd raises short ones to its minimum (1 s at least; 2 s
+with the default election timeout); the granted TTL is used for ``expires_at``. A lease
+also runs out up to ~0.5 s late (etcd's leader checks expiries twice a second). A TTL
+under the granted one is still safe for the holder: its own deadline counts the TTL asked.
+"""
+
+from __future__ import annotations
+
+from tasklock_cli.stores.base import import_on_first_use
+
+#: ``EtcdStore`` is imported on first use: a companion module never brings the driver.
+__getattr__ = import_on_first_use(__name__, "store", "EtcdStore")
+__all__ = ["EtcdStore"]

@@ -1,0 +1,49 @@
+"""Redis store: Redis's own TTLs decide expiry; the fencing counter lives as long as Redis's data.
+
+Key layout, per lock key ``K`` under the namespace prefix ``P`` (``prefix=`` in the URL,
+default ``tasklock:``)::
+
+    P{K}:lease     hash  owner, fencing_token, holder (JSON), acquired_at, expires_at (ms)
+                         with a PX TTL: the lease exists exactly while it is live; a plain
+                         lock's, or slot 0 of a semaphore (which adds slot and limit)
+    P{K}:lease:N   hash  slot N > 0 of a semaphore (``run --limit``), as slot 0's
+    P{K}:limit     string  a semaphore's limit, with a PX at least as late as the expiry of
+                           its last live slot (see ``scripts``); none for a plain lock
+    P{K}:fence     string  the per-key fencing counter (INCR); never given a TTL, never
+                           deleted by release, expiry, sweep or force release
+    P{K}:wake      list  an element per release while a slot is free after it: a waiter's
+                         BLPOP takes it, so each release wakes exactly one waiter (the one
+                         waiting longest); an acquire that fills the key deletes it, and it
+                         expires by itself
+    P{K}:runs      zset  the run ledger: one JSON record per run, scored by its fencing
+                         token; written by the release script, which trims it to the last
+                         LEDGER_KEEP runs
+    P{K}:success   string  the newest run that succeeded, as in the ledger: put by the same
+                           release script, apart from the trim (``--once-per``, ``metrics``)
+
+A break marks a lease hash's owner ``broken:<owner>`` (see base) and PUBLISHes to
+``P{K}:broken:<fencing token>``, which the lease's holder, waiting for a break, is
+subscribed to on a connection of its own; a forced release deletes the hash, wakes a
+waiter and PUBLISHes the same.
+
+``K`` is stored exactly (no hashing, no truncation). The ``{...}`` hash tag keeps a lease
+and its counter in one Redis Cluster slot (except for keys starting with ``}``, whose tag is
+empty). Every mutation is one Lua script (EVALSHA, reloaded on NOSCRIPT) that checks the
+owner token and takes its times from Redis's ``TIME``, never the client's clock.
+
+Durability: the fencing counter is only as durable as Redis. ``FLUSHALL``/``FLUSHDB``, a
+restart without persistence, or a failover that loses the last writes resets the counter,
+and tokens issued before can be issued again. ``doctor`` warns about the settings that
+matter (AOF with ``appendfsync everysec|always``, ``maxmemory-policy noeviction``).
+
+Companions: ``scripts`` (the Lua), ``connection`` (URL, pool, errors), ``keys`` (names),
+``waiting`` (the wake lists), ``breaks`` (break watches), ``doctor``.
+"""
+
+from __future__ import annotations
+
+from tasklock_cli.stores.base import import_on_first_use
+
+#: ``RedisStore`` is imported on first use: a companion module never brings the driver.
+__getattr__ = import_on_first_use(__name__, "store", "RedisStore")
+__all__ = ["RedisStore"]

@@ -1,0 +1,21 @@
+"""SQLite file store: one machine, many processes.
+
+Expiry runs on CLOCK_BOOTTIME tagged with the kernel's boot id, so a wall-clock jump
+changes nothing and a reboot (which ended every holder) frees every lease.
+
+A lease is a row per key and slot (a plain lock is slot 0 of limit 1). Rows are freed,
+never deleted, so the highest fencing token among a key's rows is its counter.
+
+A release wakes the key's longest-waiting waiter on this machine through a FIFO in
+``<file>.waiters/`` (see waiting and breaks); waiters also look again when the lease runs out.
+A break or forced release tells the lease's holder through its FIFO in ``<file>.holders/``.
+A broken lease keeps its row, its owner token prefixed with ``broken:`` (see base).
+"""
+
+from __future__ import annotations
+
+from tasklock_cli.stores.base import import_on_first_use
+
+#: ``SQLiteStore`` is imported on first use: a companion module never brings the driver.
+__getattr__ = import_on_first_use(__name__, "store", "SQLiteStore")
+__all__ = ["SQLiteStore"]
