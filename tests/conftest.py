@@ -92,6 +92,50 @@ def cli_env(tmp_path) -> dict[str, str]:
     return env
 
 
+#: Test modules that need a store server, a private cluster or a proxy whatever their parameters.
+_SERVER_MODULES = ("test_faults_", "test_postgres_store", "test_redis_store", "test_etcd_store")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark ``quick`` (``pytest -m quick``: the edit-test loop) every test that runs on the
+    SQLite store or on none, needs no server, and is not marked slow."""
+    for item in items:
+        if item.get_closest_marker("slow") or item.module.__name__.rpartition(".")[2].startswith(
+            _SERVER_MODULES
+        ):
+            continue
+        params = getattr(item, "callspec", None)
+        kinds = {
+            value
+            for value in (params.params.values() if params else ())
+            if isinstance(value, str) and value in STORE_KINDS
+        }
+        if kinds <= {"sqlite"} and "network_store_url" not in item.fixturenames:
+            item.add_marker(pytest.mark.quick)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    """A test's recorded figures travel in its report (see tests/support/report.py)."""
+    outcome = yield
+    if call.when == "call":
+        from tests.support import report
+
+        test_report = outcome.get_result()
+        for figures in report.take_pending():
+            test_report.user_properties.append((report.PROPERTY, figures))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when != "call" or not report.passed:
+        return
+    from tests.support import report as figures_report
+
+    for name, value in report.user_properties:
+        if name == figures_report.PROPERTY:
+            figures_report.keep(*value)
+
+
 def pytest_terminal_summary(terminalreporter):
     from tests.support import report
 

@@ -98,7 +98,6 @@ def test_list_all_shows_expired_until_sweep(env, sqlite_url):
     assert json.loads(tasklock("sweep", "--json", env=env).stdout) == {"removed": 1}
     assert tasklock("sweep", env=env).stdout == "removed 0 expired leases\n"
     assert json.loads(tasklock("list", "--all", "--json", env=env).stdout) == []
-    os.system("pkill -f 'sleep 30' >/dev/null 2>&1")
 
 
 def test_release_needs_force(env, holder):

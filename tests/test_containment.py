@@ -115,17 +115,17 @@ def test_descendants_left_running_are_terminated_before_the_release(env, store_u
 
 def test_an_orphan_ignoring_sigterm_is_killed_after_grace(env, tmp_path):
     ready = tmp_path / "ready"
-    job = f"(trap '' TERM; setsid sh -c 'trap \"\" TERM; touch {ready}; sleep 300' &) ; exit 0"
+    seconds = f"300.{os.getpid()}{time.monotonic_ns() % 10**6}"  # this test's own sleep
+    orphan = f"trap \"\" TERM; touch {ready}; sleep {seconds}"
+    job = f"(trap '' TERM; setsid sh -c '{orphan}' &) ; exit 0"
     started = time.monotonic()
     result = tasklock("run", "k", "--grace", "600ms", "--", "sh", "-c", job, env=env)
     took = time.monotonic() - started
     assert result.returncode == 0, result.stderr
     assert ready.exists()
     assert 0.6 <= took < 5, took
-    assert not [p for p in procs.processes() if p.state != "Z" and _cmdline(p.pid) == READY_SLEEP]
-
-
-READY_SLEEP = "sleep\x00300\x00"
+    sleeping = f"sleep\x00{seconds}\x00"
+    assert not [p for p in procs.processes() if p.state != "Z" and _cmdline(p.pid) == sleeping]
 
 
 def _cmdline(pid: int) -> str:

@@ -63,7 +63,6 @@ def test_killed_wrapper_lease_is_free_only_after_the_ttl(env, store_url):
         reacquired_after_s=got_it_after,
         early_attempt="conflict",
     )
-    os.system("pkill -f 'sleep 30' >/dev/null 2>&1")
 
 
 @pytest.mark.slow
