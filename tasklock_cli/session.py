@@ -84,9 +84,19 @@ class Globals:
         return resolve_store_url(self.store_flag, self.config)
 
     def open_store(self):
+        from tasklock_cli.errors import ConfigError
         from tasklock_cli.stores import open_store
 
-        return open_store(self.store_url())
+        url = self.store_url()
+        try:
+            return open_store(url)
+        except (ConfigError, UsageError) as exc:  # a URL that can never work
+            from tasklock_cli.config import store_from_file
+            from tasklock_cli.config import store_setting_error
+
+            if not store_from_file(self.store_flag, self.config):
+                raise
+            raise store_setting_error(self.config, f"is not usable: {exc}") from exc
 
 
 def fail(message: str, code: int, args: list[str]) -> int:
