@@ -103,6 +103,9 @@ app = typer.Typer(
 )
 
 
+#: The most ``history --limit`` takes: far more than any store keeps, and an integer every
+#: store's queries take.
+HISTORY_LIMIT_MAX = 2**31 - 1
 #: ``list --watch`` refreshes no faster than this: each refresh is a query on the store.
 MIN_WATCH_INTERVAL_S = 0.1
 
@@ -290,8 +293,8 @@ def history(
 
     g: Globals = ctx.obj
     validate_key(key)
-    if limit is not None and limit < 1:
-        raise UsageError(f"--limit must be at least 1 (got {limit})")
+    if limit is not None and not 1 <= limit <= HISTORY_LIMIT_MAX:
+        raise UsageError(f"--limit must be from 1 to {HISTORY_LIMIT_MAX} (got {limit})")
     with g.open_store() as store:
         runs = store.history(key, limit or LEDGER_KEEP)
     if as_json:

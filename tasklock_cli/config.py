@@ -73,6 +73,8 @@ def load_config(explicit: str | None = None) -> Config:
 
             return parse_config_file(Path(path))
         if must_exist:
+            if paths.is_dir(path):
+                raise ConfigError(f"config file {path} is a directory")
             raise ConfigError(f"config file {path} does not exist")
     return Config()
 
