@@ -383,6 +383,10 @@ def release(
     validate_key(key)
     if not force:
         raise UsageError("release breaks whoever holds the lock; confirm with --force")
+    if token is not None:
+        from tasklock_cli.checking import checked_token
+
+        checked_token(token)
     from tasklock_cli.breaking import LET_GO_TIMEOUT_S
     from tasklock_cli.breaking import break_and_wait
 
