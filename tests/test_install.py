@@ -30,8 +30,10 @@ def test_pip_install_puts_the_man_page_under_share_man_man1(tmp_path):
     assert built.returncode == 0, built.stderr
     (wheel,) = (tmp_path / "wheel").glob("tasklock-*.whl")
     prefix = tmp_path / "prefix"
+    # --ignore-installed: without it pip would first uninstall the tasklock under test
     installed = subprocess.run(
-        [*pip, "install", "--no-deps", "--no-index", "--prefix", str(prefix), str(wheel)],
+        [*pip, "install", "--no-deps", "--no-index", "--ignore-installed",
+         "--prefix", str(prefix), str(wheel)],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert installed.returncode == 0, installed.stderr
