@@ -199,7 +199,7 @@ def _run_signature() -> inspect.Signature:
                 "command",
                 typer.Argument(
                     None,
-                    metavar="-- COMMAND [ARG...]",
+                    metavar="[--] COMMAND [ARG...]",
                     help="The command to run while the lock is held.",
                 ),
                 list[str] | None,

@@ -164,7 +164,7 @@ def run_command(
 
     validate_key(key)
     if not command:
-        raise UsageError("no command given (tasklock run KEY [OPTIONS] -- COMMAND [ARG...])")
+        raise UsageError("no command given (tasklock run KEY [OPTIONS] [--] COMMAND [ARG...])")
     values = settings.resolve(flags, lambda name: g.config.run_setting(key, name), g.config.path)
     options = RunOptions(
         key=key, command=list(command), **values, note=note, store_url=g.store_url()
