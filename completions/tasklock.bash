@@ -15,7 +15,7 @@ _tasklock_files() {
 
 _tasklock() {
     local cur=${COMP_WORDS[COMP_CWORD]} prev=${COMP_WORDS[COMP_CWORD - 1]}
-    local cword=$COMP_CWORD i word cmd="" dashdash=0
+    local cword=$COMP_CWORD i word cmd="" dashdash=0 key_seen=0 value=0
     COMPREPLY=()
 
     # bash splits "--opt=value" at "=": complete the value after it
@@ -29,20 +29,32 @@ _tasklock() {
     for ((i = 1; i < cword; i++)); do
         word=${COMP_WORDS[i]}
         if [[ ${COMP_WORDS[i + 1]} == = ]]; then
+            ((i + 2 >= cword)) && value=1
             ((i += 2))
             continue
         fi
         case "$cmd $word" in
             " --store" | " --config" | " --log-format" | "run --ttl" | "run --renew-every" | "run --wait" | "run --grace" | "run --max-lifetime" | "run --hold-at-least" | "run --once-per" | "run --done-exit-code" | "run --conflict-exit-code" | "run --limit" | "run --note" | "run --store" | "run --config" | "run --log-format" | "peek --store" | "peek --config" | "peek --log-format" | "list --prefix" | "list --interval" | "list --store" | "list --config" | "list --log-format" | "history --limit" | "history --store" | "history --config" | "history --log-format" | "metrics --prefix" | "metrics --store" | "metrics --config" | "metrics --log-format" | "check --token" | "check --store" | "check --config" | "check --log-format" | "sweep --store" | "sweep --config" | "sweep --log-format" | "release --token" | "release --store" | "release --config" | "release --log-format" | "init --store" | "init --config" | "init --log-format" | "doctor --store" | "doctor --config" | "doctor --log-format")
+                ((i + 1 == cword)) && value=1
                 ((i++)) ;;
             "run --")
                 dashdash=$i ;;
+            "run "-*) ;;
+            "run "*)
+                ((key_seen)) && dashdash=$((i - 1))
+                key_seen=1 ;;
             " -"* | *" -"*) ;;
             " "*)
                 cmd=$word ;;
         esac
         ((dashdash)) && break
     done
+    # after "run KEY", a word that is no option (nor an option's value) starts the
+    # command
+    if [[ " run " == *" $cmd "* && $cur != -* ]] &&
+        ((key_seen && !value && !dashdash)); then
+        dashdash=$((cword - 1))
+    fi
 
     # after "run KEY --": the command to run, completed as if typed on its own
     if ((dashdash)); then
@@ -86,7 +98,7 @@ _tasklock() {
         sweep) [[ $cur == -* ]] && _tasklock_words '--dry-run --json --store --config --log-format -v --verbose -q --quiet -h --help' ;;
         release) [[ $cur == -* ]] && _tasklock_words '--force --token --store --config --log-format -v --verbose -q --quiet -h --help' ;;
         init) [[ $cur == -* ]] && _tasklock_words '--print-sql --store --config --log-format -v --verbose -q --quiet -h --help' ;;
-        doctor) [[ $cur == -* ]] && _tasklock_words '--store --config --log-format -v --verbose -q --quiet -h --help' ;;
+        doctor) [[ $cur == -* ]] && _tasklock_words '--json --store --config --log-format -v --verbose -q --quiet -h --help' ;;
     esac
 }
 

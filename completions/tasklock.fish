@@ -9,7 +9,10 @@ function __tasklock_state --description 'none, the command being completed, or C
     set -e tokens[1]
     set -l cmd
     set -l skip 0
+    set -l key_seen 0
+    set -l index 0
     for token in $tokens
+        set index (math $index + 1)
         if test $skip -eq 1
             set skip 0
             continue
@@ -27,10 +30,26 @@ function __tasklock_state --description 'none, the command being completed, or C
                 case 'run --ttl' 'run --renew-every' 'run --wait' 'run --grace' 'run --max-lifetime' 'run --hold-at-least' 'run --once-per' 'run --done-exit-code' 'run --conflict-exit-code' 'run --limit' 'run --note' 'run --store' 'run --config' 'run --log-format' 'peek --store' 'peek --config' 'peek --log-format' 'list --prefix' 'list --interval' 'list --store' 'list --config' 'list --log-format' 'history --limit' 'history --store' 'history --config' 'history --log-format' 'metrics --prefix' 'metrics --store' 'metrics --config' 'metrics --log-format' 'check --token' 'check --store' 'check --config' 'check --log-format' 'sweep --store' 'sweep --config' 'sweep --log-format' 'release --token' 'release --store' 'release --config' 'release --log-format' 'init --store' 'init --config' 'init --log-format' 'doctor --store' 'doctor --config' 'doctor --log-format'
                     set skip 1
                 case 'run --'
+                    set -g __tasklock_child_at (math $index + 1)
                     echo $cmd:child
                     return
+                case 'run -*'
+                case 'run *'
+                    if test $key_seen -eq 1
+                        set -g __tasklock_child_at $index
+                        echo $cmd:child
+                        return
+                    end
+                    set key_seen 1
             end
         end
+    end
+    if contains -- "$cmd" run
+        and test $key_seen -eq 1 -a $skip -eq 0
+        and not string match -q -- '-*' (commandline -ct)
+        set -g __tasklock_child_at (math (count $tokens) + 1)
+        echo $cmd:child
+        return
     end
     if test -z "$cmd"
         echo none
@@ -43,12 +62,13 @@ function __tasklock_is
     test (__tasklock_state) = "$argv[1]"
 end
 
-function __tasklock_complete_child --description 'Complete the command line after --'
+function __tasklock_complete_child --description 'Complete the command line to run'
+    __tasklock_state >/dev/null  # sets __tasklock_child_at: where the command starts
     set -l tokens (commandline -opc)
-    set -l at (contains -i -- -- $tokens)
+    set -e tokens[1]
     set -l child
-    if test $at -lt (count $tokens)
-        set child $tokens[(math $at + 1)..-1]
+    if test $__tasklock_child_at -le (count $tokens)
+        set child $tokens[$__tasklock_child_at..-1]
     end
     complete -C (string join ' ' -- (string escape -- $child) (commandline -ct))
 end
@@ -139,7 +159,7 @@ complete -c tasklock -n '__tasklock_is check' -s q -l quiet -d 'Only errors on s
 complete -c tasklock -n '__tasklock_is check' -s h -l help -d 'Show this message and exit.'
 
 complete -c tasklock -n '__tasklock_is sweep' -l dry-run -d 'Only count what would be removed.'
-complete -c tasklock -n '__tasklock_is sweep' -l json -d 'Print {"removed": N}.'
+complete -c tasklock -n '__tasklock_is sweep' -l json -d 'Print {"removed": N} ({"would_remove": N} with --dry-run).'
 complete -c tasklock -n '__tasklock_is sweep' -l store -x -d 'Store URL: sqlite:///PATH, postgresql://..., redis://..., etcd://HOST:PORT'
 complete -c tasklock -n '__tasklock_is sweep' -l config -r -F -d 'Config file (TOML)'
 complete -c tasklock -n '__tasklock_is sweep' -l log-format -x -a 'text json' -d 'Events on stderr as text or one JSON object per line.'
@@ -164,6 +184,7 @@ complete -c tasklock -n '__tasklock_is init' -s v -l verbose -d 'Show every even
 complete -c tasklock -n '__tasklock_is init' -s q -l quiet -d 'Only errors on stderr.'
 complete -c tasklock -n '__tasklock_is init' -s h -l help -d 'Show this message and exit.'
 
+complete -c tasklock -n '__tasklock_is doctor' -l json -d 'Print a JSON array of {"check", "ok", "detail"}.'
 complete -c tasklock -n '__tasklock_is doctor' -l store -x -d 'Store URL: sqlite:///PATH, postgresql://..., redis://..., etcd://HOST:PORT'
 complete -c tasklock -n '__tasklock_is doctor' -l config -r -F -d 'Config file (TOML)'
 complete -c tasklock -n '__tasklock_is doctor' -l log-format -x -a 'text json' -d 'Events on stderr as text or one JSON object per line.'

@@ -159,9 +159,27 @@ def bash(top: Command, commands: list[Command]) -> str:
         f"        {cmd.name}) [[ $cur == -* ]] && _tasklock_words '{words(cmd)}' ;;"
         for cmd in commands
     )
+    # `run`'s options end at the command: "--", or the first word after KEY that is no option
+    children = [cmd.name for cmd in commands if cmd.child_command]
+    child_options = "|".join(f'"{name} "-*' for name in children)
+    child_words = "|".join(f'"{name} "*' for name in children)
     separator_case = (
         f"            {'|'.join(separators)})\n                dashdash=$i ;;\n"
-        if separators
+        f"            {child_options}) ;;\n"
+        f"            {child_words})\n"
+        "                ((key_seen)) && dashdash=$((i - 1))\n"
+        "                key_seen=1 ;;\n"
+        if children
+        else ""
+    )
+    typing_command = (
+        '    # after "run KEY", a word that is no option (nor an option\'s value) starts the\n'
+        "    # command\n"
+        f'    if [[ " {" ".join(children)} " == *" $cmd "* && $cur != -* ]] &&\n'
+        "        ((key_seen && !value && !dashdash)); then\n"
+        "        dashdash=$((cword - 1))\n"
+        "    fi\n"
+        if children
         else ""
     )
     return f"""\
@@ -182,7 +200,7 @@ _tasklock_files() {{
 
 _tasklock() {{
     local cur=${{COMP_WORDS[COMP_CWORD]}} prev=${{COMP_WORDS[COMP_CWORD - 1]}}
-    local cword=$COMP_CWORD i word cmd="" dashdash=0
+    local cword=$COMP_CWORD i word cmd="" dashdash=0 key_seen=0 value=0
     COMPREPLY=()
 
     # bash splits "--opt=value" at "=": complete the value after it
@@ -196,11 +214,13 @@ _tasklock() {{
     for ((i = 1; i < cword; i++)); do
         word=${{COMP_WORDS[i]}}
         if [[ ${{COMP_WORDS[i + 1]}} == = ]]; then
+            ((i + 2 >= cword)) && value=1
             ((i += 2))
             continue
         fi
         case "$cmd $word" in
             {" | ".join(skip_value)})
+                ((i + 1 == cword)) && value=1
                 ((i++)) ;;
 {separator_case}            " -"* | *" -"*) ;;
             " "*)
@@ -208,7 +228,7 @@ _tasklock() {{
         esac
         ((dashdash)) && break
     done
-
+{typing_command}
     # after "run KEY --": the command to run, completed as if typed on its own
     if ((dashdash)); then
         if declare -F _command_offset >/dev/null; then
@@ -318,14 +338,13 @@ _tasklock_commands() {{
 }}
 
 _tasklock_child() {{
-    # the words after KEY: "--", then a command line completed as if typed on its own
-    if [[ $words[1] == -- ]]; then
+    # the words after KEY: the command line to run ("--" first, or its first word: run's
+    # options end at the command), completed as if typed on its own
+    if [[ $words[1] == -- ]] && (( CURRENT > 1 )); then
         shift words
         (( CURRENT-- ))
-    fi
-    if (( CURRENT == 1 )) && [[ $words[1] != -* ]] && ! (( ${{words[(I)--]}} )); then
+    elif (( CURRENT == 1 )); then
         compadd -- --
-        return
     fi
     _normal
 }}
@@ -389,7 +408,10 @@ def fish(top: Command, commands: list[Command]) -> str:
     for cmd in commands:
         if cmd.value_options:
             value_cases.append(" ".join(f"'{cmd.name} {n}'" for n in cmd.value_options))
-    separators = " ".join(f"'{cmd.name} --'" for cmd in commands if cmd.child_command)
+    children = [cmd.name for cmd in commands if cmd.child_command]
+    separators = " ".join(f"'{name} --'" for name in children)
+    child_options = " ".join(f"'{name} -*'" for name in children)
+    child_words = " ".join(f"'{name} *'" for name in children)
     lines = [f"complete -c {PROG} -f"]
     for cmd in commands:
         lines.append(
@@ -413,11 +435,32 @@ def fish(top: Command, commands: list[Command]) -> str:
         if value_cases
         else ""
     )
+    # `run`'s options end at the command: "--", or the first word after KEY that is no option
     separator_case = (
         f"                case {separators}\n"
+        "                    set -g __tasklock_child_at (math $index + 1)\n"
         "                    echo $cmd:child\n"
         "                    return\n"
-        if separators
+        f"                case {child_options}\n"
+        f"                case {child_words}\n"
+        "                    if test $key_seen -eq 1\n"
+        "                        set -g __tasklock_child_at $index\n"
+        "                        echo $cmd:child\n"
+        "                        return\n"
+        "                    end\n"
+        "                    set key_seen 1\n"
+        if children
+        else ""
+    )
+    typing_command = (
+        f'    if contains -- "$cmd" {" ".join(children)}\n'
+        "        and test $key_seen -eq 1 -a $skip -eq 0\n"
+        "        and not string match -q -- '-*' (commandline -ct)\n"
+        "        set -g __tasklock_child_at (math (count $tokens) + 1)\n"
+        "        echo $cmd:child\n"
+        "        return\n"
+        "    end\n"
+        if children
         else ""
     )
     return f"""\
@@ -432,7 +475,10 @@ function __tasklock_state --description 'none, the command being completed, or C
     set -e tokens[1]
     set -l cmd
     set -l skip 0
+    set -l key_seen 0
+    set -l index 0
     for token in $tokens
+        set index (math $index + 1)
         if test $skip -eq 1
             set skip 0
             continue
@@ -450,7 +496,7 @@ function __tasklock_state --description 'none, the command being completed, or C
 {value_case}{separator_case}            end
         end
     end
-    if test -z "$cmd"
+{typing_command}    if test -z "$cmd"
         echo none
     else
         echo $cmd
@@ -461,12 +507,13 @@ function __tasklock_is
     test (__tasklock_state) = "$argv[1]"
 end
 
-function __tasklock_complete_child --description 'Complete the command line after --'
+function __tasklock_complete_child --description 'Complete the command line to run'
+    __tasklock_state >/dev/null  # sets __tasklock_child_at: where the command starts
     set -l tokens (commandline -opc)
-    set -l at (contains -i -- -- $tokens)
+    set -e tokens[1]
     set -l child
-    if test $at -lt (count $tokens)
-        set child $tokens[(math $at + 1)..-1]
+    if test $__tasklock_child_at -le (count $tokens)
+        set child $tokens[$__tasklock_child_at..-1]
     end
     complete -C (string join ' ' -- (string escape -- $child) (commandline -ct))
 end

@@ -52,7 +52,18 @@ def target(
             token = int(raw)
         except ValueError:
             raise UsageError(f"TASKLOCK_FENCING_TOKEN is not an integer ({raw!r})") from None
-    return key, token
+    return key, checked_token(token)
+
+
+#: Fencing tokens are 64-bit signed integers on every store.
+MAX_FENCING_TOKEN = 2**63 - 1
+
+
+def checked_token(token: int) -> int:
+    """``token`` when it can be a fencing token; else a usage error (no store has it)."""
+    if not 0 <= token <= MAX_FENCING_TOKEN:
+        raise UsageError(f"a fencing token is from 0 to {MAX_FENCING_TOKEN} (got {token})")
+    return token
 
 
 def check(store: Store, key: str, token: int) -> CheckResult:

@@ -24,6 +24,7 @@ from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.errors import TasklockError
 from tasklock_cli.errors import UsageError
 from tasklock_cli.events import stop_spinners
+from tasklock_cli.fastrun import run_args
 from tasklock_cli.keys import validate_key
 from tasklock_cli.session import ErrorStyle
 from tasklock_cli.session import GlobalFlags
@@ -102,6 +103,9 @@ app = typer.Typer(
 )
 
 
+#: The most ``history --limit`` takes: far more than any store keeps, and an integer every
+#: store's queries take.
+HISTORY_LIMIT_MAX = 2**31 - 1
 #: ``list --watch`` refreshes no faster than this: each refresh is a query on the store.
 MIN_WATCH_INTERVAL_S = 0.1
 
@@ -195,7 +199,7 @@ def _run_signature() -> inspect.Signature:
                 "command",
                 typer.Argument(
                     None,
-                    metavar="-- COMMAND [ARG...]",
+                    metavar="[--] COMMAND [ARG...]",
                     help="The command to run while the lock is held.",
                 ),
                 list[str] | None,
@@ -289,8 +293,8 @@ def history(
 
     g: Globals = ctx.obj
     validate_key(key)
-    if limit is not None and limit < 1:
-        raise UsageError(f"--limit must be at least 1 (got {limit})")
+    if limit is not None and not 1 <= limit <= HISTORY_LIMIT_MAX:
+        raise UsageError(f"--limit must be from 1 to {HISTORY_LIMIT_MAX} (got {limit})")
     with g.open_store() as store:
         runs = store.history(key, limit or LEDGER_KEEP)
     if as_json:
@@ -349,14 +353,16 @@ def check(
 def sweep(
     ctx: typer.Context,
     dry_run: bool = typer.Option(False, "--dry-run", help="Only count what would be removed."),
-    as_json: bool = typer.Option(False, "--json", help='Print {"removed": N}.'),
+    as_json: bool = typer.Option(
+        False, "--json", help='Print {"removed": N} ({"would_remove": N} with --dry-run).'
+    ),
 ) -> None:
     """Remove expired leases left in the store (fencing counters are kept)."""
     g: Globals = ctx.obj
     with g.open_store() as store:
         removed = store.sweep(dry_run=dry_run)
     if as_json:
-        typer.echo(json.dumps({"removed": removed}))
+        typer.echo(json.dumps({"would_remove" if dry_run else "removed": removed}))
     else:
         verb = "would remove" if dry_run else "removed"
         typer.echo(f"{verb} {removed} expired lease{'' if removed == 1 else 's'}")
@@ -377,6 +383,10 @@ def release(
     validate_key(key)
     if not force:
         raise UsageError("release breaks whoever holds the lock; confirm with --force")
+    if token is not None:
+        from tasklock_cli.checking import checked_token
+
+        checked_token(token)
     from tasklock_cli.breaking import LET_GO_TIMEOUT_S
     from tasklock_cli.breaking import break_and_wait
 
@@ -406,15 +416,23 @@ def init(
 
 
 @app.command()
-def doctor(ctx: typer.Context) -> None:
+def doctor(
+    ctx: typer.Context,
+    as_json: bool = typer.Option(
+        False, "--json", help='Print a JSON array of {"check", "ok", "detail"}.'
+    ),
+) -> None:
     """Check the store: reachable, schema, round-trip time, clock skew."""
     from tasklock_cli import render
 
     g: Globals = ctx.obj
-    config_file = g.config.path
+    config_file = str(g.config.path) if g.config.path else "none (built-in defaults)"
     with g.open_store() as store:
         checks = store.doctor()
-    render.doctor_report(str(config_file) if config_file else "none (built-in defaults)", checks)
+    if as_json:
+        typer.echo(json.dumps(render.doctor_json(config_file, checks), ensure_ascii=False))
+    else:
+        render.doctor_report(config_file, checks)
     failed = [check for check in checks if not check.ok]
     if any(check.name == "reachable" for check in failed):
         raise typer.Exit(StoreUnavailable.exit_code)
@@ -434,14 +452,14 @@ def run_cli(argv: list[str] | None = None) -> int:
     command = typer.main.get_command(app)
     args = sys.argv[1:] if argv is None else argv
     try:
-        code = command.main(args=args, prog_name="tasklock", standalone_mode=False)
+        code = command.main(args=run_args(args), prog_name="tasklock", standalone_mode=False)
     except TasklockError as exc:
         return _fail(str(exc), exc.exit_code, args)
     except _CliException as exc:
         if type(exc).__name__ == "NoArgsIsHelpError":  # bare `tasklock`: the help, as usage
             sys.stderr.write(exc.format_message() + "\n")
             return 2
-        return _fail(exc.format_message(), getattr(exc, "exit_code", 2), args)
+        return _fail(_message(exc), getattr(exc, "exit_code", 2), args)
     except typer.Exit as exc:
         code = exc.exit_code
     except typer.Abort:
@@ -451,6 +469,25 @@ def run_cli(argv: list[str] | None = None) -> int:
     finally:
         stop_spinners()  # whatever ended the run, the terminal gets its cursor back
     return code if isinstance(code, int) else 0
+
+
+#: How alike a mistyped option must be to one of the command's to be suggested: difflib's
+#: default (0.6) offers --verbose for --bogus and --store for --json.
+SUGGESTION_CUTOFF = 0.7
+
+
+def _message(exc: Exception) -> str:
+    """The parser's message, suggesting only options close to a mistyped one."""
+    possibilities = getattr(exc, "possibilities", None)
+    if possibilities:
+        from difflib import get_close_matches
+
+        exc.possibilities = get_close_matches(  # type: ignore[attr-defined]
+            exc.option_name,  # type: ignore[attr-defined]
+            possibilities,
+            cutoff=SUGGESTION_CUTOFF,
+        )
+    return exc.format_message()  # type: ignore[attr-defined]
 
 
 def _fail(message: str, code: int, args: list[str]) -> int:

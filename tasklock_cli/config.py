@@ -73,6 +73,8 @@ def load_config(explicit: str | None = None) -> Config:
 
             return parse_config_file(Path(path))
         if must_exist:
+            if paths.is_dir(path):
+                raise ConfigError(f"config file {path} is a directory")
             raise ConfigError(f"config file {path} does not exist")
     return Config()
 
@@ -93,8 +95,10 @@ def parse_config_file(path: Path) -> Config:
     config = Config(path=path)
     for name, value in data.items():
         if name == "store":
-            if not isinstance(value, str) or not value:
+            if not isinstance(value, str):
                 raise _bad(path, text, name, "must be a store URL string")
+            if not value.strip():
+                raise _bad(path, text, name, f"is empty {_EMPTY_STORE_HINT}")
             config.store = value
         elif name == "keys":
             if not isinstance(value, dict):
@@ -158,5 +162,26 @@ def _line_of(text: str, setting: str) -> int | None:
     return None
 
 
+_EMPTY_STORE_HINT = "(give a store URL, or leave the setting out for the default store)"
+
+
 def resolve_store_url(flag: str | None, config: Config) -> str:
-    return flag or os.environ.get("TASKLOCK_STORE") or config.store or default_store_url()
+    """--store > $TASKLOCK_STORE > the config file > the default. A setting that is given
+    but empty is an error, never "use the next one": a missing CI secret expands to empty."""
+    for where, value in (("--store", flag), ("TASKLOCK_STORE", os.environ.get("TASKLOCK_STORE"))):
+        if value is not None:
+            if not value.strip():
+                raise ConfigError(f"{where} is empty {_EMPTY_STORE_HINT}")
+            return value
+    return config.store or default_store_url()
+
+
+def store_from_file(flag: str | None, config: Config) -> bool:
+    """Whether the store URL in use came from the config file."""
+    return flag is None and "TASKLOCK_STORE" not in os.environ and config.store is not None
+
+
+def store_setting_error(config: Config, problem: str) -> ConfigError:
+    """A problem with the config file's ``store`` URL, naming the file and line."""
+    assert config.path is not None
+    return setting_error(config.path, "store", problem)

@@ -1,4 +1,5 @@
-"""The `tasklock` entry point, with a fast path for the command that sits in front of every
+"""The `tasklock` entry point: where `run`'s options end (``run_args``, for both parsers), and a
+fast path for the command that sits in front of every
 cron line and shell-loop step: `tasklock [GLOBALS] run KEY [OPTIONS] -- COMMAND...` is parsed
 here, from the table of run settings, without importing the CLI framework (typer and click
 cost more than the rest of a run on SQLite). Whatever this parser does not recognise (help,
@@ -12,6 +13,7 @@ from __future__ import annotations
 import sys
 
 from tasklock_cli import settings
+from tasklock_cli.errors import UsageError
 from tasklock_cli.records import dataclass
 from tasklock_cli.records import field
 
@@ -23,6 +25,9 @@ if TYPE_CHECKING:
 _GLOBAL_VALUES = {"--store": "store", "--config": "config", "--log-format": "log_format"}
 _VERBOSE = {"-v": 1, "--verbose": 1, "-vv": 2, "-vvv": 3}
 _QUIET = ("-q", "--quiet")
+_HELP = ("-h", "--help")
+#: Short flags that may be combined (``-vq``): the global ones and help.
+_SHORT_FLAGS = frozenset("vqh")
 
 
 @dataclass
@@ -140,10 +145,83 @@ def run_fast(parsed: FastRun, args: list[str]) -> int:
         stop_spinners()
 
 
+def run_args(args: list[str]) -> list[str]:
+    """The command line with ``--`` where `run`'s command starts, so that both parsers (this
+    one and typer) see one decision: `run`'s options end at the first word after KEY that is
+    neither one of its options (global ones included) nor an option's value; from there on
+    every word is the command's. Unchanged when that is not `run`, when ``--`` is already
+    there, or when an option is unknown or lacks its value (the parser reports it).
+    UsageError for ``run -- COMMAND``, which has no key."""
+    index = _command_name_at(args)
+    if index is None or args[index] != "run":
+        return args
+    index += 1
+    key_seen = False
+    while index < len(args):
+        arg = args[index]
+        if arg == "--":
+            if not key_seen:
+                raise UsageError(
+                    "no KEY before '--' (tasklock run KEY [OPTIONS] [--] COMMAND [ARG...])"
+                )
+            return args
+        if not _is_option_word(arg):
+            if key_seen:
+                return [*args[:index], "--", *args[index:]]
+            key_seen = True
+            index += 1
+            continue
+        width = _option_width(args, index, _TAKES_VALUE)
+        if not width:
+            return args
+        index += width
+    return args
+
+
+def _command_name_at(args: list[str]) -> int | None:
+    """The index of the command name after the global options; None when there is none
+    or an option before it is unknown."""
+    index = 0
+    while index < len(args) and _is_option_word(args[index]):
+        if args[index] == "--":
+            return None
+        width = _option_width(args, index, _GLOBAL_VALUES)
+        if not width:
+            return None
+        index += width
+    return index if index < len(args) else None
+
+
+def _is_option_word(arg: str) -> bool:
+    return arg.startswith("-") and arg != "-"
+
+
+def _option_width(args: list[str], index: int, takes_value: set[str] | dict) -> int:
+    """How many words the option at ``index`` spans (2 with a separate value); 0 when it is
+    unknown or its value is missing."""
+    name, equals, _ = args[index].partition("=")
+    if name in takes_value:
+        return 1 if equals else 2 if index + 1 < len(args) else 0
+    if equals:
+        return 0
+    if name in _VERBOSE or name in _QUIET or name in _HELP:
+        return 1
+    short = name[1:]
+    if not name.startswith("--") and short and _SHORT_FLAGS.issuperset(short):
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> NoReturn:
     from tasklock_cli.session import exit_now
 
     args = sys.argv[1:] if argv is None else argv
+    try:
+        args = run_args(args)
+    except UsageError as exc:
+        from tasklock_cli.session import fail
+
+        exit_now(fail(str(exc), exc.exit_code, args))
     parsed = parse(args)
     if parsed is not None:
         exit_now(run_fast(parsed, args))

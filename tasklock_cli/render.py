@@ -208,6 +208,13 @@ def _lease_block(info: LeaseInfo) -> None:
         sys.stdout.write(f"{name:<9} {_one_line(value)}\n")
 
 
+def doctor_json(config_file: str, checks: list[StoreCheck]) -> list[dict[str, object]]:
+    """`doctor --json`: the checks of the text report, config first."""
+    rows: list[dict[str, object]] = [{"check": "config", "ok": True, "detail": config_file}]
+    rows += [{"check": check.name, "ok": check.ok, "detail": check.detail} for check in checks]
+    return rows
+
+
 def doctor_report(config_file: str, checks: list[StoreCheck]) -> None:
     lines = [("ok", "config", config_file)]
     for check in checks:

@@ -84,9 +84,19 @@ class Globals:
         return resolve_store_url(self.store_flag, self.config)
 
     def open_store(self):
+        from tasklock_cli.errors import ConfigError
         from tasklock_cli.stores import open_store
 
-        return open_store(self.store_url())
+        url = self.store_url()
+        try:
+            return open_store(url)
+        except (ConfigError, UsageError) as exc:  # a URL that can never work
+            from tasklock_cli.config import store_from_file
+            from tasklock_cli.config import store_setting_error
+
+            if not store_from_file(self.store_flag, self.config):
+                raise
+            raise store_setting_error(self.config, f"is not usable: {exc}") from exc
 
 
 def fail(message: str, code: int, args: list[str]) -> int:
@@ -154,7 +164,7 @@ def run_command(
 
     validate_key(key)
     if not command:
-        raise UsageError("no command given (tasklock run KEY [OPTIONS] -- COMMAND [ARG...])")
+        raise UsageError("no command given (tasklock run KEY [OPTIONS] [--] COMMAND [ARG...])")
     values = settings.resolve(flags, lambda name: g.config.run_setting(key, name), g.config.path)
     options = RunOptions(
         key=key, command=list(command), **values, note=note, store_url=g.store_url()

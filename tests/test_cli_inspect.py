@@ -94,7 +94,9 @@ def test_list_all_shows_expired_until_sweep(env, sqlite_url):
     assert json.loads(tasklock("list", "--json", env=env).stdout) == []
     everything = json.loads(tasklock("list", "--all", "--json", env=env).stdout)
     assert [(e["key"], e["expired"]) for e in everything] == [("short", True)]
-    assert json.loads(tasklock("sweep", "--dry-run", "--json", env=env).stdout)["removed"] == 1
+    assert json.loads(tasklock("sweep", "--dry-run", "--json", env=env).stdout) == {
+        "would_remove": 1
+    }
     assert json.loads(tasklock("sweep", "--json", env=env).stdout) == {"removed": 1}
     assert tasklock("sweep", env=env).stdout == "removed 0 expired leases\n"
     assert json.loads(tasklock("list", "--all", "--json", env=env).stdout) == []

@@ -235,6 +235,19 @@ def _zsh_complete(line: str, work: Path) -> list[str]:
     ]
 
 
+def test_completions_take_the_command_after_key_without_double_dash(tmp_path):
+    """`run`'s options end at the command: its first word after KEY starts it, "--" or not."""
+    (tmp_path / "locks.toml").write_text("")
+    assert _bash_complete("tasklock run job --ttl 5s cat lo", tmp_path) == ["locks.toml"]
+    assert "cat" in _bash_complete("tasklock run job --ttl 5s ca", tmp_path)
+    assert _bash_complete("tasklock run job --ttl ", tmp_path) == []  # a value, not a command
+    assert "--renew-every" in _bash_complete("tasklock run job -", tmp_path)
+    assert "locks.toml" in _fish_complete("tasklock run job --ttl 5s cat lo", tmp_path)
+    assert _fish_complete("tasklock run job --ttl ", tmp_path) == []
+    assert _zsh_complete("tasklock run job --ttl 5s cat lo", tmp_path) == ["locks.toml"]
+    assert "cat" in _zsh_complete("tasklock run job -- ca", tmp_path)
+
+
 def test_zsh_completes_commands_and_run_options(tmp_path):
     assert _zsh_complete("tasklock r", tmp_path) == ["run", "release"]
     assert _zsh_complete("tasklock run --t", tmp_path) == ["--ttl"]

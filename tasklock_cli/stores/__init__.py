@@ -12,6 +12,7 @@ from tasklock_cli.stores.urls import default_store_url  # noqa: F401 - the packa
 from tasklock_cli.stores.urls import redact_url
 from tasklock_cli.stores.urls import sqlite_url  # noqa: F401 - the package's names for them
 from tasklock_cli.stores.urls import url_scheme
+from tasklock_cli.stores.urls import url_syntax_problem
 
 _SCHEMES = {
     "sqlite": "sqlite",
@@ -43,6 +44,10 @@ _DRIVERS = {
 def open_store(url: str) -> Store:
     scheme = url_scheme(url) if "://" in url else ""
     backend = _SCHEMES.get(scheme)
+    if backend and not url.startswith("sqlite:///"):
+        problem = url_syntax_problem(url)
+        if problem:
+            raise ConfigError(f"malformed store URL {redact_url(url)!r}: {problem}")
     if backend == "sqlite":
         from tasklock_cli.stores.sqlite.store import SQLiteStore
 

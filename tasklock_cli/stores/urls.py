@@ -6,6 +6,7 @@ import os
 import re
 
 from tasklock_cli import paths
+from tasklock_cli.errors import ConfigError
 
 # urllib.parse (with ipaddress, ~3 ms) and pathlib are not imported on `run`'s path: a plain
 # sqlite:///PATH is taken apart here; other URLs import them when they need them.
@@ -37,7 +38,21 @@ def url_scheme(url: str) -> str:
         return "sqlite"
     from urllib.parse import urlsplit
 
-    return urlsplit(url).scheme.lower()
+    try:
+        return urlsplit(url).scheme.lower()
+    except ValueError:  # malformed past the scheme: the store reports it
+        return url.partition(":")[0].lower()
+
+
+def url_syntax_problem(url: str) -> str | None:
+    """What makes ``url`` unreadable as a URL at all (an unclosed ``[``, say), or None."""
+    from urllib.parse import urlsplit
+
+    try:
+        urlsplit(url)
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def sqlite_netloc_and_path(url: str) -> tuple[str, str]:
@@ -49,6 +64,21 @@ def sqlite_netloc_and_path(url: str) -> tuple[str, str]:
 
     parts = urlsplit(url)
     return parts.netloc, unquote(parts.path)
+
+
+def unknown_parameter(store: str, url: str, name: str, known: str) -> ConfigError:
+    """The one wording, on every store, of a URL parameter the store does not take."""
+    return ConfigError(
+        f"{store} store URL {redact_url(url)!r}: unknown parameter {name!r} ({known})"
+    )
+
+
+def query_names(url: str) -> list[str]:
+    """The names of a URL's query parameters, decoded, in order."""
+    from urllib.parse import parse_qsl
+    from urllib.parse import urlsplit
+
+    return [name for name, _ in parse_qsl(urlsplit(url).query, keep_blank_values=True)]
 
 
 _PASSWORD_IN_CONNINFO = re.compile(r"(password\s*=\s*)(\S+)", re.IGNORECASE)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import math
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -32,6 +33,7 @@ from tasklock_cli.stores.base import fd_readable
 from tasklock_cli.stores.etcd import http
 from tasklock_cli.stores.urls import redact_url
 from tasklock_cli.stores.urls import scrub
+from tasklock_cli.stores.urls import unknown_parameter
 
 if TYPE_CHECKING:  # imported when an etcds:// URL needs it
     import ssl
@@ -96,10 +98,7 @@ def parse_url(url: str) -> EtcdConfig:
         if name in ("prefix", "cacert", "cert", "key"):
             setattr(config, name, value)
         else:
-            raise ConfigError(
-                f"etcd store URL {shown!r}: unknown parameter {name!r} "
-                "(known: prefix, cacert, cert, key)"
-            )
+            raise unknown_parameter("etcd", url, name, "known: prefix, cacert, cert, key")
     if not config.prefix:
         raise ConfigError(f"etcd store URL {shown!r}: prefix= must not be empty")
     if (config.cacert or config.cert or config.key) and not config.tls:
@@ -222,7 +221,7 @@ class Members:
             while True:
                 index = self._current
                 left = deadline - time.monotonic()
-                if left <= 0 or (tried >= count and self._all_refused(problems)):
+                if left <= 0 or (tried >= count and _none_can_answer(problems)):
                     break
                 # A member that does not answer may take half of what is left, so that
                 # another one still gets its turn.
@@ -240,7 +239,7 @@ class Members:
                     problems[index] = describe(exc)
                     self._current = (index + 1) % count
                     tried += 1
-                    if tried % count == 0 and not self._all_refused(problems):
+                    if tried % count == 0 and not _none_can_answer(problems):
                         time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
                     continue
                 error = _first_error(replies)
@@ -261,6 +260,8 @@ class Members:
             detail = "; ".join(
                 f"{self._where(i)}: {self.scrub(text)}" for i, text in sorted(problems.items())
             )
+            if _none_can_answer(problems):  # said at once: waiting would change nothing
+                raise StoreUnavailable(f"{self.display_url}: no etcd member reachable ({detail})")
             raise StoreUnavailable(
                 f"{self.display_url}: no etcd member answered within "
                 f"{self.io_timeout:g}s ({detail or 'no time left'})"
@@ -276,11 +277,7 @@ class Members:
 
     def _where(self, index: int) -> str:
         host, port = self.config.members[index]
-        return f"{host}:{port}"
-
-    @staticmethod
-    def _all_refused(problems: dict[int, str]) -> bool:
-        return bool(problems) and all("refused" in text for text in problems.values())
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
     def _exchange(
         self, index: int, requests: list[tuple[str, dict[str, Any]]], deadline: float
@@ -350,12 +347,30 @@ class Members:
         return parsedate_to_datetime(date).timestamp() if date else None
 
 
+_REFUSED = "connection refused"
+_UNKNOWN_HOST = "unknown host"
+
+
 def describe(exc: BaseException) -> str:
     if isinstance(exc, http.Woken | TimeoutError):
         return "timed out"
     if isinstance(exc, ConnectionRefusedError):
-        return "connection refused"
+        return _REFUSED
+    if isinstance(exc, socket.gaierror) and exc.errno in _NO_SUCH_NAME:
+        return f"{_UNKNOWN_HOST} ({exc.strerror})"
     return str(exc) or type(exc).__name__
+
+
+#: getaddrinfo's answers that a retry within seconds will not change (EAI_AGAIN, a DNS
+#: server that did not answer, may).
+_NO_SUCH_NAME = {socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)}
+
+
+def _none_can_answer(problems: dict[int, str]) -> bool:
+    """Whether every member said no at once (refused, or its name does not resolve)."""
+    return bool(problems) and all(
+        text == _REFUSED or text.startswith(_UNKNOWN_HOST) for text in problems.values()
+    )
 
 
 def _error_of(status: int, reply: dict[str, Any]) -> EtcdError | None:

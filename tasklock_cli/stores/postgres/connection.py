@@ -9,6 +9,7 @@ import functools
 import math
 import os
 import random
+import re
 import socket
 import threading
 import time
@@ -28,6 +29,7 @@ from tasklock_cli.stores.postgres.schema import UNSET
 from tasklock_cli.stores.postgres.schema import PgSchema
 from tasklock_cli.stores.postgres.schema import Unset
 from tasklock_cli.stores.urls import scrub
+from tasklock_cli.stores.urls import unknown_parameter
 from tasklock_cli.stores.urls import url_passwords
 
 DEFAULT_IO_TIMEOUT_S = 5.0
@@ -47,6 +49,8 @@ _SESSION_SETUP = (
 
 
 # Connection failures that mean "fix the URL / the server's setup", not "try again later".
+#: libpq's words for a parameter it does not know, in a URL and in a conninfo string.
+_UNKNOWN_PARAMETER = re.compile(r'invalid (?:URI query parameter|connection option):? "([^"]*)"')
 _CONFIG_FAILURES = (
     "password authentication failed",
     "authentication failed",
@@ -146,6 +150,14 @@ class PgConnection:
         try:
             params = conninfo_to_dict(conninfo)
         except psycopg.Error as exc:
+            unknown = _UNKNOWN_PARAMETER.search(str(exc))
+            if unknown:
+                raise unknown_parameter(
+                    "PostgreSQL",
+                    display_url,
+                    unknown[1],
+                    "libpq's connection parameters, or table=",
+                ) from None
             raise ConfigError(
                 f"invalid PostgreSQL URL {display_url!r}: {self.scrub(str(exc))}"
             ) from None
@@ -347,6 +359,8 @@ class PgConnection:
             return ConfigError(f"{where}: the database user may not use table {table} ({text})")
         if isinstance(exc, pgerr.UndefinedTable):
             return ConfigError(f"{where}: table {table} is missing ({text})")
+        if "invalid port number" in text:
+            return ConfigError(f"{where}: {text}")
         if state in ("28P01", "28000", "3D000") or (
             isinstance(exc, psycopg.OperationalError)
             and not state

@@ -32,7 +32,9 @@ from tasklock_cli.errors import TasklockError
 from tasklock_cli.stores.redis.keys import DEFAULT_PREFIX
 from tasklock_cli.stores.redis.keys import RedisKeys
 from tasklock_cli.stores.redis.scripts import SCRIPTS
+from tasklock_cli.stores.urls import redact_url
 from tasklock_cli.stores.urls import scrub
+from tasklock_cli.stores.urls import unknown_parameter
 
 DEFAULT_IO_TIMEOUT_S = 5.0
 #: Idle connections are PINGed before reuse, so a connection the server closed (restart,
@@ -59,15 +61,27 @@ _FORCED_OPTIONS = (
 )
 
 
+#: The most databases a Redis server can have (its ``databases`` setting is an int).
+MAX_DB_INDEX = 2**31 - 1
+
+
 def split_url(url: str) -> tuple[str, str, list[str]]:
-    """(url for redis-py without tasklock's own ``prefix=``, prefix, secrets to scrub)."""
+    """(url for redis-py without tasklock's own ``prefix=``, prefix, secrets to scrub).
+    ConfigError for a parameter redis-py does not honour or a database that is no number."""
     parts = urlsplit(url)
     prefix = DEFAULT_PREFIX
     kept: list[str] = []
     secrets: list[str] = []
+    known = _url_parameters(parts.scheme.lower())
     for item in parts.query.split("&") if parts.query else []:
         name, _, value = item.partition("=")
         name = unquote_plus(name)
+        if name not in known:
+            raise unknown_parameter(
+                "Redis", url, name, "tasklock's prefix=, or a connection option of redis-py"
+            )
+        if name == "db":
+            _check_db(url, unquote_plus(value))
         if name == "prefix":
             prefix = unquote_plus(value)
             continue
@@ -76,6 +90,8 @@ def split_url(url: str) -> tuple[str, str, list[str]]:
         if name == "password" and value:
             secrets.append(unquote_plus(value))
         kept.append(item)
+    if parts.scheme.lower() != "unix" and parts.path.strip("/"):
+        _check_db(url, unquote(parts.path).strip("/"))
     if parts.password:
         secrets.append(unquote(parts.password))
     # Rebuilt textually: urlunsplit would turn unix:///path into unix:/path.
@@ -83,6 +99,35 @@ def split_url(url: str) -> tuple[str, str, list[str]]:
     fragment = rest.partition("#")[2] if "#" in rest else ""
     clean = base + ("?" + "&".join(kept) if kept else "") + ("#" + fragment if fragment else "")
     return clean, prefix, secrets
+
+
+def _check_db(url: str, text: str) -> None:
+    if not (text.isdigit() and int(text) <= MAX_DB_INDEX):
+        raise ConfigError(
+            f"Redis store URL {redact_url(url)!r}: the database must be a number, "
+            f"redis://HOST:PORT/N (got {text!r})"
+        )
+
+
+def _url_parameters(scheme: str) -> frozenset[str]:
+    """What redis-py honours in a URL of ``scheme``: the options it parses, and the keyword
+    arguments of the connection class it passes the others to (as strings)."""
+    connection_class = {
+        "rediss": redis.connection.SSLConnection,
+        "unix": redis.connection.UnixDomainSocketConnection,
+    }.get(scheme, redis.connection.Connection)
+    names = {"prefix", "protocol", "password", "username"}
+    names.update(getattr(redis.connection, "URL_QUERY_ARGUMENT_PARSERS", {}))
+    import inspect  # the Redis store's path only, and its driver costs more
+
+    for klass in connection_class.__mro__:
+        if "__init__" in klass.__dict__ and klass is not object:
+            parameters = inspect.signature(klass.__dict__["__init__"]).parameters.values()
+            names.update(
+                p.name for p in parameters if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+            )
+    names.discard("self")
+    return frozenset(names)
 
 
 def _set_up_lean(connection: redis.connection.AbstractConnection) -> None:
@@ -211,6 +256,8 @@ class RedisConnection:
         if isinstance(exc, rexc.NoPermissionError):
             return ConfigError(f"{where}: the Redis user may not run what tasklock needs ({text})")
         if isinstance(exc, rexc.ResponseError):
+            if "DB index is out of range" in text:
+                return ConfigError(f"{where}: this Redis has no such database ({text})")
             if text.startswith("WRONGTYPE"):
                 return self.foreign_key_error(text, key)
             if "unknown command" in text.lower():

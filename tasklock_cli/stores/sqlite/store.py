@@ -31,8 +31,10 @@ from tasklock_cli.stores.sqlite.schema import SCHEMA_VERSION
 from tasklock_cli.stores.sqlite.schema import TABLE
 from tasklock_cli.stores.sqlite.waiting import LocalWakeups
 from tasklock_cli.stores.urls import default_sqlite_file
+from tasklock_cli.stores.urls import query_names
 from tasklock_cli.stores.urls import sqlite_netloc_and_path
 from tasklock_cli.stores.urls import sqlite_url
+from tasklock_cli.stores.urls import unknown_parameter
 
 #: typing costs ~2 ms per start: its names are for the type checker only.
 TYPE_CHECKING = False
@@ -158,6 +160,21 @@ def current_boot_id() -> str:
         return "unknown-boot"
 
 
+#: The query parameters a sqlite:/// URL may carry (none yet).
+URL_PARAMETERS: tuple[str, ...] = ()
+
+
+def _check_parameters(url: str) -> None:
+    if "#" in url:
+        raise ConfigError(
+            f"sqlite URL {url!r}: a '#' ends the path there (write %23 for a '#' in a file name)"
+        )
+    for name in query_names(url):
+        if name not in URL_PARAMETERS:
+            known = ", ".join(URL_PARAMETERS) or "a sqlite:/// URL takes none"
+            raise unknown_parameter("sqlite", url, name, known)
+
+
 class SQLiteStore(Store):
     signals_release = True  # among processes on this machine (see waiting and breaks)
 
@@ -186,9 +203,12 @@ class SQLiteStore(Store):
                 "on the current directory, so cron and a shell would use different "
                 "stores); use sqlite:///ABS/PATH.db (three slashes)"
             )
-        if not raw_path or raw_path == "/":
+        if "?" in url or "#" in url:
+            _check_parameters(url)
+        names_a_file = raw_path and "\0" not in raw_path and not raw_path.endswith("/")
+        path = paths.normal(raw_path) if names_a_file else ""
+        if not paths.name(path):
             raise ConfigError(f"sqlite URL {url!r} names no file (use sqlite:///ABS/PATH.db)")
-        path = paths.normal(raw_path)
         # Only the default store's directory is made; an explicit path names a place the
         # user chose, and a missing directory there is more likely a typo.
         return cls(path, create_parent=path == default_sqlite_file())

@@ -1,0 +1,208 @@
+"""Bad input gets one clear line and a documented exit code, never a traceback or exit 1
+(contract v3, "Exit codes"); an empty store setting is an error, never "use the next one"."""
+
+from __future__ import annotations
+
+import json
+import time
+from urllib.parse import urlsplit
+
+import pytest
+
+from tests.conftest import store_url_for
+from tests.support import services
+from tests.support.cli import one_error_line
+from tests.support.cli import tasklock
+
+HUGE = "999999999999999999999"
+
+
+def with_parameter(url: str, parameter: str) -> str:
+    return url + ("&" if "?" in url else "?") + parameter
+
+
+# -- empty store settings ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv", [["run", "k", "--", "true"], ["peek", "k"], ["list"]])
+def test_an_empty_store_flag_is_78(cli_env, argv):
+    result = tasklock("--store", "", *argv, env=cli_env)
+    assert result.returncode == 78
+    assert "--store is empty" in one_error_line(result.stderr)
+
+
+@pytest.mark.parametrize("value", ["", " "])
+def test_an_empty_tasklock_store_is_78_not_the_default_store(cli_env, value):
+    result = tasklock("run", "k", "--", "echo", "ran", env={**cli_env, "TASKLOCK_STORE": value})
+    assert (result.returncode, result.stdout) == (78, "")
+    assert "TASKLOCK_STORE is empty" in one_error_line(result.stderr)
+
+
+def test_an_unset_tasklock_store_is_not_empty(cli_env):
+    assert "TASKLOCK_STORE" not in cli_env
+    assert tasklock("run", "k", "--", "true", env=cli_env).returncode == 0
+
+
+def test_an_empty_store_in_the_config_file_is_78_naming_file_and_line(cli_env, tmp_path):
+    config = tmp_path / "tasklock.toml"
+    config.write_text('ttl = "10s"\nstore = ""\n')
+    result = tasklock("--config", str(config), "peek", "k", env=cli_env)
+    assert result.returncode == 78
+    assert f"{config}:2: setting 'store' is empty" in one_error_line(result.stderr)
+
+
+def test_an_unusable_store_url_in_the_config_file_names_file_and_line(cli_env, tmp_path):
+    config = tmp_path / "tasklock.toml"
+    config.write_text('# locks\nstore = "mysql://x"\n')
+    result = tasklock("--config", str(config), "peek", "k", env=cli_env)
+    assert result.returncode == 78
+    line = one_error_line(result.stderr)
+    assert f"{config}:2: setting 'store'" in line
+    assert "unknown store URL 'mysql://x'" in line
+
+
+def test_a_config_path_that_is_a_directory_says_so(cli_env, tmp_path):
+    result = tasklock("--config", str(tmp_path), "peek", "k", env=cli_env)
+    assert result.returncode == 78
+    assert one_error_line(result.stderr).endswith(f"config file {tmp_path} is a directory")
+
+
+# -- store URLs ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://[::1",
+        "redis://[::1",
+        "etcd://[::1",
+        "sqlite:////",
+        "sqlite:///%00",
+        "sqlite:///tmp/",
+        "sqlite:///tmp/x.db#part",
+        "redis://127.0.0.1:6379/abc",
+        "redis://127.0.0.1:6379/-1",
+        f"redis://127.0.0.1:6379/{HUGE}",
+        "postgresql://127.0.0.1:99999/test",
+    ],
+)
+def test_a_url_that_can_never_work_is_78(cli_env, url):
+    result = tasklock("--store", url, "peek", "k", env=cli_env)
+    assert result.returncode == 78, result.stderr
+    one_error_line(result.stderr)
+
+
+def test_unknown_url_parameters_are_78_on_every_store(cli_env, store_url):
+    result = tasklock("--store", with_parameter(store_url, "bogus=1"), "peek", "k", env=cli_env)
+    assert result.returncode == 78, result.stderr
+    assert "unknown parameter 'bogus'" in one_error_line(result.stderr)
+
+
+@pytest.mark.parametrize(
+    ("kind", "parameters"),
+    [
+        ("postgres", "connect_timeout=3&application_name=tasklock-test"),  # libpq's
+        ("redis", "socket_timeout=3&health_check_interval=5&client_name=x"),  # redis-py's
+    ],
+)
+def test_the_drivers_own_url_parameters_still_work(cli_env, tmp_path, kind, parameters):
+    services.require(kind)
+    url = with_parameter(store_url_for(kind, tmp_path), parameters)
+    try:
+        result = tasklock("--store", url, "peek", "k", env=cli_env)
+    finally:
+        services.cleanup(kind, url)
+    assert (result.returncode, result.stderr) == (1, "")  # free
+
+
+def test_a_redis_database_the_server_lacks_is_78(cli_env):
+    services.require("redis")
+    url = urlsplit(services.base_redis_url())._replace(path="/99", query="").geturl()
+    result = tasklock("--store", url, "peek", "k", env=cli_env)
+    assert result.returncode == 78, result.stderr
+    assert "no such database" in one_error_line(result.stderr)
+
+
+# -- numbers -------------------------------------------------------------------------------
+
+
+def test_a_huge_history_limit_is_a_usage_error_on_every_store(cli_env, store_url):
+    result = tasklock("--store", store_url, "history", "k", "--limit", HUGE, env=cli_env)
+    assert result.returncode == 2, result.stderr
+    assert "--limit must be from 1 to" in one_error_line(result.stderr)
+    largest = tasklock(
+        "--store", store_url, "history", "k", "--limit", str(2**31 - 1), "--json", env=cli_env
+    )
+    assert (largest.returncode, largest.stdout) == (0, "[]\n"), largest.stderr
+
+
+@pytest.mark.parametrize("token", [HUGE, "-1"])
+@pytest.mark.parametrize("command", [["check", "k"], ["release", "k", "--force"]])
+def test_a_token_no_store_can_have_is_a_usage_error(cli_env, command, token):
+    result = tasklock(*command, "--token", token, env=cli_env)
+    assert result.returncode == 2
+    assert "a fencing token is from 0 to" in one_error_line(result.stderr)
+
+
+# -- option suggestions, JSON --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "suggested"),
+    [
+        (["--bogus", "peek", "k"], None),
+        (["peek", "k", "--bogus"], None),
+        (["run", "k", "--bogus", "--", "true"], None),
+        (["list", "--jsn"], "--json"),
+        (["run", "k", "--tll", "5s", "--", "true"], "--ttl"),
+        (["sweep", "--dry"], "--dry-run"),
+        (["peek", "k", "--prefix", "x"], None),  # an option of list, not of peek
+    ],
+)
+def test_suggestions_name_only_close_options_of_that_command(cli_env, argv, suggested):
+    result = tasklock(*argv, env=cli_env)
+    assert result.returncode == 2
+    line = one_error_line(result.stderr)
+    if suggested is None:
+        assert "Possible options" not in line
+    else:
+        assert line.endswith(f"(Possible options: {suggested})")
+
+
+def test_doctor_json(cli_env, sqlite_url):
+    result = tasklock("--store", sqlite_url, "doctor", "--json", env=cli_env)
+    assert result.returncode == 0, result.stderr
+    checks = json.loads(result.stdout)
+    assert {"check": "config", "ok": True, "detail": "none (built-in defaults)"} in checks
+    assert all(set(check) == {"check", "ok", "detail"} for check in checks)
+    assert {check["check"] for check in checks} >= {"store", "reachable", "schema"}
+
+
+def test_doctor_json_on_an_unreachable_store_is_69(cli_env):
+    result = tasklock("--store", "redis://127.0.0.1:1/0", "doctor", "--json", env=cli_env)
+    assert result.returncode == 69
+    reachable = [c for c in json.loads(result.stdout) if c["check"] == "reachable"]
+    assert reachable[0]["ok"] is False
+
+
+# -- etcd: say what happened, at once ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        ("etcd://127.0.0.1:1", "127.0.0.1:1: connection refused"),
+        ("etcd://[::1]:1", "[::1]:1: connection refused"),
+        ("etcd://nosuchhost.invalid:2379", "nosuchhost.invalid:2379: unknown host"),
+    ],
+)
+def test_etcd_says_no_member_is_reachable_as_fast_as_the_other_stores(cli_env, url, said):
+    started = time.monotonic()
+    result = tasklock("--store", url, "peek", "k", env=cli_env)
+    took = time.monotonic() - started
+    assert result.returncode == 69
+    line = one_error_line(result.stderr)
+    assert "no etcd member reachable" in line
+    assert said in line
+    assert "within 5s" not in line
+    assert took < 3, took
