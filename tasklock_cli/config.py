@@ -21,6 +21,7 @@ from tasklock_cli.errors import UsageError
 from tasklock_cli.records import dataclass
 from tasklock_cli.records import field
 from tasklock_cli.settings import BY_NAME
+from tasklock_cli.settings import SWITCHES_BY_NAME
 from tasklock_cli.stores.urls import default_store_url
 
 #: typing costs ~2 ms per start: its names are for the type checker only.
@@ -103,7 +104,7 @@ def parse_config_file(path: Path) -> Config:
                 if not isinstance(settings, dict):
                     raise _bad(path, text, pattern, "must be a table of run settings")
                 config.key_overrides.append((pattern, _run_settings(path, text, settings)))
-        elif name in BY_NAME:
+        elif name in BY_NAME or name in SWITCHES_BY_NAME:
             config.run_defaults.update(_run_settings(path, text, {name: value}))
         else:
             raise _bad(path, text, name, "is not a tasklock setting")
@@ -113,6 +114,11 @@ def parse_config_file(path: Path) -> Config:
 def _run_settings(path: Path, text: str, settings: dict) -> dict[str, object]:
     checked: dict[str, object] = {}
     for name, value in settings.items():
+        if name in SWITCHES_BY_NAME:
+            if not isinstance(value, bool):
+                raise _bad(path, text, name, "must be true or false")
+            checked[name] = value
+            continue
         setting = BY_NAME.get(name)
         if setting is None:
             raise _bad(path, text, name, "is not a run setting")
@@ -160,3 +166,10 @@ def _line_of(text: str, setting: str) -> int | None:
 
 def resolve_store_url(flag: str | None, config: Config) -> str:
     return flag or os.environ.get("TASKLOCK_STORE") or config.store or default_store_url()
+
+
+def store_url_source(flag: str | None, config: Config) -> str | None:
+    """The config file (absolute) when ``resolve_store_url`` takes the URL from it."""
+    if flag or os.environ.get("TASKLOCK_STORE") or not config.store or config.path is None:
+        return None
+    return os.path.abspath(config.path)

@@ -33,6 +33,7 @@ class FastRun:
     flags: dict = field(default_factory=dict)  # run setting name -> text
     note: str | None = None
     command: list[str] = field(default_factory=list)
+    switched_off: set = field(default_factory=set)  # names of run switches turned off
 
 
 def parse(args: list[str]) -> FastRun | None:
@@ -55,7 +56,9 @@ def parse(args: list[str]) -> FastRun | None:
             index += 1
             continue
         if value is None:
-            if not _global_flag(name, parsed.after):
+            if name in settings.SWITCHES_BY_FLAG:
+                parsed.switched_off.add(settings.SWITCHES_BY_FLAG[name].name)
+            elif not _global_flag(name, parsed.after):
                 return None
         elif name in _GLOBAL_VALUES:
             parsed.after[_GLOBAL_VALUES[name]] = value
@@ -131,7 +134,9 @@ def run_fast(parsed: FastRun, args: list[str]) -> int:
         before = GlobalFlags(**parsed.before).checked()
         ErrorStyle.log_format = before.log_format
         g = Globals(before.then(GlobalFlags(**parsed.after).checked()))
-        return run_command(g, parsed.key, parsed.command, parsed.flags, parsed.note)
+        return run_command(
+            g, parsed.key, parsed.command, parsed.flags, parsed.note, parsed.switched_off
+        )
     except TasklockError as exc:
         return fail(str(exc), exc.exit_code, args)
     except KeyboardInterrupt:
