@@ -20,10 +20,7 @@ _SHORT = {0x09: "\\t", 0x0A: "\\n", 0x0D: "\\r"}
 
 def _escaped(code: int) -> bool:
     return (
-        code < 0x20
-        or 0x7F <= code <= 0x9F
-        or 0xD800 <= code <= 0xDFFF
-        or code in _ESCAPED_FORMAT
+        code < 0x20 or 0x7F <= code <= 0x9F or 0xD800 <= code <= 0xDFFF or code in _ESCAPED_FORMAT
     )
 
 

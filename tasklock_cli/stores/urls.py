@@ -11,10 +11,16 @@ from tasklock_cli import paths
 # sqlite:///PATH is taken apart here; other URLs import them when they need them.
 
 
+def xdg_home(variable: str, *fallback: str) -> str:
+    """``$variable`` when it is an absolute path (the XDG spec ignores a relative one),
+    else ``~/fallback``."""
+    value = os.environ.get(variable, "")
+    return value if value.startswith("/") else paths.joined(paths.home(), *fallback)
+
+
 def default_sqlite_file() -> str:
     """The default store's file: ``$XDG_STATE_HOME/tasklock/locks.db``."""
-    state_home = os.environ.get("XDG_STATE_HOME") or paths.joined(paths.home(), ".local", "state")
-    return paths.joined(state_home, "tasklock", "locks.db")
+    return paths.joined(xdg_home("XDG_STATE_HOME", ".local", "state"), "tasklock", "locks.db")
 
 
 def sqlite_url(path: str | os.PathLike) -> str:
@@ -49,6 +55,16 @@ def sqlite_netloc_and_path(url: str) -> tuple[str, str]:
 
     parts = urlsplit(url)
     return parts.netloc, unquote(parts.path)
+
+
+def url_parameters(url: str) -> dict[str, str]:
+    """The query parameters of a URL, the last of each name winning (none: ``{}``)."""
+    if "?" not in url:
+        return {}
+    from urllib.parse import parse_qsl
+    from urllib.parse import urlsplit
+
+    return dict(parse_qsl(urlsplit(url).query, keep_blank_values=True))
 
 
 _PASSWORD_IN_CONNINFO = re.compile(r"(password\s*=\s*)(\S+)", re.IGNORECASE)

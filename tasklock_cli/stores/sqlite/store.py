@@ -25,6 +25,8 @@ from tasklock_cli.stores.base import utc_from_timestamp
 from tasklock_cli.stores.base import wait_readable
 from tasklock_cli.stores.sqlite.breaks import BreakAlarms
 from tasklock_cli.stores.sqlite.connection import SQLiteConnection
+from tasklock_cli.stores.sqlite.entries import PRIVATE_MODE
+from tasklock_cli.stores.sqlite.files import file_mode_parameter
 from tasklock_cli.stores.sqlite.schema import RUNS_TABLE
 from tasklock_cli.stores.sqlite.schema import SCHEMA
 from tasklock_cli.stores.sqlite.schema import SCHEMA_VERSION
@@ -33,6 +35,7 @@ from tasklock_cli.stores.sqlite.waiting import LocalWakeups
 from tasklock_cli.stores.urls import default_sqlite_file
 from tasklock_cli.stores.urls import sqlite_netloc_and_path
 from tasklock_cli.stores.urls import sqlite_url
+from tasklock_cli.stores.urls import url_parameters
 
 #: typing costs ~2 ms per start: its names are for the type checker only.
 TYPE_CHECKING = False
@@ -167,15 +170,18 @@ class SQLiteStore(Store):
         clock=boot_clock,
         wall_clock=time.time,
         create_parent: bool = False,
+        file_mode: int = PRIVATE_MODE,
     ) -> None:
         self.path = paths.normal(path)
-        self.display_url = sqlite_url(path)
+        self.file_mode = file_mode
+        shared = "" if file_mode == PRIVATE_MODE else f"?mode={file_mode:04o}"
+        self.display_url = sqlite_url(path) + shared
         self._clock = clock
         self._wall = wall_clock
         self._boot = current_boot_id()
-        self._db = SQLiteConnection(self.path, create_parent)
-        self._wakeups = LocalWakeups(paths.with_name_suffix(self.path, ".waiters"))
-        self._alarms = BreakAlarms(paths.with_name_suffix(self.path, ".holders"))
+        self._db = SQLiteConnection(self.path, create_parent, file_mode)
+        self._wakeups = LocalWakeups(paths.with_name_suffix(self.path, ".waiters"), file_mode)
+        self._alarms = BreakAlarms(paths.with_name_suffix(self.path, ".holders"), file_mode)
 
     @classmethod
     def from_url(cls, url: str) -> SQLiteStore:
@@ -188,10 +194,18 @@ class SQLiteStore(Store):
             )
         if not raw_path or raw_path == "/":
             raise ConfigError(f"sqlite URL {url!r} names no file (use sqlite:///ABS/PATH.db)")
+        parameters = url_parameters(url)
+        unknown = sorted(set(parameters) - {"mode"})
+        if unknown:
+            raise ConfigError(f"unknown sqlite URL parameter {unknown[0]!r} (known: mode)")
         path = paths.normal(raw_path)
         # Only the default store's directory is made; an explicit path names a place the
         # user chose, and a missing directory there is more likely a typo.
-        return cls(path, create_parent=path == default_sqlite_file())
+        return cls(
+            path,
+            create_parent=path == default_sqlite_file(),
+            file_mode=file_mode_parameter(parameters.get("mode")),
+        )
 
     def _times(self) -> dict:
         return {"boot": self._boot, "now": self._clock(), "wall": self._wall()}
