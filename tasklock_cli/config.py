@@ -23,6 +23,7 @@ from tasklock_cli.records import field
 from tasklock_cli.settings import BY_NAME
 from tasklock_cli.settings import SWITCHES_BY_NAME
 from tasklock_cli.stores.urls import default_store_url
+from tasklock_cli.stores.urls import xdg_home
 
 #: typing costs ~2 ms per start: its names are for the type checker only.
 TYPE_CHECKING = False
@@ -59,7 +60,7 @@ def config_candidates(explicit: str | None) -> list[tuple[str, bool]]:
         return [(paths.normal(explicit), True)]
     if os.environ.get("TASKLOCK_CONFIG"):
         return [(paths.normal(os.environ["TASKLOCK_CONFIG"]), True)]
-    config_home = os.environ.get("XDG_CONFIG_HOME") or paths.joined(paths.home(), ".config")
+    config_home = xdg_home("XDG_CONFIG_HOME", ".config")
     return [
         ("tasklock.toml", False),
         (paths.joined(config_home, "tasklock", "config.toml"), False),
@@ -72,10 +73,47 @@ def load_config(explicit: str | None = None) -> Config:
         if paths.is_file(path):
             from pathlib import Path
 
+            if not must_exist:  # found by ourselves: someone else may have put it there
+                refuse_untrusted(path)
             return parse_config_file(Path(path))
         if must_exist:
             raise ConfigError(f"config file {path} does not exist")
     return Config()
+
+
+def refuse_untrusted(path: str) -> None:
+    """ConfigError unless the config file at ``path`` (and its directory, which could swap
+    it) belongs to us or root and no one else may write to it (git's CVE-2022-24765: a
+    ./tasklock.toml in a shared directory must not choose our store or TTL)."""
+    import stat
+
+    trusted = (0, os.geteuid())
+    link, target = os.lstat(path), os.stat(path)
+    directory = os.stat(os.path.dirname(os.path.abspath(path)))
+    why = None
+    if link.st_uid not in trusted or target.st_uid not in trusted:
+        owner = link.st_uid if link.st_uid not in trusted else target.st_uid
+        why = f"it belongs to {_user(owner)}, not to you or root"
+    elif target.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        why = f"group or others may write to it (mode {stat.S_IMODE(target.st_mode):04o})"
+    elif directory.st_uid not in trusted:
+        why = f"its directory belongs to {_user(directory.st_uid)}, not to you or root"
+    elif directory.st_mode & stat.S_IWOTH and not directory.st_mode & stat.S_ISVTX:
+        why = "its directory is writable by every user"
+    if why:
+        raise ConfigError(
+            f"config file {path} is not used: {why} (fix its owner or mode, or name it "
+            "with --config or TASKLOCK_CONFIG)"
+        )
+
+
+def _user(uid: int) -> str:
+    import pwd
+
+    try:
+        return f"user {pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
 
 
 def parse_config_file(path: Path) -> Config:
