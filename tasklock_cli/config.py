@@ -70,7 +70,11 @@ def config_candidates(explicit: str | None) -> list[tuple[str, bool]]:
 
 def load_config(explicit: str | None = None) -> Config:
     for path, must_exist in config_candidates(explicit):
-        if paths.is_file(path):
+        try:
+            found = paths.is_file(path)
+        except OSError as exc:  # EACCES: a directory on the way is not ours to read
+            raise ConfigError(f"cannot look for config file {path}: {exc.strerror}") from exc
+        if found:
             from pathlib import Path
 
             if not must_exist:  # found by ourselves: someone else may have put it there
