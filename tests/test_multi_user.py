@@ -555,3 +555,16 @@ def test_fields_from_the_store_never_reach_a_terminal_raw_nor_as_markup(cli_env,
     code, output = run_in_pty(["history", key], env, [])
     assert code == 0 and b"Traceback" not in output
     assert b"\x1b]0;owned" not in output and b"\\x1b]0;owned" in output
+
+
+@needs_root
+def test_doctor_says_when_the_store_is_not_writable_by_me(cli_env, shared_base):
+    db = shared_base / "locks.db"
+    url = f"sqlite://{db}"
+    assert tasklock("run", "--store", url, "k", "--", "true", env=cli_env).returncode == 0
+    doctor = as_nobody(
+        ["tasklock", "doctor", "--store", url], nobody_env(cli_env, shared_base / "n")
+    )
+    assert doctor.returncode != 0, doctor.stdout + doctor.stderr
+    assert f"fail  permissions  {db} is not writable by you (nobody (uid 65534))" in doctor.stdout
+    assert "belongs to root (uid 0)" in doctor.stdout
