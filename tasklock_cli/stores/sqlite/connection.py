@@ -76,7 +76,7 @@ class SQLiteConnection:
             # Before WAL mode or a table is set: another application's database is left as is.
             when_not_busy(lambda: refuse_foreign(conn, self.path))
             when_not_busy(lambda: conn.execute("PRAGMA journal_mode=WAL"))
-            conn.execute("PRAGMA synchronous=NORMAL")
+            when_not_busy(lambda: conn.execute("PRAGMA synchronous=NORMAL"))
             ensure_schema(conn, str(self.path), when_not_busy)
         except sqlite3.Error as exc:
             raise self._translate(exc) from exc

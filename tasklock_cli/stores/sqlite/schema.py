@@ -139,8 +139,9 @@ def ensure_schema(
     conn: sqlite3.Connection, where: str, when_not_busy: Callable[[Callable[[], _T]], _T]
 ) -> None:
     """Create or upgrade the tables of a connection in autocommit mode."""
-    if is_current(conn) or not upgrade_steps(conn, where):  # (a foreign table: refused)
-        return
+    # Reads before the file is in WAL mode may find it busy while another process sets it.
+    if when_not_busy(lambda: is_current(conn) or not upgrade_steps(conn, where)):
+        return  # (a foreign table: refused by upgrade_steps)
     when_not_busy(lambda: conn.execute("BEGIN IMMEDIATE"))
     try:
         for statement in upgrade_steps(conn, where):
