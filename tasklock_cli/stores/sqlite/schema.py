@@ -110,25 +110,24 @@ def upgrade_steps(conn: sqlite3.Connection, where: str) -> tuple[str, ...]:
 
 def refuse_foreign(conn: sqlite3.Connection, where: str) -> None:
     """ConfigError when the file is another application's database: it holds tables other
-    than tasklock's, or no tasklock table and a ``user_version`` someone set."""
-    ours = (TABLE, RUNS_TABLE, _REBUILT)
-    marks = ", ".join("?" * len(ours))
-    others = [
-        row[0]
-        for row in conn.execute(
-            f"SELECT name FROM sqlite_master WHERE type IN ('table', 'view')"
-            f" AND name NOT IN ({marks}) AND name NOT LIKE 'sqlite!_%' ESCAPE '!'",
-            ours,
-        )
-    ]
+    than tasklock's, or no tasklock table and a ``user_version`` someone set. (One
+    statement, so one snapshot: another process may be creating the tables right now.)"""
+    tables, version = conn.execute(
+        "SELECT (SELECT json_group_array(name) FROM sqlite_master"
+        "        WHERE type IN ('table', 'view') AND name NOT LIKE 'sqlite!_%' ESCAPE '!'),"
+        "       (SELECT user_version FROM pragma_user_version)"
+    ).fetchone()
+    import json
+
+    names = set(json.loads(tables))
+    others = sorted(names - {TABLE, RUNS_TABLE, _REBUILT})
     if others:
-        shown = ", ".join(sorted(others)[:5]) + (", ..." if len(others) > 5 else "")
+        shown = ", ".join(others[:5]) + (", ..." if len(others) > 5 else "")
         raise ConfigError(
             f"{where} holds tables that are not tasklock's ({shown}): refusing to use "
             "another application's database as a store"
         )
-    columns, version = schema_state(conn)
-    if not columns and version != 0:
+    if TABLE not in names and version != 0:
         raise ConfigError(
             f"{where} has user_version {version} but no tasklock table: refusing to use "
             "another application's database as a store"
