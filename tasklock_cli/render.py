@@ -185,7 +185,7 @@ def lease_details(holders: list[LeaseInfo]) -> None:
     """``peek``: the lease on a key; for a semaphore, one block per held slot."""
     if holders[0].limit > 1:
         limit = holders[0].limit
-        sys.stdout.write(f"{holders[0].key}: {len(holders)} of {limit} slots held\n")
+        sys.stdout.write(safe(f"{holders[0].key}: {len(holders)} of {limit} slots held") + "\n")
     for index, info in enumerate(holders):
         if index:
             sys.stdout.write("\n")
