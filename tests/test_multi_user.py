@@ -337,6 +337,26 @@ def test_a_world_writable_store_made_by_another_user_is_refused(cli_env, shared_
 
 
 @needs_root
+def test_a_private_store_made_in_advance_by_another_user_is_refused(cli_env, shared_base):
+    """nobody makes /tmp-like/locks.db first: root's private store would be theirs to forge;
+    as a group-shared store (?mode=0660) it is what was asked for."""
+    db = shared_base / "locks.db"
+    theirs = nobody_env(cli_env, shared_base / "nobody")
+    for query in ("", "?mode=0660"):
+        made = as_nobody(
+            ["tasklock", "run", "--store", f"sqlite://{db}{query}", "k", "--", "true"], theirs
+        )
+        assert made.returncode == 0, made.stderr
+    before = db.read_bytes()
+    result = tasklock("run", "--store", f"sqlite://{db}", "k", "--", "true", env=cli_env)
+    assert result.returncode == 78
+    assert "belongs to nobody (uid 65534)" in one_error_line(result.stderr)
+    assert db.read_bytes() == before
+    shared = tasklock("run", "--store", f"sqlite://{db}?mode=0660", "k", "--", "true", env=cli_env)
+    assert shared.returncode == 0, shared.stderr
+
+
+@needs_root
 @pytest.mark.parametrize("via", ["HOME", "XDG_STATE_HOME"])
 def test_as_root_a_default_store_in_another_users_directory_is_refused(cli_env, shared_base, via):
     """sudo -E: root with nobody's $HOME must not write into it."""

@@ -5,6 +5,8 @@ trusting them would let someone else choose what tasklock writes or reads:
 - a store path that is a symlink (it may be another application's database);
 - a file or directory anyone may write to (anyone could forge or remove leases); a
   directory with the sticky bit (``/tmp``) is fine, since others cannot replace our file;
+- a private store (no ``?mode=0660``) whose file belongs to another user (say, made in
+  /tmp in advance): that user could forge or remove leases;
 - as root, the default store in a directory of another user (``sudo -E`` or ``su``
   without ``-`` keep the user's ``$HOME``): root would write where that user can plant
   symlinks, and leave a file the user can no longer write.
@@ -141,7 +143,7 @@ def create_file(path: str, file_mode: int) -> None:
     try:
         fd = os.open(path, flags, file_mode)
     except FileExistsError:
-        check_existing(path)
+        check_existing(path, file_mode)
         return
     except OSError as exc:
         raise ConfigError(f"cannot create {path}: {exc.strerror}") from exc
@@ -151,7 +153,7 @@ def create_file(path: str, file_mode: int) -> None:
         os.close(fd)
 
 
-def check_existing(path: str) -> None:
+def check_existing(path: str, file_mode: int) -> None:
     status = os.lstat(path)
     if stat.S_ISLNK(status.st_mode):
         raise ConfigError(
@@ -163,3 +165,9 @@ def check_existing(path: str) -> None:
     problem = world_writable(status, is_dir=False)
     if problem:
         raise ConfigError(f"{path} {problem}: refusing to use it as a store")
+    if file_mode == PRIVATE_MODE and status.st_uid not in (0, os.geteuid()):
+        raise ConfigError(
+            f"{path} belongs to {owner_name(status.st_uid)}, who can change every lease in "
+            "it: a private store must be yours (for a store shared with a group, add "
+            "?mode=0660 to the URL)"
+        )
