@@ -92,6 +92,11 @@ def _permission_findings(path: str, file_mode: int) -> tuple[list[str], list[str
                 "(?mode=0660)"
             )
     if file_mode == PRIVATE_MODE:
+        if link.st_uid not in (0, os.geteuid()):
+            problems.append(
+                f"{path} belongs to {owner_name(link.st_uid)}: a private store must be yours "
+                "(or add ?mode=0660 to share it with the file's group)"
+            )
         if stat.S_IMODE(link.st_mode) & 0o077:
             warnings.append(
                 f"{path} is readable by others (mode {stat.S_IMODE(link.st_mode):04o}): the "
