@@ -156,7 +156,7 @@ def run_command(
     command: list[str] | None,
     flags: dict,
     note: str | None,
-    switched_off: set[str] = frozenset(),  # type: ignore[assignment]
+    switched_off: set[str] | frozenset[str] = frozenset(),
 ) -> int:
     """`tasklock run`, once its command line is parsed (by typer or by fastrun)."""
     from tasklock_cli import settings
@@ -167,7 +167,10 @@ def run_command(
     validate_key(key)
     if not command:
         raise UsageError("no command given (tasklock run KEY [OPTIONS] -- COMMAND [ARG...])")
-    in_file = lambda name: g.config.run_setting(key, name)  # noqa: E731
+
+    def in_file(name: str) -> object | None:
+        return g.config.run_setting(key, name)
+
     values = settings.resolve(flags, in_file, g.config.path)
     switches = settings.resolve_switches(set(switched_off), in_file)
     options = RunOptions(
