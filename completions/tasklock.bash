@@ -89,7 +89,7 @@ _tasklock() {
         return
     fi
     case $cmd in
-        run) [[ $cur == -* ]] && _tasklock_words '--ttl --renew-every --wait --grace --max-lifetime --hold-at-least --once-per --done-exit-code --conflict-exit-code --limit --note --store --config --log-format -v --verbose -q --quiet -h --help --' ;;
+        run) [[ $cur == -* ]] && _tasklock_words '--ttl --renew-every --wait --grace --max-lifetime --hold-at-least --once-per --done-exit-code --conflict-exit-code --limit --no-record-args --note --store --config --log-format -v --verbose -q --quiet -h --help --' ;;
         peek) [[ $cur == -* ]] && _tasklock_words '--json --store --config --log-format -v --verbose -q --quiet -h --help' ;;
         list) [[ $cur == -* ]] && _tasklock_words '--prefix --all --json --watch --interval --store --config --log-format -v --verbose -q --quiet -h --help' ;;
         history) [[ $cur == -* ]] && _tasklock_words '--limit --json --store --config --log-format -v --verbose -q --quiet -h --help' ;;

@@ -102,6 +102,7 @@ complete -c tasklock -n '__tasklock_is run' -l once-per -x -d 'Run at most once 
 complete -c tasklock -n '__tasklock_is run' -l done-exit-code -x -d 'Exit code when --once-per finds the window already done.'
 complete -c tasklock -n '__tasklock_is run' -l conflict-exit-code -x -d 'Exit code when the lock is held by someone else.'
 complete -c tasklock -n '__tasklock_is run' -l limit -x -d 'Semaphore: up to N holders at once, each in its own slot 0..N-1 (TASKLOCK_SLOT); every holder of KEY must use the same N.'
+complete -c tasklock -n '__tasklock_is run' -l no-record-args -d 'Keep only the command\'s first word in the ledger and the holder record (for commands that carry secrets in their arguments).'
 complete -c tasklock -n '__tasklock_is run' -l note -x -d 'Shown by peek and list.'
 complete -c tasklock -n '__tasklock_is run' -l store -x -d 'Store URL: sqlite:///PATH, postgresql://..., redis://..., etcd://HOST:PORT'
 complete -c tasklock -n '__tasklock_is run' -l config -r -F -d 'Config file (TOML)'

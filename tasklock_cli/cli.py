@@ -26,6 +26,8 @@ from tasklock_cli.errors import UsageError
 from tasklock_cli.events import stop_spinners
 from tasklock_cli.fastrun import run_args
 from tasklock_cli.keys import validate_key
+from tasklock_cli.sanitize import json_text
+from tasklock_cli.sanitize import safe
 from tasklock_cli.session import ErrorStyle
 from tasklock_cli.session import GlobalFlags
 from tasklock_cli.session import Globals
@@ -169,7 +171,8 @@ def run(
 ) -> None:
     """Run COMMAND while holding the lock KEY."""
     flags = {setting.name: given.get(setting.field) for setting in settings.RUN_SETTINGS}
-    raise typer.Exit(run_command(ctx.obj, key, command, flags, note))
+    off = {switch.name for switch in settings.RUN_SWITCHES if given.get(f"no_{switch.field}")}
+    raise typer.Exit(run_command(ctx.obj, key, command, flags, note, off))
 
 
 def _run_signature() -> inspect.Signature:
@@ -186,6 +189,10 @@ def _run_signature() -> inspect.Signature:
             (int | None) if setting.integer else (str | None),
         )
         for setting in settings.RUN_SETTINGS
+    ]
+    switches = [
+        param(f"no_{switch.field}", typer.Option(False, switch.flag, help=switch.help), bool)
+        for switch in settings.RUN_SWITCHES
     ]
     return inspect.Signature(
         [
@@ -205,6 +212,7 @@ def _run_signature() -> inspect.Signature:
                 list[str] | None,
             ),
             *options,
+            *switches,
             param(
                 "note",
                 typer.Option(None, "--note", metavar="TEXT", help="Shown by peek and list."),
@@ -235,9 +243,9 @@ def peek(
     if as_json:
         from tasklock_cli import render
 
-        typer.echo(json.dumps(render.peek_json(key, holders), ensure_ascii=False))
+        typer.echo(json_text(render.peek_json(key, holders)))
     elif not holders:
-        typer.echo(f"{key} is free")
+        typer.echo(safe(f"{key} is free"))
     else:
         from tasklock_cli import render
 
@@ -342,7 +350,7 @@ def check(
     with g.open_store() as store:
         result = checking.check(store, key, token)
     if as_json:
-        typer.echo(json.dumps(result.to_json(), ensure_ascii=False))
+        typer.echo(json_text(result.to_json()))
         raise typer.Exit(0 if result.current else LeaseLost.exit_code)
     if not result.current:
         raise checking.not_current(result)

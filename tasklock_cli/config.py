@@ -21,7 +21,9 @@ from tasklock_cli.errors import UsageError
 from tasklock_cli.records import dataclass
 from tasklock_cli.records import field
 from tasklock_cli.settings import BY_NAME
+from tasklock_cli.settings import SWITCHES_BY_NAME
 from tasklock_cli.stores.urls import default_store_url
+from tasklock_cli.stores.urls import xdg_home
 
 #: typing costs ~2 ms per start: its names are for the type checker only.
 TYPE_CHECKING = False
@@ -58,7 +60,7 @@ def config_candidates(explicit: str | None) -> list[tuple[str, bool]]:
         return [(paths.normal(explicit), True)]
     if os.environ.get("TASKLOCK_CONFIG"):
         return [(paths.normal(os.environ["TASKLOCK_CONFIG"]), True)]
-    config_home = os.environ.get("XDG_CONFIG_HOME") or paths.joined(paths.home(), ".config")
+    config_home = xdg_home("XDG_CONFIG_HOME", ".config")
     return [
         ("tasklock.toml", False),
         (paths.joined(config_home, "tasklock", "config.toml"), False),
@@ -68,15 +70,56 @@ def config_candidates(explicit: str | None) -> list[tuple[str, bool]]:
 
 def load_config(explicit: str | None = None) -> Config:
     for path, must_exist in config_candidates(explicit):
-        if paths.is_file(path):
+        try:
+            found = paths.is_file(path)
+        except OSError as exc:  # EACCES: a directory on the way is not ours to read
+            raise ConfigError(f"cannot look for config file {path}: {exc.strerror}") from exc
+        if found:
             from pathlib import Path
 
+            if not must_exist:  # found by ourselves: someone else may have put it there
+                refuse_untrusted(path)
             return parse_config_file(Path(path))
         if must_exist:
             if paths.is_dir(path):
                 raise ConfigError(f"config file {path} is a directory")
             raise ConfigError(f"config file {path} does not exist")
     return Config()
+
+
+def refuse_untrusted(path: str) -> None:
+    """ConfigError unless the config file at ``path`` (and its directory, which could swap
+    it) belongs to us or root and no one else may write to it (git's CVE-2022-24765: a
+    ./tasklock.toml in a shared directory must not choose our store or TTL)."""
+    import stat
+
+    trusted = (0, os.geteuid())
+    link, target = os.lstat(path), os.stat(path)
+    directory = os.stat(os.path.dirname(os.path.abspath(path)))
+    why = None
+    if link.st_uid not in trusted or target.st_uid not in trusted:
+        owner = link.st_uid if link.st_uid not in trusted else target.st_uid
+        why = f"it belongs to {_user(owner)}, not to you or root"
+    elif target.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        why = f"group or others may write to it (mode {stat.S_IMODE(target.st_mode):04o})"
+    elif directory.st_uid not in trusted:
+        why = f"its directory belongs to {_user(directory.st_uid)}, not to you or root"
+    elif directory.st_mode & stat.S_IWOTH and not directory.st_mode & stat.S_ISVTX:
+        why = "its directory is writable by every user"
+    if why:
+        raise ConfigError(
+            f"config file {path} is not used: {why} (fix its owner or mode, or name it "
+            "with --config or TASKLOCK_CONFIG)"
+        )
+
+
+def _user(uid: int) -> str:
+    import pwd
+
+    try:
+        return f"user {pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
 
 
 def parse_config_file(path: Path) -> Config:
@@ -107,7 +150,7 @@ def parse_config_file(path: Path) -> Config:
                 if not isinstance(settings, dict):
                     raise _bad(path, text, pattern, "must be a table of run settings")
                 config.key_overrides.append((pattern, _run_settings(path, text, settings)))
-        elif name in BY_NAME:
+        elif name in BY_NAME or name in SWITCHES_BY_NAME:
             config.run_defaults.update(_run_settings(path, text, {name: value}))
         else:
             raise _bad(path, text, name, "is not a tasklock setting")
@@ -117,6 +160,11 @@ def parse_config_file(path: Path) -> Config:
 def _run_settings(path: Path, text: str, settings: dict) -> dict[str, object]:
     checked: dict[str, object] = {}
     for name, value in settings.items():
+        if name in SWITCHES_BY_NAME:
+            if not isinstance(value, bool):
+                raise _bad(path, text, name, "must be true or false")
+            checked[name] = value
+            continue
         setting = BY_NAME.get(name)
         if setting is None:
             raise _bad(path, text, name, "is not a run setting")
@@ -185,3 +233,10 @@ def store_setting_error(config: Config, problem: str) -> ConfigError:
     """A problem with the config file's ``store`` URL, naming the file and line."""
     assert config.path is not None
     return setting_error(config.path, "store", problem)
+
+
+def store_url_source(flag: str | None, config: Config) -> str | None:
+    """The config file (absolute) when ``resolve_store_url`` takes the URL from it."""
+    if not store_from_file(flag, config) or config.path is None:
+        return None
+    return os.path.abspath(config.path)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 from datetime import datetime
 from datetime import timezone
 
+from tasklock_cli.sanitize import json_text
+from tasklock_cli.sanitize import safe
 from tasklock_cli.stores.base import rfc3339
 
 #: typing costs ~2 ms per start: its names are for the type checker only.
@@ -71,7 +72,7 @@ class EventLog:
                 "ts": now_rfc3339(),
                 **fields,
             }
-            self._write(json.dumps(record, ensure_ascii=False, default=str))
+            self._write(json_text(record, default=str))
         elif self.verbosity >= _TEXT_LEVEL[event]:
             self._stop_spinner()
             if event == "waiting" and self._start_spinner(message):
@@ -86,7 +87,7 @@ class EventLog:
         self._stop_spinner()
         if self.log_format == "json":
             record = {"event": "error", "message": message, "ts": now_rfc3339()}
-            self._write(json.dumps(record, ensure_ascii=False))
+            self._write(json_text(record))
         else:
             self._write(f"tasklock: error: {message}")
 
@@ -97,7 +98,7 @@ class EventLog:
         self._stop_spinner()
         if self.log_format == "json":
             record = {"event": "warning", "message": message, "ts": now_rfc3339(), **fields}
-            self._write(json.dumps(record, ensure_ascii=False, default=str))
+            self._write(json_text(record, default=str))
         else:
             self._write(f"tasklock: warning: {message}")
 
@@ -110,9 +111,10 @@ class EventLog:
         except (AttributeError, ValueError):
             return False
         from rich.console import Console
+        from rich.text import Text
 
         console = Console(file=self.stream, no_color=bool(os.environ.get("NO_COLOR")) or None)
-        self._spinner = console.status(f"tasklock: {message}…")
+        self._spinner = console.status(Text(safe(f"tasklock: {message}…")))
         _live_spinners.add(self)
         self._spinner.start()
         return True
@@ -129,8 +131,9 @@ class EventLog:
             self._write(f"tasklock: {message}")
 
     def _write(self, line: str) -> None:
+        """One line: a text message escaped whole (its key, note, holder may be anyone's)."""
         try:
-            self.stream.write(line + "\n")
+            self.stream.write(safe(line) + "\n")
             self.stream.flush()
         except (OSError, ValueError):
             pass  # stderr closed or a broken pipe must never take the lock's safety with it

@@ -38,6 +38,7 @@ class FastRun:
     flags: dict = field(default_factory=dict)  # run setting name -> text
     note: str | None = None
     command: list[str] = field(default_factory=list)
+    switched_off: set = field(default_factory=set)  # names of run switches turned off
 
 
 def parse(args: list[str]) -> FastRun | None:
@@ -60,7 +61,9 @@ def parse(args: list[str]) -> FastRun | None:
             index += 1
             continue
         if value is None:
-            if not _global_flag(name, parsed.after):
+            if name in settings.SWITCHES_BY_FLAG:
+                parsed.switched_off.add(settings.SWITCHES_BY_FLAG[name].name)
+            elif not _global_flag(name, parsed.after):
                 return None
         elif name in _GLOBAL_VALUES:
             parsed.after[_GLOBAL_VALUES[name]] = value
@@ -136,7 +139,9 @@ def run_fast(parsed: FastRun, args: list[str]) -> int:
         before = GlobalFlags(**parsed.before).checked()
         ErrorStyle.log_format = before.log_format
         g = Globals(before.then(GlobalFlags(**parsed.after).checked()))
-        return run_command(g, parsed.key, parsed.command, parsed.flags, parsed.note)
+        return run_command(
+            g, parsed.key, parsed.command, parsed.flags, parsed.note, parsed.switched_off
+        )
     except TasklockError as exc:
         return fail(str(exc), exc.exit_code, args)
     except KeyboardInterrupt:
@@ -171,7 +176,7 @@ def run_args(args: list[str]) -> list[str]:
             key_seen = True
             index += 1
             continue
-        width = _option_width(args, index, _TAKES_VALUE)
+        width = _option_width(args, index, _TAKES_VALUE, settings.SWITCHES_BY_FLAG)
         if not width:
             return args
         index += width
@@ -196,15 +201,17 @@ def _is_option_word(arg: str) -> bool:
     return arg.startswith("-") and arg != "-"
 
 
-def _option_width(args: list[str], index: int, takes_value: set[str] | dict) -> int:
+def _option_width(
+    args: list[str], index: int, takes_value: set[str] | dict, switches: dict | None = None
+) -> int:
     """How many words the option at ``index`` spans (2 with a separate value); 0 when it is
-    unknown or its value is missing."""
+    unknown or its value is missing. ``switches``: the command's own flags without a value."""
     name, equals, _ = args[index].partition("=")
     if name in takes_value:
         return 1 if equals else 2 if index + 1 < len(args) else 0
     if equals:
         return 0
-    if name in _VERBOSE or name in _QUIET or name in _HELP:
+    if name in _VERBOSE or name in _QUIET or name in _HELP or name in (switches or ()):
         return 1
     short = name[1:]
     if not name.startswith("--") and short and _SHORT_FLAGS.issuperset(short):

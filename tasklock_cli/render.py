@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 from collections.abc import Iterable
@@ -11,6 +10,8 @@ from datetime import datetime
 from datetime import timezone
 
 from tasklock_cli.durations import format_duration
+from tasklock_cli.sanitize import json_text
+from tasklock_cli.sanitize import safe
 from tasklock_cli.stores.base import LeaseInfo
 from tasklock_cli.stores.base import RunRecord
 from tasklock_cli.stores.base import StoreCheck
@@ -42,7 +43,7 @@ def json_array(items: Iterable[object]) -> None:
     """A JSON array written item by item, so a long listing streams."""
     separator = "["
     for item in items:
-        sys.stdout.write(separator + json.dumps(item, ensure_ascii=False))
+        sys.stdout.write(separator + json_text(item))
         separator = ","
     sys.stdout.write("[]\n" if separator == "[" else "]\n")
 
@@ -84,13 +85,13 @@ def _rich_table(leases: list[LeaseInfo]):
         h = info.holder
         slot = (f"{info.slot} of {info.limit}",) if slots else ()
         table.add_row(
-            info.key,
+            _text(info.key),
             *slot,
-            f"{h.user}@{h.host} pid {h.pid}",
+            _text(f"{h.user}@{h.host} pid {h.pid}"),
             str(info.fencing_token),
             relative(info.acquired_at),
             _expiry(info),
-            h.note or "",
+            _text(h.note or ""),
             style="dim" if info.expired else None,
         )
     return table
@@ -147,7 +148,7 @@ def _history_rich_table(key: str, runs: list[RunRecord]):
     from rich.table import Table
 
     if not runs:
-        return f"no runs of {key} recorded"
+        return _text(f"no runs of {key} recorded")
     table = Table(box=None, header_style="bold")
     for column in ("STARTED", "TOOK", "TOKEN", "OUTCOME", "EXIT", "HOLDER", "NOTE", "COMMAND"):
         table.add_column(column)
@@ -161,9 +162,9 @@ def _history_rich_table(key: str, runs: list[RunRecord]):
             str(run.fencing_token),
             outcome,
             "-" if run.exit_code is None else str(run.exit_code),
-            f"{h.user}@{h.host} pid {h.pid}",
-            h.note or "",
-            _one_line(" ".join(h.command)),
+            _text(f"{h.user}@{h.host} pid {h.pid}"),
+            _text(h.note or ""),
+            _text(" ".join(h.command)),
             style=None if run.outcome in ("succeeded", "done-already") else "red",
         )
     return table
@@ -184,7 +185,7 @@ def lease_details(holders: list[LeaseInfo]) -> None:
     """``peek``: the lease on a key; for a semaphore, one block per held slot."""
     if holders[0].limit > 1:
         limit = holders[0].limit
-        sys.stdout.write(f"{holders[0].key}: {len(holders)} of {limit} slots held\n")
+        sys.stdout.write(safe(f"{holders[0].key}: {len(holders)} of {limit} slots held") + "\n")
     for index, info in enumerate(holders):
         if index:
             sys.stdout.write("\n")
@@ -221,17 +222,27 @@ def doctor_report(config_file: str, checks: list[StoreCheck]) -> None:
         status = "fail" if not check.ok else "warn" if check.warning else "ok"
         lines.append((status, check.name, check.detail))
     for status, name, detail in lines:
-        sys.stdout.write(f"{status:<5} {name:<12} {detail}\n")
+        sys.stdout.write(f"{status:<5} {name:<12} {safe(detail)}\n")
 
 
 def _one_line(text: str) -> str:
-    return text.replace("\t", " ").replace("\n", " ")
+    """A field of a TSV line or a line of text: tabs and newlines escaped with the rest."""
+    return safe(text)
+
+
+def _text(text: str):
+    """A rich table cell: escaped by the sanitiser, and never read as markup."""
+    from rich.text import Text
+
+    return Text(safe(text))
 
 
 def break_outcome(key: str, token: int | None, outcome, timeout: float) -> str:
     """``release --force``'s one line: what was broken and whether its holders let go."""
     if not outcome.broken:
-        return f"{key} was not held" if token is None else f"{key} is not held with token {token}"
+        return safe(
+            f"{key} was not held" if token is None else f"{key} is not held with token {token}"
+        )
     from tasklock_cli.lease import describe_holder
 
     if len(outcome.broken) == 1:
@@ -242,5 +253,7 @@ def break_outcome(key: str, token: int | None, outcome, timeout: float) -> str:
         broke = f"broke the {len(outcome.broken)} leases on {key} (slots {slots})"
         holders = "the holders"
     if outcome.let_go_after is not None:
-        return f"{broke}; {holders} let go after {outcome.let_go_after:.2f}s"
-    return f"{broke}; {holders} did not answer within {timeout:g}s, so the lease was freed anyway"
+        return safe(f"{broke}; {holders} let go after {outcome.let_go_after:.2f}s")
+    return safe(
+        f"{broke}; {holders} did not answer within {timeout:g}s, so the lease was freed anyway"
+    )

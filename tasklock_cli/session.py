@@ -83,6 +83,12 @@ class Globals:
 
         return resolve_store_url(self.store_flag, self.config)
 
+    def store_config_file(self) -> str | None:
+        """The config file (absolute) when the store URL came from it, else None."""
+        from tasklock_cli.config import store_url_source
+
+        return store_url_source(self.store_flag, self.config)
+
     def open_store(self):
         from tasklock_cli.errors import ConfigError
         from tasklock_cli.stores import open_store
@@ -108,9 +114,10 @@ def fail(message: str, code: int, args: list[str]) -> int:
         details = traceback.format_exc()
     # The parsed option where there is one; a subcommand that failed to parse may still
     # carry --log-format json after it, which argv shows.
-    if "json" in (ErrorStyle.log_format, log_format_in(args)):
-        import json
+    from tasklock_cli.sanitize import json_text
+    from tasklock_cli.sanitize import safe
 
+    if "json" in (ErrorStyle.log_format, log_format_in(args)):
         from tasklock_cli.events import now_rfc3339
 
         record: dict[str, object] = {
@@ -121,11 +128,11 @@ def fail(message: str, code: int, args: list[str]) -> int:
         }
         if details:
             record["traceback"] = details
-        sys.stderr.write(json.dumps(record, ensure_ascii=False) + "\n")
+        sys.stderr.write(json_text(record) + "\n")
         return code
     if details:
         sys.stderr.write(details)
-    sys.stderr.write(f"tasklock: error: {message}\n")
+    sys.stderr.write(f"tasklock: error: {safe(message)}\n")
     return code
 
 
@@ -154,7 +161,12 @@ def exit_now(code: int) -> NoReturn:
 
 
 def run_command(
-    g: Globals, key: str, command: list[str] | None, flags: dict, note: str | None
+    g: Globals,
+    key: str,
+    command: list[str] | None,
+    flags: dict,
+    note: str | None,
+    switched_off: set[str] | frozenset[str] = frozenset(),
 ) -> int:
     """`tasklock run`, once its command line is parsed (by typer or by fastrun)."""
     from tasklock_cli import settings
@@ -165,9 +177,20 @@ def run_command(
     validate_key(key)
     if not command:
         raise UsageError("no command given (tasklock run KEY [OPTIONS] [--] COMMAND [ARG...])")
-    values = settings.resolve(flags, lambda name: g.config.run_setting(key, name), g.config.path)
+
+    def in_file(name: str) -> object | None:
+        return g.config.run_setting(key, name)
+
+    values = settings.resolve(flags, in_file, g.config.path)
+    switches = settings.resolve_switches(set(switched_off), in_file)
     options = RunOptions(
-        key=key, command=list(command), **values, note=note, store_url=g.store_url()
+        key=key,
+        command=list(command),
+        **values,
+        **switches,
+        note=note,
+        store_url=g.store_url(),
+        config_file=g.store_config_file(),
     )
     with g.open_store() as store:
         return Supervisor(store, options, g.events).run()

@@ -127,6 +127,43 @@ BY_NAME = {setting.name: setting for setting in RUN_SETTINGS}
 BY_FLAG = {setting.flag: setting for setting in RUN_SETTINGS}
 
 
+@dataclass(frozen=True)
+class RunSwitch:
+    """A ``run`` setting that is on by default: ``name = false`` in a config file, or the
+    flag ``--no-<name>``, turns it off."""
+
+    name: str
+    help: str
+
+    @property
+    def flag(self) -> str:
+        return f"--no-{self.name}"
+
+    @property
+    def field(self) -> str:
+        return self.name.replace("-", "_")
+
+
+RUN_SWITCHES: tuple[RunSwitch, ...] = (
+    RunSwitch(
+        "record-args",
+        "Keep only the command's first word in the ledger and the holder record (for "
+        "commands that carry secrets in their arguments).",
+    ),
+)
+SWITCHES_BY_NAME = {switch.name: switch for switch in RUN_SWITCHES}
+SWITCHES_BY_FLAG = {switch.flag: switch for switch in RUN_SWITCHES}
+
+
+def resolve_switches(turned_off: set[str], in_file) -> dict[str, bool]:
+    """Each switch: off when its flag was given or the config file (``in_file(name)``)
+    says false. Returns RunOptions field names."""
+    return {
+        switch.field: switch.name not in turned_off and in_file(switch.name) is not False
+        for switch in RUN_SWITCHES
+    }
+
+
 def default(name: str) -> float | int | None:
     return BY_NAME[name].default
 

@@ -37,6 +37,7 @@ from tasklock_cli.process import Terminal
 from tasklock_cli.process import become_subreaper
 from tasklock_cli.records import dataclass
 from tasklock_cli.records import field
+from tasklock_cli.sanitize import recordable
 from tasklock_cli.stores.base import Holder
 from tasklock_cli.stores.base import Lease
 from tasklock_cli.stores.base import LeaseInfo
@@ -74,6 +75,10 @@ class RunOptions:
     limit: int = settings.default("limit")
     note: str | None = None
     store_url: str | None = None  # passed to the command (TASKLOCK_STORE) for `check`
+    #: The config file the store URL came from: passed instead of the URL (TASKLOCK_CONFIG),
+    #: so a password kept in it does not spread through the command's environment.
+    config_file: str | None = None
+    record_args: bool = True  # False: the store keeps only the command's first word
 
     @property
     def schedule(self) -> RenewalSchedule:
@@ -105,24 +110,29 @@ class _State:
     pending_signals: list[int] = field(default_factory=list)
 
 
-def current_holder(command: list[str], note: str | None) -> Holder:
+def current_holder(command: list[str], note: str | None, record_args: bool = True) -> Holder:
+    """Who we are, as the store keeps it: the command (only its first word without
+    ``record_args``) and note recorded losslessly as UTF-8."""
+    kept = command if record_args else command[:1]
+    return Holder(
+        host=_socket.gethostname(),
+        pid=os.getpid(),
+        user=user_name(),
+        command=[recordable(arg) for arg in kept],
+        note=None if note is None else recordable(note),
+    )
+
+
+def user_name() -> str:
+    """The name of our real uid (its number when it has none): not ``$LOGNAME``, which
+    anyone can set."""
+    import pwd  # built in: no cost worth deferring, but only a run needs it
+
+    uid = os.getuid()
     try:
-        user = login_name()
-    except (KeyError, OSError):
-        user = str(os.getuid())
-    host = _socket.gethostname()
-    return Holder(host=host, pid=os.getpid(), user=user, command=command, note=note)
-
-
-def login_name() -> str:
-    """``getpass.getuser()``, step for step, without importing getpass (and termios)."""
-    for name in ("LOGNAME", "USER", "LNAME", "USERNAME"):
-        user = os.environ.get(name)
-        if user:
-            return user
-    import pwd
-
-    return pwd.getpwuid(os.getuid())[0]
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
 
 
 class Supervisor:
@@ -137,7 +147,7 @@ class Supervisor:
         self.options = options
         self.events = events
         self.clock = clock
-        holder = current_holder(options.command, options.note)
+        holder = current_holder(options.command, options.note, options.record_args)
         self.keeper = LeaseKeeper(store, options.key, options.ttl, holder, clock, options.limit)
         self.state = _State()
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -240,7 +250,7 @@ class Supervisor:
             try:
                 child = Child(
                     self.options.command,
-                    child_env(self.options.key, self.keeper.lease, self.options.store_url),
+                    child_env(self.options, self.keeper.lease),
                     terminal.fd,
                 )
             except TasklockError as exc:
@@ -475,15 +485,18 @@ class Supervisor:
             self.state.term_forwarded_at = self.clock()
 
 
-def child_env(key: str, lease, store_url: str | None) -> dict[str, str]:
-    """The command's environment: ours, and the lease's variables."""
+def child_env(options: RunOptions, lease) -> dict[str, str]:
+    """The command's environment: ours, the lease's variables, and where `tasklock check`
+    in the command finds the store (the config file it came from, else its URL)."""
     env = dict(os.environ)
-    env["TASKLOCK_KEY"] = key
+    env["TASKLOCK_KEY"] = options.key
     env["TASKLOCK_FENCING_TOKEN"] = str(lease.fencing_token)
     env["TASKLOCK_LEASE_EXPIRES_AT"] = rfc3339(lease.expires_at)
     env["TASKLOCK_SLOT"] = str(lease.slot)
-    if store_url is not None:  # for `tasklock check` in the command
-        env["TASKLOCK_STORE"] = store_url
+    if options.config_file is not None:
+        env["TASKLOCK_CONFIG"] = options.config_file
+    elif options.store_url is not None:
+        env["TASKLOCK_STORE"] = options.store_url
     return env
 
 

@@ -88,7 +88,7 @@ def test_history_piped_is_tab_separated(sqlite_url, cli_env):
     fields = line.split("\t")
     assert len(fields) == 12
     assert fields[2:7] == ["1", "0", "failed", "3", ""]
-    assert fields[10:] == ["a b", "sh -c exit 3"]
+    assert fields[10:] == ["a\\tb", "sh -c exit 3"]  # a tab in a field: escaped
 
 
 def test_a_forced_release_is_recorded_as_lost_rejected(env, store_url):

@@ -3,8 +3,10 @@ and names every option, the README keeps its first commands."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -447,6 +449,7 @@ EXAMPLE_MARKERS = {
     "tasklock check >/dev/null": "test_check_example_stops_before_the_irreversible_step",
     "textfile_collector/tasklock.prom": "test_prometheus_recipe",
     "alert: NightlyJobNotSucceeded": "test_prometheus_recipe",
+    "locks.db?mode=0660": "test_sharing_a_store_recipe",
 }
 
 
@@ -903,6 +906,23 @@ def test_prometheus_recipe(shell_env, tmp_path):
     assert expr == (
         'time() - tasklock_last_success_timestamp_seconds{key="invoices:nightly"} > 26 * 3600'
     )
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a directory of another group needs root")
+def test_sharing_a_store_recipe(shell_env, tmp_path):
+    """The recipe, with the group "users" and a directory of the test's: the store and the
+    entries tasklock makes beside it are the group's to write, under umask 022."""
+    (recipe,) = example("locks.db?mode=0660", "readme")
+    shared = tmp_path / "shared"
+    script = recipe.replace("deployers", "users").replace("/var/lib/tasklock", str(shared))
+    stub(tmp_path / "deploy.sh")
+    env = {k: v for k, v in shell_env.items() if k != "TASKLOCK_STORE"}
+    result = sh(f"umask 022\n{script}", env, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "ran.log").read_text().split()[0] == "deploy.sh"
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o2770 and shared.stat().st_gid == 100
+    db = shared / "locks.db"
+    assert stat.S_IMODE(db.stat().st_mode) == 0o660 and db.stat().st_gid == 100
 
 
 def test_semaphore_example_runs_at_most_4_at_once(shell_env, tmp_path):

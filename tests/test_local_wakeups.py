@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from tasklock_cli.stores.sqlite.entries import key_dir_name
 from tasklock_cli.stores.sqlite.waiting import LocalWakeups
 from tests.support.cli import wait_until
 
@@ -87,8 +88,9 @@ def test_a_wake_up_written_while_giving_up_reaches_the_next_waiter(tmp_path, mon
     last look and its close: that wake-up must not be lost with first's FIFO."""
     first, second = LocalWakeups(tmp_path / "w"), LocalWakeups(tmp_path / "w")
     assert first.register("k") and second.register("k")
-    (fifo,) = [n for n in os.listdir(tmp_path / "w") if n == os.path.basename(first._path)]
-    releaser_fd = os.open(tmp_path / "w" / fifo, os.O_WRONLY | os.O_NONBLOCK)
+    releaser_fd = os.open(
+        tmp_path / "w" / key_dir_name("k") / first._name, os.O_WRONLY | os.O_NONBLOCK
+    )
     real_close, first_fd = os.close, first._fd
     written = []
 
@@ -139,7 +141,8 @@ def test_a_killed_waiters_fifo_is_removed_and_the_next_waiter_woken(tmp_path):
     dead.wait()
     LocalWakeups(directory).wake_one("k")
     assert alive.wait(0.5) is True
-    wait_until(lambda: len(os.listdir(directory)) == 1, timeout=2)  # only alive's is left
+    key_dir = directory / key_dir_name("k")
+    wait_until(lambda: len(os.listdir(key_dir)) == 1, timeout=2)  # only alive's is left
     alive.leave()
 
 

@@ -12,10 +12,16 @@ from tasklock_cli.errors import ConfigError
 # sqlite:///PATH is taken apart here; other URLs import them when they need them.
 
 
+def xdg_home(variable: str, *fallback: str) -> str:
+    """``$variable`` when it is an absolute path (the XDG spec ignores a relative one),
+    else ``~/fallback``."""
+    value = os.environ.get(variable, "")
+    return value if value.startswith("/") else paths.joined(paths.home(), *fallback)
+
+
 def default_sqlite_file() -> str:
     """The default store's file: ``$XDG_STATE_HOME/tasklock/locks.db``."""
-    state_home = os.environ.get("XDG_STATE_HOME") or paths.joined(paths.home(), ".local", "state")
-    return paths.joined(state_home, "tasklock", "locks.db")
+    return paths.joined(xdg_home("XDG_STATE_HOME", ".local", "state"), "tasklock", "locks.db")
 
 
 def sqlite_url(path: str | os.PathLike) -> str:
@@ -79,6 +85,16 @@ def query_names(url: str) -> list[str]:
     from urllib.parse import urlsplit
 
     return [name for name, _ in parse_qsl(urlsplit(url).query, keep_blank_values=True)]
+
+
+def url_parameters(url: str) -> dict[str, str]:
+    """The query parameters of a URL, the last of each name winning (none: ``{}``)."""
+    if "?" not in url:
+        return {}
+    from urllib.parse import parse_qsl
+    from urllib.parse import urlsplit
+
+    return dict(parse_qsl(urlsplit(url).query, keep_blank_values=True))
 
 
 _PASSWORD_IN_CONNINFO = re.compile(r"(password\s*=\s*)(\S+)", re.IGNORECASE)

@@ -1,16 +1,15 @@
 """How an SQLite holder hears of a break: the holder of a lease waiting for a break keeps a
-FIFO named ``<hash of key>.<fencing token>`` in the store's holders directory, and a break or
-forced release writes to it."""
+FIFO named after its fencing token in the key's directory under the store's holders
+directory (see entries), and a break or forced release writes to it."""
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import threading
 
 from tasklock_cli import paths
-from tasklock_cli.stores.sqlite.waiting import key_prefix
+from tasklock_cli.stores.sqlite import entries
 
 #: typing costs ~2 ms per start: its names are for the type checker only.
 TYPE_CHECKING = False
@@ -24,13 +23,12 @@ class BreakAlarms:
     until the lease is released, so a break between two waits is still there to be read:
     it is never drained (a broken lease stays broken)."""
 
-    def __init__(self, directory: str | Path) -> None:
+    def __init__(self, directory: str | Path, file_mode: int = entries.PRIVATE_MODE) -> None:
         self.directory = paths.normal(directory)
+        self.file_mode = file_mode
         self._lock = threading.Lock()
-        self._fifos: dict[tuple[str, int], tuple[str, int]] = {}
-
-    def _path(self, key: str, token: int) -> str:
-        return paths.joined(self.directory, f"{key_prefix(key)}{token}")
+        #: (key, token) -> (the key's directory fd, the FIFO's fd)
+        self._fifos: dict[tuple[str, int], tuple[int, int]] = {}
 
     def listen(self, key: str, token: int) -> tuple[int | None, bool]:
         """``(fd to select on, new)`` for the lease; ``new`` when just made (the caller must
@@ -40,64 +38,64 @@ class BreakAlarms:
             known = self._fifos.get((key, token))
             if known is not None:
                 return known[1], False
-            path = self._path(key, token)
-            making = paths.joined(self.directory, f"new.{os.getpid()}.{os.urandom(4).hex()}")
-            fd: int | None = None
-            try:
-                paths.make_dir(self.directory)
-                self._remove_dead(key)
-                os.mkfifo(making, 0o622)
-                fd = os.open(making, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
-                os.rename(making, path)  # replaces a dead holder's FIFO of the same name
-            except OSError:
-                if fd is not None:
-                    os.close(fd)
-                with contextlib.suppress(OSError):
-                    os.unlink(making)
+            dir_fd = entries.open_key_dir(self.directory, key, self.file_mode, create=True)
+            if dir_fd is None:
                 return None, True
-            self._fifos[(key, token)] = (path, fd)
+            try:
+                self._remove_dead(dir_fd)
+                # (the rename replaces a dead holder's FIFO of the same name)
+                fd = entries.make_fifo(
+                    f"new.{entries.make_unique()}", str(token), dir_fd, self.file_mode
+                )
+            except OSError:
+                os.close(dir_fd)
+                return None, True
+            self._fifos[(key, token)] = (dir_fd, fd)
             return fd, True
 
     def forget(self, key: str, token: int) -> None:
         with self._lock:
             known = self._fifos.pop((key, token), None)
         if known is not None:
-            self._close(*known)
+            self._close(key, token, *known)
 
     def forget_all(self) -> None:
         with self._lock:
-            fifos, self._fifos = list(self._fifos.values()), {}
-        for path, fd in fifos:
-            self._close(path, fd)
+            fifos, self._fifos = dict(self._fifos), {}
+        for (key, token), (dir_fd, fd) in fifos.items():
+            self._close(key, token, dir_fd, fd)
 
-    @staticmethod
-    def _close(path: str, fd: int) -> None:
-        with contextlib.suppress(OSError):
-            os.unlink(path)
+    def _close(self, key: str, token: int, dir_fd: int, fd: int) -> None:
+        entries.remove(str(token), dir_fd)
+        os.close(dir_fd)
         os.close(fd)
+        entries.remove_key_dir(self.directory, key)
 
-    def _remove_dead(self, key: str) -> None:
+    def _remove_dead(self, dir_fd: int) -> None:
         """Remove the key's FIFOs whose holders died without releasing (no reader)."""
-        prefix = key_prefix(key)
-        with contextlib.suppress(OSError):
-            for name in os.listdir(self.directory):
-                if not name.startswith(prefix):
-                    continue
-                try:
-                    os.close(
-                        os.open(paths.joined(self.directory, name), os.O_WRONLY | os.O_NONBLOCK)
-                    )
-                except OSError as exc:
-                    if exc.errno == errno.ENXIO:
-                        with contextlib.suppress(OSError):
-                            os.unlink(paths.joined(self.directory, name))
+        for name in entries.names(dir_fd, entries.is_token):
+            try:
+                fd = entries.open_to_write(name, dir_fd, self.file_mode)
+            except OSError as exc:
+                if exc.errno == errno.ENXIO:
+                    entries.remove(name, dir_fd)
+                continue
+            if fd is not None:
+                os.close(fd)
 
     def alarm(self, key: str, token: int) -> None:
         """Tell the holder of ``key``'s lease with ``token`` that it is broken, if it waits
         for that (else it finds out when it starts to). Never raises."""
+        dir_fd = entries.open_key_dir(self.directory, key, self.file_mode, create=False)
+        if dir_fd is None:
+            return
         try:
-            fd = os.open(self._path(key, token), os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            fd = entries.open_to_write(str(token), dir_fd, self.file_mode)
         except OSError:  # no such FIFO, or no reader: nobody to tell
+            fd = None
+        finally:
+            os.close(dir_fd)
+        if fd is None:
             return
         try:
             os.write(fd, b"!")

@@ -10,10 +10,12 @@ import time
 from collections.abc import Callable
 from collections.abc import Iterator
 
-from tasklock_cli import paths
 from tasklock_cli.errors import ConfigError
 from tasklock_cli.errors import StoreUnavailable
+from tasklock_cli.stores.sqlite import files
+from tasklock_cli.stores.sqlite.entries import PRIVATE_MODE
 from tasklock_cli.stores.sqlite.schema import ensure_schema
+from tasklock_cli.stores.sqlite.schema import refuse_foreign
 
 #: typing costs ~2 ms per start: _T is for the type checker only.
 TYPE_CHECKING = False
@@ -51,10 +53,12 @@ class SQLiteConnection:
     """One connection to ``path``, shared by the threads of a process (the heartbeat and
     the main thread, or many leases held through the API): one transaction at a time."""
 
-    def __init__(self, path: str, create_parent: bool) -> None:
-        """``path`` as ``paths.normal`` gives it."""
+    def __init__(self, path: str, create_parent: bool, file_mode: int = PRIVATE_MODE) -> None:
+        """``path`` as ``paths.normal`` gives it; ``create_parent`` for the default store,
+        whose directory is made; ``file_mode`` what a file made here gets (see files)."""
         self.path = path
         self._create_parent = create_parent
+        self._file_mode = file_mode
         self._conn: sqlite3.Connection | None = None
         self._lock = threading.RLock()
 
@@ -64,23 +68,15 @@ class SQLiteConnection:
         return self._conn
 
     def _connect(self) -> sqlite3.Connection:
-        directory = paths.parent(self.path)
-        if self._create_parent:
-            try:
-                paths.make_dir(directory, parents=True)
-            except OSError as exc:
-                raise ConfigError(f"cannot create {directory}: {exc.strerror}") from exc
-        elif not paths.is_dir(directory):
-            raise ConfigError(
-                f"the directory of the SQLite store {self.path} does not exist "
-                f"(create {directory} or choose another path)"
-            )
+        files.prepare(self.path, self._file_mode, self._create_parent)
         try:
             conn = sqlite3.connect(
                 self.path, timeout=BUSY_SLICE_S, isolation_level=None, check_same_thread=False
             )
+            # Before WAL mode or a table is set: another application's database is left as is.
+            when_not_busy(lambda: refuse_foreign(conn, self.path))
             when_not_busy(lambda: conn.execute("PRAGMA journal_mode=WAL"))
-            conn.execute("PRAGMA synchronous=NORMAL")
+            when_not_busy(lambda: conn.execute("PRAGMA synchronous=NORMAL"))
             ensure_schema(conn, str(self.path), when_not_busy)
         except sqlite3.Error as exc:
             raise self._translate(exc) from exc

@@ -108,12 +108,39 @@ def upgrade_steps(conn: sqlite3.Connection, where: str) -> tuple[str, ...]:
     return (*steps, f"PRAGMA user_version={SCHEMA_VERSION}") if steps else ()
 
 
+def refuse_foreign(conn: sqlite3.Connection, where: str) -> None:
+    """ConfigError when the file is another application's database: it holds tables other
+    than tasklock's, or no tasklock table and a ``user_version`` someone set. (One
+    statement, so one snapshot: another process may be creating the tables right now.)"""
+    tables, version = conn.execute(
+        "SELECT (SELECT json_group_array(name) FROM sqlite_master"
+        "        WHERE type IN ('table', 'view') AND name NOT LIKE 'sqlite!_%' ESCAPE '!'),"
+        "       (SELECT user_version FROM pragma_user_version)"
+    ).fetchone()
+    import json
+
+    names = set(json.loads(tables))
+    others = sorted(names - {TABLE, RUNS_TABLE, _REBUILT})
+    if others:
+        shown = ", ".join(others[:5]) + (", ..." if len(others) > 5 else "")
+        raise ConfigError(
+            f"{where} holds tables that are not tasklock's ({shown}): refusing to use "
+            "another application's database as a store"
+        )
+    if TABLE not in names and version != 0:
+        raise ConfigError(
+            f"{where} has user_version {version} but no tasklock table: refusing to use "
+            "another application's database as a store"
+        )
+
+
 def ensure_schema(
     conn: sqlite3.Connection, where: str, when_not_busy: Callable[[Callable[[], _T]], _T]
 ) -> None:
     """Create or upgrade the tables of a connection in autocommit mode."""
-    if is_current(conn) or not upgrade_steps(conn, where):  # (a foreign table: refused)
-        return
+    # Reads before the file is in WAL mode may find it busy while another process sets it.
+    if when_not_busy(lambda: is_current(conn) or not upgrade_steps(conn, where)):
+        return  # (a foreign table: refused by upgrade_steps)
     when_not_busy(lambda: conn.execute("BEGIN IMMEDIATE"))
     try:
         for statement in upgrade_steps(conn, where):

@@ -25,6 +25,8 @@ from tasklock_cli.stores.base import utc_from_timestamp
 from tasklock_cli.stores.base import wait_readable
 from tasklock_cli.stores.sqlite.breaks import BreakAlarms
 from tasklock_cli.stores.sqlite.connection import SQLiteConnection
+from tasklock_cli.stores.sqlite.entries import PRIVATE_MODE
+from tasklock_cli.stores.sqlite.files import file_mode_parameter
 from tasklock_cli.stores.sqlite.schema import RUNS_TABLE
 from tasklock_cli.stores.sqlite.schema import SCHEMA
 from tasklock_cli.stores.sqlite.schema import SCHEMA_VERSION
@@ -35,6 +37,7 @@ from tasklock_cli.stores.urls import query_names
 from tasklock_cli.stores.urls import sqlite_netloc_and_path
 from tasklock_cli.stores.urls import sqlite_url
 from tasklock_cli.stores.urls import unknown_parameter
+from tasklock_cli.stores.urls import url_parameters
 
 #: typing costs ~2 ms per start: its names are for the type checker only.
 TYPE_CHECKING = False
@@ -160,8 +163,8 @@ def current_boot_id() -> str:
         return "unknown-boot"
 
 
-#: The query parameters a sqlite:/// URL may carry (none yet).
-URL_PARAMETERS: tuple[str, ...] = ()
+#: The query parameters a sqlite:/// URL may carry: ``mode=0660``, a group-shared store.
+URL_PARAMETERS: tuple[str, ...] = ("mode",)
 
 
 def _check_parameters(url: str) -> None:
@@ -184,15 +187,18 @@ class SQLiteStore(Store):
         clock=boot_clock,
         wall_clock=time.time,
         create_parent: bool = False,
+        file_mode: int = PRIVATE_MODE,
     ) -> None:
         self.path = paths.normal(path)
-        self.display_url = sqlite_url(path)
+        self.file_mode = file_mode
+        shared = "" if file_mode == PRIVATE_MODE else f"?mode={file_mode:04o}"
+        self.display_url = sqlite_url(path) + shared
         self._clock = clock
         self._wall = wall_clock
         self._boot = current_boot_id()
-        self._db = SQLiteConnection(self.path, create_parent)
-        self._wakeups = LocalWakeups(paths.with_name_suffix(self.path, ".waiters"))
-        self._alarms = BreakAlarms(paths.with_name_suffix(self.path, ".holders"))
+        self._db = SQLiteConnection(self.path, create_parent, file_mode)
+        self._wakeups = LocalWakeups(paths.with_name_suffix(self.path, ".waiters"), file_mode)
+        self._alarms = BreakAlarms(paths.with_name_suffix(self.path, ".holders"), file_mode)
 
     @classmethod
     def from_url(cls, url: str) -> SQLiteStore:
@@ -209,9 +215,14 @@ class SQLiteStore(Store):
         path = paths.normal(raw_path) if names_a_file else ""
         if not paths.name(path):
             raise ConfigError(f"sqlite URL {url!r} names no file (use sqlite:///ABS/PATH.db)")
+        parameters = url_parameters(url)
         # Only the default store's directory is made; an explicit path names a place the
         # user chose, and a missing directory there is more likely a typo.
-        return cls(path, create_parent=path == default_sqlite_file())
+        return cls(
+            path,
+            create_parent=path == default_sqlite_file(),
+            file_mode=file_mode_parameter(parameters.get("mode")),
+        )
 
     def _times(self) -> dict:
         return {"boot": self._boot, "now": self._clock(), "wall": self._wall()}

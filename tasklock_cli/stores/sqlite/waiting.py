@@ -1,18 +1,18 @@
 """Release wake-ups between processes on one machine, for the SQLite store.
 
-Each waiter of a key owns a FIFO in a directory beside the database, named
-``<hash of key>.<time_ns>.<pid>.<random>``, and keeps it open for reading while it waits.
-A release lists the key's FIFOs and writes one byte to the oldest one whose reader is
-still there, so one release wakes one waiter, the one that has waited longest. A FIFO
-without a reader (its waiter died) cannot be opened for writing: the release removes it
-and tries the next.
+Each waiter of a key owns a FIFO in the key's directory beside the database
+(``X.db.waiters/<hash of key>/``, see entries), named ``<time_ns>.<pid>.<random>``, and keeps it
+open for reading while it waits. A release lists the key's FIFOs and writes one byte to the
+oldest one whose reader is still there, so one release wakes one waiter, the one that has
+waited longest. A FIFO without a reader (its waiter died) cannot be opened for writing: the
+release removes it and tries the next. An entry that is not such a FIFO is left alone.
 
 A waiter that is not woken (its waker died between commit and wake-up, or the holder
 was on another machine sharing the file) still polls, at its caller's ceiling.
 
 Holders are told of a break the same way (``BreakAlarms``): the holder of a lease waiting
-for a break keeps a FIFO named ``<hash of key>.<fencing token>`` in its own directory, and
-a break or forced release writes to it.
+for a break keeps a FIFO named after its fencing token in the key's directory under
+``X.db.holders/``, and a break or forced release writes to it.
 """
 
 from __future__ import annotations
@@ -20,18 +20,10 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import time
-
-try:  # the built-in SHA-256: hashlib would load OpenSSL (milliseconds on every run)
-    from _sha256 import sha256 as _sha256  # Python < 3.12
-except ImportError:  # pragma: no cover - the module's name from 3.12 on
-    try:
-        from _sha2 import sha256 as _sha256
-    except ImportError:
-        from hashlib import sha256 as _sha256
 
 from tasklock_cli import paths
 from tasklock_cli.stores.base import wait_readable
+from tasklock_cli.stores.sqlite import entries
 
 #: typing costs ~2 ms per start: its names are for the type checker only.
 TYPE_CHECKING = False
@@ -39,15 +31,13 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 
-def key_prefix(key: str) -> str:
-    return _sha256(key.encode()).hexdigest()[:24] + "."
-
-
 class LocalWakeups:
-    def __init__(self, directory: str | Path) -> None:
+    def __init__(self, directory: str | Path, file_mode: int = entries.PRIVATE_MODE) -> None:
         self.directory = paths.normal(directory)
+        self.file_mode = file_mode
         self._key: str | None = None
-        self._path: str | None = None
+        self._name: str | None = None
+        self._dir_fd: int | None = None
         self._fd: int | None = None
 
     @property
@@ -61,32 +51,26 @@ class LocalWakeups:
         if self._key == key and self._fd is not None:
             return True
         self.leave()
-        unique = f"{time.time_ns():020d}.{os.getpid()}.{os.urandom(4).hex()}"
-        path = paths.joined(self.directory, f"{key_prefix(key)}{unique}")
-        # Made and opened under a name no release looks at, then renamed: a release never
-        # finds the FIFO without its reader (which it would take for a dead waiter's).
-        making = paths.joined(self.directory, f"new.{unique}")
-        fd: int | None = None
-        try:
-            paths.make_dir(self.directory)
-            os.mkfifo(making, 0o622)  # anyone may wake us; only we read
-            # Read-write, not read-only: a read-only FIFO whose last writer has gone reads
-            # as end-of-file, so select() would report it ready for good after the first
-            # wake-up and a waiter that then lost the race would spin.
-            fd = os.open(making, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
-            os.rename(making, path)
-            self._key, self._path, self._fd = key, path, fd
-        except BaseException as exc:  # OSError, or a signal that stops the wait: undo it all
-            self._key = self._path = self._fd = None
-            if fd is not None:
-                os.close(fd)
-            for name in (making, path):
-                with contextlib.suppress(OSError):
-                    os.unlink(name)
-            if isinstance(exc, OSError):
+        for _ in range(3):  # again if the key's empty directory is removed meanwhile
+            dir_fd = entries.open_key_dir(self.directory, key, self.file_mode, create=True)
+            if dir_fd is None:
                 return False
-            raise
-        return True
+            unique = entries.make_unique()
+            # Made and opened under a name no release looks at, then renamed: a release
+            # never finds the FIFO without its reader (it would take it for a dead waiter's).
+            try:
+                fd = entries.make_fifo(f"new.{unique}", unique, dir_fd, self.file_mode)
+            except BaseException as exc:  # OSError, or a signal that stops the wait: undone
+                os.close(dir_fd)
+                if isinstance(exc, FileNotFoundError):
+                    continue
+                entries.remove_key_dir(self.directory, key)
+                if isinstance(exc, OSError):
+                    return False
+                raise
+            self._key, self._name, self._dir_fd, self._fd = key, unique, dir_fd, fd
+            return True
+        return False
 
     def wait(self, timeout: float, wake_fd: int | None = None) -> bool:
         """Block up to ``timeout`` for a wake-up on the registered key, or until ``wake_fd``
@@ -101,13 +85,16 @@ class LocalWakeups:
 
     def leave(self) -> None:
         """Leave the queue: the holder, or a waiter that gave up, wants no wake-ups."""
-        fd, path = self._fd, self._path
-        self._key = self._path = self._fd = None
+        key, fd, name, dir_fd = self._key, self._fd, self._name, self._dir_fd
+        self._key = self._name = self._dir_fd = self._fd = None
         if fd is not None:
             os.close(fd)
-        if path is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(path)
+        if dir_fd is not None:
+            if name is not None:
+                entries.remove(name, dir_fd)
+            os.close(dir_fd)
+        if key is not None:
+            entries.remove_key_dir(self.directory, key)
 
     def give_up(self, key: str) -> None:
         """Leave ``key``'s queue and wake the next waiter, always.
@@ -124,28 +111,32 @@ class LocalWakeups:
 
     def wake_one(self, key: str) -> None:
         """Wake the longest-waiting live waiter of ``key``, if any. Never raises."""
-        prefix = key_prefix(key)
+        dir_fd = entries.open_key_dir(self.directory, key, self.file_mode, create=False)
+        if dir_fd is None:
+            return
         try:
-            names = sorted(n for n in os.listdir(self.directory) if n.startswith(prefix))
-        except OSError:
-            return
-        for name in names:
-            path = paths.joined(self.directory, name)
-            if path == self._path:
-                continue
-            try:
-                fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-            except OSError as exc:
-                if exc.errno == errno.ENXIO:  # no reader: its waiter is gone
-                    with contextlib.suppress(OSError):
-                        os.unlink(path)
-                continue
-            try:
-                os.write(fd, b"!")
-            except BlockingIOError:  # woken already and not yet read; it will look
-                pass
-            except OSError:  # EPIPE: its reader closed just now; the next one, then
-                continue
-            finally:
-                os.close(fd)
-            return
+            own = self._name if self._key == key else None
+            for name in entries.names(dir_fd, entries.is_unique):
+                if name != own and self._woke(name, dir_fd):
+                    return
+        finally:
+            os.close(dir_fd)
+
+    def _woke(self, name: str, dir_fd: int) -> bool:
+        try:
+            fd = entries.open_to_write(name, dir_fd, self.file_mode)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:  # no reader: its waiter is gone
+                entries.remove(name, dir_fd)
+            return False
+        if fd is None:  # not a FIFO tasklock made: left alone
+            return False
+        try:
+            os.write(fd, b"!")
+        except BlockingIOError:  # woken already and not yet read; it will look
+            pass
+        except OSError:  # EPIPE: its reader closed just now; the next one, then
+            return False
+        finally:
+            os.close(fd)
+        return True

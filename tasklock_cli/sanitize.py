@@ -1,0 +1,63 @@
+"""The one sanitiser for text that came from the store or another user (keys, notes, users,
+hosts, commands), used by every renderer and message: control characters (C0, DEL, C1),
+line and paragraph separators, bidi controls and lone surrogates (bytes that were not UTF-8)
+are shown as Python escapes (``\\x1b``, ``\\u202e``, ``\\udcff``), so another holder's note
+cannot move the cursor, set the terminal's title or reorder what is shown. Markup is the
+renderer's business: rich output takes these strings as ``Text``, never as markup.
+
+Arguments that are not UTF-8 are recorded with ``recordable``: lossless, and valid UTF-8.
+"""
+
+from __future__ import annotations
+
+#: Bidi embeddings, overrides, isolates and marks (Unicode's Bidi_Control), and the
+#: line and paragraph separators.
+_ESCAPED_FORMAT = frozenset(
+    (0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x2028, 0x2029)
+)
+_SHORT = {0x09: "\\t", 0x0A: "\\n", 0x0D: "\\r"}
+
+
+def _escaped(code: int) -> bool:
+    return (
+        code < 0x20 or 0x7F <= code <= 0x9F or 0xD800 <= code <= 0xDFFF or code in _ESCAPED_FORMAT
+    )
+
+
+def _escape(code: int) -> str:
+    if code in _SHORT:
+        return _SHORT[code]
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def safe(text: object) -> str:
+    """``text`` as it may be shown on a terminal or in a log line."""
+    out = str(text)
+    if out.isascii() and out.isprintable():  # the common case, in one pass of C
+        return out
+    return "".join(_escape(ord(char)) if _escaped(ord(char)) else char for char in out)
+
+
+def recordable(arg: str) -> str:
+    """A command-line argument as the store keeps it: unchanged when it is UTF-8; else
+    (Python carries the bytes that are not UTF-8 as lone surrogates) its backslashes
+    doubled and each such byte as ``\\xNN``, so it is valid UTF-8 and loses nothing."""
+    try:
+        arg.encode("utf-8")
+    except UnicodeEncodeError:
+        raw = arg.encode("utf-8", "surrogateescape").replace(b"\\", b"\\\\")
+        return raw.decode("utf-8", "backslashreplace")
+    return arg
+
+
+def json_text(value: object, **options) -> str:
+    """``json.dumps(value, ensure_ascii=False)``, or with every non-ASCII character escaped
+    when a lone surrogate (read back from a store) would make the text invalid UTF-8."""
+    import json
+
+    text = json.dumps(value, ensure_ascii=False, **options)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(value, ensure_ascii=True, **options)
+    return text

@@ -1,0 +1,182 @@
+"""The wake-up entries beside an SQLite store (FIFOs in ``X.db.waiters/`` and
+``X.db.holders/``), made and written safely in directories others may write to.
+
+Each key has its own subdirectory, named by a hash of the key, so a release lists only
+that key's entries however many others the directory holds. Directories are opened with
+``O_NOFOLLOW`` and used through their fds; an entry is written only when it is what
+tasklock makes there: its name has the expected pattern, ``lstat`` shows a FIFO owned by
+us, the directory's owner or root (anyone's on a group-shared store), and the fd opened
+with ``O_NOFOLLOW`` is that same FIFO. Anything else is left alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+
+try:  # the built-in SHA-256: hashlib would load OpenSSL (milliseconds on every run)
+    from _sha256 import sha256 as _sha256  # Python < 3.12
+except ImportError:  # pragma: no cover - the module's name from 3.12 on
+    try:
+        from _sha2 import sha256 as _sha256
+    except ImportError:
+        from hashlib import sha256 as _sha256
+
+#: The mode of a private store's files; a group-shared store's is 0o660 (``?mode=0660``).
+PRIVATE_MODE = 0o600
+_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_READ_FIFO = os.O_RDWR | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
+_WRITE_FIFO = os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
+#: How often to try again when a key's empty directory is removed while we open it.
+_RETRIES = 3
+
+
+def key_dir_name(key: str) -> str:
+    return _sha256(key.encode()).hexdigest()[:24]
+
+
+def directory_mode(file_mode: int) -> int:
+    """A store's directories: 0700, or 0770 and setgid (the group carries on) when
+    shared."""
+    return 0o700 if file_mode == PRIVATE_MODE else 0o2770
+
+
+def make_unique() -> str:
+    """A name part no other process will pick: ``<time_ns>.<pid>.<random>``."""
+    import time
+
+    return f"{time.time_ns():020d}.{os.getpid()}.{os.urandom(4).hex()}"
+
+
+def is_unique(name: str) -> bool:
+    """Has ``name`` the form ``make_unique`` gives?"""
+    parts = name.split(".")
+    return (
+        len(parts) == 3
+        and len(parts[0]) == 20
+        and _decimal(parts[0])
+        and _decimal(parts[1])
+        and len(parts[2]) == 8
+        and all(char in "0123456789abcdef" for char in parts[2])
+    )
+
+
+def _decimal(text: str) -> bool:
+    return text.isascii() and text.isdigit()
+
+
+def is_token(name: str) -> bool:
+    return _decimal(name) and name[0] != "0"
+
+
+def open_key_dir(top: str, key: str, file_mode: int, create: bool) -> int | None:
+    """An fd of ``key``'s directory under ``top`` (made, with ``top``, when ``create``);
+    None when there is none, or either is not a plain directory (a symlink, a file)."""
+    for _ in range(_RETRIES):
+        top_fd = _open_dir(top, None, file_mode, create)
+        if top_fd is None:
+            return None
+        try:
+            return _open_dir(key_dir_name(key), top_fd, file_mode, create)
+        except FileNotFoundError:  # removed, empty, just as we came: make it again
+            continue
+        finally:
+            os.close(top_fd)
+    return None
+
+
+def _open_dir(name: str, dir_fd: int | None, file_mode: int, create: bool) -> int | None:
+    if create:
+        try:
+            os.mkdir(name, 0o700, dir_fd=dir_fd)
+        except FileExistsError:
+            pass
+        except OSError:
+            return None
+        else:
+            with contextlib.suppress(OSError):  # as asked, whatever the umask
+                os.chmod(name, directory_mode(file_mode), dir_fd=dir_fd)
+    try:
+        return os.open(name, _DIRECTORY, dir_fd=dir_fd)
+    except FileNotFoundError:
+        if dir_fd is not None and create:
+            raise
+        return None
+    except OSError:  # ELOOP (a symlink), ENOTDIR, EACCES: no entries here
+        return None
+
+
+def names(dir_fd: int, valid) -> list[str]:
+    """The names in the directory that ``valid`` accepts, sorted."""
+    try:
+        return sorted(name for name in os.listdir(dir_fd) if valid(name))
+    except OSError:
+        return []
+
+
+def open_to_write(name: str, dir_fd: int, file_mode: int) -> int | None:
+    """An fd to write to the FIFO ``name`` when it is one tasklock made; None when it is
+    something else (left alone). OSError as ``open`` raises it: ENXIO when the FIFO has
+    no reader, ENOENT when it is gone."""
+    before = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    if not _trusted(before, dir_fd, file_mode):
+        return None
+    fd = os.open(name, _WRITE_FIFO, dir_fd=dir_fd)
+    after = os.fstat(fd)
+    if (after.st_dev, after.st_ino) != (before.st_dev, before.st_ino) or not stat.S_ISFIFO(
+        after.st_mode
+    ):
+        os.close(fd)
+        return None
+    return fd
+
+
+def _trusted(entry: os.stat_result, dir_fd: int, file_mode: int) -> bool:
+    if not stat.S_ISFIFO(entry.st_mode):
+        return False
+    if file_mode != PRIVATE_MODE or entry.st_uid in (0, os.geteuid()):
+        return True
+    return entry.st_uid == os.fstat(dir_fd).st_uid
+
+
+def make_fifo(making: str, final: str, dir_fd: int, file_mode: int) -> int:
+    """Make a FIFO under the name ``making``, open it read-write (a read-only FIFO whose
+    last writer has gone reads as end-of-file, so select() would report it ready for
+    good), give it the store's mode, then rename it to ``final``: nobody sees the FIFO
+    without its reader. The fd; OSError when it cannot be made (nothing is left)."""
+    fd: int | None = None
+    try:
+        os.mkfifo(making, PRIVATE_MODE, dir_fd=dir_fd)
+        fd = os.open(
+            making, os.O_RDWR | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd
+        )
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):  # replaced between the two calls
+            raise OSError(errno.EEXIST, "not the FIFO we made", making)
+        os.fchmod(fd, file_mode)
+        os.rename(making, final, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        if fd is not None:
+            os.close(fd)
+        for name in (making, final):  # (final is ours alone: a unique name, or our token)
+            remove(name, dir_fd)
+        raise
+    return fd
+
+
+def remove(name: str, dir_fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(name, dir_fd=dir_fd)
+
+
+def remove_key_dir(top: str, key: str) -> None:
+    """Remove ``key``'s directory when it is empty (else leave it)."""
+    top_fd = _open_dir(top, None, PRIVATE_MODE, create=False)
+    if top_fd is None:
+        return
+    try:
+        with contextlib.suppress(OSError):
+            os.rmdir(key_dir_name(key), dir_fd=top_fd)
+    finally:
+        os.close(top_fd)

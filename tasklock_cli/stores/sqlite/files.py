@@ -1,0 +1,173 @@
+"""The SQLite store's file and directory on a host with several users: made private
+(0600 in a 0700 directory) or group-shared as ``?mode=0660`` asks, and refused (78) when
+trusting them would let someone else choose what tasklock writes or reads:
+
+- a store path that is a symlink (it may be another application's database);
+- a file or directory anyone may write to (anyone could forge or remove leases); a
+  directory with the sticky bit (``/tmp``) is fine, since others cannot replace our file;
+- a private store (no ``?mode=0660``) whose file belongs to another user (say, made in
+  /tmp in advance): that user could forge or remove leases;
+- as root, the default store in a directory of another user (``sudo -E`` or ``su``
+  without ``-`` keep the user's ``$HOME``): root would write where that user can plant
+  symlinks, and leave a file the user can no longer write.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from tasklock_cli import paths
+from tasklock_cli.errors import ConfigError
+from tasklock_cli.stores.sqlite.entries import PRIVATE_MODE
+from tasklock_cli.stores.sqlite.entries import directory_mode
+
+#: The modes ``?mode=`` may ask for: private, or read-write for the file's group.
+FILE_MODES = {"0600": 0o600, "600": 0o600, "0660": 0o660, "660": 0o660}
+
+
+def file_mode_parameter(value: str | None) -> int:
+    """The file mode of ``?mode=VALUE`` (private when not given); ConfigError when bad."""
+    if value is None:
+        return PRIVATE_MODE
+    mode = FILE_MODES.get(value)
+    if mode is None:
+        raise ConfigError(
+            f"sqlite URL parameter mode={value!r} is not a store mode "
+            "(0600: private, the default; 0660: shared with the file's group)"
+        )
+    return mode
+
+
+def owner_name(uid: int) -> str:
+    import pwd
+
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def prepare(path: str, file_mode: int, default_store: bool) -> None:
+    """Make sure the store file at ``path`` may be trusted, creating it (and, for the
+    default store, its directory) with the right modes; ConfigError (78) when not."""
+    directory = paths.parent(path)
+    if default_store and os.geteuid() == 0:
+        refuse_foreign_home(path)
+    if default_store:
+        make_dirs(directory, directory_mode(file_mode))
+    elif not paths.is_dir(directory):
+        raise ConfigError(
+            f"the directory of the SQLite store {path} does not exist "
+            f"(create {directory} or choose another path)"
+        )
+    refuse_open_to_all(directory, is_dir=True)
+    create_file(path, file_mode)
+
+
+def refuse_foreign_home(path: str) -> None:
+    """As root: the store file, and the nearest directory above it that exists, must be
+    root's."""
+    for candidate in (path, *_ancestors(path)):
+        try:
+            owner = os.lstat(candidate).st_uid
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return
+        if owner != 0:
+            raise ConfigError(
+                f"{candidate} belongs to {owner_name(owner)}: as root, tasklock does not use "
+                "a default store in another user's directory (sudo -E or su without - keep "
+                "their $HOME); use sudo -i, or choose a store with --store"
+            )
+        if candidate != path:
+            return
+
+
+def _ancestors(path: str):
+    while True:
+        above = paths.parent(path)
+        if above == path:
+            return
+        yield above
+        path = above
+
+
+def make_dirs(directory: str, mode: int) -> None:
+    """The default store's directory, made ``mode``, and any missing above it (0700, as
+    the XDG spec says)."""
+    if paths.is_dir(directory):
+        return
+    above = paths.parent(directory)
+    if above != directory:
+        make_dirs(above, 0o700)
+    try:
+        os.mkdir(directory, 0o700)
+    except FileExistsError:
+        if not paths.is_dir(directory):
+            raise ConfigError(
+                f"cannot create {directory}: it exists and is not a directory"
+            ) from None
+        return
+    except OSError as exc:
+        raise ConfigError(f"cannot create {directory}: {exc.strerror}") from exc
+    os.chmod(directory, mode)
+
+
+def refuse_open_to_all(path: str, is_dir: bool) -> None:
+    try:
+        status = os.lstat(path)
+    except OSError:
+        return  # what is missing or unreadable, opening tells
+    problem = world_writable(status, is_dir)
+    if problem:
+        raise ConfigError(f"{path} {problem}: refusing to use it as a store")
+
+
+def world_writable(status: os.stat_result, is_dir: bool) -> str | None:
+    """Why anyone may change what a file (or a directory's entries) says, or None."""
+    mode = stat.S_IMODE(status.st_mode)
+    if not mode & stat.S_IWOTH or (is_dir and mode & stat.S_ISVTX):
+        return None
+    return (
+        f"is writable by every user (mode {mode:04o}): anyone could forge or remove leases "
+        f"(chmod o-w; share it with a group instead: ?mode=0660)"
+    )
+
+
+def create_file(path: str, file_mode: int) -> None:
+    """Create the store file with ``file_mode`` (whatever the umask; SQLite gives its
+    -wal and -shm files the same), or check the one there."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, file_mode)
+    except FileExistsError:
+        check_existing(path, file_mode)
+        return
+    except OSError as exc:
+        raise ConfigError(f"cannot create {path}: {exc.strerror}") from exc
+    try:
+        os.fchmod(fd, file_mode)
+    finally:
+        os.close(fd)
+
+
+def check_existing(path: str, file_mode: int) -> None:
+    status = os.lstat(path)
+    if stat.S_ISLNK(status.st_mode):
+        raise ConfigError(
+            f"{path} is a symlink: refusing to use it as a store (it may be another "
+            f"application's database); name the file itself"
+        )
+    if not stat.S_ISREG(status.st_mode):
+        raise ConfigError(f"{path} is not a regular file: refusing to use it as a store")
+    problem = world_writable(status, is_dir=False)
+    if problem:
+        raise ConfigError(f"{path} {problem}: refusing to use it as a store")
+    if file_mode == PRIVATE_MODE and status.st_uid not in (0, os.geteuid()):
+        raise ConfigError(
+            f"{path} belongs to {owner_name(status.st_uid)}, who can change every lease in "
+            "it: a private store must be yours (for a store shared with a group, add "
+            "?mode=0660 to the URL)"
+        )
