@@ -236,4 +236,22 @@ def break_outcome(key: str, token: int | None, outcome, timeout: float) -> str:
         holders = "the holders"
     if outcome.let_go_after is not None:
         return f"{broke}; {holders} let go after {outcome.let_go_after:.2f}s"
-    return f"{broke}; {holders} did not answer within {timeout:g}s, so the lease was freed anyway"
+    from tasklock_cli.stores.base import rfc3339
+
+    return (
+        f"{broke}; {holders} did not answer within {timeout:g}s: {key} stays taken, broken, "
+        f"until its lease runs out at {rfc3339(outcome.free_at)}"
+    )
+
+
+def break_outcome_json(key: str, outcome) -> dict:
+    """``release --force --json``: the tokens broken, whether the key is free now, and
+    when it frees when not."""
+    from tasklock_cli.stores.base import rfc3339
+
+    return {
+        "key": key,
+        "broken": [info.fencing_token for info in outcome.broken],
+        "freed": outcome.freed,
+        "free_at": rfc3339(outcome.free_at) if outcome.free_at is not None else None,
+    }

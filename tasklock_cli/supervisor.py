@@ -37,6 +37,7 @@ from tasklock_cli.process import Terminal
 from tasklock_cli.process import become_subreaper
 from tasklock_cli.records import dataclass
 from tasklock_cli.records import field
+from tasklock_cli.records import replace
 from tasklock_cli.stores.base import Holder
 from tasklock_cli.stores.base import Lease
 from tasklock_cli.stores.base import LeaseInfo
@@ -252,6 +253,7 @@ class Supervisor:
                 self._forward(child, signum)
             self.state.pending_signals.clear()
             terminal.give_to(child.pgid)
+            self.heartbeat.guard_pid = child.guard_pid
             self.heartbeat.start()
             self._watch(child, terminal)
             self.heartbeat.stop(join_within=self.options.schedule.io_timeout)
@@ -265,6 +267,7 @@ class Supervisor:
         if loss is not None and loss.detected_by == LossKind.REJECTED:
             # Broken by an operator: it is still ours to let go, token-checked, unless
             # someone else holds it by now (then this frees nothing).
+            record = self._with_breaker(record)
             io_timeout = self.options.schedule.io_timeout
             if self.keeper.release_quietly(io_timeout, record, self._on_ledger_failed):
                 self._emit("released", f"released {self.options.key!r}")
@@ -278,6 +281,18 @@ class Supervisor:
         if loss is not None or child.guard_died:
             return ExitCode.LOST
         return child.exit_code()
+
+    def _with_breaker(self, record: RunRecord | None) -> RunRecord | None:
+        """``record`` naming who broke the lease (``broken_by``), when the store says."""
+        lease = self.keeper.lease
+        if record is None or lease is None:
+            return record
+        try:
+            by = self.store.broken_by(lease)
+        except TasklockError as exc:
+            self.events.debug(f"could not read who broke {self.options.key!r}: {exc}")
+            return record
+        return replace(record, broken_by=by) if by else record
 
     def _watch(self, child: Child, terminal: Terminal) -> None:
         options = self.options
