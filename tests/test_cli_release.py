@@ -108,7 +108,9 @@ def test_release_json_when_the_holder_lets_go_and_when_free(env, store):
         {"key": "free", "broken": [], "freed": True, "free_at": None},
     )
     lease = store.acquire("k", 30, HOLDER, uuid.uuid4().hex)
-    thread = threading.Thread(target=lambda: (store.wait_for_break(lease, 30), store.release(lease)))
+    thread = threading.Thread(
+        target=lambda: (store.wait_for_break(lease, 30), store.release(lease))
+    )
     thread.start()
     result = tasklock("release", "k", "--force", "--json", env=env)
     thread.join(timeout=10)

@@ -210,8 +210,11 @@ def breaker_of(data: object) -> dict | None:
             return None
     if not isinstance(data, dict):
         return None
-    return {"host": str(data.get("host", "")), "pid": int(data.get("pid") or 0),
-            "user": str(data.get("user", ""))}
+    return {
+        "host": str(data.get("host", "")),
+        "pid": int(data.get("pid") or 0),
+        "user": str(data.get("user", "")),
+    }
 
 
 @dataclass(frozen=True)
