@@ -178,3 +178,17 @@ def test_processes_of_another_boot_are_never_taken_for_gone():
     assert all_gone({**here, "pidns": pid_namespace() + 1}, "this-boot") is False
     assert all_gone({**here, "pids": gone[:1]}, "this-boot") is False  # the guard unknown
     assert all_gone({**here, "pids": "junk"}, "this-boot") is False
+
+
+def test_a_local_lease_kept_after_its_command_ended_is_freed_at_once(sqlite_url):
+    """--hold-at-least keeps a lease after the command ended: nothing runs under it."""
+    from tasklock_cli.stores import open_store
+
+    with open_store(sqlite_url) as holder_store, open_store(sqlite_url) as ops:
+        lease = holder_store.acquire("k", 30, HOLDER, token())
+        assert holder_store.release(lease, keep_for=60) is True
+        assert [info.fencing_token for info in ops.break_lease("k", None, BREAKER)] == [
+            lease.fencing_token
+        ]
+        assert ops.free_if_holder_gone("k", lease.fencing_token) is True
+        assert ops.holders("k") == []

@@ -108,8 +108,10 @@ _RELEASE = f"{_FREE} WHERE key = :key AND slot = :slot AND owner_token IN (:owne
 # The leases matching :token (every slot's when NULL), live or not.
 _MATCHING = "key = :key AND owner_token IS NOT NULL AND (:token IS NULL OR fencing_token = :token)"
 _FORCE_RELEASE = f"{_FREE} WHERE {_MATCHING}"
+# (``done``: its command has ended; nothing runs under the lease any more)
 _RELEASE_LATER = f"""
-UPDATE {TABLE} SET expires_boot = :now + :keep, expires_at = :wall + :keep
+UPDATE {TABLE} SET expires_boot = :now + :keep, expires_at = :wall + :keep,
+                   holder = json_set(holder, '$.done', json('true'))
 WHERE {_OWN_LEASE} AND {_LIVE_ON_KEY}
 """
 _INFO_COLUMNS = "key, slot, slot_limit, fencing_token, acquired_at, expires_at, holder"
@@ -128,8 +130,8 @@ WHERE key = :key AND slot = :slot AND fencing_token = :token AND owner_token = :
 # The holder's processes, recorded with its lease (see processes.py).
 _NOTE_PROCESSES = f"""UPDATE {TABLE} SET holder = json_set(holder, '$.processes', json(:processes))
 WHERE key = :key AND slot = :slot AND fencing_token = :token AND owner_token IN (:owner, :broken)"""
-_PROCESSES = f"""SELECT json_extract(holder, '$.processes') FROM {TABLE}
-WHERE key = :key AND fencing_token = :token AND {_LIVE_ON_KEY}"""
+_PROCESSES = f"""SELECT json_extract(holder, '$.processes'), json_extract(holder, '$.done')
+FROM {TABLE} WHERE key = :key AND fencing_token = :token AND {_LIVE_ON_KEY}"""
 # Our lease is still ours, unbroken (expired or not: the renewal tells that).
 _INTACT = f"""SELECT 1 FROM {TABLE}
 WHERE key = :key AND owner_token = :owner AND fencing_token = :token"""
@@ -388,9 +390,12 @@ class SQLiteStore(Store):
         from tasklock_cli.stores.sqlite.processes import all_gone
 
         rows = self._db.read(_PROCESSES, {**self._times(), "key": key, "token": token})
-        if not rows or rows[0][0] is None or not all_gone(json.loads(rows[0][0]), self._boot):
+        if not rows:
             return False
-        return bool(self.force_release(key, token))
+        processes, done = rows[0]
+        # Kept after its command ended (--hold-at-least), or its processes are gone.
+        gone = bool(done) or (processes is not None and all_gone(json.loads(processes), self._boot))
+        return gone and bool(self.force_release(key, token))
 
     def force_release(self, key: str, token: int | None = None) -> list[LeaseInfo]:
         params = {**self._times(), "key": key, "token": token}
