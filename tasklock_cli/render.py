@@ -229,18 +229,18 @@ def break_outcome(key: str, token: int | None, outcome, timeout: float) -> str:
 
     if len(outcome.broken) == 1:
         broke = f"broke the lease on {key} held by {describe_holder(outcome.broken[0])}"
-        holders = "the holder"
+        holders, leases = "the holder", "its lease runs"
     else:
         slots = ", ".join(str(info.slot) for info in outcome.broken)
         broke = f"broke the {len(outcome.broken)} leases on {key} (slots {slots})"
-        holders = "the holders"
+        holders, leases = "the holders", "their leases run"
     if outcome.let_go_after is not None:
         return f"{broke}; {holders} let go after {outcome.let_go_after:.2f}s"
     from tasklock_cli.stores.base import rfc3339
 
     return (
         f"{broke}; {holders} did not answer within {timeout:g}s: {key} stays taken, broken, "
-        f"until its lease runs out at {rfc3339(outcome.free_at)}"
+        f"until {leases} out at {rfc3339(outcome.free_at)}"
     )
 
 
