@@ -264,10 +264,13 @@ class Supervisor:
     def _finish(self, child: Child) -> int:
         loss = self.state.loss
         record = run_record_of(self.keeper, self.state.loss, child)
+        if loss is not None and loss.detected_by in (LossKind.REJECTED, LossKind.RESUMED_LATE):
+            # Maybe broken by an operator (a paused holder finds its broken lease still
+            # there until it runs out on the store's clock).
+            record = self._with_breaker(record)
         if loss is not None and loss.detected_by == LossKind.REJECTED:
             # Broken by an operator: it is still ours to let go, token-checked, unless
             # someone else holds it by now (then this frees nothing).
-            record = self._with_breaker(record)
             io_timeout = self.options.schedule.io_timeout
             if self.keeper.release_quietly(io_timeout, record, self._on_ledger_failed):
                 self._emit("released", f"released {self.options.key!r}")
