@@ -96,7 +96,7 @@ _tasklock() {
         metrics) [[ $cur == -* ]] && _tasklock_words '--prefix --store --config --log-format -v --verbose -q --quiet -h --help' ;;
         check) [[ $cur == -* ]] && _tasklock_words '--token --json --store --config --log-format -v --verbose -q --quiet -h --help' ;;
         sweep) [[ $cur == -* ]] && _tasklock_words '--dry-run --json --store --config --log-format -v --verbose -q --quiet -h --help' ;;
-        release) [[ $cur == -* ]] && _tasklock_words '--force --token --store --config --log-format -v --verbose -q --quiet -h --help' ;;
+        release) [[ $cur == -* ]] && _tasklock_words '--force --token --json --store --config --log-format -v --verbose -q --quiet -h --help' ;;
         init) [[ $cur == -* ]] && _tasklock_words '--print-sql --store --config --log-format -v --verbose -q --quiet -h --help' ;;
         doctor) [[ $cur == -* ]] && _tasklock_words '--json --store --config --log-format -v --verbose -q --quiet -h --help' ;;
     esac

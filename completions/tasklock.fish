@@ -81,7 +81,7 @@ complete -c tasklock -n '__tasklock_is none' -a history -d 'Show the run ledger 
 complete -c tasklock -n '__tasklock_is none' -a metrics -d 'Print Prometheus metrics (text format) from the run ledger and the live leases.'
 complete -c tasklock -n '__tasklock_is none' -a check -d 'Inside a command run by tasklock: exit 0 (printing the seconds left) while its lease is current, 70 when it is not.'
 complete -c tasklock -n '__tasklock_is none' -a sweep -d 'Remove expired leases left in the store (fencing counters are kept).'
-complete -c tasklock -n '__tasklock_is none' -a release -d 'Break the lease on KEY (ops): its holder terminates its command and lets go at once; waits for that, freeing the lease anyway after 10s.'
+complete -c tasklock -n '__tasklock_is none' -a release -d 'Break the lease on KEY (ops): its holder terminates its command and lets go at once.'
 complete -c tasklock -n '__tasklock_is none' -a init -d 'Create the store\'s schema explicitly (SQL stores; others need none).'
 complete -c tasklock -n '__tasklock_is none' -a doctor -d 'Check the store: reachable, schema, round-trip time, clock skew.'
 complete -c tasklock -n '__tasklock_is none' -l store -x -d 'Store URL: sqlite:///PATH, postgresql://..., redis://..., etcd://HOST:PORT'
@@ -170,6 +170,7 @@ complete -c tasklock -n '__tasklock_is sweep' -s h -l help -d 'Show this message
 
 complete -c tasklock -n '__tasklock_is release' -l force -d 'Required: this breaks a live lease.'
 complete -c tasklock -n '__tasklock_is release' -l token -x -d 'Break only the lease with fencing token T.'
+complete -c tasklock -n '__tasklock_is release' -l json -d 'Print one JSON object.'
 complete -c tasklock -n '__tasklock_is release' -l store -x -d 'Store URL: sqlite:///PATH, postgresql://..., redis://..., etcd://HOST:PORT'
 complete -c tasklock -n '__tasklock_is release' -l config -r -F -d 'Config file (TOML)'
 complete -c tasklock -n '__tasklock_is release' -l log-format -x -a 'text json' -d 'Events on stderr as text or one JSON object per line.'

@@ -1,16 +1,26 @@
-"""Forced release: break leases, then wait for their holders to let go (or free them anyway)."""
+"""Forced release: break leases, then wait for their holders to let go.
+
+A holder that does not let go in time keeps its key, marked broken, until its lease runs
+out on the store's clock (a lock-delay, as Consul's): by then its guard has ended its
+command's tree, wherever the holder is. Only a holder that the store can tell is gone (its
+processes ended, on this machine) is freed at once."""
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from dataclasses import field
+from datetime import datetime
 
+from tasklock_cli.stores.base import Holder
 from tasklock_cli.stores.base import LeaseInfo
 from tasklock_cli.stores.base import Store
 
 #: How long ``release --force`` waits for the holders of broken leases to let go.
 LET_GO_TIMEOUT_S = 10.0
+#: Tests shorten the wait through this variable (seconds); users cannot rely on it.
+LET_GO_TIMEOUT_ENV = "TASKLOCK_TEST_LET_GO_TIMEOUT"
 #: How often it looks meanwhile.
 LET_GO_POLL_S = 0.02
 
@@ -18,35 +28,55 @@ LET_GO_POLL_S = 0.02
 @dataclass(frozen=True)
 class BreakOutcome:
     """What ``break_and_wait`` did: ``broken`` is empty when no live lease matched;
-    ``let_go_after`` is None when a holder did not let go in time and its lease was freed
-    by force."""
+    ``let_go_after`` is None when a holder did not let go in time: then its lease stays,
+    broken, until ``free_at`` (the store's clock)."""
 
     broken: list[LeaseInfo] = field(default_factory=list)
     let_go_after: float | None = None
+    free_at: datetime | None = None
+
+    @property
+    def freed(self) -> bool:
+        return self.let_go_after is not None or not self.broken
+
+
+def let_go_timeout() -> float:
+    """LET_GO_TIMEOUT_S, or the test suite's shorter wait."""
+    try:
+        return float(os.environ[LET_GO_TIMEOUT_ENV])
+    except (KeyError, ValueError):
+        return LET_GO_TIMEOUT_S
 
 
 def break_and_wait(
-    store: Store, key: str, token: int | None = None, timeout: float = LET_GO_TIMEOUT_S
+    store: Store,
+    key: str,
+    token: int | None = None,
+    timeout: float = LET_GO_TIMEOUT_S,
+    by: Holder | None = None,
 ) -> BreakOutcome:
-    """Break the live leases on ``key`` (every slot's, or the one with fencing ``token``),
-    wait until none of them is live any more, at most ``timeout`` seconds, then free by
-    force those still live."""
-    broken = store.break_lease(key, token)
+    """Break the live leases on ``key`` (every slot's, or the one with fencing ``token``)
+    in the name of ``by``, and wait until none of them is live any more, at most
+    ``timeout`` seconds. A lease whose holder is known to be gone is freed at once; one
+    still live at the end is left to run out."""
+    broken = store.break_lease(key, token, by)
     if not broken:
         return BreakOutcome()
     tokens = {info.fencing_token for info in broken}
     started = time.monotonic()
     deadline = started + timeout
     while still_held := _still_held(store, key, tokens):
+        for info in still_held:
+            store.free_if_holder_gone(key, info.fencing_token)
         left = deadline - time.monotonic()
         if left <= 0:
-            freed = [store.force_release(key, held) for held in sorted(still_held)]
-            if not any(freed):
+            still_held = _still_held(store, key, tokens)
+            if not still_held:
                 break  # they let go at the last moment
-            return BreakOutcome(broken, None)
+            return BreakOutcome(broken, None, max(info.expires_at for info in still_held))
         time.sleep(min(LET_GO_POLL_S, left))
     return BreakOutcome(broken, time.monotonic() - started)
 
 
-def _still_held(store: Store, key: str, tokens: set[int]) -> set[int]:
-    return {info.fencing_token for info in store.holders(key)} & tokens
+def _still_held(store: Store, key: str, tokens: set[int]) -> list[LeaseInfo]:
+    return [info for info in store.holders(key) if info.fencing_token in tokens]

@@ -384,9 +384,11 @@ def release(
     token: int | None = typer.Option(
         None, "--token", metavar="T", help="Break only the lease with fencing token T."
     ),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
-    """Break the lease on KEY (ops): its holder terminates its command and lets go at once;
-    waits for that, freeing the lease anyway after 10s."""
+    """Break the lease on KEY (ops): its holder terminates its command and lets go at once.
+    A holder that does not answer within 10s keeps the key, broken, until its lease runs
+    out (exit 75)."""
     g: Globals = ctx.obj
     validate_key(key)
     if not force:
@@ -395,14 +397,20 @@ def release(
         from tasklock_cli.checking import checked_token
 
         checked_token(token)
-    from tasklock_cli.breaking import LET_GO_TIMEOUT_S
     from tasklock_cli.breaking import break_and_wait
+    from tasklock_cli.breaking import let_go_timeout
+    from tasklock_cli.supervisor import current_holder
 
+    timeout = let_go_timeout()
     with g.open_store() as store:
-        outcome = break_and_wait(store, key, token)
+        outcome = break_and_wait(store, key, token, timeout, by=current_holder([], None))
     from tasklock_cli import render
 
-    typer.echo(render.break_outcome(key, token, outcome, LET_GO_TIMEOUT_S))
+    if as_json:
+        typer.echo(json.dumps(render.break_outcome_json(key, outcome)))
+    else:
+        typer.echo(render.break_outcome(key, token, outcome, timeout))
+    raise typer.Exit(0 if outcome.freed else ExitCode.CONFLICT)
 
 
 @app.command()

@@ -1,6 +1,10 @@
 """The heartbeat: a thread that renews the lease until told to stop, and between renewals
 listens for the store telling it the lease was broken (then renews at once, which the
-store rejects). What it finds goes to the supervisor through callbacks."""
+store rejects). What it finds goes to the supervisor through callbacks.
+
+A notification is a hint, not a fact: anyone who can write to the store can send one. It
+is acted on by renewing, token-checked, and no more often than once per retry interval;
+a renewal that succeeds contradicts it, and the store's watch has consumed it."""
 
 from __future__ import annotations
 
@@ -85,6 +89,9 @@ class Heartbeat:
         self.on_deadline = on_deadline
         self.clock = clock
         self.stopped = threading.Event()
+        #: The command's guard, whose pid the store records with the lease (set before start).
+        self.guard_pid: int | None = None
+        self._hint_renewal_not_before = 0.0
         self._stop_r, self._stop_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._thread = threading.Thread(target=self._run, name="tasklock-heartbeat", daemon=True)
 
@@ -109,6 +116,7 @@ class Heartbeat:
         next_renewal = self.keeper.acquired_at + options.schedule.renew_interval
         if self._quiet_start(next_renewal):
             return
+        self._note_processes()
         while not self._until_renewal(next_renewal):
             if self.clock() >= self.keeper.deadline:
                 self.on_deadline()  # the watcher decides: we were paused, or could not renew
@@ -136,6 +144,25 @@ class Heartbeat:
         wait_readable([self._stop_r], quiet_until - self.clock())
         return self.stopped.is_set()
 
+    def _note_processes(self) -> None:
+        lease = self.keeper.lease
+        if self.guard_pid is None or lease is None:
+            return
+        try:
+            self.store.note_processes(lease, self.guard_pid)
+        except Exception as exc:  # then release --force waits for the lease to run out
+            self.events.debug(f"could not record the processes holding {self.options.key!r}: {exc}")
+
+    def _after_hint(self, renew_at: float) -> bool:
+        """A break was heard of: renew now, or, when the last hint was acted on less than a
+        retry interval ago, then (hints may come in floods); True when stopped meanwhile."""
+        now = self.clock()
+        act_at = min(renew_at, self._hint_renewal_not_before)
+        if act_at > now and self.stopped.wait(act_at - now):
+            return True
+        self._hint_renewal_not_before = self.clock() + self.options.schedule.renew_retry_interval
+        return self.stopped.is_set()
+
     def _until_renewal(self, renew_at: float) -> bool:
         """Wait until ``renew_at``, or less when the store tells us our lease was broken;
         True when the heartbeat must stop."""
@@ -147,8 +174,8 @@ class Heartbeat:
             started = self.clock()
             try:
                 if self.store.wait_for_break(lease, left, self._stop_r):
-                    self.events.debug(f"{self.options.key!r} was broken: renewing at once")
-                    return self.stopped.is_set()
+                    self.events.debug(f"told {self.options.key!r} was broken: renewing to see")
+                    return self._after_hint(renew_at)
             except Exception as exc:  # no notifications, then: sleep, renewals still tell
                 self.events.debug(f"cannot listen for a break of {self.options.key!r}: {exc}")
                 return self.stopped.wait(max(0.0, renew_at - self.clock()))

@@ -247,13 +247,29 @@ def break_outcome(key: str, token: int | None, outcome, timeout: float) -> str:
 
     if len(outcome.broken) == 1:
         broke = f"broke the lease on {key} held by {describe_holder(outcome.broken[0])}"
-        holders = "the holder"
+        holders, leases = "the holder", "its lease runs"
     else:
         slots = ", ".join(str(info.slot) for info in outcome.broken)
         broke = f"broke the {len(outcome.broken)} leases on {key} (slots {slots})"
-        holders = "the holders"
+        holders, leases = "the holders", "their leases run"
     if outcome.let_go_after is not None:
         return safe(f"{broke}; {holders} let go after {outcome.let_go_after:.2f}s")
+    from tasklock_cli.stores.base import rfc3339
+
     return safe(
-        f"{broke}; {holders} did not answer within {timeout:g}s, so the lease was freed anyway"
+        f"{broke}; {holders} did not answer within {timeout:g}s: {key} stays taken, broken, "
+        f"until {leases} out at {rfc3339(outcome.free_at)}"
     )
+
+
+def break_outcome_json(key: str, outcome) -> dict:
+    """``release --force --json``: the tokens broken, whether the key is free now, and
+    when it frees when not."""
+    from tasklock_cli.stores.base import rfc3339
+
+    return {
+        "key": key,
+        "broken": [info.fencing_token for info in outcome.broken],
+        "freed": outcome.freed,
+        "free_at": rfc3339(outcome.free_at) if outcome.free_at is not None else None,
+    }

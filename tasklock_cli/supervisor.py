@@ -37,6 +37,7 @@ from tasklock_cli.process import Terminal
 from tasklock_cli.process import become_subreaper
 from tasklock_cli.records import dataclass
 from tasklock_cli.records import field
+from tasklock_cli.records import replace
 from tasklock_cli.sanitize import recordable
 from tasklock_cli.stores.base import Holder
 from tasklock_cli.stores.base import Lease
@@ -262,6 +263,7 @@ class Supervisor:
                 self._forward(child, signum)
             self.state.pending_signals.clear()
             terminal.give_to(child.pgid)
+            self.heartbeat.guard_pid = child.guard_pid
             self.heartbeat.start()
             self._watch(child, terminal)
             self.heartbeat.stop(join_within=self.options.schedule.io_timeout)
@@ -272,6 +274,10 @@ class Supervisor:
     def _finish(self, child: Child) -> int:
         loss = self.state.loss
         record = run_record_of(self.keeper, self.state.loss, child)
+        if loss is not None and loss.detected_by in (LossKind.REJECTED, LossKind.RESUMED_LATE):
+            # Maybe broken by an operator (a paused holder finds its broken lease still
+            # there until it runs out on the store's clock).
+            record = self._with_breaker(record)
         if loss is not None and loss.detected_by == LossKind.REJECTED:
             # Broken by an operator: it is still ours to let go, token-checked, unless
             # someone else holds it by now (then this frees nothing).
@@ -288,6 +294,18 @@ class Supervisor:
         if loss is not None or child.guard_died:
             return ExitCode.LOST
         return child.exit_code()
+
+    def _with_breaker(self, record: RunRecord | None) -> RunRecord | None:
+        """``record`` naming who broke the lease (``broken_by``), when the store says."""
+        lease = self.keeper.lease
+        if record is None or lease is None:
+            return record
+        try:
+            by = self.store.broken_by(lease)
+        except TasklockError as exc:
+            self.events.debug(f"could not read who broke {self.options.key!r}: {exc}")
+            return record
+        return replace(record, broken_by=by) if by else record
 
     def _watch(self, child: Child, terminal: Terminal) -> None:
         options = self.options

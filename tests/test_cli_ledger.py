@@ -55,6 +55,7 @@ def test_history_after_runs_exiting_0_4_0_newest_first(env):
         "exit_code",
         "outcome",
         "detected_by",
+        "broken_by",
     }
     assert newest["key"] == "job" and newest["slot"] == 0 and newest["detected_by"] is None
     assert newest["command"] == ["sh", "-c", "exit 0"] and newest["note"] == "n0"

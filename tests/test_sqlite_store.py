@@ -95,13 +95,16 @@ def test_sweep_searches_the_index_instead_of_scanning_held_leases(tmp_path):
     assert not [step for step in counted if step.startswith("SCAN")], counted
 
 
-@pytest.mark.parametrize("statement", ["_ACQUIRE", "_OTHER_LIMIT", "_FULLNESS", "_BREAK"])
+@pytest.mark.parametrize(
+    "statement", ["_ACQUIRE", "_OTHER_LIMIT", "_FULLNESS", "_BREAK", "_PROCESSES", "_BROKEN_BY"]
+)
 def test_a_keys_statements_search_its_rows_not_every_live_lease(tmp_path, statement):
     """The expiry index's live range spans every key: a statement about one key must
     search the primary key (key, slot) instead."""
     path = tmp_path / "locks.db"
     SQLiteStore(path).init_schema()
-    params = dict.fromkeys(["key", "owner", "limit", "ttl", "wall", "holder", "token"], 1)
+    names = ["key", "owner", "limit", "ttl", "wall", "holder", "token", "by", "slot", "broken"]
+    params = dict.fromkeys(names, 1)
     with sqlite3.connect(path) as conn:
         plan = [
             row[3]

@@ -134,6 +134,8 @@ class RunRecord:
     detected_by: str | None = None
     slot: int = 0
     ended_at: datetime | None = None
+    #: Who broke the lease (``release --force``): {"host", "pid", "user"}; None otherwise.
+    broken_by: dict | None = None
 
     def fields(self) -> dict:
         """Everything but key, token and times, as the stores keep it (JSON-able)."""
@@ -143,6 +145,7 @@ class RunRecord:
             "exit_code": self.exit_code,
             "outcome": self.outcome,
             "detected_by": self.detected_by,
+            "broken_by": self.broken_by,
         }
 
     @classmethod
@@ -165,6 +168,7 @@ class RunRecord:
             outcome=str(data.get("outcome", "")),
             detected_by=data.get("detected_by"),
             slot=int(data.get("slot", 0)),
+            broken_by=breaker_of(data.get("broken_by")),
         )
 
     def to_json(self) -> dict:
@@ -183,7 +187,34 @@ class RunRecord:
             "exit_code": self.exit_code,
             "outcome": self.outcome,
             "detected_by": self.detected_by,
+            "broken_by": self.broken_by,
         }
+
+
+def breaker(holder: Holder | None) -> dict | None:
+    """Who breaks a lease, as its ledger record keeps it (``broken_by``)."""
+    if holder is None:
+        return None
+    return {"host": holder.host, "pid": holder.pid, "user": holder.user}
+
+
+def breaker_of(data: object) -> dict | None:
+    """``broken_by`` as a store returned it (a dict, or JSON text); None when none or
+    not one."""
+    if isinstance(data, (str, bytes)):
+        import json
+
+        try:
+            data = json.loads(data)
+        except ValueError:
+            return None
+    if not isinstance(data, dict):
+        return None
+    return {
+        "host": str(data.get("host", "")),
+        "pid": int(data.get("pid") or 0),
+        "user": str(data.get("user", "")),
+    }
 
 
 @dataclass(frozen=True)
@@ -267,11 +298,11 @@ if TYPE_CHECKING:
 class SocketBreakWatch:
     """A break watch on a socket of its own: ``_fileno`` is selected on together with the
     caller's ``wake_fd``, and ``_heard`` reads (never blocking) whether our break is among
-    what has arrived. Once heard, a break stays heard."""
+    what has arrived. What is heard is a hint (anyone with access to the store can send
+    one): a wait returns it once, and the caller asks the store (it renews)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()  # one waiter at a time
-        self.broken = False
 
     def _fileno(self) -> int:
         raise NotImplementedError
@@ -280,11 +311,10 @@ class SocketBreakWatch:
         raise NotImplementedError
 
     def wait(self, deadline: float, wake_fd: int | None) -> bool:
-        """True when our break is heard before ``deadline``; False at the deadline or when
-        ``wake_fd`` is readable."""
+        """True when a break of ours is heard before ``deadline`` (each notification
+        once); False at the deadline or when ``wake_fd`` is readable."""
         while True:
-            if self.broken or self._heard():
-                self.broken = True  # and stays so: later waits return at once
+            if self._heard():
                 return True
             left = deadline - time.monotonic()
             if left <= 0 or fd_readable(wake_fd):
@@ -429,9 +459,12 @@ class Store(ABC):
         """Clear expired leases left in the store; never touches fencing counters."""
 
     @abstractmethod
-    def break_lease(self, key: str, token: int | None = None) -> list[LeaseInfo]:
+    def break_lease(
+        self, key: str, token: int | None = None, by: Holder | None = None
+    ) -> list[LeaseInfo]:
         """Mark the live leases on ``key`` broken -- every slot's, or only the one whose
-        fencing token is ``token``, when given.
+        fencing token is ``token``, when given -- in the name of ``by`` (kept with the
+        lease for ``broken_by``; the first break's breaker stays).
 
         From then on its renew raises LeaseLost; nobody else can acquire its slot (peek and
         list still show it held) until its owner releases it, it expires on the store's
@@ -440,6 +473,22 @@ class Store(ABC):
         through the store's notification path (``wait_for_break`` returns). Returns the
         leases as they were broken, ordered by slot; empty when no live lease matched.
         Idempotent."""
+
+    @abstractmethod
+    def broken_by(self, lease: Lease) -> dict | None:
+        """Who broke ``lease`` (``breaker(by)`` of its first break), for its holder's ledger
+        record; None when it is not broken, or no longer on the store."""
+
+    def note_processes(self, lease: Lease, guard_pid: int) -> None:  # noqa: B027
+        """Record with the lease the processes its holder runs (this process and the guard
+        of its command), where the store can later tell they are gone
+        (``free_if_holder_gone``). Nothing by default."""
+
+    def free_if_holder_gone(self, key: str, token: int) -> bool:
+        """Free the lease on ``key`` with fencing ``token`` when its holder's processes are
+        known to be gone (``note_processes``); True when freed. A store that cannot know
+        frees nothing: the lease then runs out on the store's clock."""
+        return False
 
     @abstractmethod
     def force_release(self, key: str, token: int | None = None) -> list[LeaseInfo]:

@@ -37,9 +37,9 @@ class SlotBreaker:
         self._client = client
         self._keys = keys
 
-    def break_slot(self, held: SlotKv, already_broken: bool) -> LeaseInfo | None:
-        """Break the slot as read (``held``); what it was, or None when its lease ran out
-        or another holder has it now."""
+    def break_slot(self, held: SlotKv, already_broken: bool, by: bytes) -> LeaseInfo | None:
+        """Break the slot as read (``held``) in the name of ``by`` (JSON); what it was, or
+        None when its lease ran out or another holder has it now."""
         mark = self._keys.broken_key(held.key, held.slot)
         for attempt in range(5):
             if attempt:
@@ -54,7 +54,7 @@ class SlotBreaker:
             if already_broken:
                 return info
             left = max(1, math.ceil(info.expires_at.timestamp() - time.time()))
-            if self._move_to_new_lease(held, mark, left):
+            if self._move_to_new_lease(held, mark, left, by):
                 self._client.revoke(held.lease_id)
                 return info
         return None
@@ -69,20 +69,37 @@ class SlotBreaker:
         broken = bool(broken_kvs) and unb64(broken_kvs[0].get("value")) == str(held.token).encode()
         return held._replace(kv=lock_kvs[0]), broken
 
-    def _move_to_new_lease(self, held: SlotKv, mark: bytes, ttl_s: int) -> bool:
+    def _move_to_new_lease(self, held: SlotKv, mark: bytes, ttl_s: int, by: bytes) -> bool:
         new_id = new_lease_id()
         name = b64(self._keys.slot_key(held.key, held.slot, held.limit))
         names = self._keys.slot_names(held.key, held.slot, held.limit, held.owner)
         put_mark = {"key": b64(mark), "value": b64(str(held.token).encode()), "lease": str(new_id)}
+        by_key = self._keys.broken_by_key(held.key, held.slot)
+        put_by = {"key": b64(by_key), "value": b64(by), "lease": str(new_id)}
         txn = {
             "compare": [
                 {"key": name, "target": "CREATE", "create_revision": str(held.token)},
                 {"key": name, "target": "LEASE", "lease": str(held.lease_id)},
             ],
-            "success": [*moves_to_lease(names, new_id), {"request_put": put_mark}],
+            "success": [
+                *moves_to_lease(names, new_id),
+                {"request_put": put_mark},
+                {"request_put": put_by},
+            ],
             "failure": [],
         }
         return self._client.on_new_lease(new_id, ttl_s, txn) is not None
+
+    def broken_by(self, lease: Lease) -> bytes | None:
+        """Who broke ``lease`` (JSON, as ``break_slot`` was given it); None when it is not
+        broken."""
+        mark = self._keys.broken_key(lease.key, lease.slot)
+        by_key = self._keys.broken_by_key(lease.key, lease.slot)
+        reply = self._client.txn([], [range_op(mark), range_op(by_key)], [])
+        mark_kvs, by_kvs = (kvs_of(r) for r in reply.get("responses", []))
+        if not mark_kvs or unb64(mark_kvs[0].get("value")) != str(lease.fencing_token).encode():
+            return None
+        return unb64(by_kvs[0].get("value")) if by_kvs else None
 
     def wait_for_break(
         self, lease: Lease, lease_id: int | None, timeout: float, wake_fd: int | None

@@ -114,6 +114,12 @@ class EtcdKeys:
         name = self._p + b"broken/" + key.encode("utf-8")
         return name if slot == 0 else name + f"\0{slot:0{SLOT_DIGITS}d}".encode()
 
+    def broken_by_key(self, key: str, slot: int = 0) -> bytes:
+        """Who broke the slot (JSON), beside its broken mark and on the same lease
+        (outside the marks' range: ``slot_reads`` never reads it)."""
+        name = self._p + b"brokenby/" + key.encode("utf-8")
+        return name if slot == 0 else name + f"\0{slot:0{SLOT_DIGITS}d}".encode()
+
     def queue_prefix(self, key: str) -> bytes:
         raw = key.encode("utf-8")
         return self._p + b"wait/" + str(len(raw)).encode() + b":" + raw + b"/"

@@ -3,6 +3,7 @@ package's docstring)."""
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Iterator
@@ -21,6 +22,8 @@ from tasklock_cli.stores.base import Lease
 from tasklock_cli.stores.base import LeaseInfo
 from tasklock_cli.stores.base import RunRecord
 from tasklock_cli.stores.base import Store
+from tasklock_cli.stores.base import breaker
+from tasklock_cli.stores.base import breaker_of
 from tasklock_cli.stores.base import utc_from_timestamp
 from tasklock_cli.stores.etcd import http
 from tasklock_cli.stores.etcd.breaks import SlotBreaker
@@ -262,6 +265,7 @@ class EtcdStore(Store):
         names = [
             *self._keys.slot_names(lease.key, lease.slot, lease.limit, lease.owner_token),
             self._keys.broken_key(lease.key, lease.slot),
+            self._keys.broken_by_key(lease.key, lease.slot),
         ]
         success = [{"request_delete_range": {"key": b64(name)}} for name in names]
         reply = self._client.txn(
@@ -361,11 +365,17 @@ class EtcdStore(Store):
                 break
         return sorted(freed.values(), key=lambda info: info.slot)
 
-    def break_lease(self, key: str, token: int | None = None) -> list[LeaseInfo]:
+    def break_lease(
+        self, key: str, token: int | None = None, by: Holder | None = None
+    ) -> list[LeaseInfo]:
         slots, broken, _ = _read_slots(self._client, self._keys, key)
         chosen = [held for held in slots if token is None or held.token == token]
-        infos = [self._breaker.break_slot(held, held.token in broken) for held in chosen]
+        by_json = json.dumps(breaker(by)).encode()
+        infos = [self._breaker.break_slot(held, held.token in broken, by_json) for held in chosen]
         return [info for info in infos if info is not None]
+
+    def broken_by(self, lease: Lease) -> dict | None:
+        return breaker_of(self._breaker.broken_by(lease))
 
     def wait_for_break(self, lease: Lease, timeout: float, wake_fd: int | None = None) -> bool:
         known = self._held.get((lease.key, lease.owner_token, lease.fencing_token))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from datetime import datetime
@@ -25,6 +26,8 @@ from tasklock_cli.stores.base import Lease
 from tasklock_cli.stores.base import LeaseInfo
 from tasklock_cli.stores.base import RunRecord
 from tasklock_cli.stores.base import Store
+from tasklock_cli.stores.base import breaker
+from tasklock_cli.stores.base import breaker_of
 from tasklock_cli.stores.base import prefix_upper_bound
 from tasklock_cli.stores.postgres.breaks import PgBreakListeners
 from tasklock_cli.stores.postgres.connection import Overrun
@@ -221,17 +224,24 @@ SELECT old.key, old.slot, old.slot_limit, old.fencing_token, old.acquired_at, ol
   FROM old JOIN cleared ON cleared.slot = old.slot
  ORDER BY old.slot
 """
+_ALREADY_BROKEN = "left(owner_token, length(%(prefix)s)) = %(prefix)s"
+# (the first break's breaker stays: SET sees the row as it was)
 _BREAK = f"""
 WITH broken AS (
-    UPDATE {{table}} SET owner_token = CASE
-            WHEN left(owner_token, length(%(prefix)s)) = %(prefix)s THEN owner_token
-            ELSE %(prefix)s || owner_token END
+    UPDATE {{table}} SET
+        owner_token = CASE WHEN {_ALREADY_BROKEN} THEN owner_token
+                           ELSE %(prefix)s || owner_token END,
+        holder = CASE WHEN {_ALREADY_BROKEN} THEN holder
+                      ELSE holder || jsonb_build_object('broken_by', %(by)s::jsonb) END
      WHERE {_MATCHING} AND expires_at > clock_timestamp()
     RETURNING {_INFO_COLUMNS}
 )
 SELECT {_INFO_COLUMNS}, true, pg_notify(%(break_channel)s, fencing_token::text) FROM broken
  ORDER BY slot
 """
+_BROKEN_BY = """SELECT holder -> 'broken_by' FROM {table}
+ WHERE key = %(key)s AND slot = %(slot)s AND owner_token = %(broken)s
+   AND fencing_token = %(fence)s"""
 # Our lease is still ours, unbroken (expired or not: the renewal tells that).
 _INTACT = f"SELECT 1 FROM {{table}} WHERE {_OURS}"
 _SELECT = f"SELECT {_INFO_COLUMNS}, expires_at > clock_timestamp() AS live FROM {{table}}"
@@ -525,9 +535,16 @@ class PostgresStore(Store):
             # Leave the server (and its WAL) to other clients twice as long as a batch took.
             time.sleep(2 * (time.monotonic() - started))
 
-    def break_lease(self, key: str, token: int | None = None) -> list[LeaseInfo]:
+    def break_lease(
+        self, key: str, token: int | None = None, by: Holder | None = None
+    ) -> list[LeaseInfo]:
         statement = self._sql(_BREAK)
-        params = {"key": key, "token": token, "prefix": BROKEN_OWNER_PREFIX}
+        params = {
+            "key": key,
+            "token": token,
+            "prefix": BROKEN_OWNER_PREFIX,
+            "by": json.dumps(breaker(by)),
+        }
 
         def run(conn: psycopg.Connection) -> list[tuple]:
             channel = self._breaks.channel(key)  # known once connected
@@ -535,6 +552,17 @@ class PostgresStore(Store):
 
         rows = self._db.run(run)  # idempotent: a broken lease is found again and told again
         return [_info(row[:8]) for row in rows]
+
+    def broken_by(self, lease: Lease) -> dict | None:
+        statement = self._sql(_BROKEN_BY)
+        params = {
+            "key": lease.key,
+            "slot": lease.slot,
+            "broken": BROKEN_OWNER_PREFIX + lease.owner_token,
+            "fence": lease.fencing_token,
+        }
+        row = self._db.run(lambda conn: conn.execute(statement, params).fetchone())
+        return breaker_of(row[0]) if row else None
 
     def force_release(self, key: str, token: int | None = None) -> list[LeaseInfo]:
         statement = self._sql(_FORCE_RELEASE)

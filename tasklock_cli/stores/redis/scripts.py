@@ -226,7 +226,8 @@ end
 """
 
 # KEYS[2] = limit; ARGV: fencing_token ('' = any), the holders' break channel without the
-# token -> per broken slot, its hash as a flat list (ordered by slot; empty: none matched)
+# token, who breaks them (JSON) -> per broken slot, its hash as a flat list (ordered by
+# slot; empty: none matched). The first break's breaker stays.
 BREAK = (
     _PRELUDE
     + _MATCHING_SLOTS
@@ -235,7 +236,7 @@ local out = {}
 for _, slot in ipairs(matching) do
   local owner = redis.call('HGET', slot[2], 'owner')
   if not is_broken(owner) then  -- (HSET keeps the TTL: the expiry is not extended)
-    redis.call('HSET', slot[2], 'owner', BROKEN .. owner)
+    redis.call('HSET', slot[2], 'owner', BROKEN .. owner, 'broken_by', ARGV[3])
   end
   redis.call('PUBLISH', ARGV[2] .. slot[3], '1')
   out[#out + 1] = redis.call('HGETALL', slot[2])

@@ -14,6 +14,7 @@ import redis.exceptions as rexc
 
 from tasklock_cli.errors import ConfigError
 from tasklock_cli.errors import LimitMismatch
+from tasklock_cli.stores.base import BROKEN_OWNER_PREFIX
 from tasklock_cli.stores.base import LEDGER_KEEP
 from tasklock_cli.stores.base import LIST_PAGE
 from tasklock_cli.stores.base import BreakWatches
@@ -22,6 +23,8 @@ from tasklock_cli.stores.base import Lease
 from tasklock_cli.stores.base import LeaseInfo
 from tasklock_cli.stores.base import RunRecord
 from tasklock_cli.stores.base import Store
+from tasklock_cli.stores.base import breaker
+from tasklock_cli.stores.base import breaker_of
 from tasklock_cli.stores.base import utc_from_timestamp
 from tasklock_cli.stores.redis.breaks import open_break_subscription
 from tasklock_cli.stores.redis.connection import RedisConnection
@@ -218,19 +221,35 @@ class RedisStore(Store):
         self._conn.call(lambda c: c.ping())
         return 0
 
-    def break_lease(self, key: str, token: int | None = None) -> list[LeaseInfo]:
-        return self._each_slot("break", key, token, [])
+    def break_lease(
+        self, key: str, token: int | None = None, by: Holder | None = None
+    ) -> list[LeaseInfo]:
+        return self._each_slot("break", key, token, [], [json.dumps(breaker(by))])
+
+    def broken_by(self, lease: Lease) -> dict | None:
+        name = self._names.lease(lease.key, lease.slot)
+        fields = ("owner", "fencing_token", "broken_by")
+        owner, token, by = self._conn.call(lambda c: c.hmget(name, fields), lease.key)
+        ours = (BROKEN_OWNER_PREFIX + lease.owner_token).encode()
+        if owner != ours or token != str(lease.fencing_token).encode():
+            return None
+        return breaker_of(by)
 
     def force_release(self, key: str, token: int | None = None) -> list[LeaseInfo]:
         return self._each_slot("force_release", key, token, [self._names.name(key, "wake")])
 
     def _each_slot(
-        self, script: str, key: str, token: int | None, more_keys: list[bytes]
+        self,
+        script: str,
+        key: str,
+        token: int | None,
+        more_keys: list[bytes],
+        more_args: list[str] | None = None,
     ) -> list[LeaseInfo]:
         """Break or force release the live slots with ``token`` (None: all); what they were."""
         name = self._names.lease(key)
         keys = [name, self._names.name(key, "limit"), *more_keys]
-        args = ["" if token is None else token, self._names.break_channel(key)]
+        args = ["" if token is None else token, self._names.break_channel(key), *(more_args or [])]
         flats = self._conn.script(script, keys, args, key)
         return [self._info(key, name, dict(zip(f[0::2], f[1::2], strict=True))) for f in flats]
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -20,6 +22,8 @@ from tasklock_cli.stores.base import Lease
 from tasklock_cli.stores.base import LeaseInfo
 from tasklock_cli.stores.base import RunRecord
 from tasklock_cli.stores.base import Store
+from tasklock_cli.stores.base import breaker
+from tasklock_cli.stores.base import breaker_of
 from tasklock_cli.stores.base import prefix_upper_bound
 from tasklock_cli.stores.base import utc_from_timestamp
 from tasklock_cli.stores.base import wait_readable
@@ -109,18 +113,30 @@ _RELEASE = f"{_FREE} WHERE key = :key AND slot = :slot AND owner_token IN (:owne
 # The leases matching :token (every slot's when NULL), live or not.
 _MATCHING = "key = :key AND owner_token IS NOT NULL AND (:token IS NULL OR fencing_token = :token)"
 _FORCE_RELEASE = f"{_FREE} WHERE {_MATCHING}"
+# (``done``: its command has ended; nothing runs under the lease any more)
 _RELEASE_LATER = f"""
-UPDATE {TABLE} SET expires_boot = :now + :keep, expires_at = :wall + :keep
+UPDATE {TABLE} SET expires_boot = :now + :keep, expires_at = :wall + :keep,
+                   holder = json_set(holder, '$.done', json('true'))
 WHERE {_OWN_LEASE} AND {_LIVE_ON_KEY}
 """
 _INFO_COLUMNS = "key, slot, slot_limit, fencing_token, acquired_at, expires_at, holder"
+_ALREADY_BROKEN = "substr(owner_token, 1, length(:prefix)) = :prefix"
+# (the first break's breaker stays: SET sees the row as it was)
 _BREAK = f"""
-UPDATE {TABLE} SET owner_token = CASE
-        WHEN substr(owner_token, 1, length(:prefix)) = :prefix THEN owner_token
-        ELSE :prefix || owner_token END
+UPDATE {TABLE} SET
+    owner_token = CASE WHEN {_ALREADY_BROKEN} THEN owner_token ELSE :prefix || owner_token END,
+    holder = CASE WHEN {_ALREADY_BROKEN} THEN holder
+                  ELSE json_set(holder, '$.broken_by', json(:by)) END
 WHERE {_MATCHING} AND {_LIVE_ON_KEY}
 RETURNING {_INFO_COLUMNS}, 1
 """
+_BROKEN_BY = f"""SELECT json_extract(holder, '$.broken_by') FROM {TABLE}
+WHERE key = :key AND slot = :slot AND fencing_token = :token AND owner_token = :broken"""
+# The holder's processes, recorded with its lease (see processes.py).
+_NOTE_PROCESSES = f"""UPDATE {TABLE} SET holder = json_set(holder, '$.processes', json(:processes))
+WHERE key = :key AND slot = :slot AND fencing_token = :token AND owner_token IN (:owner, :broken)"""
+_PROCESSES = f"""SELECT json_extract(holder, '$.processes'), json_extract(holder, '$.done')
+FROM {TABLE} WHERE key = :key AND fencing_token = :token AND {_LIVE_ON_KEY}"""
 # Our lease is still ours, unbroken (expired or not: the renewal tells that).
 _INTACT = f"""SELECT 1 FROM {TABLE}
 WHERE key = :key AND owner_token = :owner AND fencing_token = :token"""
@@ -360,14 +376,57 @@ class SQLiteStore(Store):
                 time.sleep(max(SWEEP_PAUSE_MIN_S, 2 * (time.monotonic() - started)))
         return removed
 
-    def break_lease(self, key: str, token: int | None = None) -> list[LeaseInfo]:
-        params = {**self._times(), "key": key, "token": token, "prefix": BROKEN_OWNER_PREFIX}
+    def break_lease(
+        self, key: str, token: int | None = None, by: Holder | None = None
+    ) -> list[LeaseInfo]:
+        params = {
+            **self._times(),
+            "key": key,
+            "token": token,
+            "prefix": BROKEN_OWNER_PREFIX,
+            "by": json.dumps(breaker(by)),
+        }
         with self._db.write() as conn:
             rows = conn.execute(_BREAK, params).fetchall()
         broken = sorted((_lease_info(row) for row in rows), key=lambda info: info.slot)
         for info in broken:
             self._alarms.alarm(key, info.fencing_token)
         return broken
+
+    def broken_by(self, lease: Lease) -> dict | None:
+        params = {
+            "key": lease.key,
+            "slot": lease.slot,
+            "token": lease.fencing_token,
+            "broken": BROKEN_OWNER_PREFIX + lease.owner_token,
+        }
+        rows = self._db.read(_BROKEN_BY, params)
+        return breaker_of(rows[0][0]) if rows else None
+
+    def note_processes(self, lease: Lease, guard_pid: int) -> None:
+        from tasklock_cli.stores.sqlite.processes import processes_of
+
+        params = {
+            "key": lease.key,
+            "slot": lease.slot,
+            "token": lease.fencing_token,
+            "owner": lease.owner_token,
+            "broken": BROKEN_OWNER_PREFIX + lease.owner_token,
+            "processes": json.dumps(processes_of(self._boot, [os.getpid(), guard_pid])),
+        }
+        with self._db.write() as conn:
+            conn.execute(_NOTE_PROCESSES, params)
+
+    def free_if_holder_gone(self, key: str, token: int) -> bool:
+        from tasklock_cli.stores.sqlite.processes import all_gone
+
+        rows = self._db.read(_PROCESSES, {**self._times(), "key": key, "token": token})
+        if not rows:
+            return False
+        processes, done = rows[0]
+        # Kept after its command ended (--hold-at-least), or its processes are gone.
+        gone = bool(done) or (processes is not None and all_gone(json.loads(processes), self._boot))
+        return gone and bool(self.force_release(key, token))
 
     def force_release(self, key: str, token: int | None = None) -> list[LeaseInfo]:
         params = {**self._times(), "key": key, "token": token}
@@ -388,10 +447,14 @@ class SQLiteStore(Store):
         FIFO existed told nobody."""
         fd, new = self._alarms.listen(lease.key, lease.fencing_token)
         if fd is None:  # no FIFOs here: learnt of at the next renewal
-            return super().wait_for_break(lease, timeout, wake_fd)
+            wait_readable([wake_fd], timeout)
+            return False
         if new and not self._intact(lease):
             return True
-        return fd in wait_readable([fd, wake_fd], timeout)
+        if fd not in wait_readable([fd, wake_fd], timeout):
+            return False
+        _drain(fd)  # a hint, told once: the renewal that follows asks the store
+        return True
 
     def _intact(self, lease: Lease) -> bool:
         params = {"key": lease.key, "owner": lease.owner_token, "token": lease.fencing_token}
@@ -431,6 +494,12 @@ class SQLiteStore(Store):
             self._wakeups.give_up(self._wakeups.key)
         self._alarms.forget_all()
         self._db.close()
+
+
+def _drain(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        while os.read(fd, 512):
+            pass
 
 
 def _lease_params(lease: Lease) -> dict:

@@ -1,0 +1,245 @@
+"""A forced release never hands the key to a second holder while the first one's command
+may still run, and a notification alone changes nothing: through the real executable, on
+every store. Processes are named by pid and start time from /proc."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sqlite3
+import sys
+import threading
+import time
+from datetime import datetime
+from datetime import timedelta
+from datetime import timezone
+from pathlib import Path
+
+import pytest
+
+from tasklock_cli.breaking import LET_GO_TIMEOUT_ENV
+from tests.support import procs
+from tests.support import report
+from tests.support.cli import json_events
+from tests.support.cli import lost_by
+from tests.support.cli import peek
+from tests.support.cli import start
+from tests.support.cli import tasklock
+from tests.support.cli import wait_for_holder
+from tests.support.cli import wait_until
+from tests.test_containment import read_tree
+from tests.test_containment import tree_command
+
+#: The second command's first act: print which of the first tree's processes still run.
+SURVIVORS = (
+    "import json, sys\n"
+    "from tests.support import procs\n"
+    "tree = [tuple(p) for p in json.loads(sys.argv[1])]\n"
+    "print(json.dumps(procs.still_running(tree)), flush=True)\n"
+)
+#: release --force waits this long here for a holder to let go (10 s for users).
+LET_GO_S = 1.0
+
+
+@pytest.fixture
+def env(cli_env, store_url):
+    return {**cli_env, "TASKLOCK_STORE": store_url, LET_GO_TIMEOUT_ENV: str(LET_GO_S)}
+
+
+def test_a_paused_holder_keeps_the_key_until_its_tree_is_gone(env, store_url, tmp_path):
+    command, pids, ready = tree_command(tmp_path)
+    first = start("-v", "--log-format", "json", "run", "k", "--ttl", "4s", "--", *command, env=env)
+    second = None
+    try:
+        tree = read_tree(pids, ready)
+        wait_for_holder(store_url, "k")
+        os.kill(first.pid, signal.SIGSTOP)  # a frozen VM, a long GC pause
+        started = time.monotonic()
+        result = tasklock("release", "k", "--force", "--json", env=env)
+        took = time.monotonic() - started
+        assert result.returncode == 75, result.stderr
+        out = json.loads(result.stdout)
+        assert (out["freed"], len(out["broken"])) == (False, 1)
+        assert LET_GO_S <= took < LET_GO_S + 3
+        assert peek(store_url, "k") is not None  # still taken, broken
+        code = [sys.executable, "-c", SURVIVORS, json.dumps(tree)]
+        pythonpath = str(Path(__file__).resolve().parent.parent)
+        second_env = {**env, "PYTHONPATH": pythonpath}
+        second = start("run", "k", "--wait", "60s", "--", *code, env=second_env)
+        stdout, stderr = second.communicate(timeout=30)
+        assert second.returncode == 0, stderr
+        assert json.loads(stdout) == []  # nothing of the first tree ran when it started
+        freed_after = time.monotonic() - started
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
+        if second is not None and second.poll() is None:
+            second.kill()
+    _, first_err = first.communicate(timeout=20)
+    assert first.returncode == 70, first_err
+    assert lost_by(first_err) in (["resumed-late"], ["rejected"])
+    report.record(
+        "paused holder, release --force: lock-delay",
+        report.store_of(store_url),
+        release_s=took,
+        second_started_after_s=freed_after,
+    )
+
+
+def _processes_noted(db: Path, key: str) -> bool:
+    """The holder has recorded its processes with its lease (it does so right after its
+    quiet start)."""
+    wait_for_holder(f"sqlite:///{db}", key)  # (the file and its tables exist)
+    with sqlite3.connect(db) as conn:
+        row = conn.execute(
+            "SELECT json_extract(holder, '$.processes') FROM tasklock_leases WHERE key = ?",
+            (key,),
+        ).fetchone()
+    return bool(row and row[0])
+
+
+def test_a_killed_local_holder_is_freed_at_once(cli_env, tmp_path):
+    db = tmp_path / "locks.db"
+    env = {**cli_env, "TASKLOCK_STORE": f"sqlite:///{db}"}
+    command, pids, ready = tree_command(tmp_path)
+    first = start("run", "k", "--ttl", "30s", "--", *command, env=env)
+    tree = read_tree(pids, ready)
+    wait_until(lambda: _processes_noted(db, "k"))
+    first.kill()
+    first.wait()
+    started = time.monotonic()
+    result = tasklock("release", "k", "--force", "--json", env=env)
+    took = time.monotonic() - started
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["freed"] is True
+    assert took < 1.5  # the executable's start-up included; not the 30 s ttl
+    assert peek(f"sqlite:///{db}", "k") is None
+    assert procs.still_running(tree) == []
+    report.record("killed holder, release --force", "sqlite", release_s=took)
+
+
+def test_a_paused_local_holder_is_not_taken_for_gone(cli_env, tmp_path):
+    db = tmp_path / "locks.db"
+    env = {**cli_env, "TASKLOCK_STORE": f"sqlite:///{db}", LET_GO_TIMEOUT_ENV: "0.3"}
+    first = start("run", "k", "--ttl", "30s", "--", "sleep", "30", env=env)
+    try:
+        wait_until(lambda: _processes_noted(db, "k"))
+        os.kill(first.pid, signal.SIGSTOP)
+        result = tasklock("release", "k", "--force", env=env)
+        assert result.returncode == 75, result.stdout
+        assert peek(f"sqlite:///{db}", "k") is not None
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
+    assert first.wait(timeout=20) == 70
+
+
+def test_the_ledger_names_who_broke_the_run(env, store_url):
+    env = {name: value for name, value in env.items() if name != LET_GO_TIMEOUT_ENV}
+    holder = start("run", "k", "--ttl", "30s", "--", "sleep", "30", env=env)
+    try:
+        info = wait_for_holder(store_url, "k")
+        released = tasklock("release", "k", "--force", env=env)
+        assert released.returncode == 0, released.stdout
+        assert holder.wait(timeout=20) == 70
+    finally:
+        holder.kill()
+        holder.wait()
+    history = tasklock("history", "k", "--json", env=env)
+    (run,) = json.loads(history.stdout)
+    assert (run["fencing_token"], run["outcome"]) == (info.fencing_token, "lost")
+    by = run["broken_by"]
+    assert by["host"] == socket.gethostname() and by["pid"] > 0 and by["pid"] != holder.pid
+    assert by["user"] == info.holder.user
+    assert tasklock("run", "k", "--", "true", env=env).returncode == 0
+    assert json.loads(tasklock("history", "k", "--json", env=env).stdout)[0]["broken_by"] is None
+
+
+def _moment(ts: str) -> datetime:
+    return datetime.fromisoformat(ts.replace("Z", "+00:00"))
+
+
+# -- forged notifications ------------------------------------------------------------
+
+
+def _forger(store_url: str, key: str, token: int):
+    """A function that sends one break notification for the lease, as anyone with access
+    to the store can (etcd has none to forge: a holder watches its key's own changes)."""
+    from tasklock_cli.stores import open_store
+
+    store = open_store(store_url)
+    if store_url.startswith("sqlite"):
+        from tasklock_cli.stores.sqlite.entries import key_dir_name
+
+        fifo = f"{store.path}.holders/{key_dir_name(key)}/{token}"
+
+        def send() -> None:
+            try:
+                fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError:
+                return  # not made yet
+            try:
+                os.write(fd, b"!")
+            except BlockingIOError:
+                pass
+            finally:
+                os.close(fd)
+
+        return send, store
+    if store_url.startswith("redis"):
+        channel = store._names.break_channel(key, token)
+        return (lambda: store._conn.client.publish(channel, "1")), store
+    if store_url.startswith("postgres"):
+        store.peek(key)  # learns the table's oid, which names the channel
+        channel = store._breaks.channel(key)
+        notify = "SELECT pg_notify(%s, %s)"
+        return (
+            lambda: store._db.run(lambda conn: conn.execute(notify, (channel, str(token))))
+        ), store
+    pytest.skip("etcd: no notification to forge (a holder watches its own key)")
+
+
+def test_a_forged_break_notification_changes_nothing(env, store_url):
+    """Flooded with break notifications for its lease, a holder renews at most once per
+    retry interval (ttl 3s: renew every 1s, retry every 0.25s), keeps its lease and runs
+    its command to the end."""
+    holder = start(
+        "--log-format", "json", "run", "k", "--ttl", "3s", "--",
+        "sh", "-c", "echo $TASKLOCK_FENCING_TOKEN; sleep 3",
+        env=env,
+    )  # fmt: skip
+    token = int(holder.stdout.readline())
+    send, store = _forger(store_url, "k", token)
+    sent = 0
+    stop = threading.Event()
+
+    def flood() -> None:
+        nonlocal sent
+        while not stop.is_set():
+            send()
+            sent += 1
+            time.sleep(0.002)
+
+    try:
+        time.sleep(0.3)  # past the holder's quiet start: it listens now
+        flooding = threading.Thread(target=flood)
+        flooding.start()
+        time.sleep(2.0)
+        stop.set()
+        flooding.join()
+        flood_ended = datetime.now(timezone.utc)
+        _, stderr = holder.communicate(timeout=20)
+    finally:
+        stop.set()
+        holder.kill()
+        store.close()
+    assert holder.returncode == 0, stderr
+    renewed = [e for e in json_events(stderr) if e["event"] == "renewed"]
+    # 3 s of command: 3 scheduled renewals, and 2 s of flood at one per 0.25 s at most
+    assert sent > 100
+    assert 1 <= len(renewed) <= 3 + 8 + 1, len(renewed)
+    after = [e for e in renewed if _moment(e["ts"]) > flood_ended + timedelta(seconds=0.3)]
+    assert len(after) <= 1, after  # back on the schedule (every 1 s) once the flood ended
+    report.record(
+        "forged notifications", report.store_of(store_url), sent=sent, renewals=len(renewed)
+    )
