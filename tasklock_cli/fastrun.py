@@ -1,11 +1,10 @@
-"""The `tasklock` entry point: where `run`'s options end (``run_args``, for both parsers), and a
-fast path for the command that sits in front of every
-cron line and shell-loop step: `tasklock [GLOBALS] run KEY [OPTIONS] -- COMMAND...` is parsed
-here, from the table of run settings, without importing the CLI framework (typer and click
-cost more than the rest of a run on SQLite). Whatever this parser does not recognise (help,
-completion, another command, an option it does not know, a value it would have to judge)
-goes to the typer command line unchanged, so help, errors and every other command behave
-exactly as there.
+"""The `tasklock` entry point: where `run`'s options end (``run_args``, used by both parsers),
+and a fast path for the command that sits in front of every cron line and shell-loop step:
+`tasklock [GLOBALS] run KEY [OPTIONS] [--] COMMAND...` is parsed here, from the table of run
+settings, without importing the CLI framework (typer and click cost more than the rest of a
+run on SQLite). Whatever this parser does not recognise (help, completion, another command,
+an option it does not know, a value it would have to judge) goes to the typer command line
+unchanged, so help, errors and every other command behave exactly as there.
 """
 
 from __future__ import annotations
