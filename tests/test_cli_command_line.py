@@ -33,6 +33,12 @@ CASES = [
     (["-q", "run", "k", "-vq", "echo", "c"], 2, "", "tasklock: error: -v and -q exclude"),
     (["run", "job", "-q", "--", "sh", "-c", "echo x >&2"], 0, "", "x\n"),
     (["run", "k", "-v", "echo", "d"], 0, "d\n", "tasklock: acquired 'k'"),
+    (
+        ["run", "k", "--no-record-args", "echo", "e", "--no-record-args"],
+        0,
+        "e --no-record-args\n",
+        "",
+    ),
     (["run", "--", "echo", "hi"], 2, "", "tasklock: error: no KEY before '--'"),
     (["run", "--ttl", "5s", "--", "k", "echo"], 2, "", "tasklock: error: no KEY before '--'"),
     (["run", "k"], 2, "", "tasklock: error: no command given"),
