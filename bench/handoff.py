@@ -237,5 +237,14 @@ def section_handoff(kinds: list[StoreKind], envs: Envs, budget: Budget, workdir:
                 noticing its child's exit, revoking its session lease, the next client's watch
                 firing, and spawning the child."""
         ),
+        prose(
+            f"""`{BEFORE_GUARD_ROW}`: tasklock before the guard process, on SQLite, measured
+                the same way in the same rounds, right after today's SQLite: `python -m
+                tasklock_cli run …` with the package of {BEFORE_GUARD} (from `git archive`)
+                first on PYTHONPATH, on a database file of its own. `× baseline p50` = this
+                row's p50 ÷ its baseline's for the same number of waiters; `target` = issue
+                25's: SQLite ≤ 1.1 × {BEFORE_GUARD}, etcd ≤ 2 × `etcdctl lock`. `p25–p75`:
+                the spread (nearest rank)."""
+        ),
     ]
     return table
