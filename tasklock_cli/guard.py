@@ -15,7 +15,7 @@ past the deadline it last gave, the guard kills the tree by itself. Either way t
 is gone long before the lease can run out on the store.
 
 Messages are single datagrams of space-separated words on a SOCK_SEQPACKET socket pair:
-  wrapper -> guard: ``env BYTES``... ``start TERMINAL_FD``, then
+  wrapper -> guard: ``env BYTES``... ``start TERMINAL_FD BYTES``, then
                     ``group SIG`` | ``tree SIG`` | ``backstop CLOCK``
   guard -> wrapper: ``started PID`` | ``error CODE MESSAGE`` | ``stopped SIG`` |
                     ``exited STATUS ORPHANS CLOCK`` | ``backstop`` | ``empty``
@@ -48,8 +48,11 @@ KILL_POLL_S = 0.01
 MESSAGE_SIZE = 4096
 PR_SET_CHILD_SUBREAPER = 36
 #: Part of the command's environment: NUL-separated ``NAME=VALUE`` bytes, in as many orders as
-#: it takes (an order is one datagram of at most MESSAGE_SIZE bytes).
+#: it takes (an order is one datagram of at most MESSAGE_SIZE bytes); the start order
+#: carries the last part.
 ENV_ORDER = b"env "
+#: Room kept in an order for its verb and arguments.
+ORDER_ROOM = 32
 #: Signals meant for the wrapper or the terminal's job; the guard only follows its wrapper.
 _DEAF_TO = (
     signal.SIGHUP,
@@ -159,7 +162,9 @@ class _Guard:
                 break
             elif not order:
                 return None
-        terminal_fd = int(order.split()[1])
+        _, terminal, last_piece = order.split(b" ", 2)
+        environ += last_piece
+        terminal_fd = int(terminal)
         pairs = (item.partition(b"=") for item in bytes(environ).split(b"\0") if item)
         env = {name: value for name, _, value in pairs}
         return env, None if terminal_fd < 0 else terminal_fd

@@ -19,6 +19,7 @@ from tasklock_cli.errors import TasklockError
 from tasklock_cli.guard import ENV_ORDER
 from tasklock_cli.guard import GUARD_SIGNALS
 from tasklock_cli.guard import MESSAGE_SIZE
+from tasklock_cli.guard import ORDER_ROOM
 from tasklock_cli.guard import become_subreaper
 from tasklock_cli.guard import receive
 from tasklock_cli.guard import run_guard
@@ -87,11 +88,13 @@ class Child:
     def start(self, env: dict[str, str], terminal_fd: int | None = None) -> None:
         """Have the guard start the command with exactly ``env``; returns once it runs."""
         environ = b"\0".join(os.fsencode(k) + b"=" + os.fsencode(v) for k, v in env.items())
-        room = MESSAGE_SIZE - len(ENV_ORDER)
+        room = MESSAGE_SIZE - ORDER_ROOM
+        pieces = [environ[at : at + room] for at in range(0, len(environ), room)] or [b""]
+        start = f"start {-1 if terminal_fd is None else terminal_fd} ".encode()
         with contextlib.suppress(OSError):  # the guard is gone: _started says so
-            for at in range(0, len(environ), room):
-                self._sock.send(ENV_ORDER + environ[at : at + room])
-            self._sock.send(f"start {-1 if terminal_fd is None else terminal_fd}".encode())
+            for piece in pieces[:-1]:
+                self._sock.send(ENV_ORDER + piece)
+            self._sock.send(start + pieces[-1])  # one wake-up of the guard when it fits
         self.pid = self.pgid = self._started()
 
     def cancel(self) -> None:

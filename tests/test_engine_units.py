@@ -236,6 +236,42 @@ def test_command_is_spawned_in_its_own_group_with_only_the_env(fp):
         assert recorded["preexec_fn"] is os.setpgrp
 
 
+def test_the_guard_starts_the_command_with_exactly_the_environment_it_was_given(capfdbinary):
+    """The environment goes to an already forked guard over its socket: larger than one
+    message, values with `=`, empty values and bytes that are not UTF-8 arrive intact."""
+    import select
+
+    from tasklock_cli.process import Child
+
+    env = {
+        "BIG": "x" * 10_000,
+        "EQUALS": "a=b==c",
+        "EMPTY": "",
+        "RAW": os.fsdecode(b"caf\xe9 \xff"),
+        **{f"VAR_{n}": str(n) * 50 for n in range(200)},
+    }
+    child = Child(["/usr/bin/env", "-0"])
+    child.start(env)
+    while not child.tree_empty:
+        select.select([child], [], [], 5)
+        child.poll()
+    assert child.exit_code() == 0
+    printed = capfdbinary.readouterr().out
+    pairs = [item.split(b"=", 1) for item in printed.split(b"\0") if item]
+    assert dict(pairs) == {os.fsencode(k): os.fsencode(v) for k, v in env.items()}
+
+
+def test_a_guard_whose_command_never_starts_is_ended(tmp_path):
+    from tasklock_cli.process import Child
+
+    marker = tmp_path / "ran"
+    child = Child(["touch", str(marker)])
+    child.cancel()
+    assert not marker.exists()
+    with pytest.raises(ChildProcessError):
+        os.waitpid(child.guard_pid, os.WNOHANG)  # collected
+
+
 # -- durations and keys -----------------------------------------------------------------
 
 
