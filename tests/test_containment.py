@@ -247,23 +247,27 @@ def test_a_forced_release_stops_the_holder_long_before_its_next_renewal(env, sto
 
 
 def waiting_guard(waiter_pid: int) -> int:
-    """The guard a waiting run forked while it waits (started nothing yet)."""
+    """The guard a waiting run forked while it waits; the command has not started."""
     (guard,) = wait_until(
         lambda: [p.pid for p in procs.children(waiter_pid) if p.state != "Z"], interval=0.01
     )
-    assert procs.children(guard) == []  # the command waits for the lock
+    assert procs.children(guard) == []
     return guard
 
 
-def test_a_waiting_run_has_its_guard_ready_and_one_that_gives_up_leaves_none(env, store_url):
+def test_a_waiting_run_has_its_guard_ready_and_one_that_gives_up_leaves_none(
+    env, store_url, tmp_path
+):
+    marker = tmp_path / "ran"
     holder = start("run", "k", "--", "sleep", "30", env=env)
     try:
         wait_for_holder(store_url, "k")
-        waiter = start("run", "k", "--wait", "1s", "--", "touch", "never", env=env)
+        waiter = start("run", "k", "--wait", "1s", "--", "touch", str(marker), env=env)
         guard = waiting_guard(waiter.pid)
         _, stderr = waiter.communicate(timeout=15)
         assert waiter.returncode == 75, stderr
-        assert not procs.alive(guard)
+        assert not procs.alive(guard)  # ended and collected before tasklock exits
+        assert not marker.exists()
     finally:
         holder.kill()
         holder.wait()
