@@ -12,10 +12,12 @@ from pathlib import Path
 from bench.etcd_member import Gateway
 from bench.etcd_member import b64
 from bench.etcd_member import prefix_end
+from bench.harness import PYTHON
 from bench.harness import TASKLOCK
 from bench.harness import Budget
 from bench.harness import Envs
 from bench.harness import Table
+from bench.harness import fmt
 from bench.harness import median
 from bench.harness import p99
 from bench.harness import prose
@@ -23,11 +25,17 @@ from bench.harness import reap
 from bench.harness import spawn
 from bench.harness import wait_until
 from bench.harness import with_store
+from bench.overhead import BEFORE_GUARD
+from bench.overhead import before_guard_package
 from bench.overhead import etcdctl_lock
 from bench.stores import StoreKind
 
 #: The reference peer's row: two or more `etcdctl lock K -- CMD` clients taking turns.
 ETCDCTL_ROW = "etcdctl lock (etcd)"
+#: tasklock on SQLite as it was before the guard process: the package of BEFORE_GUARD.
+BEFORE_GUARD_ROW = f"sqlite, before the guard ({BEFORE_GUARD})"
+#: Issue 25's targets: a row's p50 over its baseline's, measured in the same rounds.
+BASELINES = {"sqlite": (BEFORE_GUARD_ROW, 1.1), "etcd": (ETCDCTL_ROW, 2.0)}
 
 HOLDER_SCRIPT = (
     'echo "s $EPOCHREALTIME" >> "$BENCH_LOG"; '
@@ -57,6 +65,7 @@ class Contender:
     name: str
     kind: StoreKind
     etcdctl: bool = False
+    package: Path | None = None  # run `python -m tasklock_cli` with this first on PYTHONPATH
 
     def argv(self, env: dict[str, str], tag: str) -> tuple[list[str], dict[str, str]]:
         """The command line before the child's `bash -c SCRIPT`, and its environment."""
@@ -66,8 +75,11 @@ class Contender:
                 **env,
                 "ETCDCTL_API": "3",
             }
-        argv = [TASKLOCK, "run", f"hot-{tag}", "--wait", "inf", "--", "bash", "-c"]
-        return argv, with_store(env, self.kind.url("handoff"))
+        run = ["run", f"hot-{tag}", "--wait", "inf", "--", "bash", "-c"]
+        if self.package is not None:  # its own file: the schema may differ
+            env = with_store(env, self.kind.url("handoff-before"))
+            return [PYTHON, "-m", "tasklock_cli", *run], {**env, "PYTHONPATH": str(self.package)}
+        return [TASKLOCK, *run], with_store(env, self.kind.url("handoff"))
 
     def all_waiting(self, errs: list[Path], tag: str) -> bool:
         """tasklock: every waiter printed its `waiting` event; etcdctl (which prints nothing):
@@ -114,15 +126,41 @@ def handoff_round(
     return handoff_latencies(read_events(log))
 
 
-def contenders(kinds: list[StoreKind]) -> list[Contender]:
-    """Every live store, and `etcdctl lock` right after etcd when etcdctl is installed."""
+def contenders(kinds: list[StoreKind], workdir: Path) -> list[Contender]:
+    """Every live store; right after SQLite the package of BEFORE_GUARD on SQLite, and
+    right after etcd `etcdctl lock` when etcdctl is installed."""
     found = []
     for kind in kinds:
         if kind.reason is None:
             found.append(Contender(kind.name, kind))
+            if kind.name == "sqlite":
+                package = before_guard_package(workdir)
+                found.append(Contender(BEFORE_GUARD_ROW, kind, package=package))
             if kind.name == "etcd" and shutil.which("etcdctl"):
                 found.append(Contender(ETCDCTL_ROW, kind, etcdctl=True))
     return found
+
+
+def quartiles(ms: list[float]) -> str:
+    if not ms:
+        return "—"
+    ordered = sorted(ms)
+    return f"{ordered[len(ordered) // 4]:.2f}–{ordered[(3 * len(ordered)) // 4]:.2f}"
+
+
+def against_baseline(
+    name: str, waiters: int, results: dict[tuple[str, int], tuple[int, list[float], int]]
+) -> tuple[str, str, str]:
+    """(baseline row, this row's p50 ÷ the baseline's, the target met or missed)."""
+    if name not in BASELINES or (BASELINES[name][0], waiters) not in results:
+        return "—", "—", ""
+    baseline, target = BASELINES[name]
+    mine, theirs = results[(name, waiters)][1], results[(baseline, waiters)][1]
+    if not mine or not theirs:
+        return baseline, "—", ""
+    ratio = median(mine) / median(theirs)
+    verdict = "met" if ratio <= target else f"missed by {ratio - target:.2f}"
+    return baseline, fmt(ratio), f"≤ {target}: {verdict}"
 
 
 def handoff_latencies(events: list[tuple[float, str]]) -> tuple[list[float], int]:
@@ -135,9 +173,10 @@ def handoff_latencies(events: list[tuple[float, str]]) -> tuple[list[float], int
 def section_handoff(kinds: list[StoreKind], envs: Envs, budget: Budget, workdir: Path) -> Table:
     table = Table(
         "3. Hand-off latency (previous holder's child exits → next waiter's child starts)",
-        ["store", "waiters", "rounds", "hand-offs", "p50 ms", "p99 ms", "max ms", "overlaps"],
-    )
-    live = contenders(kinds)
+        ["store", "waiters", "rounds", "hand-offs", "p50 ms", "p25–p75 ms", "p99 ms", "max ms",
+         "overlaps", "baseline", "× baseline p50", "target"],
+    )  # fmt: skip
+    live = contenders(kinds, workdir)
     results: dict[tuple[str, int], tuple[int, list[float], int]] = {}
     for waiters, rounds in budget.handoff_rounds.items():
         deadline = time.monotonic() + budget.handoff_seconds
@@ -164,9 +203,11 @@ def section_handoff(kinds: list[StoreKind], envs: Envs, budget: Budget, workdir:
                 done,
                 len(ms),
                 median(ms),
+                quartiles(ms),
                 p99(ms),
                 max(ms) if ms else None,
                 overlaps,
+                *against_baseline(who.name, waiters, results),
             )
     table.notes += [
         prose(
@@ -195,6 +236,15 @@ def section_handoff(kinds: list[StoreKind], envs: Envs, budget: Budget, workdir:
                 watches the key created just before its own). Its hand-off contains etcdctl
                 noticing its child's exit, revoking its session lease, the next client's watch
                 firing, and spawning the child."""
+        ),
+        prose(
+            f"""`{BEFORE_GUARD_ROW}`: tasklock before the guard process, on SQLite, measured
+                the same way in the same rounds, right after today's SQLite: `python -m
+                tasklock_cli run …` with the package of {BEFORE_GUARD} (from `git archive`)
+                first on PYTHONPATH, on a database file of its own. `× baseline p50` = this
+                row's p50 ÷ its baseline's for the same number of waiters; `target` = issue
+                25's: SQLite ≤ 1.1 × {BEFORE_GUARD}, etcd ≤ 2 × `etcdctl lock`. `p25–p75`:
+                the spread (nearest rank)."""
         ),
     ]
     return table

@@ -102,13 +102,12 @@ def overhead_commands(kinds: list[StoreKind], envs: Envs, workdir: Path) -> list
     return cmds
 
 
-def before_guard_commands(kinds: list[StoreKind], envs: Envs, workdir: Path) -> list[Cmd]:
-    """`python -m tasklock_cli run k -- true` on SQLite from this tree and from the commit
-    before the guard (its package extracted from git, put first on PYTHONPATH)."""
-    sqlite = next((k for k in kinds if k.name == "sqlite"), None)
-    if sqlite is None:
-        return []
+def before_guard_package(workdir: Path) -> Path:
+    """A directory holding the ``tasklock_cli`` package of BEFORE_GUARD (from `git
+    archive`), to put first on PYTHONPATH; extracted once per bench run."""
     before = workdir / "before-guard"
+    if before.exists():
+        return before
     before.mkdir()
     archive = subprocess.run(
         ["git", "-C", str(ROOT), "archive", BEFORE_GUARD, "tasklock_cli"],
@@ -119,6 +118,16 @@ def before_guard_commands(kinds: list[StoreKind], envs: Envs, workdir: Path) -> 
     archive_path.write_bytes(archive)
     with tarfile.open(archive_path) as tar:
         tar.extractall(before, filter="data")
+    return before
+
+
+def before_guard_commands(kinds: list[StoreKind], envs: Envs, workdir: Path) -> list[Cmd]:
+    """`python -m tasklock_cli run k -- true` on SQLite from this tree and from the commit
+    before the guard (its package extracted from git, put first on PYTHONPATH)."""
+    sqlite = next((k for k in kinds if k.name == "sqlite"), None)
+    if sqlite is None:
+        return []
+    before = before_guard_package(workdir)
     argv = [PYTHON, "-m", "tasklock_cli", "run", "k", "--", "true"]
     return [
         Cmd(

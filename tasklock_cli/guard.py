@@ -1,6 +1,8 @@
 """The guard: a small process between the wrapper and the command that outlives the wrapper.
 
-The wrapper forks the guard, and the guard starts the command. The guard is the subreaper
+The wrapper forks the guard, and the guard starts the command when told to. A run that
+has to wait forks its guard while it waits, so that once the lock is its own only the
+command's start is left between the acquire and the command. The guard is the subreaper
 of the command's whole tree, so every process the command starts (one that calls setsid
 or double-forks included) stays below it, where it can be found and killed. It does what
 the wrapper orders (signal the command's group, signal the tree, kill the tree at a
@@ -13,7 +15,8 @@ past the deadline it last gave, the guard kills the tree by itself. Either way t
 is gone long before the lease can run out on the store.
 
 Messages are single datagrams of space-separated words on a SOCK_SEQPACKET socket pair:
-  wrapper -> guard: ``group SIG`` | ``tree SIG`` | ``backstop CLOCK``
+  wrapper -> guard: ``env BYTES``... ``start TERMINAL_FD BYTES``, then
+                    ``group SIG`` | ``tree SIG`` | ``backstop CLOCK``
   guard -> wrapper: ``started PID`` | ``error CODE MESSAGE`` | ``stopped SIG`` |
                     ``exited STATUS ORPHANS CLOCK`` | ``backstop`` | ``empty``
 """
@@ -27,7 +30,6 @@ import os
 import select
 import signal
 import subprocess
-from collections.abc import Callable
 
 from tasklock_cli import clock as clocks
 from tasklock_cli import proctree
@@ -36,6 +38,7 @@ from tasklock_cli.errors import TasklockError
 #: typing costs ~2 ms per start: its names are for the type checker only.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import NoReturn
 
 #: After the wrapper died: SIGTERM to the tree, then SIGKILL this much later.
@@ -44,6 +47,12 @@ ORPHANED_GRACE_S = 0.5
 KILL_POLL_S = 0.01
 MESSAGE_SIZE = 4096
 PR_SET_CHILD_SUBREAPER = 36
+#: Part of the command's environment: NUL-separated ``NAME=VALUE`` bytes, in as many orders as
+#: it takes (an order is one datagram of at most MESSAGE_SIZE bytes); the start order
+#: carries the last part.
+ENV_ORDER = b"env "
+#: Room kept in an order for its verb and arguments.
+ORDER_ROOM = 32
 #: Signals meant for the wrapper or the terminal's job; the guard only follows its wrapper.
 _DEAF_TO = (
     signal.SIGHUP,
@@ -56,6 +65,8 @@ _DEAF_TO = (
     signal.SIGTTIN,
     signal.SIGTTOU,
 )
+#: Blocked from the fork until the guard has its own handlers (the wrapper's are inherited).
+GUARD_SIGNALS = (*_DEAF_TO, signal.SIGCHLD, signal.SIGCONT, signal.SIGALRM)
 
 
 def become_subreaper() -> None:
@@ -79,11 +90,16 @@ def _call_libc(name: str, *args: int) -> int:
         return getattr(ctypes.CDLL(None, use_errno=True), name)(*args)
 
 
-def run_guard(sock: _socket.socket, spawn: Callable[[], subprocess.Popen]) -> NoReturn:
-    """The guard's whole life, in the freshly forked process; never returns."""
+def run_guard(
+    sock: _socket.socket,
+    spawn: Callable[[dict[bytes, bytes], int | None], subprocess.Popen],
+    signal_mask: set[signal.Signals],
+) -> NoReturn:
+    """The guard's whole life, in the freshly forked process (forked with GUARD_SIGNALS
+    blocked; ``signal_mask`` is the mask to go back to); never returns."""
     code = 1
     try:
-        code = _Guard(sock).run(spawn)
+        code = _Guard(sock).run(spawn, signal_mask)
     except BaseException:  # a bug: say where, then leave the tree to the wrapper
         import traceback
 
@@ -108,13 +124,17 @@ class _Guard:
         self.killing = False
         self.terminated: set[int] = set()
 
-    def run(self, spawn: Callable[[], subprocess.Popen]) -> int:
+    def run(self, spawn, signal_mask: set[signal.Signals]) -> int:
         wake_r = self._listen_to_signals()
+        signal.pthread_sigmask(signal.SIG_SETMASK, signal_mask)
         with contextlib.suppress(OSError):
             os.setpgid(0, 0)  # a kill of the wrapper's group must leave us to clean up
         become_subreaper()
+        start = self._await_start()
+        if start is None:  # the wrapper did without the command, or died
+            return 0
         try:
-            self.child = spawn()
+            self.child = spawn(*start)
         except TasklockError as exc:
             self._send("error", exc.exit_code, str(exc))
             return 0
@@ -126,6 +146,28 @@ class _Guard:
             self._read_orders()
             self._enforce()
             self._sleep(wake_r)
+
+    def _await_start(self) -> tuple[dict[bytes, bytes], int | None] | None:
+        """The command's environment and terminal, once the wrapper says start; None when
+        its end of the socket closed first."""
+        environ = bytearray()
+        while True:
+            try:
+                order = self.sock.recv(MESSAGE_SIZE)
+            except OSError:
+                return None
+            if order.startswith(ENV_ORDER):
+                environ += order[len(ENV_ORDER) :]
+            elif order.startswith(b"start "):
+                break
+            elif not order:
+                return None
+        _, terminal, last_piece = order.split(b" ", 2)
+        environ += last_piece
+        terminal_fd = int(terminal)
+        pairs = (item.partition(b"=") for item in bytes(environ).split(b"\0") if item)
+        env = {name: value for name, _, value in pairs}
+        return env, None if terminal_fd < 0 else terminal_fd
 
     def _listen_to_signals(self) -> int:
         wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -151,8 +193,16 @@ class _Guard:
                 continue
             self.child_done = True
             self.child.returncode = 0  # reaped here: Popen must never wait for it
-            orphans = len(proctree.descendants(self.me))
-            self._send("exited", status, orphans, repr(clocks.monotonic()))
+            self._send("exited", status, self._count_orphans(), repr(clocks.monotonic()))
+
+    def _count_orphans(self) -> int:
+        """The processes the command left running. Orphans are re-parented to us, so with
+        no child left there are none, and /proc need not be read."""
+        try:
+            os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return 0
+        return len(proctree.descendants(self.me))
 
     def _read_orders(self) -> None:
         while self.wrapper_gone_at is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import _socket  # not socket: its enums and selectors cost ~2 ms per start
 import contextlib
+import functools
 import os
 import signal
 import subprocess
@@ -15,7 +16,10 @@ from tasklock_cli.errors import CommandNotExecutable
 from tasklock_cli.errors import CommandNotFound
 from tasklock_cli.errors import ExitCode
 from tasklock_cli.errors import TasklockError
+from tasklock_cli.guard import ENV_ORDER
+from tasklock_cli.guard import GUARD_SIGNALS
 from tasklock_cli.guard import MESSAGE_SIZE
+from tasklock_cli.guard import ORDER_ROOM
 from tasklock_cli.guard import become_subreaper
 from tasklock_cli.guard import receive
 from tasklock_cli.guard import run_guard
@@ -28,7 +32,7 @@ TAKE_OVER_S = 2.0
 
 
 def spawn_command(
-    command: list[str], env: dict[str, str], terminal_fd: int | None = None
+    command: list[str], env: dict[str, str] | dict[bytes, bytes], terminal_fd: int | None = None
 ) -> subprocess.Popen:
     """Start ``command`` in its own process group with exactly ``env``."""
     if terminal_fd is not None:
@@ -52,20 +56,27 @@ def spawn_command(
 class Child:
     """The command and its whole process tree, as reported by its guard.
 
-    ``poll`` reads the guard's reports; ``fileno`` is readable when one is waiting.
+    Made in two steps, so that a waiting run can have its guard ready before the lock is
+    free: ``Child(command)`` forks the guard, which sets itself up and waits; ``start``
+    hands it the command's environment and has it start the command. ``poll`` reads the
+    guard's reports; ``fileno`` is readable when one is waiting.
     """
 
-    def __init__(
-        self, command: list[str], env: dict[str, str], terminal_fd: int | None = None
-    ) -> None:
+    def __init__(self, command: list[str]) -> None:
         ours, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)
-        guard_pid = os.fork()
-        if guard_pid == 0:
-            ours.close()
-            run_guard(theirs, lambda: spawn_command(command, env, terminal_fd))
+        # Our handlers must not run in the guard before it has set its own.
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, GUARD_SIGNALS)
+        try:
+            guard_pid = os.fork()
+            if guard_pid == 0:
+                ours.close()
+                run_guard(theirs, functools.partial(spawn_command, command), blocked)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         theirs.close()
         self.guard_pid = guard_pid
         self._sock = ours
+        self.pid = self.pgid = 0  # the command's, once started
         self.status: int | None = None  # the raw wait status once the command has exited
         self.exited_at: float | None = None  # when, on clock.monotonic
         self.orphans = 0  # processes it left running when it exited
@@ -73,7 +84,26 @@ class Child:
         self.tree_empty = False
         self.backstop_fired = False  # the guard killed the tree at the deadline by itself
         self.guard_died = False
+
+    def start(self, env: dict[str, str], terminal_fd: int | None = None) -> None:
+        """Have the guard start the command with exactly ``env``; returns once it runs."""
+        environ = b"\0".join(os.fsencode(k) + b"=" + os.fsencode(v) for k, v in env.items())
+        room = MESSAGE_SIZE - ORDER_ROOM
+        pieces = [environ[at : at + room] for at in range(0, len(environ), room)] or [b""]
+        start = f"start {-1 if terminal_fd is None else terminal_fd} ".encode()
+        with contextlib.suppress(OSError):  # the guard is gone: _started says so
+            for piece in pieces[:-1]:
+                self._sock.send(ENV_ORDER + piece)
+            self._sock.send(start + pieces[-1])  # one wake-up of the guard when it fits
         self.pid = self.pgid = self._started()
+
+    def cancel(self) -> None:
+        """Do without the command: end the guard, which has started nothing."""
+        self._sock.close()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.guard_pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.guard_pid, 0)
 
     def _started(self) -> int:
         while True:

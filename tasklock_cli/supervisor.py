@@ -161,7 +161,8 @@ class Supervisor:
             on_deadline=self._wake,
             clock=clock,
         )
-        self.child: Child | None = None
+        self.child: Child | None = None  # once the command started
+        self._guard: Child | None = None  # forked while waiting, the command not started
         self._on_ledger_failed = functools.partial(warn_ledger_failed, events, self.keeper)
         self._waiter: Waiter | None = None
         self._acquiring = False
@@ -184,6 +185,8 @@ class Supervisor:
             self.keeper.release_quietly(CUT_SHORT_AFTER_S, record, self._on_ledger_failed)
             return stop.exit_code
         finally:
+            if self._guard is not None:  # the command never started
+                self._guard.cancel()
             restore_signal_handlers(previous_handlers)
             self.heartbeat.close()
             for fd in (self._wake_r, self._wake_w):
@@ -214,6 +217,7 @@ class Supervisor:
 
         def announce(info: LeaseInfo | None) -> None:
             emit_waiting(self.events, options.key, options.wait, info)
+            self._fork_guard()  # while we wait, not once the lock is free
 
         self._waiter = Waiter(self.keeper, options.wait, on_waiting=announce, wake_fd=self._wake_r)
         if self.state.pending_signals:  # came before the waiter could hear of it
@@ -231,6 +235,12 @@ class Supervisor:
             raise
         return done_by
 
+    def _fork_guard(self) -> Child:
+        if self._guard is None:
+            become_subreaper()
+            self._guard = Child(self.options.command)
+        return self._guard
+
     def _raise_if_signalled(self) -> None:
         if self.state.pending_signals:
             raise Interrupted(self.state.pending_signals[0]) from None
@@ -247,13 +257,11 @@ class Supervisor:
                 signum = self.state.pending_signals[0]
                 self._release(record=self.keeper.run_record("signalled", None))
                 return ExitCode.SIGNALLED + signum
-            become_subreaper()
+            child = self._fork_guard()
+            self._guard = None
             try:
-                child = Child(
-                    self.options.command,
-                    child_env(self.options, self.keeper.lease),
-                    terminal.fd,
-                )
+                env = child_env(self.options, self.keeper.lease)
+                child.start(env, terminal.fd)
             except TasklockError as exc:
                 self._release(record=self.keeper.run_record("failed", exc.exit_code))
                 raise

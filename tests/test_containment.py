@@ -244,3 +244,44 @@ def test_a_forced_release_stops_the_holder_long_before_its_next_renewal(env, sto
     assert token > held.fencing_token
     let_go = float(result.stdout.rsplit("after ", 1)[1].rstrip("s\n"))
     report.record("release --force, ttl 30s", report.store_of(store_url), holder_let_go_s=let_go)
+
+
+def waiting_guard(waiter_pid: int) -> int:
+    """The guard a waiting run forked while it waits; the command has not started."""
+    (guard,) = wait_until(
+        lambda: [p.pid for p in procs.children(waiter_pid) if p.state != "Z"], interval=0.01
+    )
+    assert procs.children(guard) == []
+    return guard
+
+
+def test_a_waiting_run_has_its_guard_ready_and_one_that_gives_up_leaves_none(
+    env, store_url, tmp_path
+):
+    marker = tmp_path / "ran"
+    holder = start("run", "k", "--", "sleep", "30", env=env)
+    try:
+        wait_for_holder(store_url, "k")
+        waiter = start("run", "k", "--wait", "1s", "--", "touch", str(marker), env=env)
+        guard = waiting_guard(waiter.pid)
+        _, stderr = waiter.communicate(timeout=15)
+        assert waiter.returncode == 75, stderr
+        assert not procs.alive(guard)  # ended and collected before tasklock exits
+        assert not marker.exists()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_killed_waiter_takes_its_guard_along(env, store_url):
+    holder = start("run", "k", "--", "sleep", "30", env=env)
+    try:
+        wait_for_holder(store_url, "k")
+        waiter = start("run", "k", "--wait", "inf", "--", "true", env=env)
+        guard = waiting_guard(waiter.pid)
+        waiter.kill()
+        waiter.wait()
+        wait_until(lambda: not procs.alive(guard), timeout=1.0, interval=0.01)
+    finally:
+        holder.kill()
+        holder.wait()

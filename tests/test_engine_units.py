@@ -222,18 +222,81 @@ def test_loss_grace_leaves_room_for_retries(ttl, renew, grace, loss_grace):
     assert 0 < options.schedule.safety_margin <= 1.0
 
 
-def test_command_is_spawned_in_its_own_group_with_only_the_env(fp):
-    from tasklock_cli.process import spawn_command
+def test_the_guard_starts_the_command_with_exactly_the_environment_it_was_given(capfdbinary):
+    """The environment goes to an already forked guard over its socket: larger than one
+    message, values with `=`, empty values and bytes that are not UTF-8 arrive intact."""
 
-    fp.register(["job", "--flag"])
-    popen = spawn_command(["job", "--flag"], {"TASKLOCK_KEY": "k"})
-    recorded = popen._FakePopen__kwargs
-    assert recorded["env"] == {"TASKLOCK_KEY": "k"}
-    assert recorded["close_fds"] is True
-    if sys.version_info >= (3, 11):
-        assert recorded["process_group"] == 0
-    else:
-        assert recorded["preexec_fn"] is os.setpgrp
+
+    env = {
+        "BIG": "x" * 100_000,
+        "EQUALS": "a=b==c",
+        "EMPTY": "",
+        "RAW": os.fsdecode(b"caf\xe9 \xff"),
+        **{f"VAR_{n}": str(n) * 50 for n in range(200)},
+    }
+    assert run_through_guard(["/usr/bin/env", "-0"], env) == 0
+    printed = capfdbinary.readouterr().out
+    pairs = [item.split(b"=", 1) for item in printed.split(b"\0") if item]
+    assert dict(pairs) == {os.fsencode(k): os.fsencode(v) for k, v in env.items()}
+
+
+def run_through_guard(command: list[str], env: dict[str, str]) -> int:
+    import select
+
+    from tasklock_cli.process import Child
+
+    child = Child(command)
+    child.start(env)
+    while not child.tree_empty:
+        select.select([child], [], [], 5)
+        child.poll()
+    return child.exit_code()
+
+
+def test_the_command_runs_in_its_own_group_with_default_signals_and_only_fds_0_to_2():
+    import select
+
+    from tasklock_cli.process import Child
+
+    child = Child(["sleep", "30"])
+    child.start({"PATH": os.environ["PATH"]})
+    try:
+        with open(f"/proc/{child.pid}/status") as lines:
+            status = dict(line.rstrip("\n").split(":\t", 1) for line in lines)
+        assert os.getpgid(child.pid) == child.pid  # its group is its own
+        ignored = int(status["SigIgn"], 16)
+        for signum in (signal.SIGPIPE, signal.SIGXFSZ):  # Python's own ignores stay Python's
+            assert not ignored & (1 << (signum - 1))
+        assert int(status["SigBlk"], 16) == 0
+        assert sorted(os.listdir(f"/proc/{child.pid}/fd")) == ["0", "1", "2"]
+    finally:
+        child.signal_group(signal.SIGKILL)
+        while not child.tree_empty:
+            select.select([child], [], [], 5)
+            child.poll()
+
+
+def test_a_command_that_cannot_be_run_is_reported(tmp_path):
+    from tasklock_cli.errors import CommandNotExecutable
+    from tasklock_cli.errors import CommandNotFound
+    from tasklock_cli.process import Child
+
+    with pytest.raises(CommandNotFound, match="command not found: no-such-command"):
+        Child(["no-such-command"]).start({"PATH": os.environ["PATH"]})
+    with pytest.raises(CommandNotExecutable, match=f"command not executable: {tmp_path}"):
+        Child([str(tmp_path)]).start({})
+    assert run_through_guard([sys.executable, "-c", "pass"], {}) == 0  # the next one runs
+
+
+def test_a_guard_whose_command_never_starts_is_ended(tmp_path):
+    from tasklock_cli.process import Child
+
+    marker = tmp_path / "ran"
+    child = Child(["touch", str(marker)])
+    child.cancel()
+    assert not marker.exists()
+    with pytest.raises(ChildProcessError):
+        os.waitpid(child.guard_pid, os.WNOHANG)  # collected
 
 
 # -- durations and keys -----------------------------------------------------------------
