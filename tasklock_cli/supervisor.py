@@ -15,6 +15,7 @@ import os
 import select
 import signal
 import threading
+from collections.abc import Callable
 
 from tasklock_cli import clock as clocks
 from tasklock_cli import settings
@@ -285,7 +286,7 @@ class Supervisor:
         if loss is not None and loss.detected_by in (LossKind.REJECTED, LossKind.RESUMED_LATE):
             # Maybe broken by an operator (a paused holder finds its broken lease still
             # there until it runs out on the store's clock).
-            record = self._with_breaker(record)
+            record = with_breaker(self.store, self.keeper.lease, record, self.events.debug)
         if loss is not None and loss.detected_by == LossKind.REJECTED:
             # Broken by an operator: it is still ours to let go, token-checked, unless
             # someone else holds it by now (then this frees nothing).
@@ -302,18 +303,6 @@ class Supervisor:
         if loss is not None or child.guard_died:
             return ExitCode.LOST
         return child.exit_code()
-
-    def _with_breaker(self, record: RunRecord | None) -> RunRecord | None:
-        """``record`` naming who broke the lease (``broken_by``), when the store says."""
-        lease = self.keeper.lease
-        if record is None or lease is None:
-            return record
-        try:
-            by = self.store.broken_by(lease)
-        except TasklockError as exc:
-            self.events.debug(f"could not read who broke {self.options.key!r}: {exc}")
-            return record
-        return replace(record, broken_by=by) if by else record
 
     def _watch(self, child: Child, terminal: Terminal) -> None:
         options = self.options
@@ -456,28 +445,7 @@ class Supervisor:
     # -- release, events, signals ---------------------------------------------------------
 
     def _release(self, keep_for: float = 0.0, record: RunRecord | None = None) -> None:
-        """Release, retrying while the lease could still be ours; never claim a false release."""
-        key, token, options = self.options.key, self.keeper.fencing_token, self.options
-        try:
-            released = self.keeper.release_retrying(
-                keep_for,
-                options.schedule.io_timeout,
-                options.schedule.renew_retry_interval,
-                self.events.debug,
-                record,
-                self._on_ledger_failed,
-            )
-        except StoreUnavailable as exc:
-            self.events.error(
-                f"could not release {key!r} ({exc}); it expires on its own "
-                f"within {format_duration(max(0.0, self.keeper.remaining()))}"
-            )
-            return
-        if not released:
-            self.events.debug(f"{key!r} was no longer held by us at release")
-            return
-        held = f", held for {format_duration(keep_for)} more (--hold-at-least)" if keep_for else ""
-        self._emit("released", f"released {key!r}{held}", fencing_token=token, kept_for=keep_for)
+        release_and_report(self.keeper, self.options, self.events, keep_for, record)
 
     def _emit(
         self, event: str, message: str, fencing_token: int | None = None, **fields: object
@@ -509,6 +477,51 @@ class Supervisor:
         child.signal_group(signum)
         if signum == signal.SIGTERM and self.state.term_forwarded_at is None:
             self.state.term_forwarded_at = self.clock()
+
+
+def with_breaker(
+    store: Store, lease: Lease | None, record: RunRecord | None, debug: Callable[[str], None]
+) -> RunRecord | None:
+    """``record`` naming who broke the lease (``broken_by``), when the store says."""
+    if record is None or lease is None:
+        return record
+    try:
+        by = store.broken_by(lease)
+    except TasklockError as exc:
+        debug(f"could not read who broke {lease.key!r}: {exc}")
+        return record
+    return replace(record, broken_by=by) if by else record
+
+
+def release_and_report(
+    keeper: LeaseKeeper,
+    options: RunOptions,
+    events: EventLog,
+    keep_for: float = 0.0,
+    record: RunRecord | None = None,
+) -> None:
+    """Release, retrying while the lease could still be ours; never claim a false release."""
+    key, token = options.key, keeper.fencing_token
+    try:
+        released = keeper.release_retrying(
+            keep_for,
+            options.schedule.io_timeout,
+            options.schedule.renew_retry_interval,
+            events.debug,
+            record,
+            functools.partial(warn_ledger_failed, events, keeper),
+        )
+    except StoreUnavailable as exc:
+        events.error(
+            f"could not release {key!r} ({exc}); it expires on its own "
+            f"within {format_duration(max(0.0, keeper.remaining()))}"
+        )
+        return
+    if not released:
+        events.debug(f"{key!r} was no longer held by us at release")
+        return
+    held = f", held for {format_duration(keep_for)} more (--hold-at-least)" if keep_for else ""
+    events.emit("released", key, token, f"released {key!r}{held}", kept_for=keep_for)
 
 
 def child_env(options: RunOptions, lease) -> dict[str, str]:

@@ -346,24 +346,7 @@ class EtcdStore(Store):
     # -- forced release and breaking --------------------------------------------------
 
     def force_release(self, key: str, token: int | None = None) -> list[LeaseInfo]:
-        """Revoke the leases of the chosen slots (revoking deletes their keys and tells the
-        holder: its keepalive fails); a slot whose key moved meanwhile (a break) is read
-        and revoked again."""
-        freed: dict[int, LeaseInfo] = {}
-        wanted: set[int] | None = None  # the tokens of the first read
-        for _ in range(5):
-            slots, _, _ = _read_slots(self._client, self._keys, key)
-            chosen = [held for held in slots if token is None or held.token == token]
-            wanted = {held.token for held in chosen} if wanted is None else wanted
-            left = [held for held in chosen if held.token in wanted - freed.keys()]
-            if not left:
-                break
-            for held, info in _with_infos(self._client, self._keys, left):
-                if held.lease_id and self._client.revoke(held.lease_id):
-                    freed[held.token] = info
-            if wanted <= freed.keys():
-                break
-        return sorted(freed.values(), key=lambda info: info.slot)
+        return _revoke_slots(self._client, self._keys, key, token)
 
     def break_lease(
         self, key: str, token: int | None = None, by: Holder | None = None
@@ -382,7 +365,7 @@ class EtcdStore(Store):
         lease_id = known.lease_id if known else None
         return self._breaker.wait_for_break(lease, lease_id, timeout, wake_fd)
 
-    # -- waiting (the skeleton is Store.wait_for_release; the queue is waiting.py.s) --
+    # -- waiting (the skeleton is Store.wait_for_release; the queue is in waiting.py) --
 
     def _prepare_wait(self, key: str, deadline: float, wake_fd: int | None) -> bool:
         return self._queue.take_turn(key, deadline, wake_fd)
@@ -432,6 +415,29 @@ def _read_slots(client: EtcdClient, keys: EtcdKeys, key: str) -> tuple[list[Slot
     reply = client.txn([], keys.slot_reads(key), [])
     slots, broken = keys.slots_from(reply.get("responses", []))
     return slots, broken, revision(reply)
+
+
+def _revoke_slots(
+    client: EtcdClient, keys: EtcdKeys, key: str, token: int | None
+) -> list[LeaseInfo]:
+    """Revoke the leases of the chosen slots (revoking deletes their keys and tells the
+    holder: its keepalive fails); a slot whose key moved meanwhile (a break) is read
+    and revoked again."""
+    freed: dict[int, LeaseInfo] = {}
+    wanted: set[int] | None = None  # the tokens of the first read
+    for _ in range(5):
+        slots, _, _ = _read_slots(client, keys, key)
+        chosen = [held for held in slots if token is None or held.token == token]
+        wanted = {held.token for held in chosen} if wanted is None else wanted
+        left = [held for held in chosen if held.token in wanted - freed.keys()]
+        if not left:
+            break
+        for held, info in _with_infos(client, keys, left):
+            if held.lease_id and client.revoke(held.lease_id):
+                freed[held.token] = info
+        if wanted <= freed.keys():
+            break
+    return sorted(freed.values(), key=lambda info: info.slot)
 
 
 def _has_free_slot(slots: list[SlotKv]) -> bool:
