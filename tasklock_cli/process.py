@@ -143,7 +143,6 @@ class Child:
                 return
             self._note(report.decode().split())
 
-
     def _note(self, words: list[str]) -> None:
         verb = words[0]
         if verb == "stopped":

@@ -173,7 +173,7 @@ def test_a_version_3_file_is_rebuilt_keeping_live_leases_and_fencing_counters(tm
         # name -> place in the primary key (0: not in it)
         columns = {row[1]: row[5] for row in conn.execute(f"PRAGMA table_info({TABLE})")}
         tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
-    assert version == SCHEMA_VERSION == 4
+    assert version == SCHEMA_VERSION == 5
     assert (columns["key"], columns["slot"], columns["slot_limit"]) == (1, 2, 0)
     assert f"{TABLE}_expiry" in tables and f"{TABLE}_v4" not in tables
 

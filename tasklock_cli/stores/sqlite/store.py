@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import time
@@ -11,6 +12,7 @@ from datetime import datetime
 from tasklock_cli import paths
 from tasklock_cli.errors import ConfigError
 from tasklock_cli.errors import LimitMismatch
+from tasklock_cli.errors import TasklockError
 from tasklock_cli.errors import UsageError
 from tasklock_cli.stores.base import BROKEN_OWNER_PREFIX
 from tasklock_cli.stores.base import LEDGER_KEEP
@@ -20,6 +22,7 @@ from tasklock_cli.stores.base import Lease
 from tasklock_cli.stores.base import LeaseInfo
 from tasklock_cli.stores.base import RunRecord
 from tasklock_cli.stores.base import Store
+from tasklock_cli.stores.base import WaiterInfo
 from tasklock_cli.stores.base import prefix_upper_bound
 from tasklock_cli.stores.base import utc_from_timestamp
 from tasklock_cli.stores.base import wait_readable
@@ -29,6 +32,7 @@ from tasklock_cli.stores.sqlite.schema import RUNS_TABLE
 from tasklock_cli.stores.sqlite.schema import SCHEMA
 from tasklock_cli.stores.sqlite.schema import SCHEMA_VERSION
 from tasklock_cli.stores.sqlite.schema import TABLE
+from tasklock_cli.stores.sqlite.schema import WAITERS_TABLE
 from tasklock_cli.stores.sqlite.waiting import LocalWakeups
 from tasklock_cli.stores.urls import default_sqlite_file
 from tasklock_cli.stores.urls import sqlite_netloc_and_path
@@ -71,13 +75,35 @@ _NEXT_TOKEN = f"SELECT coalesce(max(fencing_token), 0) + 1 FROM {TABLE} WHERE ke
 # A live lease of the key with another limit than asked (LimitMismatch).
 _OTHER_LIMIT = f"""SELECT slot_limit FROM {TABLE}
 WHERE key = :key AND slot_limit <> :limit AND {_LIVE_ON_KEY} LIMIT 1"""
+# The queue of waiters (first come, first served): a place is live while it has not run
+# out on this boot's clock; the acquire clears the key's dead places first, so the places
+# ahead of ours (all of them when we have none) are live.
+_WAITER_LIVE = "boot_id = :boot AND expires_boot > :now"
+_CLEAR_DEAD_WAITERS = f"DELETE FROM {WAITERS_TABLE} WHERE key = :key AND NOT ({_WAITER_LIVE})"
+_OUR_SEQ = f"SELECT seq FROM {WAITERS_TABLE} WHERE key = :key AND owner_token = :owner"
+_AHEAD = f"""SELECT count(*) FROM {WAITERS_TABLE}
+WHERE key = :key AND {_WAITER_LIVE} AND seq < coalesce(({_OUR_SEQ}), 9223372036854775807)"""
+_LIVE_COUNT = f"SELECT count(*) FROM {TABLE} WHERE key = :key AND {_LIVE_ON_KEY}"
+# Our slot again (a retry), or fewer waiters ahead of us than free slots.
+_OUR_TURN = f"""(({_OWN_SLOT}) IS NOT NULL OR ({_AHEAD}) < :limit - ({_LIVE_COUNT}))"""
+_JOIN_QUEUE = f"""INSERT INTO {WAITERS_TABLE}
+    (key, owner_token, boot_id, expires_boot, since, holder)
+VALUES (:key, :owner, :boot, :now + :waiter_ttl, :wall, :holder)
+ON CONFLICT (key, owner_token) DO UPDATE SET
+    boot_id = excluded.boot_id, expires_boot = excluded.expires_boot"""
+_LEAVE_QUEUE = f"DELETE FROM {WAITERS_TABLE} WHERE key = :key AND owner_token = :owner"
+_WAITERS = f"""SELECT holder, since, mode FROM {WAITERS_TABLE}
+WHERE key = :key AND {_WAITER_LIVE} ORDER BY seq"""
+_WAITING_COUNTS = f"""SELECT key, count(*) FROM {WAITERS_TABLE}
+WHERE {_WAITER_LIVE} AND key >= :prefix AND substr(key, 1, :n) = :prefix GROUP BY key"""
+_SWEEP_WAITERS = f"DELETE FROM {WAITERS_TABLE} WHERE NOT ({_WAITER_LIVE})"
 _ACQUIRE = f"""
 WITH chosen (slot) AS MATERIALIZED (SELECT coalesce(({_OWN_SLOT}), ({_LOWEST_FREE_SLOT})))
 INSERT INTO {TABLE} (key, slot, slot_limit, fencing_token, owner_token, boot_id,
                      expires_boot, acquired_at, expires_at, holder)
 SELECT :key, slot, :limit, ({_NEXT_TOKEN}), :owner, :boot, :now + :ttl,
        :wall, :wall + :ttl, :holder
-FROM chosen WHERE slot IS NOT NULL AND NOT EXISTS ({_OTHER_LIMIT})
+FROM chosen WHERE slot IS NOT NULL AND NOT EXISTS ({_OTHER_LIMIT}) AND {_OUR_TURN}
 ON CONFLICT (key, slot) DO UPDATE SET
     fencing_token = CASE WHEN owner_token IS :owner THEN fencing_token
                          ELSE excluded.fencing_token END,
@@ -199,7 +225,13 @@ class SQLiteStore(Store):
     # -- the interface --------------------------------------------------------------
 
     def acquire(
-        self, key: str, ttl: float, holder: Holder, owner_token: str, limit: int = 1
+        self,
+        key: str,
+        ttl: float,
+        holder: Holder,
+        owner_token: str,
+        limit: int = 1,
+        queue: bool = False,
     ) -> Lease | None:
         params = {
             **self._times(),
@@ -208,10 +240,18 @@ class SQLiteStore(Store):
             "owner": owner_token,
             "holder": json.dumps(holder.to_dict()),
             "limit": limit,
+            "waiter_ttl": self.waiter_ttl,
         }
-        with self._db.write() as conn:
+        with self._db.write() as conn:  # one transaction: the queue and the taking
+            conn.execute(_CLEAR_DEAD_WAITERS, params)
             row = conn.execute(_ACQUIRE, params).fetchone()
             other_limit = None if row else conn.execute(_OTHER_LIMIT, params).fetchone()
+            if row is not None or other_limit is not None or not queue:
+                conn.execute(_LEAVE_QUEUE, params)
+            else:
+                conn.execute(_JOIN_QUEUE, params)
+        queued = row is None and other_limit is None and queue
+        self._note_queue_place(key, owner_token if queued else None)
         if other_limit is not None:
             raise LimitMismatch(key, int(other_limit[0]), limit)
         if row is None:
@@ -288,6 +328,14 @@ class SQLiteStore(Store):
         sql = f"{_SELECT} WHERE key = :key AND {_LIVE_ON_KEY} ORDER BY slot"
         return [_lease_info(row) for row in self._db.read(sql, {**self._times(), "key": key})]
 
+    def waiters(self, key: str) -> list[WaiterInfo]:
+        rows = self._db.read(_WAITERS, {**self._times(), "key": key})
+        return [_waiter_info(*row) for row in rows]
+
+    def waiting_counts(self, prefix: str = "") -> dict[str, int]:
+        params = {**self._times(), "prefix": prefix, "n": len(prefix)}
+        return {key: int(count) for key, count in self._db.read(_WAITING_COUNTS, params)}
+
     def list(self, prefix: str = "", include_expired: bool = False) -> Iterator[LeaseInfo]:
         condition = "owner_token IS NOT NULL" if include_expired else _LIVE
         upper = prefix_upper_bound(prefix)
@@ -312,6 +360,8 @@ class SQLiteStore(Store):
             return int(self._db.read(sql, self._times())[0][0])
         # One range at a time: LIMIT then stops a batch early (the OR of the three would
         # collect every expired row first).
+        with self._db.write() as conn:  # dead places in queues (not counted: no leases)
+            conn.execute(_SWEEP_WAITERS, self._times())
         removed = 0
         for expired in _EXPIRED_RANGES:
             victims = f"SELECT key, slot FROM {TABLE} WHERE {expired} LIMIT {SWEEP_BATCH}"
@@ -373,8 +423,13 @@ class SQLiteStore(Store):
         return True
 
     def _time_until_free(self, key: str) -> float | None:
-        ((live, limit, remaining),) = self._db.read(_FULLNESS, {**self._times(), "key": key})
-        return None if live == 0 or live < limit else float(remaining)
+        params = {**self._times(), "key": key, "owner": self._queue_place(key) or ""}
+        ((live, limit, remaining),) = self._db.read(_FULLNESS, params)
+        if live and live >= limit:
+            return float(remaining)
+        ((ahead,),) = self._db.read(_AHEAD, params)
+        free = limit - live if live else 1  # (a free key's limit is the next taker's)
+        return None if ahead < free else self.waiter_ttl
 
     def _await_wakeup(self, key: str, until: float, wake_fd: int | None) -> None:
         """One release of the key on this machine wakes the waiter waiting longest."""
@@ -385,7 +440,16 @@ class SQLiteStore(Store):
             self._wakeups.wait(left, wake_fd)
 
     def stop_waiting(self, key: str) -> None:
+        self._leave_queue(key)
         self._wakeups.give_up(key)
+
+    def _leave_queue(self, key: str) -> None:
+        owner = self._queue_place(key)
+        if owner is None:
+            return
+        self._note_queue_place(key, None)
+        with contextlib.suppress(TasklockError), self._db.write() as conn:
+            conn.execute(_LEAVE_QUEUE, {"key": key, "owner": owner})
 
     def init_schema(self) -> None:
         self._db.open()
@@ -396,6 +460,8 @@ class SQLiteStore(Store):
     def close(self) -> None:
         # Still in a queue at close: the wait was cut short (a signal), maybe just after
         # a wake-up was read. Waking the next waiter costs it one look at most.
+        for key in list(self._queue_places()):
+            self._leave_queue(key)
         if self._wakeups.key is not None:
             self._wakeups.give_up(self._wakeups.key)
         self._alarms.forget_all()
@@ -418,6 +484,10 @@ def _lease_info(row: tuple) -> LeaseInfo:
         slot=int(slot),
         limit=int(limit),
     )
+
+
+def _waiter_info(holder: str, since: float, mode: str) -> WaiterInfo:
+    return WaiterInfo(Holder.from_dict(json.loads(holder)), utc_from_timestamp(since), mode)
 
 
 def _run_record(key: str, token: int, started: float, ended: float, data: str) -> RunRecord:
