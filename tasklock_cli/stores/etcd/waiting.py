@@ -37,7 +37,7 @@ from tasklock_cli.stores.etcd.keys import absent
 
 #: A waiter's place in a queue lives this long without a refresh (a crashed waiter's place
 #: is given up after it); waiting refreshes it every third of it.
-WAITER_TTL_S = 6
+WAITER_TTL_S = 3
 #: When the watch breaks, waiting falls back to reading the key this often.
 POLL_S = 0.1
 
