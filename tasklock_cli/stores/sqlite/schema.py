@@ -52,7 +52,8 @@ _LEASES_SCHEMA = """CREATE TABLE IF NOT EXISTS {table} (
     PRIMARY KEY (key, slot)
 ) WITHOUT ROWID"""
 # The queues of waiters: a key's waiters are served in ``seq`` order; a place is live
-# while it has not run out (``expires_boot``, on the boot clock as leases are).
+# while it has not run out (``expires_boot``, on the boot clock as leases are); ``fifo``:
+# the name of the waiter's FIFO, which a release wakes (see waiting).
 _WAITERS_SCHEMA = f"""CREATE TABLE IF NOT EXISTS {WAITERS_TABLE} (
     seq          INTEGER PRIMARY KEY,
     key          TEXT NOT NULL,
@@ -62,6 +63,7 @@ _WAITERS_SCHEMA = f"""CREATE TABLE IF NOT EXISTS {WAITERS_TABLE} (
     since        REAL NOT NULL,
     holder       TEXT NOT NULL,
     mode         TEXT NOT NULL DEFAULT 'exclusive',
+    fifo         TEXT,
     UNIQUE (key, owner_token)
 )"""
 _WAITERS_INDEX = f"CREATE INDEX IF NOT EXISTS {WAITERS_TABLE}_queue ON {WAITERS_TABLE} (key, seq)"

@@ -87,10 +87,14 @@ _LIVE_COUNT = f"SELECT count(*) FROM {TABLE} WHERE key = :key AND {_LIVE_ON_KEY}
 # Our slot again (a retry), or fewer waiters ahead of us than free slots.
 _OUR_TURN = f"""(({_OWN_SLOT}) IS NOT NULL OR ({_AHEAD}) < :limit - ({_LIVE_COUNT}))"""
 _JOIN_QUEUE = f"""INSERT INTO {WAITERS_TABLE}
-    (key, owner_token, boot_id, expires_boot, since, holder)
-VALUES (:key, :owner, :boot, :now + :waiter_ttl, :wall, :holder)
+    (key, owner_token, boot_id, expires_boot, since, holder, fifo)
+VALUES (:key, :owner, :boot, :now + :waiter_ttl, :wall, :holder, :fifo)
 ON CONFLICT (key, owner_token) DO UPDATE SET
-    boot_id = excluded.boot_id, expires_boot = excluded.expires_boot"""
+    boot_id = excluded.boot_id, expires_boot = excluded.expires_boot,
+    fifo = coalesce(excluded.fifo, fifo)"""
+# The FIFO of the head of the key's queue: the waiter a release wakes.
+_HEAD_FIFO = f"""SELECT fifo FROM {WAITERS_TABLE}
+WHERE key = :key AND {_WAITER_LIVE} ORDER BY seq LIMIT 1"""
 _LEAVE_QUEUE = f"DELETE FROM {WAITERS_TABLE} WHERE key = :key AND owner_token = :owner"
 _WAITERS = f"""SELECT holder, since, mode FROM {WAITERS_TABLE}
 WHERE key = :key AND {_WAITER_LIVE} ORDER BY seq"""
@@ -241,6 +245,7 @@ class SQLiteStore(Store):
             "holder": json.dumps(holder.to_dict()),
             "limit": limit,
             "waiter_ttl": self.waiter_ttl,
+            "fifo": self._wakeups.name if self._wakeups.key == key else None,
         }
         with self._db.write() as conn:  # one transaction: the queue and the taking
             conn.execute(_CLEAR_DEAD_WAITERS, params)
@@ -281,16 +286,17 @@ class SQLiteStore(Store):
             "broken": BROKEN_OWNER_PREFIX + lease.owner_token,
             "keep": keep_for,
         }
-        freed = False
+        freed, head = False, None
         with self._db.write() as conn:
             kept = keep_for > 0 and conn.execute(_RELEASE_LATER, params).rowcount == 1
             if not kept:  # (a broken lease is freed, keep_for or not)
                 freed = conn.execute(_RELEASE, params).rowcount == 1
+                head = _head_fifo(conn, params) if freed else None
             if record is not None:
                 self._record_run(conn, record, params["wall"])
         self._alarms.forget(lease.key, lease.fencing_token)
         if freed:
-            self._wakeups.wake_one(lease.key)
+            self._wakeups.wake_one(lease.key, head)
         return kept or freed
 
     @staticmethod
@@ -394,9 +400,10 @@ class SQLiteStore(Store):
             rows = conn.execute(f"{_SELECT} WHERE {_MATCHING} ORDER BY slot", params).fetchall()
             if rows:
                 conn.execute(_FORCE_RELEASE, params)
+            head = _head_fifo(conn, params) if rows else None
         freed = [_lease_info(row) for row in rows]
         if freed:
-            self._wakeups.wake_one(key)
+            self._wakeups.wake_one(key, head)
         for info in freed:
             self._alarms.alarm(key, info.fencing_token)
         return freed
@@ -440,16 +447,19 @@ class SQLiteStore(Store):
             self._wakeups.wait(left, wake_fd)
 
     def stop_waiting(self, key: str) -> None:
-        self._leave_queue(key)
-        self._wakeups.give_up(key)
+        self._wakeups.give_up(key, self._leave_queue(key))
 
-    def _leave_queue(self, key: str) -> None:
+    def _leave_queue(self, key: str) -> str | None:
+        """Leave our place in ``key``'s queue; the FIFO of the waiter now first in it."""
         owner = self._queue_place(key)
         if owner is None:
-            return
+            return None
         self._note_queue_place(key, None)
+        params = {**self._times(), "key": key, "owner": owner}
         with contextlib.suppress(TasklockError), self._db.write() as conn:
-            conn.execute(_LEAVE_QUEUE, {"key": key, "owner": owner})
+            conn.execute(_LEAVE_QUEUE, params)
+            return _head_fifo(conn, params)
+        return None
 
     def init_schema(self) -> None:
         self._db.open()
@@ -460,10 +470,11 @@ class SQLiteStore(Store):
     def close(self) -> None:
         # Still in a queue at close: the wait was cut short (a signal), maybe just after
         # a wake-up was read. Waking the next waiter costs it one look at most.
+        head = None
         for key in list(self._queue_places()):
-            self._leave_queue(key)
+            head = self._leave_queue(key)
         if self._wakeups.key is not None:
-            self._wakeups.give_up(self._wakeups.key)
+            self._wakeups.give_up(self._wakeups.key, head)
         self._alarms.forget_all()
         self._db.close()
 
@@ -484,6 +495,11 @@ def _lease_info(row: tuple) -> LeaseInfo:
         slot=int(slot),
         limit=int(limit),
     )
+
+
+def _head_fifo(conn: sqlite3.Connection, params: dict) -> str | None:
+    row = conn.execute(_HEAD_FIFO, params).fetchone()
+    return row[0] if row else None
 
 
 def _waiter_info(holder: str, since: float, mode: str) -> WaiterInfo:

@@ -55,6 +55,11 @@ class LocalWakeups:
         """The key whose queue we are in, if any."""
         return self._key
 
+    @property
+    def name(self) -> str | None:
+        """Our FIFO's name in the directory, while we have one."""
+        return None if self._path is None else self._path.rpartition("/")[2]
+
     def register(self, key: str) -> bool:
         """Join the queue of ``key``'s waiters (keeping our place if already in it);
         False when this machine cannot make FIFOs there (the caller just polls)."""
@@ -109,7 +114,7 @@ class LocalWakeups:
             with contextlib.suppress(OSError):
                 os.unlink(path)
 
-    def give_up(self, key: str) -> None:
+    def give_up(self, key: str, first: str | None = None) -> None:
         """Leave ``key``'s queue and wake the next waiter, always.
 
         A wake-up meant for us cannot be told apart reliably from none: a releaser that
@@ -120,15 +125,17 @@ class LocalWakeups:
         if self._key != key or self._fd is None:
             return
         self.leave()
-        self.wake_one(key)
+        self.wake_one(key, first)
 
-    def wake_one(self, key: str) -> None:
-        """Wake the longest-waiting live waiter of ``key``, if any. Never raises."""
+    def wake_one(self, key: str, first: str | None = None) -> None:
+        """Wake the longest-waiting live waiter of ``key`` -- the one whose FIFO is named
+        ``first`` (the head of the key's queue) when it is there -- if any. Never raises."""
         prefix = key_prefix(key)
         try:
             names = sorted(n for n in os.listdir(self.directory) if n.startswith(prefix))
         except OSError:
             return
+        names.sort(key=lambda name: name != first)  # (stable: then the oldest)
         for name in names:
             path = paths.joined(self.directory, name)
             if path == self._path:
