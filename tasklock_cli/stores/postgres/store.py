@@ -75,6 +75,8 @@ _WAITERS = """
 SELECT holder, since, mode FROM {waiters}
  WHERE key = %(key)s AND expires_at > clock_timestamp() ORDER BY seq
 """
+# Places in queues that ran out (their waiters crashed) and no acquire of their key cleared.
+_SWEEP_WAITERS = "DELETE FROM {waiters} WHERE expires_at <= clock_timestamp()"
 _WAITING_COUNTS = """
 SELECT key, count(*) FROM {waiters}
  WHERE expires_at > clock_timestamp()
@@ -595,6 +597,8 @@ class PostgresStore(Store):
             count_sql = self._sql(_SWEEP_COUNT)
             return int(self._db.run(lambda conn: conn.execute(count_sql).fetchone()[0]))
         statement = self._sql(_SWEEP)
+        dead_places = self._sql(_SWEEP_WAITERS)  # (not counted: no leases)
+        self._db.run(lambda conn: conn.execute(dead_places))
 
         after: tuple[str, int] = ("", COUNTER_SLOT)  # keys are never empty
 
