@@ -225,7 +225,8 @@ def drop_namespace(kind: StoreKind, namespace: str) -> None:
         import psycopg
 
         with psycopg.connect(POSTGRES_BASE, autocommit=True) as conn:
-            conn.execute(f"DROP TABLE IF EXISTS tlbench_{RUN_ID}_{namespace}")
+            for suffix in ("", "_runs", "_waiters"):  # the leases, the ledger, the queues
+                conn.execute(f"DROP TABLE IF EXISTS tlbench_{RUN_ID}_{namespace}{suffix}")
 
 
 def redis_prefix(kind: StoreKind, namespace: str) -> str:

@@ -75,7 +75,7 @@ end
 
 complete -c tasklock -f
 complete -c tasklock -n '__tasklock_is none' -a run -d 'Run COMMAND while holding the lock KEY.'
-complete -c tasklock -n '__tasklock_is none' -a peek -d 'Show who holds KEY; exit 0 when held, 1 when free.'
+complete -c tasklock -n '__tasklock_is none' -a peek -d 'Show who holds KEY and who waits for it; exit 0 when held, 1 when free.'
 complete -c tasklock -n '__tasklock_is none' -a list -d 'List held locks: who holds what, until when.'
 complete -c tasklock -n '__tasklock_is none' -a history -d 'Show the run ledger of KEY: past runs (outcome, exit code, holder), newest first.'
 complete -c tasklock -n '__tasklock_is none' -a metrics -d 'Print Prometheus metrics (text format) from the run ledger and the live leases.'

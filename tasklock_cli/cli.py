@@ -27,7 +27,6 @@ from tasklock_cli.events import stop_spinners
 from tasklock_cli.fastrun import run_args
 from tasklock_cli.keys import validate_key
 from tasklock_cli.sanitize import json_text
-from tasklock_cli.sanitize import safe
 from tasklock_cli.session import ErrorStyle
 from tasklock_cli.session import GlobalFlags
 from tasklock_cli.session import Globals
@@ -235,21 +234,20 @@ def peek(
     key: str = typer.Argument(..., metavar="KEY", help="The lock's name."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
-    """Show who holds KEY; exit 0 when held, 1 when free."""
+    """Show who holds KEY and who waits for it; exit 0 when held, 1 when free."""
+    from tasklock_cli import render
+
     g: Globals = ctx.obj
     validate_key(key)
     with g.open_store() as store:
         holders = store.holders(key)
+        waiters = store.waiters(key)
     if as_json:
-        from tasklock_cli import render
-
-        typer.echo(json_text(render.peek_json(key, holders)))
-    elif not holders:
-        typer.echo(safe(f"{key} is free"))
+        typer.echo(json_text(render.peek_json(key, holders, waiters)))
     else:
-        from tasklock_cli import render
-
-        render.lease_details(holders)
+        if holders:
+            render.lease_details(holders)
+        render.waiters_block(key, waiters, held=bool(holders))
     raise typer.Exit(0 if holders else 1)
 
 
@@ -273,17 +271,19 @@ def list_leases(
         raise UsageError(f"--interval must be at least {format_duration(MIN_WATCH_INTERVAL_S)}")
     with g.open_store() as store:
 
-        def fetch() -> list:
-            return list(store.list(prefix=prefix, include_expired=show_all))
+        def fetch() -> tuple[list, dict[str, int]]:
+            waiting = store.waiting_counts(prefix)
+            return list(store.list(prefix=prefix, include_expired=show_all)), waiting
 
         if watch:
             render.watch_table(fetch, every)
             return
+        waiting = store.waiting_counts(prefix)
         leases = store.list(prefix=prefix, include_expired=show_all)
         if as_json:
-            render.json_array(info.to_json() for info in leases)
+            render.json_array(render.listing_json(leases, waiting))
         else:
-            render.lease_table(leases)
+            render.lease_table(leases, waiting)
 
 
 @app.command()

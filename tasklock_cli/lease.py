@@ -115,13 +115,15 @@ class LeaseKeeper:
     def remaining(self) -> float:
         return self.deadline - self.clock()
 
-    def try_acquire(self) -> bool:
-        """One attempt. The owner token stays the same across attempts, so a retry after a
-        lost reply recognises a lease it already holds instead of conflicting with itself."""
+    def try_acquire(self, queue: bool = False) -> bool:
+        """One attempt; with ``queue``, one that fails joins (or keeps our place in) the
+        key's queue of waiters. The owner token stays the same across attempts, so a retry
+        after a lost reply recognises a lease it already holds instead of conflicting with
+        itself, and a waiter keeps its place."""
         with self.lock:
             sent = self.clock()
             lease = self.store.acquire(
-                self.key, self.ttl, self.holder, self.owner_token, limit=self.limit
+                self.key, self.ttl, self.holder, self.owner_token, limit=self.limit, queue=queue
             )
             if lease is None:
                 return False
@@ -277,7 +279,9 @@ class Waiter:
         self.rng = rng or _random_fraction
         self.wake_fd = wake_fd  # readable when a signal came (signal.set_wakeup_fd)
         signals = keeper.store.signals_release
-        self.ceiling = SIGNALLED_POLL_CEILING_S if signals else POLL_CEILING_S
+        ceiling = SIGNALLED_POLL_CEILING_S if signals else POLL_CEILING_S
+        # each attempt renews our place in the queue: several per waiter_ttl
+        self.ceiling = min(ceiling, keeper.store.waiter_ttl / 3)
         self._stop_signal: int | None = None
         self._in_wait = False
 
@@ -312,7 +316,7 @@ class Waiter:
         first_holder: LeaseInfo | None = None
         while True:
             try:
-                if keeper.try_acquire():
+                if keeper.try_acquire(queue=self.wait > 0):
                     return
             except StoreUnavailable:
                 if clock() + delay >= give_up_at:

@@ -42,7 +42,8 @@ LAST_DURATION = Family(
     "How long the last run of the key held the lease.",
 )
 HELD = Family("tasklock_held", "Live holders of the key's lease now.")
-FAMILIES = (LAST_START, LAST_SUCCESS, LAST_EXIT_CODE, LAST_DURATION, HELD)
+WAITING = Family("tasklock_waiting", "Runs waiting for the key now (its queue's length).")
+FAMILIES = (LAST_START, LAST_SUCCESS, LAST_EXIT_CODE, LAST_DURATION, HELD, WAITING)
 
 
 def escape_label_value(value: str) -> str:
@@ -65,10 +66,12 @@ def format_value(value: float) -> str:
     return repr(float(value))
 
 
-def key_samples(runs: list[RunRecord], held: int, success: RunRecord | None) -> dict[Family, float]:
-    """The samples of one key, from its runs (newest first), its live holders and its
-    newest success."""
-    samples: dict[Family, float] = {HELD: float(held)}
+def key_samples(
+    runs: list[RunRecord], held: int, success: RunRecord | None, waiting: int = 0
+) -> dict[Family, float]:
+    """The samples of one key, from its runs (newest first), its live holders, its
+    newest success and its waiters."""
+    samples: dict[Family, float] = {HELD: float(held), WAITING: float(waiting)}
     ran = [run for run in runs if run.outcome != "done-already"]
     if ran:
         last = ran[0]
@@ -83,15 +86,19 @@ def key_samples(runs: list[RunRecord], held: int, success: RunRecord | None) -> 
 
 
 def collect(store: Store, prefix: str = "") -> dict[str, dict[Family, float]]:
-    """Per key (starting with ``prefix``, with runs in the ledger or a live lease): its
-    samples."""
+    """Per key (starting with ``prefix``, with runs in the ledger, a live lease or
+    waiters): its samples."""
     held: dict[str, int] = {}
     for info in store.list(prefix=prefix):
         held[info.key] = held.get(info.key, 0) + 1
-    keys = sorted(set(store.ledger_keys(prefix)) | set(held))
+    waiting = store.waiting_counts(prefix)
+    keys = sorted(set(store.ledger_keys(prefix)) | set(held) | set(waiting))
     return {
         key: key_samples(
-            store.history(key, LEDGER_KEEP), held.get(key, 0), store.last_success(key)[0]
+            store.history(key, LEDGER_KEEP),
+            held.get(key, 0),
+            store.last_success(key)[0],
+            waiting.get(key, 0),
         )
         for key in keys
     }

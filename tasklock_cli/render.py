@@ -15,6 +15,7 @@ from tasklock_cli.sanitize import safe
 from tasklock_cli.stores.base import LeaseInfo
 from tasklock_cli.stores.base import RunRecord
 from tasklock_cli.stores.base import StoreCheck
+from tasklock_cli.stores.base import WaiterInfo
 from tasklock_cli.stores.base import rfc3339
 
 
@@ -48,9 +49,15 @@ def json_array(items: Iterable[object]) -> None:
     sys.stdout.write("[]\n" if separator == "[" else "]\n")
 
 
-def lease_table(leases: Iterable[LeaseInfo]) -> None:
+def listing_json(leases: Iterable[LeaseInfo], waiting: dict[str, int]) -> Iterable[dict]:
+    """``list --json``'s entries: each lease with how many wait for its key."""
+    for info in leases:
+        yield {**info.to_json(), "waiting": waiting.get(info.key, 0)}
+
+
+def lease_table(leases: Iterable[LeaseInfo], waiting: dict[str, int]) -> None:
     """A table on a terminal (it needs every row to size its columns); streamed TSV lines
-    otherwise."""
+    otherwise. ``waiting``: how many wait for each key."""
     if not _to_terminal():
         for info in leases:
             h = info.holder
@@ -64,13 +71,14 @@ def lease_table(leases: Iterable[LeaseInfo]) -> None:
                 "expired" if info.expired else "held",
                 h.note or "",
                 str(info.slot),
+                str(waiting.get(info.key, 0)),
             ]
             sys.stdout.write("\t".join(_one_line(f) for f in fields) + "\n")
         return
-    _console().print(_rich_table(list(leases)))
+    _console().print(_rich_table(list(leases), waiting))
 
 
-def _rich_table(leases: list[LeaseInfo]):
+def _rich_table(leases: list[LeaseInfo], waiting: dict[str, int]):
     from rich.table import Table
 
     if not leases:
@@ -79,7 +87,7 @@ def _rich_table(leases: list[LeaseInfo]):
     slots = any(info.limit > 1 for info in leases)
     for column in ("KEY", *(("SLOT",) if slots else ()), "HOLDER", "TOKEN", "ACQUIRED"):
         table.add_column(column)
-    for column in ("EXPIRES", "NOTE"):
+    for column in ("EXPIRES", "WAITING", "NOTE"):
         table.add_column(column)
     for info in leases:
         h = info.holder
@@ -91,6 +99,7 @@ def _rich_table(leases: list[LeaseInfo]):
             str(info.fencing_token),
             relative(info.acquired_at),
             _expiry(info),
+            str(waiting.get(info.key, 0)),
             _text(h.note or ""),
             style="dim" if info.expired else None,
         )
@@ -104,7 +113,7 @@ def watch_table(fetch, interval: float) -> None:
     if not _to_terminal():
         with contextlib.suppress(KeyboardInterrupt):
             while True:
-                lease_table(fetch())
+                lease_table(*fetch())
                 sys.stdout.write("\n")
                 sys.stdout.flush()
                 time.sleep(interval)
@@ -113,11 +122,11 @@ def watch_table(fetch, interval: float) -> None:
 
     with (
         contextlib.suppress(KeyboardInterrupt),
-        Live(_rich_table(fetch()), console=_console(), auto_refresh=False) as live,
+        Live(_rich_table(*fetch()), console=_console(), auto_refresh=False) as live,
     ):
         while True:
             time.sleep(interval)
-            live.update(_rich_table(fetch()), refresh=True)
+            live.update(_rich_table(*fetch()), refresh=True)
 
 
 def history_table(key: str, runs: list[RunRecord]) -> None:
@@ -170,15 +179,33 @@ def _history_rich_table(key: str, runs: list[RunRecord]):
     return table
 
 
-def peek_json(key: str, holders: list[LeaseInfo]) -> dict:
-    """``peek --json``: the holder with the lowest token; a semaphore's every slot too."""
+def peek_json(key: str, holders: list[LeaseInfo], waiters: list[WaiterInfo]) -> dict:
+    """``peek --json``: the holder with the lowest token; a semaphore's every slot too; the
+    waiters in the order they will be served."""
+    queue = [waiter.to_json() for waiter in waiters]
     if not holders:
-        return {"key": key, "held": False}
+        return {"key": key, "held": False, "waiters": queue}
     first = min(holders, key=lambda info: info.fencing_token)
     shown = {**first.to_json(), "held": True}
     if first.limit > 1:
         shown["holders"] = [info.to_json() for info in holders]
+    shown["waiters"] = queue
     return shown
+
+
+def waiters_block(key: str, waiters: list[WaiterInfo], held: bool) -> None:
+    """``peek``: who waits for the key, in the order they will be served."""
+    if not held:
+        sys.stdout.write(safe(f"{key} is free") + "\n")
+    if not waiters:
+        return
+    sys.stdout.write(f"\nwaiting   {len(waiters)}, served in this order:\n")
+    for place, waiter in enumerate(waiters, 1):
+        h = waiter.holder
+        since = f"since {rfc3339(waiter.since)} ({relative(waiter.since)})"
+        note = f", note {h.note}" if h.note else ""
+        line = f"{h.host} pid {h.pid} (user {h.user}), {waiter.mode}, {since}{note}"
+        sys.stdout.write(f"{place:>9} {_one_line(line)}\n")
 
 
 def lease_details(holders: list[LeaseInfo]) -> None:

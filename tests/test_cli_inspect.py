@@ -54,7 +54,9 @@ def test_peek_json(env, holder):
     assert held["expired"] is False
     assert held["acquired_at"].endswith("Z") and held["expires_at"].endswith("Z")
     free = tasklock("peek", "nope", "--json", env=env)
-    assert free.returncode == 1 and json.loads(free.stdout) == {"key": "nope", "held": False}
+    assert free.returncode == 1
+    assert json.loads(free.stdout) == {"key": "nope", "held": False, "waiters": []}
+    assert held["waiters"] == []
 
 
 def test_list_json_plain_and_prefix(env, holder):

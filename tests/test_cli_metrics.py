@@ -137,6 +137,7 @@ FAMILIES = (
     "tasklock_last_exit_code",
     "tasklock_last_duration_seconds",
     "tasklock_held",
+    "tasklock_waiting",
 )
 
 
@@ -185,10 +186,11 @@ def test_metrics_from_the_ledger_and_the_live_leases(env, store_url):
     assert 0.2 <= took < 10
     assert got[("tasklock_held", odd)] == 0
     assert got[("tasklock_held", "held")] == 1
+    assert got[("tasklock_waiting", "held")] == got[("tasklock_waiting", odd)] == 0
     assert got[("tasklock_last_exit_code", "other")] == 0
     assert {key for _, key in got} == {odd, "other", "held"}
-    # a key held but never run yet has only tasklock_held
-    assert [name for name, key in got if key == "held"] == ["tasklock_held"]
+    # a key held but never run yet has only tasklock_held and tasklock_waiting
+    assert [name for name, key in got if key == "held"] == ["tasklock_held", "tasklock_waiting"]
 
 
 def test_metrics_prefix_and_an_empty_store(env):

@@ -132,7 +132,7 @@ def test_peek_and_list_show_every_slot(env, holders):
     listed = json.loads(tasklock("list", "--json", env=env).stdout)
     assert [(entry["key"], entry["slot"]) for entry in listed] == [("pool", 0), ("pool", 1)]
     tsv = tasklock("list", env=env).stdout.splitlines()
-    assert [line.split("\t")[-1] for line in tsv] == ["0", "1"]
+    assert [line.split("\t")[-2:] for line in tsv] == [["0", "0"], ["1", "0"]]  # slot, waiting
 
     human = tasklock("peek", "pool", env=env).stdout
     assert human.startswith("pool: 2 of 3 slots held\n")

@@ -440,6 +440,7 @@ EXAMPLE_MARKERS = {
     "queue:leader": "test_leader_example_runs",
     "pool:integration --limit 4": "test_semaphore_example_runs_at_most_4_at_once",
     "tasklock: waiting for": "test_waiting_example_matches_real_output",
+    "waiting   2, served in this order:": "test_peek_queue_example_matches_real_output",
     "TASKLOCK_FENCING_TOKEN": "test_fencing_examples_against_postgresql",
     '{"event": "error"': "test_json_error_example_matches_real_output",
     "tasklock list --prefix": "test_inspection_examples_run",
@@ -748,6 +749,60 @@ def test_waiting_example_matches_real_output(shell_env, tmp_path, sqlite_url):
     assert real.stderr.splitlines() == expected
 
 
+def test_peek_queue_example_matches_real_output(shell_env, tmp_path, sqlite_url):
+    """The README's `tasklock peek deploy:prod`: the holder's block (elided there), then the
+    waiters in the order they will be served, in the example's words."""
+    import re
+
+    from tasklock_cli.stores import open_store
+    from tests.support.cli import start
+    from tests.support.cli import wait_for_holder
+    from tests.support.cli import wait_until
+
+    shown = example("waiting   2, served in this order:", "readme")[0].splitlines()
+    assert shown[0] == "$ tasklock peek deploy:prod"
+    holder = start("run", "deploy:prod", "--", "sleep", "30", env=shell_env)
+    runs = []
+    try:
+        wait_for_holder(sqlite_url, "deploy:prod")
+        for note in ("commit 5e1f", "commit 77aa"):
+            runs.append(
+                start(
+                    "run",
+                    "deploy:prod",
+                    "--wait",
+                    "1m",
+                    "--note",
+                    note,
+                    "--",
+                    "true",
+                    env=shell_env,
+                )
+            )
+            with open_store(sqlite_url) as store:
+                wait_until(lambda store=store: len(store.waiters("deploy:prod")) == len(runs))
+        real = sh("tasklock peek deploy:prod", shell_env, tmp_path).stdout.splitlines()
+    finally:
+        for process in (holder, *runs):
+            process.terminate()
+            process.wait()
+    assert real[:2] == ["key       deploy:prod", f"holder    {real[1][10:]}"]
+    queue = real[real.index("") :]
+    assert queue[:2] == shown[shown.index("") :][:2]
+    placeholders = re.compile(r"ci-\d pid \d+ \(user ci\)|since \S+ \(\S+ ago\)")
+    pattern = r"ci-\d pid \d+ \(user ci\)|since \S+ \(\S+ ago\)"
+    for example_line, real_line, run in zip(shown[-2:], queue[-2:], runs, strict=True):
+        assert f"pid {run.pid} " in real_line
+        assert placeholders.sub("#", example_line) == re.sub(pattern, "#", _generic(real_line))
+
+
+def _generic(line: str) -> str:
+    """A peek line with the host, pid and user of this machine's runs put as the README's."""
+    import re
+
+    return re.sub(r"\S+ pid (\d+) \(user [^)]*\)", r"ci-0 pid \1 (user ci)", line)
+
+
 def test_json_error_example_matches_real_output(shell_env, tmp_path):
     import json
 
@@ -824,6 +879,7 @@ def test_inspection_examples_run(shell_env, tmp_path):
     expected_codes = {
         "tasklock peek invoices:nightly": 0,
         "tasklock peek invoices:nightly --json": 0,
+        "tasklock peek deploy:prod": 1,  # free: nobody holds or waits for it here
     }
     for line in lines:
         if line.endswith("--watch"):

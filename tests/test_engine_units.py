@@ -459,6 +459,7 @@ def test_giving_up_names_the_holder_at_the_end_and_the_one_the_wait_began_with(t
     assert first.try_acquire()
     later_holder = Holder(host="h2", pid=2, user="u2", command=["true"])
     second = LeaseKeeper(store, "k", 3600.0, later_holder, clock)
+    assert not second.try_acquire(queue=True)  # first in the queue: served before our waiter
 
     waiter = Waiter(LeaseKeeper(store, "k", 10.0, HOLDER, clock), 5.0)
     original_wait = store.wait_for_release
@@ -466,7 +467,7 @@ def test_giving_up_names_the_holder_at_the_end_and_the_one_the_wait_began_with(t
     def wait_then_let_second_take_over(key, timeout, wake_fd=None):
         original_wait(key, timeout)
         if clock() > first.deadline and second.lease is None:
-            assert second.try_acquire()
+            assert second.try_acquire(queue=True)
 
     store.wait_for_release = wait_then_let_second_take_over
     with pytest.raises(Conflict) as conflict:

@@ -682,3 +682,27 @@ def test_a_hung_server_fails_within_the_io_timeout_then_recovers(private_server)
             assert store.renew(lease, 30).fencing_token == lease.fencing_token
         finally:
             store.close()
+
+
+def test_sweep_removes_the_places_of_crashed_waiters(pg_url, stores):
+    """A place that ran out is cleared by the next acquire of its key, or else by sweep."""
+    store = open_pg(pg_url, stores)
+    assert store.acquire("k", 30, HOLDER, token()) is not None
+    crashed = open_pg(pg_url, stores)
+    crashed.waiter_ttl = 0.5  # still there when the next waiter queues, on a busy machine
+    assert crashed.acquire("k", 30, HOLDER, token(), queue=True) is None
+    live = open_pg(pg_url, stores)
+    assert live.acquire("k", 30, HOLDER, token(), queue=True) is None
+
+    def places() -> int:
+        with pg.admin_connection(pg_url) as conn:
+            return conn.execute(f"SELECT count(*) FROM {fresh_waiters(pg_url)}").fetchone()[0]
+
+    assert places() == 2
+    time.sleep(0.6)  # the crashed waiter's place runs out (the store's clock)
+    assert store.sweep() == 0  # (it counts leases)
+    assert places() == 1 and len(store.waiters("k")) == 1
+
+
+def fresh_waiters(url: str) -> str:
+    return url.split("table=", 1)[1].split("&")[0] + "_waiters"

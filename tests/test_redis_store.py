@@ -640,17 +640,25 @@ def test_wait_for_release_on_a_dead_store_just_times_out(private):
 # -- scripts, foreign keys ------------------------------------------------------------------
 
 
-def test_script_flush_is_survived(redis_store, other, raw):
-    lease = redis_store.acquire("k", 30, HOLDER, token())
-    raw.script_flush()
-    renewed = redis_store.renew(lease, 30)
-    raw.script_flush()
-    assert redis_store.release(renewed) is True
-    raw.script_flush()
-    assert other.acquire("k", 30, OTHER, token()).fencing_token == 2
-    raw.script_flush()
-    (freed,) = redis_store.force_release("k")
-    assert freed.holder == OTHER
+def test_script_flush_is_survived(private):
+    """On a private server: SCRIPT FLUSH empties the cache of every client of a server,
+    so it must not hit the other tests' stores on the shared one."""
+    redis_store, other = open_store(private.url()), open_store(private.url())
+    raw = private.client()
+    try:
+        lease = redis_store.acquire("k", 30, HOLDER, token())
+        raw.script_flush()
+        renewed = redis_store.renew(lease, 30)
+        raw.script_flush()
+        assert redis_store.release(renewed) is True
+        raw.script_flush()
+        assert other.acquire("k", 30, OTHER, token()).fencing_token == 2
+        raw.script_flush()
+        (freed,) = redis_store.force_release("k")
+        assert freed.holder == OTHER
+    finally:
+        redis_store.close()
+        other.close()
 
 
 def test_foreign_string_at_a_lease_key_is_a_clear_error(redis_store, raw, prefix):

@@ -15,6 +15,7 @@ from tasklock_cli.stores.sqlite.store import _EXPIRED
 from tasklock_cli.stores.sqlite.store import _EXPIRED_RANGES
 from tasklock_cli.stores.sqlite.store import SCHEMA_VERSION
 from tasklock_cli.stores.sqlite.store import TABLE
+from tasklock_cli.stores.sqlite.store import WAITERS_TABLE
 from tasklock_cli.stores.sqlite.store import SQLiteStore
 from tasklock_cli.stores.sqlite.store import boot_clock
 from tasklock_cli.stores.sqlite.store import current_boot_id
@@ -176,7 +177,7 @@ def test_a_version_3_file_is_rebuilt_keeping_live_leases_and_fencing_counters(tm
         # name -> place in the primary key (0: not in it)
         columns = {row[1]: row[5] for row in conn.execute(f"PRAGMA table_info({TABLE})")}
         tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
-    assert version == SCHEMA_VERSION == 4
+    assert version == SCHEMA_VERSION == 5
     assert (columns["key"], columns["slot"], columns["slot_limit"]) == (1, 2, 0)
     assert f"{TABLE}_expiry" in tables and f"{TABLE}_v4" not in tables
 
@@ -268,3 +269,23 @@ def test_where_fifos_cannot_be_made_a_waiter_polls(tmp_path):
     started = time.monotonic()
     waiter.wait_for_release("free", 5)
     assert time.monotonic() - started < 0.04
+
+
+def test_sweep_removes_the_places_of_crashed_waiters(tmp_path):
+    """A place that ran out is cleared by the next acquire of its key, or else by sweep."""
+    path = tmp_path / "locks.db"
+    store = SQLiteStore(path)
+    assert store.acquire("k", 3600, HOLDER, "owner-holder")
+    crashed = SQLiteStore(path)
+    crashed.waiter_ttl = 0.05
+    assert crashed.acquire("k", 3600, HOLDER, "owner-crashed", queue=True) is None
+    assert SQLiteStore(path).acquire("k", 3600, HOLDER, "owner-live", queue=True) is None
+
+    def places() -> list[str]:
+        with sqlite3.connect(path) as conn:
+            return [row[0] for row in conn.execute(f"SELECT owner_token FROM {WAITERS_TABLE}")]
+
+    assert sorted(places()) == ["owner-crashed", "owner-live"]
+    time.sleep(0.1)  # the crashed waiter's place runs out (the boot clock)
+    assert store.sweep() == 0  # (it counts leases)
+    assert places() == ["owner-live"] and len(store.waiters("k")) == 1

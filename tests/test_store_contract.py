@@ -293,7 +293,8 @@ def test_doctor_reports_the_store_reachable(store):
 
 
 def test_each_release_wakes_one_waiter_and_the_others_wait_their_turn(store, store_factory):
-    """Stores that signal releases wake one waiter per release, not the whole crowd."""
+    """Stores that signal releases wake one waiter per release (the head of the queue), not
+    the whole crowd."""
     if not store.signals_release:
         pytest.skip("this store's waiters poll: there are no wake-ups to count")
     lease = store.acquire("k", 30, OTHER, token())
@@ -307,7 +308,7 @@ def test_each_release_wakes_one_waiter_and_the_others_wait_their_turn(store, sto
         client = store_factory()
         owner, woke_early = token(), False
         while time.monotonic() < deadline:
-            mine = client.acquire("k", 30, HOLDER, owner)
+            mine = client.acquire("k", 30, HOLDER, owner, queue=True)
             if mine is not None:
                 acquired.append(time.monotonic())
                 time.sleep(0.2)

@@ -24,6 +24,9 @@ from tasklock_cli.records import replace
 LIST_PAGE = 1000
 #: A waiter wakes this long after the lease it waits on runs out, so it finds it expired.
 EXPIRY_SLACK_S = 0.002
+#: A waiter's place in a key's queue lives this long unless its waiter renews it (every
+#: attempt does): a crashed waiter's place runs out by itself and the queue moves on.
+WAITER_TTL_S = 3.0
 
 #: A broken lease keeps its place on the store with its owner token prefixed by this: its
 #: owner's renew no longer matches (LeaseLost) and nobody else may take it while it is live,
@@ -109,6 +112,25 @@ class LeaseInfo:
             "expired": self.expired,
             "slot": self.slot,
             "limit": self.limit,
+        }
+
+
+@dataclass(frozen=True)
+class WaiterInfo:
+    """A run waiting for a key, as ``peek`` shows it (its owner token is never exposed)."""
+
+    holder: Holder
+    since: datetime
+    mode: str = "exclusive"
+
+    def to_json(self) -> dict:
+        return {
+            "host": self.holder.host,
+            "pid": self.holder.pid,
+            "user": self.holder.user,
+            "since": rfc3339(self.since),
+            "note": self.holder.note,
+            "mode": self.mode,
         }
 
 
@@ -388,13 +410,29 @@ class Store(ABC):
     min_ttl: float = 0.0
     #: How late after its expiry the store may still show a lease and refuse the key.
     expiry_lag: float = 0.0
+    #: How long a waiter's place in a queue lives without a renewal (see ``acquire``);
+    #: a store may round it up to its own minimum.
+    waiter_ttl: float = WAITER_TTL_S
 
     @abstractmethod
     def acquire(
-        self, key: str, ttl: float, holder: Holder, owner_token: str, limit: int = 1
+        self,
+        key: str,
+        ttl: float,
+        holder: Holder,
+        owner_token: str,
+        limit: int = 1,
+        queue: bool = False,
     ) -> Lease | None:
         """Take the lowest free slot of ``key`` (``0..limit-1``; a plain lock has one), a
         slot being free when no live lease holds it; None when all ``limit`` slots are held.
+
+        First come, first served: the key's live waiters (see ``waiters``) are served in
+        their order, so a caller takes a slot only when fewer of them are ahead of it than
+        slots are free (a caller not in the queue has them all ahead). With ``queue``, a
+        caller that gets nothing joins the key's queue at its end, or keeps its place
+        there, for ``waiter_ttl`` seconds from now; a caller that gets a slot leaves the
+        queue. Both in the same round trip.
 
         The fencing token is greater than every token issued before for ``key``, in any
         slot. Raises ``LimitMismatch`` when a live holder of ``key`` uses another limit
@@ -446,6 +484,16 @@ class Store(ABC):
         """The live lease on ``key`` with the lowest fencing token, or None when free."""
         live = self.holders(key)
         return min(live, key=lambda info: info.fencing_token) if live else None
+
+    @abstractmethod
+    def waiters(self, key: str) -> list[WaiterInfo]:
+        """The live waiters of ``key`` (their places not run out), in the order they will
+        be served (one read)."""
+
+    @abstractmethod
+    def waiting_counts(self, prefix: str = "") -> dict[str, int]:
+        """How many live waiters each key starting with ``prefix`` has (keys with none are
+        left out)."""
 
     @abstractmethod
     def list(self, prefix: str = "", include_expired: bool = False) -> Iterator[LeaseInfo]:
@@ -540,7 +588,9 @@ class Store(ABC):
     @abstractmethod
     def _time_until_free(self, key: str) -> float | None:
         """Seconds until the first live lease of a full ``key`` runs out on the store's
-        clock; None when a slot is free now (fewer live leases than their limit)."""
+        clock; None when a slot is free now for us (fewer live leases than their limit,
+        and fewer waiters ahead of us than free slots: see ``_queue_place``). Behind
+        waiters that come first, ``waiter_ttl`` (their places may run out)."""
 
     @abstractmethod
     def _await_wakeup(self, key: str, until: float, wake_fd: int | None) -> None:
@@ -550,6 +600,24 @@ class Store(ABC):
     def _wait_after_trouble(self, key: str, deadline: float, wake_fd: int | None) -> None:
         """The waiting primitives failed: sleep out the wait (on ``wake_fd``)."""
         wait_readable([wake_fd], deadline - time.monotonic())
+
+    def _queue_places(self) -> dict[str, str]:
+        """The keys in whose queues we hold a place, and the owner token it is under."""
+        places = self.__dict__.get("_places")
+        if places is None:
+            places = self.__dict__["_places"] = {}
+        return places
+
+    def _queue_place(self, key: str) -> str | None:
+        """The owner token of our place in ``key``'s queue; None when we have none."""
+        return self._queue_places().get(key)
+
+    def _note_queue_place(self, key: str, owner_token: str | None) -> None:
+        """An acquire joined (or kept) our place in ``key``'s queue, or left it (None)."""
+        if owner_token is None:
+            self._queue_places().pop(key, None)
+        else:
+            self._queue_places()[key] = owner_token
 
     def stop_waiting(self, key: str) -> None:  # noqa: B027 - stores that only poll keep no place
         """The caller has given up waiting for ``key`` but keeps the store open: leave the

@@ -42,7 +42,8 @@ def admin_connection(url: str) -> Any:
 
 
 def drop_namespace(url: str) -> None:
-    """Drop the table named by the URL's ``table=`` (never the default table)."""
+    """Drop the table named by the URL's ``table=`` (never the default table), and the run
+    ledger's and the waiters' tables beside it."""
     from psycopg import sql
 
     from tasklock_cli.stores.postgres.schema import parse_table
@@ -52,8 +53,10 @@ def drop_namespace(url: str) -> None:
     try:
         if table == DEFAULT_TABLE:
             raise ValueError("refusing to drop the default table; tests name their own")
-        statement = sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(*parse_table(table)))
-        conn.execute(statement)
+        parts = parse_table(table)
+        for suffix in ("", "_runs", "_waiters"):
+            name = (*parts[:-1], parts[-1][: 63 - len(suffix)] + suffix) if suffix else parts
+            conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(*name)))
     finally:
         conn.close()
 

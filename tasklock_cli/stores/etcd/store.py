@@ -22,6 +22,7 @@ from tasklock_cli.stores.base import Lease
 from tasklock_cli.stores.base import LeaseInfo
 from tasklock_cli.stores.base import RunRecord
 from tasklock_cli.stores.base import Store
+from tasklock_cli.stores.base import WaiterInfo
 from tasklock_cli.stores.base import breaker
 from tasklock_cli.stores.base import breaker_of
 from tasklock_cli.stores.base import utc_from_timestamp
@@ -48,8 +49,10 @@ from tasklock_cli.stores.etcd.keys import moves_to_lease
 from tasklock_cli.stores.etcd.keys import range_op
 from tasklock_cli.stores.etcd.ledger import EtcdLedger
 from tasklock_cli.stores.etcd.ledger import LedgerAtAcquire
+from tasklock_cli.stores.etcd.waiting import WAITER_TTL_S
 from tasklock_cli.stores.etcd.waiting import WaiterQueue
 from tasklock_cli.stores.etcd.waiting import poll_until
+from tasklock_cli.stores.etcd.waiting import waiter_value
 from tasklock_cli.stores.urls import redact_url
 
 #: The slots one acquire txn tries, nested (etcd counts nested ops against --max-txn-ops,
@@ -75,6 +78,7 @@ class EtcdStore(Store):
     min_ttl = 1.0
     expiry_lag = 0.7
     waiting_trouble = (TasklockError, EtcdError, OSError, http.Woken)
+    waiter_ttl = float(WAITER_TTL_S)  # whole seconds (a waiter lease)
 
     def __init__(self, config: EtcdConfig, display_url: str) -> None:
         self.display_url = display_url
@@ -82,7 +86,7 @@ class EtcdStore(Store):
         self._client = EtcdClient(config, display_url)
         self._keys = EtcdKeys(config.prefix, display_url)
         self._ledger = EtcdLedger(self._client, self._keys)
-        self._queue = WaiterQueue(self._client, self._keys)
+        self._queue = WaiterQueue(self._client, self._keys, lambda: self.waiter_ttl)
         self._breaker = SlotBreaker(self._client, self._keys)
         self._held: dict[tuple[str, str, int], _Held] = {}
         self._spare: tuple[int, int] | None = None  # (lease ID, TTL) granted but not used
@@ -95,16 +99,23 @@ class EtcdStore(Store):
     # -- acquire / renew / release ---------------------------------------------------
 
     def acquire(
-        self, key: str, ttl: float, holder: Holder, owner_token: str, limit: int = 1
+        self,
+        key: str,
+        ttl: float,
+        holder: Holder,
+        owner_token: str,
+        limit: int = 1,
+        queue: bool = False,
     ) -> Lease | None:
         ttl_s = ttl_seconds(ttl, "lease TTL")
         start = 0  # the first slot the txn tries (past SLOTS_PER_TXN: where the read said)
         for _ in range(3 + limit // SLOTS_PER_TXN):
-            lease_id, first = self._lease_request(ttl_s)
+            lease_id, first = _lease_request(self._spare, ttl_s)
             sent = time.time()
             value = lease_value(owner_token, holder, sent, ttl_s, limit)
             taking = _Taking(key, limit, owner_token, value, lease_id, ttl_s)
-            txn, plan = _acquire_txn(self._keys, taking, start, self._taking_extras(key))
+            extras = self._taking_extras(key)
+            txn, plan = _acquire_txn(self._keys, taking, start, extras, self._queue.guard(key))
             try:
                 (granted, reply), date = self._client.members.call_dated(
                     [first, ("/v3/kv/txn", txn)]
@@ -126,7 +137,11 @@ class EtcdStore(Store):
             self._spare = (lease_id, ttl_s)
             slots, broken = self._keys.slots_from(responses)
             outcome = self._after_conflict(key, owner_token, limit, slots, broken, sent)
+            if isinstance(outcome, int) and self._queue.someone_ahead(key):
+                outcome = None  # a slot is free, for a waiter ahead of us
             if not isinstance(outcome, int):
+                if outcome is None and queue:
+                    self._queue.join(key, waiter_value(holder, sent))
                 return outcome
             start = outcome  # a slot is free after all (freed meanwhile, or past this txn's)
         raise StoreUnavailable(f"{self.display_url}: could not get a lease from etcd for {key!r}")
@@ -179,30 +194,9 @@ class EtcdStore(Store):
             if held.owner == owner_token:
                 if held.token in broken:
                     return None  # broken: not even its owner may take it back
-                return self._own_lease(owner_token, held, sent)
+                return _own_lease(self._client, self._held, owner_token, held, sent)
         taken = {held.slot for held in slots}
         return next((slot for slot in range(limit) if slot not in taken), None)
-
-    def _lease_request(self, ttl_s: int) -> tuple[int, tuple[str, dict[str, Any]]]:
-        """A lease for an acquisition: the spare one refreshed, or a new one."""
-        if self._spare is not None and self._spare[1] == ttl_s:
-            lease_id = self._spare[0]
-            return lease_id, ("/v3/lease/keepalive", {"ID": str(lease_id)})
-        lease_id = new_lease_id()
-        return lease_id, ("/v3/lease/grant", {"ID": str(lease_id), "TTL": str(ttl_s)})
-
-    def _own_lease(self, owner_token: str, held: SlotKv, sent: float) -> Lease | None:
-        """Our own acquisition whose reply was lost, read back; None when its lease ran out."""
-        value = unb64(held.kv.get("value"))
-        record = decode_value(value) or {}
-        remaining = self._client.keepalive(held.lease_id) if held.lease_id else 0
-        if remaining <= 0:
-            return None
-        known = _Held(held.lease_id, value, int(record.get("ttl", 0)))
-        self._held[(held.key, owner_token, held.token)] = known
-        acquired = utc_from_timestamp(int(record.get("acquired_at", sent * 1000)) / 1000)
-        expires = utc_from_timestamp(sent + remaining)
-        return Lease(held.key, owner_token, held.token, acquired, expires, held.slot, held.limit)
 
     def _held_lease(self, lease: Lease) -> _Held | None:
         """Our lease ID and value for ``lease``; read from etcd when this client did not
@@ -396,6 +390,12 @@ class EtcdStore(Store):
     def stop_waiting(self, key: str) -> None:
         self._queue.leave(key)
 
+    def waiters(self, key: str) -> list[WaiterInfo]:
+        return self._queue.waiters(key)
+
+    def waiting_counts(self, prefix: str = "") -> dict[str, int]:
+        return self._queue.counts(prefix)
+
     # -- settings, diagnostics, closing -----------------------------------------------
 
     def set_io_timeout(self, seconds: float) -> None:
@@ -408,6 +408,37 @@ class EtcdStore(Store):
 
 
 # -- reading slots ----------------------------------------------------------------------
+
+
+def _lease_request(
+    spare: tuple[int, int] | None, ttl_s: int
+) -> tuple[int, tuple[str, dict[str, Any]]]:
+    """A lease for an acquisition: the spare one refreshed, or a new one."""
+    if spare is not None and spare[1] == ttl_s:
+        return spare[0], ("/v3/lease/keepalive", {"ID": str(spare[0])})
+    lease_id = new_lease_id()
+    return lease_id, ("/v3/lease/grant", {"ID": str(lease_id), "TTL": str(ttl_s)})
+
+
+def _own_lease(
+    client: EtcdClient,
+    known_leases: dict[tuple[str, str, int], _Held],
+    owner_token: str,
+    held: SlotKv,
+    sent: float,
+) -> Lease | None:
+    """Our own acquisition whose reply was lost, read back (and noted in ``known_leases``);
+    None when its lease ran out."""
+    value = unb64(held.kv.get("value"))
+    record = decode_value(value) or {}
+    remaining = client.keepalive(held.lease_id) if held.lease_id else 0
+    if remaining <= 0:
+        return None
+    known = _Held(held.lease_id, value, int(record.get("ttl", 0)))
+    known_leases[(held.key, owner_token, held.token)] = known
+    acquired = utc_from_timestamp(int(record.get("acquired_at", sent * 1000)) / 1000)
+    expires = utc_from_timestamp(sent + remaining)
+    return Lease(held.key, owner_token, held.token, acquired, expires, held.slot, held.limit)
 
 
 def _read_slots(client: EtcdClient, keys: EtcdKeys, key: str) -> tuple[list[SlotKv], set[int], int]:
@@ -484,18 +515,23 @@ class _Taking:
 
 
 def _acquire_txn(
-    keys: EtcdKeys, taking: _Taking, start: int, extras: list[dict[str, Any]]
+    keys: EtcdKeys,
+    taking: _Taking,
+    start: int,
+    extras: list[dict[str, Any]],
+    queue_guard: dict[str, Any],
 ) -> tuple[dict[str, Any], list[int | None]]:
     """The acquire's txn: take the lowest free slot from ``start`` on, each slot a txn
     nested in the failure branch of the one before (etcd 3.4 has no loop), at most
     SLOTS_PER_TXN of them (etcd bounds a txn's ops, nested ones counted in). A taking also
     runs ``extras``. Guards: no key of another limit (or a semaphore's slot 0 without its
-    marker: a plain lock), and no slot taken by us already. Where it ends without a slot
+    marker: a plain lock), no slot taken by us already, and ``queue_guard`` (no waiter
+    ahead of us: first come, first served). Where it ends without a slot
     it reads the key's slots and broken marks. Returns the txn and its plan (the slot of
     each nested level, None for the guard) for ``_taken_slot``."""
     key, limit = taking.key, taking.limit
     reads = keys.slot_reads(key)
-    guards = _other_limits_absent(keys, key, limit)
+    guards = [*_other_limits_absent(keys, key, limit), queue_guard]
     if limit > 1:  # and no slot of ours already (a retry after a lost reply)
         guards.append(absent(keys.owner_mark(key, taking.owner)))
     chain, plan = reads, []

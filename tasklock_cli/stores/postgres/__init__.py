@@ -23,13 +23,18 @@ fencing counter survives them. Every lease statement is a single autocommit stat
 timed with ``clock_timestamp()`` on the server, under READ COMMITTED (forced per
 connection); serialization failures and deadlocks are retried here and never surface.
 
-Releases wake waiters: release, force release and sweep ``pg_notify`` one channel per
-table (named after the table's oid) with the key as payload, inside the same statement,
-whichever slot they free. A waiter LISTENs, then asks whether the key is full and for how
-long (so a release between its failed acquire and the LISTEN is not missed), then waits
-for the notification or that expiry. Only a key's first waiter listens; the others queue
-behind it on a session advisory lock (its "turn"). A waiter's acquire is one simple
-query: UNLISTEN, then the acquire, which also ends the turn when it is granted.
+Waiting runs queue in a second table beside it (``<table>_waiters``: a row per waiter,
+served in ``seq`` order, live until its ``expires_at``): the acquire statement takes a slot
+only when fewer live waiters are ahead of the caller than slots are free, and joins,
+keeps or leaves the caller's place in the same statement (see ``store``).
+
+Releases wake the head of the queue: release, force release and sweep ``pg_notify`` one
+channel per table (named after the table's oid), inside the same statement; a release
+names the head's place in the payload (the key itself when nobody queues), a forced
+release and a sweep the key. A waiter LISTENs, then asks whether the key is free for it
+and for how long (so a release between its failed acquire and the LISTEN is not missed),
+then waits for a notification naming its place or the key, or that expiry. A waiter's
+acquire is one simple query: UNLISTEN, then the acquire.
 
 Holders hear of a break the same way: a break or forced release ``pg_notify``s the key's
 break channel (``tasklock_broken_<table oid>_<md5 of key>``) with the fencing token as
@@ -49,7 +54,7 @@ close-on-exec, so a child never inherits them.
 
 The parts live beside this module, which keeps the lease statements and the store
 interface: ``connection`` (the connection and its bounds), ``schema``
-(the table, its creation and migration), ``waiting`` (turns and LISTEN),
+(the tables, their creation and migration), ``waiting`` (LISTEN and the wake-ups),
 ``breaks`` (break listeners) and ``doctor``.
 """
 

@@ -52,6 +52,17 @@ CREATE TABLE IF NOT EXISTS {runs} (
     data          jsonb NOT NULL,
     PRIMARY KEY (key, fencing_token)
 );
+CREATE TABLE IF NOT EXISTS {waiters} (
+    seq           bigserial PRIMARY KEY,
+    key           text COLLATE "C" NOT NULL,
+    owner_token   text NOT NULL,
+    holder        jsonb NOT NULL,
+    mode          text NOT NULL DEFAULT 'exclusive',
+    since         timestamptz NOT NULL,
+    expires_at    timestamptz NOT NULL,
+    UNIQUE (key, owner_token)
+);
+CREATE INDEX IF NOT EXISTS {waiters_index} ON {waiters} (key, seq);
 """
 # From the table before semaphores (one row per key): its rows become slot 0 of limit 1
 # and the unique key moves from (key) to (key, slot). Idempotent; a no-op on a current
@@ -88,10 +99,11 @@ $migrate$;
 """
 
 # One query: kind of relation, its columns, the columns of each unique index (as
-# "a,b"), and whether the run ledger's table exists (parameters: the ledger's name, the
-# table's).
+# "a,b"), and whether the run ledger's and the waiters' tables exist (parameters: their
+# names, the table's).
 INSPECT = """
-SELECT c.oid::bigint, c.relkind::text, to_regclass(%s) IS NOT NULL,
+SELECT c.oid::bigint, c.relkind::text,
+       to_regclass(%s) IS NOT NULL AND to_regclass(%s) IS NOT NULL,
        (SELECT coalesce(json_object_agg(a.attname, format_type(a.atttypid, a.atttypmod)),
                         '{}'::json)
           FROM pg_attribute a
@@ -130,7 +142,7 @@ class PgSchema:
 
     ``ensure`` (once per connection) checks that the table is a tasklock table, creates
     it when missing and migrates it when it is from before semaphores; it then knows the
-    table's oid, which names the channels and the waiters' advisory lock space."""
+    table's oid, which names the channels."""
 
     def __init__(self, table: str, display_url: str, scrub: Callable[[str], str]) -> None:
         self.table_name = table
@@ -142,12 +154,19 @@ class PgSchema:
         runs_parts = (*self._parts[:-1], self._parts[-1][:58] + "_runs")
         self.runs = sql.Identifier(*runs_parts)
         self.runs_table_name = ".".join(runs_parts)
+        # The queues of waiters, beside them too.
+        waiters_parts = (*self._parts[:-1], self._parts[-1][:55] + "_waiters")
+        self.waiters = sql.Identifier(*waiters_parts)
+        self.waiters_table_name = ".".join(waiters_parts)
         self.oid = 0
         self.channel = ""  # where releases are notified
-        self.turn_space = 0  # the first int4 of the waiters' advisory locks
 
     def inspection_params(self, conn: psycopg.Connection) -> list[str]:
-        return [self.runs.as_string(conn), self.table.as_string(conn)]
+        return [
+            self.runs.as_string(conn),
+            self.waiters.as_string(conn),
+            self.table.as_string(conn),
+        ]
 
     def inspect(self, conn: psycopg.Connection) -> tuple[int, bool, bool] | None:
         return self.judge(conn.execute(INSPECT, self.inspection_params(conn)).fetchone())
@@ -205,14 +224,13 @@ class PgSchema:
                 self._migrate(conn)
                 found = self.inspect(conn) or found
             if not found[1]:
-                # A lease table from before the run ledger. Leases work without the
-                # ledger: when it cannot be created, writing a run fails instead (and
-                # the run's release is retried without it).
+                # A lease table from before the run ledger or the queues. Leases work
+                # without the ledger: when it cannot be created, writing a run fails
+                # instead (and the run's release is retried without it).
                 with contextlib.suppress(ConfigError):
                     self._create(conn)
         self.oid = found[0]
         self.channel = f"tasklock_released_{self.oid}"
-        self.turn_space = self.oid & 0x7FFFFFFF
 
     def _lock_id(self) -> int:
         digest = hashlib.sha256(f"tasklock:{self.table_name}".encode()).digest()
@@ -258,12 +276,19 @@ class PgSchema:
 
     def ddl(self) -> sql.Composed:
         index = self._parts[-1][:50] + "_expires_idx"
-        return sql.SQL(_DDL).format(table=self.table, index=sql.Identifier(index), runs=self.runs)
+        waiters_index = self._parts[-1][:50] + "_queue_idx"
+        return sql.SQL(_DDL).format(
+            table=self.table,
+            index=sql.Identifier(index),
+            runs=self.runs,
+            waiters=self.waiters,
+            waiters_index=sql.Identifier(waiters_index),
+        )
 
     def schema_sql(self) -> str:
         return (
             "-- tasklock lease table; rows are never deleted (they keep the fencing counter),\n"
-            "-- and the run ledger's table\n"
+            "-- the run ledger's table and the queues of waiters\n"
             + self.ddl().as_string(None)
             + "-- a lease table from before semaphores (one row per key): its rows become\n"
             "-- slot 0 of limit 1 (nothing to do on a current table)"

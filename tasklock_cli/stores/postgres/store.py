@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Iterator
@@ -26,6 +27,7 @@ from tasklock_cli.stores.base import Lease
 from tasklock_cli.stores.base import LeaseInfo
 from tasklock_cli.stores.base import RunRecord
 from tasklock_cli.stores.base import Store
+from tasklock_cli.stores.base import WaiterInfo
 from tasklock_cli.stores.base import breaker
 from tasklock_cli.stores.base import breaker_of
 from tasklock_cli.stores.base import prefix_upper_bound
@@ -34,7 +36,7 @@ from tasklock_cli.stores.postgres.connection import Overrun
 from tasklock_cli.stores.postgres.connection import PgConnection
 from tasklock_cli.stores.postgres.schema import PgSchema
 from tasklock_cli.stores.postgres.waiting import MAX_PAYLOAD_KEY_BYTES
-from tasklock_cli.stores.postgres.waiting import PgTurns
+from tasklock_cli.stores.postgres.waiting import PgListening
 from tasklock_cli.stores.urls import redact_url
 
 DEFAULT_TABLE = "tasklock_leases"
@@ -57,6 +59,33 @@ _PAYLOAD = (
 _CLEARED = "owner_token = NULL, holder = NULL, acquired_at = NULL, expires_at = NULL"
 _INFO_COLUMNS = "key, slot, slot_limit, fencing_token, acquired_at, expires_at, holder"
 _NEW_EXPIRY = "n.t + make_interval(secs => %(ttl)s::float8)"
+# A release wakes the head of the key's queue by name, or the key's waiters when it has no
+# queue (see waiting).
+_HEAD = """(SELECT seq FROM {{waiters}} AS w
+  WHERE w.key = %(key)s AND w.expires_at > clock_timestamp() {after} ORDER BY seq LIMIT 1)"""
+_WAKE_HEAD = (
+    f"coalesce(chr(31) || 'waiter:' || {_HEAD.format(after='')}, "
+    + _PAYLOAD.format(col="%(key)s")
+    + ")"
+)
+# A waiter that leaves its place wakes the one after it (who may find its turn come).
+_LEAVE_QUEUE = f"""
+WITH gone AS (DELETE FROM {{waiters}} WHERE key = %(key)s AND seq = %(seq)s RETURNING seq)
+SELECT pg_notify(%(channel)s, chr(31) || 'waiter:' || {_HEAD.format(after="AND seq > %(seq)s")})
+  FROM gone WHERE {_HEAD.format(after="AND seq > %(seq)s")} IS NOT NULL
+"""
+_WAITERS = """
+SELECT holder, since, mode FROM {waiters}
+ WHERE key = %(key)s AND expires_at > clock_timestamp() ORDER BY seq
+"""
+# Places in queues that ran out (their waiters crashed) and no acquire of their key cleared.
+_SWEEP_WAITERS = "DELETE FROM {waiters} WHERE expires_at <= clock_timestamp()"
+_WAITING_COUNTS = """
+SELECT key, count(*) FROM {waiters}
+ WHERE expires_at > clock_timestamp()
+   AND key >= %(prefix)s COLLATE "C" AND left(key, char_length(%(prefix)s)) = %(prefix)s
+ GROUP BY key
+"""
 
 # One statement, one clock reading (the takeover test and the new times agree exactly).
 # Acquirers of a key queue on its counter row (slot -1): the upsert of ``counter`` locks
@@ -66,7 +95,11 @@ _NEW_EXPIRY = "n.t + make_interval(secs => %(ttl)s::float8)"
 # the statement again, on a new snapshot). A slot row is only ever taken when its latest
 # version is free (ON CONFLICT ... WHERE), so a stale snapshot costs a retry, never a
 # second holder. Outcomes: 'taken' (with the lease), 'mismatch' (with the live holders'
-# limit), 'lost'; no row when every slot is held.
+# limit), 'lost'; no row when every slot is held. First come, first served: a slot is
+# free for us only when fewer live places in the key's queue are ahead of ours (all of
+# them when we have none) than slots are free. With %(queue)s a caller that gets nothing
+# joins the queue or keeps its place (one more row: 'queued', with the place's seq in the
+# token's column); one that gets a slot leaves it; places that ran out are cleared.
 _ACQUIRE = f"""
 WITH n AS (SELECT clock_timestamp() AS t),
 seen AS (
@@ -77,11 +110,19 @@ seen AS (
      WHERE s.slot >= 0 AND s.owner_token IS NOT NULL AND s.expires_at > n.t
 ), mine AS (
     SELECT slot FROM seen WHERE slot >= 0 AND owner_token = %(owner)s
+), queued AS (
+    SELECT w.seq, w.owner_token FROM {{waiters}} AS w, n
+     WHERE w.key = %(key)s AND w.expires_at > n.t
+), ahead AS (
+    SELECT count(*) AS waiters FROM queued
+     WHERE seq < coalesce((SELECT seq FROM queued WHERE owner_token = %(owner)s),
+                          9223372036854775807)
 ), free AS (
     SELECT g AS slot FROM generate_series(0, %(limit)s::integer - 1) AS g
      WHERE g NOT IN (SELECT slot FROM live)
        AND NOT EXISTS (SELECT FROM mine)
        AND NOT EXISTS (SELECT FROM live WHERE slot_limit <> %(limit)s::integer)
+       AND (SELECT waiters FROM ahead) < %(limit)s::integer - (SELECT count(*) FROM live)
      ORDER BY g LIMIT 1
 ), counter AS (
     INSERT INTO {{table}} AS c (key, slot, slot_limit, fencing_token)
@@ -110,8 +151,27 @@ seen AS (
       FROM mine, n
      WHERE l.key = %(key)s AND l.slot = mine.slot AND l.owner_token = %(owner)s
     RETURNING l.slot, l.slot_limit, l.fencing_token, l.acquired_at, l.expires_at
+), joined AS (
+    INSERT INTO {{waiters}} AS w (key, owner_token, holder, since, expires_at)
+    SELECT %(key)s, %(owner)s, %(holder)s, n.t, n.t + make_interval(secs => %(wttl)s::float8)
+      FROM n
+     WHERE %(queue)s AND NOT EXISTS (SELECT FROM claimed) AND NOT EXISTS (SELECT FROM retried)
+    ON CONFLICT (key, owner_token) DO UPDATE SET
+        expires_at = excluded.expires_at,
+        -- a place that ran out (its waiter stalled) goes to the end of the queue
+        seq = CASE WHEN w.expires_at > excluded.since THEN w.seq ELSE excluded.seq END,
+        since = CASE WHEN w.expires_at > excluded.since THEN w.since ELSE excluded.since END
+    RETURNING seq
+), cleared_places AS (
+    DELETE FROM {{waiters}} AS w USING n
+     WHERE w.key = %(key)s
+       AND CASE WHEN w.owner_token = %(owner)s
+                THEN EXISTS (SELECT FROM claimed) OR EXISTS (SELECT FROM retried)
+                     OR NOT %(queue)s
+                ELSE w.expires_at <= n.t END
+    RETURNING 1
 )
-SELECT r.* {{turn_end}} FROM (
+SELECT r.* FROM (
     SELECT 'taken' AS outcome, slot, slot_limit, fencing_token, acquired_at, expires_at
       FROM claimed
     UNION ALL
@@ -123,6 +183,8 @@ SELECT r.* {{turn_end}} FROM (
              WHERE slot_limit <> %(limit)s::integer) AS h
      WHERE NOT EXISTS (SELECT FROM claimed) AND NOT EXISTS (SELECT FROM retried)
        AND (h.held IS NOT NULL OR EXISTS (SELECT FROM free) OR EXISTS (SELECT FROM mine))
+    UNION ALL
+    SELECT 'queued', NULL, NULL, seq, NULL, NULL FROM joined
 ) AS r
 """
 # The lease of %(owner)s in slot %(slot)s, with fencing token %(fence)s.
@@ -150,11 +212,11 @@ WITH kept AS (
 ), cleared AS ({_FREE_OURS.replace("%(owner)s, ", "")})
 SELECT key FROM kept
 UNION ALL
-SELECT pg_notify(%(channel)s, {_PAYLOAD.format(col="key")})::text FROM cleared
+SELECT pg_notify(%(channel)s, {_WAKE_HEAD})::text FROM cleared
 """
 _RELEASE = f"""
 WITH cleared AS ({_FREE_OURS})
-SELECT pg_notify(%(channel)s, {_PAYLOAD.format(col="key")}) FROM cleared
+SELECT pg_notify(%(channel)s, {_WAKE_HEAD}) FROM cleared
 """
 # The run ledger's part of a release: the run's record (kept as first written when a
 # retry writes it again) and the trim to the key's last LEDGER_KEEP runs, counting the new
@@ -281,11 +343,11 @@ WITH victims AS (
 SELECT key, slot, pg_notify(%(channel)s, {_PAYLOAD.format(col="key")}) FROM cleared
 """
 # Whether the key is full -- seconds until its first live lease runs out on the server's
-# clock -- or not (NULL). Its counter row is locked FOR SHARE first: that waits for an
-# acquire still in flight (a woken waiter hands on its turn in the statement that takes
-# the lease, before that commits). The first column tells whether the counter changed
-# since this statement's snapshot (its latest version is another): then the slots as read
-# here are out of date and the caller asks again.
+# clock -- or not (NULL); its live leases, their limit, and the live places in its queue
+# ahead of ours (%(seq)s, NULL when we have none). Its counter row is locked FOR SHARE
+# first: that waits for an acquire still in flight. The first column tells whether the
+# counter changed since this statement's snapshot (its latest version is another): then
+# the slots as read here are out of date and the caller asks again.
 _TIME_UNTIL_FREE = f"""
 WITH latest AS (
     SELECT xmin::text AS version FROM {{table}}
@@ -294,11 +356,16 @@ WITH latest AS (
     SELECT slot_limit, expires_at FROM {{table}}
      WHERE key = %(key)s AND slot >= 0 AND owner_token IS NOT NULL
        AND expires_at > clock_timestamp()
+), ahead AS (
+    SELECT count(*) AS waiters FROM {{waiters}}
+     WHERE key = %(key)s AND expires_at > clock_timestamp()
+       AND seq < coalesce(%(seq)s::bigint, 9223372036854775807)
 )
 SELECT (SELECT version FROM latest) IS DISTINCT FROM
        (SELECT xmin::text FROM {{table}} WHERE key = %(key)s AND slot = {COUNTER_SLOT}),
        CASE WHEN count(*) >= max(slot_limit)
-            THEN extract(epoch FROM min(expires_at) - clock_timestamp())::float8 END
+            THEN extract(epoch FROM min(expires_at) - clock_timestamp())::float8 END,
+       count(*), max(slot_limit), (SELECT waiters FROM ahead)
   FROM live
 """
 
@@ -337,7 +404,7 @@ class PostgresStore(Store):
         self.table_name = table
         self.runs_table_name = self._schema.runs_table_name
         self._statements: dict[tuple[str, str, str], sql.Composed] = {}
-        self._turns = PgTurns(self._db, self._schema)
+        self._listening = PgListening(self._db, self._schema)
         self._breaks = PgBreakListeners(self._db, self._schema, self._sql(_INTACT))
         self._break_watches = BreakWatches(
             self._breaks.open, (psycopg.Error, Overrun, OSError, TasklockError)
@@ -349,23 +416,18 @@ class PostgresStore(Store):
         return cls(clean, table=table, display_url=redact_url(url))
 
     def _sql(self, template: str, live: str = "", upper: str = "") -> sql.Composed:
-        """A statement with the table name quoted in; built once per template."""
+        """A statement with the table names quoted in; built once per template."""
         statement = self._statements.get((template, live, upper))
         if statement is None:
-            statement = self._compose(template, sql.SQL(""), live, upper)
+            statement = sql.SQL(template).format(
+                table=self._schema.table,
+                runs=self._schema.runs,
+                waiters=self._schema.waiters,
+                live=sql.SQL(live),
+                upper=sql.SQL(upper),
+            )
             self._statements[(template, live, upper)] = statement
         return statement
-
-    def _compose(
-        self, template: str, turn_end: sql.Composable, live: str = "", upper: str = ""
-    ) -> sql.Composed:
-        return sql.SQL(template).format(
-            table=self._schema.table,
-            runs=self._schema.runs,
-            live=sql.SQL(live),
-            upper=sql.SQL(upper),
-            turn_end=turn_end,
-        )
 
     def set_io_timeout(self, seconds: float) -> None:
         self._db.set_io_timeout(seconds)
@@ -379,7 +441,13 @@ class PostgresStore(Store):
     # -- the interface --------------------------------------------------------------
 
     def acquire(
-        self, key: str, ttl: float, holder: Holder, owner_token: str, limit: int = 1
+        self,
+        key: str,
+        ttl: float,
+        holder: Holder,
+        owner_token: str,
+        limit: int = 1,
+        queue: bool = False,
     ) -> Lease | None:
         params = {
             "key": key,
@@ -387,16 +455,18 @@ class PostgresStore(Store):
             "holder": Jsonb(holder.to_dict()),
             "ttl": float(ttl),
             "limit": int(limit),
+            "queue": queue,
+            "wttl": float(self.waiter_ttl),
         }
         statement = self._sql(_ACQUIRE)
 
-        def attempt(conn: psycopg.Connection) -> tuple | None:
-            if self._turns.waiting:
-                return self._turns.acquire(conn, self._acquire_ending_turn, params)
-            return conn.execute(statement, params).fetchone()
+        def attempt(conn: psycopg.Connection) -> list:
+            return self._listening.acquire(conn, statement, params)
 
         for _ in range(ACQUIRE_RACE_RETRIES):
-            row = self._db.run(attempt)
+            rows = self._db.run(attempt)
+            self._note_place(key, owner_token, rows)
+            row = next((row for row in rows if row[0] != "queued"), None)
             if row is None:
                 return None
             outcome, slot, slot_limit, token, acquired_at, expires_at = row[:6]
@@ -417,8 +487,28 @@ class PostgresStore(Store):
             f"{self.display_url}: {key!r} is taken and freed too fast to acquire it"
         )
 
-    def _acquire_ending_turn(self, turn_end: sql.Composable) -> sql.Composed:
-        return self._compose(_ACQUIRE, turn_end)
+    def _note_place(self, key: str, owner_token: str, rows: list) -> None:
+        """Our place in ``key``'s queue as the acquire left it."""
+        seq = next((row[3] for row in rows if row[0] == "queued"), None)
+        if seq is None:
+            self._listening.places.pop(key, None)
+            self._note_queue_place(key, None)
+        else:
+            self._listening.places[key] = int(seq)
+            self._note_queue_place(key, owner_token)
+
+    def waiters(self, key: str) -> list[WaiterInfo]:
+        statement = self._sql(_WAITERS)
+        rows = self._db.run(lambda conn: conn.execute(statement, {"key": key}).fetchall())
+        return [
+            WaiterInfo(Holder.from_dict(holder or {}), _utc(since), mode)
+            for holder, since, mode in rows
+        ]
+
+    def waiting_counts(self, prefix: str = "") -> dict[str, int]:
+        statement = self._sql(_WAITING_COUNTS)
+        rows = self._db.run(lambda conn: conn.execute(statement, {"prefix": prefix}).fetchall())
+        return {key: int(count) for key, count in rows}
 
     def renew(self, lease: Lease, ttl: float) -> Lease:
         params = {
@@ -517,6 +607,8 @@ class PostgresStore(Store):
             count_sql = self._sql(_SWEEP_COUNT)
             return int(self._db.run(lambda conn: conn.execute(count_sql).fetchone()[0]))
         statement = self._sql(_SWEEP)
+        dead_places = self._sql(_SWEEP_WAITERS)  # (not counted: no leases)
+        self._db.run(lambda conn: conn.execute(dead_places))
 
         after: tuple[str, int] = ("", COUNTER_SLOT)  # keys are never empty
 
@@ -586,27 +678,36 @@ class PostgresStore(Store):
         and ``wake_fd`` (see BreakWatches)."""
         return self._break_watches.wait(lease, timeout, wake_fd)
 
-    # -- waiting (the skeleton is Store.wait_for_release; the turns, PgTurns) -------------
+    # -- waiting (the skeleton is Store.wait_for_release; the listening, PgListening) ----
 
     def _prepare_wait(self, key: str, deadline: float, wake_fd: int | None) -> bool:
-        return self._turns.prepare(key, deadline, wake_fd)
+        self._listening.prepare()
+        return True
 
     def _time_until_free(self, key: str) -> float | None:
         statement = self._sql(_TIME_UNTIL_FREE)
-        params = {"key": key}
+        params = {"key": key, "seq": self._listening.places.get(key)}
         for _ in range(STALE_LOOKS):
-            stale, left = self._db.run(lambda conn: conn.execute(statement, params).fetchone())
-            if not stale:
+            row = self._db.run(lambda conn: conn.execute(statement, params).fetchone())
+            if not row[0]:
                 break
-        return None if left is None else max(0.0, float(left))
+        _, left, live, limit, ahead = row
+        if left is not None:
+            return max(0.0, float(left))
+        free = int(limit) - int(live) if live else 1  # (a free key's limit is the next taker's)
+        return None if int(ahead) < free else self.waiter_ttl
 
     def _await_wakeup(self, key: str, until: float, wake_fd: int | None) -> None:
-        self._turns.await_wakeup(key, until, wake_fd)
+        self._listening.await_wakeup(key, until, wake_fd)
 
     def stop_waiting(self, key: str) -> None:
-        self._turns.stop(key)
+        self._note_queue_place(key, None)
+        self._listening.stop(key, self._sql(_LEAVE_QUEUE))
 
     def close(self) -> None:
+        for key in list(self._listening.places):
+            with contextlib.suppress(TasklockError):
+                self.stop_waiting(key)
         self._break_watches.close()
         self._db.close()
 

@@ -15,6 +15,10 @@ default ``tasklock:``)::
                          BLPOP takes it, so each release wakes exactly one waiter (the one
                          waiting longest); an acquire that fills the key deletes it, and it
                          expires by itself
+    P{K}:queue     zset  the waiters' places, scored in arrival order: a waiter's owner token
+    P{K}:waiters   hash  owner token -> 'expires_ms since_ms holder_json' of its place; the
+                         acquire script joins, keeps and leaves places and drops the ones
+                         that ran out; a release wakes the head on P{K}:wake:<owner>
     P{K}:runs      zset  the run ledger: one JSON record per run, scored by its fencing
                          token; written by the release script, which trims it to the last
                          LEDGER_KEEP runs

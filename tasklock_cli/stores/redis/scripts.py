@@ -47,10 +47,63 @@ local function bad_types(checks)
 end
 local lease_type, bad_lease = key_type(KEYS[1], 'hash', 'lease')
 if bad_lease then return bad_lease end
--- A release wakes one waiter per freed slot: an element each, whoever BLPOPs first takes
--- it (Redis serves the longest blocked client); never more elements than free slots;
+-- The key's queue of waiters, named after its wake list P{K}:wake: P{K}:queue (a zset:
+-- owner -> arrival order) and P{K}:waiters (a hash: owner -> 'expires_ms since_ms holder').
+-- A place is live until its expiry; write scripts drop the dead places they meet.
+local function queue_names(wake_name)
+  local base = string.sub(wake_name, 1, -5)
+  return base .. 'queue', base .. 'waiters'
+end
+local function place_expiry(value)
+  return value and tonumber(string.match(value, '^(%d+) ')) or 0
+end
+-- The live owners in the queue, in order (the dead places are dropped).
+local function live_queue(wake_name, now)
+  local q, w = queue_names(wake_name)
+  local out = {}
+  for _, owner in ipairs(redis.call('ZRANGE', q, 0, -1)) do
+    if place_expiry(redis.call('HGET', w, owner)) > now then
+      out[#out + 1] = owner
+    else
+      redis.call('ZREM', q, owner)
+      redis.call('HDEL', w, owner)
+    end
+  end
+  return out
+end
+-- Join the queue at its end, or keep our live place there, until now + ttl.
+local function join_queue(wake_name, owner, now, ttl, holder)
+  local q, w = queue_names(wake_name)
+  local value = redis.call('HGET', w, owner)
+  local since = now
+  if redis.call('ZSCORE', q, owner) and place_expiry(value) > now then
+    since = tonumber(string.match(value, '^%d+ (%d+) '))
+  else
+    local last = redis.call('ZRANGE', q, -1, -1, 'WITHSCORES')
+    redis.call('ZADD', q, (tonumber(last[2]) or 0) + 1, owner)
+  end
+  redis.call('HSET', w, owner, ms(now + ttl) .. ' ' .. ms(since) .. ' ' .. holder)
+  redis.call('PEXPIRE', q, ttl * 4)
+  redis.call('PEXPIRE', w, ttl * 4)
+end
+local function leave_queue(wake_name, owner)
+  local q, w = queue_names(wake_name)
+  redis.call('ZREM', q, owner)
+  redis.call('HDEL', w, owner)
+end
+-- A release wakes the head of the key's queue: an element on its own wake list
+-- (P{K}:wake:<owner>), which it BLPOPs. With no queue, one element per freed slot on the
+-- key's wake list, whoever BLPOPs first takes it; never more elements than free slots;
 -- nobody blocked: they wait a little for a waiter on its way.
 local function wake(name, pushes, free)
+  local head = live_queue(name, now_ms())[1]
+  if head then
+    local own = name .. ':' .. head
+    redis.call('RPUSH', own, '1')
+    redis.call('LTRIM', own, -1, -1)
+    redis.call('PEXPIRE', own, WAKE_TOKEN_MS)
+    return
+  end
   for _ = 1, pushes do redis.call('RPUSH', name, '1') end
   redis.call('LTRIM', name, -free, -1)
   redis.call('PEXPIRE', name, WAKE_TOKEN_MS)
@@ -78,9 +131,11 @@ local function extend_limit(limit_key, limit, ttl)
 end
 """.replace("WAKE_TOKEN_MS", str(WAKE_TOKEN_MS)).replace("BROKEN_OWNER_PREFIX", BROKEN_OWNER_PREFIX)
 
-# KEYS[2] = fence, KEYS[3] = wake, KEYS[4] = limit; ARGV: owner, ttl_ms, holder_json, limit.
-# -> {fencing_token, acquired_at_ms, expires_at_ms, slot}, nil when every slot is held, or
-# {'limit', held} when a live holder uses another limit.
+# KEYS[2] = fence, KEYS[3] = wake, KEYS[4] = limit; ARGV: owner, ttl_ms, holder_json, limit,
+# queue ('1' or ''), waiter_ttl_ms.
+# -> {fencing_token, acquired_at_ms, expires_at_ms, slot}, nil when every slot is held (or
+# the free ones go to waiters ahead of us: first come, first served), or {'limit', held}
+# when a live holder uses another limit. With queue, nil joins the queue or keeps our place.
 ACQUIRE = (
     _PRELUDE
     + """
@@ -112,7 +167,16 @@ for slot = 0, math.max(limit, slot_count(KEYS[4])) - 1 do
     free = slot
   end
 end
-if free == nil then return false end
+local queue = live_queue(KEYS[3], now)
+local ahead = #queue
+for at, owner in ipairs(queue) do
+  if owner == ARGV[1] then ahead = at - 1 end
+end
+if free == nil or ahead >= limit - live then
+  if ARGV[5] == '1' then join_queue(KEYS[3], ARGV[1], now, tonumber(ARGV[6]), ARGV[3]) end
+  return false
+end
+leave_queue(KEYS[3], ARGV[1])
 if fence_type == 'string' then
   local value = redis.call('GET', KEYS[2])
   if not string.match(value, '^%d+$') then
@@ -316,6 +380,39 @@ return rows
 """
 )
 
+# Read-only; KEYS[1] = wake; ARGV: our owner ('' = none) -> {how many live places are
+# ahead of ours (all when we have none), then each live place's 'expires since holder'}.
+WAITERS = """
+local base = string.sub(KEYS[1], 1, -5)
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local out = {-1}
+for _, owner in ipairs(redis.call('ZRANGE', base .. 'queue', 0, -1)) do
+  local value = redis.call('HGET', base .. 'waiters', owner)
+  if value and (tonumber(string.match(value, '^(%d+) ')) or 0) > now then
+    if owner == ARGV[1] then out[1] = #out - 1 end
+    out[#out + 1] = value
+  end
+end
+if out[1] < 0 then out[1] = #out - 1 end
+return out
+"""
+
+# KEYS[2] = wake, KEYS[3] = limit; ARGV: owner: leave the key's queue, and wake the waiter
+# now first in it when a slot is free (our turn, had it come, is theirs).
+LEAVE = (
+    _PRELUDE
+    + """
+local bad = bad_types({{KEYS[2], 'list', 'wake'}, {KEYS[3], 'string', 'limit'}})
+if bad then return bad end
+leave_queue(KEYS[2], ARGV[1])
+local count = slot_count(KEYS[3])
+local live = live_slots(KEYS[1], count)
+if live < count then wake(KEYS[2], 1, count - live) end
+return 1
+"""
+)
+
 # Read-only: for each KEYS[i] -> [fencing_token, acquired_at, expires_at, holder, limit]
 # (false for a missing field), 0 when the key is gone, or the type name of a foreign key.
 # One JSON string per batch: decoding it is C-speed, where parsing 100,000 HGETALL replies
@@ -346,5 +443,7 @@ SCRIPTS = {
     "intact": INTACT,
     "pass_on": PASS_ON,
     "slots": SLOTS,
+    "waiters": WAITERS,
+    "leave": LEAVE,
     "read_many": READ_MANY,
 }

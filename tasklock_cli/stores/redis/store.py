@@ -3,6 +3,7 @@ package's docstring)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from collections.abc import Iterator
@@ -14,6 +15,7 @@ import redis.exceptions as rexc
 
 from tasklock_cli.errors import ConfigError
 from tasklock_cli.errors import LimitMismatch
+from tasklock_cli.errors import TasklockError
 from tasklock_cli.stores.base import BROKEN_OWNER_PREFIX
 from tasklock_cli.stores.base import LEDGER_KEEP
 from tasklock_cli.stores.base import LIST_PAGE
@@ -23,6 +25,7 @@ from tasklock_cli.stores.base import Lease
 from tasklock_cli.stores.base import LeaseInfo
 from tasklock_cli.stores.base import RunRecord
 from tasklock_cli.stores.base import Store
+from tasklock_cli.stores.base import WaiterInfo
 from tasklock_cli.stores.base import breaker
 from tasklock_cli.stores.base import breaker_of
 from tasklock_cli.stores.base import utc_from_timestamp
@@ -91,12 +94,20 @@ class RedisStore(Store):
     # -- the interface --------------------------------------------------------------
 
     def acquire(
-        self, key: str, ttl: float, holder: Holder, owner_token: str, limit: int = 1
+        self,
+        key: str,
+        ttl: float,
+        holder: Holder,
+        owner_token: str,
+        limit: int = 1,
+        queue: bool = False,
     ) -> Lease | None:
         names = self._names
         keys = [names.lease(key), *(names.name(key, part) for part in ("fence", "wake", "limit"))]
         args = [owner_token, _ttl_ms(ttl, "lease TTL"), json.dumps(holder.to_dict()), limit]
+        args += ["1" if queue else "", _ttl_ms(self.waiter_ttl, "waiter TTL")]
         result = self._conn.script("acquire", keys, args, key)
+        self._note_queue_place(key, owner_token if result is None and queue else None)
         if result is None:
             return None
         if result[0] == b"limit":
@@ -257,21 +268,59 @@ class RedisStore(Store):
         """A subscription to the lease's break channel (see ``breaks``)."""
         return self._break_watches.wait(lease, timeout, wake_fd)
 
+    def waiters(self, key: str) -> list[WaiterInfo]:
+        return [_waiter_info(value) for value in self._queue(key, "")[1:]]
+
+    def _queue(self, key: str, owner: str) -> list[Any]:
+        """How many live places are ahead of ``owner``'s, then each live place."""
+        return self._conn.script("waiters", [self._names.name(key, "wake")], [owner], key)
+
+    def waiting_counts(self, prefix: str = "") -> dict[str, int]:
+        names = self._conn.call(
+            lambda client: self._scan(client, self._names.pattern(prefix, b"waiters")), None
+        )
+        counts: dict[str, int] = {}
+        for name in sorted(set(names)):
+            key = name[len(self._names.prefix_b) + 1 : -len(b"}:waiters")].decode("utf-8")
+            if key.startswith(prefix):
+                count = len(self._queue(key, "")) - 1
+                if count:
+                    counts[key] = count
+        return counts
+
     # -- waiting for a release: the skeleton is Store.wait_for_release, the wake lists are
-    # in waiting; waiters keep no place on the server (nothing to prepare).
+    # in waiting; a waiter's place in the queue is kept by its acquire (nothing to prepare).
 
     def _time_until_free(self, key: str) -> float | None:
-        """None while a slot is free; else the PTTL of the first live slot to run out
-        (nobody pushes a wake-up for an expiry)."""
+        """None while a slot is free for us (see Store); else the PTTL of the first live
+        slot to run out (nobody pushes a wake-up for an expiry)."""
         rows = self._slots(key)
         limit = max((int(row[5] or 1) for row in rows), default=1)
         if len(rows) < limit:
-            return None
+            ahead = int(self._queue(key, self._queue_place(key) or "")[0])
+            free = limit - len(rows) if rows else 1  # (a free key's limit: the next taker's)
+            return None if ahead < free else self.waiter_ttl
         pttls = [int(row[6]) for row in rows if int(row[6]) >= 0]
         return min(pttls) / 1000 if pttls else math.inf
 
     def _await_wakeup(self, key: str, until: float, wake_fd: int | None) -> None:
-        self._wake_lists.await_wakeup(key, until, wake_fd)
+        """On our own wake list while we have a place in the queue (a release wakes the
+        head of the queue), else on the key's."""
+        wake = self._names.name(key, "wake")
+        owner = self._queue_place(key)
+        if owner is not None:
+            wake += b":" + owner.encode()
+        self._wake_lists.await_wakeup(key, until, wake_fd, wake)
+
+    def stop_waiting(self, key: str) -> None:
+        owner = self._queue_place(key)
+        if owner is None:
+            return
+        self._note_queue_place(key, None)
+        names = self._names
+        keys = [names.lease(key), names.name(key, "wake"), names.name(key, "limit")]
+        with contextlib.suppress(TasklockError):
+            self._conn.script("leave", keys, [owner], key)
 
     # -- schema and diagnostics --------------------------------------------------------
 
@@ -279,6 +328,8 @@ class RedisStore(Store):
         """Nothing to create: keys appear on first use."""
 
     def close(self) -> None:
+        for key in list(self._queue_places()):
+            self.stop_waiting(key)
         self._wake_lists.close()
         self._break_watches.close()
         self._conn.close()
@@ -297,6 +348,12 @@ class RedisStore(Store):
             return _lease_info(key, slot, *row)
         except (ValueError, TypeError, AttributeError) as exc:
             raise self._conn.not_ours(name, "is not a tasklock lease", exc) from None
+
+
+def _waiter_info(value: bytes) -> WaiterInfo:
+    """A place in a queue, as the scripts keep it: 'expires_ms since_ms holder_json'."""
+    _expires, since, holder = value.split(b" ", 2)
+    return WaiterInfo(Holder.from_dict(json.loads(holder)), utc_from_timestamp(int(since) / 1000))
 
 
 def _lease_info(

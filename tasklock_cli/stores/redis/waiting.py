@@ -3,9 +3,10 @@ and a waiter BLPOPs (``RedisStore`` keeps the look at the key; base.py the skele
 
 A release between the look and the BLPOP leaves its wake-up in the list, so it is not
 missed; each release wakes one waiter, so N waiters do not all rush at the store when one
-of them can win. Waiters keep no place on the server. A BLPOP cut short by a signal may
-have taken a wake-up with it: it is marked while under way, and ``close`` passes such a
-wake-up on.
+of them can win: the head of the key's queue, on a wake list of its own
+(``P{K}:wake:<owner>``), when the key has a queue (see ``scripts``). A BLPOP cut short by
+a signal may have taken a wake-up with it: it is marked while under way, and ``close``
+passes such a wake-up on.
 """
 
 from __future__ import annotations
@@ -38,11 +39,14 @@ class RedisWakeLists:
         self._blocked_lock = threading.Lock()
         self._blocked_on: Counter[str] = Counter()
 
-    def await_wakeup(self, key: str, until: float, wake_fd: int | None) -> None:
-        """BLPOP the key's wake list until ``until``. With ``wake_fd``, the BLPOP's socket
-        is selected on together with it: once it is readable the BLPOP is abandoned with
-        its connection, and the wake-up it may have taken is passed on."""
-        wake = self._conn.names.name(key, "wake")
+    def await_wakeup(
+        self, key: str, until: float, wake_fd: int | None, wake: bytes | None = None
+    ) -> None:
+        """BLPOP the wake list ``wake`` (default: the key's) until ``until``. With
+        ``wake_fd``, the BLPOP's socket is selected on together with it: once it is
+        readable the BLPOP is abandoned with its connection, and the wake-up it may have
+        taken is passed on."""
+        wake = wake or self._conn.names.name(key, "wake")
         while True:
             # Slices well inside the socket timeout; BLPOP's timeout 0 means forever.
             left = min(until - time.monotonic(), self._conn.io_timeout / 2)

@@ -6,8 +6,11 @@ changes nothing and a reboot (which ended every holder) frees every lease.
 A lease is a row per key and slot (a plain lock is slot 0 of limit 1). Rows are freed,
 never deleted, so the highest fencing token among a key's rows is its counter.
 
-A release wakes the key's longest-waiting waiter on this machine through a FIFO in
-``<file>.waiters/`` (see waiting and breaks); waiters also look again when the lease runs out.
+Waiting runs queue in the ``tasklock_waiters`` table (a row per waiter, served in ``seq``
+order, live until it runs out on the boot clock); the acquire checks and keeps the queue in
+its write transaction. A release wakes the head of the queue on this machine through its
+FIFO in ``<file>.waiters/``, named in its row (see waiting and breaks); waiters also look
+again when the lease runs out.
 A break or forced release tells the lease's holder through its FIFO in ``<file>.holders/``.
 A broken lease keeps its row, its owner token prefixed with ``broken:`` (see base).
 """

@@ -1,6 +1,7 @@
 """The SQLite store's tables, and bringing a file made by an earlier version up to date.
 
-Version 4 keys a lease by (key, slot) for semaphores. A WITHOUT ROWID table cannot change
+Version 5 adds the queues of waiters (a table: nothing else changes). Version 4 keys a
+lease by (key, slot) for semaphores. A WITHOUT ROWID table cannot change
 its primary key in place, so a version-3 table is rebuilt: each of its rows becomes slot
 0 of limit 1, keeping its fencing token (the key's counter). Every check and change runs
 in one write transaction, so two processes opening an old file at once migrate it once.
@@ -15,7 +16,8 @@ from tasklock_cli.errors import ConfigError
 
 TABLE = "tasklock_leases"
 RUNS_TABLE = "tasklock_runs"
-SCHEMA_VERSION = 4
+WAITERS_TABLE = "tasklock_waiters"
+SCHEMA_VERSION = 5
 #: typing costs ~2 ms per start: _T is for the type checker only.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -49,7 +51,29 @@ _LEASES_SCHEMA = """CREATE TABLE IF NOT EXISTS {table} (
     holder        TEXT,
     PRIMARY KEY (key, slot)
 ) WITHOUT ROWID"""
-_CREATE = (_LEASES_SCHEMA.format(table=TABLE), _EXPIRY_INDEX, _RUNS_SCHEMA)
+# The queues of waiters: a key's waiters are served in ``seq`` order; a place is live
+# while it has not run out (``expires_boot``, on the boot clock as leases are); ``fifo``:
+# the name of the waiter's FIFO, which a release wakes (see waiting).
+_WAITERS_SCHEMA = f"""CREATE TABLE IF NOT EXISTS {WAITERS_TABLE} (
+    seq          INTEGER PRIMARY KEY,
+    key          TEXT NOT NULL,
+    owner_token  TEXT NOT NULL,
+    boot_id      TEXT NOT NULL,
+    expires_boot REAL NOT NULL,
+    since        REAL NOT NULL,
+    holder       TEXT NOT NULL,
+    mode         TEXT NOT NULL DEFAULT 'exclusive',
+    fifo         TEXT,
+    UNIQUE (key, owner_token)
+)"""
+_WAITERS_INDEX = f"CREATE INDEX IF NOT EXISTS {WAITERS_TABLE}_queue ON {WAITERS_TABLE} (key, seq)"
+_CREATE = (
+    _LEASES_SCHEMA.format(table=TABLE),
+    _EXPIRY_INDEX,
+    _RUNS_SCHEMA,
+    _WAITERS_SCHEMA,
+    _WAITERS_INDEX,
+)
 SCHEMA = ";\n".join(_CREATE) + ";"
 
 _V3_COLUMNS = (
@@ -74,6 +98,8 @@ _REBUILD = (
     f"ALTER TABLE {_REBUILT} RENAME TO {TABLE}",
     _EXPIRY_INDEX,
     _RUNS_SCHEMA,
+    _WAITERS_SCHEMA,
+    _WAITERS_INDEX,
 )
 
 
@@ -120,7 +146,7 @@ def refuse_foreign(conn: sqlite3.Connection, where: str) -> None:
     import json
 
     names = set(json.loads(tables))
-    others = sorted(names - {TABLE, RUNS_TABLE, _REBUILT})
+    others = sorted(names - {TABLE, RUNS_TABLE, WAITERS_TABLE, _REBUILT})
     if others:
         shown = ", ".join(others[:5]) + (", ..." if len(others) > 5 else "")
         raise ConfigError(

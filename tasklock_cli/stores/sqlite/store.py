@@ -13,6 +13,7 @@ from datetime import datetime
 from tasklock_cli import paths
 from tasklock_cli.errors import ConfigError
 from tasklock_cli.errors import LimitMismatch
+from tasklock_cli.errors import TasklockError
 from tasklock_cli.errors import UsageError
 from tasklock_cli.stores.base import BROKEN_OWNER_PREFIX
 from tasklock_cli.stores.base import LEDGER_KEEP
@@ -22,6 +23,7 @@ from tasklock_cli.stores.base import Lease
 from tasklock_cli.stores.base import LeaseInfo
 from tasklock_cli.stores.base import RunRecord
 from tasklock_cli.stores.base import Store
+from tasklock_cli.stores.base import WaiterInfo
 from tasklock_cli.stores.base import breaker
 from tasklock_cli.stores.base import breaker_of
 from tasklock_cli.stores.base import prefix_upper_bound
@@ -35,6 +37,7 @@ from tasklock_cli.stores.sqlite.schema import RUNS_TABLE
 from tasklock_cli.stores.sqlite.schema import SCHEMA
 from tasklock_cli.stores.sqlite.schema import SCHEMA_VERSION
 from tasklock_cli.stores.sqlite.schema import TABLE
+from tasklock_cli.stores.sqlite.schema import WAITERS_TABLE
 from tasklock_cli.stores.sqlite.waiting import LocalWakeups
 from tasklock_cli.stores.urls import default_sqlite_file
 from tasklock_cli.stores.urls import query_names
@@ -80,13 +83,39 @@ _NEXT_TOKEN = f"SELECT coalesce(max(fencing_token), 0) + 1 FROM {TABLE} WHERE ke
 # A live lease of the key with another limit than asked (LimitMismatch).
 _OTHER_LIMIT = f"""SELECT slot_limit FROM {TABLE}
 WHERE key = :key AND slot_limit <> :limit AND {_LIVE_ON_KEY} LIMIT 1"""
+# The queue of waiters (first come, first served): a place is live while it has not run
+# out on this boot's clock; the acquire clears the key's dead places first, so the places
+# ahead of ours (all of them when we have none) are live.
+_WAITER_LIVE = "boot_id = :boot AND expires_boot > :now"
+_CLEAR_DEAD_WAITERS = f"DELETE FROM {WAITERS_TABLE} WHERE key = :key AND NOT ({_WAITER_LIVE})"
+_OUR_SEQ = f"SELECT seq FROM {WAITERS_TABLE} WHERE key = :key AND owner_token = :owner"
+_AHEAD = f"""SELECT count(*) FROM {WAITERS_TABLE}
+WHERE key = :key AND {_WAITER_LIVE} AND seq < coalesce(({_OUR_SEQ}), 9223372036854775807)"""
+_LIVE_COUNT = f"SELECT count(*) FROM {TABLE} WHERE key = :key AND {_LIVE_ON_KEY}"
+# Our slot again (a retry), or fewer waiters ahead of us than free slots.
+_OUR_TURN = f"""(({_OWN_SLOT}) IS NOT NULL OR ({_AHEAD}) < :limit - ({_LIVE_COUNT}))"""
+_JOIN_QUEUE = f"""INSERT INTO {WAITERS_TABLE}
+    (key, owner_token, boot_id, expires_boot, since, holder, fifo)
+VALUES (:key, :owner, :boot, :now + :waiter_ttl, :wall, :holder, :fifo)
+ON CONFLICT (key, owner_token) DO UPDATE SET
+    boot_id = excluded.boot_id, expires_boot = excluded.expires_boot,
+    fifo = coalesce(excluded.fifo, fifo)"""
+# The FIFO of the head of the key's queue: the waiter a release wakes.
+_HEAD_FIFO = f"""SELECT fifo FROM {WAITERS_TABLE}
+WHERE key = :key AND {_WAITER_LIVE} ORDER BY seq LIMIT 1"""
+_LEAVE_QUEUE = f"DELETE FROM {WAITERS_TABLE} WHERE key = :key AND owner_token = :owner"
+_WAITERS = f"""SELECT holder, since, mode FROM {WAITERS_TABLE}
+WHERE key = :key AND {_WAITER_LIVE} ORDER BY seq"""
+_WAITING_COUNTS = f"""SELECT key, count(*) FROM {WAITERS_TABLE}
+WHERE {_WAITER_LIVE} AND key >= :prefix AND substr(key, 1, :n) = :prefix GROUP BY key"""
+_SWEEP_WAITERS = f"DELETE FROM {WAITERS_TABLE} WHERE NOT ({_WAITER_LIVE})"
 _ACQUIRE = f"""
 WITH chosen (slot) AS MATERIALIZED (SELECT coalesce(({_OWN_SLOT}), ({_LOWEST_FREE_SLOT})))
 INSERT INTO {TABLE} (key, slot, slot_limit, fencing_token, owner_token, boot_id,
                      expires_boot, acquired_at, expires_at, holder)
 SELECT :key, slot, :limit, ({_NEXT_TOKEN}), :owner, :boot, :now + :ttl,
        :wall, :wall + :ttl, :holder
-FROM chosen WHERE slot IS NOT NULL AND NOT EXISTS ({_OTHER_LIMIT})
+FROM chosen WHERE slot IS NOT NULL AND NOT EXISTS ({_OTHER_LIMIT}) AND {_OUR_TURN}
 ON CONFLICT (key, slot) DO UPDATE SET
     fencing_token = CASE WHEN owner_token IS :owner THEN fencing_token
                          ELSE excluded.fencing_token END,
@@ -246,7 +275,13 @@ class SQLiteStore(Store):
     # -- the interface --------------------------------------------------------------
 
     def acquire(
-        self, key: str, ttl: float, holder: Holder, owner_token: str, limit: int = 1
+        self,
+        key: str,
+        ttl: float,
+        holder: Holder,
+        owner_token: str,
+        limit: int = 1,
+        queue: bool = False,
     ) -> Lease | None:
         params = {
             **self._times(),
@@ -255,10 +290,19 @@ class SQLiteStore(Store):
             "owner": owner_token,
             "holder": json.dumps(holder.to_dict()),
             "limit": limit,
+            "waiter_ttl": self.waiter_ttl,
+            "fifo": self._wakeups.name if self._wakeups.key == key else None,
         }
-        with self._db.write() as conn:
+        with self._db.write() as conn:  # one transaction: the queue and the taking
+            conn.execute(_CLEAR_DEAD_WAITERS, params)
             row = conn.execute(_ACQUIRE, params).fetchone()
             other_limit = None if row else conn.execute(_OTHER_LIMIT, params).fetchone()
+            if row is not None or other_limit is not None or not queue:
+                conn.execute(_LEAVE_QUEUE, params)
+            else:
+                conn.execute(_JOIN_QUEUE, params)
+        queued = row is None and other_limit is None and queue
+        self._note_queue_place(key, owner_token if queued else None)
         if other_limit is not None:
             raise LimitMismatch(key, int(other_limit[0]), limit)
         if row is None:
@@ -288,16 +332,17 @@ class SQLiteStore(Store):
             "broken": BROKEN_OWNER_PREFIX + lease.owner_token,
             "keep": keep_for,
         }
-        freed = False
+        freed, head = False, None
         with self._db.write() as conn:
             kept = keep_for > 0 and conn.execute(_RELEASE_LATER, params).rowcount == 1
             if not kept:  # (a broken lease is freed, keep_for or not)
                 freed = conn.execute(_RELEASE, params).rowcount == 1
+                head = _head_fifo(conn, params) if freed else None
             if record is not None:
                 self._record_run(conn, record, params["wall"])
         self._alarms.forget(lease.key, lease.fencing_token)
         if freed:
-            self._wakeups.wake_one(lease.key)
+            self._wakeups.wake_one(lease.key, head)
         return kept or freed
 
     @staticmethod
@@ -335,6 +380,14 @@ class SQLiteStore(Store):
         sql = f"{_SELECT} WHERE key = :key AND {_LIVE_ON_KEY} ORDER BY slot"
         return [_lease_info(row) for row in self._db.read(sql, {**self._times(), "key": key})]
 
+    def waiters(self, key: str) -> list[WaiterInfo]:
+        rows = self._db.read(_WAITERS, {**self._times(), "key": key})
+        return [_waiter_info(*row) for row in rows]
+
+    def waiting_counts(self, prefix: str = "") -> dict[str, int]:
+        params = {**self._times(), "prefix": prefix, "n": len(prefix)}
+        return {key: int(count) for key, count in self._db.read(_WAITING_COUNTS, params)}
+
     def list(self, prefix: str = "", include_expired: bool = False) -> Iterator[LeaseInfo]:
         condition = "owner_token IS NOT NULL" if include_expired else _LIVE
         upper = prefix_upper_bound(prefix)
@@ -359,6 +412,8 @@ class SQLiteStore(Store):
             return int(self._db.read(sql, self._times())[0][0])
         # One range at a time: LIMIT then stops a batch early (the OR of the three would
         # collect every expired row first).
+        with self._db.write() as conn:  # dead places in queues (not counted: no leases)
+            conn.execute(_SWEEP_WAITERS, self._times())
         removed = 0
         for expired in _EXPIRED_RANGES:
             victims = f"SELECT key, slot FROM {TABLE} WHERE {expired} LIMIT {SWEEP_BATCH}"
@@ -434,9 +489,10 @@ class SQLiteStore(Store):
             rows = conn.execute(f"{_SELECT} WHERE {_MATCHING} ORDER BY slot", params).fetchall()
             if rows:
                 conn.execute(_FORCE_RELEASE, params)
+            head = _head_fifo(conn, params) if rows else None
         freed = [_lease_info(row) for row in rows]
         if freed:
-            self._wakeups.wake_one(key)
+            self._wakeups.wake_one(key, head)
         for info in freed:
             self._alarms.alarm(key, info.fencing_token)
         return freed
@@ -467,8 +523,13 @@ class SQLiteStore(Store):
         return True
 
     def _time_until_free(self, key: str) -> float | None:
-        ((live, limit, remaining),) = self._db.read(_FULLNESS, {**self._times(), "key": key})
-        return None if live == 0 or live < limit else float(remaining)
+        params = {**self._times(), "key": key, "owner": self._queue_place(key) or ""}
+        ((live, limit, remaining),) = self._db.read(_FULLNESS, params)
+        if live and live >= limit:
+            return float(remaining)
+        ((ahead,),) = self._db.read(_AHEAD, params)
+        free = limit - live if live else 1  # (a free key's limit is the next taker's)
+        return None if ahead < free else self.waiter_ttl
 
     def _await_wakeup(self, key: str, until: float, wake_fd: int | None) -> None:
         """One release of the key on this machine wakes the waiter waiting longest."""
@@ -479,7 +540,19 @@ class SQLiteStore(Store):
             self._wakeups.wait(left, wake_fd)
 
     def stop_waiting(self, key: str) -> None:
-        self._wakeups.give_up(key)
+        self._wakeups.give_up(key, self._leave_queue(key))
+
+    def _leave_queue(self, key: str) -> str | None:
+        """Leave our place in ``key``'s queue; the FIFO of the waiter now first in it."""
+        owner = self._queue_place(key)
+        if owner is None:
+            return None
+        self._note_queue_place(key, None)
+        params = {**self._times(), "key": key, "owner": owner}
+        with contextlib.suppress(TasklockError), self._db.write() as conn:
+            conn.execute(_LEAVE_QUEUE, params)
+            return _head_fifo(conn, params)
+        return None
 
     def init_schema(self) -> None:
         self._db.open()
@@ -490,8 +563,11 @@ class SQLiteStore(Store):
     def close(self) -> None:
         # Still in a queue at close: the wait was cut short (a signal), maybe just after
         # a wake-up was read. Waking the next waiter costs it one look at most.
+        head = None
+        for key in list(self._queue_places()):
+            head = self._leave_queue(key)
         if self._wakeups.key is not None:
-            self._wakeups.give_up(self._wakeups.key)
+            self._wakeups.give_up(self._wakeups.key, head)
         self._alarms.forget_all()
         self._db.close()
 
@@ -518,6 +594,15 @@ def _lease_info(row: tuple) -> LeaseInfo:
         slot=int(slot),
         limit=int(limit),
     )
+
+
+def _head_fifo(conn: sqlite3.Connection, params: dict) -> str | None:
+    row = conn.execute(_HEAD_FIFO, params).fetchone()
+    return row[0] if row else None
+
+
+def _waiter_info(holder: str, since: float, mode: str) -> WaiterInfo:
+    return WaiterInfo(Holder.from_dict(json.loads(holder)), utc_from_timestamp(since), mode)
 
 
 def _run_record(key: str, token: int, started: float, ended: float, data: str) -> RunRecord:

@@ -45,6 +45,11 @@ class LocalWakeups:
         """The key whose queue we are in, if any."""
         return self._key
 
+    @property
+    def name(self) -> str | None:
+        """Our FIFO's name in the directory, while we have one."""
+        return self._name
+
     def register(self, key: str) -> bool:
         """Join the queue of ``key``'s waiters (keeping our place if already in it);
         False when this machine cannot make FIFOs there (the caller just polls)."""
@@ -96,7 +101,7 @@ class LocalWakeups:
         if key is not None:
             entries.remove_key_dir(self.directory, key)
 
-    def give_up(self, key: str) -> None:
+    def give_up(self, key: str, first: str | None = None) -> None:
         """Leave ``key``'s queue and wake the next waiter, always.
 
         A wake-up meant for us cannot be told apart reliably from none: a releaser that
@@ -107,16 +112,19 @@ class LocalWakeups:
         if self._key != key or self._fd is None:
             return
         self.leave()
-        self.wake_one(key)
+        self.wake_one(key, first)
 
-    def wake_one(self, key: str) -> None:
-        """Wake the longest-waiting live waiter of ``key``, if any. Never raises."""
+    def wake_one(self, key: str, first: str | None = None) -> None:
+        """Wake the longest-waiting live waiter of ``key`` -- the one whose FIFO is named
+        ``first`` (the head of the key's queue) when it is there -- if any. Never raises."""
         dir_fd = entries.open_key_dir(self.directory, key, self.file_mode, create=False)
         if dir_fd is None:
             return
         try:
             own = self._name if self._key == key else None
-            for name in entries.names(dir_fd, entries.is_unique):
+            names = entries.names(dir_fd, entries.is_unique)
+            names.sort(key=lambda name: name != first)  # (stable: then the oldest)
+            for name in names:
                 if name != own and self._woke(name, dir_fd):
                     return
         finally:
