@@ -186,7 +186,7 @@ complete -c tasklock -n '__tasklock_is init' -s v -l verbose -d 'Show every even
 complete -c tasklock -n '__tasklock_is init' -s q -l quiet -d 'Only errors on stderr.'
 complete -c tasklock -n '__tasklock_is init' -s h -l help -d 'Show this message and exit.'
 
-complete -c tasklock -n '__tasklock_is doctor' -l json -d 'Print a JSON array of {"check", "ok", "detail"}.'
+complete -c tasklock -n '__tasklock_is doctor' -l json -d 'Print the checks as a JSON array.'
 complete -c tasklock -n '__tasklock_is doctor' -l store -x -d 'Store URL: sqlite:///PATH, postgresql://..., redis://..., etcd://HOST:PORT'
 complete -c tasklock -n '__tasklock_is doctor' -l config -r -F -d 'Config file (TOML)'
 complete -c tasklock -n '__tasklock_is doctor' -l log-format -x -a 'text json' -d 'Events on stderr as text or one JSON object per line.'

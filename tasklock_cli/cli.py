@@ -434,9 +434,7 @@ def init(
 @app.command()
 def doctor(
     ctx: typer.Context,
-    as_json: bool = typer.Option(
-        False, "--json", help='Print a JSON array of {"check", "ok", "detail"}.'
-    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the checks as a JSON array."),
 ) -> None:
     """Check the store: reachable, schema, round-trip time, clock skew."""
     from tasklock_cli import render

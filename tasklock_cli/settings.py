@@ -20,8 +20,18 @@ EXIT_CODES = (0, 255)
 MAX_LIMIT = 1000
 
 
+class _Configured:
+    """What a run setting and a run switch share: a config key (``name``) that fills the
+    RunOptions field of the same name."""
+
+    @property
+    def field(self) -> str:
+        """The RunOptions field it fills."""
+        return self.name.replace("-", "_")  # type: ignore[attr-defined]
+
+
 @dataclass(frozen=True)
-class RunSetting:
+class RunSetting(_Configured):
     name: str  # the config key; the flag is --name
     default: float | int | None
     help: str
@@ -31,11 +41,6 @@ class RunSetting:
     @property
     def flag(self) -> str:
         return f"--{self.name}"
-
-    @property
-    def field(self) -> str:
-        """The RunOptions field it fills."""
-        return self.name.replace("-", "_")
 
     @property
     def metavar(self) -> str:
@@ -128,7 +133,7 @@ BY_FLAG = {setting.flag: setting for setting in RUN_SETTINGS}
 
 
 @dataclass(frozen=True)
-class RunSwitch:
+class RunSwitch(_Configured):
     """A ``run`` setting that is on by default: ``name = false`` in a config file, or the
     flag ``--no-<name>``, turns it off."""
 
@@ -138,10 +143,6 @@ class RunSwitch:
     @property
     def flag(self) -> str:
         return f"--no-{self.name}"
-
-    @property
-    def field(self) -> str:
-        return self.name.replace("-", "_")
 
 
 RUN_SWITCHES: tuple[RunSwitch, ...] = (

@@ -416,13 +416,7 @@ class Store(ABC):
 
     @abstractmethod
     def acquire(
-        self,
-        key: str,
-        ttl: float,
-        holder: Holder,
-        owner_token: str,
-        limit: int = 1,
-        queue: bool = False,
+        self, key: str, ttl: float, holder: Holder, owner: str, limit: int = 1, queue: bool = False
     ) -> Lease | None:
         """Take the lowest free slot of ``key`` (``0..limit-1``; a plain lock has one), a
         slot being free when no live lease holds it; None when all ``limit`` slots are held.
@@ -437,7 +431,7 @@ class Store(ABC):
         The fencing token is greater than every token issued before for ``key``, in any
         slot. Raises ``LimitMismatch`` when a live holder of ``key`` uses another limit
         (the success path stays one round trip; telling a mismatch from a conflict may take
-        another). Retrying with the same ``owner_token`` after a lost reply returns the same
+        another). Retrying with the same ``owner`` after a lost reply returns the same
         lease (same slot and token) instead of a conflict with ourselves.
         """
 

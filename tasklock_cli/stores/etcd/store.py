@@ -99,21 +99,15 @@ class EtcdStore(Store):
     # -- acquire / renew / release ---------------------------------------------------
 
     def acquire(
-        self,
-        key: str,
-        ttl: float,
-        holder: Holder,
-        owner_token: str,
-        limit: int = 1,
-        queue: bool = False,
+        self, key: str, ttl: float, holder: Holder, owner: str, limit: int = 1, queue: bool = False
     ) -> Lease | None:
         ttl_s = ttl_seconds(ttl, "lease TTL")
         start = 0  # the first slot the txn tries (past SLOTS_PER_TXN: where the read said)
         for _ in range(3 + limit // SLOTS_PER_TXN):
             lease_id, first = _lease_request(self._spare, ttl_s)
             sent = time.time()
-            value = lease_value(owner_token, holder, sent, ttl_s, limit)
-            taking = _Taking(key, limit, owner_token, value, lease_id, ttl_s)
+            value = lease_value(owner, holder, sent, ttl_s, limit)
+            taking = _Taking(key, limit, owner, value, lease_id, ttl_s)
             extras = self._taking_extras(key)
             txn, plan = _acquire_txn(self._keys, taking, start, extras, self._queue.guard(key))
             try:
@@ -136,7 +130,7 @@ class EtcdStore(Store):
                 )
             self._spare = (lease_id, ttl_s)
             slots, broken = self._keys.slots_from(responses)
-            outcome = self._after_conflict(key, owner_token, limit, slots, broken, sent)
+            outcome = self._after_conflict(key, owner, limit, slots, broken, sent)
             if isinstance(outcome, int) and self._queue.someone_ahead(key):
                 outcome = None  # a slot is free, for a waiter ahead of us
             if not isinstance(outcome, int):

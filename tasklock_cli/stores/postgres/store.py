@@ -441,17 +441,11 @@ class PostgresStore(Store):
     # -- the interface --------------------------------------------------------------
 
     def acquire(
-        self,
-        key: str,
-        ttl: float,
-        holder: Holder,
-        owner_token: str,
-        limit: int = 1,
-        queue: bool = False,
+        self, key: str, ttl: float, holder: Holder, owner: str, limit: int = 1, queue: bool = False
     ) -> Lease | None:
         params = {
             "key": key,
-            "owner": owner_token,
+            "owner": owner,
             "holder": Jsonb(holder.to_dict()),
             "ttl": float(ttl),
             "limit": int(limit),
@@ -465,7 +459,7 @@ class PostgresStore(Store):
 
         for _ in range(ACQUIRE_RACE_RETRIES):
             rows = self._db.run(attempt)
-            self._note_place(key, owner_token, rows)
+            self._note_place(key, owner, rows)
             row = next((row for row in rows if row[0] != "queued"), None)
             if row is None:
                 return None
@@ -475,7 +469,7 @@ class PostgresStore(Store):
             if outcome == "taken":
                 return Lease(
                     key,
-                    owner_token,
+                    owner,
                     int(token),
                     _utc(acquired_at),
                     _utc(expires_at),

@@ -94,20 +94,14 @@ class RedisStore(Store):
     # -- the interface --------------------------------------------------------------
 
     def acquire(
-        self,
-        key: str,
-        ttl: float,
-        holder: Holder,
-        owner_token: str,
-        limit: int = 1,
-        queue: bool = False,
+        self, key: str, ttl: float, holder: Holder, owner: str, limit: int = 1, queue: bool = False
     ) -> Lease | None:
         names = self._names
         keys = [names.lease(key), *(names.name(key, part) for part in ("fence", "wake", "limit"))]
-        args = [owner_token, _ttl_ms(ttl, "lease TTL"), json.dumps(holder.to_dict()), limit]
+        args = [owner, _ttl_ms(ttl, "lease TTL"), json.dumps(holder.to_dict()), limit]
         args += ["1" if queue else "", _ttl_ms(self.waiter_ttl, "waiter TTL")]
         result = self._conn.script("acquire", keys, args, key)
-        self._note_queue_place(key, owner_token if result is None and queue else None)
+        self._note_queue_place(key, owner if result is None and queue else None)
         if result is None:
             return None
         if result[0] == b"limit":
@@ -115,7 +109,7 @@ class RedisStore(Store):
         token, acquired_ms, expires_ms, slot = (int(v) for v in result)
         acquired_at = utc_from_timestamp(acquired_ms / 1000)
         expires_at = utc_from_timestamp(expires_ms / 1000)
-        return Lease(key, owner_token, token, acquired_at, expires_at, slot=slot, limit=limit)
+        return Lease(key, owner, token, acquired_at, expires_at, slot=slot, limit=limit)
 
     def renew(self, lease: Lease, ttl: float) -> Lease:
         keys = [self._names.lease(lease.key, lease.slot), self._names.name(lease.key, "limit")]

@@ -275,19 +275,13 @@ class SQLiteStore(Store):
     # -- the interface --------------------------------------------------------------
 
     def acquire(
-        self,
-        key: str,
-        ttl: float,
-        holder: Holder,
-        owner_token: str,
-        limit: int = 1,
-        queue: bool = False,
+        self, key: str, ttl: float, holder: Holder, owner: str, limit: int = 1, queue: bool = False
     ) -> Lease | None:
         params = {
             **self._times(),
             "key": key,
             "ttl": ttl,
-            "owner": owner_token,
+            "owner": owner,
             "holder": json.dumps(holder.to_dict()),
             "limit": limit,
             "waiter_ttl": self.waiter_ttl,
@@ -302,7 +296,7 @@ class SQLiteStore(Store):
             else:
                 conn.execute(_JOIN_QUEUE, params)
         queued = row is None and other_limit is None and queue
-        self._note_queue_place(key, owner_token if queued else None)
+        self._note_queue_place(key, owner if queued else None)
         if other_limit is not None:
             raise LimitMismatch(key, int(other_limit[0]), limit)
         if row is None:
@@ -311,7 +305,7 @@ class SQLiteStore(Store):
         slot, token, acquired_at, expires_at = row
         return Lease(
             key,
-            owner_token,
+            owner,
             token,
             utc_from_timestamp(acquired_at),
             utc_from_timestamp(expires_at),
