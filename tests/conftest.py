@@ -97,12 +97,10 @@ _SERVER_MODULES = ("test_faults_", "test_postgres_store", "test_redis_store", "t
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Put every slow test (fault tests with tight timing, stress tests) on one pytest-xdist
-    worker, one after the other; mark ``quick`` (``pytest -m quick``: the edit-test loop)
-    every test that runs on the SQLite store or on none, needs no server, and is not slow."""
+    """Mark ``quick`` (``pytest -m quick``: the edit-test loop) every test that runs on the
+    SQLite store or on none, needs no server, and is not marked slow."""
     for item in items:
         if item.get_closest_marker("slow"):
-            item.add_marker(pytest.mark.xdist_group("slow"))
             continue
         if item.module.__name__.rpartition(".")[2].startswith(_SERVER_MODULES):
             continue

@@ -150,6 +150,7 @@ def check_outcome(argv: list[str], result: subprocess.CompletedProcess) -> None:
         assert "\n" not in last
 
 
+@pytest.mark.slow
 def test_no_command_line_gets_a_traceback_a_hang_or_an_undocumented_code(urls, fuzz_env):
     @settings(
         max_examples=int(os.environ.get("TASKLOCK_FUZZ_EXAMPLES", "120")),

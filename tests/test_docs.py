@@ -981,6 +981,7 @@ def test_sharing_a_store_recipe(shell_env, tmp_path):
     assert stat.S_IMODE(db.stat().st_mode) == 0o660 and db.stat().st_gid == 100
 
 
+@pytest.mark.slow
 def test_semaphore_example_runs_at_most_4_at_once(shell_env, tmp_path):
     """Six copies of the pool example at once: four run together, each with its own
     slot's database, and the other two wait for free slots."""
