@@ -79,14 +79,6 @@ def unknown_parameter(store: str, url: str, name: str, known: str) -> ConfigErro
     )
 
 
-def query_names(url: str) -> list[str]:
-    """The names of a URL's query parameters, decoded, in order."""
-    from urllib.parse import parse_qsl
-    from urllib.parse import urlsplit
-
-    return [name for name, _ in parse_qsl(urlsplit(url).query, keep_blank_values=True)]
-
-
 def url_parameters(url: str) -> dict[str, str]:
     """The query parameters of a URL, the last of each name winning (none: ``{}``)."""
     if "?" not in url:

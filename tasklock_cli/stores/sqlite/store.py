@@ -40,7 +40,6 @@ from tasklock_cli.stores.sqlite.schema import TABLE
 from tasklock_cli.stores.sqlite.schema import WAITERS_TABLE
 from tasklock_cli.stores.sqlite.waiting import LocalWakeups
 from tasklock_cli.stores.urls import default_sqlite_file
-from tasklock_cli.stores.urls import query_names
 from tasklock_cli.stores.urls import sqlite_netloc_and_path
 from tasklock_cli.stores.urls import sqlite_url
 from tasklock_cli.stores.urls import unknown_parameter
@@ -212,15 +211,18 @@ def current_boot_id() -> str:
 URL_PARAMETERS: tuple[str, ...] = ("mode",)
 
 
-def _check_parameters(url: str) -> None:
+def _checked_parameters(url: str) -> dict[str, str]:
+    """The URL's query parameters; ConfigError for a '#' or a parameter it does not take."""
     if "#" in url:
         raise ConfigError(
             f"sqlite URL {url!r}: a '#' ends the path there (write %23 for a '#' in a file name)"
         )
-    for name in query_names(url):
+    parameters = url_parameters(url)
+    for name in parameters:
         if name not in URL_PARAMETERS:
             known = ", ".join(URL_PARAMETERS) or "a sqlite:/// URL takes none"
             raise unknown_parameter("sqlite", url, name, known)
+    return parameters
 
 
 class SQLiteStore(Store):
@@ -254,13 +256,11 @@ class SQLiteStore(Store):
                 "on the current directory, so cron and a shell would use different "
                 "stores); use sqlite:///ABS/PATH.db (three slashes)"
             )
-        if "?" in url or "#" in url:
-            _check_parameters(url)
+        parameters = _checked_parameters(url)
         names_a_file = raw_path and "\0" not in raw_path and not raw_path.endswith("/")
         path = paths.normal(raw_path) if names_a_file else ""
         if not paths.name(path):
             raise ConfigError(f"sqlite URL {url!r} names no file (use sqlite:///ABS/PATH.db)")
-        parameters = url_parameters(url)
         # Only the default store's directory is made; an explicit path names a place the
         # user chose, and a missing directory there is more likely a typo.
         return cls(
