@@ -31,11 +31,17 @@ def _parents() -> dict[int, list[int]]:
     return tree
 
 
+def stat_fields(pid: int) -> list[str]:
+    """The fields of ``/proc/PID/stat`` from the third (state) on; OSError when it cannot
+    be read (FileNotFoundError: no such process)."""
+    with open(f"/proc/{pid}/stat", "rb") as stat:  # the name may hold any bytes, spaces too
+        return stat.read().rpartition(b")")[2].decode("ascii").split()
+
+
 def _stat(pid: int) -> tuple[str, int] | None:
     """(state, parent pid) of ``pid``, or None when it is gone."""
     try:
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()  # the name may hold spaces
+        fields = stat_fields(pid)
     except OSError:
         return None
     return fields[0], int(fields[1])

@@ -113,6 +113,31 @@ def test_descendants_left_running_are_terminated_before_the_release(env, store_u
     assert peek(store_url, "k") is None
 
 
+def test_a_descendant_whose_name_is_not_utf8_is_terminated_too(env, tmp_path):
+    """/proc/PID/stat holds the process's name as its raw bytes: a command that names itself
+    with bytes that are not UTF-8 must not hide from (or break) the scan of the tree."""
+    pid_file = tmp_path / "orphan.pid"
+    orphan = (
+        "import ctypes, os, time\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        "    ctypes.CDLL(None).prctl(15, b'n\\xff\\xfe) x', 0, 0, 0)\n"
+        f"    open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
+        "    time.sleep(300)\n"
+        "else:\n"
+        f"    while not os.path.exists({str(pid_file)!r}): time.sleep(0.01)\n"
+        "    os._exit(4)\n"
+    )
+    command = [sys.executable, "-c", orphan]
+    result = tasklock("--log-format", "json", "run", "k", "--", *command, env=env)
+    assert result.returncode == 4, result.stderr
+    assert not procs.alive(int(pid_file.read_text()))
+    assert [e["event"] for e in json_events(result.stderr)][-2:] == [
+        "orphans-terminated",
+        "released",
+    ]
+
+
 def test_an_orphan_ignoring_sigterm_is_killed_after_grace(env, tmp_path):
     ready = tmp_path / "ready"
     seconds = f"300.{os.getpid()}{time.monotonic_ns() % 10**6}"  # this test's own sleep

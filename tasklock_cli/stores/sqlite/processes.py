@@ -7,19 +7,18 @@ from __future__ import annotations
 
 import os
 
+from tasklock_cli.proctree import stat_fields
+
 
 def start_time(pid: int) -> int | None:
     """The start time of process ``pid`` (clock ticks since boot); None when there is no
     such process. OSError when it cannot be told (``/proc`` hidden, or missing)."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            fields = stat.read().rpartition(b")")[2].split()
-    except FileNotFoundError:
-        return None
-    except ProcessLookupError:
+        fields = stat_fields(pid)
+    except (FileNotFoundError, ProcessLookupError):
         return None
     # fields[0] is field 3 (state); starttime is field 22. A zombie is gone for us.
-    if fields[0] in (b"Z", b"X"):
+    if fields[0] in ("Z", "X"):
         return None
     return int(fields[19])
 
