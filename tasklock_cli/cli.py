@@ -444,7 +444,7 @@ def doctor(
     with g.open_store() as store:
         checks = store.doctor()
     if as_json:
-        typer.echo(json.dumps(render.doctor_json(config_file, checks), ensure_ascii=False))
+        typer.echo(json_text(render.doctor_json(config_file, checks)))
     else:
         render.doctor_report(config_file, checks)
     failed = [check for check in checks if not check.ok]

@@ -504,6 +504,20 @@ def test_non_utf8_arguments_are_recorded_losslessly_and_run_on_every_store(cli_e
     assert recorded == ["printf", "%s", "caf\\xe9\\\\x"]
 
 
+def test_doctor_json_is_valid_utf8_for_a_store_path_that_is_not(cli_env, tmp_path):
+    path = os.fsencode(tmp_path) + b"/caf\xe9.db"
+    url = b"sqlite:///" + path
+    result = subprocess.run(
+        [executable(), "--store", os.fsdecode(url), "doctor", "--json"],
+        env=cli_env,
+        capture_output=True,
+    )
+    assert result.returncode == 0, result.stderr
+    checks = json.loads(result.stdout.decode("utf-8"))  # valid UTF-8, or this raises
+    store = next(check["detail"] for check in checks if check["check"] == "store")
+    assert store.endswith("caf\udce9.db")  # the byte, escaped losslessly by JSON
+
+
 # -- what is printed ----------------------------------------------------------------------
 
 HOSTILE = "\x1b]0;owned\x07\x1b[2J\u202e[/][link=http://x]y"
