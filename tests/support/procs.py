@@ -24,10 +24,16 @@ def processes() -> Iterator[Proc]:
                 yield proc
 
 
+def _fields(pid: int) -> list[str]:
+    """``/proc/PID/stat`` from its third field on (the name may hold spaces and any bytes:
+    a test names a process with bytes that are not UTF-8)."""
+    with open(f"/proc/{pid}/stat", "rb") as stat:
+        return stat.read().rpartition(b")")[2].decode("ascii").split()
+
+
 def read(pid: int) -> Proc | None:
     try:
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()  # the name may hold spaces
+        fields = _fields(pid)
     except OSError:
         return None
     return Proc(pid, fields[0], int(fields[1]), int(fields[2]), int(fields[3]))
@@ -74,8 +80,7 @@ def other_groups_in_session(sid: int) -> list[int]:
 def start_time(pid: int) -> int | None:
     """The process's start time (clock ticks since boot): with the pid, names it for good."""
     try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return int(stat.read().rsplit(")", 1)[1].split()[19])
+        return int(_fields(pid)[19])
     except (OSError, IndexError, ValueError):
         return None
 
