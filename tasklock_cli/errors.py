@@ -28,6 +28,7 @@ class LossKind(str, Enum):
     UNREACHABLE = "unreachable"  # could not renew before the deadline
     MAX_LIFETIME = "max-lifetime"
     RESUMED_LATE = "resumed-late"  # this process was paused past its deadline
+    REPLACED = "replaced"  # broken by a `run --replace`, which takes the key next
 
     def __str__(self) -> str:
         return self.value
@@ -60,6 +61,16 @@ class LimitMismatch(ConfigError):
             f"{key!r} is held with --limit {held}, but this run asked for --limit {asked}: "
             "every holder of a key must use the same limit"
         )
+
+
+class Superseded(TasklockError):
+    """A newer ``run --supersede`` of the key started waiting: this waiting run gives up."""
+
+    exit_code = ExitCode.CONFLICT
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        super().__init__(f"a newer --supersede run of {key!r} is waiting; giving up our place")
 
 
 class StoreUnavailable(TasklockError):

@@ -35,6 +35,12 @@ WAITER_TTL_S = 3.0
 #: (Owner tokens are hex: the prefix cannot occur in one.)
 BROKEN_OWNER_PREFIX = "broken:"
 
+#: Lock modes (``run --shared``): an exclusive holder holds its key alone; any number of
+#: shared holders hold it together.
+EXCLUSIVE = "exclusive"
+SHARED = "shared"
+MODES = (EXCLUSIVE, SHARED)
+
 
 @dataclass(frozen=True)
 class Holder:
@@ -75,9 +81,11 @@ class Lease:
     fencing_token: int
     acquired_at: datetime
     expires_at: datetime
-    #: The semaphore slot held (0..limit-1); a plain lock is slot 0 of limit 1.
+    #: The semaphore slot held (0..limit-1); a plain lock is slot 0 of limit 1. Shared
+    #: holders each have a slot of their own (0, 1, ...) under limit 1.
     slot: int = 0
     limit: int = 1
+    mode: str = EXCLUSIVE
 
     def renewed_until(self, expires_at: datetime | None) -> Lease:
         """This lease, renewed until ``expires_at``; LeaseLost when the store renewed
@@ -101,11 +109,13 @@ class LeaseInfo:
     expired: bool
     slot: int = 0
     limit: int = 1
+    mode: str = EXCLUSIVE
 
     def to_json(self) -> dict:
         return {
             "key": self.key,
-            "holder": self.holder.to_dict(),
+            "holder": {**self.holder.to_dict(), "mode": self.mode},
+            "mode": self.mode,
             "fencing_token": self.fencing_token,
             "acquired_at": rfc3339(self.acquired_at),
             "expires_at": rfc3339(self.expires_at),
@@ -213,11 +223,21 @@ class RunRecord:
         }
 
 
+@dataclass(frozen=True)
+class Replacer(Holder):
+    """A holder that breaks leases to take their key (``run --replace``): the broken
+    holder's loss is ``replaced`` rather than ``rejected``."""
+
+
 def breaker(holder: Holder | None) -> dict | None:
-    """Who breaks a lease, as its ledger record keeps it (``broken_by``)."""
+    """Who breaks a lease, as the store keeps it with the lease (``broken_by``): host, pid
+    and user, and ``replaced`` when a ``run --replace`` broke it."""
     if holder is None:
         return None
-    return {"host": holder.host, "pid": holder.pid, "user": holder.user}
+    by: dict = {"host": holder.host, "pid": holder.pid, "user": holder.user}
+    if isinstance(holder, Replacer):
+        by["replaced"] = True
+    return by
 
 
 def breaker_of(data: object) -> dict | None:
@@ -232,11 +252,14 @@ def breaker_of(data: object) -> dict | None:
             return None
     if not isinstance(data, dict):
         return None
-    return {
+    by: dict = {
         "host": str(data.get("host", "")),
         "pid": int(data.get("pid") or 0),
         "user": str(data.get("user", "")),
     }
+    if data.get("replaced") is True:
+        by["replaced"] = True
+    return by
 
 
 @dataclass(frozen=True)
@@ -416,10 +439,36 @@ class Store(ABC):
 
     @abstractmethod
     def acquire(
-        self, key: str, ttl: float, holder: Holder, owner: str, limit: int = 1, queue: bool = False
+        self,
+        key: str,
+        ttl: float,
+        holder: Holder,
+        owner: str,
+        limit: int = 1,
+        queue: bool = False,
+        *,
+        mode: str = EXCLUSIVE,
+        supersede: bool = False,
+        front: bool = False,
     ) -> Lease | None:
         """Take the lowest free slot of ``key`` (``0..limit-1``; a plain lock has one), a
         slot being free when no live lease holds it; None when all ``limit`` slots are held.
+
+        ``mode`` SHARED (always with ``limit`` 1): the caller takes the lowest slot no live
+        lease holds, unbounded, when no live lease of ``key`` is EXCLUSIVE; an EXCLUSIVE
+        caller with ``limit`` 1 takes slot 0 only when no live lease of any mode holds any
+        slot of ``key``. Queue order with modes: a SHARED caller goes when every live waiter
+        ahead of it is SHARED (the shared runs at the head are admitted together); an
+        EXCLUSIVE one when none is ahead of it. So a waiting EXCLUSIVE run is never starved
+        by SHARED arrivals: they queue behind it. Lease, LeaseInfo and WaiterInfo carry the
+        mode.
+
+        ``supersede`` (``run --supersede``): a caller that joins the queue (has no place
+        yet) marks every older place of ``key`` that joined with ``supersede`` superseded;
+        a superseded place no longer counts (not ahead of anyone, not in ``waiters``), and
+        its owner's next acquire leaves the queue and raises ``Superseded``. ``front``
+        (``run --replace``): a caller that joins the queue takes a place ahead of every
+        waiter there.
 
         First come, first served: the key's live waiters (see ``waiters``) are served in
         their order, so a caller takes a slot only when fewer of them are ahead of it than
