@@ -166,12 +166,13 @@ def run(
     key: str,
     command: list[str] | None,
     note: str | None,
+    also: list[str] | None,
     **given: str | int | None,
 ) -> None:
     """Run COMMAND while holding the lock KEY."""
     flags = {setting.name: given.get(setting.field) for setting in settings.RUN_SETTINGS}
-    off = {switch.name for switch in settings.RUN_SWITCHES if given.get(f"no_{switch.field}")}
-    raise typer.Exit(run_command(ctx.obj, key, command, flags, note, off))
+    switches = {switch.name for switch in settings.RUN_SWITCHES if given.get(switch.parameter)}
+    raise typer.Exit(run_command(ctx.obj, key, command, flags, note, switches, also or ()))
 
 
 def _run_signature() -> inspect.Signature:
@@ -190,7 +191,7 @@ def _run_signature() -> inspect.Signature:
         for setting in settings.RUN_SETTINGS
     ]
     switches = [
-        param(f"no_{switch.field}", typer.Option(False, switch.flag, help=switch.help), bool)
+        param(switch.parameter, typer.Option(False, switch.flag, help=switch.help), bool)
         for switch in settings.RUN_SWITCHES
     ]
     return inspect.Signature(
@@ -216,6 +217,18 @@ def _run_signature() -> inspect.Signature:
                 "note",
                 typer.Option(None, "--note", metavar="TEXT", help="Shown by peek and list."),
                 str | None,
+            ),
+            param(
+                "also",
+                typer.Option(
+                    None,
+                    "--also",
+                    metavar="KEY2",
+                    help="Hold KEY2 too, all or nothing, in the same mode (repeatable); keys "
+                    "are taken in sorted order, so runs naming them in any order never "
+                    "deadlock.",
+                ),
+                list[str] | None,
             ),
         ]
     )

@@ -23,6 +23,7 @@ QUIET, NORMAL, VERBOSE = -1, 0, 1
 _TEXT_LEVEL = {
     "lost": QUIET,
     "conflict": NORMAL,
+    "superseded": NORMAL,
     "waiting": NORMAL,
     "acquired": VERBOSE,
     "released": VERBOSE,

@@ -37,7 +37,8 @@ class FastRun:
     flags: dict = field(default_factory=dict)  # run setting name -> text
     note: str | None = None
     command: list[str] = field(default_factory=list)
-    switched_off: set = field(default_factory=set)  # names of run switches turned off
+    switches: set = field(default_factory=set)  # names of run switches whose flag was given
+    also: list = field(default_factory=list)  # --also KEY2, in the order given
 
 
 def parse(args: list[str]) -> FastRun | None:
@@ -61,13 +62,15 @@ def parse(args: list[str]) -> FastRun | None:
             continue
         if value is None:
             if name in settings.SWITCHES_BY_FLAG:
-                parsed.switched_off.add(settings.SWITCHES_BY_FLAG[name].name)
+                parsed.switches.add(settings.SWITCHES_BY_FLAG[name].name)
             elif not _global_flag(name, parsed.after):
                 return None
         elif name in _GLOBAL_VALUES:
             parsed.after[_GLOBAL_VALUES[name]] = value
         elif name == "--note":
             parsed.note = value
+        elif name == "--also":
+            parsed.also.append(value)
         elif name in settings.BY_FLAG:
             setting = settings.BY_FLAG[name]
             if setting.integer and not value.lstrip("-").isdigit():
@@ -78,7 +81,7 @@ def parse(args: list[str]) -> FastRun | None:
     return None  # no `--`: typer decides
 
 
-_TAKES_VALUE = {*_GLOBAL_VALUES, "--note", *settings.BY_FLAG}
+_TAKES_VALUE = {*_GLOBAL_VALUES, "--note", "--also", *settings.BY_FLAG}
 
 
 def _option(args: list[str], index: int) -> tuple[str | None, str | None, int]:
@@ -139,7 +142,13 @@ def run_fast(parsed: FastRun, args: list[str]) -> int:
         ErrorStyle.log_format = before.log_format
         g = Globals(before.then(GlobalFlags(**parsed.after).checked()))
         return run_command(
-            g, parsed.key, parsed.command, parsed.flags, parsed.note, parsed.switched_off
+            g,
+            parsed.key,
+            parsed.command,
+            parsed.flags,
+            parsed.note,
+            parsed.switches,
+            parsed.also,
         )
     except TasklockError as exc:
         return fail(str(exc), exc.exit_code, args)

@@ -125,7 +125,7 @@ class Heartbeat:
                 lease = self.keeper.renew()
             except LeaseLost as exc:
                 grace = min(options.grace, BROKEN_GRACE_CAP_S)
-                self.on_loss(LossKind.REJECTED, str(exc), self.clock() + grace)
+                self.on_loss(self._rejected_how(), str(exc), self.clock() + grace)
                 return
             except StoreUnavailable as exc:
                 self.events.debug(f"renewal failed, retrying: {exc}")
@@ -137,6 +137,16 @@ class Heartbeat:
                 return
             self.on_renewed(lease)
             next_renewal = self.clock() + options.schedule.renew_interval
+
+    def _rejected_how(self) -> LossKind:
+        """A rejected renewal: REPLACED when a `run --replace` broke the lease (the store
+        keeps who broke it), else REJECTED."""
+        lease = self.keeper.lease
+        try:
+            by = self.store.broken_by(lease) if lease is not None else None
+        except Exception:  # the loss stands; only its name is unknown
+            by = None
+        return LossKind.REPLACED if by and by.get("replaced") else LossKind.REJECTED
 
     def _quiet_start(self, renew_at: float) -> bool:
         """Wait QUIET_START_S (at most until ``renew_at``) for a stop; True when stopped."""

@@ -23,9 +23,11 @@ from tasklock_cli.errors import LeaseLost
 from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.errors import TasklockError
 from tasklock_cli.records import dataclass
+from tasklock_cli.stores.base import EXCLUSIVE
 from tasklock_cli.stores.base import Holder
 from tasklock_cli.stores.base import Lease
 from tasklock_cli.stores.base import LeaseInfo
+from tasklock_cli.stores.base import Replacer
 from tasklock_cli.stores.base import RunRecord
 from tasklock_cli.stores.base import Store
 
@@ -100,6 +102,7 @@ class LeaseKeeper:
     holder: Holder
     clock: clocks.Clock = clocks.monotonic
     limit: int = 1  # a semaphore's number of slots
+    mode: str = EXCLUSIVE  # or SHARED (--shared)
 
     def __post_init__(self) -> None:
         self.owner_token = os.urandom(16).hex()  # not secrets: it imports OpenSSL
@@ -115,15 +118,26 @@ class LeaseKeeper:
     def remaining(self) -> float:
         return self.deadline - self.clock()
 
-    def try_acquire(self, queue: bool = False) -> bool:
+    def try_acquire(
+        self, queue: bool = False, supersede: bool = False, front: bool = False
+    ) -> bool:
         """One attempt; with ``queue``, one that fails joins (or keeps our place in) the
-        key's queue of waiters. The owner token stays the same across attempts, so a retry
-        after a lost reply recognises a lease it already holds instead of conflicting with
-        itself, and a waiter keeps its place."""
+        key's queue of waiters (``supersede``, ``front``: see ``Store.acquire``). The owner
+        token stays the same across attempts, so a retry after a lost reply recognises a
+        lease it already holds instead of conflicting with itself, and a waiter keeps its
+        place."""
         with self.lock:
             sent = self.clock()
             lease = self.store.acquire(
-                self.key, self.ttl, self.holder, self.owner_token, limit=self.limit, queue=queue
+                self.key,
+                self.ttl,
+                self.holder,
+                self.owner_token,
+                limit=self.limit,
+                queue=queue,
+                mode=self.mode,
+                supersede=supersede,
+                front=front,
             )
             if lease is None:
                 return False
@@ -156,6 +170,7 @@ class LeaseKeeper:
             outcome=outcome,
             detected_by=detected_by,
             slot=lease.slot,
+            mode=lease.mode,
         )
 
     def release(
@@ -263,7 +278,13 @@ def _random_fraction() -> float:
 
 
 class Waiter:
-    """Retries an acquisition until it succeeds or ``wait`` seconds have passed."""
+    """Retries an acquisition until it succeeds or ``wait`` seconds have passed.
+
+    ``supersede`` (``run --supersede``): a newer such waiter of the key makes this one give
+    up (``Superseded``). ``replace`` (``run --replace``): the holders are broken, as
+    ``release --force`` does, and this waiter waits ahead of every other one; it waits
+    beyond ``wait`` for as long as a lease it broke (or a newcomer's) is still live, so
+    it takes the key as soon as they let go or their leases run out."""
 
     def __init__(
         self,
@@ -272,12 +293,19 @@ class Waiter:
         on_waiting=None,
         rng=None,
         wake_fd: int | None = None,
+        supersede: bool = False,
+        replace: bool = False,
+        on_broken=None,
     ):
         self.keeper = keeper
         self.wait = wait
         self.on_waiting = on_waiting
         self.rng = rng or _random_fraction
         self.wake_fd = wake_fd  # readable when a signal came (signal.set_wakeup_fd)
+        self.supersede = supersede
+        self.replace = replace
+        self.on_broken = on_broken  # called with the leases a --replace broke, each once
+        self._broken: set[int] = set()
         signals = keeper.store.signals_release
         ceiling = SIGNALLED_POLL_CEILING_S if signals else POLL_CEILING_S
         # each attempt renews our place in the queue: several per waiter_ttl
@@ -314,16 +342,21 @@ class Waiter:
         delay = FIRST_RETRY_S
         announced_at: float | None = None
         first_holder: LeaseInfo | None = None
+        broken_live = broken_live_before = False
         while True:
             try:
-                if keeper.try_acquire(queue=self.wait > 0):
+                queue = self.wait > 0 or self.replace
+                if keeper.try_acquire(queue, supersede=self.supersede, front=self.replace):
                     return
+                broken_live = self._break_holders()
             except StoreUnavailable:
                 if clock() + delay >= give_up_at:
                     raise
                 # a blip while waiting is retried like a conflict
             left = give_up_at - clock()
-            if left <= 0:
+            # --replace waits while a lease it broke is live, and tries once more after
+            replacing, broken_live_before = broken_live or broken_live_before, broken_live
+            if left <= 0 and not replacing:
                 waited = self.wait if announced_at is not None else 0.0
                 raise Conflict(keeper.key, self._current_holder(), waited, first_holder)
             if announced_at is None or clock() - announced_at >= WAITING_EVENT_EVERY_S:
@@ -333,8 +366,21 @@ class Waiter:
                 announced_at = clock()
                 if self.on_waiting is not None:
                     self.on_waiting(holder)
-            self._wait_for_release(min(delay * (0.5 + self.rng()), left))
+            self._wait_for_release(min(delay * (0.5 + self.rng()), max(left, self.ceiling)))
             delay = min(delay * 2, self.ceiling)
+
+    def _break_holders(self) -> bool:
+        """--replace: break the key's live leases in our name; True when there were any
+        (they are broken now, and we wait for them to let go or run out)."""
+        if not self.replace:
+            return False
+        keeper = self.keeper
+        live = keeper.store.break_lease(keeper.key, None, Replacer.of(keeper.holder))
+        fresh = [info for info in live if info.fencing_token not in self._broken]
+        self._broken.update(info.fencing_token for info in fresh)
+        if fresh and self.on_broken is not None:
+            self.on_broken(fresh)
+        return bool(live)
 
     def _wait_for_release(self, timeout: float) -> None:
         self._in_wait = True

@@ -42,8 +42,17 @@ LAST_DURATION = Family(
     "How long the last run of the key held the lease.",
 )
 HELD = Family("tasklock_held", "Live holders of the key's lease now.")
+HELD_SHARED = Family("tasklock_held_shared", "Live holders of the key in shared mode now.")
 WAITING = Family("tasklock_waiting", "Runs waiting for the key now (its queue's length).")
-FAMILIES = (LAST_START, LAST_SUCCESS, LAST_EXIT_CODE, LAST_DURATION, HELD, WAITING)
+FAMILIES = (
+    LAST_START,
+    LAST_SUCCESS,
+    LAST_EXIT_CODE,
+    LAST_DURATION,
+    HELD,
+    HELD_SHARED,
+    WAITING,
+)
 
 
 def escape_label_value(value: str) -> str:
@@ -67,11 +76,19 @@ def format_value(value: float) -> str:
 
 
 def key_samples(
-    runs: list[RunRecord], held: int, success: RunRecord | None, waiting: int = 0
+    runs: list[RunRecord],
+    held: int,
+    success: RunRecord | None,
+    waiting: int = 0,
+    shared: int = 0,
 ) -> dict[Family, float]:
-    """The samples of one key, from its runs (newest first), its live holders, its
-    newest success and its waiters."""
-    samples: dict[Family, float] = {HELD: float(held), WAITING: float(waiting)}
+    """The samples of one key, from its runs (newest first), its live holders (``shared``
+    of them in shared mode), its newest success and its waiters."""
+    samples: dict[Family, float] = {
+        HELD: float(held),
+        HELD_SHARED: float(shared),
+        WAITING: float(waiting),
+    }
     ran = [run for run in runs if run.outcome != "done-already"]
     if ran:
         last = ran[0]
@@ -89,8 +106,10 @@ def collect(store: Store, prefix: str = "") -> dict[str, dict[Family, float]]:
     """Per key (starting with ``prefix``, with runs in the ledger, a live lease or
     waiters): its samples."""
     held: dict[str, int] = {}
+    shared: dict[str, int] = {}
     for info in store.list(prefix=prefix):
         held[info.key] = held.get(info.key, 0) + 1
+        shared[info.key] = shared.get(info.key, 0) + info.shared
     waiting = store.waiting_counts(prefix)
     keys = sorted(set(store.ledger_keys(prefix)) | set(held) | set(waiting))
     return {
@@ -99,6 +118,7 @@ def collect(store: Store, prefix: str = "") -> dict[str, dict[Family, float]]:
             held.get(key, 0),
             store.last_success(key)[0],
             waiting.get(key, 0),
+            shared.get(key, 0),
         )
         for key in keys
     }

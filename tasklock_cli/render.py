@@ -85,16 +85,20 @@ def _rich_table(leases: list[LeaseInfo], waiting: dict[str, int]):
         return "no locks held"
     table = Table(box=None, header_style="bold")
     slots = any(info.limit > 1 for info in leases)
-    for column in ("KEY", *(("SLOT",) if slots else ()), "HOLDER", "TOKEN", "ACQUIRED"):
+    modes = any(info.shared for info in leases)
+    optional = (*(("SLOT",) if slots else ()), *(("MODE",) if modes else ()))
+    for column in ("KEY", *optional, "HOLDER", "TOKEN", "ACQUIRED"):
         table.add_column(column)
     for column in ("EXPIRES", "WAITING", "NOTE"):
         table.add_column(column)
     for info in leases:
         h = info.holder
         slot = (f"{info.slot} of {info.limit}",) if slots else ()
+        mode = (info.mode,) if modes else ()
         table.add_row(
             _text(info.key),
             *slot,
+            *mode,
             _text(f"{h.user}@{h.host} pid {h.pid}"),
             str(info.fencing_token),
             relative(info.acquired_at),
@@ -159,7 +163,10 @@ def _history_rich_table(key: str, runs: list[RunRecord]):
     if not runs:
         return _text(f"no runs of {key} recorded")
     table = Table(box=None, header_style="bold")
-    for column in ("STARTED", "TOOK", "TOKEN", "OUTCOME", "EXIT", "HOLDER", "NOTE", "COMMAND"):
+    modes = ("MODE",) if any(run.shared for run in runs) else ()
+    for column in ("STARTED", "TOOK", "TOKEN", *modes, "OUTCOME", "EXIT", "HOLDER"):
+        table.add_column(column)
+    for column in ("NOTE", "COMMAND"):
         table.add_column(column)
     for run in runs:
         h = run.holder
@@ -169,6 +176,7 @@ def _history_rich_table(key: str, runs: list[RunRecord]):
             f"{rfc3339(run.started_at)} ({relative(run.started_at)})",
             format_duration(max(0.0, took)) if took is not None else "-",
             str(run.fencing_token),
+            *((run.mode,) if modes else ()),
             outcome,
             "-" if run.exit_code is None else str(run.exit_code),
             _text(f"{h.user}@{h.host} pid {h.pid}"),
@@ -187,7 +195,7 @@ def peek_json(key: str, holders: list[LeaseInfo], waiters: list[WaiterInfo]) -> 
         return {"key": key, "held": False, "waiters": queue}
     first = min(holders, key=lambda info: info.fencing_token)
     shown = {**first.to_json(), "held": True}
-    if first.limit > 1:
+    if first.limit > 1 or len(holders) > 1:
         shown["holders"] = [info.to_json() for info in holders]
     shown["waiters"] = queue
     return shown
@@ -210,9 +218,12 @@ def waiters_block(key: str, waiters: list[WaiterInfo], held: bool) -> None:
 
 def lease_details(holders: list[LeaseInfo]) -> None:
     """``peek``: the lease on a key; for a semaphore, one block per held slot."""
-    if holders[0].limit > 1:
-        limit = holders[0].limit
-        sys.stdout.write(safe(f"{holders[0].key}: {len(holders)} of {limit} slots held") + "\n")
+    first = holders[0]
+    if first.limit > 1:
+        sys.stdout.write(safe(f"{first.key}: {len(holders)} of {first.limit} slots held") + "\n")
+    elif first.shared:
+        count = len(holders)
+        sys.stdout.write(safe(f"{first.key}: {count} shared holder{'s' * (count > 1)}") + "\n")
     for index, info in enumerate(holders):
         if index:
             sys.stdout.write("\n")
@@ -225,6 +236,7 @@ def _lease_block(info: LeaseInfo) -> None:
     rows = [
         ("key", info.key),
         *slot,
+        ("mode", info.mode),
         ("holder", f"{h.host} pid {h.pid} (user {h.user})"),
         ("command", " ".join(h.command)),
         ("note", h.note or "-"),

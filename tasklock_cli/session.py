@@ -166,7 +166,8 @@ def run_command(
     command: list[str] | None,
     flags: dict,
     note: str | None,
-    switched_off: set[str] | frozenset[str] = frozenset(),
+    switches: set[str] | frozenset[str] = frozenset(),
+    also: list[str] | tuple[str, ...] = (),
 ) -> int:
     """`tasklock run`, once its command line is parsed (by typer or by fastrun)."""
     from tasklock_cli import settings
@@ -175,6 +176,10 @@ def run_command(
     from tasklock_cli.supervisor import Supervisor
 
     validate_key(key)
+    for other in also:
+        validate_key(other)
+    if len({key, *also}) < 1 + len(also):
+        raise UsageError("--also names a key twice (or KEY itself)")
     if not command:
         raise UsageError("no command given (tasklock run KEY [OPTIONS] [--] COMMAND [ARG...])")
 
@@ -182,15 +187,17 @@ def run_command(
         return g.config.run_setting(key, name)
 
     values = settings.resolve(flags, in_file, g.config.path)
-    switches = settings.resolve_switches(set(switched_off), in_file)
     options = RunOptions(
         key=key,
         command=list(command),
         **values,
-        **switches,
+        **settings.resolve_switches(set(switches), in_file),
+        also=tuple(also),
         note=note,
         store_url=g.store_url(),
         config_file=g.store_config_file(),
     )
+    if options.shared and options.limit > 1:
+        raise UsageError("--shared cannot be used with --limit (shared holders are not counted)")
     with g.open_store() as store:
-        return Supervisor(store, options, g.events).run()
+        return Supervisor(store, options, g.events, open_store=g.open_store).run()

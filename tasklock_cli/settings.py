@@ -134,35 +134,63 @@ BY_FLAG = {setting.flag: setting for setting in RUN_SETTINGS}
 
 @dataclass(frozen=True)
 class RunSwitch(_Configured):
-    """A ``run`` setting that is on by default: ``name = false`` in a config file, or the
-    flag ``--no-<name>``, turns it off."""
+    """A ``run`` setting that is on or off: ``name = true|false`` in a config file, or its
+    flag, which turns it from its default (``--name`` for one that is off by default,
+    ``--no-<name>`` for one that is on)."""
 
     name: str
     help: str
+    default: bool = False
 
     @property
     def flag(self) -> str:
-        return f"--no-{self.name}"
+        return f"--no-{self.name}" if self.default else f"--{self.name}"
+
+    @property
+    def parameter(self) -> str:
+        """The flag as a Python parameter name (typer's)."""
+        return self.flag[2:].replace("-", "_")
 
 
 RUN_SWITCHES: tuple[RunSwitch, ...] = (
     RunSwitch(
+        "shared",
+        "Shared (reader) mode: any number of --shared runs hold KEY together; a run "
+        "without it holds KEY alone, and later --shared runs wait behind a waiting one.",
+    ),
+    RunSwitch(
+        "replace",
+        "When KEY is held, break the holder as release --force does (it exits 70) and take "
+        "the lock as soon as it lets go, ahead of every waiting run.",
+    ),
+    RunSwitch(
+        "supersede",
+        "While waiting: a newer --supersede run of KEY makes this one give up (the conflict "
+        "exit code), so only the newest waits.",
+    ),
+    RunSwitch(
         "record-args",
         "Keep only the command's first word in the ledger and the holder record (for "
         "commands that carry secrets in their arguments).",
+        default=True,
     ),
 )
 SWITCHES_BY_NAME = {switch.name: switch for switch in RUN_SWITCHES}
 SWITCHES_BY_FLAG = {switch.flag: switch for switch in RUN_SWITCHES}
 
 
-def resolve_switches(turned_off: set[str], in_file) -> dict[str, bool]:
-    """Each switch: off when its flag was given or the config file (``in_file(name)``)
-    says false. Returns RunOptions field names."""
-    return {
-        switch.field: switch.name not in turned_off and in_file(switch.name) is not False
-        for switch in RUN_SWITCHES
-    }
+def resolve_switches(flagged: set[str], in_file) -> dict[str, bool]:
+    """Each switch: turned from its default when its flag was given (``flagged``: switch
+    names), else what the config file (``in_file(name)``) says, else its default. Returns
+    RunOptions field names."""
+    values = {}
+    for switch in RUN_SWITCHES:
+        found = in_file(switch.name)
+        if switch.name in flagged:
+            values[switch.field] = not switch.default
+        else:
+            values[switch.field] = found if isinstance(found, bool) else switch.default
+    return values
 
 
 def default(name: str) -> float | int | None:

@@ -24,11 +24,13 @@ from tasklock_cli.errors import ExitCode
 from tasklock_cli.errors import Interrupted
 from tasklock_cli.errors import LossKind
 from tasklock_cli.errors import StoreUnavailable
+from tasklock_cli.errors import Superseded
 from tasklock_cli.errors import TasklockError
 from tasklock_cli.events import EventLog
 from tasklock_cli.heartbeat import Heartbeat
 from tasklock_cli.heartbeat import RenewalSchedule
 from tasklock_cli.heartbeat import renewal_schedule
+from tasklock_cli.holding import Holding
 from tasklock_cli.lease import Conflict
 from tasklock_cli.lease import LeaseKeeper
 from tasklock_cli.lease import Waiter
@@ -40,6 +42,8 @@ from tasklock_cli.records import dataclass
 from tasklock_cli.records import field
 from tasklock_cli.records import replace
 from tasklock_cli.sanitize import recordable
+from tasklock_cli.stores.base import EXCLUSIVE
+from tasklock_cli.stores.base import SHARED
 from tasklock_cli.stores.base import Holder
 from tasklock_cli.stores.base import Lease
 from tasklock_cli.stores.base import LeaseInfo
@@ -81,6 +85,14 @@ class RunOptions:
     #: so a password kept in it does not spread through the command's environment.
     config_file: str | None = None
     record_args: bool = True  # False: the store keeps only the command's first word
+    shared: bool = False  # --shared
+    replace: bool = False  # --replace
+    supersede: bool = False  # --supersede
+    also: tuple[str, ...] = ()  # --also KEY2...
+
+    @property
+    def mode(self) -> str:
+        return SHARED if self.shared else EXCLUSIVE
 
     @property
     def schedule(self) -> RenewalSchedule:
@@ -144,30 +156,40 @@ class Supervisor:
         options: RunOptions,
         events: EventLog,
         clock: clocks.Clock = clocks.monotonic,
+        open_store: Callable[[], Store] | None = None,
     ) -> None:
+        """``open_store`` opens a client of the store for each ``--also`` key."""
         self.store = store
         self.options = options
         self.events = events
         self.clock = clock
         holder = current_holder(options.command, options.note, options.record_args)
-        self.keeper = LeaseKeeper(store, options.key, options.ttl, holder, clock, options.limit)
+        own_stores = [open_store() for _ in options.also] if open_store else []
+        keepers = [
+            LeaseKeeper(client, key, options.ttl, holder, clock, options.limit, options.mode)
+            for client, key in zip([store, *own_stores], [options.key, *options.also], strict=True)
+        ]
+        self.keeper = keepers[0]
         self.state = _State()
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self.heartbeat = Heartbeat(
-            self.keeper,
-            options,
-            events,
-            on_loss=lambda kind, detail, kill_at: self._lose(kind, detail, kill_at=kill_at),
-            on_renewed=self._renewed,
-            on_deadline=self._wake,
-            clock=clock,
-        )
+        self.holding = Holding(keepers, self._heartbeat_of, own_stores)
         self.child: Child | None = None  # once the command started
         self._guard: Child | None = None  # forked while waiting, the command not started
         self._on_ledger_failed = functools.partial(warn_ledger_failed, events, self.keeper)
         self._waiter: Waiter | None = None
         self._acquiring = False
         self._loss_lock = threading.Lock()
+
+    def _heartbeat_of(self, keeper: LeaseKeeper) -> Heartbeat:
+        return Heartbeat(
+            keeper,
+            self.options,
+            self.events,
+            on_loss=lambda kind, detail, kill_at: self._lose(kind, detail, kill_at=kill_at),
+            on_renewed=self._renewed,
+            on_deadline=self._wake,
+            clock=self.clock,
+        )
 
     # -- the whole run ------------------------------------------------------------------
 
@@ -182,59 +204,79 @@ class Supervisor:
             self.events.debug(f"{stop} (while acquiring {self.options.key!r})")
             # A lease we were granted goes back, with little time for it: it may be the
             # store that kept us waiting.
-            record = self.keeper.run_record("signalled", None)
-            self.keeper.release_quietly(CUT_SHORT_AFTER_S, record, self._on_ledger_failed)
+            records = self._records("signalled", None)
+            self.holding.release_quietly(CUT_SHORT_AFTER_S, records, self._on_ledger_failed)
             return stop.exit_code
         finally:
             if self._guard is not None:  # the command never started
                 self._guard.cancel()
             restore_signal_handlers(previous_handlers)
-            self.heartbeat.close()
+            self.holding.close()
             for fd in (self._wake_r, self._wake_w):
                 os.close(fd)
 
     def _acquire_and_run(self) -> int:
         options = self.options
-        self.store.set_io_timeout(options.schedule.io_timeout)
+        self.holding.set_io_timeout(options.schedule.io_timeout)
         self._acquiring = True
         try:
             done_by = self._acquire()
         except Conflict as conflict:
-            emit_conflict(self.events, options.key, conflict)
+            emit_conflict(self.events, conflict.key, conflict)
+            return options.conflict_exit_code
+        except Superseded as superseded:
+            self.events.emit("superseded", superseded.key, None, str(superseded))
             return options.conflict_exit_code
         finally:
             self._stop_acquiring()
-        emit_acquired(self.events, options, self.keeper.lease)
+        for keeper in self.holding.in_order:
+            emit_acquired(self.events, options, keeper)
         if done_by is not None and not self.state.pending_signals:  # this window's work is done
             emit_done_already(self.events, options.key, self.keeper.fencing_token, done_by)
-            self._release(record=self.keeper.run_record("done-already", None))
+            self._release_all("done-already", None)
             return options.done_exit_code
         return self._run_child()
 
     def _acquire(self) -> RunRecord | None:
-        """Take the lease; with --once-per, the run that already did this window's work
-        (then the lease is held but the command must not run), else None."""
-        options = self.options
-
-        def announce(info: LeaseInfo | None) -> None:
-            emit_waiting(self.events, options.key, options.wait, info)
-            self._fork_guard()  # while we wait, not once the lock is free
-
-        self._waiter = Waiter(self.keeper, options.wait, on_waiting=announce, wake_fd=self._wake_r)
-        if self.state.pending_signals:  # came before the waiter could hear of it
-            raise Interrupted(self.state.pending_signals[0])
+        """Take the leases, in key order, holding those taken while waiting for the next
+        (with --wait 0 a run that cannot have them all holds none); with --once-per, the
+        run that already did this window's work (then the leases are held but the command
+        must not run), else None."""
+        options, io_timeout = self.options, self.options.schedule.io_timeout
+        give_up_at = self.clock() + options.wait
         try:
-            self._waiter.acquire()
-            done_by = self.keeper.window_done_by(
-                self.options.once_per, self.options.schedule.io_timeout
-            )
+            for keeper in self.holding.in_order:
+                self._take(keeper, max(0.0, give_up_at - self.clock()))
+            done_by = self.keeper.window_done_by(options.once_per, io_timeout)
             if done_by is None:
-                # A long wait or a slow reply may have left little of the lease: renew first.
-                self.keeper.ensure_remaining(self.options.ttl / 2, self.options.schedule.io_timeout)
+                # A long wait or a slow reply may have left little of a lease: renew first.
+                for keeper in self.holding.in_order:
+                    keeper.ensure_remaining(options.ttl / 2, io_timeout)
         except TasklockError:
+            self.holding.give_back(io_timeout)
             self._raise_if_signalled()  # it came during the last attempt: it wins
             raise
         return done_by
+
+    def _take(self, keeper: LeaseKeeper, wait: float) -> None:
+        options = self.options
+
+        def announce(info: LeaseInfo | None) -> None:
+            emit_waiting(self.events, keeper.key, options.wait, info)
+            self._fork_guard()  # while we wait, not once the lock is free
+
+        self._waiter = Waiter(
+            keeper,
+            wait,
+            on_waiting=announce,
+            wake_fd=self._wake_r,
+            supersede=options.supersede,
+            replace=options.replace,
+            on_broken=functools.partial(emit_replacing, self.events, keeper.key),
+        )
+        if self.state.pending_signals:  # came before the waiter could hear of it
+            raise Interrupted(self.state.pending_signals[0])
+        self._waiter.acquire()
 
     def _fork_guard(self) -> Child:
         if self._guard is None:
@@ -256,15 +298,15 @@ class Supervisor:
         try:
             if self.state.pending_signals:  # asked to stop before the child even started
                 signum = self.state.pending_signals[0]
-                self._release(record=self.keeper.run_record("signalled", None))
+                self._release_all("signalled", None)
                 return ExitCode.SIGNALLED + signum
             child = self._fork_guard()
             self._guard = None
             try:
-                env = child_env(self.options, self.keeper.lease)
+                env = child_env(self.options, self.keeper.lease, self.holding)
                 child.start(env, terminal.fd)
             except TasklockError as exc:
-                self._release(record=self.keeper.run_record("failed", exc.exit_code))
+                self._release_all("failed", exc.exit_code)
                 raise
             self.child = child
             child.set_backstop(self._backstop_in())
@@ -272,34 +314,35 @@ class Supervisor:
                 self._forward(child, signum)
             self.state.pending_signals.clear()
             terminal.give_to(child.pgid)
-            self.heartbeat.guard_pid = child.guard_pid
-            self.heartbeat.start()
+            self.holding.start(child.guard_pid)
             self._watch(child, terminal)
-            self.heartbeat.stop(join_within=self.options.schedule.io_timeout)
+            self.holding.stop(join_within=self.options.schedule.io_timeout)
             return self._finish(child)
         finally:
             terminal.take_back()
 
     def _finish(self, child: Child) -> int:
         loss = self.state.loss
-        record = run_record_of(self.keeper, self.state.loss, child)
-        if loss is not None and loss.detected_by in (LossKind.REJECTED, LossKind.RESUMED_LATE):
+        records = {k.key: run_record_of(k, loss, child) for k in self.holding.in_order}
+        broken = (LossKind.REJECTED, LossKind.REPLACED, LossKind.RESUMED_LATE)
+        if loss is not None and loss.detected_by in broken:
             # Maybe broken by an operator (a paused holder finds its broken lease still
             # there until it runs out on the store's clock).
-            record = with_breaker(self.store, self.keeper.lease, record, self.events.debug)
-        if loss is not None and loss.detected_by == LossKind.REJECTED:
-            # Broken by an operator: it is still ours to let go, token-checked, unless
-            # someone else holds it by now (then this frees nothing).
+            for k in self.holding.held():
+                records[k.key] = with_breaker(k.store, k.lease, records[k.key], self.events.debug)
+        if loss is not None and loss.detected_by in (LossKind.REJECTED, LossKind.REPLACED):
+            # Broken by an operator: still ours to let go, token-checked, unless someone
+            # else holds it by now (then this frees nothing).
             io_timeout = self.options.schedule.io_timeout
-            if self.keeper.release_quietly(io_timeout, record, self._on_ledger_failed):
-                self._emit("released", f"released {self.options.key!r}")
+            for k in self.holding.release_quietly(io_timeout, records, self._on_ledger_failed):
+                self.events.emit("released", k.key, k.fencing_token, f"released {k.key!r}")
             return ExitCode.LOST
         keep_for = 0.0
         if loss is None and not child.guard_died:
-            keep_for = max(
-                0.0, self.options.hold_at_least - (self.clock() - self.keeper.acquired_at)
-            )
-        self._release(keep_for, record)
+            held_for = self.clock() - self.holding.acquired_at()
+            keep_for = max(0.0, self.options.hold_at_least - held_for)
+        for keeper in self.holding.held():
+            release_and_report(keeper, self.options, self.events, keep_for, records[keeper.key])
         if loss is not None or child.guard_died:
             return ExitCode.LOST
         return child.exit_code()
@@ -318,7 +361,7 @@ class Supervisor:
                 return
             now = self.clock()
             state = self.state
-            deadline = self.keeper.deadline
+            deadline = self.holding.deadline()
             if state.loss is None and child.exited and state.orphans_terminated_at is None:
                 # Nothing the lock covered may run on unlocked: what the command left running
                 # gets SIGTERM now, SIGKILL after --grace, and only then is the lease released.
@@ -355,8 +398,8 @@ class Supervisor:
             self._lose(LossKind.RESUMED_LATE, "paused past the local lease deadline", kill_at=0.0)
         if self.state.loss is None and child.exited_at is not None:
             exited_on_our_clock = self.clock() - (clocks.monotonic() - child.exited_at)
-            if exited_on_our_clock >= self.keeper.deadline:
-                late = exited_on_our_clock - self.keeper.deadline
+            if exited_on_our_clock >= self.holding.deadline():
+                late = exited_on_our_clock - self.holding.deadline()
                 detail = f"the command ran {format_duration(late)} past the local lease deadline"
                 self._lose(LossKind.RESUMED_LATE, detail, kill_at=0.0)
         if child.guard_died:
@@ -382,21 +425,21 @@ class Supervisor:
     def _backstop_in(self) -> float:
         """Seconds until the guard kills the tree by itself: after our own SIGKILL would
         have gone out, still before the local deadline (and so before the store's)."""
-        return self.keeper.deadline - self.options.schedule.safety_margin / 2 - self.clock()
+        return self.holding.deadline() - self.options.schedule.safety_margin / 2 - self.clock()
 
     def _kill_time(self) -> float:
         """When the SIGKILL goes out after a loss: as the loss planned it, but never past the
         local deadline, whatever else fails meanwhile (say max-lifetime, then the store)."""
         assert self.state.loss is not None
         return min(
-            self.state.loss.kill_at, self.keeper.deadline - self.options.schedule.safety_margin
+            self.state.loss.kill_at, self.holding.deadline() - self.options.schedule.safety_margin
         )
 
     def _sleep_until_next_event(self, child: Child, now: float, started: float) -> None:
         options, state = self.options, self.state
         wake_times = [
-            self.keeper.deadline - options.schedule.safety_margin - options.loss_grace,
-            self.keeper.deadline,
+            self.holding.deadline() - options.schedule.safety_margin - options.loss_grace,
+            self.holding.deadline(),
             started + options.max_lifetime,
         ]
         if state.loss is not None and not state.kill_sent:
@@ -436,16 +479,25 @@ class Supervisor:
     def _renewed(self, lease: Lease) -> None:
         if self.child is not None:
             self.child.set_backstop(self._backstop_in())
-        self._emit(
+        self.events.emit(
             "renewed",
-            f"renewed {self.options.key!r} until {rfc3339(lease.expires_at)}",
+            lease.key,
+            lease.fencing_token,
+            f"renewed {lease.key!r} until {rfc3339(lease.expires_at)}",
             expires_at=rfc3339(lease.expires_at),
         )
 
     # -- release, events, signals ---------------------------------------------------------
 
-    def _release(self, keep_for: float = 0.0, record: RunRecord | None = None) -> None:
-        release_and_report(self.keeper, self.options, self.events, keep_for, record)
+    def _records(self, outcome: str, exit_code: int | None) -> dict[str, RunRecord | None]:
+        return {k.key: k.run_record(outcome, exit_code) for k in self.holding.in_order}
+
+    def _release_all(self, outcome: str, exit_code: int | None) -> None:
+        """Release every lease held, each recording the run (``outcome``) in its key's
+        ledger."""
+        for keeper in self.holding.held():
+            record = keeper.run_record(outcome, exit_code)
+            release_and_report(keeper, self.options, self.events, record=record)
 
     def _emit(
         self, event: str, message: str, fencing_token: int | None = None, **fields: object
@@ -490,7 +542,10 @@ def with_breaker(
     except TasklockError as exc:
         debug(f"could not read who broke {lease.key!r}: {exc}")
         return record
-    return replace(record, broken_by=by) if by else record
+    if not by:
+        return record
+    # (the record says ``replaced`` in its detected_by; broken_by names who)
+    return replace(record, broken_by={name: by[name] for name in ("host", "pid", "user")})
 
 
 def release_and_report(
@@ -501,7 +556,7 @@ def release_and_report(
     record: RunRecord | None = None,
 ) -> None:
     """Release, retrying while the lease could still be ours; never claim a false release."""
-    key, token = options.key, keeper.fencing_token
+    key, token = keeper.key, keeper.fencing_token
     try:
         released = keeper.release_retrying(
             keep_for,
@@ -524,10 +579,15 @@ def release_and_report(
     events.emit("released", key, token, f"released {key!r}{held}", kept_for=keep_for)
 
 
-def child_env(options: RunOptions, lease) -> dict[str, str]:
-    """The command's environment: ours, the lease's variables, and where `tasklock check`
-    in the command finds the store (the config file it came from, else its URL)."""
+def child_env(options: RunOptions, lease, holding: Holding | None = None) -> dict[str, str]:
+    """The command's environment: ours, the lease's variables (with --also, every key's
+    token), and where `tasklock check` in the command finds the store (the config file it
+    came from, else its URL)."""
     env = dict(os.environ)
+    if holding is not None and holding.several:
+        import json
+
+        env["TASKLOCK_FENCING_TOKENS"] = json.dumps(holding.tokens(), ensure_ascii=False)
     env["TASKLOCK_KEY"] = options.key
     env["TASKLOCK_FENCING_TOKEN"] = str(lease.fencing_token)
     env["TASKLOCK_LEASE_EXPIRES_AT"] = rfc3339(lease.expires_at)
@@ -539,14 +599,18 @@ def child_env(options: RunOptions, lease) -> dict[str, str]:
     return env
 
 
-def emit_acquired(events: EventLog, options: RunOptions, lease: Lease) -> None:
+def emit_acquired(events: EventLog, options: RunOptions, keeper: LeaseKeeper) -> None:
+    lease = keeper.lease
+    assert lease is not None
     slot = f" slot {lease.slot} of {lease.limit}" if lease.limit > 1 else ""
     fields: dict[str, object] = {"slot": lease.slot} if lease.limit > 1 else {}
+    if lease.mode == SHARED:
+        slot, fields["mode"] = " (shared)", SHARED
     events.emit(
         "acquired",
-        options.key,
+        keeper.key,
         lease.fencing_token,
-        f"acquired {options.key!r}{slot} (fencing token {lease.fencing_token}, "
+        f"acquired {keeper.key!r}{slot} (fencing token {lease.fencing_token}, "
         f"ttl {format_duration(options.ttl)})",
         expires_at=rfc3339(lease.expires_at),
         **fields,
@@ -581,6 +645,12 @@ def emit_waiting(events: EventLog, key: str, wait: float, info: LeaseInfo | None
         wait=wait if math.isfinite(wait) else "inf",
         holder=info.holder.to_dict() if info else None,
     )
+
+
+def emit_replacing(events: EventLog, key: str, broken: list[LeaseInfo]) -> None:
+    """--replace broke these leases: their holders terminate their trees and let go."""
+    for info in broken:
+        events.debug(f"--replace: broke {key!r} held by {describe_holder(info)}; taking it next")
 
 
 def emit_conflict(events: EventLog, key: str, conflict: Conflict) -> None:

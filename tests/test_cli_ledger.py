@@ -56,8 +56,10 @@ def test_history_after_runs_exiting_0_4_0_newest_first(env):
         "outcome",
         "detected_by",
         "broken_by",
+        "mode",
     }
     assert newest["key"] == "job" and newest["slot"] == 0 and newest["detected_by"] is None
+    assert newest["mode"] == "exclusive"
     assert newest["command"] == ["sh", "-c", "exit 0"] and newest["note"] == "n0"
     assert isinstance(newest["pid"], int) and newest["host"] and newest["user"]
     started = datetime.fromisoformat(newest["started_at"].replace("Z", "+00:00"))

@@ -137,6 +137,7 @@ FAMILIES = (
     "tasklock_last_exit_code",
     "tasklock_last_duration_seconds",
     "tasklock_held",
+    "tasklock_held_shared",
     "tasklock_waiting",
 )
 

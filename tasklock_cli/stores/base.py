@@ -111,6 +111,10 @@ class LeaseInfo:
     limit: int = 1
     mode: str = EXCLUSIVE
 
+    @property
+    def shared(self) -> bool:
+        return self.mode == SHARED
+
     def to_json(self) -> dict:
         return {
             "key": self.key,
@@ -168,6 +172,11 @@ class RunRecord:
     ended_at: datetime | None = None
     #: Who broke the lease (``release --force``): {"host", "pid", "user"}; None otherwise.
     broken_by: dict | None = None
+    mode: str = EXCLUSIVE
+
+    @property
+    def shared(self) -> bool:
+        return self.mode == SHARED
 
     def fields(self) -> dict:
         """Everything but key, token and times, as the stores keep it (JSON-able)."""
@@ -178,6 +187,7 @@ class RunRecord:
             "outcome": self.outcome,
             "detected_by": self.detected_by,
             "broken_by": self.broken_by,
+            "mode": self.mode,
         }
 
     @classmethod
@@ -201,6 +211,7 @@ class RunRecord:
             detected_by=data.get("detected_by"),
             slot=int(data.get("slot", 0)),
             broken_by=breaker_of(data.get("broken_by")),
+            mode=SHARED if data.get("mode") == SHARED else EXCLUSIVE,
         )
 
     def to_json(self) -> dict:
@@ -220,13 +231,17 @@ class RunRecord:
             "outcome": self.outcome,
             "detected_by": self.detected_by,
             "broken_by": self.broken_by,
+            "mode": self.mode,
         }
 
 
-@dataclass(frozen=True)
 class Replacer(Holder):
     """A holder that breaks leases to take their key (``run --replace``): the broken
-    holder's loss is ``replaced`` rather than ``rejected``."""
+    holder's loss is ``replaced`` rather than ``rejected``. (Holder's fields, no new ones.)"""
+
+    @classmethod
+    def of(cls, holder: Holder) -> Replacer:
+        return cls(holder.host, holder.pid, holder.user, list(holder.command), holder.note)
 
 
 def breaker(holder: Holder | None) -> dict | None:

@@ -1,0 +1,94 @@
+"""The leases one `run` holds: KEY's, and with ``--also`` each further key's.
+
+Every key has its own LeaseKeeper and Heartbeat (and, beyond KEY, a store client of its
+own: a client serves one thread). They are taken in one global order, sorted by key, so
+two runs naming the same keys in any order never wait for each other in a circle. The run
+is as safe as its weakest lease: the local deadline is the earliest of them, and losing
+any one is losing the lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+
+from tasklock_cli.errors import TasklockError
+from tasklock_cli.heartbeat import Heartbeat
+from tasklock_cli.lease import LeaseKeeper
+from tasklock_cli.stores.base import RunRecord
+from tasklock_cli.stores.base import Store
+
+
+class Holding:
+    def __init__(
+        self,
+        keepers: list[LeaseKeeper],
+        make_heartbeat: Callable[[LeaseKeeper], Heartbeat],
+        own_stores: list[Store],
+    ) -> None:
+        self.primary = keepers[0]  # KEY's: the lease the run's events and variables name
+        self.in_order = sorted(keepers, key=lambda keeper: keeper.key)
+        self.heartbeats = [make_heartbeat(keeper) for keeper in keepers]
+        self._own_stores = own_stores  # opened for the --also keys: closed with us
+
+    @property
+    def several(self) -> bool:
+        return len(self.in_order) > 1
+
+    def deadline(self) -> float:
+        """The earliest local deadline of the leases held: the run's."""
+        return min(keeper.deadline for keeper in self.in_order if keeper.lease is not None)
+
+    def acquired_at(self) -> float:
+        """When the last lease was taken: the run holds its keys from then on."""
+        return max(keeper.acquired_at for keeper in self.in_order)
+
+    def held(self) -> list[LeaseKeeper]:
+        return [keeper for keeper in self.in_order if keeper.lease is not None]
+
+    def tokens(self) -> dict[str, int]:
+        """Key -> fencing token of every lease held (TASKLOCK_FENCING_TOKENS)."""
+        return {
+            keeper.key: keeper.lease.fencing_token
+            for keeper in self.in_order
+            if keeper.lease is not None
+        }
+
+    def set_io_timeout(self, seconds: float) -> None:
+        for keeper in self.in_order:
+            keeper.store.set_io_timeout(seconds)
+
+    def start(self, guard_pid: int) -> None:
+        for heartbeat in self.heartbeats:
+            heartbeat.guard_pid = guard_pid
+            heartbeat.start()
+
+    def stop(self, join_within: float) -> None:
+        for heartbeat in self.heartbeats:
+            heartbeat.stop()
+        for heartbeat in self.heartbeats:
+            heartbeat.stop(join_within=join_within)
+
+    def release_quietly(
+        self, io_timeout: float, records: dict[str, RunRecord | None], on_ledger_failed
+    ) -> list[LeaseKeeper]:
+        """One try at releasing each lease held, with its run record; the keepers whose
+        release the store confirmed."""
+        return [
+            keeper
+            for keeper in self.held()
+            if keeper.release_quietly(io_timeout, records.get(keeper.key), on_ledger_failed)
+        ]
+
+    def give_back(self, io_timeout: float) -> None:
+        """Release what an acquisition that failed half-way took (no run to record)."""
+        for keeper in self.held():
+            with contextlib.suppress(TasklockError):
+                keeper.release_quietly(io_timeout)
+
+    def close(self) -> None:
+        for heartbeat in self.heartbeats:
+            heartbeat.close()
+        for store in self._own_stores:
+            with contextlib.suppress(Exception):
+                store.close()
