@@ -27,7 +27,7 @@ function __tasklock_state --description 'none, the command being completed, or C
             end
         else
             switch "$cmd $token"
-                case 'run --ttl' 'run --renew-every' 'run --wait' 'run --grace' 'run --max-lifetime' 'run --hold-at-least' 'run --once-per' 'run --done-exit-code' 'run --conflict-exit-code' 'run --limit' 'run --note' 'run --store' 'run --config' 'run --log-format' 'peek --store' 'peek --config' 'peek --log-format' 'list --prefix' 'list --interval' 'list --store' 'list --config' 'list --log-format' 'history --limit' 'history --store' 'history --config' 'history --log-format' 'metrics --prefix' 'metrics --store' 'metrics --config' 'metrics --log-format' 'check --token' 'check --store' 'check --config' 'check --log-format' 'sweep --store' 'sweep --config' 'sweep --log-format' 'release --token' 'release --store' 'release --config' 'release --log-format' 'init --store' 'init --config' 'init --log-format' 'doctor --store' 'doctor --config' 'doctor --log-format'
+                case 'run --ttl' 'run --renew-every' 'run --wait' 'run --grace' 'run --max-lifetime' 'run --hold-at-least' 'run --once-per' 'run --done-exit-code' 'run --conflict-exit-code' 'run --limit' 'run --note' 'run --also' 'run --store' 'run --config' 'run --log-format' 'peek --store' 'peek --config' 'peek --log-format' 'list --prefix' 'list --interval' 'list --store' 'list --config' 'list --log-format' 'history --limit' 'history --store' 'history --config' 'history --log-format' 'metrics --prefix' 'metrics --store' 'metrics --config' 'metrics --log-format' 'check --token' 'check --store' 'check --config' 'check --log-format' 'sweep --store' 'sweep --config' 'sweep --log-format' 'release --token' 'release --store' 'release --config' 'release --log-format' 'init --store' 'init --config' 'init --log-format' 'doctor --store' 'doctor --config' 'doctor --log-format'
                     set skip 1
                 case 'run --'
                     set -g __tasklock_child_at (math $index + 1)
@@ -102,8 +102,12 @@ complete -c tasklock -n '__tasklock_is run' -l once-per -x -d 'Run at most once 
 complete -c tasklock -n '__tasklock_is run' -l done-exit-code -x -d 'Exit code when --once-per finds the window already done.'
 complete -c tasklock -n '__tasklock_is run' -l conflict-exit-code -x -d 'Exit code when the lock is held by someone else.'
 complete -c tasklock -n '__tasklock_is run' -l limit -x -d 'Semaphore: up to N holders at once, each in its own slot 0..N-1 (TASKLOCK_SLOT); every holder of KEY must use the same N.'
+complete -c tasklock -n '__tasklock_is run' -l shared -d 'Shared (reader) mode: any number of --shared runs hold KEY together; a run without it holds KEY alone, and later --shared runs wait behind a waiting one.'
+complete -c tasklock -n '__tasklock_is run' -l replace -d 'When KEY is held, break the holder as release --force does (it exits 70) and take the lock as soon as it lets go, ahead of every waiting run.'
+complete -c tasklock -n '__tasklock_is run' -l supersede -d 'While waiting: a newer --supersede run of KEY makes this one give up (the conflict exit code), so only the newest waits.'
 complete -c tasklock -n '__tasklock_is run' -l no-record-args -d 'Keep only the command\'s first word in the ledger and the holder record (for commands that carry secrets in their arguments).'
 complete -c tasklock -n '__tasklock_is run' -l note -x -d 'Shown by peek and list.'
+complete -c tasklock -n '__tasklock_is run' -l also -x -d 'Hold KEY2 too, all or nothing, in the same mode (repeatable); keys are taken in sorted order, so runs naming them in any order never deadlock.'
 complete -c tasklock -n '__tasklock_is run' -l store -x -d 'Store URL: sqlite:///PATH, postgresql://..., redis://..., etcd://HOST:PORT'
 complete -c tasklock -n '__tasklock_is run' -l config -r -F -d 'Config file (TOML)'
 complete -c tasklock -n '__tasklock_is run' -l log-format -x -a 'text json' -d 'Events on stderr as text or one JSON object per line.'
