@@ -105,6 +105,7 @@ def test_a_keys_statements_search_its_rows_not_every_live_lease(tmp_path, statem
     path = tmp_path / "locks.db"
     SQLiteStore(path).init_schema()
     names = ["key", "owner", "limit", "ttl", "wall", "holder", "token", "by", "slot", "broken"]
+    names += ["mode", "span"]
     params = dict.fromkeys(names, 1)
     with sqlite3.connect(path) as conn:
         plan = [
@@ -177,7 +178,7 @@ def test_a_version_3_file_is_rebuilt_keeping_live_leases_and_fencing_counters(tm
         # name -> place in the primary key (0: not in it)
         columns = {row[1]: row[5] for row in conn.execute(f"PRAGMA table_info({TABLE})")}
         tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
-    assert version == SCHEMA_VERSION == 5
+    assert version == SCHEMA_VERSION == 6
     assert (columns["key"], columns["slot"], columns["slot_limit"]) == (1, 2, 0)
     assert f"{TABLE}_expiry" in tables and f"{TABLE}_v4" not in tables
 

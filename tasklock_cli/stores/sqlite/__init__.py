@@ -6,11 +6,15 @@ changes nothing and a reboot (which ended every holder) frees every lease.
 A lease is a row per key and slot (a plain lock is slot 0 of limit 1). Rows are freed,
 never deleted, so the highest fencing token among a key's rows is its counter.
 
-Waiting runs queue in the ``tasklock_waiters`` table (a row per waiter, served in ``seq``
-order, live until it runs out on the boot clock); the acquire checks and keeps the queue in
-its write transaction. A release wakes the head of the queue on this machine through its
-FIFO in ``<file>.waiters/``, named in its row (see waiting and breaks); waiters also look
-again when the lease runs out.
+A lease's mode (exclusive or shared) is kept in its holder JSON; shared holders each
+hold a slot of their own (0, 1, ...) under limit 1.
+
+Waiting runs queue in the ``tasklock_waiters`` table (a row per waiter with its mode,
+served in ``(place, seq)`` order, live until it runs out on the boot clock; ``front`` and
+``supersede`` places: see queue); the acquire checks and keeps the queue in its write
+transaction. A release wakes the waiters it may admit on this machine (the head of the
+queue, and the shared run at the head) through their FIFOs in ``<file>.waiters/``, named
+in their rows (see waiting and breaks); waiters also look again when the lease runs out.
 A break or forced release tells the lease's holder through its FIFO in ``<file>.holders/``.
 A broken lease keeps its row, its owner token prefixed with ``broken:`` (see base).
 """

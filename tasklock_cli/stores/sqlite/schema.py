@@ -1,10 +1,16 @@
 """The SQLite store's tables, and bringing a file made by an earlier version up to date.
 
-Version 5 adds the queues of waiters (a table: nothing else changes). Version 4 keys a
-lease by (key, slot) for semaphores. A WITHOUT ROWID table cannot change
-its primary key in place, so a version-3 table is rebuilt: each of its rows becomes slot
-0 of limit 1, keeping its fencing token (the key's counter). Every check and change runs
-in one write transaction, so two processes opening an old file at once migrate it once.
+Version 6 (lock modes, ``--supersede``, ``--replace``) adds three columns to the queues of
+waiters: ``supersede``, ``superseded`` and ``place`` (their order is ``(place, seq)``), each
+with the default an older tasklock's insert gets. A lease's mode is kept in its ``holder``
+JSON (``$.mode``; none: exclusive), not in a column: a version-5 tasklock refuses a lease
+table whose columns are not its own, while it writes holders without a mode, so it stays
+exclusive on a version-6 file. Version 5 adds the queues of waiters (a table: nothing else
+changes). Version 4 keys a lease by (key, slot) for semaphores. A WITHOUT ROWID table
+cannot change its primary key in place, so a version-3 table is rebuilt: each of its rows
+becomes slot 0 of limit 1, keeping its fencing token (the key's counter). Every check and
+change runs in one write transaction, so two processes opening an old file at once migrate
+it once.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from tasklock_cli.errors import ConfigError
 TABLE = "tasklock_leases"
 RUNS_TABLE = "tasklock_runs"
 WAITERS_TABLE = "tasklock_waiters"
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 #: typing costs ~2 ms per start: _T is for the type checker only.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -51,9 +57,11 @@ _LEASES_SCHEMA = """CREATE TABLE IF NOT EXISTS {table} (
     holder        TEXT,
     PRIMARY KEY (key, slot)
 ) WITHOUT ROWID"""
-# The queues of waiters: a key's waiters are served in ``seq`` order; a place is live
-# while it has not run out (``expires_boot``, on the boot clock as leases are); ``fifo``:
-# the name of the waiter's FIFO, which a release wakes (see waiting).
+# The queues of waiters: a key's waiters are served in ``(place, seq)`` order (``place`` is
+# 0 but for a ``front`` place, see queue); a place is live while it has not run out
+# (``expires_boot``, on the boot clock as leases are); ``fifo``: the name of the waiter's
+# FIFO, which a release wakes (see waiting); ``supersede``: it joined with ``supersede``;
+# ``superseded``: a later such place joined (it no longer counts).
 _WAITERS_SCHEMA = f"""CREATE TABLE IF NOT EXISTS {WAITERS_TABLE} (
     seq          INTEGER PRIMARY KEY,
     key          TEXT NOT NULL,
@@ -64,9 +72,21 @@ _WAITERS_SCHEMA = f"""CREATE TABLE IF NOT EXISTS {WAITERS_TABLE} (
     holder       TEXT NOT NULL,
     mode         TEXT NOT NULL DEFAULT 'exclusive',
     fifo         TEXT,
+    supersede    INTEGER NOT NULL DEFAULT 0,
+    superseded   INTEGER NOT NULL DEFAULT 0,
+    place        INTEGER NOT NULL DEFAULT 0,
     UNIQUE (key, owner_token)
 )"""
-_WAITERS_INDEX = f"CREATE INDEX IF NOT EXISTS {WAITERS_TABLE}_queue ON {WAITERS_TABLE} (key, seq)"
+_WAITERS_INDEX = f"""CREATE INDEX IF NOT EXISTS {WAITERS_TABLE}_order
+    ON {WAITERS_TABLE} (key, place, seq)"""
+# Version 5's queues: the new columns (their defaults are what a version-5 insert gets),
+# and the index in the new order instead of (key, seq).
+_V6_WAITER_COLUMNS = {
+    "supersede": "INTEGER NOT NULL DEFAULT 0",
+    "superseded": "INTEGER NOT NULL DEFAULT 0",
+    "place": "INTEGER NOT NULL DEFAULT 0",
+}
+_V5_WAITERS_INDEX = f"{WAITERS_TABLE}_queue"
 _CREATE = (
     _LEASES_SCHEMA.format(table=TABLE),
     _EXPIRY_INDEX,
@@ -110,6 +130,20 @@ def schema_state(conn: sqlite3.Connection) -> tuple[frozenset[str], int]:
     return columns, int(version)
 
 
+def _waiter_steps(conn: sqlite3.Connection) -> tuple[str, ...]:
+    """What brings a version-5 queue table up to date (nothing when there is none: it is
+    made whole)."""
+    columns = {row[1] for row in conn.execute(f"PRAGMA table_info({WAITERS_TABLE})")}
+    if not columns:
+        return ()
+    added = tuple(
+        f"ALTER TABLE {WAITERS_TABLE} ADD COLUMN {name} {kind}"
+        for name, kind in _V6_WAITER_COLUMNS.items()
+        if name not in columns
+    )
+    return (*added, f"DROP INDEX IF EXISTS {_V5_WAITERS_INDEX}")
+
+
 def is_current(conn: sqlite3.Connection) -> bool:
     columns, version = schema_state(conn)
     return columns == COLUMNS and version >= SCHEMA_VERSION
@@ -123,7 +157,8 @@ def upgrade_steps(conn: sqlite3.Connection, where: str) -> tuple[str, ...]:
     if not columns:
         steps: tuple[str, ...] = _CREATE
     elif columns == COLUMNS:
-        steps = () if version >= SCHEMA_VERSION else _CREATE  # all idempotent
+        # all idempotent; the queue's new columns before the index that uses them
+        steps = () if version >= SCHEMA_VERSION else (*_waiter_steps(conn), *_CREATE)
     elif columns == frozenset(_V3_COLUMNS):
         steps = _REBUILD
     else:

@@ -13,11 +13,14 @@ from datetime import datetime
 from tasklock_cli import paths
 from tasklock_cli.errors import ConfigError
 from tasklock_cli.errors import LimitMismatch
+from tasklock_cli.errors import Superseded
 from tasklock_cli.errors import TasklockError
 from tasklock_cli.errors import UsageError
 from tasklock_cli.stores.base import BROKEN_OWNER_PREFIX
+from tasklock_cli.stores.base import EXCLUSIVE
 from tasklock_cli.stores.base import LEDGER_KEEP
 from tasklock_cli.stores.base import LIST_PAGE
+from tasklock_cli.stores.base import SHARED
 from tasklock_cli.stores.base import Holder
 from tasklock_cli.stores.base import Lease
 from tasklock_cli.stores.base import LeaseInfo
@@ -29,6 +32,7 @@ from tasklock_cli.stores.base import breaker_of
 from tasklock_cli.stores.base import prefix_upper_bound
 from tasklock_cli.stores.base import utc_from_timestamp
 from tasklock_cli.stores.base import wait_readable
+from tasklock_cli.stores.sqlite import queue
 from tasklock_cli.stores.sqlite.breaks import BreakAlarms
 from tasklock_cli.stores.sqlite.connection import SQLiteConnection
 from tasklock_cli.stores.sqlite.entries import PRIVATE_MODE
@@ -37,7 +41,7 @@ from tasklock_cli.stores.sqlite.schema import RUNS_TABLE
 from tasklock_cli.stores.sqlite.schema import SCHEMA
 from tasklock_cli.stores.sqlite.schema import SCHEMA_VERSION
 from tasklock_cli.stores.sqlite.schema import TABLE
-from tasklock_cli.stores.sqlite.schema import WAITERS_TABLE
+from tasklock_cli.stores.sqlite.schema import WAITERS_TABLE  # noqa: F401 - named here too
 from tasklock_cli.stores.sqlite.waiting import LocalWakeups
 from tasklock_cli.stores.urls import default_sqlite_file
 from tasklock_cli.stores.urls import sqlite_netloc_and_path
@@ -54,6 +58,8 @@ SWEEP_BATCH = 500
 SWEEP_PAUSE_MIN_S = 0.002
 #: Where FIFOs cannot be made, waiters poll at this interval instead.
 UNSIGNALLED_POLL_S = 0.05
+#: A shared caller's slots have no bound (SQLite's largest integer).
+_UNBOUNDED = 9223372036854775807
 
 # A lease is live when it has an owner, was granted in this boot, and has not run out.
 _LIVE = "owner_token IS NOT NULL AND boot_id = :boot AND expires_boot > :now"
@@ -69,52 +75,43 @@ _EXPIRED_RANGES = (
 )
 _EXPIRED = "(" + " OR ".join(f"({part})" for part in _EXPIRED_RANGES) + ")"
 
+# A lease's mode, kept in its holder (none: an exclusive lease, as an older tasklock
+# writes it; see schema).
+_SHARED_LEASE = "json_extract(holder, '$.mode') IS 'shared'"
 # The slot an acquire takes: its own again when it is a retry, else the lowest one with
-# no live lease (slot 0, or one just above a held slot).
-_OWN_SLOT = f"SELECT slot FROM {TABLE} WHERE key = :key AND owner_token = :owner AND slot < :limit"
+# no live lease (slot 0, or one just above a held slot), below :span (the limit; no bound
+# for a shared caller).
+_OWN_SLOT = f"SELECT slot FROM {TABLE} WHERE key = :key AND owner_token = :owner AND slot < :span"
 _LOWEST_FREE_SLOT = f"""SELECT min(candidate) FROM (
     SELECT 0 AS candidate
     UNION SELECT slot + 1 FROM {TABLE} WHERE key = :key AND {_LIVE_ON_KEY})
-WHERE candidate < :limit AND NOT EXISTS (
+WHERE candidate < :span AND NOT EXISTS (
     SELECT 1 FROM {TABLE} WHERE key = :key AND slot = candidate AND {_LIVE_ON_KEY})"""
+# A live lease of the other mode: a shared caller waits for every exclusive holder to go,
+# an exclusive one for every shared holder (whatever slots they hold).
+_OTHER_MODE = f"""SELECT 1 FROM {TABLE}
+WHERE key = :key AND {_LIVE_ON_KEY} AND ({_SHARED_LEASE}) <> (:mode = 'shared')"""
 # Rows are only ever freed, never deleted: the highest token of a key's rows counts on.
 _NEXT_TOKEN = f"SELECT coalesce(max(fencing_token), 0) + 1 FROM {TABLE} WHERE key = :key"
 # A live lease of the key with another limit than asked (LimitMismatch).
 _OTHER_LIMIT = f"""SELECT slot_limit FROM {TABLE}
 WHERE key = :key AND slot_limit <> :limit AND {_LIVE_ON_KEY} LIMIT 1"""
-# The queue of waiters (first come, first served): a place is live while it has not run
-# out on this boot's clock; the acquire clears the key's dead places first, so the places
-# ahead of ours (all of them when we have none) are live.
-_WAITER_LIVE = "boot_id = :boot AND expires_boot > :now"
-_CLEAR_DEAD_WAITERS = f"DELETE FROM {WAITERS_TABLE} WHERE key = :key AND NOT ({_WAITER_LIVE})"
-_OUR_SEQ = f"SELECT seq FROM {WAITERS_TABLE} WHERE key = :key AND owner_token = :owner"
-_AHEAD = f"""SELECT count(*) FROM {WAITERS_TABLE}
-WHERE key = :key AND {_WAITER_LIVE} AND seq < coalesce(({_OUR_SEQ}), 9223372036854775807)"""
+# The queue of waiters (first come, first served; see queue.py): the acquire clears the
+# key's dead places first, so the places ahead of ours are live.
 _LIVE_COUNT = f"SELECT count(*) FROM {TABLE} WHERE key = :key AND {_LIVE_ON_KEY}"
-# Our slot again (a retry), or fewer waiters ahead of us than free slots.
-_OUR_TURN = f"""(({_OWN_SLOT}) IS NOT NULL OR ({_AHEAD}) < :limit - ({_LIVE_COUNT}))"""
-_JOIN_QUEUE = f"""INSERT INTO {WAITERS_TABLE}
-    (key, owner_token, boot_id, expires_boot, since, holder, fifo)
-VALUES (:key, :owner, :boot, :now + :waiter_ttl, :wall, :holder, :fifo)
-ON CONFLICT (key, owner_token) DO UPDATE SET
-    boot_id = excluded.boot_id, expires_boot = excluded.expires_boot,
-    fifo = coalesce(excluded.fifo, fifo)"""
-# The FIFO of the head of the key's queue: the waiter a release wakes.
-_HEAD_FIFO = f"""SELECT fifo FROM {WAITERS_TABLE}
-WHERE key = :key AND {_WAITER_LIVE} ORDER BY seq LIMIT 1"""
-_LEAVE_QUEUE = f"DELETE FROM {WAITERS_TABLE} WHERE key = :key AND owner_token = :owner"
-_WAITERS = f"""SELECT holder, since, mode FROM {WAITERS_TABLE}
-WHERE key = :key AND {_WAITER_LIVE} ORDER BY seq"""
-_WAITING_COUNTS = f"""SELECT key, count(*) FROM {WAITERS_TABLE}
-WHERE {_WAITER_LIVE} AND key >= :prefix AND substr(key, 1, :n) = :prefix GROUP BY key"""
-_SWEEP_WAITERS = f"DELETE FROM {WAITERS_TABLE} WHERE NOT ({_WAITER_LIVE})"
+# Our slot again (a retry); or, shared, no exclusive waiter ahead of us; or fewer waiters
+# ahead of us than free slots.
+_OUR_TURN = f"""(({_OWN_SLOT}) IS NOT NULL OR CASE WHEN :mode = 'shared'
+    THEN NOT {queue.EXCLUSIVE_AHEAD}
+    ELSE ({queue.AHEAD_COUNT}) < :limit - ({_LIVE_COUNT}) END)"""
 _ACQUIRE = f"""
 WITH chosen (slot) AS MATERIALIZED (SELECT coalesce(({_OWN_SLOT}), ({_LOWEST_FREE_SLOT})))
 INSERT INTO {TABLE} (key, slot, slot_limit, fencing_token, owner_token, boot_id,
                      expires_boot, acquired_at, expires_at, holder)
 SELECT :key, slot, :limit, ({_NEXT_TOKEN}), :owner, :boot, :now + :ttl,
        :wall, :wall + :ttl, :holder
-FROM chosen WHERE slot IS NOT NULL AND NOT EXISTS ({_OTHER_LIMIT}) AND {_OUR_TURN}
+FROM chosen WHERE slot IS NOT NULL AND NOT EXISTS ({_OTHER_LIMIT})
+  AND NOT EXISTS ({_OTHER_MODE}) AND {_OUR_TURN}
 ON CONFLICT (key, slot) DO UPDATE SET
     fencing_token = CASE WHEN owner_token IS :owner THEN fencing_token
                          ELSE excluded.fencing_token END,
@@ -168,10 +165,12 @@ FROM {TABLE} WHERE key = :key AND fencing_token = :token AND {_LIVE_ON_KEY}"""
 # Our lease is still ours, unbroken (expired or not: the renewal tells that).
 _INTACT = f"""SELECT 1 FROM {TABLE}
 WHERE key = :key AND owner_token = :owner AND fencing_token = :token"""
-# A key's live leases, their limit, and the seconds (this boot's clock) until the first
-# runs out.
-_FULLNESS = f"""SELECT count(*), max(slot_limit), min(expires_boot) - :now FROM {TABLE}
-WHERE key = :key AND {_LIVE_ON_KEY}"""
+# A key's live leases, their limit, the seconds (this boot's clock) until the first runs
+# out, until the first exclusive one does (NULL: none), and how many are shared.
+_FULLNESS = f"""SELECT count(*), max(slot_limit), min(expires_boot) - :now,
+       min(CASE WHEN NOT ({_SHARED_LEASE}) THEN expires_boot END) - :now,
+       coalesce(sum({_SHARED_LEASE}), 0)
+FROM {TABLE} WHERE key = :key AND {_LIVE_ON_KEY}"""
 _SELECT = f"SELECT {_INFO_COLUMNS}, ({_LIVE}) AS live FROM {TABLE}"
 # Seconds left of the live, unbroken lease with a fencing token.
 _TIME_LEFT = f"""SELECT expires_boot - :now FROM {TABLE}
@@ -275,30 +274,45 @@ class SQLiteStore(Store):
     # -- the interface --------------------------------------------------------------
 
     def acquire(
-        self, key: str, ttl: float, holder: Holder, owner: str, limit: int = 1, queue: bool = False
+        self,
+        key: str,
+        ttl: float,
+        holder: Holder,
+        owner: str,
+        limit: int = 1,
+        queue: bool = False,
+        *,
+        mode: str = EXCLUSIVE,
+        supersede: bool = False,
+        front: bool = False,
     ) -> Lease | None:
         params = {
             **self._times(),
             "key": key,
             "ttl": ttl,
             "owner": owner,
-            "holder": json.dumps(holder.to_dict()),
+            "holder": json.dumps({**holder.to_dict(), "mode": mode}),
             "limit": limit,
+            "mode": mode,
+            "span": _UNBOUNDED if mode == SHARED else limit,
+            "supersede": supersede,
+            "front": front,
             "waiter_ttl": self.waiter_ttl,
             "fifo": self._wakeups.name if self._wakeups.key == key else None,
         }
         with self._db.write() as conn:  # one transaction: the queue and the taking
-            conn.execute(_CLEAR_DEAD_WAITERS, params)
-            row = conn.execute(_ACQUIRE, params).fetchone()
-            other_limit = None if row else conn.execute(_OTHER_LIMIT, params).fetchone()
-            if row is not None or other_limit is not None or not queue:
-                conn.execute(_LEAVE_QUEUE, params)
-            else:
-                conn.execute(_JOIN_QUEUE, params)
-        queued = row is None and other_limit is None and queue
-        self._note_queue_place(key, owner if queued else None)
-        if other_limit is not None:
-            raise LimitMismatch(key, int(other_limit[0]), limit)
+            taking = _Taking.run(conn, params, queue)
+        self._note_queue_place(key, owner if taking.queued else None)
+        # The superseded waiters hear of it; the run now at the head of the queue, which a
+        # superseded place may have held up, is woken.
+        self._wakeups.wake(key, taking.to_tell, fallback=False)
+        if taking.left_superseded:
+            if self._wakeups.key == key:
+                self._wakeups.leave()
+            raise Superseded(key)
+        if taking.other_limit is not None:
+            raise LimitMismatch(key, taking.other_limit, limit)
+        row = taking.row
         if row is None:
             return None
         self._wakeups.leave()
@@ -311,6 +325,7 @@ class SQLiteStore(Store):
             utc_from_timestamp(expires_at),
             slot=slot,
             limit=limit,
+            mode=mode,
         )
 
     def renew(self, lease: Lease, ttl: float) -> Lease:
@@ -326,30 +341,18 @@ class SQLiteStore(Store):
             "broken": BROKEN_OWNER_PREFIX + lease.owner_token,
             "keep": keep_for,
         }
-        freed, head = False, None
+        freed, head = False, []
         with self._db.write() as conn:
             kept = keep_for > 0 and conn.execute(_RELEASE_LATER, params).rowcount == 1
             if not kept:  # (a broken lease is freed, keep_for or not)
                 freed = conn.execute(_RELEASE, params).rowcount == 1
-                head = _head_fifo(conn, params) if freed else None
+                head = _head_run(conn, params) if freed else []
             if record is not None:
-                self._record_run(conn, record, params["wall"])
+                _record_run(conn, record, params["wall"])
         self._alarms.forget(lease.key, lease.fencing_token)
         if freed:
-            self._wakeups.wake_one(lease.key, head)
+            self._wakeups.wake(lease.key, head)
         return kept or freed
-
-    @staticmethod
-    def _record_run(conn: sqlite3.Connection, record: RunRecord, wall: float) -> None:
-        params = {
-            "key": record.key,
-            "token": record.fencing_token,
-            "started": record.started_at.timestamp(),
-            "wall": wall,
-            "data": json.dumps(record.fields()),
-        }
-        conn.execute(_RECORD_RUN, params)
-        conn.execute(_TRIM_RUNS, params)
 
     def time_left(self, key: str, fencing_token: int) -> float | None:
         params = {**self._times(), "key": key, "token": fencing_token}
@@ -375,12 +378,12 @@ class SQLiteStore(Store):
         return [_lease_info(row) for row in self._db.read(sql, {**self._times(), "key": key})]
 
     def waiters(self, key: str) -> list[WaiterInfo]:
-        rows = self._db.read(_WAITERS, {**self._times(), "key": key})
+        rows = self._db.read(queue.WAITERS, {**self._times(), "key": key})
         return [_waiter_info(*row) for row in rows]
 
     def waiting_counts(self, prefix: str = "") -> dict[str, int]:
         params = {**self._times(), "prefix": prefix, "n": len(prefix)}
-        return {key: int(count) for key, count in self._db.read(_WAITING_COUNTS, params)}
+        return {key: int(count) for key, count in self._db.read(queue.WAITING_COUNTS, params)}
 
     def list(self, prefix: str = "", include_expired: bool = False) -> Iterator[LeaseInfo]:
         condition = "owner_token IS NOT NULL" if include_expired else _LIVE
@@ -407,7 +410,7 @@ class SQLiteStore(Store):
         # One range at a time: LIMIT then stops a batch early (the OR of the three would
         # collect every expired row first).
         with self._db.write() as conn:  # dead places in queues (not counted: no leases)
-            conn.execute(_SWEEP_WAITERS, self._times())
+            conn.execute(queue.SWEEP, self._times())
         removed = 0
         for expired in _EXPIRED_RANGES:
             victims = f"SELECT key, slot FROM {TABLE} WHERE {expired} LIMIT {SWEEP_BATCH}"
@@ -483,10 +486,10 @@ class SQLiteStore(Store):
             rows = conn.execute(f"{_SELECT} WHERE {_MATCHING} ORDER BY slot", params).fetchall()
             if rows:
                 conn.execute(_FORCE_RELEASE, params)
-            head = _head_fifo(conn, params) if rows else None
+            head = _head_run(conn, params) if rows else []
         freed = [_lease_info(row) for row in rows]
         if freed:
-            self._wakeups.wake_one(key, head)
+            self._wakeups.wake(key, head)
         for info in freed:
             self._alarms.alarm(key, info.fencing_token)
         return freed
@@ -518,15 +521,20 @@ class SQLiteStore(Store):
 
     def _time_until_free(self, key: str) -> float | None:
         params = {**self._times(), "key": key, "owner": self._queue_place(key) or ""}
-        ((live, limit, remaining),) = self._db.read(_FULLNESS, params)
-        if live and live >= limit:
+        ((live, limit, remaining, exclusive_remaining, shared),) = self._db.read(_FULLNESS, params)
+        ((mode, ahead, exclusive_ahead),) = self._db.read(queue.STATE, params)
+        if mode == SHARED:  # (waits for exclusive holders only, and exclusive waiters ahead)
+            if exclusive_remaining is not None:
+                return float(exclusive_remaining)
+            return self.waiter_ttl if exclusive_ahead else None
+        if live and (live >= limit or shared):
             return float(remaining)
-        ((ahead,),) = self._db.read(_AHEAD, params)
         free = limit - live if live else 1  # (a free key's limit is the next taker's)
         return None if ahead < free else self.waiter_ttl
 
     def _await_wakeup(self, key: str, until: float, wake_fd: int | None) -> None:
-        """One release of the key on this machine wakes the waiter waiting longest."""
+        """A release of the key on this machine wakes the waiters it may admit: the head of
+        the queue, and with it the shared run at the head."""
         left = until - time.monotonic()
         if self._wakeups.key != key:  # no FIFOs here: look again soon
             wait_readable([wake_fd], min(left, UNSIGNALLED_POLL_S))
@@ -536,17 +544,17 @@ class SQLiteStore(Store):
     def stop_waiting(self, key: str) -> None:
         self._wakeups.give_up(key, self._leave_queue(key))
 
-    def _leave_queue(self, key: str) -> str | None:
-        """Leave our place in ``key``'s queue; the FIFO of the waiter now first in it."""
+    def _leave_queue(self, key: str) -> list[str]:
+        """Leave our place in ``key``'s queue; the FIFOs of the run now first in it."""
         owner = self._queue_place(key)
         if owner is None:
-            return None
+            return []
         self._note_queue_place(key, None)
         params = {**self._times(), "key": key, "owner": owner}
         with contextlib.suppress(TasklockError), self._db.write() as conn:
-            conn.execute(_LEAVE_QUEUE, params)
-            return _head_fifo(conn, params)
-        return None
+            conn.execute(queue.LEAVE, params)
+            return _head_run(conn, params)
+        return []
 
     def init_schema(self) -> None:
         self._db.open()
@@ -557,13 +565,25 @@ class SQLiteStore(Store):
     def close(self) -> None:
         # Still in a queue at close: the wait was cut short (a signal), maybe just after
         # a wake-up was read. Waking the next waiter costs it one look at most.
-        head = None
+        head: list[str] = []
         for key in list(self._queue_places()):
             head = self._leave_queue(key)
         if self._wakeups.key is not None:
             self._wakeups.give_up(self._wakeups.key, head)
         self._alarms.forget_all()
         self._db.close()
+
+
+def _record_run(conn: sqlite3.Connection, record: RunRecord, wall: float) -> None:
+    params = {
+        "key": record.key,
+        "token": record.fencing_token,
+        "started": record.started_at.timestamp(),
+        "wall": wall,
+        "data": json.dumps(record.fields()),
+    }
+    conn.execute(_RECORD_RUN, params)
+    conn.execute(_TRIM_RUNS, params)
 
 
 def _drain(fd: int) -> None:
@@ -578,21 +598,57 @@ def _lease_params(lease: Lease) -> dict:
 
 def _lease_info(row: tuple) -> LeaseInfo:
     key, slot, limit, token, acquired_at, expires_at, holder, live = row
+    data = json.loads(holder or "{}")
     return LeaseInfo(
         key=key,
-        holder=Holder.from_dict(json.loads(holder or "{}")),
+        holder=Holder.from_dict(data),
         fencing_token=int(token),
         acquired_at=utc_from_timestamp(acquired_at or 0),
         expires_at=utc_from_timestamp(expires_at or 0),
         expired=not live,
         slot=int(slot),
         limit=int(limit),
+        mode=SHARED if data.get("mode") == SHARED else EXCLUSIVE,
     )
 
 
-def _head_fifo(conn: sqlite3.Connection, params: dict) -> str | None:
-    row = conn.execute(_HEAD_FIFO, params).fetchone()
-    return row[0] if row else None
+def _head_run(conn: sqlite3.Connection, params: dict) -> list[str]:
+    """The FIFOs of the waiters a release may admit (see ``queue.WAKE_SET``)."""
+    return [row[0] for row in conn.execute(queue.WAKE_SET, params) if row[0]]
+
+
+class _Taking:
+    """What an acquire's transaction did: the lease row taken, or the limit in the way, or
+    the place it joined or kept, or its superseded place left (``Superseded``); and the
+    FIFOs to tell when it superseded older places (theirs, and the head run's)."""
+
+    row: tuple | None = None
+    other_limit: int | None = None
+    queued = False
+    left_superseded = False
+    to_tell: tuple[str, ...] = ()
+
+    @classmethod
+    def run(cls, conn: sqlite3.Connection, params: dict, queue_up: bool) -> _Taking:
+        taking = cls()
+        conn.execute(queue.CLEAR_DEAD, params)
+        if conn.execute(queue.TAKE_SUPERSEDED, params).fetchone() is not None:
+            taking.left_superseded = True
+            return taking
+        taking.row = conn.execute(_ACQUIRE, params).fetchone()
+        if taking.row is None:
+            other = conn.execute(_OTHER_LIMIT, params).fetchone()
+            taking.other_limit = None if other is None else int(other[0])
+        if taking.row is not None or taking.other_limit is not None or not queue_up:
+            conn.execute(queue.LEAVE, params)
+            return taking
+        if params["supersede"]:
+            fifos = [row[0] for row in conn.execute(queue.SUPERSEDE, params) if row[0]]
+            if fifos:
+                taking.to_tell = (*fifos, *_head_run(conn, params))
+        conn.execute(queue.JOIN, params)
+        taking.queued = True
+        return taking
 
 
 def _waiter_info(holder: str, since: float, mode: str) -> WaiterInfo:

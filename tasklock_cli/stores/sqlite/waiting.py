@@ -1,11 +1,13 @@
 """Release wake-ups between processes on one machine, for the SQLite store.
 
 Each waiter of a key owns a FIFO in the key's directory beside the database
-(``X.db.waiters/<hash of key>/``, see entries), named ``<time_ns>.<pid>.<random>``, and keeps it
-open for reading while it waits. A release lists the key's FIFOs and writes one byte to the
-oldest one whose reader is still there, so one release wakes one waiter, the one that has
-waited longest. A FIFO without a reader (its waiter died) cannot be opened for writing: the
-release removes it and tries the next. An entry that is not such a FIFO is left alone.
+(``X.db.waiters/<hash of key>/``, see entries), named ``<time_ns>.<pid>.<random>``, and keeps
+it open for reading while it waits. A release writes one byte to the FIFOs of the waiters it
+may admit, named in their places in the queue (the head; with it, when the head is shared,
+the shared run at the head); when none of them is there, to the oldest FIFO whose reader is
+still there. So a release wakes the waiters whose turn it is, and no herd. A FIFO without a
+reader (its waiter died) cannot be opened for writing: the release removes it and tries the
+next. An entry that is not such a FIFO is left alone.
 
 A waiter that is not woken (its waker died between commit and wake-up, or the holder
 was on another machine sharing the file) still polls, at its caller's ceiling.
@@ -101,8 +103,9 @@ class LocalWakeups:
         if key is not None:
             entries.remove_key_dir(self.directory, key)
 
-    def give_up(self, key: str, first: str | None = None) -> None:
-        """Leave ``key``'s queue and wake the next waiter, always.
+    def give_up(self, key: str, first: list[str] | None = None) -> None:
+        """Leave ``key``'s queue and wake the next waiters (``first``: the run at the head
+        of the queue), always.
 
         A wake-up meant for us cannot be told apart reliably from none: a releaser that
         opened our FIFO before we unlinked it may write after any look we take, up to our
@@ -112,20 +115,32 @@ class LocalWakeups:
         if self._key != key or self._fd is None:
             return
         self.leave()
-        self.wake_one(key, first)
+        self.wake(key, first or [])
 
     def wake_one(self, key: str, first: str | None = None) -> None:
         """Wake the longest-waiting live waiter of ``key`` -- the one whose FIFO is named
         ``first`` (the head of the key's queue) when it is there -- if any. Never raises."""
+        self.wake(key, [first] if first else [])
+
+    def wake(self, key: str, run: list[str] | tuple[str, ...], fallback: bool = True) -> None:
+        """Wake the live waiters of ``key`` whose FIFOs are named in ``run`` (the waiters a
+        release may admit: the head of the queue and the shared run with it); when none
+        of them is there and ``fallback``, the longest-waiting live one. Never raises."""
+        if not run and not fallback:
+            return
         dir_fd = entries.open_key_dir(self.directory, key, self.file_mode, create=False)
         if dir_fd is None:
             return
         try:
             own = self._name if self._key == key else None
-            names = entries.names(dir_fd, entries.is_unique)
-            names.sort(key=lambda name: name != first)  # (stable: then the oldest)
-            for name in names:
-                if name != own and self._woke(name, dir_fd):
+            woken = False
+            for name in run:
+                if name != own and entries.is_unique(name) and self._woke(name, dir_fd):
+                    woken = True
+            if woken or not fallback:
+                return
+            for name in entries.names(dir_fd, entries.is_unique):  # (oldest first)
+                if name != own and name not in run and self._woke(name, dir_fd):
                     return
         finally:
             os.close(dir_fd)
