@@ -290,3 +290,139 @@ def test_sweep_removes_the_places_of_crashed_waiters(tmp_path):
     time.sleep(0.1)  # the crashed waiter's place runs out (the boot clock)
     assert store.sweep() == 0  # (it counts leases)
     assert places() == ["owner-live"] and len(store.waiters("k")) == 1
+
+
+# What version 5 made: the queues of waiters without supersede, superseded and place.
+VERSION_5_WAITERS = f"""
+CREATE TABLE {WAITERS_TABLE} (
+    seq          INTEGER PRIMARY KEY,
+    key          TEXT NOT NULL,
+    owner_token  TEXT NOT NULL,
+    boot_id      TEXT NOT NULL,
+    expires_boot REAL NOT NULL,
+    since        REAL NOT NULL,
+    holder       TEXT NOT NULL,
+    mode         TEXT NOT NULL DEFAULT 'exclusive',
+    fifo         TEXT,
+    UNIQUE (key, owner_token)
+);
+CREATE INDEX {WAITERS_TABLE}_queue ON {WAITERS_TABLE} (key, seq);
+PRAGMA user_version = 5;
+"""
+
+
+def make_version_5_file(path) -> None:
+    """A live lease on "k" as version 5 wrote it (no mode in its holder) and a waiter of
+    "k" in a version-5 queue."""
+    make_version_3_file(path)
+    SQLiteStore(path).init_schema()  # version 6 ...
+    with sqlite3.connect(path) as conn:  # ... its queue table back to version 5's
+        conn.execute(f"DROP TABLE {WAITERS_TABLE}")
+        conn.executescript(VERSION_5_WAITERS)
+        holder = '{"host": "h", "pid": 2, "user": "u", "command": ["true"], "note": null}'
+        conn.execute(
+            f"INSERT INTO {TABLE} VALUES ('k', 0, 1, 3, 'owner-old', ?, ?, 0, 0, ?)",
+            (current_boot_id(), boot_clock() + 3600, holder),
+        )
+        conn.execute(
+            f"INSERT INTO {WAITERS_TABLE} (key, owner_token, boot_id, expires_boot, since, holder)"
+            " VALUES ('k', 'owner-waiting', ?, ?, 0, ?)",
+            (current_boot_id(), boot_clock() + 3600, holder),
+        )
+
+
+def test_a_version_5_file_gets_the_new_queue_columns_keeping_leases_and_waiters(tmp_path):
+    path = tmp_path / "locks.db"
+    make_version_5_file(path)
+    store = SQLiteStore(path)
+    ((old,),) = [store.holders("k")]
+    assert (old.fencing_token, old.mode) == (3, "exclusive")  # no mode: exclusive
+    assert [(w.holder.pid, w.mode) for w in store.waiters("k")] == [(2, "exclusive")]
+    assert store.acquire("k", 30, HOLDER, "owner-reader", queue=True, mode="shared") is None
+    assert store.acquire("k", 30, HOLDER, "owner-front", queue=True, front=True) is None
+    assert [w.holder.pid for w in store.waiters("k")] == [1, 2, 1]
+
+    with sqlite3.connect(path) as conn:
+        (version,) = conn.execute("PRAGMA user_version").fetchone()
+        columns = {row[1] for row in conn.execute(f"PRAGMA table_info({WAITERS_TABLE})")}
+        indexes = {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
+        # an older tasklock's insert: the defaults (no supersede, at the end of the queue)
+        conn.execute(
+            f"INSERT INTO {WAITERS_TABLE} (key, owner_token, boot_id, expires_boot, since, holder)"
+            " VALUES ('k', 'owner-v5', ?, ?, 0, ?)",
+            (current_boot_id(), boot_clock() + 3600, '{"host": "h", "pid": 5, "user": "u"}'),
+        )
+    assert version == SCHEMA_VERSION == 6
+    assert {"supersede", "superseded", "place"} <= columns
+    assert f"{WAITERS_TABLE}_order" in indexes and f"{WAITERS_TABLE}_queue" not in indexes
+    assert [w.holder.pid for w in store.waiters("k")] == [1, 2, 1, 5]
+
+
+def _waiting_with_a_fifo(path, owner: str, **queueing) -> SQLiteStore:
+    """A waiter of "k" with its FIFO named in its place, as a run's second attempt is."""
+    waiter = SQLiteStore(path)
+    assert waiter._wakeups.register("k")
+    assert waiter.acquire("k", 30, HOLDER, owner, queue=True, **queueing) is None
+    return waiter
+
+
+def _woken(waiter: SQLiteStore) -> bool:
+    from tasklock_cli.stores.base import fd_readable
+
+    return fd_readable(waiter._wakeups._fd)
+
+
+def test_a_release_wakes_the_shared_run_at_the_head_and_no_more(tmp_path):
+    path = tmp_path / "locks.db"
+    store = SQLiteStore(path)
+    lease = store.acquire("k", 30, HOLDER, "owner-writer")
+    modes = ("shared", "shared", "exclusive", "shared")
+    waiters = [_waiting_with_a_fifo(path, f"owner-{n}", mode=m) for n, m in enumerate(modes)]
+    assert store.release(lease) is True
+    assert [_woken(waiter) for waiter in waiters] == [True, True, False, False]
+    for waiter in waiters:
+        waiter.close()
+
+
+def test_a_release_wakes_only_an_exclusive_head(tmp_path):
+    path = tmp_path / "locks.db"
+    store = SQLiteStore(path)
+    lease = store.acquire("k", 30, HOLDER, "owner-writer")
+    waiters = [_waiting_with_a_fifo(path, f"owner-{n}") for n in range(2)]
+    front = _waiting_with_a_fifo(path, "owner-front", front=True)
+    assert store.release(lease) is True
+    assert [_woken(waiter) for waiter in (front, *waiters)] == [True, False, False]
+    for waiter in (front, *waiters):
+        waiter.close()
+
+
+def test_a_superseded_waiter_is_woken_to_hear_of_it(tmp_path):
+    from tasklock_cli.errors import Superseded
+
+    path = tmp_path / "locks.db"
+    store = SQLiteStore(path)
+    assert store.acquire("k", 30, HOLDER, "owner-writer") is not None
+    first = _waiting_with_a_fifo(path, "owner-first")
+    older = _waiting_with_a_fifo(path, "owner-older", supersede=True)
+    plain = _waiting_with_a_fifo(path, "owner-plain")
+    newer = _waiting_with_a_fifo(path, "owner-newer", supersede=True)
+    waiters = (first, older, plain, newer)
+    assert [_woken(waiter) for waiter in waiters] == [False, True, False, False]
+    with pytest.raises(Superseded):
+        older.acquire("k", 30, HOLDER, "owner-older", queue=True, supersede=True)
+    assert older._wakeups.key is None and older._queue_place("k") is None
+    for waiter in waiters:
+        waiter.close()
+
+
+def test_superseding_the_head_wakes_the_waiter_now_first(tmp_path):
+    """The superseded head may have been woken by a release it will not use."""
+    path = tmp_path / "locks.db"
+    store = SQLiteStore(path)
+    assert store.acquire("k", 30, HOLDER, "owner-writer") is not None
+    older = _waiting_with_a_fifo(path, "owner-older", supersede=True)
+    plain = _waiting_with_a_fifo(path, "owner-plain")
+    newer = _waiting_with_a_fifo(path, "owner-newer", supersede=True)
+    assert [_woken(waiter) for waiter in (older, plain, newer)] == [True, True, False]
+    for waiter in (older, plain, newer):
+        waiter.close()

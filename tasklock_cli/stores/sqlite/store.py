@@ -643,9 +643,11 @@ class _Taking:
             conn.execute(queue.LEAVE, params)
             return taking
         if params["supersede"]:
+            head = _head_run(conn, params)
             fifos = [row[0] for row in conn.execute(queue.SUPERSEDE, params) if row[0]]
-            if fifos:
-                taking.to_tell = (*fifos, *_head_run(conn, params))
+            if fifos:  # (and the waiters at the head now that were not before)
+                now_first = [name for name in _head_run(conn, params) if name not in head]
+                taking.to_tell = (*fifos, *now_first)
         conn.execute(queue.JOIN, params)
         taking.queued = True
         return taking
