@@ -366,7 +366,8 @@ class Waiter:
                 announced_at = clock()
                 if self.on_waiting is not None:
                     self.on_waiting(holder)
-            self._wait_for_release(min(delay * (0.5 + self.rng()), max(left, self.ceiling)))
+            # (past the wait only while --replace waits for a lease it broke)
+            self._wait_for_release(min(delay * (0.5 + self.rng()), left if left > 0 else delay))
             delay = min(delay * 2, self.ceiling)
 
     def _break_holders(self) -> bool:

@@ -236,7 +236,7 @@ def _lease_block(info: LeaseInfo) -> None:
     rows = [
         ("key", info.key),
         *slot,
-        ("mode", info.mode),
+        *([("mode", info.mode)] if info.shared else []),
         ("holder", f"{h.host} pid {h.pid} (user {h.user})"),
         ("command", " ".join(h.command)),
         ("note", h.note or "-"),

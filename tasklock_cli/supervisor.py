@@ -245,8 +245,9 @@ class Supervisor:
         options, io_timeout = self.options, self.options.schedule.io_timeout
         give_up_at = self.clock() + options.wait
         try:
-            for keeper in self.holding.in_order:
-                self._take(keeper, max(0.0, give_up_at - self.clock()))
+            for index, keeper in enumerate(self.holding.in_order):
+                left = options.wait if index == 0 else max(0.0, give_up_at - self.clock())
+                self._take(keeper, left)
             done_by = self.keeper.window_done_by(options.once_per, io_timeout)
             if done_by is None:
                 # A long wait or a slow reply may have left little of a lease: renew first.

@@ -104,7 +104,7 @@ def test_replace_goes_ahead_of_the_waiting_runs(env, store_url, tmp_path):
 def test_replace_on_a_free_key_is_a_plain_run(env):
     done = tasklock("--log-format", "json", "run", "k", "--replace", "--", "true", env=env)
     assert done.returncode == 0, done.stderr
-    assert [event["event"] for event in json_events(done.stderr)] == []  # quiet by default
+    assert [event["event"] for event in json_events(done.stderr)] == ["acquired", "released"]
     assert tasklock("peek", "k", env=env).returncode == 1
 
 

@@ -49,7 +49,9 @@ def test_peek_json(env, holder):
         "user": info.holder.user,
         "command": ["sleep", "60"],
         "note": "from the fixture",
+        "mode": "exclusive",
     }
+    assert held["mode"] == "exclusive"
     assert held["fencing_token"] == info.fencing_token
     assert held["expired"] is False
     assert held["acquired_at"].endswith("Z") and held["expires_at"].endswith("Z")

@@ -3,6 +3,7 @@ and names every option, the README keeps its first commands."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -451,6 +452,9 @@ EXAMPLE_MARKERS = {
     "textfile_collector/tasklock.prom": "test_prometheus_recipe",
     "alert: NightlyJobNotSucceeded": "test_prometheus_recipe",
     "locks.db?mode=0660": "test_sharing_a_store_recipe",
+    '"deploy:production" --replace': "test_replace_example_cancels_the_running_deploy",
+    "db:reporting --shared": "test_readers_and_a_migration_example",
+    "app:staging --also db:staging": "test_two_resources_example",
 }
 
 
@@ -681,6 +685,62 @@ def test_ci_examples_run(shell_env, tmp_path):
     assert ran(tmp_path) == ["deploy.sh 1", "deploy.sh 2", "deploy.sh 3"]
 
 
+def test_replace_example_cancels_the_running_deploy(shell_env, tmp_path, sqlite_url):
+    from tests.support.cli import start
+    from tests.support.cli import wait_for_holder
+
+    stub(tmp_path / "deploy.sh")
+    running = start("run", "deploy:production", "--", "sleep", "300", env=shell_env)
+    wait_for_holder(sqlite_url, "deploy:production")
+    replace, peek = example('"deploy:production" --replace', "readme")[0].splitlines()
+    result = sh(replace, shell_env, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert running.wait(timeout=30) == 70
+    assert ran(tmp_path) == ["deploy.sh 2"]
+    assert sh(peek, shell_env, tmp_path).stdout == "deploy:production is free\n"
+
+
+def test_readers_and_a_migration_example(shell_env, tmp_path):
+    from tests.support.cli import start
+
+    readers_line, writer_line = [
+        line
+        for line in example("db:reporting --shared", "readme")[0].splitlines()
+        if line.startswith("tasklock")
+    ]
+    report = tmp_path / "nightly-report.sh"
+    report.write_text(
+        f'#!/bin/sh\necho "start $$" >> "{tmp_path}/log"; sleep 0.5\n'
+        f'echo "end $$" >> "{tmp_path}/log"\n'
+    )
+    report.chmod(0o755)
+    migrate = tmp_path / "migrate.sh"
+    migrate.write_text(f'#!/bin/sh\necho "migrate" >> "{tmp_path}/log"\n')
+    migrate.chmod(0o755)
+    readers = [
+        start(*readers_line.split()[1:], env=shell_env, cwd=tmp_path)
+        for _ in range(3)
+    ]
+    assert sh(writer_line, shell_env, tmp_path).returncode == 0
+    assert [reader.wait(timeout=60) for reader in readers] == [0, 0, 0]
+    log = (tmp_path / "log").read_text().split("\n")
+    starts = [n for n, line in enumerate(log) if line.startswith("start")]
+    ends = [n for n, line in enumerate(log) if line.startswith("end")]
+    migrated = log.index("migrate")
+    # the readers overlapped, and the migration ran beside none of them
+    assert max(starts) < min(ends)
+    assert migrated > max(ends) or migrated < min(starts)
+
+
+def test_two_resources_example(shell_env, tmp_path):
+    deploy = tmp_path / "deploy-with-migration.sh"
+    deploy.write_text(f'#!/bin/sh\necho "$TASKLOCK_FENCING_TOKENS" > "{tmp_path}/tokens"\n')
+    deploy.chmod(0o755)
+    result = sh(example("app:staging --also db:staging", "readme")[0], shell_env, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert json.loads((tmp_path / "tokens").read_text()) == {"app:staging": 1, "db:staging": 1}
+
+
 def test_script_that_locks_itself(shell_env, tmp_path):
     script = tmp_path / "backup.sh"
     script.write_text(
@@ -883,7 +943,7 @@ def test_inspection_examples_run(shell_env, tmp_path):
     }
     for line in lines:
         if line.endswith("--watch"):
-            line = f"timeout --preserve-status -s INT 1 {line}"
+            line = f"timeout --preserve-status -s INT 3 {line}"  # (slow starts under load)
         line = line.replace("run …", "run demo -- true")
         result = sh(line, shell_env, tmp_path)
         assert result.returncode == expected_codes.get(line, 0), (line, result.stderr)
