@@ -15,6 +15,7 @@ from collections.abc import Callable
 from tasklock_cli.errors import TasklockError
 from tasklock_cli.heartbeat import Heartbeat
 from tasklock_cli.lease import LeaseKeeper
+from tasklock_cli.lease import Waiter
 from tasklock_cli.stores.base import RunRecord
 from tasklock_cli.stores.base import Store
 
@@ -35,6 +36,20 @@ class Holding:
     def several(self) -> bool:
         return len(self.in_order) > 1
 
+    def take_all(self, wait: float, waiter_for: Callable[[LeaseKeeper, float], Waiter]) -> None:
+        """Take every lease in key order, each through its ``waiter_for(keeper, wait)``,
+        holding those taken while waiting for the next, all within ``wait`` seconds. On
+        failure the leases taken are still held: ``give_back`` returns them."""
+        clock = self.primary.clock
+        give_up_at = clock() + wait
+        for index, keeper in enumerate(self.in_order):
+            left = wait if index == 0 else max(0.0, give_up_at - clock())
+            waiter_for(keeper, left).acquire()
+
+    def ensure_remaining(self, at_least: float, io_timeout: float) -> None:
+        for keeper in self.in_order:
+            keeper.ensure_remaining(at_least, io_timeout)
+
     def deadline(self) -> float:
         """The earliest local deadline of the leases held: the run's."""
         return min(keeper.deadline for keeper in self.in_order if keeper.lease is not None)
@@ -53,6 +68,10 @@ class Holding:
             for keeper in self.in_order
             if keeper.lease is not None
         }
+
+    def records(self, outcome: str, exit_code: int | None) -> dict[str, RunRecord | None]:
+        """Each key's run record of the run (None for a key not held)."""
+        return {keeper.key: keeper.run_record(outcome, exit_code) for keeper in self.in_order}
 
     def set_io_timeout(self, seconds: float) -> None:
         for keeper in self.in_order:

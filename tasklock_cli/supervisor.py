@@ -204,7 +204,7 @@ class Supervisor:
             self.events.debug(f"{stop} (while acquiring {self.options.key!r})")
             # A lease we were granted goes back, with little time for it: it may be the
             # store that kept us waiting.
-            records = self._records("signalled", None)
+            records = self.holding.records("signalled", None)
             self.holding.release_quietly(CUT_SHORT_AFTER_S, records, self._on_ledger_failed)
             return stop.exit_code
         finally:
@@ -243,23 +243,19 @@ class Supervisor:
         run that already did this window's work (then the leases are held but the command
         must not run), else None."""
         options, io_timeout = self.options, self.options.schedule.io_timeout
-        give_up_at = self.clock() + options.wait
         try:
-            for index, keeper in enumerate(self.holding.in_order):
-                left = options.wait if index == 0 else max(0.0, give_up_at - self.clock())
-                self._take(keeper, left)
+            self.holding.take_all(options.wait, self._waiter_for)
             done_by = self.keeper.window_done_by(options.once_per, io_timeout)
             if done_by is None:
                 # A long wait or a slow reply may have left little of a lease: renew first.
-                for keeper in self.holding.in_order:
-                    keeper.ensure_remaining(options.ttl / 2, io_timeout)
+                self.holding.ensure_remaining(options.ttl / 2, io_timeout)
         except TasklockError:
             self.holding.give_back(io_timeout)
             self._raise_if_signalled()  # it came during the last attempt: it wins
             raise
         return done_by
 
-    def _take(self, keeper: LeaseKeeper, wait: float) -> None:
+    def _waiter_for(self, keeper: LeaseKeeper, wait: float) -> Waiter:
         options = self.options
 
         def announce(info: LeaseInfo | None) -> None:
@@ -275,9 +271,8 @@ class Supervisor:
             replace=options.replace,
             on_broken=functools.partial(emit_replacing, self.events, keeper.key),
         )
-        if self.state.pending_signals:  # came before the waiter could hear of it
-            raise Interrupted(self.state.pending_signals[0])
-        self._waiter.acquire()
+        self._raise_if_signalled()  # came before the waiter could hear of it
+        return self._waiter
 
     def _fork_guard(self) -> Child:
         if self._guard is None:
@@ -362,33 +357,15 @@ class Supervisor:
                 return
             now = self.clock()
             state = self.state
-            deadline = self.holding.deadline()
             if state.loss is None and child.exited and state.orphans_terminated_at is None:
                 # Nothing the lock covered may run on unlocked: what the command left running
                 # gets SIGTERM now, SIGKILL after --grace, and only then is the lease released.
                 state.orphans_terminated_at = now
                 child.terminate_orphans()
             if state.loss is None:
-                if now >= deadline:
-                    # Past the deadline without having started to terminate: this process
-                    # was not running (SIGSTOP, VM freeze) while its lease ran out.
-                    self._lose(
-                        LossKind.RESUMED_LATE,
-                        f"resumed {format_duration(now - deadline)} past the local lease deadline",
-                        kill_at=now,
-                    )
-                elif now >= deadline - options.schedule.safety_margin - options.loss_grace:
-                    self._lose(
-                        LossKind.UNREACHABLE,
-                        "could not renew the lease in time",
-                        kill_at=deadline - options.schedule.safety_margin,
-                    )
-                elif now - started >= options.max_lifetime:
-                    self._lose(
-                        LossKind.MAX_LIFETIME,
-                        f"reached --max-lifetime {format_duration(options.max_lifetime)}",
-                        kill_at=now + options.grace,
-                    )
+                loss = loss_by_now(options, now, self.holding.deadline(), started)
+                if loss is not None:
+                    self._lose(loss.detected_by, loss.detail, kill_at=loss.kill_at)
             self._enforce(child, now)
             self._sleep_until_next_event(child, now, started)
 
@@ -468,13 +445,10 @@ class Supervisor:
             else:
                 child.signal_tree(signal.SIGTERM)
                 child.signal_tree(signal.SIGCONT)  # a stopped process must run to handle it
-        self._emit(
-            "lost",
-            f"lost the lease on {self.options.key!r} ({detected_by}: {detail}); "
-            "terminating the command",
-            detected_by=detected_by,
-            detail=detail,
-        )
+        key = self.options.key
+        message = f"lost the lease on {key!r} ({detected_by}: {detail}); terminating the command"
+        token = self.keeper.fencing_token
+        self.events.emit("lost", key, token, message, detected_by=detected_by, detail=detail)
         self._wake()
 
     def _renewed(self, lease: Lease) -> None:
@@ -490,21 +464,12 @@ class Supervisor:
 
     # -- release, events, signals ---------------------------------------------------------
 
-    def _records(self, outcome: str, exit_code: int | None) -> dict[str, RunRecord | None]:
-        return {k.key: k.run_record(outcome, exit_code) for k in self.holding.in_order}
-
     def _release_all(self, outcome: str, exit_code: int | None) -> None:
         """Release every lease held, each recording the run (``outcome``) in its key's
         ledger."""
         for keeper in self.holding.held():
             record = keeper.run_record(outcome, exit_code)
             release_and_report(keeper, self.options, self.events, record=record)
-
-    def _emit(
-        self, event: str, message: str, fencing_token: int | None = None, **fields: object
-    ) -> None:
-        token = fencing_token if fencing_token is not None else self.keeper.fencing_token
-        self.events.emit(event, self.options.key, token, message, **fields)
 
     def _wake(self) -> None:
         with contextlib.suppress(BlockingIOError, OSError):
@@ -530,6 +495,22 @@ class Supervisor:
         child.signal_group(signum)
         if signum == signal.SIGTERM and self.state.term_forwarded_at is None:
             self.state.term_forwarded_at = self.clock()
+
+
+def loss_by_now(options: RunOptions, now: float, deadline: float, started: float) -> Loss | None:
+    """What the clock alone says while the command runs: the lease is lost when ``now`` is
+    past the local ``deadline`` (this process was not running: SIGSTOP, a VM freeze) or so
+    close to it that the tree must be terminated now, or --max-lifetime is reached."""
+    if now >= deadline:
+        late = format_duration(now - deadline)
+        return Loss(LossKind.RESUMED_LATE, f"resumed {late} past the local lease deadline", now)
+    margin = options.schedule.safety_margin
+    if now >= deadline - margin - options.loss_grace:
+        return Loss(LossKind.UNREACHABLE, "could not renew the lease in time", deadline - margin)
+    if now - started >= options.max_lifetime:
+        reached = f"reached --max-lifetime {format_duration(options.max_lifetime)}"
+        return Loss(LossKind.MAX_LIFETIME, reached, now + options.grace)
+    return None
 
 
 def with_breaker(

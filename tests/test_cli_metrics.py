@@ -190,8 +190,13 @@ def test_metrics_from_the_ledger_and_the_live_leases(env, store_url):
     assert got[("tasklock_waiting", "held")] == got[("tasklock_waiting", odd)] == 0
     assert got[("tasklock_last_exit_code", "other")] == 0
     assert {key for _, key in got} == {odd, "other", "held"}
-    # a key held but never run yet has only tasklock_held and tasklock_waiting
-    assert [name for name, key in got if key == "held"] == ["tasklock_held", "tasklock_waiting"]
+    # a key held but never run yet has only the families of live holders and waiters
+    assert [name for name, key in got if key == "held"] == [
+        "tasklock_held",
+        "tasklock_held_shared",
+        "tasklock_waiting",
+    ]
+    assert got[("tasklock_held_shared", "held")] == 0
 
 
 def test_metrics_prefix_and_an_empty_store(env):

@@ -141,7 +141,7 @@ def test_a_descendant_whose_name_is_not_utf8_is_terminated_too(env, tmp_path):
 def test_an_orphan_ignoring_sigterm_is_killed_after_grace(env, tmp_path):
     ready = tmp_path / "ready"
     seconds = f"300.{os.getpid()}{time.monotonic_ns() % 10**6}"  # this test's own sleep
-    orphan = f"trap \"\" TERM; touch {ready}; sleep {seconds}"
+    orphan = f'trap "" TERM; touch {ready}; sleep {seconds}'
     job = f"(trap '' TERM; setsid sh -c '{orphan}' &) ; exit 0"
     started = time.monotonic()
     result = tasklock("run", "k", "--grace", "600ms", "--", "sh", "-c", job, env=env)

@@ -700,8 +700,10 @@ def test_replace_example_cancels_the_running_deploy(shell_env, tmp_path, sqlite_
     assert sh(peek, shell_env, tmp_path).stdout == "deploy:production is free\n"
 
 
-def test_readers_and_a_migration_example(shell_env, tmp_path):
+def test_readers_and_a_migration_example(shell_env, tmp_path, sqlite_url):
+    from tasklock_cli.stores import open_store
     from tests.support.cli import start
+    from tests.support.cli import wait_until
 
     readers_line, writer_line = [
         line
@@ -709,19 +711,23 @@ def test_readers_and_a_migration_example(shell_env, tmp_path):
         if line.startswith("tasklock")
     ]
     report = tmp_path / "nightly-report.sh"
+    log, go = tmp_path / "log", tmp_path / "go"
+    # each reader stays until the test says go: by then all three hold the key together
     report.write_text(
-        f'#!/bin/sh\necho "start $$" >> "{tmp_path}/log"; sleep 0.5\n'
-        f'echo "end $$" >> "{tmp_path}/log"\n'
+        f'#!/bin/sh\necho "start $$" >> "{log}"\n'
+        f'while [ ! -e "{go}" ]; do sleep 0.02; done\necho "end $$" >> "{log}"\n'
     )
     report.chmod(0o755)
     migrate = tmp_path / "migrate.sh"
-    migrate.write_text(f'#!/bin/sh\necho "migrate" >> "{tmp_path}/log"\n')
+    migrate.write_text(f'#!/bin/sh\necho "migrate" >> "{log}"\n')
     migrate.chmod(0o755)
-    readers = [
-        start(*readers_line.split()[1:], env=shell_env, cwd=tmp_path)
-        for _ in range(3)
-    ]
-    assert sh(writer_line, shell_env, tmp_path).returncode == 0
+    readers = [start(*readers_line.split()[1:], env=shell_env, cwd=tmp_path) for _ in range(3)]
+    with open_store(sqlite_url) as store:
+        wait_until(lambda: len(store.holders("db:reporting")) == 3, timeout=30)
+        writer = start(*writer_line.split()[1:], env=shell_env, cwd=tmp_path)
+        wait_until(lambda: len(store.waiters("db:reporting")) == 1, timeout=30)
+    go.touch()
+    assert writer.wait(timeout=60) == 0
     assert [reader.wait(timeout=60) for reader in readers] == [0, 0, 0]
     log = (tmp_path / "log").read_text().split("\n")
     starts = [n for n, line in enumerate(log) if line.startswith("start")]

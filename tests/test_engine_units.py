@@ -226,7 +226,6 @@ def test_the_guard_starts_the_command_with_exactly_the_environment_it_was_given(
     """The environment goes to an already forked guard over its socket: larger than one
     message, values with `=`, empty values and bytes that are not UTF-8 arrive intact."""
 
-
     env = {
         "BIG": "x" * 100_000,
         "EQUALS": "a=b==c",
