@@ -415,6 +415,21 @@ def test_superseding_wakes_the_superseded_and_its_marker_tells_once(
         late.acquire("dep", 30, OTHER, newer, queue=True, supersede=True)
 
 
+def test_a_note_cannot_fake_a_places_mode_or_supersede_flag(redis_store, other, raw, prefix):
+    """The scripts find the flags as text in a place's record: JSON escapes the quotes of
+    a note that spells them."""
+    holder = other.acquire("dep", 30, OTHER, token())
+    sly = Holder(host="h", pid=1, user="u", note='"mode": "shared", "supersede": true')
+    writer, reader = token(), token()
+    assert redis_store.acquire("dep", 30, sly, writer, queue=True) is None
+    assert other.acquire("dep", 30, OTHER, reader, queue=True, supersede=True) is None
+    assert [w.mode for w in redis_store.waiters("dep")] == [EXCLUSIVE, EXCLUSIVE]
+    assert other.release(holder) is True
+    assert raw.llen(prefix + b"{dep}:wake:" + writer.encode()) == 1  # the head alone
+    assert raw.llen(prefix + b"{dep}:wake:" + reader.encode()) == 0
+    assert redis_store.acquire("dep", 30, sly, writer, queue=True) is not None  # not superseded
+
+
 def test_front_places_take_scores_below_the_queue(redis_store, other, raw, prefix):
     holder = other.acquire("dep", 30, OTHER, token())
     first, front = token(), token()

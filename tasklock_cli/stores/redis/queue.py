@@ -33,8 +33,13 @@ from tasklock_cli.stores.base import Holder
 from tasklock_cli.stores.base import WaiterInfo
 from tasklock_cli.stores.base import utc_from_timestamp
 
-# Needs from the prelude before it: ms, slot_key, WAKE_TOKEN_MS.
-QUEUE_LUA = """
+#: How a place's record says its waiter is shared, or joined with ``--supersede``
+#: (``json.dumps``' own spelling of the pairs, which place_record adds).
+SHARED_FLAG = '"mode": "shared"'
+SUPERSEDE_FLAG = '"supersede": true'
+
+# Needs from the prelude before it: ms, now_ms, slot_key, WAKE_TOKEN_MS.
+_QUEUE_LUA = """
 local function queue_names(wake_name)
   local base = string.sub(wake_name, 1, -5)
   return base .. 'queue', base .. 'waiters', base .. 'superseded'
@@ -43,11 +48,11 @@ local function place_expiry(value)
   return value and tonumber(string.match(value, '^(%d+) ')) or 0
 end
 -- A place's mode (true: shared) and supersede flag, from its record (an older
--- tasklock's has neither: exclusive, no supersede).
+-- tasklock's has neither: exclusive, no supersede). Found as text (place_record writes
+-- them so): JSON escapes every quote inside a string, so no note or command can fake them.
 local function place_flags(value)
-  local ok, data = pcall(cjson.decode, string.match(value, '^%d+ %d+ (.*)$') or '')
-  if not ok or type(data) ~= 'table' then return false, false end
-  return data['mode'] == 'shared', data['supersede'] == true
+  return string.find(value, SHARED_FLAG, 1, true) ~= nil,
+    string.find(value, SUPERSEDE_FLAG, 1, true) ~= nil
 end
 -- The live places in order, each {owner, shared, supersede, value}; the dead are dropped.
 local function live_queue(wake_name, now)
@@ -179,6 +184,9 @@ local function wake(name, base, count, pushes)
   redis.call('PEXPIRE', name, WAKE_TOKEN_MS)
 end
 """
+QUEUE_LUA = _QUEUE_LUA.replace("SHARED_FLAG", repr(SHARED_FLAG)).replace(
+    "SUPERSEDE_FLAG", repr(SUPERSEDE_FLAG)
+)
 
 # Read-only; KEYS[1] = wake; ARGV: our owner ('' = none) -> {how many live places are
 # ahead of ours (all when we have none), then each live place's 'expires since record'}.
