@@ -17,7 +17,10 @@ from tasklock_cli.errors import ConfigError
 from tasklock_cli.errors import LeaseLost
 from tasklock_cli.errors import LimitMismatch
 from tasklock_cli.errors import StoreUnavailable
+from tasklock_cli.errors import Superseded
 from tasklock_cli.stores import open_store
+from tasklock_cli.stores.base import EXCLUSIVE
+from tasklock_cli.stores.base import SHARED
 from tasklock_cli.stores.base import Holder
 from tests.support import redis_support
 from tests.support import services
@@ -291,6 +294,179 @@ def test_the_wake_list_never_holds_more_wake_ups_than_free_slots(redis_store, ra
     assert raw.exists(wake_key) == 0  # full again: no false wake-ups
     assert [i.slot for i in redis_store.force_release("pool")] == [0, 1, 2]
     assert raw.llen(wake_key) == 3
+
+
+# -- lock modes and the queue's deploy rules ------------------------------------------------
+
+
+def test_shared_slots_are_marked_and_the_limit_record_covers_them(redis_store, other, raw, prefix):
+    """What an older tasklock reads: a shared hash is slot N of limit 1 (no limit field),
+    and P{K}:limit, which it takes for the key's limit, covers every live shared slot, so
+    its plain acquire (refused while any of those slots is live) never joins readers."""
+    leases = [other.acquire("rw", 30, OTHER, token(), mode=SHARED) for _ in range(3)]
+    assert [lease.slot for lease in leases] == [0, 1, 2]
+    names = [prefix + b"{rw}:lease", prefix + b"{rw}:lease:1", prefix + b"{rw}:lease:2"]
+    for slot, name in enumerate(names):
+        data = raw.hgetall(name)
+        assert data[b"mode"] == b"shared" and int(data[b"slot"]) == slot
+        assert b"limit" not in data
+    limit_key = prefix + b"{rw}:limit"
+    assert other.release(leases[0]) is True
+    assert raw.get(limit_key) == b"3" and raw.pttl(limit_key) >= raw.pttl(names[2]) - 50
+    assert redis_store.acquire("rw", 30, HOLDER, token()) is None
+    renewed = other.renew(leases[2], 120)
+    assert renewed.mode == SHARED and 119_000 < raw.pttl(limit_key) <= 120_000
+    lowest = other.acquire("rw", 30, OTHER, token(), mode=SHARED)
+    assert lowest.slot == 0  # the lowest free slot
+    assert all(other.release(lease) for lease in (*leases[1:], lowest))
+    assert raw.exists(limit_key) == 0
+
+
+def test_an_older_tasklocks_place_and_lease_read_as_exclusive(redis_store, raw, prefix):
+    """No mode anywhere is exclusive: a lease hash of old holds shared runs out, and a
+    place of old is an exclusive waiter ahead of them."""
+    raw.hset(
+        prefix + b"{old}:lease",
+        mapping={
+            "owner": "o",
+            "fencing_token": "7",
+            "holder": json.dumps(OTHER.to_dict()),
+            "acquired_at": "1",
+            "expires_at": "2",
+        },
+    )
+    raw.pexpire(prefix + b"{old}:lease", 500)
+    assert redis_store.holders("old")[0].mode == EXCLUSIVE
+    assert redis_store.acquire("old", 30, HOLDER, token(), mode=SHARED) is None
+    expires = int(raw.time()[0]) * 1000 + 30_000
+    raw.zadd(prefix + b"{old}:queue", {"old-waiter": 1})
+    value = f"{expires} 1 {json.dumps(OTHER.to_dict())}"
+    raw.hset(prefix + b"{old}:waiters", "old-waiter", value)
+    time.sleep(0.6)  # the old lease runs out: the old waiter, ahead, keeps the readers out
+    assert [w.mode for w in redis_store.waiters("old")] == [EXCLUSIVE]
+    assert redis_store.acquire("old", 30, HOLDER, token(), mode=SHARED) is None
+
+
+def test_a_release_wakes_the_run_of_shared_waiters_at_the_head(redis_store, other, raw, prefix):
+    writer = other.acquire("rw", 30, OTHER, token())
+    owners = [token() for _ in range(4)]
+    modes = (SHARED, SHARED, EXCLUSIVE, SHARED)
+    for owner, mode in zip(owners, modes, strict=True):
+        assert redis_store.acquire("rw", 30, HOLDER, owner, queue=True, mode=mode) is None
+    assert other.release(writer) is True
+    woken = [raw.llen(prefix + b"{rw}:wake:" + owner.encode()) for owner in owners]
+    assert woken == [1, 1, 0, 0]
+    assert raw.llen(prefix + b"{rw}:wake") == 0
+
+
+def test_a_waiting_writer_is_woken_only_when_the_last_reader_goes(redis_store, other, raw, prefix):
+    readers = [other.acquire("rw", 30, OTHER, token(), mode=SHARED) for _ in range(2)]
+    writer = token()
+    assert redis_store.acquire("rw", 30, HOLDER, writer, queue=True) is None
+    wake_key = prefix + b"{rw}:wake:" + writer.encode()
+    assert other.release(readers[1]) is True
+    assert raw.llen(wake_key) == 0  # a reader still holds it: no false wake-up
+    assert other.release(readers[0]) is True
+    assert raw.llen(wake_key) == 1
+
+
+def test_a_shared_waiter_is_woken_when_the_writer_ahead_leaves(url, opened, other):
+    reader = other.acquire("rw", 30, OTHER, token(), mode=SHARED)
+    writer = open_store(url)
+    opened.append(writer)
+    assert writer.acquire("rw", 30, HOLDER, token(), queue=True) is None
+    waiter = open_store(url)
+    opened.append(waiter)
+    assert waiter.acquire("rw", 30, HOLDER, token(), queue=True, mode=SHARED) is None
+    woke: list[float] = []
+    thread = threading.Thread(target=lambda: (waiter.wait_for_release("rw", 5), woke.append(1)))
+    thread.start()
+    time.sleep(0.3)
+    assert not woke  # behind the writer, though only a reader holds the key
+    writer.stop_waiting("rw")
+    left = time.monotonic()
+    thread.join()
+    assert woke and time.monotonic() - left < 0.5
+    assert other.release(reader) is True
+
+
+def test_superseding_wakes_the_superseded_and_its_marker_tells_once(
+    url, opened, redis_store, other, raw, prefix
+):
+    holder = other.acquire("dep", 30, OTHER, token())
+    older, newer = token(), token()
+    assert redis_store.acquire("dep", 30, HOLDER, older, queue=True, supersede=True) is None
+    record = json.loads(raw.hget(prefix + b"{dep}:waiters", older).split(b" ", 2)[2])
+    assert record["supersede"] is True and "mode" not in record
+    late = open_store(url)
+    opened.append(late)
+    assert late.acquire("dep", 30, OTHER, newer, queue=True, supersede=True) is None
+    assert raw.llen(prefix + b"{dep}:wake:" + older.encode()) == 1
+    assert raw.hexists(prefix + b"{dep}:superseded", older)
+    assert raw.zrange(prefix + b"{dep}:queue", 0, -1) == [newer.encode()]
+    assert other.release(holder) is True
+    with pytest.raises(Superseded):
+        redis_store.acquire("dep", 30, HOLDER, older, queue=True, supersede=True)
+    assert not raw.hexists(prefix + b"{dep}:superseded", older)
+    assert redis_store._queue_place("dep") is None
+    # told once: a new attempt is a newcomer, behind the newer run (which it supersedes)
+    assert redis_store.acquire("dep", 30, HOLDER, older, queue=True, supersede=True) is None
+    with pytest.raises(Superseded):
+        late.acquire("dep", 30, OTHER, newer, queue=True, supersede=True)
+
+
+def test_a_note_cannot_fake_a_places_mode_or_supersede_flag(redis_store, other, raw, prefix):
+    """The scripts find the flags as text in a place's record: JSON escapes the quotes of
+    a note that spells them."""
+    holder = other.acquire("dep", 30, OTHER, token())
+    sly = Holder(host="h", pid=1, user="u", note='"mode": "shared", "supersede": true')
+    writer, reader = token(), token()
+    assert redis_store.acquire("dep", 30, sly, writer, queue=True) is None
+    assert other.acquire("dep", 30, OTHER, reader, queue=True, supersede=True) is None
+    assert [w.mode for w in redis_store.waiters("dep")] == [EXCLUSIVE, EXCLUSIVE]
+    assert other.release(holder) is True
+    assert raw.llen(prefix + b"{dep}:wake:" + writer.encode()) == 1  # the head alone
+    assert raw.llen(prefix + b"{dep}:wake:" + reader.encode()) == 0
+    assert redis_store.acquire("dep", 30, sly, writer, queue=True) is not None  # not superseded
+
+
+def test_front_places_take_scores_below_the_queue(redis_store, other, raw, prefix):
+    holder = other.acquire("dep", 30, OTHER, token())
+    first, front = token(), token()
+    assert redis_store.acquire("dep", 30, HOLDER, first, queue=True) is None
+    assert redis_store.acquire("dep", 30, HOLDER, front, queue=True, front=True) is None
+    queue = raw.zrange(prefix + b"{dep}:queue", 0, -1, withscores=True)
+    assert queue == [(front.encode(), 0.0), (first.encode(), 1.0)]
+    assert other.release(holder) is True
+    assert raw.llen(prefix + b"{dep}:wake:" + front.encode()) == 1
+    assert raw.llen(prefix + b"{dep}:wake:" + first.encode()) == 0
+
+
+def test_mode_operations_take_one_round_trip_each(url):
+    """A shared acquire, a --supersede --replace join, a join that supersedes, and the
+    superseded run's Superseded: one script each."""
+    with TcpProxy("127.0.0.1", urlsplit(url).port or 6379) as proxy:
+        store = open_store(proxy.url_for(url))
+        try:
+            store.release(store.acquire("warm-up", 30, HOLDER, token()))  # scripts loaded
+            counted: dict[str, int] = {}
+
+            def count(name: str, owner: str, **options):
+                before = proxy.round_trips
+                try:
+                    return store.acquire("m", 30, HOLDER, owner, queue=True, **options)
+                finally:
+                    counted[name] = proxy.round_trips - before
+
+            assert count("shared", token(), mode=SHARED) is not None
+            older = token()
+            assert count("join", older, supersede=True, front=True) is None
+            assert count("supersede", token(), supersede=True) is None
+            with pytest.raises(Superseded):
+                count("superseded", older, supersede=True)
+        finally:
+            store.close()
+    assert len(counted) == 4 and counted == dict.fromkeys(counted, 1), counted
 
 
 # -- the fencing counter ----------------------------------------------------------------

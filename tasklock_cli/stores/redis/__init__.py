@@ -5,20 +5,31 @@ default ``tasklock:``)::
 
     P{K}:lease     hash  owner, fencing_token, holder (JSON), acquired_at, expires_at (ms)
                          with a PX TTL: the lease exists exactly while it is live; a plain
-                         lock's, or slot 0 of a semaphore (which adds slot and limit)
-    P{K}:lease:N   hash  slot N > 0 of a semaphore (``run --limit``), as slot 0's
-    P{K}:limit     string  a semaphore's limit, with a PX at least as late as the expiry of
-                           its last live slot (see ``scripts``); none for a plain lock
+                         lock's, or slot 0 of a semaphore (which adds slot and limit), or
+                         of shared holders (which add slot and ``mode`` = shared; no mode
+                         field is exclusive, as an older tasklock's leases are)
+    P{K}:lease:N   hash  slot N > 0 of a semaphore (``run --limit``) or of shared holders
+                         (``run --shared``, unbounded), as slot 0's
+    P{K}:limit     string  how many slots to look at: a semaphore's limit, or one past the
+                           highest live shared slot, with a PX at least as late as the
+                           expiry of its last live slot (see ``scripts``); none for a plain
+                           lock or a lone shared holder in slot 0. An older tasklock reads
+                           it as a limit and so sees every shared holder
     P{K}:fence     string  the per-key fencing counter (INCR); never given a TTL, never
                            deleted by release, expiry, sweep or force release
     P{K}:wake      list  an element per release while a slot is free after it: a waiter's
                          BLPOP takes it, so each release wakes exactly one waiter (the one
                          waiting longest); an acquire that fills the key deletes it, and it
                          expires by itself
-    P{K}:queue     zset  the waiters' places, scored in arrival order: a waiter's owner token
-    P{K}:waiters   hash  owner token -> 'expires_ms since_ms holder_json' of its place; the
-                         acquire script joins, keeps and leaves places and drops the ones
-                         that ran out; a release wakes the head on P{K}:wake:<owner>
+    P{K}:queue     zset  the waiters' places, scored in arrival order (``--replace``'s
+                         ahead of all): a waiter's owner token
+    P{K}:waiters   hash  owner token -> 'expires_ms since_ms holder_json' of its place, the
+                         holder with its mode and ``--supersede`` flag; the acquire script
+                         joins, keeps and leaves places and drops the ones that ran out; a
+                         release wakes the head on P{K}:wake:<owner>, or the run of shared
+                         waiters at the head on theirs
+    P{K}:superseded  hash  owner token -> expires_ms: the places a newer ``--supersede``
+                           waiter took out of the queue (see ``queue``)
     P{K}:runs      zset  the run ledger: one JSON record per run, scored by its fencing
                          token; written by the release script, which trims it to the last
                          LEDGER_KEEP runs
@@ -41,7 +52,8 @@ and tokens issued before can be issued again. ``doctor`` warns about the setting
 matter (AOF with ``appendfsync everysec|always``, ``maxmemory-policy noeviction``).
 
 Companions: ``scripts`` (the Lua), ``connection`` (URL, pool, errors), ``keys`` (names),
-``waiting`` (the wake lists), ``breaks`` (break watches), ``doctor``.
+``queue`` (the waiters' places and who a release wakes), ``waiting`` (the wake lists),
+``breaks`` (break watches), ``doctor``.
 """
 
 from __future__ import annotations

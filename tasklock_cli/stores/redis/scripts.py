@@ -11,18 +11,28 @@ in a digit); the scripts build a slot's name from slot 0's. A plain lock's hash 
 semaphore's hashes have both. ``P{K}:limit`` holds the semaphore's limit, with a PX at
 least as late as the last expiry of its live slots: it tells how many slots to look at,
 which the liveness of the slots themselves then decides.
+
+Shared holders (``run --shared``) are slots of limit 1 whose hashes add ``mode`` = shared
+and ``slot``; each takes the lowest slot no live lease holds, unbounded, and
+``P{K}:limit`` then covers one past the highest (``cover_slots``), so every reader of the
+key's slots -- an older tasklock's too, which takes it for a limit -- sees them all. An
+exclusive lease of limit 1 is taken only when no slot at all is live.
 """
 
 from __future__ import annotations
 
 from tasklock_cli.stores.base import BROKEN_OWNER_PREFIX
 from tasklock_cli.stores.base import LEDGER_KEEP
+from tasklock_cli.stores.redis.queue import QUEUE_LUA
+from tasklock_cli.stores.redis.queue import WAITERS
 
 #: How long a release's wake-up waits for a waiter that is between its look and its BLPOP.
 WAKE_TOKEN_MS = 5_000
 
 # All scripts: KEYS[1] = the lease hash (slot 0's unless said otherwise).
-_PRELUDE = """
+_PRELUDE = (
+    (
+        """
 if redis.replicate_commands then redis.replicate_commands() end
 local function now_ms()
   local t = redis.call('TIME')
@@ -47,74 +57,14 @@ local function bad_types(checks)
 end
 local lease_type, bad_lease = key_type(KEYS[1], 'hash', 'lease')
 if bad_lease then return bad_lease end
--- The key's queue of waiters, named after its wake list P{K}:wake: P{K}:queue (a zset:
--- owner -> arrival order) and P{K}:waiters (a hash: owner -> 'expires_ms since_ms holder').
--- A place is live until its expiry; write scripts drop the dead places they meet.
-local function queue_names(wake_name)
-  local base = string.sub(wake_name, 1, -5)
-  return base .. 'queue', base .. 'waiters'
-end
-local function place_expiry(value)
-  return value and tonumber(string.match(value, '^(%d+) ')) or 0
-end
--- The live owners in the queue, in order (the dead places are dropped).
-local function live_queue(wake_name, now)
-  local q, w = queue_names(wake_name)
-  local out = {}
-  for _, owner in ipairs(redis.call('ZRANGE', q, 0, -1)) do
-    if place_expiry(redis.call('HGET', w, owner)) > now then
-      out[#out + 1] = owner
-    else
-      redis.call('ZREM', q, owner)
-      redis.call('HDEL', w, owner)
-    end
-  end
-  return out
-end
--- Join the queue at its end, or keep our live place there, until now + ttl.
-local function join_queue(wake_name, owner, now, ttl, holder)
-  local q, w = queue_names(wake_name)
-  local value = redis.call('HGET', w, owner)
-  local since = now
-  if redis.call('ZSCORE', q, owner) and place_expiry(value) > now then
-    since = tonumber(string.match(value, '^%d+ (%d+) '))
-  else
-    local last = redis.call('ZRANGE', q, -1, -1, 'WITHSCORES')
-    redis.call('ZADD', q, (tonumber(last[2]) or 0) + 1, owner)
-  end
-  redis.call('HSET', w, owner, ms(now + ttl) .. ' ' .. ms(since) .. ' ' .. holder)
-  redis.call('PEXPIRE', q, ttl * 4)
-  redis.call('PEXPIRE', w, ttl * 4)
-end
-local function leave_queue(wake_name, owner)
-  local q, w = queue_names(wake_name)
-  redis.call('ZREM', q, owner)
-  redis.call('HDEL', w, owner)
-end
--- A release wakes the head of the key's queue: an element on its own wake list
--- (P{K}:wake:<owner>), which it BLPOPs. With no queue, one element per freed slot on the
--- key's wake list, whoever BLPOPs first takes it; never more elements than free slots;
--- nobody blocked: they wait a little for a waiter on its way.
-local function wake(name, pushes, free)
-  local head = live_queue(name, now_ms())[1]
-  if head then
-    local own = name .. ':' .. head
-    redis.call('RPUSH', own, '1')
-    redis.call('LTRIM', own, -1, -1)
-    redis.call('PEXPIRE', own, WAKE_TOKEN_MS)
-    return
-  end
-  for _ = 1, pushes do redis.call('RPUSH', name, '1') end
-  redis.call('LTRIM', name, -free, -1)
-  redis.call('PEXPIRE', name, WAKE_TOKEN_MS)
-end
 local BROKEN = 'BROKEN_OWNER_PREFIX'
 local function is_broken(owner) return string.sub(owner, 1, #BROKEN) == BROKEN end
 local function slot_key(base, slot)
   if slot == 0 then return base end
   return base .. ':' .. slot
 end
--- How many slots the key's live holders may use: the recorded limit, else 1.
+-- How many slots to look at: the recorded limit (a semaphore's, or one past the highest
+-- live shared slot), else 1.
 local function slot_count(limit_key)
   return tonumber(redis.call('GET', limit_key) or '1') or 1
 end
@@ -123,19 +73,31 @@ local function live_slots(base, count)
   for slot = 0, count - 1 do live = live + redis.call('EXISTS', slot_key(base, slot)) end
   return live
 end
--- The limit record outlives every live slot of a semaphore (a plain lock keeps none).
-local function extend_limit(limit_key, limit, ttl)
-  if limit > 1 and redis.call('PTTL', limit_key) < ttl then
-    redis.call('SET', limit_key, limit, 'PX', ttl)
+-- The limit record covers `count` slots (at least) and outlives every live slot of a
+-- semaphore, or of shared holders above slot 0 (a plain lock keeps none).
+local function cover_slots(limit_key, count, ttl)
+  if count <= 1 then return end
+  local held = tonumber(redis.call('GET', limit_key) or '0') or 0
+  local pttl = redis.call('PTTL', limit_key)
+  if held < count or pttl < ttl then
+    redis.call('SET', limit_key, math.max(held, count), 'PX', math.max(pttl, ttl))
   end
 end
-""".replace("WAKE_TOKEN_MS", str(WAKE_TOKEN_MS)).replace("BROKEN_OWNER_PREFIX", BROKEN_OWNER_PREFIX)
+"""
+        + QUEUE_LUA
+    )
+    .replace("WAKE_TOKEN_MS", str(WAKE_TOKEN_MS))
+    .replace("BROKEN_OWNER_PREFIX", BROKEN_OWNER_PREFIX)
+)
 
 # KEYS[2] = fence, KEYS[3] = wake, KEYS[4] = limit; ARGV: owner, ttl_ms, holder_json, limit,
-# queue ('1' or ''), waiter_ttl_ms.
+# queue ('1' or ''), waiter_ttl_ms, mode ('shared' or '': exclusive), supersede ('1' or ''),
+# front ('1' or ''), the place's record (see ``queue``).
 # -> {fencing_token, acquired_at_ms, expires_at_ms, slot}, nil when every slot is held (or
-# the free ones go to waiters ahead of us: first come, first served), or {'limit', held}
-# when a live holder uses another limit. With queue, nil joins the queue or keeps our place.
+# the free ones go to waiters ahead of us: first come, first served), {'limit', held} when
+# a live holder uses another limit, or {'superseded'} when a newer --supersede waiter took
+# our place (we leave the queue). With queue, nil joins the queue or keeps our place.
+# A shared caller (limit 1) looks one slot past those recorded: there is always one free.
 ACQUIRE = (
     _PRELUDE
     + """
@@ -144,36 +106,52 @@ if bad_fence then return bad_fence end
 local bad = bad_types({{KEYS[3], 'list', 'wake'}, {KEYS[4], 'string', 'limit'}})
 if bad then return bad end
 local now = now_ms()
+if take_superseded(KEYS[3], ARGV[1], now) then
+  leave_queue(KEYS[3], ARGV[1])
+  return {'superseded'}
+end
 local ttl = tonumber(ARGV[2])
 local limit = tonumber(ARGV[4])
-local free, live = nil, 0
-for slot = 0, math.max(limit, slot_count(KEYS[4])) - 1 do
+local shared = ARGV[7] == 'shared'
+local count = math.max(limit, slot_count(KEYS[4]))
+local free, live, shared_live = nil, 0, 0
+for slot = 0, shared and count or count - 1 do
   local name = slot_key(KEYS[1], slot)
   local t, bad = key_type(name, 'hash', 'lease')
   if bad then return bad end
   if t == 'hash' then
-    local cur = redis.call('HMGET', name, 'owner', 'fencing_token', 'acquired_at', 'limit')
+    local cur = redis.call('HMGET', name, 'owner', 'fencing_token', 'acquired_at', 'limit', 'mode')
     local held = tonumber(cur[4]) or 1
     if held ~= limit then return {'limit', held} end
     if cur[1] == ARGV[1] then
       -- our own acquisition whose reply was lost: same lease, same token, refreshed TTL
       redis.call('HSET', name, 'expires_at', ms(now + ttl), 'holder', ARGV[3])
       redis.call('PEXPIRE', name, ttl)
-      extend_limit(KEYS[4], limit, ttl)
+      cover_slots(KEYS[4], shared and slot + 1 or limit, ttl)
       return {tonumber(cur[2]), tonumber(cur[3]), now + ttl, slot}
     end
     live = live + 1
-  elseif free == nil and slot < limit then
+    if cur[5] == 'shared' then shared_live = shared_live + 1 end
+  elseif free == nil and (shared or slot < limit) then
     free = slot
   end
 end
 local queue = live_queue(KEYS[3], now)
-local ahead = #queue
-for at, owner in ipairs(queue) do
-  if owner == ARGV[1] then ahead = at - 1 end
+local at = #queue + 1
+for i, place in ipairs(queue) do
+  if place[1] == ARGV[1] then at = i end
 end
-if free == nil or ahead >= limit - live then
-  if ARGV[5] == '1' then join_queue(KEYS[3], ARGV[1], now, tonumber(ARGV[6]), ARGV[3]) end
+local mine = nil
+if at > #queue then mine = shared end
+if free == nil or head_run(queue, mine, live, shared_live, limit) < at then
+  if ARGV[5] == '1' then
+    local waiter_ttl = tonumber(ARGV[6])
+    local joined = join_queue(KEYS[3], ARGV[1], now, waiter_ttl, ARGV[10], ARGV[9] == '1')
+    local superseding = joined and ARGV[8] == '1'
+    if superseding and supersede_others(KEYS[3], queue, ARGV[1], now, waiter_ttl) > 0 then
+      wake(KEYS[3], KEYS[1], count, 0)  -- the places behind them may go now
+    end
+  end
   return false
 end
 leave_queue(KEYS[3], ARGV[1])
@@ -188,10 +166,15 @@ local name = slot_key(KEYS[1], free)
 redis.call('HSET', name, 'owner', ARGV[1], 'fencing_token', ms(token), 'holder', ARGV[3],
            'acquired_at', ms(now), 'expires_at', ms(now + ttl))
 if limit > 1 then redis.call('HSET', name, 'slot', free, 'limit', limit) end
+if shared then redis.call('HSET', name, 'slot', free, 'mode', 'shared') end
 redis.call('PEXPIRE', name, ttl)
-if limit > 1 then extend_limit(KEYS[4], limit, ttl) else redis.call('DEL', KEYS[4]) end
+if limit > 1 or shared then
+  cover_slots(KEYS[4], shared and free + 1 or limit, ttl)
+else
+  redis.call('DEL', KEYS[4])
+end
 -- held again: a wake-up left beyond the slots still free would be a false one
-if live + 1 >= limit then
+if shared or live + 1 >= limit then
   redis.call('DEL', KEYS[3])
 else
   redis.call('LTRIM', KEYS[3], -(limit - live - 1), -1)
@@ -201,7 +184,8 @@ return {token, now, now + ttl, free}
 )
 
 # KEYS[1] = the lease's slot hash, KEYS[2] = limit; ARGV: owner, fencing_token, ttl_ms,
-# limit -> expires_at_ms, or nil when the lease is not ours/live
+# the slots the limit record must cover (the limit; a shared lease's slot + 1)
+# -> expires_at_ms, or nil when the lease is not ours/live
 RENEW = (
     _PRELUDE
     + """
@@ -214,7 +198,7 @@ local now = now_ms()
 local ttl = tonumber(ARGV[3])
 redis.call('HSET', KEYS[1], 'expires_at', ms(now + ttl))
 redis.call('PEXPIRE', KEYS[1], ttl)
-extend_limit(KEYS[2], tonumber(ARGV[4]), ttl)
+cover_slots(KEYS[2], tonumber(ARGV[4]), ttl)
 return now + ttl
 """
 )
@@ -222,8 +206,9 @@ return now + ttl
 # KEYS[1] = the lease's slot hash, KEYS[2] = wake, KEYS[3] = runs, KEYS[4] = success,
 # KEYS[5] = limit, KEYS[6] = slot 0's hash; ARGV: owner, fencing_token, keep_ms (0 = delete
 # now), the run's record as JSON without ended_at ('' = none), '1' when the run succeeded
-# (it then becomes the key's newest success, unless a newer one is there), limit
-# -> 1 released (or kept for keep_ms), 0 no lease at all, -1 someone else's lease.
+# (it then becomes the key's newest success, unless a newer one is there), the slots the
+# limit record must cover (as RENEW's) -> 1 released (or kept for keep_ms), 0 no lease at
+# all, -1 someone else's lease.
 # Our broken lease is ours to release too, and is never kept. The record goes into the
 # ledger whatever the lease's state (once per token), ended_at from Redis's clock.
 RELEASE = (
@@ -246,13 +231,13 @@ local function release()
   if keep > 0 and not broken then
     redis.call('HSET', KEYS[1], 'expires_at', ms(now_ms() + keep))
     redis.call('PEXPIRE', KEYS[1], keep)
-    extend_limit(KEYS[5], limit, keep)
+    cover_slots(KEYS[5], limit, keep)
     return 1
   end
   redis.call('DEL', KEYS[1])
-  local live = live_slots(KEYS[6], limit)
-  if live == 0 and limit > 1 then redis.call('DEL', KEYS[5]) end
-  wake(KEYS[2], 1, limit - live)
+  local count = math.max(limit, slot_count(KEYS[5]))
+  if live_slots(KEYS[6], count) == 0 then redis.call('DEL', KEYS[5]) end
+  wake(KEYS[2], KEYS[6], count, 1)
   return 1
 end
 local result = release()
@@ -323,9 +308,8 @@ for _, slot in ipairs(matching) do
   redis.call('PUBLISH', ARGV[2] .. slot[3], '1')
 end
 if #out > 0 then
-  local live = live_slots(KEYS[1], count)
-  if live == 0 then redis.call('DEL', KEYS[2]) end
-  wake(KEYS[3], #out, count - live)
+  if live_slots(KEYS[1], count) == 0 then redis.call('DEL', KEYS[2]) end
+  wake(KEYS[3], KEYS[1], count, #out)
 end
 return out
 """
@@ -350,15 +334,13 @@ PASS_ON = (
     + """
 local bad = bad_types({{KEYS[2], 'list', 'wake'}, {KEYS[3], 'string', 'limit'}})
 if bad then return bad end
-local count = slot_count(KEYS[3])
-local live = live_slots(KEYS[1], count)
-if live < count then wake(KEYS[2], 1, count - live) end
+wake(KEYS[2], KEYS[1], slot_count(KEYS[3]), 1)
 return 1
 """
 )
 
 # Read-only; KEYS[2] = limit -> per live slot, ordered: {slot, fencing_token, acquired_at,
-# expires_at, holder, limit, pttl, 1 when broken else 0} (false for a missing field)
+# expires_at, holder, limit, pttl, 1 when broken else 0, mode} (false for a missing field)
 SLOTS = (
     _PRELUDE
     + """
@@ -371,32 +353,15 @@ for slot = 0, slot_count(KEYS[2]) - 1 do
   if bad then return bad end
   if t == 'hash' then
     local f = redis.call('HMGET', name, 'fencing_token', 'acquired_at', 'expires_at', 'holder',
-                         'limit', 'owner')
+                         'limit', 'owner', 'mode')
     local broken = f[6] and is_broken(f[6]) and 1 or 0
-    rows[#rows + 1] = {slot, f[1], f[2], f[3], f[4], f[5], redis.call('PTTL', name), broken}
+    rows[#rows + 1] = {slot, f[1], f[2], f[3], f[4], f[5], redis.call('PTTL', name), broken,
+                       f[7]}
   end
 end
 return rows
 """
 )
-
-# Read-only; KEYS[1] = wake; ARGV: our owner ('' = none) -> {how many live places are
-# ahead of ours (all when we have none), then each live place's 'expires since holder'}.
-WAITERS = """
-local base = string.sub(KEYS[1], 1, -5)
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local out = {-1}
-for _, owner in ipairs(redis.call('ZRANGE', base .. 'queue', 0, -1)) do
-  local value = redis.call('HGET', base .. 'waiters', owner)
-  if value and (tonumber(string.match(value, '^(%d+) ')) or 0) > now then
-    if owner == ARGV[1] then out[1] = #out - 1 end
-    out[#out + 1] = value
-  end
-end
-if out[1] < 0 then out[1] = #out - 1 end
-return out
-"""
 
 # KEYS[2] = wake, KEYS[3] = limit; ARGV: owner: leave the key's queue, and wake the waiter
 # now first in it when a slot is free (our turn, had it come, is theirs).
@@ -406,14 +371,13 @@ LEAVE = (
 local bad = bad_types({{KEYS[2], 'list', 'wake'}, {KEYS[3], 'string', 'limit'}})
 if bad then return bad end
 leave_queue(KEYS[2], ARGV[1])
-local count = slot_count(KEYS[3])
-local live = live_slots(KEYS[1], count)
-if live < count then wake(KEYS[2], 1, count - live) end
+wake(KEYS[2], KEYS[1], slot_count(KEYS[3]), 1)
 return 1
 """
 )
 
-# Read-only: for each KEYS[i] -> [fencing_token, acquired_at, expires_at, holder, limit]
+# Read-only: for each KEYS[i] -> [fencing_token, acquired_at, expires_at, holder, limit,
+# mode]
 # (false for a missing field), 0 when the key is gone, or the type name of a foreign key.
 # One JSON string per batch: decoding it is C-speed, where parsing 100,000 HGETALL replies
 # in Python is not.
@@ -423,7 +387,7 @@ for i, name in ipairs(KEYS) do
   local t = redis.call('TYPE', name)['ok']
   if t == 'hash' then
     out[i] = redis.call('HMGET', name, 'fencing_token', 'acquired_at', 'expires_at', 'holder',
-                        'limit')
+                        'limit', 'mode')
   elseif t == 'none' then
     out[i] = 0
   else

@@ -15,10 +15,13 @@ import redis.exceptions as rexc
 
 from tasklock_cli.errors import ConfigError
 from tasklock_cli.errors import LimitMismatch
+from tasklock_cli.errors import Superseded
 from tasklock_cli.errors import TasklockError
 from tasklock_cli.stores.base import BROKEN_OWNER_PREFIX
+from tasklock_cli.stores.base import EXCLUSIVE
 from tasklock_cli.stores.base import LEDGER_KEEP
 from tasklock_cli.stores.base import LIST_PAGE
+from tasklock_cli.stores.base import SHARED
 from tasklock_cli.stores.base import BreakWatches
 from tasklock_cli.stores.base import Holder
 from tasklock_cli.stores.base import Lease
@@ -34,11 +37,16 @@ from tasklock_cli.stores.redis.connection import RedisConnection
 from tasklock_cli.stores.redis.connection import split_url
 from tasklock_cli.stores.redis.keys import DEFAULT_PREFIX
 from tasklock_cli.stores.redis.keys import RedisKeys
+from tasklock_cli.stores.redis.queue import place_mode
+from tasklock_cli.stores.redis.queue import place_record
+from tasklock_cli.stores.redis.queue import waiter_info
 from tasklock_cli.stores.redis.waiting import WAITING_TROUBLE
 from tasklock_cli.stores.redis.waiting import RedisWakeLists
 from tasklock_cli.stores.urls import redact_url
 
 SCAN_COUNT = 10_000
+#: A lease hash's fields as ``_record`` takes them (READ_MANY's order).
+_LEASE_FIELDS = ("fencing_token", "acquired_at", "expires_at", "holder", "limit", "mode")
 
 
 def _record_json(record: RunRecord | None) -> str:
@@ -79,6 +87,8 @@ class RedisStore(Store):
         self._names = RedisKeys(prefix)
         self._conn = RedisConnection(url, self.display_url, self._names)
         self._wake_lists = RedisWakeLists(self._conn)
+        #: The mode of our last acquire of each key, for its wait (see _time_until_free).
+        self._place_modes: dict[str, str] = {}
         self._break_watches = BreakWatches(
             lambda lease: open_break_subscription(self._conn, lease), WAITING_TROUBLE
         )
@@ -94,26 +104,43 @@ class RedisStore(Store):
     # -- the interface --------------------------------------------------------------
 
     def acquire(
-        self, key: str, ttl: float, holder: Holder, owner: str, limit: int = 1, queue: bool = False
+        self,
+        key: str,
+        ttl: float,
+        holder: Holder,
+        owner: str,
+        limit: int = 1,
+        queue: bool = False,
+        *,
+        mode: str = EXCLUSIVE,
+        supersede: bool = False,
+        front: bool = False,
     ) -> Lease | None:
         names = self._names
         keys = [names.lease(key), *(names.name(key, part) for part in ("fence", "wake", "limit"))]
         args = [owner, _ttl_ms(ttl, "lease TTL"), json.dumps(holder.to_dict()), limit]
         args += ["1" if queue else "", _ttl_ms(self.waiter_ttl, "waiter TTL")]
+        args += ["shared" if mode == SHARED else "", "1" if supersede else ""]
+        args += ["1" if front else "", place_record(holder, mode, supersede)]
         result = self._conn.script("acquire", keys, args, key)
-        self._note_queue_place(key, owner if result is None and queue else None)
+        waiting = result is None and queue
+        self._note_queue_place(key, owner if waiting else None)
+        self._place_modes[key] = mode
         if result is None:
             return None
+        if result[0] == b"superseded":
+            raise Superseded(key)
         if result[0] == b"limit":
             raise LimitMismatch(key, int(result[1]), limit)
         token, acquired_ms, expires_ms, slot = (int(v) for v in result)
         acquired_at = utc_from_timestamp(acquired_ms / 1000)
         expires_at = utc_from_timestamp(expires_ms / 1000)
-        return Lease(key, owner, token, acquired_at, expires_at, slot=slot, limit=limit)
+        return Lease(key, owner, token, acquired_at, expires_at, slot, limit, mode)
 
     def renew(self, lease: Lease, ttl: float) -> Lease:
         keys = [self._names.lease(lease.key, lease.slot), self._names.name(lease.key, "limit")]
-        args = [lease.owner_token, lease.fencing_token, _ttl_ms(ttl, "lease TTL"), lease.limit]
+        args = [lease.owner_token, lease.fencing_token, _ttl_ms(ttl, "lease TTL")]
+        args.append(_slots_covered(lease))
         result = self._conn.script("renew", keys, args, lease.key)
         return lease.renewed_until(
             None if result is None else utc_from_timestamp(int(result) / 1000)
@@ -129,7 +156,7 @@ class RedisStore(Store):
         keys.append(self._names.lease(lease.key))
         succeeded = "1" if record is not None and record.outcome == "succeeded" else ""
         args = [lease.owner_token, lease.fencing_token, keep_ms, _record_json(record), succeeded]
-        args.append(lease.limit)
+        args.append(_slots_covered(lease))
 
         def run(client: redis.Redis) -> Any:
             nonlocal attempts
@@ -153,7 +180,8 @@ class RedisStore(Store):
 
     def _slots(self, key: str) -> list[list[Any]]:
         """The key's live slots, in one read: per slot (ordered) [slot, fencing_token,
-        acquired_at, expires_at, holder, limit, pttl, broken] (None for a missing field)."""
+        acquired_at, expires_at, holder, limit, pttl, broken, mode] (None for a missing
+        field)."""
         keys = [self._names.lease(key), self._names.name(key, "limit")]
         return self._conn.script("slots", keys, [], key)
 
@@ -190,7 +218,7 @@ class RedisStore(Store):
 
     def holders(self, key: str) -> list[LeaseInfo]:
         name = self._names.lease(key)
-        return [self._record(key, name, row[0], *row[1:6]) for row in self._slots(key)]
+        return [self._record(key, name, row[0], *row[1:6], row[8]) for row in self._slots(key)]
 
     def list(self, prefix: str = "", include_expired: bool = False) -> Iterator[LeaseInfo]:
         # Redis frees expired keys itself: include_expired can only ever show live leases.
@@ -263,7 +291,7 @@ class RedisStore(Store):
         return self._break_watches.wait(lease, timeout, wake_fd)
 
     def waiters(self, key: str) -> list[WaiterInfo]:
-        return [_waiter_info(value) for value in self._queue(key, "")[1:]]
+        return [waiter_info(value) for value in self._queue(key, "")[1:]]
 
     def _queue(self, key: str, owner: str) -> list[Any]:
         """How many live places are ahead of ``owner``'s, then each live place."""
@@ -287,15 +315,21 @@ class RedisStore(Store):
 
     def _time_until_free(self, key: str) -> float | None:
         """None while a slot is free for us (see Store); else the PTTL of the first live
-        slot to run out (nobody pushes a wake-up for an expiry)."""
+        slot to run out that keeps us out (nobody pushes a wake-up for an expiry)."""
         rows = self._slots(key)
+        exclusive = [row for row in rows if row[8] != SHARED.encode()]
+        if self._place_modes.get(key) == SHARED:
+            if exclusive:
+                return _first_expiry(exclusive)
+            ahead, *places = self._queue(key, self._queue_place(key) or "")
+            readers = all(place_mode(place) == SHARED for place in places[: int(ahead)])
+            return None if readers else self.waiter_ttl
         limit = max((int(row[5] or 1) for row in rows), default=1)
-        if len(rows) < limit:
+        if len(rows) < limit and len(exclusive) == len(rows):  # (shared ones keep us out)
             ahead = int(self._queue(key, self._queue_place(key) or "")[0])
             free = limit - len(rows) if rows else 1  # (a free key's limit: the next taker's)
             return None if ahead < free else self.waiter_ttl
-        pttls = [int(row[6]) for row in rows if int(row[6]) >= 0]
-        return min(pttls) / 1000 if pttls else math.inf
+        return _first_expiry(rows)
 
     def _await_wakeup(self, key: str, until: float, wake_fd: int | None) -> None:
         """On our own wake list while we have a place in the queue (a release wakes the
@@ -331,27 +365,40 @@ class RedisStore(Store):
     # -- records ----------------------------------------------------------------------
 
     def _info(self, key: str, name: bytes, data: dict[bytes, bytes]) -> LeaseInfo:
-        fields = (b"fencing_token", b"acquired_at", b"expires_at", b"holder", b"limit")
+        fields = (b"fencing_token", b"acquired_at", b"expires_at", b"holder", b"limit", b"mode")
         slot = int(data.get(b"slot") or 0)
         return self._record(key, name, slot, *(data.get(field) for field in fields))
 
     def _record(self, key: str, name: bytes, slot: int, *row: Any) -> LeaseInfo:
         """The lease in slot ``slot`` from its (fencing_token, acquired_at, expires_at,
-        holder, limit) fields."""
+        holder, limit, mode) fields."""
         try:
             return _lease_info(key, slot, *row)
         except (ValueError, TypeError, AttributeError) as exc:
             raise self._conn.not_ours(name, "is not a tasklock lease", exc) from None
 
 
-def _waiter_info(value: bytes) -> WaiterInfo:
-    """A place in a queue, as the scripts keep it: 'expires_ms since_ms holder_json'."""
-    _expires, since, holder = value.split(b" ", 2)
-    return WaiterInfo(Holder.from_dict(json.loads(holder)), utc_from_timestamp(int(since) / 1000))
+def _first_expiry(rows: list[list[Any]]) -> float:
+    """Seconds until the first of these slots runs out (``RedisStore._slots``' rows)."""
+    pttls = [int(row[6]) for row in rows if int(row[6]) >= 0]
+    return min(pttls) / 1000 if pttls else math.inf
+
+
+def _slots_covered(lease: Lease) -> int:
+    """How many slots the key's limit record must cover while ``lease`` is live: its
+    limit, or for a shared lease, its slot's and those below."""
+    return lease.slot + 1 if lease.mode == SHARED else lease.limit
 
 
 def _lease_info(
-    key: str, slot: int, token: Any, acquired: Any, expires: Any, holder: Any, limit: Any
+    key: str,
+    slot: int,
+    token: Any,
+    acquired: Any,
+    expires: Any,
+    holder: Any,
+    limit: Any,
+    mode: Any = None,
 ) -> LeaseInfo:
     return LeaseInfo(
         key=key,
@@ -362,14 +409,15 @@ def _lease_info(
         expired=False,  # a lease key that exists is live: Redis drops it at its PX
         slot=int(slot),
         limit=int(limit or 1),  # a plain lock's hash (an older tasklock's too) has none
+        mode=SHARED if mode == SHARED.encode() else EXCLUSIVE,  # an exclusive one has none
     )
 
 
 def _fetch(
     conn: RedisConnection, client: redis.Redis, batch: list[tuple[bytes, str, int]]
 ) -> list[Any]:
-    """Per lease hash: (token, acquired_at, expires_at, holder, limit), None when gone, or
-    a type name."""
+    """Per lease hash: (token, acquired_at, expires_at, holder, limit, mode), None when
+    gone, or a type name."""
     names = [name for name, _, _ in batch]
     raw = conn.scripts["read_many"](keys=names, client=client)
     try:
@@ -380,7 +428,7 @@ def _fetch(
         return [None if row == 0 else row for row in decoded]
     pipe = client.pipeline(transaction=False)
     for name in names:
-        pipe.hmget(name, ["fencing_token", "acquired_at", "expires_at", "holder", "limit"])
+        pipe.hmget(name, [*_LEASE_FIELDS])
     rows: list[Any] = []
     for name, result in zip(names, pipe.execute(raise_on_error=False), strict=True):
         if isinstance(result, rexc.ResponseError):

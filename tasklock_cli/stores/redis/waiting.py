@@ -4,7 +4,8 @@ and a waiter BLPOPs (``RedisStore`` keeps the look at the key; base.py the skele
 A release between the look and the BLPOP leaves its wake-up in the list, so it is not
 missed; each release wakes one waiter, so N waiters do not all rush at the store when one
 of them can win: the head of the key's queue, on a wake list of its own
-(``P{K}:wake:<owner>``), when the key has a queue (see ``scripts``). A BLPOP cut short by
+(``P{K}:wake:<owner>``), or each of the run of shared waiters at its head, when the key
+has a queue (see ``queue``). A BLPOP cut short by
 a signal may have taken a wake-up with it: it is marked while under way, and ``close``
 passes such a wake-up on.
 """
