@@ -169,15 +169,18 @@ class EtcdStore(Store):
         (a lost reply), None (held, or a waiter ahead comes first), or the lowest free slot
         to try next. Raises Superseded (our place was) and LimitMismatch."""
         key, mode = taking.key, taking.mode
-        verdict = self._queue.verdict(key, mode, responses[2:4])
-        if verdict == SUPERSEDED:
-            self._queue.left(key)
-            raise Superseded(key)
-        if verdict == GONE:  # our place lapsed: we are a caller without one now
-            self._queue.left(key)
-            verdict = self._queue.verdict(key, mode, responses[2:4])
         slots, broken = self._keys.slots_from(responses[:2])
         outcome = _after_conflict(self._client, self._held, taking, (slots, broken), sent)
+        if isinstance(outcome, Lease):
+            self._queue.left(key)  # our taking (its reply lost) deleted our place
+            return outcome
+        verdict = self._queue.verdict(key, mode, responses[2:4])
+        if verdict == SUPERSEDED:
+            self._queue.left(key, wanted=False)
+            raise Superseded(key)
+        if verdict == GONE:  # our place lapsed: we are a caller without one now
+            self._queue.lapsed(key)
+            verdict = self._queue.verdict(key, mode, responses[2:4])
         if isinstance(outcome, int) and verdict == AHEAD:
             return None  # a slot is free, for a waiter ahead of us
         return outcome

@@ -213,10 +213,19 @@ class WaiterQueue:
             place = self._places.get(key)
             return place.entry if place is not None and self._waiter_lease is not None else None
 
-    def left(self, key: str) -> None:
-        """An acquire deleted our place in ``key``'s queue (or found it gone)."""
+    def left(self, key: str, wanted: bool = True) -> None:
+        """An acquire deleted our place in ``key``'s queue (or found it superseded: then,
+        without ``wanted``, how we wanted to queue goes too)."""
         with self._lock:
             self._places.pop(key, None)
+            if not wanted:
+                self._wanted.pop(key, None)
+
+    def lapsed(self, key: str) -> None:
+        """An acquire found our place in ``key``'s queue gone, not superseded: our waiter
+        lease may have run out (then every place of ours is gone with it)."""
+        self.left(key)
+        self._refresh()
 
     def take_turn(self, key: str, deadline: float, wake_fd: int | None) -> bool:
         """Join ``key``'s queue and wait until we may be admitted (watching the place that
