@@ -16,12 +16,17 @@ import pytest
 from tasklock_cli.errors import ConfigError
 from tasklock_cli.errors import LeaseLost
 from tasklock_cli.errors import LimitMismatch
+from tasklock_cli.errors import Superseded
 from tasklock_cli.stores import open_store
+from tasklock_cli.stores.base import EXCLUSIVE
+from tasklock_cli.stores.base import SHARED
 from tasklock_cli.stores.base import Holder
 from tasklock_cli.stores.etcd import http
+from tasklock_cli.stores.etcd.acquiring import SHARED_SLOTS_PER_TXN
 from tasklock_cli.stores.etcd.connection import b64
 from tasklock_cli.stores.etcd.connection import parse_url
 from tasklock_cli.stores.etcd.connection import prefix_end
+from tasklock_cli.stores.etcd.keys import EtcdKeys
 from tasklock_cli.stores.etcd.store import SLOTS_PER_TXN
 from tasklock_cli.stores.etcd.store import EtcdStore
 from tests.support import services
@@ -274,3 +279,101 @@ def test_a_slot_key_cannot_be_another_keys_lock(clients):
         (look_alike, 0),
     ]
     assert holder.release(leases[1]) is True
+
+
+# -- lock modes and the queue's classes ------------------------------------------------------
+
+
+def test_shared_slots_cannot_be_mistaken_for_a_plain_lock_by_an_older_tasklock():
+    """An older tasklock's exclusive acquire compares the lock key absent and no key under
+    ``K NUL`` but limit 1's: every shared slot's key is in what it compares."""
+    keys = EtcdKeys("p/", "etcd://h")
+    lock = keys.lock_key("k")
+    for slot in (0, 1, 12):
+        name = keys.slot_key("k", slot, 1, SHARED)
+        assert name != lock and lock + b"\0" <= name < lock + b"\x001/"
+
+
+def test_shared_slots_past_one_txn_go_on_where_the_read_says(clients):
+    holder, other = clients
+    count = SHARED_SLOTS_PER_TXN + 3
+    leases = [holder.acquire("r", 30, HOLDER, uuid.uuid4().hex, mode=SHARED) for _ in range(count)]
+    assert [lease.slot for lease in leases] == list(range(count))
+    assert {(lease.mode, lease.limit) for lease in leases} == {(SHARED, 1)}
+    assert holder.release(leases[SHARED_SLOTS_PER_TXN + 1]) is True
+    again = other.acquire("r", 30, HOLDER, "x", mode=SHARED)
+    assert again.slot == SHARED_SLOTS_PER_TXN + 1
+    assert again.fencing_token > max(lease.fencing_token for lease in leases)
+    assert other.acquire("r", 30, HOLDER, "y", mode=SHARED).slot == count
+    assert other.acquire("r", 30, HOLDER, "w") is None
+
+
+def _waits(client: EtcdStore, key: str, seconds: float, woken: dict, name: str):
+    def wait() -> None:
+        client.wait_for_release(key, seconds)
+        woken[name] = time.monotonic()
+
+    thread = threading.Thread(target=wait, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_release_wakes_the_run_of_shared_waiters_at_the_head_and_no_one_else(url):
+    """Queue: shared, shared, exclusive. The release wakes both shared waiters (they are
+    admitted together); the exclusive one watches the shared place ahead of it."""
+    clients = [open_store(url) for _ in range(4)]
+    try:
+        writer, *waiters = clients
+        lease = writer.acquire("k", 30, HOLDER, "writer")
+        modes = (SHARED, SHARED, EXCLUSIVE)
+        for n, (client, mode) in enumerate(zip(waiters, modes, strict=True)):
+            assert client.acquire("k", 30, HOLDER, f"w{n}", queue=True, mode=mode) is None
+        woken: dict[str, float] = {}
+        threads = [_waits(client, "k", 2.5, woken, f"w{n}") for n, client in enumerate(waiters)]
+        time.sleep(0.5)  # each has taken its turn and watches
+        assert woken == {}
+        released = time.monotonic()
+        assert writer.release(lease) is True
+        for thread in threads[:2]:
+            thread.join(5)
+        assert set(woken) == {"w0", "w1"}
+        assert all(released < at < released + 0.5 for at in woken.values()), (released, woken)
+        assert "w2" not in woken  # not a thundering herd
+        for thread in threads:
+            thread.join(5)
+    finally:
+        for client in clients:
+            client.close()
+
+
+def test_front_places_go_newest_first_and_supersede_across_modes(url):
+    clients = [open_store(url) for _ in range(6)]
+    try:
+        holder, plain, first, second, older, newer = clients
+        lease = holder.acquire("k", 30, HOLDER, "holder")
+
+        def joins(client: EtcdStore, pid: int, **queueing) -> None:
+            who = Holder("h", pid, "u")
+            assert client.acquire("k", 30, who, f"o{pid}", queue=True, **queueing) is None
+
+        joins(plain, 1)
+        joins(first, 2, front=True)
+        joins(second, 3, front=True, mode=SHARED)
+        joins(older, 4, supersede=True, mode=SHARED)
+        assert [(w.holder.pid, w.mode) for w in holder.waiters("k")] == [
+            (3, SHARED),
+            (2, EXCLUSIVE),
+            (1, EXCLUSIVE),
+            (4, SHARED),
+        ]
+        joins(newer, 5, supersede=True, front=True)  # an exclusive one supersedes a shared one
+        assert [w.holder.pid for w in holder.waiters("k")] == [5, 3, 2, 1]
+        with pytest.raises(Superseded):
+            older.acquire("k", 30, Holder("h", 4, "u"), "o4", queue=True, mode=SHARED)
+        assert holder.waiting_counts() == {"k": 4}
+        assert holder.release(lease) is True
+        assert second.acquire("k", 30, Holder("h", 3, "u"), "o3", mode=SHARED) is None
+        assert newer.acquire("k", 30, Holder("h", 5, "u"), "o5") is not None
+    finally:
+        for client in clients:
+            client.close()

@@ -2,9 +2,16 @@
 
 Expiry is decided by etcd's leases: each acquisition grants a lease and attaches the
 slot's keys to it; they exist exactly while the lease lives (or until it is released).
-The key layout is in ``keys``; the connection (members, failover, the calls) in
-``connection``; waiters' queues in ``waiting``; breaking in ``breaks``;
-the run ledger in ``ledger``; ``doctor`` in ``doctor``.
+The key layout is in ``keys``; the acquire's txn in ``acquiring``; the connection
+(members, failover, the calls) in ``connection``; waiters' queues in ``waiting``; breaking
+in ``breaks``; the run ledger in ``ledger``; ``doctor`` in ``doctor``.
+
+Modes: shared holders each take a slot of their own under ``K NUL 0/`` (never the lock
+key), so an exclusive acquire is "no key of K at all" and a shared one "no lock key and no
+other limit's key": one compare each in the same txn. Queue places carry their class
+(front or normal, shared or exclusive, supersede or plain) in their names, so the txn's
+compares say who is ahead of whom; ``--supersede`` deletes the older supersede places when
+it joins (see ``waiting``).
 
 Clocks: etcd has no clock a client can read but the HTTP ``Date`` header of its replies
 (the member's wall clock, whole seconds, cut down). ``last_success`` answers that of its

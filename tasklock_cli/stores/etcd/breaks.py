@@ -61,7 +61,7 @@ class SlotBreaker:
 
     def _reread(self, held: SlotKv, mark: bytes) -> tuple[SlotKv, bool] | None:
         """The slot read again (and whether it is broken); None once another lease holds it."""
-        name = self._keys.slot_key(held.key, held.slot, held.limit)
+        name = self._keys.slot_key(held.key, held.slot, held.limit, held.mode)
         reply = self._client.txn([], [range_op(name), range_op(mark)], [])
         lock_kvs, broken_kvs = (kvs_of(r) for r in reply.get("responses", []))
         if not lock_kvs or int(lock_kvs[0]["create_revision"]) != held.token:
@@ -71,8 +71,8 @@ class SlotBreaker:
 
     def _move_to_new_lease(self, held: SlotKv, mark: bytes, ttl_s: int, by: bytes) -> bool:
         new_id = new_lease_id()
-        name = b64(self._keys.slot_key(held.key, held.slot, held.limit))
-        names = self._keys.slot_names(held.key, held.slot, held.limit, held.owner)
+        name = b64(self._keys.slot_key(held.key, held.slot, held.limit, held.mode))
+        names = self._keys.slot_names(held.key, held.slot, held.limit, held.owner, held.mode)
         put_mark = {"key": b64(mark), "value": b64(str(held.token).encode()), "lease": str(new_id)}
         by_key = self._keys.broken_by_key(held.key, held.slot)
         put_by = {"key": b64(by_key), "value": b64(by), "lease": str(new_id)}
@@ -115,7 +115,7 @@ class SlotBreaker:
                 return True
             return lease_id is not None and int(kv.get("lease", 0)) != lease_id
 
-        name = self._keys.slot_key(lease.key, lease.slot, lease.limit)
+        name = self._keys.slot_key(lease.key, lease.slot, lease.limit, lease.mode)
         try:
             kv, rev = self._client.range(name)
             if gone(kv):

@@ -16,14 +16,37 @@ Under the namespace prefix ``P`` (``?prefix=``, default ``tasklock/``), for lock
                          range from ``K`` to ``K \x01`` holds K's slots and nothing else
                          (one read, one watch). A key held with limit N has no key under
                          ``K NUL`` of another limit: the acquire's txn compares that.
+    P lock/K NUL 0/S     shared slot S >= 0 (``run --shared``; "limit 0" in the name, limit 1
+                         in what it reports), never the lock key: so the lock key exists
+                         exactly while an exclusive (or semaphore) holder holds slot 0, and
+                         an exclusive limit-1 acquire compares the whole range ``K`` ..
+                         ``K \x01`` empty (no holder of any mode or slot). A shared acquire
+                         compares the lock key and every other limit's keys absent. An older
+                         tasklock sees shared slots as another limit's and is refused.
     P owner/K NUL <owner>  a semaphore holder's mark, on its lease: a retry after a lost
                          reply finds its own slot instead of taking a free one
     P broken/K [NUL S]   value: the fencing token of a broken lease in slot S (none for
                          slot 0); attached, with the slot's keys, to the breaker's lease
                          (see ``EtcdStore.break_lease``)
-    P wait/<len>:K/<id>  a waiter's place in K's queue, attached to the waiter's lease;
-                         ordered by create_revision (see ``waiting``): the first
-                         waiter watches K's slots, each other one the waiter before it
+    P wait/<len>:K/<OMS>/<id>  a waiter's place in K's queue (``waiting``), on the
+                         waiter's lease (id: its hex ID); value: holder and arrival. The
+                         class OMS is three letters: O = F (front, ``run --replace``) or N
+                         (normal), M = S (shared) or X (exclusive), S = S (joined with
+                         ``--supersede``) or P (plain). Queue order: the F places first,
+                         NEWEST first (a later ``front`` goes ahead of an earlier one),
+                         then the N places oldest first (create_revision both). So "ahead
+                         of a normal place R" is "any F place, or an N place created
+                         before R", and "ahead of a front place R" is "an F place created
+                         after R": range compares on create_revision over ``Q F``, ``Q N``,
+                         ``Q FX``, ``Q NX`` say it in the acquire's txn. Upper-case
+                         letters: an older tasklock's place (``Q <lower-case hex>``) falls
+                         in none of those ranges, only in the whole queue's (read as a
+                         normal exclusive place)
+    P superseded/K       put, on its waiter lease, by every ``--supersede`` run that joins
+                         K's queue, in the txn that deletes every other supersede place of
+                         K: its mod_revision is the newest such join. A waiter whose
+                         supersede place (created at R) is gone while this key's
+                         mod_revision is above R was superseded (see ``waiting``)
     P runs/K NUL <token> the run ledger: one JSON record per run (token: 20 digits, so
                          key order is token order), put by the release's txn. The
                          acquire's txn counts K's records and reads the oldest, so that
@@ -42,6 +65,8 @@ from typing import Any
 from typing import NamedTuple
 
 from tasklock_cli.errors import ConfigError
+from tasklock_cli.stores.base import EXCLUSIVE
+from tasklock_cli.stores.base import SHARED
 from tasklock_cli.stores.base import Holder
 from tasklock_cli.stores.base import LeaseInfo
 from tasklock_cli.stores.base import utc_from_timestamp
@@ -53,6 +78,10 @@ from tasklock_cli.stores.etcd.connection import unb64
 SLOT_DIGITS = 10
 
 
+#: The limit in the names of shared slots' keys (shared holders report limit 1).
+SHARED_SHELF = 0
+
+
 class SlotKv(NamedTuple):
     """A slot of a key as read: the etcd kv of its key (slot 0: the lock key)."""
 
@@ -60,6 +89,7 @@ class SlotKv(NamedTuple):
     slot: int
     limit: int
     kv: dict[str, Any]
+    mode: str = EXCLUSIVE
 
     @property
     def token(self) -> int:
@@ -85,23 +115,28 @@ class EtcdKeys:
     def lock_key(self, key: str) -> bytes:
         return self._p + b"lock/" + key.encode("utf-8")
 
-    def slot_key(self, key: str, slot: int, limit: int) -> bytes:
+    def slot_key(self, key: str, slot: int, limit: int, mode: str = EXCLUSIVE) -> bytes:
         """Where slot ``slot`` of ``key`` held with ``limit`` keeps its lease: slot 0 in the
         lock key (as a plain lock, which it is with limit 1), the others under the key's
-        own ``NUL`` prefix."""
+        own ``NUL`` prefix; a shared slot always there (under limit SHARED_SHELF)."""
+        if mode == SHARED:
+            return self.lock_key(key) + f"\0{SHARED_SHELF}/{slot:0{SLOT_DIGITS}d}".encode()
         if slot == 0:
             return self.lock_key(key)
         return self.lock_key(key) + f"\0{limit}/{slot:0{SLOT_DIGITS}d}".encode()
 
-    def slot_names(self, key: str, slot: int, limit: int, owner: str) -> list[bytes]:
+    def slot_names(
+        self, key: str, slot: int, limit: int, owner: str, mode: str = EXCLUSIVE
+    ) -> list[bytes]:
         """The keys a holder of the slot puts on its lease: the slot's key; for a semaphore
-        its owner mark (a retry finds its own slot though another is free) and, for slot
-        0, the limit marker (where slot 0 would be among the other slots)."""
-        names = [self.slot_key(key, slot, limit)]
-        if limit > 1:
+        or a shared holder its owner mark (a retry finds its own slot though another is
+        free) and, for a semaphore's slot 0, the limit marker (where slot 0 would be among
+        the other slots)."""
+        names = [self.slot_key(key, slot, limit, mode)]
+        if limit > 1 or mode == SHARED:
             names.append(self.owner_mark(key, owner))
-            if slot == 0:
-                names.append(self.limit_marker(key, limit))
+        if limit > 1 and slot == 0:
+            names.append(self.limit_marker(key, limit))
         return names
 
     def owner_mark(self, key: str, owner: str) -> bytes:
@@ -124,8 +159,12 @@ class EtcdKeys:
         raw = key.encode("utf-8")
         return self._p + b"wait/" + str(len(raw)).encode() + b":" + raw + b"/"
 
-    def queue_entry(self, key: str, waiter_lease: int) -> bytes:
-        return self.queue_prefix(key) + f"{waiter_lease:016x}".encode()
+    def queue_entry(self, key: str, waiter_lease: int, place_class: str) -> bytes:
+        """A place in ``key``'s queue of class ``place_class`` (see ``place_class``)."""
+        return self.queue_prefix(key) + f"{place_class}/{waiter_lease:016x}".encode()
+
+    def superseded_key(self, key: str) -> bytes:
+        return self._p + b"superseded/" + key.encode("utf-8")
 
     def success_key(self, key: str) -> bytes:
         return self._p + b"success/" + key.encode("utf-8")
@@ -168,6 +207,8 @@ class EtcdKeys:
         if not (limit_text.isdigit() and slot_text.isdigit()):
             raise self.foreign(unb64(kv["key"]), "lease")
         slot = int(slot_text)
+        if int(limit_text) == SHARED_SHELF:
+            return SlotKv(key, slot, 1, kv, SHARED)
         return None if slot == 0 else SlotKv(key, slot, int(limit_text), kv)
 
     def info(self, held: SlotKv, remaining: float) -> LeaseInfo | None:
@@ -187,6 +228,7 @@ class EtcdKeys:
             expired=False,  # a key that exists is live: etcd deletes it with its lease
             slot=held.slot,
             limit=held.limit,
+            mode=held.mode,
         )
 
     def foreign(self, name: bytes, what: str) -> ConfigError:
@@ -221,6 +263,11 @@ def decode_value(value: bytes) -> dict[str, Any] | None:
 def absent(name: bytes) -> dict[str, Any]:
     """A compare that holds while ``name`` does not exist (with a range_end: no key in it)."""
     return {"key": b64(name), "target": "CREATE", "create_revision": "0"}
+
+
+def place_class(front: bool, mode: str, supersede: bool) -> str:
+    """The class letters of a queue place (see the layout above)."""
+    return ("F" if front else "N") + ("S" if mode == SHARED else "X") + ("S" if supersede else "P")
 
 
 def family(name: bytes) -> dict[str, str]:

@@ -12,11 +12,14 @@ from typing import Any
 
 from tasklock_cli.errors import LimitMismatch
 from tasklock_cli.errors import StoreUnavailable
+from tasklock_cli.errors import Superseded
 from tasklock_cli.errors import TasklockError
 from tasklock_cli.records import dataclass
 from tasklock_cli.records import field
+from tasklock_cli.stores.base import EXCLUSIVE
 from tasklock_cli.stores.base import LEDGER_KEEP
 from tasklock_cli.stores.base import LIST_PAGE
+from tasklock_cli.stores.base import SHARED
 from tasklock_cli.stores.base import Holder
 from tasklock_cli.stores.base import Lease
 from tasklock_cli.stores.base import LeaseInfo
@@ -27,6 +30,13 @@ from tasklock_cli.stores.base import breaker
 from tasklock_cli.stores.base import breaker_of
 from tasklock_cli.stores.base import utc_from_timestamp
 from tasklock_cli.stores.etcd import http
+from tasklock_cli.stores.etcd.acquiring import SHARED_SLOTS_PER_TXN
+from tasklock_cli.stores.etcd.acquiring import SLOTS_PER_TXN
+from tasklock_cli.stores.etcd.acquiring import Taking
+from tasklock_cli.stores.etcd.acquiring import acquire_txn
+from tasklock_cli.stores.etcd.acquiring import free_slot
+from tasklock_cli.stores.etcd.acquiring import has_free_slot
+from tasklock_cli.stores.etcd.acquiring import taken_slot
 from tasklock_cli.stores.etcd.breaks import SlotBreaker
 from tasklock_cli.stores.etcd.connection import NOT_FOUND
 from tasklock_cli.stores.etcd.connection import EtcdClient
@@ -41,7 +51,6 @@ from tasklock_cli.stores.etcd.connection import ttl_seconds
 from tasklock_cli.stores.etcd.connection import unb64
 from tasklock_cli.stores.etcd.keys import EtcdKeys
 from tasklock_cli.stores.etcd.keys import SlotKv
-from tasklock_cli.stores.etcd.keys import absent
 from tasklock_cli.stores.etcd.keys import decode_value
 from tasklock_cli.stores.etcd.keys import family
 from tasklock_cli.stores.etcd.keys import lease_value
@@ -49,15 +58,14 @@ from tasklock_cli.stores.etcd.keys import moves_to_lease
 from tasklock_cli.stores.etcd.keys import range_op
 from tasklock_cli.stores.etcd.ledger import EtcdLedger
 from tasklock_cli.stores.etcd.ledger import LedgerAtAcquire
+from tasklock_cli.stores.etcd.waiting import AHEAD
+from tasklock_cli.stores.etcd.waiting import GONE
+from tasklock_cli.stores.etcd.waiting import SUPERSEDED
 from tasklock_cli.stores.etcd.waiting import WAITER_TTL_S
 from tasklock_cli.stores.etcd.waiting import WaiterQueue
 from tasklock_cli.stores.etcd.waiting import poll_until
 from tasklock_cli.stores.etcd.waiting import waiter_value
 from tasklock_cli.stores.urls import redact_url
-
-#: The slots one acquire txn tries, nested (etcd counts nested ops against --max-txn-ops,
-#: 128 by default; a level takes 3-4); past them the read of a refusal says where to go on.
-SLOTS_PER_TXN = 24
 
 
 @dataclass
@@ -99,17 +107,32 @@ class EtcdStore(Store):
     # -- acquire / renew / release ---------------------------------------------------
 
     def acquire(
-        self, key: str, ttl: float, holder: Holder, owner: str, limit: int = 1, queue: bool = False
+        self,
+        key: str,
+        ttl: float,
+        holder: Holder,
+        owner: str,
+        limit: int = 1,
+        queue: bool = False,
+        *,
+        mode: str = EXCLUSIVE,
+        supersede: bool = False,
+        front: bool = False,
     ) -> Lease | None:
         ttl_s = ttl_seconds(ttl, "lease TTL")
-        start = 0  # the first slot the txn tries (past SLOTS_PER_TXN: where the read said)
-        for _ in range(3 + limit // SLOTS_PER_TXN):
+        start = 0  # the first slot the txn tries (past a txn's slots: where the read said)
+        per_txn = SHARED_SLOTS_PER_TXN if mode == SHARED else SLOTS_PER_TXN
+        tries, budget = 0, 3 + limit // per_txn
+        while tries < budget:
+            tries += 1
             lease_id, first = _lease_request(self._spare, ttl_s)
             sent = time.time()
             value = lease_value(owner, holder, sent, ttl_s, limit)
-            taking = _Taking(key, limit, owner, value, lease_id, ttl_s)
+            taking = Taking(key, limit, owner, value, lease_id, ttl_s, mode)
+            reads = [*self._keys.slot_reads(key), *self._queue.reads(key)]
+            guards = self._queue.guard(key, mode)
             extras = self._taking_extras(key)
-            txn, plan = _acquire_txn(self._keys, taking, start, extras, self._queue.guard(key))
+            txn, plan = acquire_txn(self._keys, taking, start, extras, guards, reads)
             try:
                 (granted, reply), date = self._client.members.call_dated(
                     [first, ("/v3/kv/txn", txn)]
@@ -123,22 +146,44 @@ class EtcdStore(Store):
             if granted_ttl <= 0:
                 self._spare = None
                 continue
-            slot, responses = _taken_slot(reply, plan)
+            slot, responses = taken_slot(reply, plan)
             if slot is not None:
                 return self._taken(
                     taking, slot, revision(reply), responses, sent, granted_ttl, date
                 )
             self._spare = (lease_id, ttl_s)
-            slots, broken = self._keys.slots_from(responses)
-            outcome = self._after_conflict(key, owner, limit, slots, broken, sent)
-            if isinstance(outcome, int) and self._queue.someone_ahead(key):
-                outcome = None  # a slot is free, for a waiter ahead of us
+            outcome = self._refused(taking, responses, sent)
             if not isinstance(outcome, int):
                 if outcome is None and queue:
-                    self._queue.join(key, waiter_value(holder, sent))
+                    self._queue.join(key, waiter_value(holder, sent), mode, front, supersede)
                 return outcome
+            if outcome >= start + per_txn:
+                budget += 1  # past this txn's slots (shared ones have no limit): go on
             start = outcome  # a slot is free after all (freed meanwhile, or past this txn's)
         raise StoreUnavailable(f"{self.display_url}: could not get a lease from etcd for {key!r}")
+
+    def _refused(
+        self, taking: Taking, responses: list[dict[str, Any]], sent: float
+    ) -> Lease | int | None:
+        """What the reads of a refused acquire say (slots, then the queue's): our own lease
+        (a lost reply), None (held, or a waiter ahead comes first), or the lowest free slot
+        to try next. Raises Superseded (our place was) and LimitMismatch."""
+        key, mode = taking.key, taking.mode
+        slots, broken = self._keys.slots_from(responses[:2])
+        outcome = _after_conflict(self._client, self._held, taking, (slots, broken), sent)
+        if isinstance(outcome, Lease):
+            self._queue.left(key)  # our taking (its reply lost) deleted our place
+            return outcome
+        verdict = self._queue.verdict(key, mode, responses[2:4])
+        if verdict == SUPERSEDED:
+            self._queue.left(key, wanted=False)
+            raise Superseded(key)
+        if verdict == GONE:  # our place lapsed: we are a caller without one now
+            self._queue.lapsed(key)
+            verdict = self._queue.verdict(key, mode, responses[2:4])
+        if isinstance(outcome, int) and verdict == AHEAD:
+            return None  # a slot is free, for a waiter ahead of us
+        return outcome
 
     def _taking_extras(self, key: str) -> list[dict[str, Any]]:
         """What a taking does besides: leave the key's queue, read the oldest ledger records."""
@@ -150,7 +195,7 @@ class EtcdStore(Store):
 
     def _taken(
         self,
-        taking: _Taking,
+        taking: Taking,
         slot: int,
         token: int,
         responses: list[dict[str, Any]],
@@ -166,31 +211,9 @@ class EtcdStore(Store):
         known = _Held(taking.lease_id, taking.value, taking.ttl_s, ledger)
         self._held[(taking.key, taking.owner, token)] = known
         expires = utc_from_timestamp(sent + granted_ttl)
-        return Lease(
-            taking.key, taking.owner, token, utc_from_timestamp(sent), expires, slot, taking.limit
-        )
-
-    def _after_conflict(
-        self,
-        key: str,
-        owner_token: str,
-        limit: int,
-        slots: list[SlotKv],
-        broken: set[int],
-        sent: float,
-    ) -> Lease | int | None:
-        """What the read of a refused acquire says: our own lease (a lost reply), None
-        (every slot held), or the lowest free slot to try next; raises LimitMismatch."""
-        for held in slots:
-            if held.limit != limit:
-                raise LimitMismatch(key, held.limit, limit)
-        for held in slots:
-            if held.owner == owner_token:
-                if held.token in broken:
-                    return None  # broken: not even its owner may take it back
-                return _own_lease(self._client, self._held, owner_token, held, sent)
-        taken = {held.slot for held in slots}
-        return next((slot for slot in range(limit) if slot not in taken), None)
+        acquired = utc_from_timestamp(sent)
+        limit, mode = taking.limit, taking.mode
+        return Lease(taking.key, taking.owner, token, acquired, expires, slot, limit, mode)
 
     def _held_lease(self, lease: Lease) -> _Held | None:
         """Our lease ID and value for ``lease``; read from etcd when this client did not
@@ -198,7 +221,7 @@ class EtcdStore(Store):
         known = self._held.get((lease.key, lease.owner_token, lease.fencing_token))
         if known is not None:
             return known
-        name = self._keys.slot_key(lease.key, lease.slot, lease.limit)
+        name = self._keys.slot_key(lease.key, lease.slot, lease.limit, lease.mode)
         mark = self._keys.broken_key(lease.key, lease.slot)
         reply = self._client.txn([], [range_op(name), range_op(mark)], [])
         slots, broken = self._keys.slots_from(reply.get("responses", []))
@@ -251,7 +274,9 @@ class EtcdStore(Store):
         """Delete the slot's keys if still ours by value and fencing token (our lease may be
         gone: broken, or a release whose reply was lost); ``ledger`` ops run either way."""
         names = [
-            *self._keys.slot_names(lease.key, lease.slot, lease.limit, lease.owner_token),
+            *self._keys.slot_names(
+                lease.key, lease.slot, lease.limit, lease.owner_token, lease.mode
+            ),
             self._keys.broken_key(lease.key, lease.slot),
             self._keys.broken_by_key(lease.key, lease.slot),
         ]
@@ -268,12 +293,14 @@ class EtcdStore(Store):
         revoke the old one; the new lease's TTL, 0 when the slot was no longer ours.
         ``ledger`` ops run in the txn either way."""
         new_id = new_lease_id()
-        name = b64(self._keys.slot_key(lease.key, lease.slot, lease.limit))
+        name = b64(self._keys.slot_key(lease.key, lease.slot, lease.limit, lease.mode))
         compare = [
             *_owner_compare(self._keys, lease, held.value),
             {"key": name, "target": "LEASE", "lease": str(held.lease_id)},
         ]
-        names = self._keys.slot_names(lease.key, lease.slot, lease.limit, lease.owner_token)
+        names = self._keys.slot_names(
+            lease.key, lease.slot, lease.limit, lease.owner_token, lease.mode
+        )
         txn = {
             "compare": compare,
             "success": [*moves_to_lease(names, new_id), *(ledger or [])],
@@ -361,7 +388,7 @@ class EtcdStore(Store):
     def _time_until_free(self, key: str) -> float | None:
         slots, _, rev = _read_slots(self._client, self._keys, key)
         self._looked_at[key] = rev  # the wake-up's watch starts there: nothing is missed
-        if _has_free_slot(slots):
+        if has_free_slot(slots, self._queue.mode_of(key)):
             return None
         remaining = self._client.remaining_many(sorted({held.lease_id for held in slots}))
         # The latest the key can go: whole seconds answered (the guess is their middle),
@@ -377,7 +404,8 @@ class EtcdStore(Store):
         """Poll the key until a slot is free."""
 
         def free_now() -> bool:
-            return _has_free_slot(_read_slots(self._client, self._keys, key)[0])
+            slots = _read_slots(self._client, self._keys, key)[0]
+            return has_free_slot(slots, self._queue.mode_of(key))
 
         poll_until(deadline, wake_fd, free_now)
 
@@ -414,6 +442,28 @@ def _lease_request(
     return lease_id, ("/v3/lease/grant", {"ID": str(lease_id), "TTL": str(ttl_s)})
 
 
+def _after_conflict(
+    client: EtcdClient,
+    known_leases: dict[tuple[str, str, int], _Held],
+    taking: Taking,
+    read: tuple[list[SlotKv], set[int]],
+    sent: float,
+) -> Lease | int | None:
+    """What the read of a refused acquire says of the slots (and the broken tokens): our
+    own lease (a lost reply), None (the holders keep us out), or the lowest free slot to
+    try next; raises LimitMismatch."""
+    slots, broken = read
+    for held in slots:
+        if held.limit != taking.limit:
+            raise LimitMismatch(taking.key, held.limit, taking.limit)
+    for held in slots:
+        if held.owner == taking.owner:
+            if held.token in broken:
+                return None  # broken: not even its owner may take it back
+            return _own_lease(client, known_leases, taking.owner, held, sent)
+    return free_slot(taking, slots)
+
+
 def _own_lease(
     client: EtcdClient,
     known_leases: dict[tuple[str, str, int], _Held],
@@ -432,7 +482,9 @@ def _own_lease(
     known_leases[(held.key, owner_token, held.token)] = known
     acquired = utc_from_timestamp(int(record.get("acquired_at", sent * 1000)) / 1000)
     expires = utc_from_timestamp(sent + remaining)
-    return Lease(held.key, owner_token, held.token, acquired, expires, held.slot, held.limit)
+    return Lease(
+        held.key, owner_token, held.token, acquired, expires, held.slot, held.limit, held.mode
+    )
 
 
 def _read_slots(client: EtcdClient, keys: EtcdKeys, key: str) -> tuple[list[SlotKv], set[int], int]:
@@ -465,11 +517,6 @@ def _revoke_slots(
     return sorted(freed.values(), key=lambda info: info.slot)
 
 
-def _has_free_slot(slots: list[SlotKv]) -> bool:
-    """Fewer live slots than their limit (none at all, too)."""
-    return not slots or len(slots) < slots[0].limit
-
-
 def _with_infos(
     client: EtcdClient, keys: EtcdKeys, slots: list[SlotKv]
 ) -> list[tuple[SlotKv, LeaseInfo]]:
@@ -486,96 +533,8 @@ def _with_infos(
 
 def _owner_compare(keys: EtcdKeys, lease: Lease, value: bytes) -> list[dict[str, Any]]:
     """Compares that hold while the lease's slot is still its owner's."""
-    name = b64(keys.slot_key(lease.key, lease.slot, lease.limit))
+    name = b64(keys.slot_key(lease.key, lease.slot, lease.limit, lease.mode))
     return [
         {"key": name, "target": "CREATE", "create_revision": str(lease.fencing_token)},
         {"key": name, "target": "VALUE", "value": b64(value)},
     ]
-
-
-# -- the acquire's txn ----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Taking:
-    """An acquisition: what it puts where it takes a slot."""
-
-    key: str
-    limit: int
-    owner: str
-    value: bytes
-    lease_id: int
-    ttl_s: int
-
-
-def _acquire_txn(
-    keys: EtcdKeys,
-    taking: _Taking,
-    start: int,
-    extras: list[dict[str, Any]],
-    queue_guard: dict[str, Any],
-) -> tuple[dict[str, Any], list[int | None]]:
-    """The acquire's txn: take the lowest free slot from ``start`` on, each slot a txn
-    nested in the failure branch of the one before (etcd 3.4 has no loop), at most
-    SLOTS_PER_TXN of them (etcd bounds a txn's ops, nested ones counted in). A taking also
-    runs ``extras``. Guards: no key of another limit (or a semaphore's slot 0 without its
-    marker: a plain lock), no slot taken by us already, and ``queue_guard`` (no waiter
-    ahead of us: first come, first served). Where it ends without a slot
-    it reads the key's slots and broken marks. Returns the txn and its plan (the slot of
-    each nested level, None for the guard) for ``_taken_slot``."""
-    key, limit = taking.key, taking.limit
-    reads = keys.slot_reads(key)
-    guards = [*_other_limits_absent(keys, key, limit), queue_guard]
-    if limit > 1:  # and no slot of ours already (a retry after a lost reply)
-        guards.append(absent(keys.owner_mark(key, taking.owner)))
-    chain, plan = reads, []
-    for slot in reversed(range(max(start, 1), min(limit, start + SLOTS_PER_TXN))):
-        free = [absent(keys.slot_key(key, slot, limit))]
-        chain = [_nested(free, _take_slot_ops(keys, taking, slot) + extras, chain)]
-        plan = [slot, *plan]
-    if limit > 1:
-        marker = {**absent(keys.limit_marker(key, limit)), "result": "GREATER"}
-        chain, plan = [_nested([marker, *guards], chain, reads)], [None, *plan]
-    if start == 0:
-        free = [absent(keys.lock_key(key)), *guards]
-        chain = [_nested(free, _take_slot_ops(keys, taking, 0) + extras, chain)]
-        plan = [0, *plan]
-    return chain[0]["request_txn"], plan
-
-
-def _take_slot_ops(keys: EtcdKeys, taking: _Taking, slot: int) -> list[dict[str, Any]]:
-    value, lease = b64(taking.value), str(taking.lease_id)
-    names = keys.slot_names(taking.key, slot, taking.limit, taking.owner)
-    return [{"request_put": {"key": b64(name), "value": value, "lease": lease}} for name in names]
-
-
-def _other_limits_absent(keys: EtcdKeys, key: str, limit: int) -> list[dict[str, Any]]:
-    """Compares that hold while no slot key of another limit than ``limit`` exists."""
-    slots = keys.lock_key(key) + b"\0"
-    ours = slots + f"{limit}/".encode()
-    return [
-        {**absent(slots), "range_end": b64(ours)},
-        {**absent(prefix_end(ours)), "range_end": b64(prefix_end(slots))},
-    ]
-
-
-def _nested(compare: list[dict], success: list[dict], failure: list[dict]) -> dict[str, Any]:
-    return {"request_txn": {"compare": compare, "success": success, "failure": failure}}
-
-
-def _taken_slot(
-    reply: dict[str, Any], plan: list[int | None]
-) -> tuple[int | None, list[dict[str, Any]]]:
-    """Follow the acquire's nested txn (see ``_acquire_txn``) down to where it ended: the
-    slot taken (None when none was) and the responses of that level."""
-    node = reply
-    for at, slot in enumerate(plan):
-        succeeded = bool(node.get("succeeded"))
-        responses = node.get("responses", [])
-        if slot is not None and succeeded:
-            return slot, responses
-        goes_on = succeeded if slot is None else not succeeded
-        if not goes_on or at == len(plan) - 1:
-            return None, responses
-        node = responses[0]["response_txn"]
-    return None, []

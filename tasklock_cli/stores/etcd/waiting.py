@@ -1,13 +1,28 @@
 """The etcd store's queues of waiters, as etcd's own lock recipe keeps them.
 
-A waiter puts a key of its own in the lock key's queue (``P wait/<len>:K/<id>``, on its
-waiter lease; its value is the waiter's holder record and arrival, for ``peek``); the
-queue is ordered by create_revision, and an acquire takes a slot only while no place in
-it is older than the caller's (none at all, for a caller with no place: see ``store``).
-The first waiter watches every slot of the key, each other one the waiter before it, so
-a release wakes exactly one waiter, and a waiter that goes (it got the lease, gave up,
-or crashed and its waiter lease ran out) hands the turn on. A watch starts at the
-revision of the read before it, so nothing in between is missed.
+A waiter puts a key of its own in the lock key's queue (``P wait/<len>:K/<OMS>/<id>``, on
+its waiter lease; its value is the waiter's holder record and arrival, for ``peek``). The
+class OMS (see ``keys``) says front or normal, shared or exclusive, supersede or plain;
+the order is the front places newest first, then the normal ones oldest first (by
+create_revision). An acquire takes a slot only while the places ahead of the caller's
+admit it (``guard``: an exclusive caller when none is ahead, a shared one when none ahead
+is exclusive; a caller with no place has every place ahead of it) and while its own place
+is still there with its revision (a superseded or lapsed place admits nobody).
+
+Wake-ups: an exclusive waiter watches the place just ahead of it; a shared one the nearest
+exclusive place ahead of it. A waiter with none to watch (the head, or one of the run of
+shared waiters at the head, all of them admitted together) watches every slot of the key,
+so a release wakes exactly those that may now be admitted, and a waiter that goes (it got
+the lease, gave up, was superseded, or crashed and its waiter lease ran out) hands the turn
+on. A watch starts at the revision of the read before it, so nothing in between is missed.
+
+Supersede: a ``--supersede`` run that joins deletes every other supersede place of the key
+(the four supersede classes, minus its own key) and puts ``P superseded/K``, in one txn.
+Its victims' places are gone; each learns it was superseded at its next acquire (the txn's
+reads show its place gone and the marker newer than its place; a waiter tries at least
+every waiter_ttl/3), not by a wake-up of its own (that would take a second watch stream).
+Edge: the marker lives on the newest supersede waiter's lease, so a superseded run that
+comes back only after that run's client closed finds no marker and joins again as new.
 """
 
 from __future__ import annotations
@@ -19,8 +34,11 @@ import threading
 import time
 from collections.abc import Callable
 from typing import Any
+from typing import NamedTuple
 
 from tasklock_cli.errors import TasklockError
+from tasklock_cli.stores.base import EXCLUSIVE
+from tasklock_cli.stores.base import SHARED
 from tasklock_cli.stores.base import Holder
 from tasklock_cli.stores.base import WaiterInfo
 from tasklock_cli.stores.base import utc_from_timestamp
@@ -28,18 +46,56 @@ from tasklock_cli.stores.base import wait_readable
 from tasklock_cli.stores.etcd.connection import EtcdClient
 from tasklock_cli.stores.etcd.connection import EtcdError
 from tasklock_cli.stores.etcd.connection import b64
+from tasklock_cli.stores.etcd.connection import kvs_of
 from tasklock_cli.stores.etcd.connection import new_lease_id
 from tasklock_cli.stores.etcd.connection import prefix_end
 from tasklock_cli.stores.etcd.connection import revision
 from tasklock_cli.stores.etcd.connection import unb64
 from tasklock_cli.stores.etcd.keys import EtcdKeys
 from tasklock_cli.stores.etcd.keys import absent
+from tasklock_cli.stores.etcd.keys import place_class
+from tasklock_cli.stores.etcd.keys import range_op
 
 #: A waiter's place in a queue lives this long without a refresh (a crashed waiter's place
 #: is given up after it); waiting refreshes it every third of it.
 WAITER_TTL_S = 3
 #: When the watch breaks, waiting falls back to reading the key this often.
 POLL_S = 0.1
+
+
+#: What ``WaiterQueue.verdict`` finds of our place after a refused acquire.
+SUPERSEDED, GONE, AHEAD, CLEAR = "superseded", "gone", "ahead", "clear"
+#: The classes of places that joined with ``--supersede`` (see ``keys``).
+SUPERSEDE_CLASSES = tuple(
+    place_class(f, m, True) for f in (True, False) for m in (SHARED, EXCLUSIVE)
+)
+
+
+class Place(NamedTuple):
+    """Our place in a key's queue: its key, its create_revision, how it queued."""
+
+    entry: bytes
+    revision: int
+    mode: str
+    front: bool
+    supersede: bool
+
+
+class Queued(NamedTuple):
+    """A place in a queue as read back: its key, class letters and create_revision."""
+
+    name: bytes
+    letters: str
+    revision: int
+    kv: dict[str, Any]
+
+    @property
+    def front(self) -> bool:
+        return self.letters[0] == "F"
+
+    @property
+    def mode(self) -> str:
+        return SHARED if self.letters[1] == "S" else EXCLUSIVE
 
 
 class WaiterQueue:
@@ -52,9 +108,9 @@ class WaiterQueue:
         self._ttl = ttl  # the store's waiter_ttl
         self._waiter_lease: int | None = None
         self._waiter_refreshed = 0.0
-        self._queued: set[str] = set()
-        self._values: dict[str, bytes] = {}  # key -> our place's value
-        self._revisions: dict[str, int] = {}  # key -> our place's create_revision
+        self._places: dict[str, Place] = {}
+        # key -> (value, mode, front, supersede) of the place to take when joining
+        self._wanted: dict[str, tuple[bytes, str, bool, bool]] = {}
         self._lock = threading.Lock()
 
     @property
@@ -62,33 +118,62 @@ class WaiterQueue:
         """Our waiter lease's TTL: whole seconds (etcd raises it to its own minimum)."""
         return max(1, math.ceil(self._ttl()))
 
-    def guard(self, key: str) -> dict[str, Any]:
-        """A compare that holds while no place in ``key``'s queue is older than ours (no
-        place at all, when we have none): an acquire's first come, first served."""
+    def guard(self, key: str, mode: str) -> list[list[dict[str, Any]]]:
+        """Compares that hold while the queue admits a ``mode`` caller (see the module's
+        docstring): alternatives, any one of which admits (a range compare cannot say
+        "empty or all newer than ours" at once: a shared caller's needs two)."""
         queue = self._keys.queue_prefix(key)
-        ours = self.place_revision(key)
-        if ours is None:
-            return {**absent(queue), "range_end": b64(prefix_end(queue))}
-        return {
-            "key": b64(queue),
-            "range_end": b64(prefix_end(queue)),
+        place = self.place(key)
+        exclusive = mode != SHARED
+        if place is None:
+            if exclusive:
+                return [[_none_in(queue)]]
+            return [[_none_in(queue + b"FX"), _none_in(queue + b"NX")]]
+        own = {
+            "key": b64(place.entry),
             "target": "CREATE",
-            "result": "GREATER",
-            "create_revision": str(ours - 1),
+            "create_revision": str(place.revision),
         }
+        if place.front:  # ahead: the front places that came later
+            ahead = queue + (b"F" if exclusive else b"FX")
+            return [[own, _all_created(ahead, "LESS", place.revision + 1)]]
+        if exclusive:  # ahead: every front place, the normal ones that came earlier
+            newer = _all_created(queue + b"N", "GREATER", place.revision - 1)  # ours is there
+            return [[own, _none_in(queue + b"F"), newer]]
+        common = [own, _none_in(queue + b"FX")]
+        newer = _all_created(queue + b"NX", "GREATER", place.revision - 1)
+        return [[*common, _none_in(queue + b"NX")], [*common, newer]]
 
-    def someone_ahead(self, key: str) -> bool:
-        """Whether the oldest place in ``key``'s queue is older than ours (or there is one
-        at all, when we have none)."""
-        oldest = self._read(key, limit=1, keys_only=True)
-        if not oldest:
-            return False
-        ours = self.place_revision(key)
-        return ours is None or int(oldest[0].get("create_revision", 0)) < ours
+    def reads(self, key: str) -> list[dict[str, Any]]:
+        """Range ops for a refused acquire's txn: the key's queue and its superseded mark
+        (for ``verdict``)."""
+        queue = self._keys.queue_prefix(key)
+        whole = {"key": b64(queue), "range_end": b64(prefix_end(queue)), "keys_only": True}
+        return [{"request_range": whole}, range_op(self._keys.superseded_key(key))]
+
+    def verdict(self, key: str, mode: str, responses: list[dict[str, Any]]) -> str:
+        """What ``reads`` says of a ``mode`` caller: our place SUPERSEDED (a newer supersede
+        run joined after it) or GONE (it lapsed), someone AHEAD that keeps us out, or CLEAR."""
+        queue_kvs, marker_kvs = (kvs_of(response) for response in responses)
+        placed = _ordered(self._keys.queue_prefix(key), queue_kvs)
+        place = self.place(key)
+        if place is not None and not any(
+            (queued.name, queued.revision) == (place.entry, place.revision) for queued in placed
+        ):
+            marked = int(marker_kvs[0].get("mod_revision", 0)) if marker_kvs else 0
+            return SUPERSEDED if place.supersede and marked > place.revision else GONE
+        ahead = _ahead(placed, place.entry if place else None)
+        return AHEAD if _keeps_out(ahead, mode) else CLEAR
 
     def waiters(self, key: str) -> list[WaiterInfo]:
-        """The places in ``key``'s queue, oldest first (see ``waiter_value``)."""
-        return [_waiter_info(unb64(kv.get("value"))) for kv in self._read(key)]
+        """The places in ``key``'s queue, in the order they are served."""
+        queue = self._keys.queue_prefix(key)
+        body = {"key": b64(queue), "range_end": b64(prefix_end(queue))}
+        kvs = self._client.call(("/v3/kv/range", body))[0].get("kvs", [])
+        return [
+            _waiter_info(unb64(queued.kv.get("value")), queued.mode)
+            for queued in _ordered(queue, kvs)
+        ]
 
     def counts(self, prefix: str) -> dict[str, int]:
         """How many places each key starting with ``prefix`` has in its queue."""
@@ -102,49 +187,57 @@ class WaiterQueue:
                 counts[key] = counts.get(key, 0) + 1
         return dict(sorted(counts.items()))
 
-    def _read(self, key: str, limit: int = 0, keys_only: bool = False) -> list[dict[str, Any]]:
-        queue = self._keys.queue_prefix(key)
-        body: dict[str, Any] = {
-            "key": b64(queue),
-            "range_end": b64(prefix_end(queue)),
-            "sort_order": "ASCEND",
-            "sort_target": "CREATE",
-            "limit": str(limit),
-            "keys_only": keys_only,
-        }
-        return self._client.call(("/v3/kv/range", body))[0].get("kvs", [])
-
-    def join(self, key: str, value: bytes) -> None:
-        """Take a place in ``key``'s queue, with ``value``, when we have none."""
+    def join(self, key: str, value: bytes, mode: str, front: bool, supersede: bool) -> None:
+        """Take a place in ``key``'s queue, with ``value``, when we have none (with
+        ``supersede``: superseding every other supersede place, in the same txn)."""
         with self._lock:
-            self._values[key] = value
+            self._wanted[key] = (value, mode, front, supersede)
         self._join(key)
 
-    def place_revision(self, key: str) -> int | None:
-        """Our place's create_revision in ``key``'s queue; None when we have none."""
+    def place(self, key: str) -> Place | None:
+        """Our place in ``key``'s queue; None when we have none."""
         with self._lock:
-            return self._revisions.get(key) if key in self._queued else None
+            return self._places.get(key)
+
+    def mode_of(self, key: str) -> str:
+        """The mode we wait for ``key`` in."""
+        with self._lock:
+            place, wanted = self._places.get(key), self._wanted.get(key)
+        if place is not None:
+            return place.mode
+        return wanted[1] if wanted is not None else EXCLUSIVE
 
     def entry_if_queued(self, key: str) -> bytes | None:
         """Our place in ``key``'s queue, for an acquire to delete with its taking."""
         with self._lock:
-            if key in self._queued and self._waiter_lease is not None:
-                return self._keys.queue_entry(key, self._waiter_lease)
-            return None
+            place = self._places.get(key)
+            return place.entry if place is not None and self._waiter_lease is not None else None
 
-    def left(self, key: str) -> None:
-        """An acquire deleted our place in ``key``'s queue."""
+    def left(self, key: str, wanted: bool = True) -> None:
+        """An acquire deleted our place in ``key``'s queue (or found it superseded: then,
+        without ``wanted``, how we wanted to queue goes too)."""
         with self._lock:
-            self._queued.discard(key)
-            self._revisions.pop(key, None)
+            self._places.pop(key, None)
+            if not wanted:
+                self._wanted.pop(key, None)
+
+    def lapsed(self, key: str) -> None:
+        """An acquire found our place in ``key``'s queue gone, not superseded: our waiter
+        lease may have run out (then every place of ours is gone with it)."""
+        self.left(key)
+        self._refresh()
 
     def take_turn(self, key: str, deadline: float, wake_fd: int | None) -> bool:
-        """Join ``key``'s queue and wait until we are first in it (watching the waiter
-        before us); False when the turn did not come before the deadline or wake_fd."""
+        """Join ``key``'s queue and wait until we may be admitted (watching the place that
+        keeps us out); False when the turn did not come before the deadline or wake_fd, or
+        our place went (superseded or lapsed: the next acquire tells which)."""
         while time.monotonic() < deadline:
+            had = self.place(key) is not None
             entry = self._join(key)
             ahead, present, rev = self._place(key, entry)
             if not present:
+                if had:
+                    return False
                 self._forget()
                 continue
             if ahead is None:
@@ -168,20 +261,18 @@ class WaiterQueue:
     def leave(self, key: str) -> None:
         """Give up our place in ``key``'s queue (so the next waiter moves up)."""
         with self._lock:
-            if key not in self._queued or self._waiter_lease is None:
+            place = self._places.pop(key, None)
+            self._wanted.pop(key, None)
+            if place is None or self._waiter_lease is None:
                 return
-            entry = self._keys.queue_entry(key, self._waiter_lease)
-            self._queued.discard(key)
-            self._revisions.pop(key, None)
         with contextlib.suppress(TasklockError):
-            self._client.call(("/v3/kv/deleterange", {"key": b64(entry)}))
+            self._client.call(("/v3/kv/deleterange", {"key": b64(place.entry)}))
 
     def close(self) -> None:
         """Our places in queues go, so the waiters behind move up."""
         with self._lock:
             waiter, self._waiter_lease = self._waiter_lease, None
-            self._queued.clear()
-            self._revisions.clear()
+            self._places.clear()
         if waiter is not None:
             with contextlib.suppress(TasklockError):
                 self._client.revoke(waiter)
@@ -191,24 +282,40 @@ class WaiterQueue:
         if time.monotonic() - self._waiter_refreshed > self.ttl_s / 3:
             self._refresh()
         with self._lock:
-            now = time.monotonic()
+            place = self._places.get(key)
+            if place is not None:
+                return place.entry
             requests: list[tuple[str, dict[str, Any]]] = []
             if self._waiter_lease is None:
                 self._waiter_lease = new_lease_id()
-                self._waiter_refreshed = now
+                self._waiter_refreshed = time.monotonic()
                 grant = {"ID": str(self._waiter_lease), "TTL": str(self.ttl_s)}
                 requests.append(("/v3/lease/grant", grant))
-            entry = self._keys.queue_entry(key, self._waiter_lease)
-            if key not in self._queued:
-                value = b64(self._values.get(key, b""))
-                put = {"key": b64(entry), "value": value, "lease": str(self._waiter_lease)}
-                requests.append(("/v3/kv/put", put))
-            if requests:
-                replies = self._client.call(*requests)
-                if key not in self._queued:
-                    self._revisions[key] = revision(replies[-1])  # the put's: our place's
-                self._queued.add(key)
+            value, mode, front, supersede = self._wanted.get(key, (b"", EXCLUSIVE, False, False))
+            letters = place_class(front, mode, supersede)
+            entry = self._keys.queue_entry(key, self._waiter_lease, letters)
+            requests.append(("/v3/kv/txn", self._join_txn(key, entry, value, supersede)))
+            replies = self._client.call(*requests)
+            # the txn's revision is our place's create_revision
+            self._places[key] = Place(entry, revision(replies[-1]), mode, front, supersede)
             return entry
+
+    def _join_txn(self, key: str, entry: bytes, value: bytes, supersede: bool) -> dict[str, Any]:
+        """Put our place; with ``supersede`` also delete every other supersede place of the
+        key (a txn may not put a key that one of its deletes covers: ours is cut out of
+        its class's range) and mark the key superseded."""
+        lease = str(self._waiter_lease)
+        ops: list[dict[str, Any]] = []
+        if supersede:
+            queue = self._keys.queue_prefix(key)
+            for letters in SUPERSEDE_CLASSES:
+                start = queue + letters.encode() + b"/"
+                ops.extend(_deletes_but(start, prefix_end(start), entry))
+        ops.append({"request_put": {"key": b64(entry), "value": b64(value), "lease": lease}})
+        if supersede:
+            marker = {"key": b64(self._keys.superseded_key(key)), "value": b64(entry)}
+            ops.append({"request_put": {**marker, "lease": lease}})
+        return {"compare": [], "success": ops, "failure": []}
 
     def _refresh(self) -> bool:
         """Keep our places in queues; False when they are gone (the waiter lease ran out)."""
@@ -217,8 +324,7 @@ class WaiterQueue:
                 return False
             if self._client.keepalive(self._waiter_lease) <= 0:
                 self._waiter_lease = None
-                self._queued.clear()
-                self._revisions.clear()
+                self._places.clear()
                 return False
             self._waiter_refreshed = time.monotonic()
             return True
@@ -226,25 +332,80 @@ class WaiterQueue:
     def _forget(self) -> None:
         with self._lock:
             self._waiter_lease = None
-            self._queued.clear()
-            self._revisions.clear()
+            self._places.clear()
 
     def _place(self, key: str, entry: bytes) -> tuple[bytes | None, bool, int]:
-        """(the waiter just before us or None, whether we are queued, the read's revision)."""
+        """(the place to watch, None when we may be admitted; whether we are queued; the
+        read's revision)."""
         queue = self._keys.queue_prefix(key)
-        body = {
-            "key": b64(queue),
-            "range_end": b64(prefix_end(queue)),
-            "sort_order": "ASCEND",
-            "sort_target": "CREATE",
-            "keys_only": True,
-        }
+        body = {"key": b64(queue), "range_end": b64(prefix_end(queue)), "keys_only": True}
         reply = self._client.call(("/v3/kv/range", body))[0]
-        names = [unb64(kv["key"]) for kv in reply.get("kvs", [])]
-        if entry not in names:
+        placed = _ordered(queue, reply.get("kvs", []))
+        if not any(queued.name == entry for queued in placed):
             return None, False, revision(reply)
-        at = names.index(entry)
-        return (names[at - 1] if at > 0 else None), True, revision(reply)
+        ahead = _ahead(placed, entry)
+        if self.mode_of(key) == SHARED:  # only an exclusive place ahead keeps it out
+            ahead = [queued for queued in ahead if queued.mode == EXCLUSIVE]
+        return (ahead[-1].name if ahead else None), True, revision(reply)
+
+
+def _none_in(start: bytes) -> dict[str, Any]:
+    """A compare that holds while no key starts with ``start``."""
+    return {**absent(start), "range_end": b64(prefix_end(start))}
+
+
+def _all_created(start: bytes, result: str, than: int) -> dict[str, Any]:
+    """A compare that holds while every key starting with ``start`` was created
+    ``result`` (GREATER, LESS) than revision ``than``. An empty range is compared as one
+    key created at 0: LESS holds there, GREATER does not."""
+    return {
+        "key": b64(start),
+        "range_end": b64(prefix_end(start)),
+        "target": "CREATE",
+        "result": result,
+        "create_revision": str(than),
+    }
+
+
+def _deletes_but(start: bytes, end: bytes, kept: bytes) -> list[dict[str, Any]]:
+    """Delete ops for the keys from ``start`` to ``end``, ``kept`` excepted."""
+    if not start <= kept < end:
+        return [{"request_delete_range": {"key": b64(start), "range_end": b64(end)}}]
+    ranges = [(start, kept), (kept + b"\0", end)]
+    return [
+        {"request_delete_range": {"key": b64(low), "range_end": b64(high)}}
+        for low, high in ranges
+        if low < high
+    ]
+
+
+def _ordered(queue: bytes, kvs: list[dict[str, Any]]) -> list[Queued]:
+    """The places read under ``queue``, in the order they are served: the front ones
+    newest first, then the others oldest first."""
+    placed = []
+    for kv in kvs:
+        name = unb64(kv["key"])
+        rest = name[len(queue) :]
+        letters = rest[:3].decode("ascii", "replace") if rest[3:4] == b"/" else "NXP"
+        if letters[:1] not in ("F", "N"):
+            letters = "NXP"  # an older tasklock's place: a plain exclusive one
+        placed.append(Queued(name, letters, int(kv.get("create_revision", 0)), kv))
+    fronts = sorted((queued for queued in placed if queued.front), key=lambda q: -q.revision)
+    others = sorted((queued for queued in placed if not queued.front), key=lambda q: q.revision)
+    return fronts + others
+
+
+def _ahead(placed: list[Queued], entry: bytes | None) -> list[Queued]:
+    """The places ahead of ``entry`` (all of them for a caller with none)."""
+    names = [queued.name for queued in placed]
+    return placed[: names.index(entry)] if entry in names else placed
+
+
+def _keeps_out(ahead: list[Queued], mode: str) -> bool:
+    """Whether the places ``ahead`` keep a ``mode`` caller out."""
+    if mode == SHARED:
+        return any(queued.mode == EXCLUSIVE for queued in ahead)
+    return bool(ahead)
 
 
 def waiter_value(holder: Holder, sent: float) -> bytes:
@@ -252,13 +413,13 @@ def waiter_value(holder: Holder, sent: float) -> bytes:
     return json.dumps({"holder": holder.to_dict(), "since": int(sent * 1000)}).encode()
 
 
-def _waiter_info(value: bytes) -> WaiterInfo:
+def _waiter_info(value: bytes, mode: str) -> WaiterInfo:
     try:
         data = json.loads(value) if value else {}
     except ValueError:
         data = {}
     holder = Holder.from_dict(data.get("holder") or {})
-    return WaiterInfo(holder, utc_from_timestamp(int(data.get("since", 0)) / 1000))
+    return WaiterInfo(holder, utc_from_timestamp(int(data.get("since", 0)) / 1000), mode)
 
 
 def _queue_key(rest: bytes) -> str | None:
