@@ -41,7 +41,8 @@ OPTIONS = [
     "--ttl", "--renew-every", "--wait", "--grace", "--max-lifetime", "--once-per", "--limit",
     "--note", "--json", "--prefix", "--all", "--token", "--dry-run", "--force", "--print-sql",
     "--interval", "--store", "--config", "--log-format", "-q", "--quiet", "--bogus", "-x", "-vq",
-    "--help", "--ttl=", "--limit=0", "--store=",
+    "--help", "--ttl=", "--limit=0", "--store=", "--shared", "--also", "--also=", "--replace",
+    "--supersede",
 ]  # fmt: skip
 SCHEMES = [
     "sqlite", "postgresql", "postgres", "redis", "rediss", "unix", "etcd", "etcds", "mysql", "",

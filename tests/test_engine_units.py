@@ -518,3 +518,60 @@ def test_a_window_is_done_by_a_success_that_started_in_it():
     assert done_in_window(_success(_utc("2024-05-01T14:25:00+00:00")), now, 3600)  # clock back
     assert not done_in_window(_success(_utc("2024-05-01T13:59:59.999999+00:00")), now, 3600)
     assert not done_in_window(None, now, 3600)
+
+
+# -- --replace and --supersede in the waiter ---------------------------------------------------
+
+
+def test_replace_waits_past_the_wait_while_the_lease_it_broke_is_live(tmp_path, clock):
+    """A holder that does not let go keeps its broken lease until it runs out on the store's
+    clock: --replace (with --wait 0) waits for that, then takes the key."""
+    store = SlowStore(tmp_path / "db", clock)
+    holder = LeaseKeeper(store, "k", 30.0, HOLDER, clock)
+    assert holder.try_acquire()
+    replacer = LeaseKeeper(store, "k", 10.0, Holder("h2", 2, "v"), clock)
+    broken = []
+    Waiter(replacer, 0.0, rng=lambda: 0.5, replace=True, on_broken=broken.extend).acquire()
+    assert [info.fencing_token for info in broken] == [holder.fencing_token]
+    assert replacer.fencing_token > holder.fencing_token
+    # the holder never let go: the replacer got the key once the lease ran out, not sooner
+    assert 30.0 <= clock() - holder.acquired_at <= 30.0 + POLL_CEILING_S * 2
+    assert store.broken_by(holder.lease) is None  # freed by expiry, no longer on the store
+
+
+def test_replace_breaks_in_its_own_name_and_marks_it(tmp_path, clock):
+    store = SlowStore(tmp_path / "db", clock)
+    holder = LeaseKeeper(store, "k", 30.0, HOLDER, clock)
+    assert holder.try_acquire()
+    replacer = LeaseKeeper(store, "k", 10.0, Holder("h2", 2, "v"), clock)
+    waiter = Waiter(replacer, 0.0, replace=True)
+    assert waiter._break_holders() is True
+    assert store.broken_by(holder.lease) == {"host": "h2", "pid": 2, "user": "v", "replaced": True}
+    assert holder.release() is True
+    assert waiter._break_holders() is False
+
+
+def test_a_plain_wait_is_not_extended(tmp_path, clock):
+    store = SlowStore(tmp_path / "db", clock)
+    holder = LeaseKeeper(store, "k", 30.0, HOLDER, clock)
+    assert holder.try_acquire()
+    started = clock()
+    with pytest.raises(Conflict):
+        Waiter(LeaseKeeper(store, "k", 10.0, HOLDER, clock), 2.0, rng=lambda: 0.5).acquire()
+    assert clock() - started == pytest.approx(2.0)
+
+
+def test_a_superseded_waiter_gives_up_and_leaves(tmp_path, clock):
+    from tasklock_cli.errors import Superseded
+
+    store = SlowStore(tmp_path / "db", clock)
+    holder = LeaseKeeper(store, "k", 3600.0, HOLDER, clock)
+    assert holder.try_acquire()
+    older = LeaseKeeper(store, "k", 10.0, Holder("h", 3, "u"), clock)
+    assert not older.try_acquire(queue=True, supersede=True)
+    newer = LeaseKeeper(SlowStore(tmp_path / "db", clock), "k", 10.0, Holder("h", 4, "u"), clock)
+    assert not newer.try_acquire(queue=True, supersede=True)
+    with pytest.raises(Superseded):
+        Waiter(older, 60.0, supersede=True).acquire()
+    assert store.stopped_waiting == ["k"]
+    assert [waiter.holder.pid for waiter in store.waiters("k")] == [4]
