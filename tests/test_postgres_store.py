@@ -15,7 +15,10 @@ from tasklock_cli.errors import ConfigError
 from tasklock_cli.errors import LeaseLost
 from tasklock_cli.errors import LimitMismatch
 from tasklock_cli.errors import StoreUnavailable
+from tasklock_cli.errors import Superseded
 from tasklock_cli.stores import open_store
+from tasklock_cli.stores.base import EXCLUSIVE
+from tasklock_cli.stores.base import SHARED
 from tasklock_cli.stores.base import Holder
 from tasklock_cli.stores.base import Lease
 from tasklock_cli.stores.postgres.store import DEFAULT_TABLE
@@ -328,6 +331,119 @@ def test_racing_clients_migrate_a_table_from_before_semaphores_once(pg_url, stor
     assert errors == []
     assert sorted(lease.fencing_token for lease in leases) == [8, 9, 10, 11, 12, 13]
     assert [info.slot for info in clients[0].holders("freed")] == [0, 1, 2, 3, 4, 5]
+
+
+# The tables as tasklock created them before lock modes (semaphores and queues, no mode
+# on leases, no supersede on places).
+_TABLES_BEFORE_MODES = """
+CREATE TABLE {table} (
+    key           text COLLATE "C" NOT NULL,
+    slot          integer NOT NULL DEFAULT 0,
+    slot_limit    integer NOT NULL DEFAULT 1,
+    fencing_token bigint NOT NULL,
+    owner_token   text,
+    holder        jsonb,
+    acquired_at   timestamptz,
+    expires_at    timestamptz,
+    PRIMARY KEY (key, slot)
+);
+CREATE TABLE {table}_runs (
+    key           text COLLATE "C" NOT NULL,
+    fencing_token bigint NOT NULL,
+    started_at    timestamptz NOT NULL,
+    ended_at      timestamptz NOT NULL,
+    data          jsonb NOT NULL,
+    PRIMARY KEY (key, fencing_token)
+);
+CREATE TABLE {table}_waiters (
+    seq           bigserial PRIMARY KEY,
+    key           text COLLATE "C" NOT NULL,
+    owner_token   text NOT NULL,
+    holder        jsonb NOT NULL,
+    mode          text NOT NULL DEFAULT 'exclusive',
+    since         timestamptz NOT NULL,
+    expires_at    timestamptz NOT NULL,
+    UNIQUE (key, owner_token)
+);
+INSERT INTO {table} VALUES
+    ('held', -1, 0, 41, NULL, NULL, NULL, NULL),
+    ('held', 0, 1, 41, 'owner-held', '{{"host": "old", "pid": 7, "user": "u"}}',
+     now(), now() + interval '30 s');
+INSERT INTO {table}_waiters (key, owner_token, holder, since, expires_at)
+VALUES ('held', 'owner-waiting', '{{"host": "old", "pid": 8, "user": "u"}}', now(),
+        now() + interval '1 hour');
+"""
+
+
+def make_tables_before_modes(url: str) -> str:
+    table = split_table(url)[1]
+    with pg.admin_connection(url) as conn:
+        conn.execute(_TABLES_BEFORE_MODES.format(table=table))
+    return table
+
+
+def schema_check(store: PostgresStore) -> str:
+    return {check.name: check for check in store.doctor()}["schema"].detail
+
+
+def columns_of(url: str, table: str) -> dict[str, str | None]:
+    with pg.admin_connection(url) as conn:
+        rows = conn.execute(
+            "SELECT attname, pg_get_expr(d.adbin, d.adrelid) FROM pg_attribute AS a"
+            " LEFT JOIN pg_attrdef AS d ON d.adrelid = a.attrelid AND d.adnum = a.attnum"
+            " WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped",
+            [table],
+        ).fetchall()
+    return dict(rows)
+
+
+def test_tables_from_before_lock_modes_are_migrated_and_their_leases_stay_exclusive(pg_url, stores):
+    table = make_tables_before_modes(pg_url)
+    assert schema_check(open_pg(pg_url, stores)).endswith("(migrated on first use)")
+    store = open_pg(pg_url, stores)
+    (held,) = store.holders("held")
+    assert (held.mode, held.fencing_token, held.holder.host) == (EXCLUSIVE, 41, "old")
+    assert [(w.holder.pid, w.mode) for w in store.waiters("held")] == [(8, EXCLUSIVE)]
+    assert columns_of(pg_url, table)["mode"] == "'exclusive'::text"
+    waiters = columns_of(pg_url, table + "_waiters")
+    assert (waiters["supersede"], waiters["superseded"]) == ("false", "false")
+    # an older tasklock still connected writes leases and places without the new columns
+    with pg.admin_connection(pg_url) as conn:
+        conn.execute(
+            f"INSERT INTO {table} (key, slot, slot_limit, fencing_token, owner_token, holder,"
+            " acquired_at, expires_at) VALUES ('old', 0, 1, 5, 'o', '{}', now(),"
+            " now() + interval '30 s')"
+        )
+    assert [info.mode for info in store.holders("old")] == [EXCLUSIVE]
+    assert store.acquire("old", 30, HOLDER, token(), mode=SHARED) is None
+    assert store.acquire("held", 30, HOLDER, token(), mode=SHARED) is None
+    old_lease = Lease("held", "owner-held", 41, held.acquired_at, held.expires_at)
+    assert store.release(old_lease) is True
+    assert store.acquire("held", 30, HOLDER, token()) is None  # the old waiter comes first
+    assert store.acquire("held", 30, HOLDER, "owner-waiting") is not None
+    assert schema_check(store).endswith("is a tasklock table")
+
+
+def test_print_sql_migrates_tables_from_before_lock_modes_too(pg_url, stores):
+    table = make_tables_before_modes(pg_url)
+    store = PostgresStore.from_url(pg_url)  # no connection: nothing migrated yet
+    with pg.admin_connection(pg_url) as conn:
+        conn.execute(store.schema_sql())
+        conn.execute(store.schema_sql())
+    assert "mode" in columns_of(pg_url, table)
+    assert "superseded" in columns_of(pg_url, table + "_waiters")
+    store = open_pg(pg_url, stores)
+    assert [info.mode for info in store.holders("held")] == [EXCLUSIVE]
+
+
+def test_racing_clients_migrate_tables_from_before_lock_modes_once(pg_url, stores):
+    make_tables_before_modes(pg_url)
+    clients = [open_pg(pg_url, stores) for _ in range(6)]
+    leases, errors = first_uses_at_once(
+        clients, lambda _, client: client.acquire("free", 30, HOLDER, token(), mode=SHARED)
+    )
+    assert errors == []
+    assert sorted(lease.slot for lease in leases) == [0, 1, 2, 3, 4, 5]
 
 
 def test_sweep_works_in_batches_and_keeps_counters(pg_url, stores):
@@ -706,3 +822,63 @@ def test_sweep_removes_the_places_of_crashed_waiters(pg_url, stores):
 
 def fresh_waiters(url: str) -> str:
     return url.split("table=", 1)[1].split("&")[0] + "_waiters"
+
+
+# -- wake-ups with lock modes -----------------------------------------------------------
+
+
+def waiting_in_threads(clients: list[PostgresStore], key: str = "k") -> list[float]:
+    """Each client waits for ``key`` in a thread of its own; the list gets the monotonic
+    time each one woke (in the order they woke)."""
+    woke: list[float] = []
+    for client in clients:
+        threading.Thread(
+            target=lambda c=client: (c.wait_for_release(key, 5), woke.append(time.monotonic())),
+            daemon=True,
+        ).start()
+    time.sleep(0.4)
+    return woke
+
+
+def test_a_release_wakes_the_run_of_shared_waiters_at_the_head_and_no_one_else(pg_url, stores):
+    holder, s1, s2, e3, s4 = (open_pg(pg_url, stores) for _ in range(5))
+    lease = holder.acquire("k", 30, HOLDER, token())
+    for client, mode in ((s1, SHARED), (s2, SHARED), (e3, EXCLUSIVE), (s4, SHARED)):
+        assert client.acquire("k", 30, HOLDER, token(), queue=True, mode=mode) is None
+    woke = waiting_in_threads([s1, s2, e3, s4])
+    assert woke == []
+    released = time.monotonic()
+    assert holder.release(lease) is True
+    time.sleep(0.5)
+    assert len(woke) == 2 and all(moment - released < 0.4 for moment in woke)
+
+
+def test_a_waiter_leaving_wakes_the_shared_run_behind_it(pg_url, stores):
+    reader, writer, s1, s2 = (open_pg(pg_url, stores) for _ in range(4))
+    assert reader.acquire("k", 30, HOLDER, token(), mode=SHARED) is not None
+    assert writer.acquire("k", 30, HOLDER, token(), queue=True) is None
+    for client in (s1, s2):
+        assert client.acquire("k", 30, HOLDER, token(), queue=True, mode=SHARED) is None
+    woke = waiting_in_threads([s1, s2])  # behind the writer: they look again in 3 s
+    assert woke == []
+    left = time.monotonic()
+    writer.stop_waiting("k")
+    time.sleep(0.5)
+    assert len(woke) == 2 and all(moment - left < 0.4 for moment in woke)
+
+
+def test_a_superseded_waiter_is_woken_and_leaves(pg_url, stores):
+    holder, older, newer = (open_pg(pg_url, stores) for _ in range(3))
+    assert holder.acquire("k", 30, HOLDER, token()) is not None
+    owner = token()
+    assert older.acquire("k", 30, HOLDER, owner, queue=True, supersede=True) is None
+    woke = waiting_in_threads([older])
+    superseded = time.monotonic()
+    assert newer.acquire("k", 30, HOLDER, token(), queue=True, supersede=True) is None
+    time.sleep(0.5)
+    assert len(woke) == 1 and woke[0] - superseded < 0.4
+    with pytest.raises(Superseded):
+        older.acquire("k", 30, HOLDER, owner, queue=True, supersede=True)
+    with pg.admin_connection(pg_url) as conn:
+        rows = conn.execute(f"SELECT owner_token FROM {fresh_waiters(pg_url)}").fetchall()
+    assert owner not in [row[0] for row in rows]  # its place is gone, marker and all

@@ -1,5 +1,6 @@
 """The PostgreSQL store's table: its DDL, the look at it on a new connection, its
-creation on first use and its migration from the table before semaphores."""
+creation on first use and its migration from older shapes (before semaphores, before lock
+modes)."""
 
 from __future__ import annotations
 
@@ -26,11 +27,15 @@ _COLUMNS = {
     "holder": "jsonb",
     "acquired_at": "timestamp with time zone",
     "expires_at": "timestamp with time zone",
+    "mode": "text",
 }
-#: The table before semaphores: one row per key (migrated by ``_migrate``).
+#: The shapes an older tasklock left, migrated by ``_migrate``: the table before lock modes
+#: (no ``mode``: every lease exclusive), and before semaphores (one row per key).
+_COLUMNS_BEFORE_MODES = {name: kind for name, kind in _COLUMNS.items() if name != "mode"}
 _COLUMNS_BEFORE_SLOTS = {
-    name: kind for name, kind in _COLUMNS.items() if name not in ("slot", "slot_limit")
+    name: kind for name, kind in _COLUMNS_BEFORE_MODES.items() if name not in ("slot", "slot_limit")
 }
+_OLDER_COLUMNS = (_COLUMNS_BEFORE_MODES, _COLUMNS_BEFORE_SLOTS)
 _DDL = """\
 CREATE TABLE IF NOT EXISTS {table} (
     key           text COLLATE "C" NOT NULL,
@@ -41,6 +46,7 @@ CREATE TABLE IF NOT EXISTS {table} (
     holder        jsonb,
     acquired_at   timestamptz,
     expires_at    timestamptz,
+    mode          text NOT NULL DEFAULT 'exclusive',
     PRIMARY KEY (key, slot)
 );
 CREATE INDEX IF NOT EXISTS {index} ON {table} (expires_at) WHERE owner_token IS NOT NULL;
@@ -60,23 +66,34 @@ CREATE TABLE IF NOT EXISTS {waiters} (
     mode          text NOT NULL DEFAULT 'exclusive',
     since         timestamptz NOT NULL,
     expires_at    timestamptz NOT NULL,
+    supersede     boolean NOT NULL DEFAULT false,
+    superseded    boolean NOT NULL DEFAULT false,
     UNIQUE (key, owner_token)
 );
 CREATE INDEX IF NOT EXISTS {waiters_index} ON {waiters} (key, seq);
 """
-# From the table before semaphores (one row per key): its rows become slot 0 of limit 1
-# and the unique key moves from (key) to (key, slot). Idempotent; a no-op on a current
-# table or none. ``PgSchema._migrate`` runs it under the schema lock; ``schema_sql`` prints it.
-_MIGRATE_TO_SLOTS = """
+# From older shapes. Before lock modes: the leases gain ``mode`` (default 'exclusive', so
+# the leases and places of an older tasklock still connected stay exclusive), the places in
+# queues ``supersede``/``superseded`` (default false). Before semaphores (one row per key):
+# its rows become slot 0 of limit 1 and the unique key moves from (key) to (key, slot).
+# Idempotent; a no-op on a current table or none. ``PgSchema._migrate`` runs it under the
+# schema lock; ``schema_sql`` prints it.
+_MIGRATE = """
 DO $migrate$
 DECLARE
     drop_old_key text;
 BEGIN
+    IF to_regclass({waiters_name}) IS NOT NULL THEN
+        ALTER TABLE {waiters}
+            ADD COLUMN IF NOT EXISTS supersede boolean NOT NULL DEFAULT false,
+            ADD COLUMN IF NOT EXISTS superseded boolean NOT NULL DEFAULT false;
+    END IF;
     IF to_regclass({name}) IS NULL THEN
         RETURN;
     END IF;
     ALTER TABLE {table} ADD COLUMN IF NOT EXISTS slot integer NOT NULL DEFAULT 0,
-                        ADD COLUMN IF NOT EXISTS slot_limit integer NOT NULL DEFAULT 1;
+                        ADD COLUMN IF NOT EXISTS slot_limit integer NOT NULL DEFAULT 1,
+                        ADD COLUMN IF NOT EXISTS mode text NOT NULL DEFAULT 'exclusive';
     FOR drop_old_key IN  -- every unique index on (key) alone, or its constraint
         SELECT CASE WHEN con.conname IS NULL
                     THEN format('DROP INDEX %s', i.indexrelid::regclass)
@@ -99,11 +116,15 @@ $migrate$;
 """
 
 # One query: kind of relation, its columns, the columns of each unique index (as
-# "a,b"), and whether the run ledger's and the waiters' tables exist (parameters: their
-# names, the table's).
+# "a,b"), whether the run ledger's and the waiters' tables exist, and whether the waiters'
+# table is from before lock modes (parameters: their names, the waiters' again, the table's).
 INSPECT = """
 SELECT c.oid::bigint, c.relkind::text,
        to_regclass(%s) IS NOT NULL AND to_regclass(%s) IS NOT NULL,
+       to_regclass(%s) IS NOT NULL
+       AND NOT EXISTS (SELECT FROM pg_attribute
+                        WHERE attrelid = to_regclass(%s) AND attname = 'superseded'
+                          AND NOT attisdropped),
        (SELECT coalesce(json_object_agg(a.attname, format_type(a.atttypid, a.atttypmod)),
                         '{}'::json)
           FROM pg_attribute a
@@ -141,7 +162,7 @@ class PgSchema:
     """The lease table and the run ledger's table beside it, as one store URL names them.
 
     ``ensure`` (once per connection) checks that the table is a tasklock table, creates
-    it when missing and migrates it when it is from before semaphores; it then knows the
+    it when missing and migrates it when it is of an older shape; it then knows the
     table's oid, which names the channels."""
 
     def __init__(self, table: str, display_url: str, scrub: Callable[[str], str]) -> None:
@@ -158,26 +179,26 @@ class PgSchema:
         waiters_parts = (*self._parts[:-1], self._parts[-1][:55] + "_waiters")
         self.waiters = sql.Identifier(*waiters_parts)
         self.waiters_table_name = ".".join(waiters_parts)
+        # As text that to_regclass() and pg_get_serial_sequence() read (quoted: case kept).
+        self.quoted_name = ".".join(f'"{part}"' for part in self._parts)
+        self.waiters_quoted_name = ".".join(f'"{part}"' for part in waiters_parts)
         self.oid = 0
         self.channel = ""  # where releases are notified
 
     def inspection_params(self, conn: psycopg.Connection) -> list[str]:
-        return [
-            self.runs.as_string(conn),
-            self.waiters.as_string(conn),
-            self.table.as_string(conn),
-        ]
+        waiters = self.waiters.as_string(conn)
+        return [self.runs.as_string(conn), waiters, waiters, waiters, self.table.as_string(conn)]
 
     def inspect(self, conn: psycopg.Connection) -> tuple[int, bool, bool] | None:
         return self.judge(conn.execute(INSPECT, self.inspection_params(conn)).fetchone())
 
     def judge(self, row: tuple | None) -> tuple[int, bool, bool] | None:
-        """(the table's oid, whether the run ledger's table exists, whether it is a table
-        from before semaphores, to migrate) when it is a tasklock table, None when
-        missing; else ConfigError."""
+        """(the table's oid, whether the run ledger's table exists, whether it or the
+        waiters' table is of an older shape, to migrate) when it is a tasklock table, None
+        when missing; else ConfigError."""
         if row is None:
             return None
-        oid, relkind, has_runs, columns, unique_keys = row
+        oid, relkind, has_runs, old_waiters, columns, unique_keys = row
         columns = dict(columns or {})
         unique_keys = set(unique_keys or ())
         if relkind not in ("r", "p"):
@@ -186,17 +207,15 @@ class PgSchema:
                 f"(relkind {relkind!r}); choose another name with ?table="
             )
         current = columns == _COLUMNS and unique_keys >= {"key,slot"} and "key" not in unique_keys
-        before_slots = columns in (_COLUMNS, _COLUMNS_BEFORE_SLOTS) and bool(
-            unique_keys & {"key", "key,slot"}
-        )
-        if not (current or before_slots):
+        older = columns in (_COLUMNS, *_OLDER_COLUMNS) and bool(unique_keys & {"key", "key,slot"})
+        if not (current or older):
             found = ", ".join(f"{name} {kind}" for name, kind in sorted(columns.items()))
             why = "" if unique_keys & {"key", "key,slot"} else "; no unique index on key"
             raise ConfigError(
                 f"{self._display_url}: table {self.table_name} exists but is not a tasklock "
                 f"table (columns: {found or 'none'}{why}); choose another name with ?table="
             )
-        return int(oid), bool(has_runs), not current
+        return int(oid), bool(has_runs), not current or bool(old_waiters)
 
     def describe(self, conn: psycopg.Connection) -> tuple[bool, str]:
         """``doctor``'s line about the table (it changes nothing)."""
@@ -206,6 +225,11 @@ class PgSchema:
             return False, str(exc)
         if found is None:
             return True, f"table {self.table_name} will be created on first use"
+        if found[2]:
+            return (
+                True,
+                f"table {self.table_name} is an older tasklock table (migrated on first use)",
+            )
         return True, f"table {self.table_name} is a tasklock table"
 
     def ensure(self, conn: psycopg.Connection, inspected: tuple | Unset | None) -> None:
@@ -253,8 +277,10 @@ class PgSchema:
             ) from None
 
     def _migrate(self, conn: psycopg.Connection) -> None:
-        """Bring a table from before semaphores to the current shape: its rows become slot
-        0 of limit 1 (their fencing tokens stay: a key's counter row starts from them).
+        """Bring a table of an older shape to the current one (see ``_MIGRATE``): the rows
+        of one from before semaphores become slot 0 of limit 1 (their fencing tokens stay: a
+        key's counter row starts from them); leases and places from before lock modes are
+        exclusive, and no place is superseded.
         Under the schema lock and in one transaction, so racing clients migrate it once;
         one that comes second finds it done."""
         try:
@@ -271,8 +297,12 @@ class PgSchema:
             ) from None
 
     def migration(self) -> sql.Composed:
-        name = sql.Literal(".".join(f'"{part}"' for part in self._parts))
-        return sql.SQL(_MIGRATE_TO_SLOTS).format(table=self.table, name=name)
+        return sql.SQL(_MIGRATE).format(
+            table=self.table,
+            name=sql.Literal(self.quoted_name),
+            waiters=self.waiters,
+            waiters_name=sql.Literal(self.waiters_quoted_name),
+        )
 
     def ddl(self) -> sql.Composed:
         index = self._parts[-1][:50] + "_expires_idx"
@@ -290,7 +320,7 @@ class PgSchema:
             "-- tasklock lease table; rows are never deleted (they keep the fencing counter),\n"
             "-- the run ledger's table and the queues of waiters\n"
             + self.ddl().as_string(None)
-            + "-- a lease table from before semaphores (one row per key): its rows become\n"
-            "-- slot 0 of limit 1 (nothing to do on a current table)"
-            + self.migration().as_string(None)
+            + "-- tables of an older tasklock: before lock modes, leases and places become\n"
+            "-- exclusive; before semaphores (one row per key), rows become slot 0 of limit 1\n"
+            "-- (nothing to do on current tables)" + self.migration().as_string(None)
         )

@@ -17,10 +17,13 @@ from psycopg.types.json import Jsonb
 
 from tasklock_cli.errors import LimitMismatch
 from tasklock_cli.errors import StoreUnavailable
+from tasklock_cli.errors import Superseded
 from tasklock_cli.errors import TasklockError
 from tasklock_cli.stores.base import BROKEN_OWNER_PREFIX
+from tasklock_cli.stores.base import EXCLUSIVE
 from tasklock_cli.stores.base import LEDGER_KEEP
 from tasklock_cli.stores.base import LIST_PAGE
+from tasklock_cli.stores.base import SHARED
 from tasklock_cli.stores.base import BreakWatches
 from tasklock_cli.stores.base import Holder
 from tasklock_cli.stores.base import Lease
@@ -34,8 +37,16 @@ from tasklock_cli.stores.base import prefix_upper_bound
 from tasklock_cli.stores.postgres.breaks import PgBreakListeners
 from tasklock_cli.stores.postgres.connection import Overrun
 from tasklock_cli.stores.postgres.connection import PgConnection
+from tasklock_cli.stores.postgres.queue import ACQUIRE
+from tasklock_cli.stores.postgres.queue import COUNTER_SLOT
+from tasklock_cli.stores.postgres.queue import LEAVE_QUEUE
+from tasklock_cli.stores.postgres.queue import PAYLOAD
+from tasklock_cli.stores.postgres.queue import SWEEP_WAITERS
+from tasklock_cli.stores.postgres.queue import TIME_UNTIL_FREE
+from tasklock_cli.stores.postgres.queue import WAITERS
+from tasklock_cli.stores.postgres.queue import WAITING_COUNTS
+from tasklock_cli.stores.postgres.queue import WAKE_CTES
 from tasklock_cli.stores.postgres.schema import PgSchema
-from tasklock_cli.stores.postgres.waiting import MAX_PAYLOAD_KEY_BYTES
 from tasklock_cli.stores.postgres.waiting import PgListening
 from tasklock_cli.stores.urls import redact_url
 
@@ -46,147 +57,10 @@ SWEEP_BATCH = 1000
 ACQUIRE_RACE_RETRIES = 50
 #: How often a waiter looks again at a key whose slots changed during its look.
 STALE_LOOKS = 3
-#: The slot of the row that keeps a key's fencing counter (never a lease).
-COUNTER_SLOT = -1
-
 _EPOCH = datetime.fromtimestamp(0, tz=timezone.utc)
 
-_PAYLOAD = (
-    "CASE WHEN octet_length({col}) <= "
-    + str(MAX_PAYLOAD_KEY_BYTES)
-    + " THEN {col} ELSE md5({col}) END"
-)
 _CLEARED = "owner_token = NULL, holder = NULL, acquired_at = NULL, expires_at = NULL"
-_INFO_COLUMNS = "key, slot, slot_limit, fencing_token, acquired_at, expires_at, holder"
-_NEW_EXPIRY = "n.t + make_interval(secs => %(ttl)s::float8)"
-# A release wakes the head of the key's queue by name, or the key's waiters when it has no
-# queue (see waiting).
-_HEAD = """(SELECT seq FROM {{waiters}} AS w
-  WHERE w.key = %(key)s AND w.expires_at > clock_timestamp() {after} ORDER BY seq LIMIT 1)"""
-_WAKE_HEAD = (
-    f"coalesce(chr(31) || 'waiter:' || {_HEAD.format(after='')}, "
-    + _PAYLOAD.format(col="%(key)s")
-    + ")"
-)
-# A waiter that leaves its place wakes the one after it (who may find its turn come).
-_LEAVE_QUEUE = f"""
-WITH gone AS (DELETE FROM {{waiters}} WHERE key = %(key)s AND seq = %(seq)s RETURNING seq)
-SELECT pg_notify(%(channel)s, chr(31) || 'waiter:' || {_HEAD.format(after="AND seq > %(seq)s")})
-  FROM gone WHERE {_HEAD.format(after="AND seq > %(seq)s")} IS NOT NULL
-"""
-_WAITERS = """
-SELECT holder, since, mode FROM {waiters}
- WHERE key = %(key)s AND expires_at > clock_timestamp() ORDER BY seq
-"""
-# Places in queues that ran out (their waiters crashed) and no acquire of their key cleared.
-_SWEEP_WAITERS = "DELETE FROM {waiters} WHERE expires_at <= clock_timestamp()"
-_WAITING_COUNTS = """
-SELECT key, count(*) FROM {waiters}
- WHERE expires_at > clock_timestamp()
-   AND key >= %(prefix)s COLLATE "C" AND left(key, char_length(%(prefix)s)) = %(prefix)s
- GROUP BY key
-"""
-
-# One statement, one clock reading (the takeover test and the new times agree exactly).
-# Acquirers of a key queue on its counter row (slot -1): the upsert of ``counter`` locks
-# it and bumps it only when it still holds what this statement's snapshot saw. When it
-# does not, another acquire committed since the snapshot, and what ``seen`` shows of the
-# slots may be out of date: nothing is taken and the outcome is 'lost' (the caller runs
-# the statement again, on a new snapshot). A slot row is only ever taken when its latest
-# version is free (ON CONFLICT ... WHERE), so a stale snapshot costs a retry, never a
-# second holder. Outcomes: 'taken' (with the lease), 'mismatch' (with the live holders'
-# limit), 'lost'; no row when every slot is held. First come, first served: a slot is
-# free for us only when fewer live places in the key's queue are ahead of ours (all of
-# them when we have none) than slots are free. With %(queue)s a caller that gets nothing
-# joins the queue or keeps its place (one more row: 'queued', with the place's seq in the
-# token's column); one that gets a slot leaves it; places that ran out are cleared.
-_ACQUIRE = f"""
-WITH n AS (SELECT clock_timestamp() AS t),
-seen AS (
-    SELECT slot, slot_limit, fencing_token, owner_token, expires_at
-      FROM {{table}} WHERE key = %(key)s
-), live AS (
-    SELECT s.slot, s.slot_limit FROM seen AS s, n
-     WHERE s.slot >= 0 AND s.owner_token IS NOT NULL AND s.expires_at > n.t
-), mine AS (
-    SELECT slot FROM seen WHERE slot >= 0 AND owner_token = %(owner)s
-), queued AS (
-    SELECT w.seq, w.owner_token FROM {{waiters}} AS w, n
-     WHERE w.key = %(key)s AND w.expires_at > n.t
-), ahead AS (
-    SELECT count(*) AS waiters FROM queued
-     WHERE seq < coalesce((SELECT seq FROM queued WHERE owner_token = %(owner)s),
-                          9223372036854775807)
-), free AS (
-    SELECT g AS slot FROM generate_series(0, %(limit)s::integer - 1) AS g
-     WHERE g NOT IN (SELECT slot FROM live)
-       AND NOT EXISTS (SELECT FROM mine)
-       AND NOT EXISTS (SELECT FROM live WHERE slot_limit <> %(limit)s::integer)
-       AND (SELECT waiters FROM ahead) < %(limit)s::integer - (SELECT count(*) FROM live)
-     ORDER BY g LIMIT 1
-), counter AS (
-    INSERT INTO {{table}} AS c (key, slot, slot_limit, fencing_token)
-    SELECT %(key)s, {COUNTER_SLOT}, 0, coalesce((SELECT max(fencing_token) FROM seen), 0) + 1
-      FROM free
-    ON CONFLICT (key, slot) DO UPDATE SET fencing_token = c.fencing_token + 1
-     WHERE c.fencing_token = (SELECT fencing_token FROM seen WHERE slot = {COUNTER_SLOT})
-    RETURNING fencing_token
-), claimed AS (
-    INSERT INTO {{table}} AS l
-           (key, slot, slot_limit, fencing_token, owner_token, holder, acquired_at, expires_at)
-    SELECT %(key)s, free.slot, %(limit)s::integer, counter.fencing_token, %(owner)s,
-           %(holder)s, n.t, {_NEW_EXPIRY}
-      FROM free, counter, n
-    ON CONFLICT (key, slot) DO UPDATE SET
-        slot_limit = excluded.slot_limit,
-        fencing_token = excluded.fencing_token,
-        owner_token = excluded.owner_token,
-        holder = excluded.holder,
-        acquired_at = excluded.acquired_at,
-        expires_at = excluded.expires_at
-     WHERE l.owner_token IS NULL OR l.expires_at <= excluded.acquired_at
-    RETURNING slot, slot_limit, fencing_token, acquired_at, expires_at
-), retried AS (
-    UPDATE {{table}} AS l SET holder = %(holder)s, expires_at = {_NEW_EXPIRY}
-      FROM mine, n
-     WHERE l.key = %(key)s AND l.slot = mine.slot AND l.owner_token = %(owner)s
-    RETURNING l.slot, l.slot_limit, l.fencing_token, l.acquired_at, l.expires_at
-), joined AS (
-    INSERT INTO {{waiters}} AS w (key, owner_token, holder, since, expires_at)
-    SELECT %(key)s, %(owner)s, %(holder)s, n.t, n.t + make_interval(secs => %(wttl)s::float8)
-      FROM n
-     WHERE %(queue)s AND NOT EXISTS (SELECT FROM claimed) AND NOT EXISTS (SELECT FROM retried)
-    ON CONFLICT (key, owner_token) DO UPDATE SET
-        expires_at = excluded.expires_at,
-        -- a place that ran out (its waiter stalled) goes to the end of the queue
-        seq = CASE WHEN w.expires_at > excluded.since THEN w.seq ELSE excluded.seq END,
-        since = CASE WHEN w.expires_at > excluded.since THEN w.since ELSE excluded.since END
-    RETURNING seq
-), cleared_places AS (
-    DELETE FROM {{waiters}} AS w USING n
-     WHERE w.key = %(key)s
-       AND CASE WHEN w.owner_token = %(owner)s
-                THEN EXISTS (SELECT FROM claimed) OR EXISTS (SELECT FROM retried)
-                     OR NOT %(queue)s
-                ELSE w.expires_at <= n.t END
-    RETURNING 1
-)
-SELECT r.* FROM (
-    SELECT 'taken' AS outcome, slot, slot_limit, fencing_token, acquired_at, expires_at
-      FROM claimed
-    UNION ALL
-    SELECT 'taken', slot, slot_limit, fencing_token, acquired_at, expires_at FROM retried
-    UNION ALL
-    SELECT CASE WHEN h.held IS NULL OR EXISTS (SELECT FROM mine) THEN 'lost' ELSE 'mismatch' END,
-           NULL, h.held, NULL, NULL, NULL
-      FROM (SELECT max(slot_limit) AS held FROM live
-             WHERE slot_limit <> %(limit)s::integer) AS h
-     WHERE NOT EXISTS (SELECT FROM claimed) AND NOT EXISTS (SELECT FROM retried)
-       AND (h.held IS NOT NULL OR EXISTS (SELECT FROM free) OR EXISTS (SELECT FROM mine))
-    UNION ALL
-    SELECT 'queued', NULL, NULL, seq, NULL, NULL FROM joined
-) AS r
-"""
+_INFO_COLUMNS = "key, slot, slot_limit, fencing_token, acquired_at, expires_at, holder, mode"
 # The lease of %(owner)s in slot %(slot)s, with fencing token %(fence)s.
 _OURS = (
     "key = %(key)s AND slot = %(slot)s AND owner_token = %(owner)s AND fencing_token = %(fence)s"
@@ -203,21 +77,24 @@ _FREE_OURS = f"""
        AND fencing_token = %(fence)s
     RETURNING key
 """
+# A release that freed its slot wakes the waiters that may now be admitted (see queue):
+# one 'freed' row, and a 'woken' row per notification.
+_FREED = """
+SELECT 'freed' FROM cleared
+UNION ALL
+SELECT 'woken' || pg_notify(%(channel)s, wake.payload)::text FROM cleared, wake
+"""
 _RELEASE_LATER = f"""
 WITH kept AS (
     UPDATE {{table}}
        SET expires_at = clock_timestamp() + make_interval(secs => %(keep)s::float8)
      WHERE {_OURS} AND expires_at > clock_timestamp()
     RETURNING key
-), cleared AS ({_FREE_OURS.replace("%(owner)s, ", "")})
-SELECT key FROM kept
-UNION ALL
-SELECT pg_notify(%(channel)s, {_WAKE_HEAD})::text FROM cleared
-"""
+), cleared AS ({_FREE_OURS.replace("%(owner)s, ", "")}), {WAKE_CTES}
+SELECT 'freed' FROM kept
+UNION ALL{_FREED}"""
 _RELEASE = f"""
-WITH cleared AS ({_FREE_OURS})
-SELECT pg_notify(%(channel)s, {_WAKE_HEAD}) FROM cleared
-"""
+WITH cleared AS ({_FREE_OURS}), {WAKE_CTES}{_FREED}"""
 # The run ledger's part of a release: the run's record (kept as first written when a
 # retry writes it again) and the trim to the key's last LEDGER_KEEP runs, counting the new
 # one (the statement's snapshot does not show its own insert). The key's newest success
@@ -280,8 +157,8 @@ WITH old AS (
     RETURNING t.slot
 )
 SELECT old.key, old.slot, old.slot_limit, old.fencing_token, old.acquired_at, old.expires_at,
-       old.holder, old.live,
-       pg_notify(%(channel)s, {_PAYLOAD.format(col="old.key")}),
+       old.holder, old.mode, old.live,
+       pg_notify(%(channel)s, {PAYLOAD.format(col="old.key")}),
        pg_notify(%(break_channel)s, old.fencing_token::text)
   FROM old JOIN cleared ON cleared.slot = old.slot
  ORDER BY old.slot
@@ -340,33 +217,7 @@ WITH victims AS (
        AND t.expires_at <= clock_timestamp()
     RETURNING t.key, t.slot
 )
-SELECT key, slot, pg_notify(%(channel)s, {_PAYLOAD.format(col="key")}) FROM cleared
-"""
-# Whether the key is full -- seconds until its first live lease runs out on the server's
-# clock -- or not (NULL); its live leases, their limit, and the live places in its queue
-# ahead of ours (%(seq)s, NULL when we have none). Its counter row is locked FOR SHARE
-# first: that waits for an acquire still in flight. The first column tells whether the
-# counter changed since this statement's snapshot (its latest version is another): then
-# the slots as read here are out of date and the caller asks again.
-_TIME_UNTIL_FREE = f"""
-WITH latest AS (
-    SELECT xmin::text AS version FROM {{table}}
-     WHERE key = %(key)s AND slot = {COUNTER_SLOT} FOR SHARE
-), live AS (
-    SELECT slot_limit, expires_at FROM {{table}}
-     WHERE key = %(key)s AND slot >= 0 AND owner_token IS NOT NULL
-       AND expires_at > clock_timestamp()
-), ahead AS (
-    SELECT count(*) AS waiters FROM {{waiters}}
-     WHERE key = %(key)s AND expires_at > clock_timestamp()
-       AND seq < coalesce(%(seq)s::bigint, 9223372036854775807)
-)
-SELECT (SELECT version FROM latest) IS DISTINCT FROM
-       (SELECT xmin::text FROM {{table}} WHERE key = %(key)s AND slot = {COUNTER_SLOT}),
-       CASE WHEN count(*) >= max(slot_limit)
-            THEN extract(epoch FROM min(expires_at) - clock_timestamp())::float8 END,
-       count(*), max(slot_limit), (SELECT waiters FROM ahead)
-  FROM live
+SELECT key, slot, pg_notify(%(channel)s, {PAYLOAD.format(col="key")}) FROM cleared
 """
 
 
@@ -423,6 +274,7 @@ class PostgresStore(Store):
                 table=self._schema.table,
                 runs=self._schema.runs,
                 waiters=self._schema.waiters,
+                waiters_name=sql.Literal(self._schema.waiters_quoted_name),
                 live=sql.SQL(live),
                 upper=sql.SQL(upper),
             )
@@ -441,7 +293,17 @@ class PostgresStore(Store):
     # -- the interface --------------------------------------------------------------
 
     def acquire(
-        self, key: str, ttl: float, holder: Holder, owner: str, limit: int = 1, queue: bool = False
+        self,
+        key: str,
+        ttl: float,
+        holder: Holder,
+        owner: str,
+        limit: int = 1,
+        queue: bool = False,
+        *,
+        mode: str = EXCLUSIVE,
+        supersede: bool = False,
+        front: bool = False,
     ) -> Lease | None:
         params = {
             "key": key,
@@ -451,31 +313,23 @@ class PostgresStore(Store):
             "limit": int(limit),
             "queue": queue,
             "wttl": float(self.waiter_ttl),
+            "mode": mode,
+            "shared": mode == SHARED,
+            "supersede": supersede,
+            "front": front,
         }
-        statement = self._sql(_ACQUIRE)
+        statement = self._sql(ACQUIRE)
 
         def attempt(conn: psycopg.Connection) -> list:
-            return self._listening.acquire(conn, statement, params)
+            channel = self._schema.channel  # known once connected
+            return self._listening.acquire(conn, statement, {**params, "channel": channel})
 
         for _ in range(ACQUIRE_RACE_RETRIES):
             rows = self._db.run(attempt)
             self._note_place(key, owner, rows)
-            row = next((row for row in rows if row[0] != "queued"), None)
-            if row is None:
-                return None
-            outcome, slot, slot_limit, token, acquired_at, expires_at = row[:6]
-            if outcome == "mismatch":
-                raise LimitMismatch(key, int(slot_limit), int(limit))
-            if outcome == "taken":
-                return Lease(
-                    key,
-                    owner,
-                    int(token),
-                    _utc(acquired_at),
-                    _utc(expires_at),
-                    slot=int(slot),
-                    limit=int(slot_limit),
-                )
+            outcome = _outcome(key, owner, limit, rows)
+            if outcome != "lost":
+                return outcome
             # "lost": another acquire of the key committed since the statement's snapshot
         raise StoreUnavailable(
             f"{self.display_url}: {key!r} is taken and freed too fast to acquire it"
@@ -492,7 +346,7 @@ class PostgresStore(Store):
             self._note_queue_place(key, owner_token)
 
     def waiters(self, key: str) -> list[WaiterInfo]:
-        statement = self._sql(_WAITERS)
+        statement = self._sql(WAITERS)
         rows = self._db.run(lambda conn: conn.execute(statement, {"key": key}).fetchall())
         return [
             WaiterInfo(Holder.from_dict(holder or {}), _utc(since), mode)
@@ -500,7 +354,7 @@ class PostgresStore(Store):
         ]
 
     def waiting_counts(self, prefix: str = "") -> dict[str, int]:
-        statement = self._sql(_WAITING_COUNTS)
+        statement = self._sql(WAITING_COUNTS)
         rows = self._db.run(lambda conn: conn.execute(statement, {"prefix": prefix}).fetchall())
         return {key: int(count) for key, count in rows}
 
@@ -535,7 +389,7 @@ class PostgresStore(Store):
 
             def run_later(conn: psycopg.Connection) -> int:
                 rows = conn.execute(later, {**params, "channel": self._schema.channel}).fetchall()
-                return len(rows)
+                return _freed(rows)
 
             count = self._db.run(run_later)
         else:
@@ -543,7 +397,7 @@ class PostgresStore(Store):
 
             def run(conn: psycopg.Connection) -> int:
                 channel = self._schema.channel  # known once connected
-                return len(conn.execute(now, {**params, "channel": channel}).fetchall())
+                return _freed(conn.execute(now, {**params, "channel": channel}).fetchall())
 
             # Not retried on an ambiguous failure: if the row was cleared and the reply
             # lost, a retry would report False although the release worked.
@@ -601,7 +455,7 @@ class PostgresStore(Store):
             count_sql = self._sql(_SWEEP_COUNT)
             return int(self._db.run(lambda conn: conn.execute(count_sql).fetchone()[0]))
         statement = self._sql(_SWEEP)
-        dead_places = self._sql(_SWEEP_WAITERS)  # (not counted: no leases)
+        dead_places = self._sql(SWEEP_WAITERS)  # (not counted: no leases)
         self._db.run(lambda conn: conn.execute(dead_places))
 
         after: tuple[str, int] = ("", COUNTER_SLOT)  # keys are never empty
@@ -637,7 +491,7 @@ class PostgresStore(Store):
             return conn.execute(statement, {**params, "break_channel": channel}).fetchall()
 
         rows = self._db.run(run)  # idempotent: a broken lease is found again and told again
-        return [_info(row[:8]) for row in rows]
+        return [_info(row[:9]) for row in rows]
 
     def broken_by(self, lease: Lease) -> dict | None:
         statement = self._sql(_BROKEN_BY)
@@ -663,7 +517,7 @@ class PostgresStore(Store):
             return conn.execute(statement, params).fetchall()
 
         rows = self._db.run(run, idempotent=False)
-        return [_info(row[:8]) for row in rows]
+        return [_info(row[:9]) for row in rows]
 
     # -- a holder waiting for a break ---------------------------------------------------
 
@@ -679,15 +533,17 @@ class PostgresStore(Store):
         return True
 
     def _time_until_free(self, key: str) -> float | None:
-        statement = self._sql(_TIME_UNTIL_FREE)
+        statement = self._sql(TIME_UNTIL_FREE)
         params = {"key": key, "seq": self._listening.places.get(key)}
         for _ in range(STALE_LOOKS):
             row = self._db.run(lambda conn: conn.execute(statement, params).fetchone())
             if not row[0]:
                 break
-        _, left, live, limit, ahead = row
+        _, left, live, limit, ahead, exclusive_ahead, mode = row
         if left is not None:
             return max(0.0, float(left))
+        if mode == SHARED:  # shared places ahead of ours are admitted with us
+            return None if int(exclusive_ahead) == 0 else self.waiter_ttl
         free = int(limit) - int(live) if live else 1  # (a free key's limit is the next taker's)
         return None if int(ahead) < free else self.waiter_ttl
 
@@ -696,7 +552,7 @@ class PostgresStore(Store):
 
     def stop_waiting(self, key: str) -> None:
         self._note_queue_place(key, None)
-        self._listening.stop(key, self._sql(_LEAVE_QUEUE))
+        self._listening.stop(key, self._sql(LEAVE_QUEUE))
 
     def close(self) -> None:
         for key in list(self._listening.places):
@@ -706,8 +562,40 @@ class PostgresStore(Store):
         self._db.close()
 
 
+def _outcome(key: str, owner: str, limit: int, rows: list) -> Lease | str | None:
+    """What the acquire statement's ``rows`` tell: the lease taken, None (nothing free),
+    or "lost" (run it again); LimitMismatch or Superseded raised."""
+    outcomes = {row[0]: row for row in rows if not row[0].startswith("woken")}
+    if "superseded" in outcomes:
+        raise Superseded(key)
+    outcomes.pop("queued", None)
+    if not outcomes:
+        return None
+    outcome, slot, slot_limit, token, acquired_at, expires_at, mode = next(iter(outcomes.values()))
+    if outcome == "mismatch":
+        raise LimitMismatch(key, int(slot_limit), int(limit))
+    if outcome != "taken":
+        return outcome
+    return Lease(
+        key,
+        owner,
+        int(token),
+        _utc(acquired_at),
+        _utc(expires_at),
+        slot=int(slot),
+        limit=int(slot_limit),
+        mode=mode,
+    )
+
+
+def _freed(rows: list) -> int:
+    """How many leases a release statement freed (or kept for later): its 'freed' rows (the
+    others tell the waiters it woke)."""
+    return sum(1 for row in rows if row[0] == "freed")
+
+
 def _info(row: tuple) -> LeaseInfo:
-    key, slot, slot_limit, token, acquired_at, expires_at, holder, live = row
+    key, slot, slot_limit, token, acquired_at, expires_at, holder, mode, live = row
     return LeaseInfo(
         key=key,
         holder=Holder.from_dict(holder or {}),
@@ -717,4 +605,5 @@ def _info(row: tuple) -> LeaseInfo:
         expired=not live,
         slot=int(slot),
         limit=int(slot_limit),
+        mode=mode,
     )

@@ -1,12 +1,13 @@
 """The PostgreSQL store's waiting machinery: a waiter's LISTEN on the table's release
 channel, and its place in the key's queue (a row of the waiters' table, which the
-acquire statement joins, keeps and leaves: see ``store``).
+acquire statement joins, keeps and leaves: see ``queue``).
 
 A release notifies the head of the key's queue by name (``head_payload`` of its place),
-so only the waiter first in line looks at the key: one release, one look. A release of
-a key nobody queues for, a forced release and a sweep notify the key itself (every
-waiter of it looks). A waiter whose place runs out (it crashed) is passed over by the
-acquire statement; the one behind it finds its turn at its next look."""
+and with a shared head the shared places right behind it, so only the waiters it may
+admit look at the key: no herd. A release of a key nobody queues for, a forced release
+and a sweep notify the key itself (every waiter of it looks). A waiter whose place runs
+out (it crashed) is passed over by the acquire statement; the one behind it finds its
+turn at its next look."""
 
 from __future__ import annotations
 
