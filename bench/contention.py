@@ -189,8 +189,9 @@ def section_cli_contention(
             ÷ the wall time until the last loop exited (median over trials). Commands take
             turns, shuffled each repetition. Each run is a whole process: start-up, acquire
             (or wait), `true`, release, exit. target: issue 18's, twice the first
-            measurement at 8 clients × 25 runs ({", ".join(f"{k} {v:g} runs/s" for k, v in
-            FIRST_CLI_RATES.items())}; no other store's is on record), shown at that size
+            measurement at 8 clients × 25 runs ({
+                ", ".join(f"{k} {v:g} runs/s" for k, v in FIRST_CLI_RATES.items())
+            }; no other store's is on record), shown at that size
             only."""
         )
     )
@@ -205,9 +206,7 @@ LIMIT = 4
 LIMIT_HOLD_S = 0.05
 #: The command each 4c run wraps: takes its slot's directory (mkdir fails if another run
 #: holds the same slot: an overlap ends the loop with an error), holds, gives it back.
-SLOT_CHECK = (
-    'mkdir "$1/slot-$TASKLOCK_SLOT" || exit 99; sleep "$2"; rmdir "$1/slot-$TASKLOCK_SLOT"'
-)
+SLOT_CHECK = 'mkdir "$1/slot-$TASKLOCK_SLOT" || exit 99; sleep "$2"; rmdir "$1/slot-$TASKLOCK_SLOT"'
 
 
 def cli_has_limit(env: dict[str, str]) -> bool:

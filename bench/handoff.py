@@ -4,7 +4,9 @@ starting, all through the CLI."""
 from __future__ import annotations
 
 import itertools
+import random
 import shutil
+import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,12 +128,27 @@ def handoff_round(
     return handoff_latencies(read_events(log))
 
 
-def contenders(kinds: list[StoreKind], workdir: Path) -> list[Contender]:
-    """Every live store; right after SQLite the package of BEFORE_GUARD on SQLite, and
-    right after etcd `etcdctl lock` when etcdctl is installed."""
+def run_refused(kind: StoreKind, env: dict[str, str], *options: str) -> str | None:
+    """None when `tasklock run K [OPTIONS] --wait 0 -- true` works on this store, else why
+    not (its exit code and the last line it printed)."""
+    argv = [TASKLOCK, "run", "probe", *options, "--wait", "0", "--", "true"]
+    env = with_store(env, kind.url("handoff_probe"))
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    if done.returncode == 0:
+        return None
+    said = done.stderr.strip().splitlines()
+    run = " ".join(["tasklock run", *options])
+    return f"`{run}` exits {done.returncode} here: {said[-1] if said else 'no message'}"
+
+
+def contenders(
+    kinds: list[StoreKind], workdir: Path, broken: dict[str, str | None]
+) -> list[Contender]:
+    """Every live store whose `tasklock run` works; right after SQLite the package of
+    BEFORE_GUARD on SQLite, and right after etcd `etcdctl lock` when etcdctl is installed."""
     found = []
     for kind in kinds:
-        if kind.reason is None:
+        if kind.reason is None and broken[kind.name] is None:
             found.append(Contender(kind.name, kind))
             if kind.name == "sqlite":
                 package = before_guard_package(workdir)
@@ -176,7 +193,9 @@ def section_handoff(kinds: list[StoreKind], envs: Envs, budget: Budget, workdir:
         ["store", "waiters", "rounds", "hand-offs", "p50 ms", "p25–p75 ms", "p99 ms", "max ms",
          "overlaps", "baseline", "× baseline p50", "target"],
     )  # fmt: skip
-    live = contenders(kinds, workdir)
+    started = time.monotonic()
+    broken = {k.name: run_refused(k, envs.warm) if k.reason is None else None for k in kinds}
+    live = contenders(kinds, workdir, broken)
     results: dict[tuple[str, int], tuple[int, list[float], int]] = {}
     for waiters, rounds in budget.handoff_rounds.items():
         deadline = time.monotonic() + budget.handoff_seconds
@@ -189,8 +208,8 @@ def section_handoff(kinds: list[StoreKind], envs: Envs, budget: Budget, workdir:
                 done, all_gaps, all_overlaps = results.get((who.name, waiters), (0, [], 0))
                 results[(who.name, waiters)] = (done + 1, all_gaps + gaps, all_overlaps + overlaps)
     for kind in kinds:
-        if kind.reason is not None:
-            table.skip(kind.name, kind.reason)
+        if (kind.reason or broken[kind.name]) is not None:
+            table.skip(kind.name, kind.reason or broken[kind.name] or "")
     if any(k.name == "etcd" and k.reason is None for k in kinds) and not shutil.which("etcdctl"):
         table.skip(ETCDCTL_ROW, "no etcdctl on PATH")
     for who in live:
@@ -247,4 +266,165 @@ def section_handoff(kinds: list[StoreKind], envs: Envs, budget: Budget, workdir:
                 the spread (nearest rank)."""
         ),
     ]
+    table.seconds = time.monotonic() - started
+    return table
+
+
+# -- 3c. hand-off between modes (--shared) ---------------------------------------------------------
+
+#: How long every 3c run may wait: `run K [--shared] --wait 60 -- …`.
+MODES_WAIT = "60"
+#: Let the waiters settle into their steady waiting state before a holder's child exits.
+SETTLE_S = 0.3
+
+
+@dataclass(frozen=True)
+class ModeCase:
+    """Holders of one mode, then waiters of a mode queued behind them. The holders' children
+    exit one after another: all but the last together, then (once their wrappers are gone)
+    the last, so the hand-off starts at a known exit."""
+
+    label: str
+    holders: int
+    holders_shared: bool
+    waiters: int
+    waiters_shared: bool
+
+
+#: The plain exclusive hand-off, every 3c row's reference.
+PLAIN = ModeCase("exclusive → exclusive", 1, False, 1, False)
+
+
+def mode_cases(readers: tuple[int, ...]) -> list[ModeCase]:
+    """The plain hand-off, then writer → R readers and R readers → writer for each R."""
+    cases = [PLAIN]
+    for r in readers:
+        cases.append(ModeCase(f"exclusive → {r} shared", 1, False, r, True))
+    for r in readers:
+        cases.append(ModeCase(f"{r} shared → exclusive", r, True, 1, False))
+    return cases
+
+
+def mode_argv(shared: bool, tag: str) -> list[str]:
+    """`tasklock run K [--shared] --wait 60 -- bash -c` (the script follows)."""
+    mode = ["--shared"] if shared else []
+    return [TASKLOCK, "run", f"modes-{tag}", *mode, "--wait", MODES_WAIT, "--", "bash", "-c"]
+
+
+def mode_round(
+    kind: StoreKind, env: dict[str, str], case: ModeCase, tag: str, workdir: Path
+) -> tuple[float, float | None, int]:
+    """One round of ``case``: (last holder's `e` → last waiter's `s`, first → last waiter's
+    `s` when there are several, waiters that started before a holder's `e`)."""
+    rundir = workdir / f"modes-{tag}"
+    rundir.mkdir()
+    env = with_store(env, kind.url("handoff_modes"))
+    early, last = rundir / "go-early", rundir / "go-last"
+    held = [rundir / f"h{i}.log" for i in range(case.holders)]
+    waited = [rundir / f"w{i}.log" for i in range(case.waiters)]
+    errs = [rundir / f"w{i}.err" for i in range(case.waiters)]
+    procs = []
+    try:
+        for i, log in enumerate(held):
+            go = last if i == case.holders - 1 else early
+            child = {**env, "BENCH_LOG": str(log), "BENCH_GO": str(go)}
+            procs.append(spawn([*mode_argv(case.holders_shared, tag), HOLDER_SCRIPT], child))
+        wait_until(lambda: all(read_events(log) for log in held), 15 + case.holders, "holders")
+        for log, err in zip(waited, errs, strict=True):
+            argv = [*mode_argv(case.waiters_shared, tag), WAITER_SCRIPT]
+            with err.open("w") as stderr:
+                procs.append(spawn(argv, {**env, "BENCH_LOG": str(log)}, stderr=stderr))
+        wait_until(lambda: all("waiting" in e.read_text() for e in errs), 30, "waiters")
+        time.sleep(SETTLE_S)
+        if case.holders > 1:  # every holder but the last goes first, wholly
+            early.touch()
+            for proc in procs[: case.holders - 1]:
+                reap(proc, timeout=20)
+            time.sleep(SETTLE_S)
+        last.touch()
+        for proc in procs:
+            reap(proc, timeout=20 + case.waiters)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                reap(proc, timeout=0)
+    exits = [t for log in held for t, k in read_events(log) if k == "e"]
+    starts = [t for log in waited for t, k in read_events(log) if k == "s"]
+    last_exit = next(t for t, k in read_events(held[-1]) if k == "e")
+    spread = max(starts) - min(starts) if case.waiters > 1 else None
+    return max(starts) - last_exit, spread, sum(1 for s in starts if s < max(exits))
+
+
+def section_handoff_modes(
+    kinds: list[StoreKind], envs: Envs, budget: Budget, workdir: Path
+) -> Table:
+    table = Table(
+        "3c. Hand-off between modes (`--shared`: last holder's child exits → last admitted "
+        "child starts)",
+        ["store", "hand-off", "rounds", "n", "p50 ms", "p25–p75 ms", "p99 ms", "max ms",
+         "first → last reader p50 ms", "overlaps", "× exclusive p50"],
+    )  # fmt: skip
+    started = time.monotonic()
+    broken = {k.name: run_refused(k, envs.warm) if k.reason is None else None for k in kinds}
+    live = [k for k in kinds if k.reason is None and broken[k.name] is None]
+    refused = {kind.name: run_refused(kind, envs.warm, "--shared") for kind in live}
+    cases = mode_cases(budget.modes_readers)
+    pairs = [(k, c) for k in live for c in cases if c is PLAIN or refused[k.name] is None]
+    results: dict[tuple[str, str], tuple[list[float], list[float], int]] = {
+        (k.name, c.label): ([], [], 0) for k, c in pairs
+    }
+    rng = random.Random(3)
+    deadline = time.monotonic() + budget.modes_seconds
+    rounds = 0
+    for r in range(budget.modes_rounds):
+        if r and time.monotonic() > deadline:
+            break
+        for n, (kind, case) in enumerate(rng.sample(pairs, len(pairs))):  # interleaved
+            gap, spread, overlaps = mode_round(kind, envs.warm, case, f"{r}-{n}", workdir)
+            gaps, spreads, all_overlaps = results[(kind.name, case.label)]
+            spreads += [] if spread is None else [spread]
+            results[(kind.name, case.label)] = ([*gaps, gap], spreads, all_overlaps + overlaps)
+        rounds += 1
+    for kind in kinds:
+        if (kind.reason or broken[kind.name]) is not None:
+            table.skip(kind.name, kind.reason or broken[kind.name] or "")
+    for kind in live:
+        plain = [g * 1000 for g in results[(kind.name, PLAIN.label)][0]]
+        for case in cases:
+            if (kind.name, case.label) not in results:
+                continue
+            gaps, spreads, overlaps = results[(kind.name, case.label)]
+            ms = [g * 1000 for g in gaps]
+            table.add(kind.name, case.label, rounds, len(ms), median(ms), quartiles(ms), p99(ms),
+                      max(ms) if ms else None,
+                      median([s * 1000 for s in spreads]) if spreads else None, overlaps,
+                      median(ms) / median(plain))  # fmt: skip
+        if refused[kind.name] is not None:
+            table.skip(f"{kind.name} (--shared rows)", refused[kind.name] or "")
+    table.notes += [
+        prose(
+            f"""Each round runs every (store, hand-off) once, in a freshly shuffled order. One
+                hand-off: holders `tasklock run K [--shared] --wait {MODES_WAIT} -- bash -c …`
+                start and their children run (each appends `s $EPOCHREALTIME` to a log of
+                its own); then the waiters start and are confirmed waiting (their `waiting`
+                event), {SETTLE_S:g} s settle; with several holders, all but the last let
+                their children exit (`e $EPOCHREALTIME`) and their wrappers are reaped,
+                {SETTLE_S:g} s settle; then the last holder's child exits. The value is the
+                last waiter's `s` − the last holder's `e` (section 3's scripts and clock).
+                `exclusive → R shared`: one exclusive holder, R `--shared` waiters, all
+                admitted by that one release: the time until the last reader's child starts.
+                `R shared → exclusive`: R `--shared` holders, one exclusive waiter: the time
+                from the last reader's exit to the writer's child starting."""
+        ),
+        prose(
+            """`exclusive → exclusive`: the plain hand-off (section 3's, one waiter) measured
+                by the same code in the same rounds; `× exclusive p50` = this row's p50 ÷ that
+                row's, same store. `first → last reader`: between the first and the last
+                reader's child start in one hand-off (0 if they are admitted at once).
+                `overlaps`: a waiter's child starting before a holder's child exited
+                (must be 0). `rounds` counts rounds; `n`, samples. p99 is nearest-rank (below
+                100 samples the maximum); `p25–p75` nearest-rank."""
+        ),
+    ]
+    table.seconds = time.monotonic() - started
     return table

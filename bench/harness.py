@@ -57,6 +57,11 @@ class Budget:
     many_leases: int = 1000
     many_leases_ttl: float = 3.0
     heartbeat_sleep: int = 5
+    #: 3c: rounds of the hand-offs between modes (`--shared`), their time bound, and the
+    #: numbers of readers.
+    modes_rounds: int = 15
+    modes_seconds: float = 150.0
+    modes_readers: tuple[int, ...] = (1, 4)
 
 
 FULL = Budget(
@@ -93,6 +98,8 @@ QUICK = Budget(
     cli_clients=4,
     cli_runs=8,
     limit_runs=3,
+    modes_rounds=3,
+    modes_seconds=30.0,
 )
 
 
