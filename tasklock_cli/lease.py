@@ -92,6 +92,10 @@ def describe_conflict(
     return f"{gave_up} {describe_holder(info)} now{began}"
 
 
+def _no_age(lease: Lease) -> float:
+    return 0.0
+
+
 @dataclass
 class LeaseKeeper:
     """Owns one lease: its local deadline, renewals and release, serialised by one lock."""
@@ -141,7 +145,10 @@ class LeaseKeeper:
             )
             if lease is None:
                 return False
-            self.lease, self.deadline, self.acquired_at = lease, sent + self.ttl, sent
+            # A store may attach a lease whose TTL began before this call (etcd: a waiter's
+            # lease kept alive at its last look): then the deadline counts from there.
+            age = getattr(self.store, "lease_age", _no_age)(lease)
+            self.lease, self.deadline, self.acquired_at = lease, sent - age + self.ttl, sent
             return True
 
     def renew(self) -> Lease:

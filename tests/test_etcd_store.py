@@ -377,3 +377,52 @@ def test_front_places_go_newest_first_and_supersede_across_modes(url):
     finally:
         for client in clients:
             client.close()
+
+
+def test_a_woken_waiters_acquire_attaches_its_fresh_spare_lease_without_a_keepalive(
+    clients, monkeypatch
+):
+    """A refused acquire keeps its lease for the next; taken within SPARE_FRESH_S, the
+    acquire is the txn alone, and its holder's deadline counts from the lease's keepalive,
+    not from the acquire. A staler spare is kept alive in the same exchange."""
+    from tasklock_cli import clock as clocks
+    from tasklock_cli.lease import LeaseKeeper
+    from tasklock_cli.stores.etcd.store import SPARE_FRESH_S
+
+    holder, waiter = clients
+    held = holder.acquire("k", 30, HOLDER, "holder")
+    keeper = LeaseKeeper(waiter, "k", 30, HOLDER)
+    assert keeper.try_acquire(queue=True) is False  # grants the spare lease
+    exchanges: list[int] = []
+    exchange = http.Connection.exchange
+
+    def counted(connection, requests, deadline):
+        exchanges.append(len(requests))
+        return exchange(connection, requests, deadline)
+
+    monkeypatch.setattr(http.Connection, "exchange", counted)
+    assert holder.release(held) is True
+    time.sleep(0.2)
+    exchanges.clear()
+    before = clocks.monotonic()
+    assert keeper.try_acquire(queue=True) is True
+    assert exchanges == [1]  # the txn alone
+    assert keeper.lease.fencing_token > held.fencing_token
+    # the deadline counts from the spare's keepalive, at least 0.2 s before the acquire
+    assert before + 30 - SPARE_FRESH_S <= keeper.deadline <= before + 30 - 0.2
+    left = waiter.time_left("k", keeper.lease.fencing_token)
+    assert left is not None and left >= keeper.remaining() - 1  # etcd: whole seconds
+
+    # a spare kept alive longer ago than SPARE_FRESH_S is kept alive by the acquire
+    assert keeper.release() is True
+    again = holder.acquire("k", 30, HOLDER, "holder-2")
+    stale = LeaseKeeper(waiter, "k", 30, HOLDER)
+    assert stale.try_acquire(queue=True) is False
+    assert holder.release(again) is True
+    later = clocks.monotonic() + SPARE_FRESH_S + 0.5
+    monkeypatch.setattr(clocks, "monotonic", lambda: later)
+    exchanges.clear()
+    before = stale.clock()  # the keeper's own clock, not the one moved on
+    assert stale.try_acquire(queue=True) is True
+    assert exchanges == [2]  # the keepalive and the txn, pipelined
+    assert stale.deadline >= before + 30  # its TTL began with this acquire

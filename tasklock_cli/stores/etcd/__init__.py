@@ -22,15 +22,18 @@ length is whole seconds (its bounds are then whole seconds too); else within 1 s
 
 Round trips: acquire = 1 (the lease grant with a client-chosen ID and the ``txn`` that
 creates the slot's key only if absent, with the lease attached, are pipelined on one
-connection: grant, then txn, without waiting in between; the slots are tried in order by
-txns nested in the failure branch of the one before, and where none was free the txn reads
-the holders back). A limit over SLOTS_PER_TXN whose first slots are all held takes one more
-txn per SLOTS_PER_TXN slots (etcd bounds the ops of a txn, nested ones counted in). Renew =
-1 (lease keepalive: it fails once the lease was revoked, which is what release, forced
-release and break do). Release = 1 (a ``txn`` guarded by the owner's value and the fencing
-token deletes the slot's keys; the emptied lease runs out on its own, since a revoke could
-report a release that a break had just moved away from it). ``keep_for``, break and
-forced release take 2-4 per slot.
+connection: grant, then txn, without waiting in between; a refused acquire keeps its lease
+for the next, which keeps it alive the same way, or, kept alive under
+``store.SPARE_FRESH_S`` ago, attaches it as it is: a woken waiter's acquire is then the txn
+alone, its holder's deadline counting from that keepalive, ``lease_age``; the slots are
+tried in order by txns nested in the failure branch of the one before, and where none was
+free the txn reads the holders back). A limit over SLOTS_PER_TXN whose first slots are all
+held takes one more txn per SLOTS_PER_TXN slots (etcd bounds the ops of a txn, nested ones
+counted in). Renew = 1 (lease keepalive: it fails once the lease was revoked, which is what
+release, forced release and break do). Release = 1 (a ``txn`` guarded by the owner's value
+and the fencing token deletes the slot's keys; the emptied lease runs out on its own, since
+a revoke could report a release that a break had just moved away from it). ``keep_for``,
+break and forced release take 2-4 per slot.
 
 Leases have whole seconds, and etcd raises short ones to its minimum (1 s at least; 2 s
 with the default election timeout); the granted TTL is used for ``expires_at``. A lease

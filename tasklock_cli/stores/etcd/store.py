@@ -9,7 +9,9 @@ import time
 from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
+from typing import NamedTuple
 
+from tasklock_cli import clock as clocks
 from tasklock_cli.errors import LimitMismatch
 from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.errors import Superseded
@@ -67,6 +69,22 @@ from tasklock_cli.stores.etcd.waiting import poll_until
 from tasklock_cli.stores.etcd.waiting import waiter_value
 from tasklock_cli.stores.urls import redact_url
 
+#: A spare lease (granted by a refused acquire, kept alive by the next ones) kept alive at
+#: most this long ago is attached as it is, without a keepalive in the acquire's exchange:
+#: a woken waiter's acquire is then its txn alone. The lease's clock started at that
+#: keepalive, so the holder's deadline counts from there (``lease_age``). At most a
+#: quarter of the TTL, so that the lease taken has most of it left.
+SPARE_FRESH_S = 2.0
+
+
+class _Spare(NamedTuple):
+    """A lease granted for an acquisition that did not take a slot, kept for the next."""
+
+    lease_id: int
+    ttl_s: int  # as asked
+    granted: int  # the TTL etcd granted (or refreshed it to)
+    refreshed_at: float  # clocks.monotonic() when that grant or keepalive was sent
+
 
 @dataclass
 class _Held:
@@ -97,7 +115,8 @@ class EtcdStore(Store):
         self._queue = WaiterQueue(self._client, self._keys, lambda: self.waiter_ttl)
         self._breaker = SlotBreaker(self._client, self._keys)
         self._held: dict[tuple[str, str, int], _Held] = {}
-        self._spare: tuple[int, int] | None = None  # (lease ID, TTL) granted but not used
+        self._spare: _Spare | None = None  # granted but not used
+        self._ages: dict[tuple[str, str, int], float] = {}  # see lease_age
         self._looked_at: dict[str, int] = {}  # key -> revision of the waiter's last look
 
     @classmethod
@@ -125,7 +144,7 @@ class EtcdStore(Store):
         tries, budget = 0, 3 + limit // per_txn
         while tries < budget:
             tries += 1
-            lease_id, first = _lease_request(self._spare, ttl_s)
+            lease_id, first, age = _lease_request(self._spare, ttl_s, clocks.monotonic())
             sent = time.time()
             value = lease_value(owner, holder, sent, ttl_s, limit)
             taking = Taking(key, limit, owner, value, lease_id, ttl_s, mode)
@@ -134,24 +153,19 @@ class EtcdStore(Store):
             extras = self._taking_extras(key)
             txn, plan = acquire_txn(self._keys, taking, start, extras, guards, reads)
             try:
-                (granted, reply), date = self._client.members.call_dated(
-                    [first, ("/v3/kv/txn", txn)]
-                )
+                self._spare, reply, date = _exchange(self._client, self._spare, first, txn)
             except EtcdError as exc:
                 if exc.code == NOT_FOUND or "lease" in exc.message.lower():
                     self._spare = None  # the spare lease ran out: grant a fresh one
                     continue
                 raise self._client.translate(exc) from None
-            granted_ttl = int(granted.get("result", granted).get("TTL", 0))
-            if granted_ttl <= 0:
-                self._spare = None
+            if self._spare is None:
                 continue
             slot, responses = taken_slot(reply, plan)
             if slot is not None:
-                return self._taken(
-                    taking, slot, revision(reply), responses, sent, granted_ttl, date
-                )
-            self._spare = (lease_id, ttl_s)
+                lease = self._taken(taking, slot, revision(reply), responses, date, sent, age)
+                self._ages[(key, owner, lease.fencing_token)] = age
+                return lease
             outcome = self._refused(taking, responses, sent)
             if not isinstance(outcome, int):
                 if outcome is None and queue:
@@ -185,6 +199,11 @@ class EtcdStore(Store):
             return None  # a slot is free, for a waiter ahead of us
         return outcome
 
+    def lease_age(self, lease: Lease) -> float:
+        """How long the etcd lease of ``lease`` had run its TTL when the acquire that took
+        it began (see SPARE_FRESH_S): its holder's deadline counts from then."""
+        return self._ages.pop((lease.key, lease.owner_token, lease.fencing_token), 0.0)
+
     def _taking_extras(self, key: str) -> list[dict[str, Any]]:
         """What a taking does besides: leave the key's queue, read the oldest ledger records."""
         extras = [self._ledger.oldest_runs_op(key)]
@@ -199,18 +218,18 @@ class EtcdStore(Store):
         slot: int,
         token: int,
         responses: list[dict[str, Any]],
-        sent: float,
-        granted_ttl: int,
         date: str | None,
+        sent: float,
+        age: float,
     ) -> Lease:
-        self._spare = None
+        spare, self._spare = self._spare, None
         self._queue.left(taking.key)
         runs = responses[-1].get("response_range", {})
         oldest = [unb64(kv["key"]) for kv in runs.get("kvs", [])]
         ledger = LedgerAtAcquire(int(runs.get("count", 0)), oldest, date)
         known = _Held(taking.lease_id, taking.value, taking.ttl_s, ledger)
         self._held[(taking.key, taking.owner, token)] = known
-        expires = utc_from_timestamp(sent + granted_ttl)
+        expires = utc_from_timestamp(sent - age + (spare.granted if spare else taking.ttl_s))
         acquired = utc_from_timestamp(sent)
         limit, mode = taking.limit, taking.mode
         return Lease(taking.key, taking.owner, token, acquired, expires, slot, limit, mode)
@@ -250,6 +269,7 @@ class EtcdStore(Store):
 
     def release(self, lease: Lease, keep_for: float = 0.0, record: RunRecord | None = None) -> bool:
         ident = (lease.key, lease.owner_token, lease.fencing_token)
+        self._ages.pop(ident, None)
         held = self._held_lease(lease)
         read = held.ledger if held is not None else None
         ledger = self._ledger.record_ops(record, read) if record is not None else []
@@ -433,13 +453,38 @@ class EtcdStore(Store):
 
 
 def _lease_request(
-    spare: tuple[int, int] | None, ttl_s: int
-) -> tuple[int, tuple[str, dict[str, Any]]]:
-    """A lease for an acquisition: the spare one refreshed, or a new one."""
-    if spare is not None and spare[1] == ttl_s:
-        return spare[0], ("/v3/lease/keepalive", {"ID": str(spare[0])})
+    spare: _Spare | None, ttl_s: int, now: float
+) -> tuple[int, tuple[tuple[str, dict[str, Any]], _Spare] | None, float]:
+    """A lease for an acquisition begun at ``now`` (clocks.monotonic): (its ID; the
+    request that grants it or keeps it alive, with the spare it makes; how long its TTL
+    has been running). The spare one as it is while fresh (no request: see
+    SPARE_FRESH_S), the spare one kept alive, or a new one."""
+    if spare is not None and spare.ttl_s == ttl_s:
+        age = now - spare.refreshed_at
+        if 0 <= age <= min(SPARE_FRESH_S, ttl_s / 4) and spare.granted >= ttl_s:
+            return spare.lease_id, None, age
+        keepalive = ("/v3/lease/keepalive", {"ID": str(spare.lease_id)})
+        return spare.lease_id, (keepalive, spare._replace(refreshed_at=now)), 0.0
     lease_id = new_lease_id()
-    return lease_id, ("/v3/lease/grant", {"ID": str(lease_id), "TTL": str(ttl_s)})
+    grant = ("/v3/lease/grant", {"ID": str(lease_id), "TTL": str(ttl_s)})
+    return lease_id, (grant, _Spare(lease_id, ttl_s, 0, now)), 0.0
+
+
+def _exchange(
+    client: EtcdClient,
+    spare: _Spare | None,
+    first: tuple[tuple[str, dict[str, Any]], _Spare] | None,
+    txn: dict[str, Any],
+) -> tuple[_Spare | None, dict[str, Any], str | None]:
+    """The acquire's exchange (``first``: the lease request sent before the txn, and the
+    spare it makes): the spare lease after it (None when it is gone), the txn's reply and
+    the member's Date."""
+    requests = [("/v3/kv/txn", txn)] if first is None else [first[0], ("/v3/kv/txn", txn)]
+    replies, date = client.members.call_dated(requests)
+    if first is not None:  # granted or kept alive now: its TTL began with this call
+        granted = replies[0].get("result", replies[0])
+        spare = first[1]._replace(granted=int(granted.get("TTL", 0)))
+    return (spare if spare is not None and spare.granted > 0 else None), replies[-1], date
 
 
 def _after_conflict(
