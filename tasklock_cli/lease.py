@@ -92,10 +92,6 @@ def describe_conflict(
     return f"{gave_up} {describe_holder(info)} now{began}"
 
 
-def _no_age(lease: Lease) -> float:
-    return 0.0
-
-
 @dataclass
 class LeaseKeeper:
     """Owns one lease: its local deadline, renewals and release, serialised by one lock."""
@@ -147,7 +143,7 @@ class LeaseKeeper:
                 return False
             # A store may attach a lease whose TTL began before this call (etcd: a waiter's
             # lease kept alive at its last look): then the deadline counts from there.
-            age = getattr(self.store, "lease_age", _no_age)(lease)
+            age = self.store.lease_age(lease)
             self.lease, self.deadline, self.acquired_at = lease, sent - age + self.ttl, sent
             return True
 

@@ -499,6 +499,12 @@ class Store(ABC):
         lease (same slot and token) instead of a conflict with ourselves.
         """
 
+    def lease_age(self, lease: Lease) -> float:
+        """How long ``lease``'s TTL had already run on the store when the acquire that
+        returned it was sent (a store may attach a lease kept alive before: etcd); its
+        holder's deadline counts from then. 0 by default."""
+        return 0.0
+
     @abstractmethod
     def renew(self, lease: Lease, ttl: float) -> Lease:
         """Extend a still-live lease we own to ``ttl`` from now; raise LeaseLost otherwise."""
