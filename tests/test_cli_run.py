@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from tasklock_cli.stores import open_store
 from tests.support import procs
 from tests.support.cli import json_events
 from tests.support.cli import lost_by
@@ -81,15 +82,22 @@ def test_conflict_exits_75_without_running_the_command(env, sqlite_url, tmp_path
         holder.wait()
 
 
-def test_wait_gets_the_lock_when_the_holder_releases(env, sqlite_url):
-    holder = start("run", "k", "--", "sleep", "1", env=env)
+def test_wait_gets_the_lock_when_the_holder_releases(env, sqlite_url, tmp_path):
+    go = tmp_path / "go"
+    holder = start(
+        "run", "k", "--", "sh", "-c", 'while [ ! -e "$0" ]; do sleep 0.02; done', str(go), env=env
+    )
     wait_for_holder(sqlite_url, "k")
-    result = tasklock(
+    waiter = start(
         "--log-format", "json", "run", "k", "--wait", "20s", "--", "echo", "mine", env=env
     )
-    assert holder.wait() == 0
-    assert result.returncode == 0 and result.stdout == "mine\n"
-    events = [e["event"] for e in json_events(result.stderr)]
+    with open_store(sqlite_url) as store:
+        wait_until(lambda: store.waiters("k"), timeout=20)  # it waits: only then let go
+    go.touch()
+    stdout, stderr = waiter.communicate(timeout=30)
+    assert holder.wait(timeout=30) == 0
+    assert waiter.returncode == 0 and stdout == "mine\n"
+    events = [e["event"] for e in json_events(stderr)]
     assert events == ["waiting", "acquired", "released"]
 
 
