@@ -98,7 +98,7 @@ _SERVER_MODULES = ("test_faults_", "test_postgres_store", "test_redis_store", "t
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark ``quick`` (``pytest -m quick``: the edit-test loop) every test that runs on the
-    SQLite store or on none, needs no server, and is not marked slow; run the slow first."""
+    SQLite store or on none, needs no server, and is not marked slow."""
     for item in items:
         if item.get_closest_marker("slow"):
             continue
@@ -112,9 +112,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         }
         if kinds <= {"sqlite"} and "network_store_url" not in item.fixturenames:
             item.add_marker(pytest.mark.quick)
-    # The slow tests first (a stable sort): xdist's workers start on them together, and the
-    # many short tests fill in around them instead of a long one ending the run alone.
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 @pytest.hookimpl(hookwrapper=True)
