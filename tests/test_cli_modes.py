@@ -180,3 +180,38 @@ def test_also_names_a_key_twice(env):
     done = tasklock("run", "a", "--also", "", "--", "true", env=env)
     assert done.returncode == 2
     assert subprocess.run(["true"]).returncode == 0
+
+
+def test_a_killed_shared_holder_lets_the_writer_in_only_after_its_tree_is_gone(
+    env, store_url, tmp_path
+):
+    """A reader's wrapper is SIGKILLed: its guard ends the reader's tree, its lease runs out
+    on the store's clock, and only then does the waiting writer start, beside no process
+    of that tree (checked by pid and start time)."""
+    from tests.support import procs
+    from tests.test_cli_deploys import NEW_DEPLOY
+    from tests.test_cli_deploys import OLD_DEPLOY
+
+    pids = tmp_path / "reader-pids"
+    reader = start(
+        "run", "db", "--shared", "--ttl", "4s", "--", "sh", "-c", OLD_DEPLOY, str(pids), env=env
+    )  # fmt: skip
+    wait_until(lambda: pids.exists() and len(pids.read_text().split()) == 2)
+    identified = procs.identities([int(pid) for pid in pids.read_text().split()])
+    assert len(identified) == 2
+    (tmp_path / "tree").write_text("".join(f"{pid} {st}\n" for pid, st in identified))
+    ran = tmp_path / "ran"
+    writer = start(
+        "--log-format", "json", "run", "db", "--wait", "60", "--",
+        "sh", "-c", NEW_DEPLOY, str(tmp_path / "tree"), str(ran), env=env,
+    )  # fmt: skip
+    wait_until(lambda: _waiters(store_url, "db") == [writer.pid], timeout=20)
+    reader.kill()
+    killed_at = time.monotonic()
+    assert reader.wait(timeout=10) == -9
+    _, stderr = writer.communicate(timeout=60)
+    assert writer.returncode == 0, stderr
+    assert ran.read_text() == "ran\n"
+    assert procs.still_running(identified) == []
+    # the lease ran out on the store's clock (4 s, etcd rounding up): not at once, not late
+    assert time.monotonic() - killed_at < 15
