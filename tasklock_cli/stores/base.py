@@ -43,6 +43,15 @@ MODES = (EXCLUSIVE, SHARED)
 
 
 @dataclass(frozen=True)
+class Ask:
+    """How an acquire asks, beyond key and lease (see ``Store.acquire``)."""
+
+    mode: str = EXCLUSIVE
+    supersede: bool = False
+    front: bool = False
+
+
+@dataclass(frozen=True)
 class Holder:
     """Who holds a lease; shown by ``peek`` and ``list``."""
 
@@ -452,7 +461,6 @@ class Store(ABC):
     #: a store may round it up to its own minimum.
     waiter_ttl: float = WAITER_TTL_S
 
-    @abstractmethod
     def acquire(
         self,
         key: str,
@@ -498,6 +506,13 @@ class Store(ABC):
         another). Retrying with the same ``owner`` after a lost reply returns the same
         lease (same slot and token) instead of a conflict with ourselves.
         """
+        return self._acquire(key, ttl, holder, owner, limit, queue, Ask(mode, supersede, front))
+
+    @abstractmethod
+    def _acquire(
+        self, key: str, ttl: float, holder: Holder, owner: str, limit: int, queue: bool, ask: Ask
+    ) -> Lease | None:
+        """``acquire``, the store's own part: ``ask`` carries mode, supersede and front."""
 
     def lease_age(self, lease: Lease) -> float:
         """How long ``lease``'s TTL had already run on the store when the acquire that

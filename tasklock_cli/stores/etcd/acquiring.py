@@ -29,6 +29,8 @@ SHARED_SLOTS_PER_TXN = 4
 #: into its success branch or ends in the reads; an EITHER level is a guard with another
 #: alternative in its failure branch.
 GUARD, EITHER = "guard", "either"
+#: A txn's list of operations (or compares), as the JSON gateway takes them.
+Ops = list[dict[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -45,12 +47,7 @@ class Taking:
 
 
 def acquire_txn(
-    keys: EtcdKeys,
-    taking: Taking,
-    start: int,
-    extras: list[dict[str, Any]],
-    queue_guards: list[list[dict[str, Any]]],
-    reads: list[dict[str, Any]],
+    keys: EtcdKeys, taking: Taking, start: int, extras: Ops, queue_guards: list[Ops], reads: Ops
 ) -> tuple[dict[str, Any], list[int | str]]:
     """The acquire's txn: take the lowest free slot from ``start`` on, each slot a txn
     nested in the failure branch of the one before (etcd 3.4 has no loop), at most
@@ -89,12 +86,7 @@ def acquire_txn(
 
 
 def _shared_txn(
-    keys: EtcdKeys,
-    taking: Taking,
-    start: int,
-    extras: list[dict[str, Any]],
-    queue_guards: list[list[dict[str, Any]]],
-    reads: list[dict[str, Any]],
+    keys: EtcdKeys, taking: Taking, start: int, extras: Ops, queue_guards: list[Ops], reads: Ops
 ) -> tuple[dict[str, Any], list[int | str]]:
     """A shared caller's acquire txn: the guards (no exclusive holder: no lock key, no
     other limit's slot; no slot of ours; the queue admits us, in one of the alternatives

@@ -18,10 +18,10 @@ from tasklock_cli.errors import Superseded
 from tasklock_cli.errors import TasklockError
 from tasklock_cli.records import dataclass
 from tasklock_cli.records import field
-from tasklock_cli.stores.base import EXCLUSIVE
 from tasklock_cli.stores.base import LEDGER_KEEP
 from tasklock_cli.stores.base import LIST_PAGE
 from tasklock_cli.stores.base import SHARED
+from tasklock_cli.stores.base import Ask
 from tasklock_cli.stores.base import Holder
 from tasklock_cli.stores.base import Lease
 from tasklock_cli.stores.base import LeaseInfo
@@ -125,31 +125,21 @@ class EtcdStore(Store):
 
     # -- acquire / renew / release ---------------------------------------------------
 
-    def acquire(
-        self,
-        key: str,
-        ttl: float,
-        holder: Holder,
-        owner: str,
-        limit: int = 1,
-        queue: bool = False,
-        *,
-        mode: str = EXCLUSIVE,
-        supersede: bool = False,
-        front: bool = False,
+    def _acquire(
+        self, key: str, ttl: float, holder: Holder, owner: str, limit: int, queue: bool, ask: Ask
     ) -> Lease | None:
         ttl_s = ttl_seconds(ttl, "lease TTL")
         start = 0  # the first slot the txn tries (past a txn's slots: where the read said)
-        per_txn = SHARED_SLOTS_PER_TXN if mode == SHARED else SLOTS_PER_TXN
+        per_txn = SHARED_SLOTS_PER_TXN if ask.mode == SHARED else SLOTS_PER_TXN
         tries, budget = 0, 3 + limit // per_txn
         while tries < budget:
             tries += 1
             lease_id, first, age = _lease_request(self._spare, ttl_s, clocks.monotonic())
             sent = time.time()
             value = lease_value(owner, holder, sent, ttl_s, limit)
-            taking = Taking(key, limit, owner, value, lease_id, ttl_s, mode)
+            taking = Taking(key, limit, owner, value, lease_id, ttl_s, ask.mode)
             reads = [*self._keys.slot_reads(key), *self._queue.reads(key)]
-            guards = self._queue.guard(key, mode)
+            guards = self._queue.guard(key, ask.mode)
             extras = self._taking_extras(key)
             txn, plan = acquire_txn(self._keys, taking, start, extras, guards, reads)
             try:
@@ -169,7 +159,9 @@ class EtcdStore(Store):
             outcome = self._refused(taking, responses, sent)
             if not isinstance(outcome, int):
                 if outcome is None and queue:
-                    self._queue.join(key, waiter_value(holder, sent), mode, front, supersede)
+                    self._queue.join(
+                        key, waiter_value(holder, sent), ask.mode, ask.front, ask.supersede
+                    )
                 return outcome
             if outcome >= start + per_txn:
                 budget += 1  # past this txn's slots (shared ones have no limit): go on

@@ -20,10 +20,10 @@ from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.errors import Superseded
 from tasklock_cli.errors import TasklockError
 from tasklock_cli.stores.base import BROKEN_OWNER_PREFIX
-from tasklock_cli.stores.base import EXCLUSIVE
 from tasklock_cli.stores.base import LEDGER_KEEP
 from tasklock_cli.stores.base import LIST_PAGE
 from tasklock_cli.stores.base import SHARED
+from tasklock_cli.stores.base import Ask
 from tasklock_cli.stores.base import BreakWatches
 from tasklock_cli.stores.base import Holder
 from tasklock_cli.stores.base import Lease
@@ -292,18 +292,8 @@ class PostgresStore(Store):
 
     # -- the interface --------------------------------------------------------------
 
-    def acquire(
-        self,
-        key: str,
-        ttl: float,
-        holder: Holder,
-        owner: str,
-        limit: int = 1,
-        queue: bool = False,
-        *,
-        mode: str = EXCLUSIVE,
-        supersede: bool = False,
-        front: bool = False,
+    def _acquire(
+        self, key: str, ttl: float, holder: Holder, owner: str, limit: int, queue: bool, ask: Ask
     ) -> Lease | None:
         params = {
             "key": key,
@@ -313,10 +303,10 @@ class PostgresStore(Store):
             "limit": int(limit),
             "queue": queue,
             "wttl": float(self.waiter_ttl),
-            "mode": mode,
-            "shared": mode == SHARED,
-            "supersede": supersede,
-            "front": front,
+            "mode": ask.mode,
+            "shared": ask.mode == SHARED,
+            "supersede": ask.supersede,
+            "front": ask.front,
         }
         statement = self._sql(ACQUIRE)
 

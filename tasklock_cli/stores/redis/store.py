@@ -22,6 +22,7 @@ from tasklock_cli.stores.base import EXCLUSIVE
 from tasklock_cli.stores.base import LEDGER_KEEP
 from tasklock_cli.stores.base import LIST_PAGE
 from tasklock_cli.stores.base import SHARED
+from tasklock_cli.stores.base import Ask
 from tasklock_cli.stores.base import BreakWatches
 from tasklock_cli.stores.base import Holder
 from tasklock_cli.stores.base import Lease
@@ -103,29 +104,19 @@ class RedisStore(Store):
 
     # -- the interface --------------------------------------------------------------
 
-    def acquire(
-        self,
-        key: str,
-        ttl: float,
-        holder: Holder,
-        owner: str,
-        limit: int = 1,
-        queue: bool = False,
-        *,
-        mode: str = EXCLUSIVE,
-        supersede: bool = False,
-        front: bool = False,
+    def _acquire(
+        self, key: str, ttl: float, holder: Holder, owner: str, limit: int, queue: bool, ask: Ask
     ) -> Lease | None:
         names = self._names
         keys = [names.lease(key), *(names.name(key, part) for part in ("fence", "wake", "limit"))]
         args = [owner, _ttl_ms(ttl, "lease TTL"), json.dumps(holder.to_dict()), limit]
         args += ["1" if queue else "", _ttl_ms(self.waiter_ttl, "waiter TTL")]
-        args += ["shared" if mode == SHARED else "", "1" if supersede else ""]
-        args += ["1" if front else "", place_record(holder, mode, supersede)]
+        args += ["shared" if ask.mode == SHARED else "", "1" if ask.supersede else ""]
+        args += ["1" if ask.front else "", place_record(holder, ask.mode, ask.supersede)]
         result = self._conn.script("acquire", keys, args, key)
         waiting = result is None and queue
         self._note_queue_place(key, owner if waiting else None)
-        self._place_modes[key] = mode
+        self._place_modes[key] = ask.mode
         if result is None:
             return None
         if result[0] == b"superseded":
@@ -135,7 +126,7 @@ class RedisStore(Store):
         token, acquired_ms, expires_ms, slot = (int(v) for v in result)
         acquired_at = utc_from_timestamp(acquired_ms / 1000)
         expires_at = utc_from_timestamp(expires_ms / 1000)
-        return Lease(key, owner, token, acquired_at, expires_at, slot, limit, mode)
+        return Lease(key, owner, token, acquired_at, expires_at, slot, limit, ask.mode)
 
     def renew(self, lease: Lease, ttl: float) -> Lease:
         keys = [self._names.lease(lease.key, lease.slot), self._names.name(lease.key, "limit")]

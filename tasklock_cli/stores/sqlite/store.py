@@ -21,6 +21,7 @@ from tasklock_cli.stores.base import EXCLUSIVE
 from tasklock_cli.stores.base import LEDGER_KEEP
 from tasklock_cli.stores.base import LIST_PAGE
 from tasklock_cli.stores.base import SHARED
+from tasklock_cli.stores.base import Ask
 from tasklock_cli.stores.base import Holder
 from tasklock_cli.stores.base import Lease
 from tasklock_cli.stores.base import LeaseInfo
@@ -273,30 +274,21 @@ class SQLiteStore(Store):
 
     # -- the interface --------------------------------------------------------------
 
-    def acquire(
-        self,
-        key: str,
-        ttl: float,
-        holder: Holder,
-        owner: str,
-        limit: int = 1,
-        queue: bool = False,
-        *,
-        mode: str = EXCLUSIVE,
-        supersede: bool = False,
-        front: bool = False,
+    def _acquire(
+        self, key: str, ttl: float, holder: Holder, owner: str, limit: int, queue: bool, ask: Ask
     ) -> Lease | None:
+        recorded = json.dumps({**holder.to_dict(), "mode": ask.mode})
         params = {
             **self._times(),
             "key": key,
             "ttl": ttl,
             "owner": owner,
-            "holder": json.dumps({**holder.to_dict(), "mode": mode}),
+            "holder": recorded,
             "limit": limit,
-            "mode": mode,
-            "span": _UNBOUNDED if mode == SHARED else limit,
-            "supersede": supersede,
-            "front": front,
+            "mode": ask.mode,
+            "span": _UNBOUNDED if ask.mode == SHARED else limit,
+            "supersede": ask.supersede,
+            "front": ask.front,
             "waiter_ttl": self.waiter_ttl,
             "fifo": self._wakeups.name if self._wakeups.key == key else None,
         }
@@ -325,7 +317,7 @@ class SQLiteStore(Store):
             utc_from_timestamp(expires_at),
             slot=slot,
             limit=limit,
-            mode=mode,
+            mode=ask.mode,
         )
 
     def renew(self, lease: Lease, ttl: float) -> Lease:
@@ -459,10 +451,8 @@ class SQLiteStore(Store):
         from tasklock_cli.stores.sqlite.processes import processes_of
 
         params = {
-            "key": lease.key,
-            "slot": lease.slot,
+            **_lease_params(lease),
             "token": lease.fencing_token,
-            "owner": lease.owner_token,
             "broken": BROKEN_OWNER_PREFIX + lease.owner_token,
             "processes": json.dumps(processes_of(self._boot, [os.getpid(), guard_pid])),
         }
