@@ -212,14 +212,22 @@ def test_list_filters_by_prefix_literally_and_orders_by_key(store):
     assert list(store.list(prefix="nothing")) == []
 
 
-def test_list_reads_page_by_page_in_key_order(store):
+def test_list_reads_page_by_page_in_key_order(store, store_factory):
     """More leases than one page: every one listed once, in key order, lazily."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from tasklock_cli.stores.base import LIST_PAGE
 
     count = 2 * LIST_PAGE + 7
     keys = [f"many:{n:05d}" for n in range(count)] + ["many", "many;", "manz:0", "man"]
-    for key in keys:
-        assert store.acquire(key, 60, HOLDER, token()) is not None
+    clients = [store_factory() for _ in range(4)]  # 4 streams of acquires: they wait on I/O
+
+    def acquire_every_fourth(n: int) -> None:
+        for key in keys[n::4]:
+            assert clients[n].acquire(key, 60, HOLDER, token()) is not None
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(acquire_every_fourth, range(4)))
     listing = store.list(prefix="many:")
     first = next(iter(listing))
     assert first.key == "many:00000"
