@@ -62,7 +62,10 @@ FORWARDED_SIGNALS = (
 #: A signal that arrives during a store call (connecting, acquiring) lets the call finish
 #: this long, so a lease it grants is known and released; a call still blocked (a store
 #: cut off, a dead link) is then cut short.
-CUT_SHORT_AFTER_S = 0.12
+CUT_SHORT_AFTER_S = 0.08
+#: A lease granted before the signal goes back with this long for its release (the store
+#: may be what kept us waiting): within the 200 ms the contract gives a signal to end us.
+RELEASE_ON_SIGNAL_S = 0.12
 
 
 @dataclass(frozen=True)
@@ -205,7 +208,7 @@ class Supervisor:
             # A lease we were granted goes back, with little time for it: it may be the
             # store that kept us waiting.
             records = self.holding.records("signalled", None)
-            self.holding.release_quietly(CUT_SHORT_AFTER_S, records, self._on_ledger_failed)
+            self.holding.release_quietly(RELEASE_ON_SIGNAL_S, records, self._on_ledger_failed)
             return stop.exit_code
         finally:
             if self._guard is not None:  # the command never started

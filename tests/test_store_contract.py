@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from dataclasses import replace
@@ -476,11 +477,19 @@ def _break_heard_after(store, other, lease, act) -> float:
         act(other)
         acted_at.append(time.monotonic())
 
-    thread = threading.Thread(target=from_elsewhere)
-    thread.start()
-    assert store.wait_for_break(lease, 5) is True
-    heard_at = time.monotonic()
-    thread.join()
+    # Both ends are threads of this process: with the default 5 ms switch interval the
+    # holder's thread, woken, may wait that long for the GIL the acting thread holds, which
+    # a holder (another process) never does.
+    switch_interval = sys.getswitchinterval()
+    sys.setswitchinterval(0.0005)
+    try:
+        thread = threading.Thread(target=from_elsewhere)
+        thread.start()
+        assert store.wait_for_break(lease, 5) is True
+        heard_at = time.monotonic()
+        thread.join()
+    finally:
+        sys.setswitchinterval(switch_interval)
     return heard_at - acted_at[0] if acted_at else 0.0
 
 
