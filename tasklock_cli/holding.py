@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 
-from tasklock_cli.errors import TasklockError
 from tasklock_cli.heartbeat import Heartbeat
 from tasklock_cli.lease import LeaseKeeper
 from tasklock_cli.lease import Waiter
@@ -52,7 +51,7 @@ class Holding:
 
     def deadline(self) -> float:
         """The earliest local deadline of the leases held: the run's."""
-        return min(keeper.deadline for keeper in self.in_order if keeper.lease is not None)
+        return min(keeper.deadline for keeper in self.held())
 
     def acquired_at(self) -> float:
         """When the last lease was taken: the run holds its keys from then on."""
@@ -63,11 +62,7 @@ class Holding:
 
     def tokens(self) -> dict[str, int]:
         """Key -> fencing token of every lease held (TASKLOCK_FENCING_TOKENS)."""
-        return {
-            keeper.key: keeper.lease.fencing_token
-            for keeper in self.in_order
-            if keeper.lease is not None
-        }
+        return {keeper.key: keeper.fencing_token for keeper in self.held()}
 
     def records(self, outcome: str, exit_code: int | None) -> dict[str, RunRecord | None]:
         """Each key's run record of the run (None for a key not held)."""
@@ -101,9 +96,7 @@ class Holding:
 
     def give_back(self, io_timeout: float) -> None:
         """Release what an acquisition that failed half-way took (no run to record)."""
-        for keeper in self.held():
-            with contextlib.suppress(TasklockError):
-                keeper.release_quietly(io_timeout)
+        self.release_quietly(io_timeout, {}, None)
 
     def close(self) -> None:
         for heartbeat in self.heartbeats:
