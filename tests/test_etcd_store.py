@@ -226,12 +226,9 @@ def test_a_plain_lock_keeps_the_previous_versions_key_and_value(url, clients):
     assert sorted(value) == ["acquired_at", "holder", "owner", "ttl"]
 
 
-def test_a_semaphore_acquire_is_one_pipelined_exchange_however_many_slots_it_tries(
-    clients, monkeypatch
-):
-    holder, other = clients
-    for _ in range(SLOTS_PER_TXN - 1):
-        assert holder.acquire("pool", 30, HOLDER, uuid.uuid4().hex, limit=SLOTS_PER_TXN)
+def count_exchanges(monkeypatch) -> list[int]:
+    """From now on, the number of requests of each HTTP exchange with etcd (pipelined
+    requests are one exchange)."""
     exchanges: list[int] = []
     exchange = http.Connection.exchange
 
@@ -240,6 +237,16 @@ def test_a_semaphore_acquire_is_one_pipelined_exchange_however_many_slots_it_tri
         return exchange(connection, requests, deadline)
 
     monkeypatch.setattr(http.Connection, "exchange", counted)
+    return exchanges
+
+
+def test_a_semaphore_acquire_is_one_pipelined_exchange_however_many_slots_it_tries(
+    clients, monkeypatch
+):
+    holder, other = clients
+    for _ in range(SLOTS_PER_TXN - 1):
+        assert holder.acquire("pool", 30, HOLDER, uuid.uuid4().hex, limit=SLOTS_PER_TXN)
+    exchanges = count_exchanges(monkeypatch)
     lease = other.acquire("pool", 30, HOLDER, "last", limit=SLOTS_PER_TXN)
     assert lease.slot == SLOTS_PER_TXN - 1
     assert exchanges == [2]  # the lease grant and the txn, pipelined
@@ -393,14 +400,7 @@ def test_a_woken_waiters_acquire_attaches_its_fresh_spare_lease_without_a_keepal
     held = holder.acquire("k", 30, HOLDER, "holder")
     keeper = LeaseKeeper(waiter, "k", 30, HOLDER)
     assert keeper.try_acquire(queue=True) is False  # grants the spare lease
-    exchanges: list[int] = []
-    exchange = http.Connection.exchange
-
-    def counted(connection, requests, deadline):
-        exchanges.append(len(requests))
-        return exchange(connection, requests, deadline)
-
-    monkeypatch.setattr(http.Connection, "exchange", counted)
+    exchanges = count_exchanges(monkeypatch)
     assert holder.release(held) is True
     time.sleep(0.2)
     exchanges.clear()

@@ -7,7 +7,6 @@ the lock; once healed, the old wrapper exits 70 and never renews over the new ho
 from __future__ import annotations
 
 import re
-import threading
 import time
 from urllib.parse import urlsplit
 
@@ -52,14 +51,7 @@ def test_partitioned_holder_is_dead_before_the_next_holder_starts(
         tree = procs.command_tree(old.pid)
         assert len(tree) >= 3  # sh and its two sleeps
 
-        tree_dead_at: list[float] = []
-
-        def watch_tree() -> None:
-            while any(procs.alive(pid) for pid in tree):
-                time.sleep(0.002)
-            tree_dead_at.append(time.time())
-
-        watcher = threading.Thread(target=watch_tree, daemon=True)
+        watcher, tree_dead_at = procs.death_watch(tree)
         proxy.blackhole()
         partitioned_at = time.monotonic()
         watcher.start()

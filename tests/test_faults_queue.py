@@ -25,7 +25,6 @@ from __future__ import annotations
 import itertools
 import json
 import sys
-import threading
 import time
 from datetime import datetime
 from pathlib import Path
@@ -161,14 +160,7 @@ def test_store_blacked_out_while_a_queue_waits(network_store_url, cli_env, tmp_p
             assert before["held"] is True and before["fencing_token"] == held.fencing_token
             assert [w["pid"] for w in before["waiters"]] == arrival
 
-            tree_dead_at: list[float] = []
-
-            def watch_tree() -> None:
-                while any(procs.alive(pid) for pid in tree):
-                    time.sleep(0.002)
-                tree_dead_at.append(time.time())
-
-            watcher = threading.Thread(target=watch_tree, daemon=True)
+            watcher, tree_dead_at = procs.death_watch(tree)
             watcher.start()
             proxy.blackhole()
             blackout_began = time.monotonic()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -94,3 +96,16 @@ def identities(pids: list[int]) -> list[tuple[int, int]]:
 def still_running(identified: list[tuple[int, int]]) -> list[int]:
     """Those of ``identified`` still running as the same processes (not zombies)."""
     return [pid for pid, started in identified if start_time(pid) == started and alive(pid)]
+
+
+def death_watch(pids: list[int]) -> tuple[threading.Thread, list[float]]:
+    """A thread (not started) that appends to the returned list the wall-clock time at
+    which none of ``pids`` is alive any more, looking every 2 ms."""
+    dead_at: list[float] = []
+
+    def watch() -> None:
+        while any(alive(pid) for pid in pids):
+            time.sleep(0.002)
+        dead_at.append(time.time())
+
+    return threading.Thread(target=watch, daemon=True), dead_at
