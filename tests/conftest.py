@@ -112,6 +112,24 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         }
         if kinds <= {"sqlite"} and "network_store_url" not in item.fixturenames:
             item.add_marker(pytest.mark.quick)
+    _spread_the_stress(items)
+
+
+def _spread_the_stress(items: list[pytest.Item]) -> None:
+    """Give each CPU-bound stress test (``stress`` marker) a share of the run of its own,
+    placed further into each share: pytest-xdist's worksteal hands each worker a contiguous
+    share, so the stress tests run one after another, each beside the other workers' tests,
+    and none is left to run alone at the end of the run."""
+    stress = [item for item in items if item.get_closest_marker("stress")]
+    rest = [item for item in items if not item.get_closest_marker("stress")]
+    if not stress:
+        return
+    share = -(-len(rest) // len(stress))
+    items[:] = []
+    for index, item in enumerate(stress):
+        mine = rest[index * share : (index + 1) * share]
+        at = index * len(mine) // len(stress)
+        items.extend([*mine[:at], item, *mine[at:]])
 
 
 @pytest.hookimpl(hookwrapper=True)

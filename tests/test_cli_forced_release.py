@@ -41,6 +41,9 @@ SURVIVORS = (
 )
 #: release --force waits this long here for a holder to let go (10 s for users).
 LET_GO_S = 1.0
+#: A `peek` started this long before a broken lease's free_at still finds it (a new
+#: interpreter, on a loaded machine).
+EXPIRY_TOLERANCE_S = 1.0
 
 
 @pytest.fixture
@@ -63,7 +66,10 @@ def test_a_paused_holder_keeps_the_key_until_its_tree_is_gone(env, store_url, tm
         out = json.loads(result.stdout)
         assert (out["freed"], len(out["broken"])) == (False, 1)
         assert LET_GO_S <= took < LET_GO_S + 3
-        assert peek(store_url, "k") is not None  # still taken, broken
+        free_at = datetime.fromisoformat(out["free_at"].replace("Z", "+00:00")).timestamp()
+        looked_at = time.time()
+        if looked_at < free_at - EXPIRY_TOLERANCE_S:  # a loaded machine can take till then
+            assert peek(store_url, "k") is not None, (looked_at, free_at)  # taken, broken
         code = [sys.executable, "-c", SURVIVORS, json.dumps(tree)]
         pythonpath = str(Path(__file__).resolve().parent.parent)
         second_env = {**env, "PYTHONPATH": pythonpath}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import statistics
 import sys
 import threading
 import time
@@ -387,8 +388,18 @@ def assert_same_lease(seen, expected, store) -> None:
     assert abs((seen.expires_at - expected.expires_at).total_seconds()) <= store.expiry_lag
 
 
-#: wait_for_break returns within this of a break by another client.
+#: wait_for_break returns within this of a break by another client, typically (the median
+#: of BREAKS_HEARD breaks): a store that polled instead, even every 50 ms, would show it
+#: here. Every break is heard before BREAK_HEARD_LATEST_S: one delay can be a loaded
+#: machine's scheduler (2 cores, the stress tests beside: 31 ms once), not the store.
 BREAK_HEARD_WITHIN_S = 0.02
+BREAK_HEARD_LATEST_S = 0.25
+BREAKS_HEARD = 5
+
+
+def assert_heard_at_once(delays: list[float]) -> None:
+    assert statistics.median(delays) < BREAK_HEARD_WITHIN_S, delays
+    assert max(delays) < BREAK_HEARD_LATEST_S, delays
 
 
 def test_a_broken_lease_stays_held_until_its_owner_releases_it(store, store_factory):
@@ -496,7 +507,7 @@ def _break_heard_after(store, other, lease, act) -> float:
 def test_the_holder_hears_a_break_at_once(store, store_factory):
     other = store_factory()
     delays = []
-    for run in range(4):
+    for run in range(BREAKS_HEARD):
         lease = store.acquire(f"k{run}", 30, HOLDER, token())
         assert store.wait_for_break(lease, 0.01) is False  # listening since, between waits
         delays.append(
@@ -505,17 +516,19 @@ def test_the_holder_hears_a_break_at_once(store, store_factory):
         with pytest.raises(LeaseLost):  # the notification is a hint: the store confirms it
             store.renew(lease, 30)
         assert store.release(lease) is True
-    assert max(delays) < BREAK_HEARD_WITHIN_S, delays
+    assert_heard_at_once(delays)
 
 
 def test_the_holder_hears_a_forced_release_at_once(store, store_factory):
     other = store_factory()
-    lease = store.acquire("k", 30, HOLDER, token())
-    delay = _break_heard_after(
-        store, other, lease, lambda o: o.force_release("k", lease.fencing_token)
-    )
-    assert delay < BREAK_HEARD_WITHIN_S
-    assert store.release(lease) is False
+    delays = []
+    for run in range(BREAKS_HEARD):
+        key = f"k{run}"
+        lease = store.acquire(key, 30, HOLDER, token())
+        force = lambda o, k=key, t=lease.fencing_token: o.force_release(k, t)  # noqa: E731
+        delays.append(_break_heard_after(store, other, lease, force))
+        assert store.release(lease) is False
+    assert_heard_at_once(delays)
 
 
 def test_a_break_before_the_wait_started_is_seen(store, store_factory):
@@ -545,12 +558,20 @@ def wake_pipe():
     os.close(write_end)
 
 
-def _returns_when_woken(wait, write_end) -> float:
-    """Seconds ``wait`` took to return after ``write_end`` was written 0.1 s into it."""
-    threading.Timer(0.1, lambda: os.write(write_end, b"!")).start()
-    started = time.monotonic()
+def _returns_when_woken(wait, write_end) -> tuple[object, float]:
+    """What ``wait`` returned, and how long after ``write_end`` was written (by a timer
+    thread, 0.1 s into the wait: counted from the write itself, which a loaded machine can
+    delay)."""
+    written_at: list[float] = []
+
+    def wake() -> None:
+        written_at.append(time.monotonic())
+        os.write(write_end, b"!")
+
+    threading.Timer(0.1, wake).start()
     result = wait()
-    return result, time.monotonic() - started - 0.1
+    returned_at = time.monotonic()
+    return result, returned_at - written_at[0]
 
 
 def test_wait_for_break_returns_false_promptly_when_the_wake_fd_is_written(store, wake_pipe):

@@ -102,7 +102,7 @@ class EtcdStore(Store):
     # Whole seconds, raised to etcd's own minimum (1.5 x its election timeout, 2 s by
     # default); the leader looks for expired leases twice a second.
     min_ttl = 1.0
-    expiry_lag = 0.7
+    expiry_lag = 1.0  # its check every 0.5 s, then a Raft round: 0.7 s was passed under load
     waiting_trouble = (TasklockError, EtcdError, OSError, http.Woken)
     waiter_ttl = float(WAITER_TTL_S)  # whole seconds (a waiter lease)
 
