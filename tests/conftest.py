@@ -93,7 +93,6 @@ def cli_env(tmp_path) -> dict[str, str]:
     return env
 
 
-#: Test modules that need a store server, a private cluster or a proxy whatever their parameters.
 def pytest_configure(config: pytest.Config) -> None:
     """Compile tasklock_cli and the tests to bytecode once, as installing a package does:
     every CLI test starts a new interpreter, and where PYTHONDONTWRITEBYTECODE is set an
@@ -111,12 +110,14 @@ def pytest_configure(config: pytest.Config) -> None:
         compileall.compile_dir(root / package, quiet=2, workers=1)
 
 
+#: Test modules that need a store server, a private cluster or a proxy whatever their parameters.
 _SERVER_MODULES = ("test_faults_", "test_postgres_store", "test_redis_store", "test_etcd_store")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark ``quick`` (``pytest -m quick``: the edit-test loop) every test that runs on the
-    SQLite store or on none, needs no server, and is not marked slow."""
+    SQLite store or on none, needs no server, and is not marked slow; then spread the
+    stress tests over the run."""
     for item in items:
         if item.get_closest_marker("slow"):
             continue
