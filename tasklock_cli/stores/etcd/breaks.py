@@ -53,7 +53,10 @@ class SlotBreaker:
                 continue
             if already_broken:
                 return info
-            left = max(1, math.ceil(info.expires_at.timestamp() - time.time()))
+            # At least what the old lease can have left: etcd answered whole seconds cut
+            # down, and ``remaining`` is their middle. Nothing is taken off for the time
+            # since the answer: a stall here must not make the broken key free early.
+            left = max(1, math.ceil(remaining + 0.5))
             if self._move_to_new_lease(held, mark, left, by):
                 self._client.revoke(held.lease_id)
                 return info
