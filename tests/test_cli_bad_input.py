@@ -92,6 +92,16 @@ def test_a_url_that_can_never_work_is_78(cli_env, url):
     one_error_line(result.stderr)
 
 
+@pytest.mark.parametrize("scheme", ["postgresql", "redis", "rediss", "etcd", "etcds"])
+def test_a_malformed_url_is_shown_without_its_password(cli_env, scheme):
+    """urlsplit refuses an unclosed '[': the error still shows the URL, never its password."""
+    result = tasklock("--store", f"{scheme}://bob:s3cret-pw@[::1:1234/x", "peek", "k", env=cli_env)
+    assert result.returncode == 78, result.stderr
+    assert "s3cret-pw" not in result.stderr
+    assert "bob:***@" in result.stderr
+    one_error_line(result.stderr)
+
+
 def test_unknown_url_parameters_are_78_on_every_store(cli_env, store_url):
     result = tasklock("--store", with_parameter(store_url, "bogus=1"), "peek", "k", env=cli_env)
     assert result.returncode == 78, result.stderr

@@ -93,21 +93,37 @@ _PASSWORD_IN_CONNINFO = re.compile(r"(password\s*=\s*)(\S+)", re.IGNORECASE)
 
 
 def redact_url(url: str) -> str:
-    """The URL with any password replaced by ``***`` (userinfo, ``?password=`` or conninfo)."""
-    from urllib.parse import urlsplit
-    from urllib.parse import urlunsplit
-
+    """The URL with any password replaced by ``***`` (userinfo, ``?password=`` or conninfo).
+    Split by hand, not by urlsplit: a URL that urlsplit refuses (an unclosed ``[``) is
+    still shown in the error that says so, and must not show its password there."""
     redacted = _PASSWORD_IN_CONNINFO.sub(r"\1***", url)
-    try:
-        parts = urlsplit(redacted)
-    except ValueError:
-        return redacted
-    netloc = parts.netloc
+    scheme, netloc, rest = _scheme_netloc_rest(redacted)
     userinfo, at, hostinfo = netloc.rpartition("@")
     if not at or ":" not in userinfo:
         return redacted
     user = userinfo.split(":", 1)[0]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{hostinfo}"))
+    return f"{scheme}://{user}:***@{hostinfo}{rest}"
+
+
+def split_url(url: str) -> tuple[str, str, str, str]:
+    """The scheme (lower case), netloc, path and query of ``url``, as urlsplit gives them,
+    but without urlsplit's checks of the netloc: some Python versions' urlsplit (Debian
+    12's 3.11.2) refuses a list of hosts with a bracketed IPv6 address after the first."""
+    scheme, netloc, rest = _scheme_netloc_rest(url)
+    rest = rest.partition("#")[0]
+    path, _, query = rest.partition("?")
+    return scheme.lower(), netloc, path, query
+
+
+def _scheme_netloc_rest(url: str) -> tuple[str, str, str]:
+    """``url`` cut after its scheme and after its netloc (which ends at the first ``/``,
+    ``?`` or ``#``); the netloc is empty where there is no ``://``."""
+    scheme, sep, after = url.partition("://")
+    if not sep:
+        return "", "", url
+    ends = [at for at in (after.find(mark) for mark in "/?#") if at >= 0]
+    end = min(ends, default=len(after))
+    return scheme, after[:end], after[end:]
 
 
 def url_passwords(url: str) -> set[str]:

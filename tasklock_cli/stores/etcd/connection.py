@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING
 from typing import Any
 from urllib.parse import parse_qsl
 from urllib.parse import unquote
-from urllib.parse import urlsplit
 
 from tasklock_cli.errors import ConfigError
 from tasklock_cli.errors import StoreUnavailable
@@ -33,6 +32,7 @@ from tasklock_cli.stores.base import fd_readable
 from tasklock_cli.stores.etcd import http
 from tasklock_cli.stores.urls import redact_url
 from tasklock_cli.stores.urls import scrub
+from tasklock_cli.stores.urls import split_url
 from tasklock_cli.stores.urls import unknown_parameter
 
 if TYPE_CHECKING:  # imported when an etcds:// URL needs it
@@ -81,9 +81,9 @@ class EtcdConfig:
 def parse_url(url: str) -> EtcdConfig:
     """``etcd[s]://[user:password@]HOST:PORT[,HOST:PORT...][/][?prefix=&cacert=&cert=&key=]``."""
     shown = redact_url(url)
-    parts = urlsplit(url)
-    userinfo, at, hosts = parts.netloc.rpartition("@")
-    config = EtcdConfig(members=[], tls=parts.scheme.lower() == "etcds")
+    scheme, netloc, path, query = split_url(url)
+    userinfo, at, hosts = netloc.rpartition("@")
+    config = EtcdConfig(members=[], tls=scheme == "etcds")
     if at:
         user, colon, password = userinfo.partition(":")
         config.user = unquote(user)
@@ -92,9 +92,9 @@ def parse_url(url: str) -> EtcdConfig:
             config.secrets.append(config.password)
     for item in hosts.split(","):
         config.members.append(_member(item, shown))
-    if parts.path not in ("", "/"):
-        raise ConfigError(f"etcd store URL {shown!r}: unexpected path {parts.path!r}")
-    for name, value in parse_qsl(parts.query, keep_blank_values=True):
+    if path not in ("", "/"):
+        raise ConfigError(f"etcd store URL {shown!r}: unexpected path {path!r}")
+    for name, value in parse_qsl(query, keep_blank_values=True):
         if name in ("prefix", "cacert", "cert", "key"):
             setattr(config, name, value)
         else:
@@ -111,7 +111,9 @@ def parse_url(url: str) -> EtcdConfig:
 def _member(item: str, shown: str) -> tuple[str, int]:
     item = item.strip()
     if item.startswith("["):
-        host, _, rest = item[1:].partition("]")
+        host, bracket, rest = item[1:].partition("]")
+        if not bracket:
+            raise ConfigError(f"etcd store URL {shown!r}: {item!r} has no closing ']'")
         port_text = rest[1:] if rest.startswith(":") else ""
     else:
         host, _, port_text = item.partition(":")
