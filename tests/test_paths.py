@@ -133,7 +133,12 @@ def test_a_list_of_members_with_an_ipv6_address_splits_on_every_python():
 
 @given(user=st.text(alphabet="abc", min_size=1), password=st.text(alphabet="xyz", min_size=3))
 def test_redact_url_hides_the_password_even_of_a_url_urlsplit_refuses(user, password):
-    for url in (f"redis://{user}:{password}@[::1:6379/0", f"etcds://{user}:{password}@h:1/"):
+    urls = (
+        f"redis://{user}:{password}@[::1:6379/0",
+        f"etcds://{user}:{password}@h:1/",
+        f"redis://{user}:{password}#{password}@h/0",  # an unencoded '#' in the password
+    )
+    for url in urls:
         shown = redact_url(url)
         assert password not in shown.replace(user, "")
         assert f"{user}:***@" in shown

@@ -45,9 +45,7 @@ def open_store(url: str) -> Store:
     scheme = url_scheme(url) if "://" in url else ""
     backend = _SCHEMES.get(scheme)
     # (etcd's parser reads its list of members itself: see urls.split_url)
-    if backend in ("postgres", "redis") or (
-        backend == "sqlite" and not url.startswith("sqlite:///")
-    ):
+    if backend not in (None, "etcd") and not url.startswith("sqlite:///"):
         problem = url_syntax_problem(url)
         if problem:
             raise ConfigError(f"malformed store URL {redact_url(url)!r}: {problem}")

@@ -97,7 +97,7 @@ def redact_url(url: str) -> str:
     Split by hand, not by urlsplit: a URL that urlsplit refuses (an unclosed ``[``) is
     still shown in the error that says so, and must not show its password there."""
     redacted = _PASSWORD_IN_CONNINFO.sub(r"\1***", url)
-    scheme, netloc, rest = _scheme_netloc_rest(redacted)
+    scheme, netloc, rest = _scheme_netloc_rest(redacted, _USERINFO_ENDS)
     userinfo, at, hostinfo = netloc.rpartition("@")
     if not at or ":" not in userinfo:
         return redacted
@@ -109,27 +109,31 @@ def split_url(url: str) -> tuple[str, str, str, str]:
     """The scheme (lower case), netloc, path and query of ``url``, as urlsplit gives them,
     but without urlsplit's checks of the netloc: some Python versions' urlsplit (Debian
     12's 3.11.2) refuses a list of hosts with a bracketed IPv6 address after the first."""
-    scheme, netloc, rest = _scheme_netloc_rest(url)
+    scheme, netloc, rest = _scheme_netloc_rest(url, "/?#")
     rest = rest.partition("#")[0]
     path, _, query = rest.partition("?")
     return scheme.lower(), netloc, path, query
 
 
-def _scheme_netloc_rest(url: str) -> tuple[str, str, str]:
-    """``url`` cut after its scheme and after its netloc (which ends at the first ``/``,
-    ``?`` or ``#``); the netloc is empty where there is no ``://``."""
+#: Where a netloc ends when it is read for its password: not at a ``#``, which a password
+#: written unencoded may hold (urlsplit would cut there, and show the rest).
+_USERINFO_ENDS = "/?"
+
+
+def _scheme_netloc_rest(url: str, ends: str) -> tuple[str, str, str]:
+    """``url`` cut after its scheme and after its netloc (which ends at the first of
+    ``ends``); the netloc is empty where there is no ``://``."""
     scheme, sep, after = url.partition("://")
     if not sep:
         return "", "", url
-    ends = [at for at in (after.find(mark) for mark in "/?#") if at >= 0]
-    end = min(ends, default=len(after))
+    found = [at for at in (after.find(mark) for mark in ends) if at >= 0]
+    end = min(found, default=len(after))
     return scheme, after[:end], after[end:]
 
 
 def url_passwords(url: str) -> set[str]:
     """The password of a URL's userinfo, as written and decoded (empty set when none)."""
-    netloc = url.partition("://")[2].split("/", 1)[0].split("?", 1)[0]
-    userinfo = netloc.rpartition("@")[0]
+    userinfo = _scheme_netloc_rest(url, _USERINFO_ENDS)[1].rpartition("@")[0]
     if ":" not in userinfo:
         return set()
     raw = userinfo.split(":", 1)[1]
