@@ -92,6 +92,7 @@ class Heartbeat:
         #: The command's guard, whose pid the store records with the lease (set before start).
         self.guard_pid: int | None = None
         self._hint_renewal_not_before = 0.0
+        self._reporting = threading.Lock()  # held while a finding goes to the supervisor
         self._stop_r, self._stop_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._thread = threading.Thread(target=self._run, name="tasklock-heartbeat", daemon=True)
 
@@ -100,11 +101,28 @@ class Heartbeat:
 
     def stop(self, join_within: float | None = None) -> None:
         """Stop (any wait for a break ends at once); join when ``join_within`` is given."""
+        self.stop_reports()
+        self._wake()
+        if join_within is not None:
+            self.join(join_within)
+
+    def stop_reports(self) -> None:
+        """From now on the supervisor hears nothing from this thread (a report already
+        begun is finished first; a renewal on its way ends unreported). The thread itself
+        is not woken: it ends at its next wake-up, or at ``join``."""
         self.stopped.set()
+        with self._reporting:
+            pass
+
+    def join(self, within: float) -> None:
+        """Wake the thread if it still waits, and wait up to ``within`` for it to end."""
+        self._wake()
+        if self._thread.is_alive():
+            self._thread.join(timeout=within)
+
+    def _wake(self) -> None:
         with contextlib.suppress(BlockingIOError, OSError):
             os.write(self._stop_w, b"!")
-        if join_within is not None and self._thread.is_alive():
-            self._thread.join(timeout=join_within)
 
     def close(self) -> None:
         self.stop()
@@ -119,13 +137,14 @@ class Heartbeat:
         self._note_processes()
         while not self._until_renewal(next_renewal):
             if self.clock() >= self.keeper.deadline:
-                self.on_deadline()  # the watcher decides: we were paused, or could not renew
+                # the watcher decides: we were paused, or could not renew
+                self._report(self.on_deadline)
                 return
             try:
                 lease = self.keeper.renew()
             except LeaseLost as exc:
                 grace = min(options.grace, BROKEN_GRACE_CAP_S)
-                self.on_loss(self._rejected_how(), str(exc), self.clock() + grace)
+                self._report(self.on_loss, self._rejected_how(), str(exc), self.clock() + grace)
                 return
             except StoreUnavailable as exc:
                 self.events.debug(f"renewal failed, retrying: {exc}")
@@ -133,10 +152,22 @@ class Heartbeat:
                 continue
             except Exception as exc:  # a heartbeat that dies silently would let the child run on
                 deadline = self.keeper.deadline - options.schedule.safety_margin
-                self.on_loss(LossKind.UNREACHABLE, f"renewal failed: {exc!r}", deadline)
+                self._report(
+                    self.on_loss, LossKind.UNREACHABLE, f"renewal failed: {exc!r}", deadline
+                )
                 return
-            self.on_renewed(lease)
+            if not self._report(self.on_renewed, lease):
+                return
             next_renewal = self.clock() + options.schedule.renew_interval
+
+    def _report(self, callback: Callable[..., None], *args: object) -> bool:
+        """Tell the supervisor, unless told to stop meanwhile (the release may have begun,
+        and a renewal it overtook must not read as a loss); False when stopped."""
+        with self._reporting:
+            if self.stopped.is_set():
+                return False
+            callback(*args)
+            return True
 
     def _rejected_how(self) -> LossKind:
         """A rejected renewal: REPLACED when a `run --replace` broke the lease (the store
@@ -184,6 +215,8 @@ class Heartbeat:
             started = self.clock()
             try:
                 if self.store.wait_for_break(lease, left, self._stop_r):
+                    if self.stopped.is_set():  # (our own release, heard)
+                        return True
                     self.events.debug(f"told {self.options.key!r} was broken: renewing to see")
                     return self._after_hint(renew_at)
             except Exception as exc:  # no notifications, then: sleep, renewals still tell

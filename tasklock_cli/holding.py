@@ -78,10 +78,18 @@ class Holding:
             heartbeat.start()
 
     def stop(self, join_within: float) -> None:
+        """Stop every heartbeat's reports, and end those whose store cannot release beside
+        a heartbeat. The others are woken and joined after the release (``join``): waking
+        one now would have it wind down on our CPU and our lock while we release."""
         for heartbeat in self.heartbeats:
-            heartbeat.stop()
+            heartbeat.stop_reports()
         for heartbeat in self.heartbeats:
-            heartbeat.stop(join_within=join_within)
+            if not heartbeat.store.concurrent_release:
+                heartbeat.join(join_within)
+
+    def join(self, within: float) -> None:
+        for heartbeat in self.heartbeats:
+            heartbeat.join(within)
 
     def release_quietly(
         self, io_timeout: float, records: dict[str, RunRecord | None], on_ledger_failed

@@ -6,6 +6,7 @@ import _socket  # not socket: its enums and selectors cost ~2 ms per start
 import contextlib
 import functools
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -77,6 +78,7 @@ class Child:
         self.guard_pid = guard_pid
         self._sock = ours
         self.pid = self.pgid = 0  # the command's, once started
+        self._exit_fd: int | None = None  # a pidfd of the command, until it has exited
         self.status: int | None = None  # the raw wait status once the command has exited
         self.exited_at: float | None = None  # when, on clock.monotonic
         self.orphans = 0  # processes it left running when it exited
@@ -85,17 +87,25 @@ class Child:
         self.backstop_fired = False  # the guard killed the tree at the deadline by itself
         self.guard_died = False
 
+    def preload(self, env: dict[str, str]) -> None:
+        """Hand the guard the part of the command's environment known before the lock is
+        ours (a waiting run does it while it waits): ``start`` then sends only the rest."""
+        pieces = _environ_pieces(env, b"\0")  # the next part starts with a whole variable
+        with contextlib.suppress(OSError):  # the guard is gone: _started says so
+            for piece in pieces:
+                self._sock.send(ENV_ORDER + piece)
+
     def start(self, env: dict[str, str], terminal_fd: int | None = None) -> None:
-        """Have the guard start the command with exactly ``env``; returns once it runs."""
-        environ = b"\0".join(os.fsencode(k) + b"=" + os.fsencode(v) for k, v in env.items())
-        room = MESSAGE_SIZE - ORDER_ROOM
-        pieces = [environ[at : at + room] for at in range(0, len(environ), room)] or [b""]
+        """Have the guard start the command with the environment preloaded and ``env``
+        over it (exactly that: nothing else); returns once the command runs."""
+        pieces = _environ_pieces(env)
         start = f"start {-1 if terminal_fd is None else terminal_fd} ".encode()
         with contextlib.suppress(OSError):  # the guard is gone: _started says so
             for piece in pieces[:-1]:
                 self._sock.send(ENV_ORDER + piece)
             self._sock.send(start + pieces[-1])  # one wake-up of the guard when it fits
         self.pid = self.pgid = self._started()
+        self._exit_fd = _pidfd(self.pid)
 
     def cancel(self) -> None:
         """Do without the command: end the guard, which has started nothing."""
@@ -125,6 +135,15 @@ class Child:
 
     def fileno(self) -> int:
         return self._sock.fileno()
+
+    def waitables(self) -> list[int]:
+        """What the wrapper waits on for news of the command: the guard's reports, and
+        until the command exits, its pidfd. That wakes the wrapper as the command exits,
+        beside the guard instead of after it: by the time the wrapper runs, the guard's
+        report is there or about to be (a wake-up saved when it matters, at a hand-off)."""
+        if self._exit_fd is None:
+            return [self._sock.fileno()]
+        return [self._sock.fileno(), self._exit_fd]
 
     @property
     def exited(self) -> bool:
@@ -164,14 +183,22 @@ class Child:
 
     def poll(self) -> None:
         """Read every report the guard has sent (never blocks)."""
+        if self._exit_fd is not None and _readable(self._exit_fd):
+            self._close_exit_fd()  # it has exited: the guard's reports tell the rest
         while not self.tree_empty:
             report = receive(self._sock)
             if report is None:
                 return
             if not report:
                 self._take_over()
-                return
+                break
             self._note(report.decode().split())
+        self._close_exit_fd()
+
+    def _close_exit_fd(self) -> None:
+        if self._exit_fd is not None:
+            os.close(self._exit_fd)
+            self._exit_fd = None
 
     def _note(self, words: list[str]) -> None:
         verb = words[0]
@@ -210,6 +237,27 @@ class Child:
         with contextlib.suppress(ChildProcessError):
             os.waitpid(self.guard_pid, os.WNOHANG)
         _reap_all()
+
+
+def _pidfd(pid: int) -> int | None:
+    """A pidfd of ``pid`` (readable once it exits); None where there are none (before Linux
+    5.3) or the process is gone. (Reaped and its pid taken again, it is another's pidfd:
+    that wakes the wrapper once, for nothing.)"""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
+def _readable(fd: int) -> bool:
+    return bool(select.select([fd], [], [], 0)[0])
+
+
+def _environ_pieces(env: dict[str, str], end: bytes = b"") -> list[bytes]:
+    """``env`` as NUL-separated ``NAME=VALUE`` bytes, cut to fit orders (at least one)."""
+    environ = b"\0".join(os.fsencode(k) + b"=" + os.fsencode(v) for k, v in env.items()) + end
+    room = MESSAGE_SIZE - ORDER_ROOM
+    return [environ[at : at + room] for at in range(0, len(environ), room)] or [b""]
 
 
 def _reap_all() -> None:

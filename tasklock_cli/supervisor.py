@@ -281,6 +281,7 @@ class Supervisor:
         if self._guard is None:
             become_subreaper()
             self._guard = Child(self.options.command)
+            self._guard.preload(command_env(self.options))
         return self._guard
 
     def _raise_if_signalled(self) -> None:
@@ -302,8 +303,7 @@ class Supervisor:
             child = self._fork_guard()
             self._guard = None
             try:
-                env = child_env(self.options, self.keeper.lease, self.holding)
-                child.start(env, terminal.fd)
+                child.start(lease_env(self.keeper.lease, self.holding), terminal.fd)
             except TasklockError as exc:
                 self._release_all("failed", exc.exit_code)
                 raise
@@ -315,8 +315,12 @@ class Supervisor:
             terminal.give_to(child.pgid)
             self.holding.start(child.guard_pid)
             self._watch(child, terminal)
-            self.holding.stop(join_within=self.options.schedule.io_timeout)
-            return self._finish(child)
+            io_timeout = self.options.schedule.io_timeout
+            self.holding.stop(join_within=io_timeout)
+            try:
+                return self._finish(child)
+            finally:
+                self.holding.join(io_timeout)
         finally:
             terminal.take_back()
 
@@ -430,7 +434,7 @@ class Supervisor:
                 wake_times.append(signalled_at + options.grace)
         timeout = min(max(min(wake_times) - now, 0.0), 1.0)
         with contextlib.suppress(InterruptedError):
-            select.select([self._wake_r, child], [], [], timeout)
+            select.select([self._wake_r, *child.waitables()], [], [], timeout)
         with contextlib.suppress(BlockingIOError):
             while os.read(self._wake_r, 512):
                 pass
@@ -564,23 +568,30 @@ def release_and_report(
     events.emit("released", key, token, f"released {key!r}{held}", kept_for=keep_for)
 
 
-def child_env(options: RunOptions, lease, holding: Holding | None = None) -> dict[str, str]:
-    """The command's environment: ours, the lease's variables (with --also, every key's
-    token), and where `tasklock check` in the command finds the store (the config file it
-    came from, else its URL)."""
+def command_env(options: RunOptions) -> dict[str, str]:
+    """The command's environment but the lease's variables (``lease_env``): ours, its key,
+    and where `tasklock check` in the command finds the store (the config file it came
+    from, else its URL)."""
     env = dict(os.environ)
-    if holding is not None and holding.several:
-        import json
-
-        env["TASKLOCK_FENCING_TOKENS"] = json.dumps(holding.tokens(), ensure_ascii=False)
     env["TASKLOCK_KEY"] = options.key
-    env["TASKLOCK_FENCING_TOKEN"] = str(lease.fencing_token)
-    env["TASKLOCK_LEASE_EXPIRES_AT"] = rfc3339(lease.expires_at)
-    env["TASKLOCK_SLOT"] = str(lease.slot)
     if options.config_file is not None:
         env["TASKLOCK_CONFIG"] = options.config_file
     elif options.store_url is not None:
         env["TASKLOCK_STORE"] = options.store_url
+    return env
+
+
+def lease_env(lease: Lease, holding: Holding | None = None) -> dict[str, str]:
+    """The lease's variables, over ``command_env``: its token (with --also, every key's),
+    expiry and slot."""
+    env: dict[str, str] = {}
+    if holding is not None and holding.several:
+        import json
+
+        env["TASKLOCK_FENCING_TOKENS"] = json.dumps(holding.tokens(), ensure_ascii=False)
+    env["TASKLOCK_FENCING_TOKEN"] = str(lease.fencing_token)
+    env["TASKLOCK_LEASE_EXPIRES_AT"] = rfc3339(lease.expires_at)
+    env["TASKLOCK_SLOT"] = str(lease.slot)
     return env
 
 

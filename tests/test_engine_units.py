@@ -239,12 +239,30 @@ def test_the_guard_starts_the_command_with_exactly_the_environment_it_was_given(
     assert dict(pairs) == {os.fsencode(k): os.fsencode(v) for k, v in env.items()}
 
 
-def run_through_guard(command: list[str], env: dict[str, str]) -> int:
+def test_the_environment_preloaded_while_waiting_is_completed_and_overridden_at_start(
+    capfdbinary,
+):
+    """A waiting run hands its guard most of the environment early; the start adds the
+    lease's variables, which win over a preloaded value of the same name."""
+    preloaded = {"BIG": "y" * 9_000, "TASKLOCK_FENCING_TOKEN": "stale", "KEPT": "k=v"}
+    at_start = {"TASKLOCK_FENCING_TOKEN": "42", "TASKLOCK_SLOT": "0"}
+    assert run_through_guard(["/usr/bin/env", "-0"], at_start, preloaded) == 0
+    printed = capfdbinary.readouterr().out
+    pairs = [item.split(b"=", 1) for item in printed.split(b"\0") if item]
+    expected = {**preloaded, **at_start}
+    assert dict(pairs) == {os.fsencode(k): os.fsencode(v) for k, v in expected.items()}
+
+
+def run_through_guard(
+    command: list[str], env: dict[str, str], preloaded: dict[str, str] | None = None
+) -> int:
     import select
 
     from tasklock_cli.process import Child
 
     child = Child(command)
+    if preloaded is not None:
+        child.preload(preloaded)
     child.start(env)
     while not child.tree_empty:
         select.select([child], [], [], 5)
@@ -575,3 +593,46 @@ def test_a_superseded_waiter_gives_up_and_leaves(tmp_path, clock):
         Waiter(older, 60.0, supersede=True).acquire()
     assert store.stopped_waiting == ["k"]
     assert [waiter.holder.pid for waiter in store.waiters("k")] == [4]
+
+
+def test_a_renewal_overtaken_by_the_stop_is_never_reported(tmp_path):
+    """Where a store releases beside its heartbeat, the wrapper stops the heartbeat's
+    reports and releases: a renewal still on its way, rejected because of that release,
+    must not read as a lost lease."""
+    import threading
+
+    from tasklock_cli.errors import LeaseLost
+    from tasklock_cli.events import EventLog
+    from tasklock_cli.heartbeat import Heartbeat
+
+    store = SQLiteStore(tmp_path / "db")
+    keeper = LeaseKeeper(store, "k", 1.0, HOLDER)
+    assert keeper.try_acquire()
+    renewing, answer = threading.Event(), threading.Event()
+
+    def renew(lease, ttl):
+        renewing.set()
+        answer.wait(5)
+        raise LeaseLost("not ours any more")
+
+    store.renew = renew
+    reports: list[tuple] = []
+    heartbeat = Heartbeat(
+        keeper,
+        RunOptions(key="k", command=["true"], ttl=1.0),
+        EventLog(stream=open(os.devnull, "w")),  # noqa: SIM115 - closed with the process
+        on_loss=lambda *found: reports.append(("lost", *found)),
+        on_renewed=lambda lease: reports.append(("renewed", lease)),
+        on_deadline=lambda: reports.append(("deadline",)),
+    )
+    heartbeat.start()
+    try:
+        assert renewing.wait(5)
+        heartbeat.stop_reports()
+        answer.set()
+        heartbeat.join(5)
+        assert reports == []
+    finally:
+        answer.set()
+        heartbeat.close()
+        store.close()

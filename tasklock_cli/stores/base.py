@@ -451,6 +451,11 @@ class Store(ABC):
     display_url: str = ""
     #: True where ``wait_for_release`` wakes on a release (so waiters can poll rarely).
     signals_release: bool = False
+    #: True where ``release`` may run while the holder's heartbeat thread is still in
+    #: ``wait_for_break`` or a renewal (the store serialises its calls, and releasing
+    #: closes nothing that waiting uses): the wrapper then releases without waiting for
+    #: that thread to end first.
+    concurrent_release: bool = False
     #: The shortest lease the store can keep: a shorter TTL is kept this long on the store
     #: (the holder's own deadline still counts the TTL asked, so this is safe, only slower
     #: to free the key after a crash). 0 where expiry has millisecond resolution.
