@@ -403,6 +403,7 @@ def test_a_woken_waiters_acquire_attaches_its_fresh_spare_lease_without_a_keepal
     exchanges = count_exchanges(monkeypatch)
     assert holder.release(held) is True
     time.sleep(0.2)
+    waiter.wait_for_release("k", 5)  # sees the slot free: the acquire goes straight
     exchanges.clear()
     before = clocks.monotonic()
     assert keeper.try_acquire(queue=True) is True
@@ -419,6 +420,7 @@ def test_a_woken_waiters_acquire_attaches_its_fresh_spare_lease_without_a_keepal
     stale = LeaseKeeper(waiter, "k", 30, HOLDER)
     assert stale.try_acquire(queue=True) is False
     assert holder.release(again) is True
+    waiter.wait_for_release("k", 5)
     later = clocks.monotonic() + SPARE_FRESH_S + 0.5
     monkeypatch.setattr(clocks, "monotonic", lambda: later)
     exchanges.clear()
@@ -426,3 +428,40 @@ def test_a_woken_waiters_acquire_attaches_its_fresh_spare_lease_without_a_keepal
     assert stale.try_acquire(queue=True) is True
     assert exchanges == [2]  # the keepalive and the txn, pipelined
     assert stale.deadline >= before + 30  # its TTL began with this acquire
+
+
+def test_a_waiters_tries_without_a_release_heard_write_nothing(clients, monkeypatch):
+    """A refused acquire's txn is a Raft write (a disk sync on every member), even with
+    nothing put: a waiter whose wait heard no release looks with reads alone, and sends
+    the acquire's txn only once a slot is free for it."""
+    holder, waiter = clients
+    held = holder.acquire("k", 30, HOLDER, "holder")
+    assert waiter.acquire("k", 30, HOLDER, "waiter", queue=True) is None  # joins the queue
+    sent: list[dict] = []
+    call = waiter._client.members.call
+
+    def recorded(requests):
+        sent.extend(body for path, body in requests if path == "/v3/kv/txn")
+        return call(requests)
+
+    monkeypatch.setattr(waiter._client.members, "call", recorded)
+    for _ in range(3):
+        waiter.wait_for_release("k", 0.05)  # runs out: no release heard
+        assert waiter.acquire("k", 30, HOLDER, "waiter", queue=True) is None
+    assert sent and not any(_writes(txn) for txn in sent)
+
+    assert holder.release(held) is True
+    waiter.wait_for_release("k", 5)
+    sent.clear()
+    lease = waiter.acquire("k", 30, HOLDER, "waiter", queue=True)
+    assert lease is not None and len(sent) == 1 and _writes(sent[0])  # the txn at once
+
+
+def _writes(txn: dict) -> bool:
+    """Whether a txn (nested ones included) has a put or a delete in either branch."""
+    for op in [*txn.get("success", []), *txn.get("failure", [])]:
+        if "request_put" in op or "request_delete_range" in op:
+            return True
+        if "request_txn" in op and _writes(op["request_txn"]):
+            return True
+    return False

@@ -99,6 +99,7 @@ class _Held:
 
 class EtcdStore(Store):
     signals_release = True
+    concurrent_release = True  # its calls take the client's lock; a break watch has its own stream
     # Whole seconds, raised to etcd's own minimum (1.5 x its election timeout, 2 s by
     # default); the leader looks for expired leases twice a second.
     min_ttl = 1.0
@@ -118,6 +119,8 @@ class EtcdStore(Store):
         self._spare: _Spare | None = None  # granted but not used
         self._ages: dict[tuple[str, str, int], float] = {}  # see lease_age
         self._looked_at: dict[str, int] = {}  # key -> revision of the waiter's last look
+        # keys whose wait ended on a release heard or a slot seen free (see _acquire)
+        self._freed: set[str] = set()
 
     @classmethod
     def from_url(cls, url: str) -> EtcdStore:
@@ -130,6 +133,18 @@ class EtcdStore(Store):
     ) -> Lease | None:
         ttl_s = ttl_seconds(ttl, "lease TTL")
         start = 0  # the first slot the txn tries (past a txn's slots: where the read said)
+        if queue and self._queue.place(key) is not None and key not in self._freed:
+            # A waiter's look after a wait that heard no release: reads alone, which etcd
+            # answers without a Raft write (a refused acquire's txn is one, fsync and all:
+            # each waiting run would cost the cluster a disk write per try).
+            looked = self._look(Taking(key, limit, owner, b"", 0, ttl_s, ask.mode))
+            if not isinstance(looked, int):
+                if looked is None:  # keeps our place (or takes a new one, if it lapsed)
+                    value = waiter_value(holder, time.time())
+                    self._queue.join(key, value, ask.mode, ask.front, ask.supersede)
+                return looked
+            start = looked
+        self._freed.discard(key)
         per_txn = SHARED_SLOTS_PER_TXN if ask.mode == SHARED else SLOTS_PER_TXN
         tries, budget = 0, 3 + limit // per_txn
         while tries < budget:
@@ -190,6 +205,13 @@ class EtcdStore(Store):
         if isinstance(outcome, int) and verdict == AHEAD:
             return None  # a slot is free, for a waiter ahead of us
         return outcome
+
+    def _look(self, taking: Taking) -> Lease | int | None:
+        """What a refused acquire would read, read in a txn without writes: as
+        ``_refused`` tells it (a free slot is then taken by the acquire's own txn)."""
+        reads = [*self._keys.slot_reads(taking.key), *self._queue.reads(taking.key)]
+        reply = self._client.txn([], reads, [])
+        return self._refused(taking, reply.get("responses", []), time.time())
 
     def lease_age(self, lease: Lease) -> float:
         """How long the etcd lease of ``lease`` had run its TTL when the acquire that took
@@ -253,7 +275,7 @@ class EtcdStore(Store):
         remaining = self._client.keepalive(held.lease_id) if held and held.lease_id else 0
         if held is not None and remaining > 0 and ttl_s != held.ttl:
             # An etcd lease keeps the TTL it was granted: another TTL takes a new lease.
-            remaining = self._move_own_lease(lease, held, ttl_s)
+            remaining = _move_own_lease(self._client, self._keys, lease, held, ttl_s)
         if held is None or remaining <= 0:
             self._held.pop(ident, None)
             return lease.renewed_until(None)
@@ -272,58 +294,15 @@ class EtcdStore(Store):
         if keep_for > 0:
             # A broken lease (moved off our etcd lease) is let go at once instead.
             keep_s = ttl_seconds(keep_for, "keep-for time")
-            released = self._move_own_lease(lease, held, keep_s, ledger) > 0
-            released = released or self._delete_as_owner(lease, held, ledger)
+            released = _move_own_lease(self._client, self._keys, lease, held, keep_s, ledger) > 0
+            released = released or _delete_as_owner(self._client, self._keys, lease, held, ledger)
         else:
             # Not a revoke of our lease: a break may have moved the key to another lease
             # the moment before, and a revoke would then report a release that freed
             # nothing. The emptied lease runs out on its own.
-            released = self._delete_as_owner(lease, held, ledger)
+            released = _delete_as_owner(self._client, self._keys, lease, held, ledger)
         self._held.pop(ident, None)
         return released
-
-    def _delete_as_owner(self, lease: Lease, held: _Held, ledger: list[dict]) -> bool:
-        """Delete the slot's keys if still ours by value and fencing token (our lease may be
-        gone: broken, or a release whose reply was lost); ``ledger`` ops run either way."""
-        names = [
-            *self._keys.slot_names(
-                lease.key, lease.slot, lease.limit, lease.owner_token, lease.mode
-            ),
-            self._keys.broken_key(lease.key, lease.slot),
-            self._keys.broken_by_key(lease.key, lease.slot),
-        ]
-        success = [{"request_delete_range": {"key": b64(name)}} for name in names]
-        reply = self._client.txn(
-            _owner_compare(self._keys, lease, held.value), success + ledger, ledger
-        )
-        return bool(reply.get("succeeded"))
-
-    def _move_own_lease(
-        self, lease: Lease, held: _Held, ttl_s: int, ledger: list[dict] | None = None
-    ) -> int:
-        """Move our slot's keys to a new lease of ``ttl_s`` (grant and txn pipelined),
-        revoke the old one; the new lease's TTL, 0 when the slot was no longer ours.
-        ``ledger`` ops run in the txn either way."""
-        new_id = new_lease_id()
-        name = b64(self._keys.slot_key(lease.key, lease.slot, lease.limit, lease.mode))
-        compare = [
-            *_owner_compare(self._keys, lease, held.value),
-            {"key": name, "target": "LEASE", "lease": str(held.lease_id)},
-        ]
-        names = self._keys.slot_names(
-            lease.key, lease.slot, lease.limit, lease.owner_token, lease.mode
-        )
-        txn = {
-            "compare": compare,
-            "success": [*moves_to_lease(names, new_id), *(ledger or [])],
-            "failure": list(ledger or []),
-        }
-        granted = self._client.on_new_lease(new_id, ttl_s, txn)
-        if granted is None:
-            return 0
-        self._client.revoke(held.lease_id)
-        held.lease_id, held.ttl = new_id, ttl_s
-        return int(granted.get("TTL", 0))
 
     # -- reading ----------------------------------------------------------------------
 
@@ -401,6 +380,7 @@ class EtcdStore(Store):
         slots, _, rev = _read_slots(self._client, self._keys, key)
         self._looked_at[key] = rev  # the wake-up's watch starts there: nothing is missed
         if has_free_slot(slots, self._queue.mode_of(key)):
+            self._freed.add(key)
             return None
         remaining = self._client.remaining_many(sorted({held.lease_id for held in slots}))
         # The latest the key can go: whole seconds answered (the guess is their middle),
@@ -410,7 +390,8 @@ class EtcdStore(Store):
     def _await_wakeup(self, key: str, until: float, wake_fd: int | None) -> None:
         """Watch every slot of ``key`` from the revision ``_time_until_free`` read it at."""
         start = self._looked_at.pop(key) + 1
-        self._queue.await_release(family(self._keys.lock_key(key)), start, until, wake_fd)
+        if self._queue.await_release(family(self._keys.lock_key(key)), start, until, wake_fd):
+            self._freed.add(key)
 
     def _wait_after_trouble(self, key: str, deadline: float, wake_fd: int | None) -> None:
         """Poll the key until a slot is free."""
@@ -566,6 +547,52 @@ def _with_infos(
         if info is not None:
             pairs.append((held, info))
     return pairs
+
+
+def _delete_as_owner(
+    client: EtcdClient, keys: EtcdKeys, lease: Lease, held: _Held, ledger: list[dict]
+) -> bool:
+    """Delete the slot's keys if still ours by value and fencing token (our lease may be
+    gone: broken, or a release whose reply was lost); ``ledger`` ops run either way."""
+    names = [
+        *keys.slot_names(lease.key, lease.slot, lease.limit, lease.owner_token, lease.mode),
+        keys.broken_key(lease.key, lease.slot),
+        keys.broken_by_key(lease.key, lease.slot),
+    ]
+    success = [{"request_delete_range": {"key": b64(name)}} for name in names]
+    reply = client.txn(_owner_compare(keys, lease, held.value), success + ledger, ledger)
+    return bool(reply.get("succeeded"))
+
+
+def _move_own_lease(
+    client: EtcdClient,
+    keys: EtcdKeys,
+    lease: Lease,
+    held: _Held,
+    ttl_s: int,
+    ledger: list[dict] | None = None,
+) -> int:
+    """Move our slot's keys to a new lease of ``ttl_s`` (grant and txn pipelined),
+    revoke the old one; the new lease's TTL, 0 when the slot was no longer ours.
+    ``ledger`` ops run in the txn either way."""
+    new_id = new_lease_id()
+    name = b64(keys.slot_key(lease.key, lease.slot, lease.limit, lease.mode))
+    compare = [
+        *_owner_compare(keys, lease, held.value),
+        {"key": name, "target": "LEASE", "lease": str(held.lease_id)},
+    ]
+    names = keys.slot_names(lease.key, lease.slot, lease.limit, lease.owner_token, lease.mode)
+    txn = {
+        "compare": compare,
+        "success": [*moves_to_lease(names, new_id), *(ledger or [])],
+        "failure": list(ledger or []),
+    }
+    granted = client.on_new_lease(new_id, ttl_s, txn)
+    if granted is None:
+        return 0
+    client.revoke(held.lease_id)
+    held.lease_id, held.ttl = new_id, ttl_s
+    return int(granted.get("TTL", 0))
 
 
 def _owner_compare(keys: EtcdKeys, lease: Lease, value: bytes) -> list[dict[str, Any]]:

@@ -61,6 +61,12 @@ from tasklock_cli.stores.etcd.keys import range_op
 WAITER_TTL_S = 3
 #: When the watch breaks, waiting falls back to reading the key this often.
 POLL_S = 0.1
+#: A waiter whose place moved up (the place ahead of it went) looks again only this much
+#: later. That place almost always went in its waiter's acquire, whose command is starting
+#: right then: the look (two reads and a new watch, on this machine and on etcd) would
+#: compete with that start for the CPU, and it cannot admit us before that run ends. A
+#: place that went otherwise (given up, lapsed, superseded) costs us this much.
+MOVED_UP_PAUSE_S = 0.01
 
 
 #: What ``WaiterQueue.verdict`` finds of our place after a refused acquire.
@@ -243,20 +249,26 @@ class WaiterQueue:
             if ahead is None:
                 return True
             until = min(deadline, self._waiter_refreshed + self.ttl_s / 3)
-            if self._client.watch({"key": b64(ahead)}, rev + 1, until, wake_fd) == "woken":
+            outcome = self._client.watch({"key": b64(ahead)}, rev + 1, until, wake_fd)
+            if outcome == "woken":
                 return False
+            if outcome == "matched":  # (see MOVED_UP_PAUSE_S)
+                wait_readable([wake_fd], min(MOVED_UP_PAUSE_S, deadline - time.monotonic()))
         return False
 
     def await_release(
         self, keys: dict[str, str], start_revision: int, until: float, wake_fd: int | None
-    ) -> None:
+    ) -> bool:
         """Watch ``keys`` from ``start_revision`` until one is deleted (a release, a forced
-        release, an expiry), ``until`` or wake_fd, keeping our place meanwhile."""
+        release, an expiry: True), ``until`` or wake_fd, keeping our place meanwhile."""
         while time.monotonic() < until:
             refresh_by = min(until, self._waiter_refreshed + self.ttl_s / 3)
             event = self._client.watch(keys, start_revision, refresh_by, wake_fd)
+            if event == "matched":
+                return True
             if event != "timeout" or not self._refresh():
-                return  # woken, or our place in the queue is gone: look again
+                return False  # woken, or our place in the queue is gone: look again
+        return False
 
     def leave(self, key: str) -> None:
         """Give up our place in ``key``'s queue (so the next waiter moves up)."""
