@@ -457,6 +457,25 @@ def test_a_waiters_tries_without_a_release_heard_write_nothing(clients, monkeypa
     assert lease is not None and len(sent) == 1 and _writes(sent[0])  # the txn at once
 
 
+def test_a_waiters_looks_keep_its_spare_lease_alive(clients, monkeypatch):
+    """The spare lease a refused acquire granted outlives a wait longer than its TTL (the
+    looks keep it alive): the acquire after the release is still the txn alone."""
+    holder, waiter = clients
+    held = holder.acquire("k", 30, HOLDER, "holder")
+    assert waiter.acquire("k", 2, HOLDER, "waiter", queue=True) is None
+    spare = waiter._spare.lease_id
+    until = time.monotonic() + 3.5  # past the spare's TTL of 2 s
+    while time.monotonic() < until:
+        waiter.wait_for_release("k", 0.3)
+        assert waiter.acquire("k", 2, HOLDER, "waiter", queue=True) is None
+    assert holder.release(held) is True
+    waiter.wait_for_release("k", 5)
+    exchanges = count_exchanges(monkeypatch)
+    lease = waiter.acquire("k", 2, HOLDER, "waiter", queue=True)
+    assert lease is not None and exchanges == [1]
+    assert waiter._held[("k", "waiter", lease.fencing_token)].lease_id == spare
+
+
 def _writes(txn: dict) -> bool:
     """Whether a txn (nested ones included) has a put or a delete in either branch."""
     for op in [*txn.get("success", []), *txn.get("failure", [])]:

@@ -208,9 +208,17 @@ class EtcdStore(Store):
 
     def _look(self, taking: Taking) -> Lease | int | None:
         """What a refused acquire would read, read in a txn without writes: as
-        ``_refused`` tells it (a free slot is then taken by the acquire's own txn)."""
+        ``_refused`` tells it (a free slot is then taken by the acquire's own txn). The
+        spare lease is kept alive in the same exchange when due, as an acquire would."""
         reads = [*self._keys.slot_reads(taking.key), *self._queue.reads(taking.key)]
-        reply = self._client.txn([], reads, [])
+        _, renewal, _ = _lease_request(self._spare, taking.ttl_s, clocks.monotonic())
+        if renewal is not None and renewal[0][0] != "/v3/lease/keepalive":
+            renewal = None  # no spare to keep alive: the acquire grants one with its txn
+        txn = {"compare": [], "success": reads, "failure": []}
+        try:
+            self._spare, reply, _ = _exchange(self._client, self._spare, renewal, txn)
+        except EtcdError as exc:
+            raise self._client.translate(exc) from None
         return self._refused(taking, reply.get("responses", []), time.time())
 
     def lease_age(self, lease: Lease) -> float:
