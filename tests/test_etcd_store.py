@@ -476,6 +476,46 @@ def test_a_waiters_looks_keep_its_spare_lease_alive(clients, monkeypatch):
     assert waiter._held[("k", "waiter", lease.fencing_token)].lease_id == spare
 
 
+def test_a_waiter_lease_is_revoked_at_close_only_while_it_holds_places(url, clients, monkeypatch):
+    """A run that waited and then took the lock holds no place any more: its waiter lease
+    runs out on its own, without a revoke (a write to the log, just as the next holder's
+    acquire needs it). A run that gives up with its place still there revokes it, so the
+    waiters behind it move up at once."""
+    holder, waiter = clients
+    held = holder.acquire("k", 30, HOLDER, "holder")
+    assert waiter.acquire("k", 30, HOLDER, "waiter", queue=True) is None
+    assert holder.acquire("k2", 30, HOLDER, "holder") is not None
+    assert waiter.acquire("k2", 30, HOLDER, "waiter", queue=True) is None  # a second place
+    sent: list[str] = []
+    call = waiter._client.members.call
+
+    def recorded(requests):
+        sent.extend(path for path, _ in requests)
+        return call(requests)
+
+    monkeypatch.setattr(waiter._client.members, "call", recorded)
+    assert holder.release(held) is True
+    waiter.wait_for_release("k", 5)
+    assert waiter.acquire("k", 30, HOLDER, "waiter", queue=True) is not None
+    waiter._queue.close()  # still waiting for k2: its place goes with the lease
+    assert "/v3/lease/revoke" in sent
+    assert holder.waiters("k2") == []
+
+    other = EtcdStore.from_url(url)
+    try:
+        lease = holder.acquire("k3", 30, HOLDER, "holder")
+        assert other.acquire("k3", 30, HOLDER, "other", queue=True) is None
+        assert holder.release(lease) is True
+        other.wait_for_release("k3", 5)
+        assert other.acquire("k3", 30, HOLDER, "other", queue=True) is not None
+        revoked: list[int] = []
+        monkeypatch.setattr(other._client, "revoke", revoked.append)
+        other._queue.close()
+        assert revoked == []  # its only place went with its acquire
+    finally:
+        other.close()
+
+
 def _writes(txn: dict) -> bool:
     """Whether a txn (nested ones included) has a put or a delete in either branch."""
     for op in [*txn.get("success", []), *txn.get("failure", [])]:

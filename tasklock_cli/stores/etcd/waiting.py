@@ -115,6 +115,7 @@ class WaiterQueue:
         self._waiter_lease: int | None = None
         self._waiter_refreshed = 0.0
         self._places: dict[str, Place] = {}
+        self._joining = False  # a join's txn was sent and its reply not read
         # key -> (value, mode, front, supersede) of the place to take when joining
         self._wanted: dict[str, tuple[bytes, str, bool, bool]] = {}
         self._lock = threading.Lock()
@@ -281,11 +282,15 @@ class WaiterQueue:
             self._client.call(("/v3/kv/deleterange", {"key": b64(place.entry)}))
 
     def close(self) -> None:
-        """Our places in queues go, so the waiters behind move up."""
+        """Our places in queues go, so the waiters behind move up. With none left (each
+        acquire deleted ours), the waiter lease holds nothing but maybe a superseded mark,
+        and runs out on its own: a revoke would be one more write to the cluster's log,
+        just when the next holder's acquire needs it."""
         with self._lock:
             waiter, self._waiter_lease = self._waiter_lease, None
+            placed = bool(self._places) or self._joining
             self._places.clear()
-        if waiter is not None:
+        if waiter is not None and placed:
             with contextlib.suppress(TasklockError):
                 self._client.revoke(waiter)
 
@@ -307,9 +312,11 @@ class WaiterQueue:
             letters = place_class(front, mode, supersede)
             entry = self._keys.queue_entry(key, self._waiter_lease, letters)
             requests.append(("/v3/kv/txn", self._join_txn(key, entry, value, supersede)))
+            self._joining = True  # until its reply is read: the place may exist meanwhile
             replies = self._client.call(*requests)
             # the txn's revision is our place's create_revision
             self._places[key] = Place(entry, revision(replies[-1]), mode, front, supersede)
+            self._joining = False
             return entry
 
     def _join_txn(self, key: str, entry: bytes, value: bytes, supersede: bool) -> dict[str, Any]:
