@@ -37,6 +37,11 @@ LEDGER_TRIES = 2
 FIRST_RETRY_S = 0.005
 POLL_CEILING_S = 0.05
 SIGNALLED_POLL_CEILING_S = 1.0
+#: Where the wait itself keeps a waiter's place and its wake-ups cannot be lost
+#: (``Store.waits_keep_places``), a plain waiter looks again this seldom: the look only
+#: backs the wake-up up. (--supersede and --replace waiters still look every second: a
+#: superseded place is found by a look.)
+QUIET_LOOK_CEILING_S = 5.0
 #: While waiting, the ``waiting`` event (naming the current holder) repeats this often, so
 #: a CI log shows why a step is stuck.
 WAITING_EVENT_EVERY_S = 30.0
@@ -309,10 +314,13 @@ class Waiter:
         self.replace = replace
         self.on_broken = on_broken  # called with the leases a --replace broke, each once
         self._broken: set[int] = set()
-        signals = keeper.store.signals_release
-        ceiling = SIGNALLED_POLL_CEILING_S if signals else POLL_CEILING_S
-        # each attempt renews our place in the queue: several per waiter_ttl
-        self.ceiling = min(ceiling, keeper.store.waiter_ttl / 3)
+        store = keeper.store
+        if store.waits_keep_places and not (supersede or replace):
+            self.ceiling = QUIET_LOOK_CEILING_S
+        else:
+            ceiling = SIGNALLED_POLL_CEILING_S if store.signals_release else POLL_CEILING_S
+            # each attempt renews our place in the queue: several per waiter_ttl
+            self.ceiling = min(ceiling, store.waiter_ttl / 3)
         self._stop_signal: int | None = None
         self._in_wait = False
 
@@ -369,8 +377,11 @@ class Waiter:
                 announced_at = clock()
                 if self.on_waiting is not None:
                     self.on_waiting(holder)
-            # (past the wait only while --replace waits for a lease it broke)
-            self._wait_for_release(min(delay * (0.5 + self.rng()), left if left > 0 else delay))
+            # (past the wait only while --replace waits for a lease it broke; never past the
+            # next `waiting` event)
+            announce_in = announced_at + WAITING_EVENT_EVERY_S - clock()
+            wait = min(delay * (0.5 + self.rng()), left if left > 0 else delay, announce_in)
+            self._wait_for_release(wait)
             delay = min(delay * 2, self.ceiling)
 
     def _break_holders(self) -> bool:

@@ -126,6 +126,35 @@ def test_waiter_of_a_store_that_signals_releases_polls_rarely(tmp_path, clock):
     assert max(store.waits) == pytest.approx(SIGNALLED_POLL_CEILING_S)
 
 
+class PlaceKeepingSlowStore(SignallingSlowStore):
+    waits_keep_places = True
+
+
+@pytest.mark.parametrize("flag", [None, "supersede"])
+def test_a_waiter_whose_waits_keep_its_place_looks_seldom_unless_it_may_be_superseded(
+    tmp_path, clock, flag
+):
+    """Where a store's waits keep the place and lose no wake-up (etcd), a plain waiter's
+    looks only back the wake-up up: every QUIET_LOOK_CEILING_S. One that may find its
+    place superseded still looks every second. The `waiting` event
+    still comes every WAITING_EVENT_EVERY_S."""
+    from tasklock_cli.lease import QUIET_LOOK_CEILING_S
+
+    store = PlaceKeepingSlowStore(tmp_path / "db", clock)
+    assert LeaseKeeper(store, "k", 3600.0, HOLDER, clock).try_acquire()
+    announced: list[float] = []
+    options = {flag: True} if flag else {}
+    keeper = LeaseKeeper(store, "k", 10.0, HOLDER, clock)
+    waiter = Waiter(keeper, 100.0, on_waiting=lambda _: announced.append(clock()), **options)
+    waiter.rng = lambda: 1.0  # the longest waits the back-off allows
+    with pytest.raises(Conflict):
+        waiter.acquire()
+    ceiling = SIGNALLED_POLL_CEILING_S if flag else QUIET_LOOK_CEILING_S
+    assert max(store.waits) <= ceiling * 1.5 and max(store.waits) >= ceiling
+    gaps = [later - earlier for earlier, later in itertools.pairwise(announced)]
+    assert gaps and all(gap == pytest.approx(WAITING_EVENT_EVERY_S) for gap in gaps), gaps
+
+
 def test_waiter_with_zero_wait_does_not_wait(tmp_path, clock):
     store = SlowStore(tmp_path / "db", clock)
     assert LeaseKeeper(store, "k", 60.0, HOLDER, clock).try_acquire()

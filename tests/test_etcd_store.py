@@ -516,6 +516,54 @@ def test_a_waiter_lease_is_revoked_at_close_only_while_it_holds_places(url, clie
         other.close()
 
 
+def test_a_chunk_cut_short_is_read_whole_later():
+    """A streamed reply read up to a deadline that falls inside a chunk (its size line
+    come, its data not) goes on where it was: the watch of a waiter outlives the
+    refreshes of its lease."""
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        connection = http.Connection("127.0.0.1", port, None, time.monotonic() + 5)
+        peer, _ = server.accept()
+        with peer:
+            stream = http.Stream(connection)
+            peer.sendall(b'1b\r\n{"result": {"events": [')
+            assert stream.next(time.monotonic() + 0.05) is None  # the deadline, mid-chunk
+            peer.sendall(b"]}}\n\r\n")
+            assert stream.next(time.monotonic() + 5) == {"result": {"events": []}}
+            peer.sendall(b"0\r\n\r\n")
+            with pytest.raises(http.HttpError):
+                stream.next(time.monotonic() + 5)  # the stream ended
+        connection.close()
+
+
+def test_a_waiter_keeps_one_watch_while_it_keeps_its_place(clients, monkeypatch):
+    """A waiter's lease is refreshed every third of its TTL on the client's connection,
+    its watch going on: one watch for the whole wait, not one per refresh."""
+    holder, waiter = clients
+    held = holder.acquire("k", 30, HOLDER, "holder")
+    assert waiter.acquire("k", 30, HOLDER, "waiter", queue=True) is None
+    streams: list[str] = []
+    keepalives: list[str] = []
+    open_stream, call = waiter._client.members.open_stream, waiter._client.members.call
+
+    def counted_stream(path, body, deadline):
+        streams.append(path)
+        return open_stream(path, body, deadline)
+
+    def counted_call(requests):
+        keepalives.extend(path for path, _ in requests if path == "/v3/lease/keepalive")
+        return call(requests)
+
+    monkeypatch.setattr(waiter._client.members, "open_stream", counted_stream)
+    monkeypatch.setattr(waiter._client.members, "call", counted_call)
+    waiter.wait_for_release("k", 2.6)  # the waiter lease (3 s) is refreshed twice
+    assert streams == ["/v3/watch"] and len(keepalives) >= 2
+    assert [info.holder.pid for info in holder.waiters("k")] == [HOLDER.pid]  # still queued
+    assert holder.release(held) is True
+
+
 def _writes(txn: dict) -> bool:
     """Whether a txn (nested ones included) has a put or a delete in either branch."""
     for op in [*txn.get("success", []), *txn.get("failure", [])]:

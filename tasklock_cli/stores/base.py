@@ -456,6 +456,10 @@ class Store(ABC):
     #: closes nothing that waiting uses): the wrapper then releases without waiting for
     #: that thread to end first.
     concurrent_release: bool = False
+    #: True where a waiter's place is kept alive by its wait itself, not by its acquires,
+    #: and a release cannot go unheard (etcd: a watch from a revision): a plain waiter
+    #: then looks again only every ``lease.QUIET_LOOK_CEILING_S``.
+    waits_keep_places: bool = False
     #: The shortest lease the store can keep: a shorter TTL is kept this long on the store
     #: (the holder's own deadline still counts the TTL asked, so this is safe, only slower
     #: to free the key after a crash). 0 where expiry has millisecond resolution.

@@ -502,18 +502,30 @@ class EtcdClient:
         deadline: float,
         wake_fd: int | None,
         matches: Callable[[dict[str, Any]], bool] = is_delete,
+        keep: tuple[float, Callable[[], float | None]] | None = None,
     ) -> str:
         """Watch ``keys`` (a key, or a range) from ``start_revision`` until an event
-        ``matches`` ("matched"), ``deadline`` ("timeout") or wake_fd ("woken"). Raises when
-        the watch breaks."""
+        ``matches`` ("matched"), ``deadline`` ("timeout") or wake_fd ("woken"). With
+        ``keep`` (at, call): ``call()`` at monotonic time ``at`` and then whenever it says
+        (a waiter's lease kept alive on the client's connection), the watch going on;
+        "gone" when it says None. Raises when the watch breaks."""
         request = {"create_request": {**keys, "start_revision": str(start_revision)}}
         connect_by = min(deadline, time.monotonic() + self.members.io_timeout)
         stream = self.members.open_stream("/v3/watch", request, connect_by)
+        call_at, call = keep if keep is not None else (math.inf, None)
         try:
             while True:
-                message = stream.next(deadline, wake_fd)
+                message = stream.next(min(deadline, call_at), wake_fd)
                 if message is None:
-                    return "woken" if fd_readable(wake_fd) else "timeout"
+                    if fd_readable(wake_fd):
+                        return "woken"
+                    if call is None or time.monotonic() >= deadline:
+                        return "timeout"
+                    next_at = call()
+                    if next_at is None:
+                        return "gone"
+                    call_at = next_at
+                    continue
                 result = message.get("result", {})
                 if "error" in message:
                     raise EtcdError(14, str(message["error"]))

@@ -133,18 +133,40 @@ class Connection:
         return int(parts[1]), headers
 
     def read_chunk(self, deadline: float, wake_fd: int | None = None) -> bytes | None:
-        """The next chunk of a chunked body; None after the last one (trailers read)."""
-        size_line = self._read_until(b"\r\n", deadline, wake_fd)
+        """The next chunk of a chunked body; None after the last one (trailers read). A
+        chunk is taken from the buffer only once it is all there: a read cut short (the
+        deadline, wake_fd) leaves the stream where it was, to be read on later."""
+        while True:
+            chunk = self._whole_chunk()
+            if chunk is not None:
+                return chunk or None
+            self._fill(deadline, wake_fd)
+
+    def _whole_chunk(self) -> bytes | None:
+        """The buffer's first chunk when it is all there (b"" for the last one, trailers
+        and all), taken off the buffer; None while more is to come."""
+        line_end = self._buf.find(b"\r\n")
+        if line_end < 0:
+            if len(self._buf) > _MAX_HEAD:
+                raise HttpError("chunk size line too long")
+            return None
+        size_line = bytes(self._buf[:line_end])
         try:
             size = int(size_line.split(b";")[0].strip(), 16)
         except ValueError:
             raise HttpError(f"bad chunk size {size_line[:40]!r}") from None
-        if size == 0:
-            while self._read_until(b"\r\n", deadline, wake_fd):
-                pass  # trailers, up to the empty line
+        if size == 0:  # then trailers, up to an empty line
+            end = self._buf.find(b"\r\n\r\n", line_end)
+            if end < 0:
+                return None
+            del self._buf[: end + 4]
+            return b""
+        end = line_end + 2 + size + 2
+        if len(self._buf) < end:
             return None
-        data = self._read_exact(size + 2, deadline, wake_fd)
-        return data[:-2]
+        data = bytes(self._buf[line_end + 2 : end - 2])
+        del self._buf[:end]
+        return data
 
     def read_body(self, headers: dict[str, str], deadline: float) -> bytes:
         if "chunked" in headers.get("transfer-encoding", "").lower():

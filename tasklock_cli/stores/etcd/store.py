@@ -100,6 +100,7 @@ class _Held:
 class EtcdStore(Store):
     signals_release = True
     concurrent_release = True  # its calls take the client's lock; a break watch has its own stream
+    waits_keep_places = True  # the waits keep the waiter lease alive; watches start at a revision
     # Whole seconds, raised to etcd's own minimum (1.5 x its election timeout, 2 s by
     # default); the leader looks for expired leases twice a second.
     min_ttl = 1.0

@@ -249,8 +249,8 @@ class WaiterQueue:
                 continue
             if ahead is None:
                 return True
-            until = min(deadline, self._waiter_refreshed + self.ttl_s / 3)
-            outcome = self._client.watch({"key": b64(ahead)}, rev + 1, until, wake_fd)
+            watched = {"key": b64(ahead)}
+            outcome = self._client.watch(watched, rev + 1, deadline, wake_fd, keep=self._keep())
             if outcome == "woken":
                 return False
             if outcome == "matched":  # (see MOVED_UP_PAUSE_S)
@@ -262,14 +262,10 @@ class WaiterQueue:
     ) -> bool:
         """Watch ``keys`` from ``start_revision`` until one is deleted (a release, a forced
         release, an expiry: True), ``until`` or wake_fd, keeping our place meanwhile."""
-        while time.monotonic() < until:
-            refresh_by = min(until, self._waiter_refreshed + self.ttl_s / 3)
-            event = self._client.watch(keys, start_revision, refresh_by, wake_fd)
-            if event == "matched":
-                return True
-            if event != "timeout" or not self._refresh():
-                return False  # woken, or our place in the queue is gone: look again
-        return False
+        # woken, timed out, or our places gone (the acquire looks again): False
+        return (
+            self._client.watch(keys, start_revision, until, wake_fd, keep=self._keep()) == "matched"
+        )
 
     def leave(self, key: str) -> None:
         """Give up our place in ``key``'s queue (so the next waiter moves up)."""
@@ -347,6 +343,14 @@ class WaiterQueue:
                 return False
             self._waiter_refreshed = time.monotonic()
             return True
+
+    def _keep(self) -> tuple[float, Callable[[], float | None]]:
+        """For a watch: when our waiter lease is next due for a refresh, and the refresh
+        (which says when the next one is due; None once our places are gone)."""
+        return self._waiter_refreshed + self.ttl_s / 3, self._refresh_until_due
+
+    def _refresh_until_due(self) -> float | None:
+        return self._waiter_refreshed + self.ttl_s / 3 if self._refresh() else None
 
     def _forget(self) -> None:
         with self._lock:
