@@ -287,7 +287,9 @@ def test_a_waiting_run_has_its_guard_ready_and_one_that_gives_up_leaves_none(
     holder = start("run", "k", "--", "sleep", "30", env=env)
     try:
         wait_for_holder(store_url, "k")
-        waiter = start("run", "k", "--wait", "1s", "--", "touch", str(marker), env=env)
+        # (3 s: on a loaded machine the store calls before the wait can take most of 1 s,
+        # and the guard, forked once the run waits, would be gone before it was looked for)
+        waiter = start("run", "k", "--wait", "3s", "--", "touch", str(marker), env=env)
         guard = waiting_guard(waiter.pid)
         _, stderr = waiter.communicate(timeout=15)
         assert waiter.returncode == 75, stderr
