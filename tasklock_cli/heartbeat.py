@@ -92,7 +92,7 @@ class Heartbeat:
         #: The command's guard, whose pid the store records with the lease (set before start).
         self.guard_pid: int | None = None
         self._hint_renewal_not_before = 0.0
-        self._reporting = threading.Lock()  # held while a finding goes to the supervisor
+        self._reporting = threading.Lock()  # held over a renewal and its report
         self._stop_r, self._stop_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._thread = threading.Thread(target=self._run, name="tasklock-heartbeat", daemon=True)
 
@@ -107,9 +107,9 @@ class Heartbeat:
             self.join(join_within)
 
     def stop_reports(self) -> None:
-        """From now on the supervisor hears nothing from this thread (a report already
-        begun is finished first; a renewal on its way ends unreported). The thread itself
-        is not woken: it ends at its next wake-up, or at ``join``."""
+        """From now on the supervisor hears nothing from this thread: a renewal under way
+        is finished and reported first (a loss it finds counts), and none begins after.
+        The thread itself is not woken: it ends at its next wake-up, or at ``join``."""
         self.stopped.set()
         with self._reporting:
             pass
@@ -136,38 +136,38 @@ class Heartbeat:
             return
         self._note_processes()
         while not self._until_renewal(next_renewal):
-            if self.clock() >= self.keeper.deadline:
-                # the watcher decides: we were paused, or could not renew
-                self._report(self.on_deadline)
+            # A renewal and what it finds are one step for stop_reports: one under way is
+            # finished and reported first, and none begins once stopped.
+            with self._reporting:
+                if self.stopped.is_set():
+                    return
+                renewed_by = self._renew_once()
+            if renewed_by is None:
                 return
-            try:
-                lease = self.keeper.renew()
-            except LeaseLost as exc:
-                grace = min(options.grace, BROKEN_GRACE_CAP_S)
-                self._report(self.on_loss, self._rejected_how(), str(exc), self.clock() + grace)
-                return
-            except StoreUnavailable as exc:
-                self.events.debug(f"renewal failed, retrying: {exc}")
-                next_renewal = self.clock() + options.schedule.renew_retry_interval
-                continue
-            except Exception as exc:  # a heartbeat that dies silently would let the child run on
-                deadline = self.keeper.deadline - options.schedule.safety_margin
-                self._report(
-                    self.on_loss, LossKind.UNREACHABLE, f"renewal failed: {exc!r}", deadline
-                )
-                return
-            if not self._report(self.on_renewed, lease):
-                return
-            next_renewal = self.clock() + options.schedule.renew_interval
+            next_renewal = renewed_by
 
-    def _report(self, callback: Callable[..., None], *args: object) -> bool:
-        """Tell the supervisor, unless told to stop meanwhile (the release may have begun,
-        and a renewal it overtook must not read as a loss); False when stopped."""
-        with self._reporting:
-            if self.stopped.is_set():
-                return False
-            callback(*args)
-            return True
+    def _renew_once(self) -> float | None:
+        """Renew, and tell the supervisor what came of it; when to renew next, or None
+        when the heartbeat ends (the lease is lost, or the local deadline passed)."""
+        options = self.options
+        if self.clock() >= self.keeper.deadline:
+            self.on_deadline()  # the watcher decides: we were paused, or could not renew
+            return None
+        try:
+            lease = self.keeper.renew()
+        except LeaseLost as exc:
+            grace = min(options.grace, BROKEN_GRACE_CAP_S)
+            self.on_loss(self._rejected_how(), str(exc), self.clock() + grace)
+            return None
+        except StoreUnavailable as exc:
+            self.events.debug(f"renewal failed, retrying: {exc}")
+            return self.clock() + options.schedule.renew_retry_interval
+        except Exception as exc:  # a heartbeat that dies silently would let the child run on
+            deadline = self.keeper.deadline - options.schedule.safety_margin
+            self.on_loss(LossKind.UNREACHABLE, f"renewal failed: {exc!r}", deadline)
+            return None
+        self.on_renewed(lease)
+        return self.clock() + options.schedule.renew_interval
 
     def _rejected_how(self) -> LossKind:
         """A rejected renewal: REPLACED when a `run --replace` broke the lease (the store

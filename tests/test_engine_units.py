@@ -7,6 +7,7 @@ import math
 import os
 import signal
 import sys
+import time
 from datetime import datetime
 
 import pytest
@@ -624,10 +625,11 @@ def test_a_superseded_waiter_gives_up_and_leaves(tmp_path, clock):
     assert [waiter.holder.pid for waiter in store.waiters("k")] == [4]
 
 
-def test_a_renewal_overtaken_by_the_stop_is_never_reported(tmp_path):
-    """Where a store releases beside its heartbeat, the wrapper stops the heartbeat's
-    reports and releases: a renewal still on its way, rejected because of that release,
-    must not read as a lost lease."""
+def test_stopping_the_reports_waits_for_a_renewal_under_way_and_starts_none(tmp_path):
+    """The wrapper stops its heartbeat's reports before it releases (and, where the store
+    allows, releases before the thread has ended). A renewal already under way is finished
+    and what it finds is reported first (a lease broken meanwhile is still a loss); none
+    begins after, so the release cannot be taken for a loss."""
     import threading
 
     from tasklock_cli.errors import LeaseLost
@@ -638,11 +640,13 @@ def test_a_renewal_overtaken_by_the_stop_is_never_reported(tmp_path):
     keeper = LeaseKeeper(store, "k", 1.0, HOLDER)
     assert keeper.try_acquire()
     renewing, answer = threading.Event(), threading.Event()
+    renewals: list[float] = []
 
     def renew(lease, ttl):
+        renewals.append(time.monotonic())
         renewing.set()
         answer.wait(5)
-        raise LeaseLost("not ours any more")
+        raise LeaseLost("broken by an operator")
 
     store.renew = renew
     reports: list[tuple] = []
@@ -655,12 +659,18 @@ def test_a_renewal_overtaken_by_the_stop_is_never_reported(tmp_path):
         on_deadline=lambda: reports.append(("deadline",)),
     )
     heartbeat.start()
+    stopper = threading.Thread(target=heartbeat.stop_reports)
     try:
         assert renewing.wait(5)
-        heartbeat.stop_reports()
+        stopper.start()
+        stopper.join(0.2)
+        assert stopper.is_alive()  # it waits for the renewal under way
         answer.set()
+        stopper.join(5)
+        assert not stopper.is_alive()
+        assert [report[0] for report in reports] == ["lost"]  # found before the stop: counts
         heartbeat.join(5)
-        assert reports == []
+        assert len(renewals) == 1  # and none after it
     finally:
         answer.set()
         heartbeat.close()

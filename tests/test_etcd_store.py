@@ -564,6 +564,25 @@ def test_a_waiter_keeps_one_watch_while_it_keeps_its_place(clients, monkeypatch)
     assert holder.release(held) is True
 
 
+def test_a_waiter_whose_watch_fails_keeps_its_place_while_it_polls(clients, monkeypatch):
+    """With its watch broken, a waiter polls the key; its wait can outlast its waiter lease
+    (a plain waiter waits up to QUIET_LOOK_CEILING_S between looks), so the polling keeps
+    the lease alive: the waiter keeps its place in the queue."""
+    from tasklock_cli.stores.etcd.connection import EtcdError
+
+    holder, waiter = clients
+    held = holder.acquire("k", 30, HOLDER, "holder")
+    assert waiter.acquire("k", 30, HOLDER, "waiter", queue=True) is None
+
+    def broken(*_args, **_kwargs):
+        raise EtcdError(14, "the watch broke")
+
+    monkeypatch.setattr(waiter._client, "watch", broken)
+    waiter.wait_for_release("k", 5.0)  # longer than the 3 s waiter lease
+    assert len(holder.waiters("k")) == 1
+    assert holder.release(held) is True
+
+
 def _writes(txn: dict) -> bool:
     """Whether a txn (nested ones included) has a put or a delete in either branch."""
     for op in [*txn.get("success", []), *txn.get("failure", [])]:

@@ -403,9 +403,11 @@ class EtcdStore(Store):
             self._freed.add(key)
 
     def _wait_after_trouble(self, key: str, deadline: float, wake_fd: int | None) -> None:
-        """Poll the key until a slot is free."""
+        """Poll the key until a slot is free, keeping our place meanwhile (a plain waiter's
+        wait can outlast its waiter lease: QUIET_LOOK_CEILING_S)."""
 
         def free_now() -> bool:
+            self._queue.keep_if_due()
             slots = _read_slots(self._client, self._keys, key)[0]
             return has_free_slot(slots, self._queue.mode_of(key))
 

@@ -117,7 +117,9 @@ class WaiterQueue:
         self._waiter_lease: int | None = None
         self._waiter_refreshed = 0.0
         self._places: dict[str, Place] = {}
-        self._joining = False  # a join's txn was sent and its reply not read
+        # a place of ours may exist that _places does not list (a join's reply not read,
+        # a leave's delete failed): close then revokes the waiter lease
+        self._unsure = False
         # key -> (value, mode, front, supersede) of the place to take when joining
         self._wanted: dict[str, tuple[bytes, str, bool, bool]] = {}
         self._lock = threading.Lock()
@@ -276,8 +278,11 @@ class WaiterQueue:
             self._wanted.pop(key, None)
             if place is None or self._waiter_lease is None:
                 return
-        with contextlib.suppress(TasklockError):
+        try:
             self._client.call(("/v3/kv/deleterange", {"key": b64(place.entry)}))
+        except TasklockError:
+            with self._lock:
+                self._unsure = True  # the place may be there still: close revokes the lease
 
     def close(self) -> None:
         """Our places in queues go, so the waiters behind move up. With none left (each
@@ -286,7 +291,7 @@ class WaiterQueue:
         just when the next holder's acquire needs it."""
         with self._lock:
             waiter, self._waiter_lease = self._waiter_lease, None
-            placed = bool(self._places) or self._joining
+            placed = bool(self._places) or self._unsure
             self._places.clear()
         if waiter is not None and placed:
             with contextlib.suppress(TasklockError):
@@ -310,11 +315,11 @@ class WaiterQueue:
             letters = place_class(front, mode, supersede)
             entry = self._keys.queue_entry(key, self._waiter_lease, letters)
             requests.append(("/v3/kv/txn", self._join_txn(key, entry, value, supersede)))
-            self._joining = True  # until its reply is read: the place may exist meanwhile
+            was_unsure, self._unsure = self._unsure, True  # (the place exists once sent)
             replies = self._client.call(*requests)
             # the txn's revision is our place's create_revision
             self._places[key] = Place(entry, revision(replies[-1]), mode, front, supersede)
-            self._joining = False
+            self._unsure = was_unsure
             return entry
 
     def _join_txn(self, key: str, entry: bytes, value: bytes, supersede: bool) -> dict[str, Any]:
@@ -345,6 +350,11 @@ class WaiterQueue:
                 return False
             self._waiter_refreshed = time.monotonic()
             return True
+
+    def keep_if_due(self) -> None:
+        """Refresh our waiter lease when a third of its TTL has passed since the last."""
+        if time.monotonic() - self._waiter_refreshed >= self.ttl_s / 3:
+            self._refresh()
 
     def _keep(self) -> tuple[float, Callable[[], float | None]]:
         """For a watch: when our waiter lease is next due for a refresh, and the refresh
