@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 from tasklock_cli.errors import TasklockError
@@ -108,9 +109,9 @@ class SlotBreaker:
         self, lease: Lease, lease_id: int | None, timeout: float, wake_fd: int | None
     ) -> bool:
         """Block until the lease (on etcd lease ``lease_id``, when known) is broken or freed
-        by force (True), ``timeout`` passes or wake_fd is readable (False). Watches the
-        slot's key from the revision of a first read (which already tells of a break
-        before the call); polls it when the watch fails."""
+        by force (True), ``timeout`` passes or wake_fd is readable (False). Opens a watch
+        of the slot's key, then reads the key (a break before the watch began shows
+        there); polls it when the watch fails."""
         deadline = time.monotonic() + max(0.0, timeout)
 
         def gone(kv: dict[str, Any] | None) -> bool:
@@ -120,18 +121,22 @@ class SlotBreaker:
 
         name = self._keys.slot_key(lease.key, lease.slot, lease.limit, lease.mode)
         try:
-            kv, rev = self._client.range(name)
-            if gone(kv):
-                return True
-            if lease_id is None:
-                lease_id = int(kv.get("lease", 0)) if kv else None
-            outcome = self._client.watch(
-                {"key": b64(name)},
-                rev + 1,
-                deadline,
-                wake_fd,
-                lambda event: is_delete(event) or gone(event.get("kv")),
-            )
-            return outcome == "matched"
+            watch = self._client.open_watch({"key": b64(name)})  # before the look
+            try:
+                kv, _ = self._client.range(name)
+                if gone(kv):
+                    return True
+                if lease_id is None:
+                    lease_id = int(kv.get("lease", 0)) if kv else None
+                return watch.wait(deadline, wake_fd, _deleted_or(gone)) == "matched"
+            finally:
+                watch.close()
         except (TasklockError, EtcdError, OSError, http.Woken):
             return poll_until(deadline, wake_fd, lambda: gone(self._client.range(name)[0]))
+
+
+def _deleted_or(
+    gone: Callable[[dict[str, Any] | None], bool],
+) -> Callable[[dict[str, Any]], bool]:
+    """Matches a watch event that deletes the key or leaves it ``gone`` (another lease)."""
+    return lambda event: is_delete(event) or gone(event.get("kv"))

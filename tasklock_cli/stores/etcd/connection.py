@@ -495,6 +495,25 @@ class EtcdClient:
             return None
         return granted
 
+    def open_watch(self, keys: dict[str, str], start_revision: int | None = None) -> Watch:
+        """A watch of ``keys`` (a key, or a range) on a stream of its own, from
+        ``start_revision``, or else from the store's current revision, returned once etcd
+        has confirmed it (its ``created`` message). A watch from now hears every change
+        after that at once; one that starts in the past waits for etcd's catch-up of such
+        watches, every 100 ms. So read after opening it, not before."""
+        request: dict[str, Any] = {"create_request": dict(keys)}
+        if start_revision is not None:
+            request["create_request"]["start_revision"] = str(start_revision)
+        deadline = time.monotonic() + self.members.io_timeout
+        watch = Watch(self.members.open_stream("/v3/watch", request, deadline))
+        if start_revision is None:
+            try:
+                watch.confirmed(deadline)
+            except BaseException:
+                watch.close()
+                raise
+        return watch
+
     def watch(
         self,
         keys: dict[str, str],
@@ -502,36 +521,65 @@ class EtcdClient:
         deadline: float,
         wake_fd: int | None,
         matches: Callable[[dict[str, Any]], bool] = is_delete,
+    ) -> str:
+        """``Watch.wait`` on a watch of ``keys`` from ``start_revision``, closed after."""
+        watch = self.open_watch(keys, start_revision)
+        try:
+            return watch.wait(deadline, wake_fd, matches)
+        finally:
+            watch.close()
+
+
+class Watch:
+    """One watch on a stream of its own (``EtcdClient.open_watch``)."""
+
+    def __init__(self, stream: http.Stream) -> None:
+        self._stream = stream
+
+    def confirmed(self, deadline: float) -> None:
+        """Read up to etcd's ``created`` message; raises if none comes by ``deadline``."""
+        while True:
+            message = self._stream.next(deadline)
+            if message is None:
+                raise http.HttpError("etcd did not confirm the watch in time")
+            if self._result(message).get("created"):
+                return
+
+    def wait(
+        self,
+        deadline: float,
+        wake_fd: int | None,
+        matches: Callable[[dict[str, Any]], bool] = is_delete,
         keep: tuple[float, Callable[[], float | None]] | None = None,
     ) -> str:
-        """Watch ``keys`` (a key, or a range) from ``start_revision`` until an event
-        ``matches`` ("matched"), ``deadline`` ("timeout") or wake_fd ("woken"). With
-        ``keep`` (at, call): ``call()`` at monotonic time ``at`` and then whenever it says
-        (a waiter's lease kept alive on the client's connection), the watch going on;
-        "gone" when it says None. Raises when the watch breaks."""
-        request = {"create_request": {**keys, "start_revision": str(start_revision)}}
-        connect_by = min(deadline, time.monotonic() + self.members.io_timeout)
-        stream = self.members.open_stream("/v3/watch", request, connect_by)
+        """Until an event ``matches`` ("matched"), ``deadline`` ("timeout") or wake_fd
+        ("woken"). With ``keep`` (at, call): ``call()`` at monotonic time ``at`` and then
+        whenever it says (a waiter's lease kept alive on the client's connection), the
+        watch going on; "gone" when it says None. Raises when the watch breaks."""
         call_at, call = keep if keep is not None else (math.inf, None)
-        try:
-            while True:
-                message = stream.next(min(deadline, call_at), wake_fd)
-                if message is None:
-                    if fd_readable(wake_fd):
-                        return "woken"
-                    if call is None or time.monotonic() >= deadline:
-                        return "timeout"
-                    next_at = call()
-                    if next_at is None:
-                        return "gone"
-                    call_at = next_at
-                    continue
-                result = message.get("result", {})
-                if "error" in message:
-                    raise EtcdError(14, str(message["error"]))
-                if result.get("canceled"):
-                    raise EtcdError(14, f"the watch was cancelled: {result}")
-                if any(matches(event) for event in result.get("events", [])):
-                    return "matched"
-        finally:
-            stream.close()
+        while True:
+            message = self._stream.next(min(deadline, call_at), wake_fd)
+            if message is None:
+                if fd_readable(wake_fd):
+                    return "woken"
+                if call is None or time.monotonic() >= deadline:
+                    return "timeout"
+                next_at = call()
+                if next_at is None:
+                    return "gone"
+                call_at = next_at
+                continue
+            if any(matches(event) for event in self._result(message).get("events", [])):
+                return "matched"
+
+    def close(self) -> None:
+        self._stream.close()
+
+    @staticmethod
+    def _result(message: dict[str, Any]) -> dict[str, Any]:
+        result = message.get("result", {})
+        if "error" in message:
+            raise EtcdError(14, str(message["error"]))
+        if result.get("canceled"):
+            raise EtcdError(14, f"the watch was cancelled: {result}")
+        return result

@@ -44,6 +44,7 @@ from tasklock_cli.stores.etcd.connection import NOT_FOUND
 from tasklock_cli.stores.etcd.connection import EtcdClient
 from tasklock_cli.stores.etcd.connection import EtcdConfig
 from tasklock_cli.stores.etcd.connection import EtcdError
+from tasklock_cli.stores.etcd.connection import Watch
 from tasklock_cli.stores.etcd.connection import b64
 from tasklock_cli.stores.etcd.connection import new_lease_id
 from tasklock_cli.stores.etcd.connection import parse_url
@@ -119,7 +120,7 @@ class EtcdStore(Store):
         self._held: dict[tuple[str, str, int], _Held] = {}
         self._spare: _Spare | None = None  # granted but not used
         self._ages: dict[tuple[str, str, int], float] = {}  # see lease_age
-        self._looked_at: dict[str, int] = {}  # key -> revision of the waiter's last look
+        self._watching: dict[str, Watch] = {}  # key -> the watch its waiter's look opened
         # keys whose wait ended on a release heard or a slot seen free (see _acquire)
         self._freed: set[str] = set()
 
@@ -386,20 +387,28 @@ class EtcdStore(Store):
         return self._queue.take_turn(key, deadline, wake_fd)
 
     def _time_until_free(self, key: str) -> float | None:
-        slots, _, rev = _read_slots(self._client, self._keys, key)
-        self._looked_at[key] = rev  # the wake-up's watch starts there: nothing is missed
-        if has_free_slot(slots, self._queue.mode_of(key)):
-            self._freed.add(key)
-            return None
-        remaining = self._client.remaining_many(sorted({held.lease_id for held in slots}))
+        stale = self._watching.pop(key, None)
+        if stale is not None:
+            stale.close()
+        watch = self._client.open_watch(family(self._keys.lock_key(key)))  # before the look
+        try:
+            slots, _, _ = _read_slots(self._client, self._keys, key)
+            if has_free_slot(slots, self._queue.mode_of(key)):
+                self._freed.add(key)
+                watch.close()
+                return None
+            remaining = self._client.remaining_many(sorted({held.lease_id for held in slots}))
+        except BaseException:
+            watch.close()
+            raise
+        self._watching[key] = watch  # the wake-up's: nothing after the look is missed
         # The latest the key can go: whole seconds answered (the guess is their middle),
         # and the leader's expiry lag. Its deletion is what wakes the watch, earlier.
         return max(0.0, min(remaining.values(), default=0.0)) + 0.5 + self.expiry_lag
 
     def _await_wakeup(self, key: str, until: float, wake_fd: int | None) -> None:
-        """Watch every slot of ``key`` from the revision ``_time_until_free`` read it at."""
-        start = self._looked_at.pop(key) + 1
-        if self._queue.await_release(family(self._keys.lock_key(key)), start, until, wake_fd):
+        """Wait on the watch of every slot of ``key`` that ``_time_until_free`` opened."""
+        if self._queue.await_release(self._watching.pop(key), until, wake_fd):
             self._freed.add(key)
 
     def _wait_after_trouble(self, key: str, deadline: float, wake_fd: int | None) -> None:
@@ -429,6 +438,9 @@ class EtcdStore(Store):
             self._client.members.io_timeout = seconds
 
     def close(self) -> None:
+        for watch in self._watching.values():
+            watch.close()
+        self._watching.clear()
         self._queue.close()
         self._client.members.close()
 

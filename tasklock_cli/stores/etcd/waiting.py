@@ -45,6 +45,7 @@ from tasklock_cli.stores.base import utc_from_timestamp
 from tasklock_cli.stores.base import wait_readable
 from tasklock_cli.stores.etcd.connection import EtcdClient
 from tasklock_cli.stores.etcd.connection import EtcdError
+from tasklock_cli.stores.etcd.connection import Watch
 from tasklock_cli.stores.etcd.connection import b64
 from tasklock_cli.stores.etcd.connection import kvs_of
 from tasklock_cli.stores.etcd.connection import new_lease_id
@@ -245,7 +246,7 @@ class WaiterQueue:
         while time.monotonic() < deadline:
             had = self.place(key) is not None
             entry = self._join(key)
-            ahead, present, rev = self._place(key, entry)
+            ahead, present = self._place(key, entry)
             if not present:
                 if had:
                     return False
@@ -253,23 +254,35 @@ class WaiterQueue:
                 continue
             if ahead is None:
                 return True
-            watched = {"key": b64(ahead)}
-            outcome = self._client.watch(watched, rev + 1, deadline, wake_fd, keep=self._keep())
+            outcome = self._watch_place(ahead, deadline, wake_fd)
             if outcome == "woken":
                 return False
             if outcome == "matched":  # (see MOVED_UP_PAUSE_S)
                 wait_readable([wake_fd], min(MOVED_UP_PAUSE_S, deadline - time.monotonic()))
         return False
 
-    def await_release(
-        self, keys: dict[str, str], start_revision: int, until: float, wake_fd: int | None
-    ) -> bool:
-        """Watch ``keys`` from ``start_revision`` until one is deleted (a release, a forced
-        release, an expiry: True), ``until`` or wake_fd, keeping our place meanwhile."""
-        # woken, timed out, or our places gone (the acquire looks again): False
-        return (
-            self._client.watch(keys, start_revision, until, wake_fd, keep=self._keep()) == "matched"
-        )
+    def _watch_place(self, ahead: bytes, deadline: float, wake_fd: int | None) -> str:
+        """Wait for the place ``ahead`` to go (``Watch.wait``'s outcome), keeping ours.
+        The watch begins now, and the place is looked at once it has: one that went before
+        it began is "matched" at once (see ``EtcdClient.open_watch``)."""
+        watch = self._client.open_watch({"key": b64(ahead)})
+        try:
+            _, here = self._client.range(ahead)
+            if here is None:
+                return "matched"
+            return watch.wait(deadline, wake_fd, keep=self._keep())
+        finally:
+            watch.close()
+
+    def await_release(self, watch: Watch, until: float, wake_fd: int | None) -> bool:
+        """Wait on ``watch`` (opened before the caller's look at the key) until a slot's
+        key is deleted (a release, a forced release, an expiry: True), ``until`` or
+        wake_fd, keeping our place meanwhile; the watch is closed after."""
+        try:
+            # woken, timed out, or our places gone (the acquire looks again): False
+            return watch.wait(until, wake_fd, keep=self._keep()) == "matched"
+        finally:
+            watch.close()
 
     def leave(self, key: str) -> None:
         """Give up our place in ``key``'s queue (so the next waiter moves up)."""
@@ -369,19 +382,18 @@ class WaiterQueue:
             self._waiter_lease = None
             self._places.clear()
 
-    def _place(self, key: str, entry: bytes) -> tuple[bytes | None, bool, int]:
-        """(the place to watch, None when we may be admitted; whether we are queued; the
-        read's revision)."""
+    def _place(self, key: str, entry: bytes) -> tuple[bytes | None, bool]:
+        """(the place to watch, None when we may be admitted; whether we are queued)."""
         queue = self._keys.queue_prefix(key)
         body = {"key": b64(queue), "range_end": b64(prefix_end(queue)), "keys_only": True}
         reply = self._client.call(("/v3/kv/range", body))[0]
         placed = _ordered(queue, reply.get("kvs", []))
         if not any(queued.name == entry for queued in placed):
-            return None, False, revision(reply)
+            return None, False
         ahead = _ahead(placed, entry)
         if self.mode_of(key) == SHARED:  # only an exclusive place ahead keeps it out
             ahead = [queued for queued in ahead if queued.mode == EXCLUSIVE]
-        return (ahead[-1].name if ahead else None), True, revision(reply)
+        return (ahead[-1].name if ahead else None), True
 
 
 def _none_in(start: bytes) -> dict[str, Any]:
