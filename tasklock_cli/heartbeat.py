@@ -102,9 +102,10 @@ class Heartbeat:
     def stop(self, join_within: float | None = None) -> None:
         """Stop (any wait for a break ends at once); join when ``join_within`` is given."""
         self.stop_reports()
-        self._wake()
-        if join_within is not None:
-            self.join(join_within)
+        if join_within is None:
+            self._wake()
+        else:
+            self.join(join_within)  # (wakes it first)
 
     def stop_reports(self) -> None:
         """From now on the supervisor hears nothing from this thread: a renewal under way

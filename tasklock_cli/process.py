@@ -6,7 +6,6 @@ import _socket  # not socket: its enums and selectors cost ~2 ms per start
 import contextlib
 import functools
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -24,6 +23,7 @@ from tasklock_cli.guard import ORDER_ROOM
 from tasklock_cli.guard import become_subreaper
 from tasklock_cli.guard import receive
 from tasklock_cli.guard import run_guard
+from tasklock_cli.stores.base import fd_readable
 
 __all__ = ["Child", "Terminal", "become_subreaper", "spawn_command"]
 
@@ -188,7 +188,7 @@ class Child:
 
     def poll(self) -> None:
         """Read every report the guard has sent (never blocks)."""
-        if self._exit_fd is not None and _readable(self._exit_fd):
+        if self._exit_fd is not None and fd_readable(self._exit_fd):
             self._close_exit_fd()  # it has exited: the guard's reports tell the rest
             self._await_report(REPORT_SPIN_S)
         while not self.tree_empty:
@@ -204,7 +204,7 @@ class Child:
     def _await_report(self, seconds: float) -> None:
         """Spin (yielding the CPU) up to ``seconds`` for the guard's next report."""
         give_up = clocks.monotonic() + seconds
-        while not _readable(self._sock.fileno()) and clocks.monotonic() < give_up:
+        while not fd_readable(self._sock.fileno()) and clocks.monotonic() < give_up:
             os.sched_yield()
 
     def _close_exit_fd(self) -> None:
@@ -259,10 +259,6 @@ def _pidfd(pid: int) -> int | None:
         return os.pidfd_open(pid)
     except (AttributeError, OSError):
         return None
-
-
-def _readable(fd: int) -> bool:
-    return bool(select.select([fd], [], [], 0)[0])
 
 
 def _environ_pieces(env: dict[str, str], end: bytes = b"") -> list[bytes]:

@@ -577,7 +577,7 @@ def test_a_waiter_whose_watch_fails_keeps_its_place_while_it_polls(clients, monk
     def broken(*_args, **_kwargs):
         raise EtcdError(14, "the watch broke")
 
-    monkeypatch.setattr(waiter._client, "watch", broken)
+    monkeypatch.setattr(waiter._client, "open_watch", broken)
     waiter.wait_for_release("k", 5.0)  # longer than the 3 s waiter lease
     assert len(holder.waiters("k")) == 1
     assert holder.release(held) is True

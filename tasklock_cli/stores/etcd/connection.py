@@ -495,39 +495,21 @@ class EtcdClient:
             return None
         return granted
 
-    def open_watch(self, keys: dict[str, str], start_revision: int | None = None) -> Watch:
-        """A watch of ``keys`` (a key, or a range) on a stream of its own, from
-        ``start_revision``, or else from the store's current revision, returned once etcd
-        has confirmed it (its ``created`` message). A watch from now hears every change
-        after that at once; one that starts in the past waits for etcd's catch-up of such
-        watches, every 100 ms. So read after opening it, not before."""
-        request: dict[str, Any] = {"create_request": dict(keys)}
-        if start_revision is not None:
-            request["create_request"]["start_revision"] = str(start_revision)
+    def open_watch(self, keys: dict[str, str]) -> Watch:
+        """A watch of ``keys`` (a key, or a range) on a stream of its own, from the store's
+        current revision, returned once etcd has confirmed it (its ``created`` message):
+        it hears every change after that at once. Look at the keys after opening it, not
+        before: a watch from an earlier look's revision starts in the past once anything
+        was written in between, and etcd catches such watches up only every 100 ms."""
         deadline = time.monotonic() + self.members.io_timeout
+        request = {"create_request": dict(keys)}
         watch = Watch(self.members.open_stream("/v3/watch", request, deadline))
-        if start_revision is None:
-            try:
-                watch.confirmed(deadline)
-            except BaseException:
-                watch.close()
-                raise
-        return watch
-
-    def watch(
-        self,
-        keys: dict[str, str],
-        start_revision: int,
-        deadline: float,
-        wake_fd: int | None,
-        matches: Callable[[dict[str, Any]], bool] = is_delete,
-    ) -> str:
-        """``Watch.wait`` on a watch of ``keys`` from ``start_revision``, closed after."""
-        watch = self.open_watch(keys, start_revision)
         try:
-            return watch.wait(deadline, wake_fd, matches)
-        finally:
+            watch.confirmed(deadline)
+        except BaseException:
             watch.close()
+            raise
+        return watch
 
 
 class Watch:

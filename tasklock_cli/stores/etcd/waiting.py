@@ -312,8 +312,7 @@ class WaiterQueue:
 
     def _join(self, key: str) -> bytes:
         """Our place in ``key``'s queue (joining, or refreshing our waiter lease when due)."""
-        if time.monotonic() - self._waiter_refreshed > self.ttl_s / 3:
-            self._refresh()
+        self.keep_if_due()
         with self._lock:
             place = self._places.get(key)
             if place is not None:
@@ -366,16 +365,19 @@ class WaiterQueue:
 
     def keep_if_due(self) -> None:
         """Refresh our waiter lease when a third of its TTL has passed since the last."""
-        if time.monotonic() - self._waiter_refreshed >= self.ttl_s / 3:
+        if time.monotonic() >= self._refresh_due_at():
             self._refresh()
+
+    def _refresh_due_at(self) -> float:
+        return self._waiter_refreshed + self.ttl_s / 3
 
     def _keep(self) -> tuple[float, Callable[[], float | None]]:
         """For a watch: when our waiter lease is next due for a refresh, and the refresh
         (which says when the next one is due; None once our places are gone)."""
-        return self._waiter_refreshed + self.ttl_s / 3, self._refresh_until_due
+        return self._refresh_due_at(), self._refresh_until_due
 
     def _refresh_until_due(self) -> float | None:
-        return self._waiter_refreshed + self.ttl_s / 3 if self._refresh() else None
+        return self._refresh_due_at() if self._refresh() else None
 
     def _forget(self) -> None:
         with self._lock:
