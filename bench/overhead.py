@@ -29,7 +29,7 @@ from bench.stores import StoreKind
 from bench.stores import floor_imports
 
 ROOT = Path(__file__).resolve().parent.parent
-#: The last commit before the guard process (tasklock_cli/guard.py) came in.
+#: The last commit before the guard process (tasklock_cli/proc/guard.py) came in.
 BEFORE_GUARD = "b40fa3f"
 PYTHON_FLOOR = "python -c 'import os; os._exit(0)'"
 TRUE = "/bin/true"
@@ -239,8 +239,9 @@ def overhead_notes(guard: list[Cmd]) -> list[str]:
         prose(
             f"""floor: what the row is compared with, measured the same way in the same rounds.
             A `tasklock run` row's floor is its store's import floor, `python -c 'import
-            tasklock_cli.fastrun, tasklock_cli.supervisor, tasklock_cli.stores.<store>.store; import
-            os; os._exit(0)'` (a plain `run` is parsed without typer); an import floor's is
+            tasklock_cli.cli.entry, tasklock_cli.run.supervisor,
+            tasklock_cli.stores.<store>.store; import os; os._exit(0)'` (a plain `run` is parsed
+            without typer); an import floor's is
             the python floor `{PYTHON_FLOOR}`; native commands' is `/bin/true`. Every Python
             floor ends with `os._exit(0)` as `tasklock` does, so none pays an interpreter
             teardown that tasklock skips (`python -c pass (with teardown)` shows what that

@@ -172,7 +172,7 @@ STORE_MODULES = {"sqlite": "sqlite", "redis": "redis", "postgres": "postgres", "
 def floor_imports(kind: StoreKind) -> str:
     """The modules a `tasklock run` on this store needs, as one import statement."""
     store = f"tasklock_cli.stores.{STORE_MODULES[kind.name]}.store"  # (its package is lazy)
-    return f"import tasklock_cli.fastrun, tasklock_cli.supervisor, {store}"
+    return f"import tasklock_cli.cli.entry, tasklock_cli.run.supervisor, {store}"
 
 
 def probe_store(kind: StoreKind) -> str | None:

@@ -1,3 +1,3 @@
-from tasklock_cli.fastrun import main
+from tasklock_cli.cli.entry import main
 
 main()

@@ -10,12 +10,12 @@ import sys
 
 import pytest
 
+from tasklock_cli.cli.entry import parse
+from tasklock_cli.cli.entry import run_args
 from tasklock_cli.errors import UsageError
-from tasklock_cli.fastrun import parse
-from tasklock_cli.fastrun import run_args
 from tests.support.cli import executable
 
-TYPER_ONLY = "import sys; from tasklock_cli.cli import main; main(sys.argv[1:])"
+TYPER_ONLY = "import sys; from tasklock_cli.cli.app import main; main(sys.argv[1:])"
 PATHS = {
     "executable": lambda: [executable()],
     "typer": lambda: [sys.executable, "-c", TYPER_ONLY],

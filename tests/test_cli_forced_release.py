@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tasklock_cli.breaking import LET_GO_TIMEOUT_ENV
+from tasklock_cli.commands.release import LET_GO_TIMEOUT_ENV
 from tests.support import procs
 from tests.support import report
 from tests.support.cli import json_events

@@ -273,7 +273,7 @@ def test_a_background_job_is_terminated_before_the_release(env, sqlite_url, tmp_
 def test_lazy_imports_sqlite_path_imports_no_network_driver(env):
     code = (
         "import sys\n"
-        "from tasklock_cli.cli import run_cli\n"
+        "from tasklock_cli.cli.app import run_cli\n"
         "for argv in (['--help'], ['run', 'k', '--', 'true'], ['list']):\n"
         "    assert run_cli(argv) == 0, argv\n"
         "bad = [m for m in ('psycopg', 'redis') if m in sys.modules]\n"

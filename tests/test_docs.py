@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import typer
 
-import tasklock_cli.cli
+import tasklock_cli.cli.app
 from tests.support import services
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,7 +28,7 @@ COMPLETION_FILES = ("tasklock.bash", "_tasklock", "tasklock.fish")
 
 def cli_options() -> dict[str, set[str]]:
     """{command name ("" for the global options): every option string it accepts}."""
-    group = typer.main.get_command(tasklock_cli.cli.app)
+    group = typer.main.get_command(tasklock_cli.cli.app.app)
     ctx = group.context_class(group, info_name="tasklock", **group.context_settings)
     found = {"": _option_strings(group, ctx)}
     for name in group.list_commands(ctx):
@@ -608,7 +608,7 @@ def test_systemd_units(shell_env, tmp_path):
 
 
 def parse_seconds(text: str) -> float:
-    from tasklock_cli.durations import parse_duration
+    from tasklock_cli.util.durations import parse_duration
 
     return parse_duration(text)
 

@@ -14,24 +14,24 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tasklock_cli.durations import format_duration
-from tasklock_cli.durations import parse_duration
 from tasklock_cli.errors import Interrupted
 from tasklock_cli.errors import UsageError
-from tasklock_cli.keys import validate_key
-from tasklock_cli.lease import FIRST_RETRY_S
-from tasklock_cli.lease import POLL_CEILING_S
-from tasklock_cli.lease import SIGNALLED_POLL_CEILING_S
-from tasklock_cli.lease import WAITING_EVENT_EVERY_S
-from tasklock_cli.lease import Conflict
-from tasklock_cli.lease import LeaseKeeper
-from tasklock_cli.lease import Waiter
-from tasklock_cli.lease import done_in_window
-from tasklock_cli.lease import window_start
+from tasklock_cli.run.lease import FIRST_RETRY_S
+from tasklock_cli.run.lease import POLL_CEILING_S
+from tasklock_cli.run.lease import SIGNALLED_POLL_CEILING_S
+from tasklock_cli.run.lease import WAITING_EVENT_EVERY_S
+from tasklock_cli.run.lease import Conflict
+from tasklock_cli.run.lease import LeaseKeeper
+from tasklock_cli.run.lease import Waiter
+from tasklock_cli.run.lease import done_in_window
+from tasklock_cli.run.lease import window_start
+from tasklock_cli.run.supervisor import RunOptions
 from tasklock_cli.stores.base import Holder
 from tasklock_cli.stores.base import RunRecord
 from tasklock_cli.stores.sqlite.store import SQLiteStore
-from tasklock_cli.supervisor import RunOptions
+from tasklock_cli.util.durations import format_duration
+from tasklock_cli.util.durations import parse_duration
+from tasklock_cli.util.keys import validate_key
 
 HOLDER = Holder(host="h", pid=1, user="u", command=["true"])
 
@@ -139,7 +139,7 @@ def test_a_waiter_whose_waits_keep_its_place_looks_seldom_unless_it_may_be_super
     looks only back the wake-up up: every QUIET_LOOK_CEILING_S. One that may find its
     place superseded still looks every second. The `waiting` event
     still comes every WAITING_EVENT_EVERY_S."""
-    from tasklock_cli.lease import QUIET_LOOK_CEILING_S
+    from tasklock_cli.run.lease import QUIET_LOOK_CEILING_S
 
     store = PlaceKeepingSlowStore(tmp_path / "db", clock)
     assert LeaseKeeper(store, "k", 3600.0, HOLDER, clock).try_acquire()
@@ -288,7 +288,7 @@ def run_through_guard(
 ) -> int:
     import select
 
-    from tasklock_cli.process import Child
+    from tasklock_cli.proc.process import Child
 
     child = Child(command)
     if preloaded is not None:
@@ -303,7 +303,7 @@ def run_through_guard(
 def test_the_command_runs_in_its_own_group_with_default_signals_and_only_fds_0_to_2():
     import select
 
-    from tasklock_cli.process import Child
+    from tasklock_cli.proc.process import Child
 
     child = Child(["sleep", "30"])
     child.start({"PATH": os.environ["PATH"]})
@@ -326,7 +326,7 @@ def test_the_command_runs_in_its_own_group_with_default_signals_and_only_fds_0_t
 def test_a_command_that_cannot_be_run_is_reported(tmp_path):
     from tasklock_cli.errors import CommandNotExecutable
     from tasklock_cli.errors import CommandNotFound
-    from tasklock_cli.process import Child
+    from tasklock_cli.proc.process import Child
 
     with pytest.raises(CommandNotFound, match="command not found: no-such-command"):
         Child(["no-such-command"]).start({"PATH": os.environ["PATH"]})
@@ -336,7 +336,7 @@ def test_a_command_that_cannot_be_run_is_reported(tmp_path):
 
 
 def test_a_guard_whose_command_never_starts_is_ended(tmp_path):
-    from tasklock_cli.process import Child
+    from tasklock_cli.proc.process import Child
 
     marker = tmp_path / "ran"
     child = Child(["touch", str(marker)])
@@ -634,7 +634,7 @@ def test_stopping_the_reports_waits_for_a_renewal_under_way_and_starts_none(tmp_
 
     from tasklock_cli.errors import LeaseLost
     from tasklock_cli.events import EventLog
-    from tasklock_cli.heartbeat import Heartbeat
+    from tasklock_cli.run.heartbeat import Heartbeat
 
     store = SQLiteStore(tmp_path / "db")
     keeper = LeaseKeeper(store, "k", 1.0, HOLDER)

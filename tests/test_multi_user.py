@@ -63,7 +63,7 @@ def victim(tmp_path) -> Path:
 #: test's own may live in root's home, out of their reach).
 _BOOT = (
     "import sys; sys.path[:0] = sys.argv[1:3]; del sys.argv[1:3]\n"
-    "from tasklock_cli.fastrun import main; main(sys.argv[1:])"
+    "from tasklock_cli.cli.entry import main; main(sys.argv[1:])"
 )
 
 

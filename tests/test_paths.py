@@ -1,4 +1,4 @@
-"""tasklock_cli.paths and the plain sqlite:/// URL reading give what pathlib and
+"""tasklock_cli.util.paths and the plain sqlite:/// URL reading give what pathlib and
 urllib.parse give (they stand in for them on `run`'s path)."""
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tasklock_cli import paths
 from tasklock_cli.stores.urls import redact_url
 from tasklock_cli.stores.urls import split_url
 from tasklock_cli.stores.urls import sqlite_netloc_and_path
 from tasklock_cli.stores.urls import sqlite_url
 from tasklock_cli.stores.urls import url_scheme
+from tasklock_cli.util import paths
 
 #: Every string of up to 6 of these pieces: roots, dots, names.
 PIECES = ["/", ".", "..", "a", "b."]

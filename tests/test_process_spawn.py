@@ -12,7 +12,7 @@ import pytest
 from tasklock_cli.errors import CommandNotExecutable
 from tasklock_cli.errors import CommandNotFound
 from tasklock_cli.errors import ExitCode
-from tasklock_cli.process import spawn_command
+from tasklock_cli.proc.process import spawn_command
 
 
 def test_without_a_terminal_the_command_gets_its_own_group_the_env_and_no_descriptors(fp):

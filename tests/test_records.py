@@ -1,4 +1,4 @@
-"""tasklock_cli.records builds classes that behave as dataclasses do (they replace them on
+"""tasklock_cli.util.records builds classes that behave as dataclasses do (they replace them on
 `run`'s path, where importing ``dataclasses`` would cost ~10 ms)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from tasklock_cli import records
+from tasklock_cli.util import records
 
 
 def _pair(frozen: bool):

@@ -6,13 +6,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from tasklock_cli.errors import ConfigError
-from tasklock_cli.records import dataclass
 from tasklock_cli.stores.base import Store
 from tasklock_cli.stores.urls import default_store_url  # noqa: F401 - the package's names for them
 from tasklock_cli.stores.urls import redact_url
 from tasklock_cli.stores.urls import sqlite_url  # noqa: F401 - the package's names for them
 from tasklock_cli.stores.urls import url_scheme
 from tasklock_cli.stores.urls import url_syntax_problem
+from tasklock_cli.util.records import dataclass
 
 _SCHEMES = {
     "sqlite": "sqlite",

@@ -1,7 +1,7 @@
 """The store interface every backend implements, and the records it passes around.
 
 A store decides expiry on its own clock. It never sees the client's deadline: that is
-the supervisor's business (see ``tasklock_cli.lease``).
+the supervisor's business (see ``tasklock_cli.run.lease``).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from collections.abc import Iterator
 from datetime import datetime
 from datetime import timezone
 
-from tasklock_cli.records import dataclass
-from tasklock_cli.records import field
-from tasklock_cli.records import replace
+from tasklock_cli.util.records import dataclass
+from tasklock_cli.util.records import field
+from tasklock_cli.util.records import replace
 
 #: Rows per read of a listing (see ``Store.list``).
 LIST_PAGE = 1000

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import re
 
-from tasklock_cli import paths
 from tasklock_cli.errors import ConfigError
+from tasklock_cli.util import paths
 
 # urllib.parse (with ipaddress, ~3 ms) and pathlib are not imported on `run`'s path: a plain
 # sqlite:///PATH is taken apart here; other URLs import them when they need them.

@@ -6,7 +6,6 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from tasklock_cli.records import dataclass
 from tasklock_cli.stores.base import EXCLUSIVE
 from tasklock_cli.stores.base import SHARED
 from tasklock_cli.stores.etcd.connection import b64
@@ -16,6 +15,7 @@ from tasklock_cli.stores.etcd.keys import EtcdKeys
 from tasklock_cli.stores.etcd.keys import SlotKv
 from tasklock_cli.stores.etcd.keys import absent
 from tasklock_cli.stores.etcd.keys import family
+from tasklock_cli.util.records import dataclass
 
 #: The slots one acquire txn tries, nested (etcd counts nested ops against --max-txn-ops,
 #: 128 by default, along the deepest path; a level takes 3-5); past them the read of a

@@ -14,8 +14,6 @@ from datetime import timezone
 from typing import Any
 
 from tasklock_cli.errors import ConfigError
-from tasklock_cli.records import dataclass
-from tasklock_cli.records import field
 from tasklock_cli.stores.base import LEDGER_KEEP
 from tasklock_cli.stores.base import LIST_PAGE
 from tasklock_cli.stores.base import RunRecord
@@ -26,6 +24,8 @@ from tasklock_cli.stores.etcd.connection import b64
 from tasklock_cli.stores.etcd.connection import prefix_end
 from tasklock_cli.stores.etcd.connection import unb64
 from tasklock_cli.stores.etcd.keys import EtcdKeys
+from tasklock_cli.util.records import dataclass
+from tasklock_cli.util.records import field
 
 #: The oldest ledger records an acquire reads, for its release to trim (more than one,
 #: so that a ledger grown past LEDGER_KEEP shrinks back).

@@ -11,13 +11,10 @@ from datetime import datetime
 from typing import Any
 from typing import NamedTuple
 
-from tasklock_cli import clock as clocks
 from tasklock_cli.errors import LimitMismatch
 from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.errors import Superseded
 from tasklock_cli.errors import TasklockError
-from tasklock_cli.records import dataclass
-from tasklock_cli.records import field
 from tasklock_cli.stores.base import LEDGER_KEEP
 from tasklock_cli.stores.base import LIST_PAGE
 from tasklock_cli.stores.base import SHARED
@@ -69,6 +66,9 @@ from tasklock_cli.stores.etcd.waiting import WaiterQueue
 from tasklock_cli.stores.etcd.waiting import poll_until
 from tasklock_cli.stores.etcd.waiting import waiter_value
 from tasklock_cli.stores.urls import redact_url
+from tasklock_cli.util import clock as clocks
+from tasklock_cli.util.records import dataclass
+from tasklock_cli.util.records import field
 
 #: A spare lease (granted by a refused acquire, kept alive by the next ones) kept alive at
 #: most this long ago is attached as it is, without a keepalive in the acquire's exchange:

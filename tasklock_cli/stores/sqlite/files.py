@@ -17,10 +17,10 @@ from __future__ import annotations
 import os
 import stat
 
-from tasklock_cli import paths
 from tasklock_cli.errors import ConfigError
 from tasklock_cli.stores.sqlite.entries import PRIVATE_MODE
 from tasklock_cli.stores.sqlite.entries import directory_mode
+from tasklock_cli.util import paths
 
 #: The modes ``?mode=`` may ask for: private, or read-write for the file's group.
 FILE_MODES = {"0600": 0o600, "600": 0o600, "0660": 0o660, "660": 0o660}

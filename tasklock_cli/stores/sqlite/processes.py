@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from tasklock_cli.proctree import stat_fields
+from tasklock_cli.proc.proctree import stat_fields
 
 
 def start_time(pid: int) -> int | None:

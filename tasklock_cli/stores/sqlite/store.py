@@ -10,7 +10,6 @@ import time
 from collections.abc import Iterator
 from datetime import datetime
 
-from tasklock_cli import paths
 from tasklock_cli.errors import ConfigError
 from tasklock_cli.errors import LimitMismatch
 from tasklock_cli.errors import Superseded
@@ -49,6 +48,7 @@ from tasklock_cli.stores.urls import sqlite_netloc_and_path
 from tasklock_cli.stores.urls import sqlite_url
 from tasklock_cli.stores.urls import unknown_parameter
 from tasklock_cli.stores.urls import url_parameters
+from tasklock_cli.util import paths
 
 #: typing costs ~2 ms per start: its names are for the type checker only.
 TYPE_CHECKING = False

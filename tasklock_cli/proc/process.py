@@ -10,20 +10,20 @@ import signal
 import subprocess
 import sys
 
-from tasklock_cli import clock as clocks
-from tasklock_cli import proctree
 from tasklock_cli.errors import CommandNotExecutable
 from tasklock_cli.errors import CommandNotFound
 from tasklock_cli.errors import ExitCode
 from tasklock_cli.errors import TasklockError
-from tasklock_cli.guard import ENV_ORDER
-from tasklock_cli.guard import GUARD_SIGNALS
-from tasklock_cli.guard import MESSAGE_SIZE
-from tasklock_cli.guard import ORDER_ROOM
-from tasklock_cli.guard import become_subreaper
-from tasklock_cli.guard import receive
-from tasklock_cli.guard import run_guard
+from tasklock_cli.proc import proctree
+from tasklock_cli.proc.guard import ENV_ORDER
+from tasklock_cli.proc.guard import GUARD_SIGNALS
+from tasklock_cli.proc.guard import MESSAGE_SIZE
+from tasklock_cli.proc.guard import ORDER_ROOM
+from tasklock_cli.proc.guard import become_subreaper
+from tasklock_cli.proc.guard import receive
+from tasklock_cli.proc.guard import run_guard
 from tasklock_cli.stores.base import fd_readable
+from tasklock_cli.util import clock as clocks
 
 __all__ = ["Child", "Terminal", "become_subreaper", "spawn_command"]
 

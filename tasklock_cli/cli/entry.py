@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import sys
 
-from tasklock_cli import settings
+from tasklock_cli.config import settings
 from tasklock_cli.errors import UsageError
-from tasklock_cli.records import dataclass
-from tasklock_cli.records import field
+from tasklock_cli.util.records import dataclass
+from tasklock_cli.util.records import field
 
 #: typing costs ~2 ms per start: its names are for the type checker only.
 TYPE_CHECKING = False
@@ -128,14 +128,14 @@ def _take_globals(args: list[str], index: int, into: dict) -> int | None:
 
 
 def run_fast(parsed: FastRun, args: list[str]) -> int:
+    from tasklock_cli.cli.session import ErrorStyle
+    from tasklock_cli.cli.session import GlobalFlags
+    from tasklock_cli.cli.session import Globals
+    from tasklock_cli.cli.session import fail
+    from tasklock_cli.cli.session import run_command
     from tasklock_cli.errors import ExitCode
     from tasklock_cli.errors import TasklockError
     from tasklock_cli.events import stop_spinners
-    from tasklock_cli.session import ErrorStyle
-    from tasklock_cli.session import GlobalFlags
-    from tasklock_cli.session import Globals
-    from tasklock_cli.session import fail
-    from tasklock_cli.session import run_command
 
     try:
         before = GlobalFlags(**parsed.before).checked()
@@ -228,18 +228,18 @@ def _option_width(
 
 
 def main(argv: list[str] | None = None) -> NoReturn:
-    from tasklock_cli.session import exit_now
+    from tasklock_cli.cli.session import exit_now
 
     args = sys.argv[1:] if argv is None else argv
     try:
         args = run_args(args)
     except UsageError as exc:
-        from tasklock_cli.session import fail
+        from tasklock_cli.cli.session import fail
 
         exit_now(fail(str(exc), exc.exit_code, args))
     parsed = parse(args)
     if parsed is not None:
         exit_now(run_fast(parsed, args))
-    from tasklock_cli.cli import run_cli
+    from tasklock_cli.cli.app import run_cli
 
     exit_now(run_cli(args))

@@ -9,14 +9,14 @@ from collections.abc import Iterable
 from datetime import datetime
 from datetime import timezone
 
-from tasklock_cli.durations import format_duration
-from tasklock_cli.sanitize import json_text
-from tasklock_cli.sanitize import safe
 from tasklock_cli.stores.base import LeaseInfo
 from tasklock_cli.stores.base import RunRecord
 from tasklock_cli.stores.base import StoreCheck
 from tasklock_cli.stores.base import WaiterInfo
 from tasklock_cli.stores.base import rfc3339
+from tasklock_cli.util.durations import format_duration
+from tasklock_cli.util.sanitize import json_text
+from tasklock_cli.util.sanitize import safe
 
 
 def relative(moment: datetime, now: datetime | None = None) -> str:
@@ -282,7 +282,7 @@ def break_outcome(key: str, token: int | None, outcome, timeout: float) -> str:
         return safe(
             f"{key} was not held" if token is None else f"{key} is not held with token {token}"
         )
-    from tasklock_cli.lease import describe_holder
+    from tasklock_cli.run.lease import describe_holder
 
     if len(outcome.broken) == 1:
         broke = f"broke the lease on {key} held by {describe_holder(outcome.broken[0])}"

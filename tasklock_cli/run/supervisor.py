@@ -17,9 +17,7 @@ import signal
 import threading
 from collections.abc import Callable
 
-from tasklock_cli import clock as clocks
-from tasklock_cli import settings
-from tasklock_cli.durations import format_duration
+from tasklock_cli.config import settings
 from tasklock_cli.errors import ExitCode
 from tasklock_cli.errors import Interrupted
 from tasklock_cli.errors import LossKind
@@ -27,21 +25,17 @@ from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.errors import Superseded
 from tasklock_cli.errors import TasklockError
 from tasklock_cli.events import EventLog
-from tasklock_cli.heartbeat import Heartbeat
-from tasklock_cli.heartbeat import RenewalSchedule
-from tasklock_cli.heartbeat import renewal_schedule
-from tasklock_cli.holding import Holding
-from tasklock_cli.lease import Conflict
-from tasklock_cli.lease import LeaseKeeper
-from tasklock_cli.lease import Waiter
-from tasklock_cli.lease import describe_holder
-from tasklock_cli.process import Child
-from tasklock_cli.process import Terminal
-from tasklock_cli.process import become_subreaper
-from tasklock_cli.records import dataclass
-from tasklock_cli.records import field
-from tasklock_cli.records import replace
-from tasklock_cli.sanitize import recordable
+from tasklock_cli.proc.process import Child
+from tasklock_cli.proc.process import Terminal
+from tasklock_cli.proc.process import become_subreaper
+from tasklock_cli.run.heartbeat import Heartbeat
+from tasklock_cli.run.heartbeat import RenewalSchedule
+from tasklock_cli.run.heartbeat import renewal_schedule
+from tasklock_cli.run.holding import Holding
+from tasklock_cli.run.lease import Conflict
+from tasklock_cli.run.lease import LeaseKeeper
+from tasklock_cli.run.lease import Waiter
+from tasklock_cli.run.lease import describe_holder
 from tasklock_cli.stores.base import EXCLUSIVE
 from tasklock_cli.stores.base import SHARED
 from tasklock_cli.stores.base import Holder
@@ -50,6 +44,12 @@ from tasklock_cli.stores.base import LeaseInfo
 from tasklock_cli.stores.base import RunRecord
 from tasklock_cli.stores.base import Store
 from tasklock_cli.stores.base import rfc3339
+from tasklock_cli.util import clock as clocks
+from tasklock_cli.util.durations import format_duration
+from tasklock_cli.util.records import dataclass
+from tasklock_cli.util.records import field
+from tasklock_cli.util.records import replace
+from tasklock_cli.util.sanitize import recordable
 
 FORWARDED_SIGNALS = (
     signal.SIGINT,

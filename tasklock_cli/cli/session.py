@@ -13,8 +13,8 @@ from tasklock_cli.events import NORMAL
 from tasklock_cli.events import QUIET
 from tasklock_cli.events import VERBOSE
 from tasklock_cli.events import EventLog
-from tasklock_cli.records import dataclass
-from tasklock_cli.records import replace
+from tasklock_cli.util.records import dataclass
+from tasklock_cli.util.records import replace
 
 #: typing costs ~2 ms per start: its names are for the type checker only.
 TYPE_CHECKING = False
@@ -73,19 +73,19 @@ class Globals:
     @property
     def config(self):
         if self._config is None:
-            from tasklock_cli.config import load_config
+            from tasklock_cli.config.file import load_config
 
             self._config = load_config(self.config_flag)
         return self._config
 
     def store_url(self) -> str:
-        from tasklock_cli.config import resolve_store_url
+        from tasklock_cli.config.file import resolve_store_url
 
         return resolve_store_url(self.store_flag, self.config)
 
     def store_config_file(self) -> str | None:
         """The config file (absolute) when the store URL came from it, else None."""
-        from tasklock_cli.config import store_url_source
+        from tasklock_cli.config.file import store_url_source
 
         return store_url_source(self.store_flag, self.config)
 
@@ -97,8 +97,8 @@ class Globals:
         try:
             return open_store(url)
         except (ConfigError, UsageError) as exc:  # a URL that can never work
-            from tasklock_cli.config import store_from_file
-            from tasklock_cli.config import store_setting_error
+            from tasklock_cli.config.file import store_from_file
+            from tasklock_cli.config.file import store_setting_error
 
             if not store_from_file(self.store_flag, self.config):
                 raise
@@ -114,8 +114,8 @@ def fail(message: str, code: int, args: list[str]) -> int:
         details = traceback.format_exc()
     # The parsed option where there is one; a subcommand that failed to parse may still
     # carry --log-format json after it, which argv shows.
-    from tasklock_cli.sanitize import json_text
-    from tasklock_cli.sanitize import safe
+    from tasklock_cli.util.sanitize import json_text
+    from tasklock_cli.util.sanitize import safe
 
     if "json" in (ErrorStyle.log_format, log_format_in(args)):
         from tasklock_cli.events import now_rfc3339
@@ -170,10 +170,10 @@ def run_command(
     also: list[str] | tuple[str, ...] = (),
 ) -> int:
     """`tasklock run`, once its command line is parsed (by typer or by fastrun)."""
-    from tasklock_cli import settings
-    from tasklock_cli.keys import validate_key
-    from tasklock_cli.supervisor import RunOptions
-    from tasklock_cli.supervisor import Supervisor
+    from tasklock_cli.config import settings
+    from tasklock_cli.run.supervisor import RunOptions
+    from tasklock_cli.run.supervisor import Supervisor
+    from tasklock_cli.util.keys import validate_key
 
     validate_key(key)
     for other in also:

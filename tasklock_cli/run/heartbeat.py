@@ -13,16 +13,16 @@ import os
 import threading
 from collections.abc import Callable
 
-from tasklock_cli import clock as clocks
 from tasklock_cli.errors import LeaseLost
 from tasklock_cli.errors import LossKind
 from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.events import EventLog
-from tasklock_cli.lease import LeaseKeeper
-from tasklock_cli.records import dataclass
+from tasklock_cli.run.lease import LeaseKeeper
 from tasklock_cli.stores.base import Lease
 from tasklock_cli.stores.base import Store
 from tasklock_cli.stores.base import wait_readable
+from tasklock_cli.util import clock as clocks
+from tasklock_cli.util.records import dataclass
 
 #: A lease broken by an operator: the command gets at most this long between SIGTERM and
 #: SIGKILL, so that `release --force` (which waits 10 s) sees the holder let go.

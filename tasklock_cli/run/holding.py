@@ -12,9 +12,9 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 
-from tasklock_cli.heartbeat import Heartbeat
-from tasklock_cli.lease import LeaseKeeper
-from tasklock_cli.lease import Waiter
+from tasklock_cli.run.heartbeat import Heartbeat
+from tasklock_cli.run.lease import LeaseKeeper
+from tasklock_cli.run.lease import Waiter
 from tasklock_cli.stores.base import RunRecord
 from tasklock_cli.stores.base import Store
 

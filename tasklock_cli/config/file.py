@@ -14,16 +14,18 @@ from __future__ import annotations
 import os
 import sys
 
-from tasklock_cli import paths
-from tasklock_cli.durations import parse_duration
+from tasklock_cli.config.lines import bad_setting
+from tasklock_cli.config.lines import setting_error
+from tasklock_cli.config.settings import BY_NAME
+from tasklock_cli.config.settings import SWITCHES_BY_NAME
 from tasklock_cli.errors import ConfigError
 from tasklock_cli.errors import UsageError
-from tasklock_cli.records import dataclass
-from tasklock_cli.records import field
-from tasklock_cli.settings import BY_NAME
-from tasklock_cli.settings import SWITCHES_BY_NAME
 from tasklock_cli.stores.urls import default_store_url
 from tasklock_cli.stores.urls import xdg_home
+from tasklock_cli.util import paths
+from tasklock_cli.util.durations import parse_duration
+from tasklock_cli.util.records import dataclass
+from tasklock_cli.util.records import field
 
 #: typing costs ~2 ms per start: its names are for the type checker only.
 TYPE_CHECKING = False
@@ -139,21 +141,23 @@ def parse_config_file(path: Path) -> Config:
     for name, value in data.items():
         if name == "store":
             if not isinstance(value, str):
-                raise _bad(path, text, name, "must be a store URL string")
+                raise bad_setting(path, text, name, "must be a store URL string")
             if not value.strip():
-                raise _bad(path, text, name, f"is empty {_EMPTY_STORE_HINT}")
+                raise bad_setting(path, text, name, f"is empty {_EMPTY_STORE_HINT}")
             config.store = value
         elif name == "keys":
             if not isinstance(value, dict):
-                raise _bad(path, text, name, 'must be a table of key patterns ([keys."job:*"])')
+                raise bad_setting(
+                    path, text, name, 'must be a table of key patterns ([keys."job:*"])'
+                )
             for pattern, settings in value.items():
                 if not isinstance(settings, dict):
-                    raise _bad(path, text, pattern, "must be a table of run settings")
+                    raise bad_setting(path, text, pattern, "must be a table of run settings")
                 config.key_overrides.append((pattern, _run_settings(path, text, settings)))
         elif name in BY_NAME or name in SWITCHES_BY_NAME:
             config.run_defaults.update(_run_settings(path, text, {name: value}))
         else:
-            raise _bad(path, text, name, "is not a tasklock setting")
+            raise bad_setting(path, text, name, "is not a tasklock setting")
     return config
 
 
@@ -162,52 +166,27 @@ def _run_settings(path: Path, text: str, settings: dict) -> dict[str, object]:
     for name, value in settings.items():
         if name in SWITCHES_BY_NAME:
             if not isinstance(value, bool):
-                raise _bad(path, text, name, "must be true or false")
+                raise bad_setting(path, text, name, "must be true or false")
             checked[name] = value
             continue
         setting = BY_NAME.get(name)
         if setting is None:
-            raise _bad(path, text, name, "is not a run setting")
+            raise bad_setting(path, text, name, "is not a run setting")
         if setting.integer:
             if not isinstance(value, int) or isinstance(value, bool) or setting.problem(value):
                 low, high = setting.integer
-                raise _bad(path, text, name, f"must be an integer from {low} to {high}")
+                raise bad_setting(path, text, name, f"must be an integer from {low} to {high}")
             checked[name] = value
             continue
         try:
             seconds = parse_duration(str(value), option=name, allow_inf=setting.allow_inf)
         except UsageError as exc:
-            raise _bad(path, text, name, str(exc)) from None
+            raise bad_setting(path, text, name, str(exc)) from None
         problem = setting.problem(seconds)
         if problem:
-            raise _bad(path, text, name, f"{problem} (got {value!r})")
+            raise bad_setting(path, text, name, f"{problem} (got {value!r})")
         checked[name] = seconds
     return checked
-
-
-def setting_error(path: Path, setting: str, problem: str) -> ConfigError:
-    """A problem with a setting read from the file at ``path``, naming its line."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        text = ""
-    return _bad(path, text, setting, problem)
-
-
-def _bad(path: Path, text: str, setting: str, problem: str) -> ConfigError:
-    line = _line_of(text, setting)
-    where = f"{path}:{line}" if line else str(path)
-    return ConfigError(f"{where}: setting {setting!r} {problem}")
-
-
-def _line_of(text: str, setting: str) -> int | None:
-    import re
-
-    pattern = re.compile(rf"^\s*(\[[^\]]*)?[\"']?{re.escape(setting)}[\"']?\s*[=\].]")
-    for number, line in enumerate(text.splitlines(), start=1):
-        if pattern.search(line):
-            return number
-    return None
 
 
 _EMPTY_STORE_HINT = "(give a store URL, or leave the setting out for the default store)"

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import math
 
-from tasklock_cli.durations import format_duration
-from tasklock_cli.durations import parse_duration
 from tasklock_cli.errors import UsageError
-from tasklock_cli.records import dataclass
+from tasklock_cli.util.durations import format_duration
+from tasklock_cli.util.durations import parse_duration
+from tasklock_cli.util.records import dataclass
 
 #: Exit codes a setting may name.
 EXIT_CODES = (0, 255)
@@ -218,7 +218,7 @@ def resolve(flags: dict[str, str | int | None], in_file, config_path) -> dict[st
         problem = f"must be shorter than ttl ({format_duration(ttl)})"
         pair = {"ttl", "renew-every"}
         if pair & from_file and not pair & given:
-            from tasklock_cli.config import setting_error
+            from tasklock_cli.config.lines import setting_error
 
             raise setting_error(config_path, "renew-every", problem)
         raise UsageError(f"--renew-every {problem}")

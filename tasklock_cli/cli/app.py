@@ -16,23 +16,23 @@ import typer
 from typer.core import TyperGroup
 
 from tasklock_cli import __version__
-from tasklock_cli import settings
-from tasklock_cli.durations import format_duration
-from tasklock_cli.durations import parse_duration
+from tasklock_cli.cli.entry import run_args
+from tasklock_cli.cli.session import ErrorStyle
+from tasklock_cli.cli.session import GlobalFlags
+from tasklock_cli.cli.session import Globals
+from tasklock_cli.cli.session import exit_now
+from tasklock_cli.cli.session import fail
+from tasklock_cli.cli.session import run_command
+from tasklock_cli.config import settings
 from tasklock_cli.errors import ExitCode
 from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.errors import TasklockError
 from tasklock_cli.errors import UsageError
 from tasklock_cli.events import stop_spinners
-from tasklock_cli.fastrun import run_args
-from tasklock_cli.keys import validate_key
-from tasklock_cli.sanitize import json_text
-from tasklock_cli.session import ErrorStyle
-from tasklock_cli.session import GlobalFlags
-from tasklock_cli.session import Globals
-from tasklock_cli.session import exit_now
-from tasklock_cli.session import fail
-from tasklock_cli.session import run_command
+from tasklock_cli.util.durations import format_duration
+from tasklock_cli.util.durations import parse_duration
+from tasklock_cli.util.keys import validate_key
+from tasklock_cli.util.sanitize import json_text
 
 try:
     from typer.exceptions import TyperException as _CliException
@@ -248,7 +248,7 @@ def peek(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Show who holds KEY and who waits for it; exit 0 when held, 1 when free."""
-    from tasklock_cli import render
+    from tasklock_cli.cli import render
 
     g: Globals = ctx.obj
     validate_key(key)
@@ -274,7 +274,7 @@ def list_leases(
     interval: str = typer.Option("1s", "--interval", metavar="D", help="Refresh interval."),
 ) -> None:
     """List held locks: who holds what, until when."""
-    from tasklock_cli import render
+    from tasklock_cli.cli import render
 
     g: Globals = ctx.obj
     if watch and as_json:
@@ -309,7 +309,7 @@ def history(
     as_json: bool = typer.Option(False, "--json", help="Print a JSON array, newest first."),
 ) -> None:
     """Show the run ledger of KEY: past runs (outcome, exit code, holder), newest first."""
-    from tasklock_cli import render
+    from tasklock_cli.cli import render
     from tasklock_cli.stores.base import LEDGER_KEEP
 
     g: Globals = ctx.obj
@@ -330,8 +330,8 @@ def metrics(
     prefix: str = typer.Option("", "--prefix", metavar="P", help="Only keys starting with P."),
 ) -> None:
     """Print Prometheus metrics (text format) from the run ledger and the live leases."""
-    from tasklock_cli.metrics import collect
-    from tasklock_cli.metrics import exposition
+    from tasklock_cli.commands.metrics import collect
+    from tasklock_cli.commands.metrics import exposition
 
     g: Globals = ctx.obj
     with g.open_store() as store:
@@ -355,7 +355,7 @@ def check(
 ) -> None:
     """Inside a command run by tasklock: exit 0 (printing the seconds left) while its lease
     is current, 70 when it is not."""
-    from tasklock_cli import checking
+    from tasklock_cli.commands import check as checking
     from tasklock_cli.errors import LeaseLost
 
     g: Globals = ctx.obj
@@ -407,17 +407,17 @@ def release(
     if not force:
         raise UsageError("release breaks whoever holds the lock; confirm with --force")
     if token is not None:
-        from tasklock_cli.checking import checked_token
+        from tasklock_cli.commands.check import checked_token
 
         checked_token(token)
-    from tasklock_cli.breaking import break_and_wait
-    from tasklock_cli.breaking import let_go_timeout
-    from tasklock_cli.supervisor import current_holder
+    from tasklock_cli.commands.release import break_and_wait
+    from tasklock_cli.commands.release import let_go_timeout
+    from tasklock_cli.run.supervisor import current_holder
 
     timeout = let_go_timeout()
     with g.open_store() as store:
         outcome = break_and_wait(store, key, token, timeout, by=current_holder([], None))
-    from tasklock_cli import render
+    from tasklock_cli.cli import render
 
     if as_json:
         typer.echo(json.dumps(render.break_outcome_json(key, outcome)))
@@ -450,7 +450,7 @@ def doctor(
     as_json: bool = typer.Option(False, "--json", help="Print the checks as a JSON array."),
 ) -> None:
     """Check the store: reachable, schema, round-trip time, clock skew."""
-    from tasklock_cli import render
+    from tasklock_cli.cli import render
 
     g: Globals = ctx.obj
     config_file = str(g.config.path) if g.config.path else "none (built-in defaults)"

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from tasklock_cli.errors import LeaseLost
 from tasklock_cli.errors import UsageError
-from tasklock_cli.keys import validate_key
 from tasklock_cli.stores.base import Store
+from tasklock_cli.util.keys import validate_key
 
 
 @dataclass(frozen=True)

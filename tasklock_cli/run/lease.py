@@ -15,14 +15,11 @@ from datetime import datetime
 from datetime import timedelta
 from datetime import timezone
 
-from tasklock_cli import clock as clocks
-from tasklock_cli.durations import format_duration
 from tasklock_cli.errors import ExitCode
 from tasklock_cli.errors import Interrupted
 from tasklock_cli.errors import LeaseLost
 from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.errors import TasklockError
-from tasklock_cli.records import dataclass
 from tasklock_cli.stores.base import EXCLUSIVE
 from tasklock_cli.stores.base import Holder
 from tasklock_cli.stores.base import Lease
@@ -30,6 +27,9 @@ from tasklock_cli.stores.base import LeaseInfo
 from tasklock_cli.stores.base import Replacer
 from tasklock_cli.stores.base import RunRecord
 from tasklock_cli.stores.base import Store
+from tasklock_cli.util import clock as clocks
+from tasklock_cli.util.durations import format_duration
+from tasklock_cli.util.records import dataclass
 
 #: Releases tried with the run's record before the record is given up (release_retrying).
 LEDGER_TRIES = 2

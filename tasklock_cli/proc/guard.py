@@ -31,9 +31,9 @@ import select
 import signal
 import subprocess
 
-from tasklock_cli import clock as clocks
-from tasklock_cli import proctree
 from tasklock_cli.errors import TasklockError
+from tasklock_cli.proc import proctree
+from tasklock_cli.util import clock as clocks
 
 #: typing costs ~2 ms per start: its names are for the type checker only.
 TYPE_CHECKING = False
