@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
+from tasklock_cli.cli.argv import run_args
 from tasklock_cli.cli.entry import parse
-from tasklock_cli.cli.entry import run_args
 from tasklock_cli.errors import UsageError
 from tests.support.cli import executable
 

@@ -16,16 +16,16 @@ from hypothesis import strategies as st
 
 from tasklock_cli.errors import Interrupted
 from tasklock_cli.errors import UsageError
-from tasklock_cli.run.lease import FIRST_RETRY_S
-from tasklock_cli.run.lease import POLL_CEILING_S
-from tasklock_cli.run.lease import SIGNALLED_POLL_CEILING_S
-from tasklock_cli.run.lease import WAITING_EVENT_EVERY_S
-from tasklock_cli.run.lease import Conflict
-from tasklock_cli.run.lease import LeaseKeeper
-from tasklock_cli.run.lease import Waiter
-from tasklock_cli.run.lease import done_in_window
-from tasklock_cli.run.lease import window_start
-from tasklock_cli.run.supervisor import RunOptions
+from tasklock_cli.run.conflict import Conflict
+from tasklock_cli.run.keeper import LeaseKeeper
+from tasklock_cli.run.options import RunOptions
+from tasklock_cli.run.waiter import FIRST_RETRY_S
+from tasklock_cli.run.waiter import POLL_CEILING_S
+from tasklock_cli.run.waiter import SIGNALLED_POLL_CEILING_S
+from tasklock_cli.run.waiter import WAITING_EVENT_EVERY_S
+from tasklock_cli.run.waiter import Waiter
+from tasklock_cli.run.windows import done_in_window
+from tasklock_cli.run.windows import window_start
 from tasklock_cli.stores.base import Holder
 from tasklock_cli.stores.base import RunRecord
 from tasklock_cli.stores.sqlite.store import SQLiteStore
@@ -139,7 +139,7 @@ def test_a_waiter_whose_waits_keep_its_place_looks_seldom_unless_it_may_be_super
     looks only back the wake-up up: every QUIET_LOOK_CEILING_S. One that may find its
     place superseded still looks every second. The `waiting` event
     still comes every WAITING_EVENT_EVERY_S."""
-    from tasklock_cli.run.lease import QUIET_LOOK_CEILING_S
+    from tasklock_cli.run.waiter import QUIET_LOOK_CEILING_S
 
     store = PlaceKeepingSlowStore(tmp_path / "db", clock)
     assert LeaseKeeper(store, "k", 3600.0, HOLDER, clock).try_acquire()

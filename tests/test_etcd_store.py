@@ -392,7 +392,7 @@ def test_a_woken_waiters_acquire_attaches_its_fresh_spare_lease_without_a_keepal
     """A refused acquire keeps its lease for the next; taken within SPARE_FRESH_S, the
     acquire is the txn alone, and its holder's deadline counts from the lease's keepalive,
     not from the acquire. A staler spare is kept alive in the same exchange."""
-    from tasklock_cli.run.lease import LeaseKeeper
+    from tasklock_cli.run.keeper import LeaseKeeper
     from tasklock_cli.stores.etcd.store import SPARE_FRESH_S
     from tasklock_cli.util import clock as clocks
 

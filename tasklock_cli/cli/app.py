@@ -16,19 +16,19 @@ import typer
 from typer.core import TyperGroup
 
 from tasklock_cli import __version__
-from tasklock_cli.cli.entry import run_args
+from tasklock_cli.cli.argv import run_args
 from tasklock_cli.cli.session import ErrorStyle
 from tasklock_cli.cli.session import GlobalFlags
 from tasklock_cli.cli.session import Globals
 from tasklock_cli.cli.session import exit_now
 from tasklock_cli.cli.session import fail
-from tasklock_cli.cli.session import run_command
 from tasklock_cli.config import settings
 from tasklock_cli.errors import ExitCode
 from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.errors import TasklockError
 from tasklock_cli.errors import UsageError
 from tasklock_cli.events import stop_spinners
+from tasklock_cli.run.command import run_command
 from tasklock_cli.util.durations import format_duration
 from tasklock_cli.util.durations import parse_duration
 from tasklock_cli.util.keys import validate_key

@@ -1,7 +1,7 @@
-"""The `tasklock` entry point: where `run`'s options end (``run_args``, used by both parsers),
-and a fast path for the command that sits in front of every cron line and shell-loop step:
-`tasklock [GLOBALS] run KEY [OPTIONS] [--] COMMAND...` is parsed here, from the table of run
-settings, without importing the CLI framework (typer and click cost more than the rest of a
+"""The `tasklock` entry point, and a fast path for the command that sits in front of every
+cron line and shell-loop step: `tasklock [GLOBALS] run KEY [OPTIONS] [--] COMMAND...` is
+parsed here, from the table of run settings (`run`'s options end where ``argv.run_args``
+says), without importing the CLI framework (typer and click cost more than the rest of a
 run on SQLite). Whatever this parser does not recognise (help, completion, another command,
 an option it does not know, a value it would have to judge) goes to the typer command line
 unchanged, so help, errors and every other command behave exactly as there.
@@ -11,6 +11,11 @@ from __future__ import annotations
 
 import sys
 
+from tasklock_cli.cli.argv import GLOBAL_VALUES
+from tasklock_cli.cli.argv import QUIET
+from tasklock_cli.cli.argv import TAKES_VALUE
+from tasklock_cli.cli.argv import VERBOSE
+from tasklock_cli.cli.argv import run_args
 from tasklock_cli.config import settings
 from tasklock_cli.errors import UsageError
 from tasklock_cli.util.records import dataclass
@@ -20,13 +25,6 @@ from tasklock_cli.util.records import field
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import NoReturn
-
-_GLOBAL_VALUES = {"--store": "store", "--config": "config", "--log-format": "log_format"}
-_VERBOSE = {"-v": 1, "--verbose": 1, "-vv": 2, "-vvv": 3}
-_QUIET = ("-q", "--quiet")
-_HELP = ("-h", "--help")
-#: Short flags that may be combined (``-vq``): the global ones and help.
-_SHORT_FLAGS = frozenset("vqh")
 
 
 @dataclass
@@ -65,8 +63,8 @@ def parse(args: list[str]) -> FastRun | None:
                 parsed.switches.add(settings.SWITCHES_BY_FLAG[name].name)
             elif not _global_flag(name, parsed.after):
                 return None
-        elif name in _GLOBAL_VALUES:
-            parsed.after[_GLOBAL_VALUES[name]] = value
+        elif name in GLOBAL_VALUES:
+            parsed.after[GLOBAL_VALUES[name]] = value
         elif name == "--note":
             parsed.note = value
         elif name == "--also":
@@ -81,16 +79,13 @@ def parse(args: list[str]) -> FastRun | None:
     return None  # no `--`: typer decides
 
 
-_TAKES_VALUE = {*_GLOBAL_VALUES, "--note", "--also", *settings.BY_FLAG}
-
-
 def _option(args: list[str], index: int) -> tuple[str | None, str | None, int]:
     """(name, value or None for a flag, next index); name None when not an option."""
     arg = args[index]
     if not arg.startswith("-") or arg == "-":
         return None, None, index
     name, equals, value = arg.partition("=")
-    if name in _TAKES_VALUE:
+    if name in TAKES_VALUE:
         if equals:
             return name, value, index + 1
         if index + 1 >= len(args):
@@ -102,10 +97,10 @@ def _option(args: list[str], index: int) -> tuple[str | None, str | None, int]:
 
 
 def _global_flag(name: str, into: dict) -> bool:
-    if name in _VERBOSE:
-        into["verbose"] = into.get("verbose", 0) + _VERBOSE[name]
+    if name in VERBOSE:
+        into["verbose"] = into.get("verbose", 0) + VERBOSE[name]
         return True
-    if name in _QUIET:
+    if name in QUIET:
         into["quiet"] = True
         return True
     return False
@@ -120,8 +115,8 @@ def _take_globals(args: list[str], index: int, into: dict) -> int | None:
         if value is None:
             if not _global_flag(name, into):
                 return None
-        elif name in _GLOBAL_VALUES:
-            into[_GLOBAL_VALUES[name]] = value
+        elif name in GLOBAL_VALUES:
+            into[GLOBAL_VALUES[name]] = value
         else:
             return None
     return index
@@ -132,10 +127,10 @@ def run_fast(parsed: FastRun, args: list[str]) -> int:
     from tasklock_cli.cli.session import GlobalFlags
     from tasklock_cli.cli.session import Globals
     from tasklock_cli.cli.session import fail
-    from tasklock_cli.cli.session import run_command
     from tasklock_cli.errors import ExitCode
     from tasklock_cli.errors import TasklockError
     from tasklock_cli.events import stop_spinners
+    from tasklock_cli.run.command import run_command
 
     try:
         before = GlobalFlags(**parsed.before).checked()
@@ -156,75 +151,6 @@ def run_fast(parsed: FastRun, args: list[str]) -> int:
         return ExitCode.INTERRUPTED
     finally:
         stop_spinners()
-
-
-def run_args(args: list[str]) -> list[str]:
-    """The command line with ``--`` where `run`'s command starts, so that both parsers (this
-    one and typer) see one decision: `run`'s options end at the first word after KEY that is
-    neither one of its options (global ones included) nor an option's value; from there on
-    every word is the command's. Unchanged when that is not `run`, when ``--`` is already
-    there, or when an option is unknown or lacks its value (the parser reports it).
-    UsageError for ``run -- COMMAND``, which has no key."""
-    index = _command_name_at(args)
-    if index is None or args[index] != "run":
-        return args
-    index += 1
-    key_seen = False
-    while index < len(args):
-        arg = args[index]
-        if arg == "--":
-            if not key_seen:
-                raise UsageError(
-                    "no KEY before '--' (tasklock run KEY [OPTIONS] [--] COMMAND [ARG...])"
-                )
-            return args
-        if not _is_option_word(arg):
-            if key_seen:
-                return [*args[:index], "--", *args[index:]]
-            key_seen = True
-            index += 1
-            continue
-        width = _option_width(args, index, _TAKES_VALUE, settings.SWITCHES_BY_FLAG)
-        if not width:
-            return args
-        index += width
-    return args
-
-
-def _command_name_at(args: list[str]) -> int | None:
-    """The index of the command name after the global options; None when there is none
-    or an option before it is unknown."""
-    index = 0
-    while index < len(args) and _is_option_word(args[index]):
-        if args[index] == "--":
-            return None
-        width = _option_width(args, index, _GLOBAL_VALUES)
-        if not width:
-            return None
-        index += width
-    return index if index < len(args) else None
-
-
-def _is_option_word(arg: str) -> bool:
-    return arg.startswith("-") and arg != "-"
-
-
-def _option_width(
-    args: list[str], index: int, takes_value: set[str] | dict, switches: dict | None = None
-) -> int:
-    """How many words the option at ``index`` spans (2 with a separate value); 0 when it is
-    unknown or its value is missing. ``switches``: the command's own flags without a value."""
-    name, equals, _ = args[index].partition("=")
-    if name in takes_value:
-        return 1 if equals else 2 if index + 1 < len(args) else 0
-    if equals:
-        return 0
-    if name in _VERBOSE or name in _QUIET or name in _HELP or name in (switches or ()):
-        return 1
-    short = name[1:]
-    if not name.startswith("--") and short and _SHORT_FLAGS.issuperset(short):
-        return 1
-    return 0
 
 
 def main(argv: list[str] | None = None) -> NoReturn:

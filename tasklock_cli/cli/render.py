@@ -282,7 +282,7 @@ def break_outcome(key: str, token: int | None, outcome, timeout: float) -> str:
         return safe(
             f"{key} was not held" if token is None else f"{key} is not held with token {token}"
         )
-    from tasklock_cli.run.lease import describe_holder
+    from tasklock_cli.run.conflict import describe_holder
 
     if len(outcome.broken) == 1:
         broke = f"broke the lease on {key} held by {describe_holder(outcome.broken[0])}"

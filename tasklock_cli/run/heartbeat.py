@@ -17,7 +17,7 @@ from tasklock_cli.errors import LeaseLost
 from tasklock_cli.errors import LossKind
 from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.events import EventLog
-from tasklock_cli.run.lease import LeaseKeeper
+from tasklock_cli.run.keeper import LeaseKeeper
 from tasklock_cli.stores.base import Lease
 from tasklock_cli.stores.base import Store
 from tasklock_cli.stores.base import wait_readable
@@ -73,7 +73,7 @@ class Heartbeat:
     def __init__(
         self,
         keeper: LeaseKeeper,
-        options,  # supervisor.RunOptions
+        options,  # options.RunOptions
         events: EventLog,
         on_loss: Callable[[LossKind, str, float], None],
         on_renewed: Callable[[Lease], None],

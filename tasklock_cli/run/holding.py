@@ -13,8 +13,8 @@ import contextlib
 from collections.abc import Callable
 
 from tasklock_cli.run.heartbeat import Heartbeat
-from tasklock_cli.run.lease import LeaseKeeper
-from tasklock_cli.run.lease import Waiter
+from tasklock_cli.run.keeper import LeaseKeeper
+from tasklock_cli.run.waiter import Waiter
 from tasklock_cli.stores.base import RunRecord
 from tasklock_cli.stores.base import Store
 

@@ -17,7 +17,6 @@ import signal
 import threading
 from collections.abc import Callable
 
-from tasklock_cli.config import settings
 from tasklock_cli.errors import ExitCode
 from tasklock_cli.errors import Interrupted
 from tasklock_cli.errors import LossKind
@@ -28,15 +27,13 @@ from tasklock_cli.events import EventLog
 from tasklock_cli.proc.process import Child
 from tasklock_cli.proc.process import Terminal
 from tasklock_cli.proc.process import become_subreaper
+from tasklock_cli.run.conflict import Conflict
+from tasklock_cli.run.conflict import describe_holder
 from tasklock_cli.run.heartbeat import Heartbeat
-from tasklock_cli.run.heartbeat import RenewalSchedule
-from tasklock_cli.run.heartbeat import renewal_schedule
 from tasklock_cli.run.holding import Holding
-from tasklock_cli.run.lease import Conflict
-from tasklock_cli.run.lease import LeaseKeeper
-from tasklock_cli.run.lease import Waiter
-from tasklock_cli.run.lease import describe_holder
-from tasklock_cli.stores.base import EXCLUSIVE
+from tasklock_cli.run.keeper import LeaseKeeper
+from tasklock_cli.run.options import RunOptions
+from tasklock_cli.run.waiter import Waiter
 from tasklock_cli.stores.base import SHARED
 from tasklock_cli.stores.base import Holder
 from tasklock_cli.stores.base import Lease
@@ -66,49 +63,6 @@ CUT_SHORT_AFTER_S = 0.08
 #: A lease granted before the signal goes back with this long for its release (the store
 #: may be what kept us waiting): within the 200 ms the contract gives a signal to end us.
 RELEASE_ON_SIGNAL_S = 0.12
-
-
-@dataclass(frozen=True)
-class RunOptions:
-    key: str
-    command: list[str]
-    ttl: float = settings.default("ttl")
-    renew_every: float | None = settings.default("renew-every")
-    wait: float = settings.default("wait")
-    grace: float = settings.default("grace")
-    max_lifetime: float = settings.default("max-lifetime")
-    hold_at_least: float = settings.default("hold-at-least")
-    conflict_exit_code: int = settings.default("conflict-exit-code")
-    once_per: float | None = settings.default("once-per")
-    done_exit_code: int = settings.default("done-exit-code")
-    limit: int = settings.default("limit")
-    note: str | None = None
-    store_url: str | None = None  # passed to the command (TASKLOCK_STORE) for `check`
-    #: The config file the store URL came from: passed instead of the URL (TASKLOCK_CONFIG),
-    #: so a password kept in it does not spread through the command's environment.
-    config_file: str | None = None
-    record_args: bool = True  # False: the store keeps only the command's first word
-    shared: bool = False  # --shared
-    replace: bool = False  # --replace
-    supersede: bool = False  # --supersede
-    also: tuple[str, ...] = ()  # --also KEY2...
-
-    @property
-    def mode(self) -> str:
-        return SHARED if self.shared else EXCLUSIVE
-
-    @property
-    def schedule(self) -> RenewalSchedule:
-        """When the lease is renewed, and the margins that follow from it."""
-        return renewal_schedule(self.ttl, self.renew_every)
-
-    @property
-    def loss_grace(self) -> float:
-        """The SIGTERM-to-SIGKILL window when renewals fail: --grace, shortened where the ttl
-        is too short for it, so that retrying renewals still gets half the time left."""
-        schedule = self.schedule
-        room = self.ttl - schedule.safety_margin - schedule.renew_interval
-        return max(0.0, min(self.grace, room / 2))
 
 
 @dataclass

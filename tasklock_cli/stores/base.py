@@ -1,7 +1,7 @@
 """The store interface every backend implements, and the records it passes around.
 
 A store decides expiry on its own clock. It never sees the client's deadline: that is
-the supervisor's business (see ``tasklock_cli.run.lease``).
+the supervisor's business (see ``tasklock_cli.run.keeper``).
 """
 
 from __future__ import annotations
@@ -458,7 +458,7 @@ class Store(ABC):
     concurrent_release: bool = False
     #: True where a waiter's place is kept alive by its wait itself, not by its acquires,
     #: and a release cannot go unheard (etcd: a watch from a revision): a plain waiter
-    #: then looks again only every ``lease.QUIET_LOOK_CEILING_S``.
+    #: then looks again only every ``run.waiter.QUIET_LOOK_CEILING_S``.
     waits_keep_places: bool = False
     #: The shortest lease the store can keep: a shorter TTL is kept this long on the store
     #: (the holder's own deadline still counts the TTL asked, so this is safe, only slower

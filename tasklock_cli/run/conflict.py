@@ -1,0 +1,58 @@
+"""A lock held by someone else: the error a run ends with, and how a holder is described."""
+
+from __future__ import annotations
+
+from tasklock_cli.errors import ExitCode
+from tasklock_cli.errors import TasklockError
+from tasklock_cli.stores.base import LeaseInfo
+from tasklock_cli.util.durations import format_duration
+
+
+class Conflict(TasklockError):
+    """The lock is held by someone else and the wait (if any) ran out."""
+
+    exit_code = ExitCode.CONFLICT
+
+    def __init__(
+        self,
+        key: str,
+        holder: LeaseInfo | None,
+        waited: float = 0.0,
+        first_holder: LeaseInfo | None = None,
+    ) -> None:
+        self.key = key
+        self.holder = holder
+        self.waited = waited
+        self.first_holder = first_holder
+        super().__init__(describe_conflict(key, holder, waited, first_holder))
+
+
+def describe_holder(info: LeaseInfo) -> str:
+    holder = info.holder
+    return f"{holder.host} pid {holder.pid} (user {holder.user}, token {info.fencing_token})"
+
+
+def describe_conflict(
+    key: str,
+    info: LeaseInfo | None,
+    waited: float = 0.0,
+    first_holder: LeaseInfo | None = None,
+) -> str:
+    held = (
+        f"{key!r} is held"
+        if info is None or info.limit == 1
+        else (f"all {info.limit} slots of {key!r} are held, the longest")
+    )
+    if waited <= 0:
+        if info is None:
+            return f"{held} by someone else"
+        until = f"{info.expires_at:%Y-%m-%dT%H:%M:%SZ}"
+        return f"{held} by {describe_holder(info)} until {until}"
+    gave_up = f"gave up waiting {format_duration(waited)}: {held} by"
+    if info is None:
+        return f"{gave_up} someone else"
+    if first_holder is not None and first_holder.fencing_token == info.fencing_token:
+        # a fencing token names one acquisition: the same one at both ends held throughout
+        return f"{gave_up} {describe_holder(info)}, who held it throughout"
+    began = f" (by {describe_holder(first_holder)} when the wait began)" if first_holder else ""
+    return f"{gave_up} {describe_holder(info)} now{began}"
