@@ -14,11 +14,7 @@ ORPHANED_GRACE_S later. Should the wrapper be alive but not running (SIGSTOP, a 
 past the deadline it last gave, the guard kills the tree by itself. Either way the tree
 is gone long before the lease can run out on the store.
 
-Messages are single datagrams of space-separated words on a SOCK_SEQPACKET socket pair:
-  wrapper -> guard: ``env BYTES``... ``start TERMINAL_FD BYTES``, then
-                    ``group SIG`` | ``tree SIG`` | ``backstop CLOCK``
-  guard -> wrapper: ``started PID`` | ``error CODE MESSAGE`` | ``stopped SIG`` |
-                    ``exited STATUS ORPHANS CLOCK`` | ``backstop`` | ``empty``
+The messages between the two are in ``protocol``.
 """
 
 from __future__ import annotations
@@ -33,6 +29,20 @@ import subprocess
 
 from tasklock_cli.errors import TasklockError
 from tasklock_cli.proc import proctree
+from tasklock_cli.proc.protocol import ENV_ORDER
+from tasklock_cli.proc.protocol import MESSAGE_SIZE
+from tasklock_cli.proc.protocol import ORDER_BACKSTOP
+from tasklock_cli.proc.protocol import ORDER_GROUP
+from tasklock_cli.proc.protocol import ORDER_TREE
+from tasklock_cli.proc.protocol import REPORT_BACKSTOP
+from tasklock_cli.proc.protocol import REPORT_EMPTY
+from tasklock_cli.proc.protocol import REPORT_ERROR
+from tasklock_cli.proc.protocol import REPORT_EXITED
+from tasklock_cli.proc.protocol import REPORT_STARTED
+from tasklock_cli.proc.protocol import REPORT_STOPPED
+from tasklock_cli.proc.protocol import START_ORDER
+from tasklock_cli.proc.protocol import encode
+from tasklock_cli.proc.protocol import receive
 from tasklock_cli.util import clock as clocks
 
 #: typing costs ~2 ms per start: its names are for the type checker only.
@@ -45,14 +55,7 @@ if TYPE_CHECKING:
 ORPHANED_GRACE_S = 0.5
 #: While killing, look at the tree again this often (a fork can race the kill).
 KILL_POLL_S = 0.01
-MESSAGE_SIZE = 4096
 PR_SET_CHILD_SUBREAPER = 36
-#: Part of the command's environment: NUL-separated ``NAME=VALUE`` bytes, in as many orders as
-#: it takes (an order is one datagram of at most MESSAGE_SIZE bytes); the start order
-#: carries the last part.
-ENV_ORDER = b"env "
-#: Room kept in an order for its verb and arguments.
-ORDER_ROOM = 32
 #: Signals meant for the wrapper or the terminal's job; the guard only follows its wrapper.
 _DEAF_TO = (
     signal.SIGHUP,
@@ -136,12 +139,12 @@ class _Guard:
         try:
             self.child = spawn(*start)
         except TasklockError as exc:
-            self._send("error", exc.exit_code, str(exc))
+            self._send(REPORT_ERROR, exc.exit_code, str(exc))
             return 0
-        self._send("started", self.child.pid)
+        self._send(REPORT_STARTED, self.child.pid)
         while True:
             if not self._reap():  # no child left: the tree is gone
-                self._send("empty")
+                self._send(REPORT_EMPTY)
                 return 0
             self._read_orders()
             self._enforce()
@@ -158,7 +161,7 @@ class _Guard:
                 return None
             if order.startswith(ENV_ORDER):
                 environ += order[len(ENV_ORDER) :]
-            elif order.startswith(b"start "):
+            elif order.startswith(START_ORDER):
                 break
             elif not order:
                 return None
@@ -189,11 +192,11 @@ class _Guard:
             if pid != self.child.pid or self.child_done:
                 continue  # an adopted orphan
             if os.WIFSTOPPED(status):
-                self._send("stopped", os.WSTOPSIG(status))
+                self._send(REPORT_STOPPED, os.WSTOPSIG(status))
                 continue
             self.child_done = True
             self.child.returncode = 0  # reaped here: Popen must never wait for it
-            self._send("exited", status, self._count_orphans(), repr(clocks.monotonic()))
+            self._send(REPORT_EXITED, status, self._count_orphans(), repr(clocks.monotonic()))
 
     def _count_orphans(self) -> int:
         """The processes the command left running. Orphans are re-parented to us, so with
@@ -216,11 +219,11 @@ class _Guard:
 
     def _obey(self, words: list[str]) -> None:
         verb, argument = words[0], words[1]
-        if verb == "group":
+        if verb == ORDER_GROUP:
             self._signal_group(int(argument))
-        elif verb == "tree":
+        elif verb == ORDER_TREE:
             self._signal_tree(int(argument))
-        elif verb == "backstop":
+        elif verb == ORDER_BACKSTOP:
             self.backstop_at = float(argument)  # on clock.monotonic, shared by both of us
 
     def _signal_group(self, signum: int) -> None:
@@ -252,7 +255,7 @@ class _Guard:
             self.killing = True
         if now >= self.backstop_at and not self.killing:
             self.killing = True
-            self._send("backstop")
+            self._send(REPORT_BACKSTOP)
         if self.killing:
             proctree.signal_all(proctree.descendants(self.me), signal.SIGKILL)
         elif self.terminating:  # once to each, including processes started since
@@ -280,25 +283,9 @@ class _Guard:
         if self.wrapper_gone_at is not None:
             return
         try:
-            self.sock.send(" ".join(str(word) for word in words).encode())
+            self.sock.send(encode(*words))
         except OSError:
             self._wrapper_gone()
-
-
-def receive(sock: _socket.socket) -> bytes | None:
-    """The next message, without waiting: None when none has come, b"" when the other side
-    is gone (its last messages are read first)."""
-    while True:
-        try:
-            return sock.recv(MESSAGE_SIZE, _socket.MSG_DONTWAIT)
-        except BlockingIOError:
-            return None
-        except ConnectionResetError:
-            # The other side exited with a message of ours unread; its own are still
-            # queued behind this error, which is reported only once.
-            continue
-        except OSError:
-            return b""
 
 
 def _group_of(pid: int) -> int | None:

@@ -15,13 +15,24 @@ from tasklock_cli.errors import CommandNotFound
 from tasklock_cli.errors import ExitCode
 from tasklock_cli.errors import TasklockError
 from tasklock_cli.proc import proctree
-from tasklock_cli.proc.guard import ENV_ORDER
 from tasklock_cli.proc.guard import GUARD_SIGNALS
-from tasklock_cli.proc.guard import MESSAGE_SIZE
-from tasklock_cli.proc.guard import ORDER_ROOM
 from tasklock_cli.proc.guard import become_subreaper
-from tasklock_cli.proc.guard import receive
 from tasklock_cli.proc.guard import run_guard
+from tasklock_cli.proc.protocol import ENV_ORDER
+from tasklock_cli.proc.protocol import MESSAGE_SIZE
+from tasklock_cli.proc.protocol import ORDER_BACKSTOP
+from tasklock_cli.proc.protocol import ORDER_GROUP
+from tasklock_cli.proc.protocol import ORDER_TREE
+from tasklock_cli.proc.protocol import REPORT_BACKSTOP
+from tasklock_cli.proc.protocol import REPORT_EMPTY
+from tasklock_cli.proc.protocol import REPORT_ERROR
+from tasklock_cli.proc.protocol import REPORT_EXITED
+from tasklock_cli.proc.protocol import REPORT_STARTED
+from tasklock_cli.proc.protocol import REPORT_STOPPED
+from tasklock_cli.proc.protocol import START_ORDER
+from tasklock_cli.proc.protocol import encode
+from tasklock_cli.proc.protocol import environ_pieces
+from tasklock_cli.proc.protocol import receive
 from tasklock_cli.stores.base import fd_readable
 from tasklock_cli.util import clock as clocks
 
@@ -95,7 +106,7 @@ class Child:
     def preload(self, env: dict[str, str]) -> None:
         """Hand the guard the part of the command's environment known before the lock is
         ours (a waiting run does it while it waits): ``start`` then sends only the rest."""
-        pieces = _environ_pieces(env, b"\0")  # the next part starts with a whole variable
+        pieces = environ_pieces(env, b"\0")  # the next part starts with a whole variable
         with contextlib.suppress(OSError):  # the guard is gone: _started says so
             for piece in pieces:
                 self._sock.send(ENV_ORDER + piece)
@@ -103,8 +114,8 @@ class Child:
     def start(self, env: dict[str, str], terminal_fd: int | None = None) -> None:
         """Have the guard start the command with the environment preloaded and ``env``
         over it (exactly that: nothing else); returns once the command runs."""
-        pieces = _environ_pieces(env)
-        start = f"start {-1 if terminal_fd is None else terminal_fd} ".encode()
+        pieces = environ_pieces(env)
+        start = START_ORDER + f"{-1 if terminal_fd is None else terminal_fd} ".encode()
         with contextlib.suppress(OSError):  # the guard is gone: _started says so
             for piece in pieces[:-1]:
                 self._sock.send(ENV_ORDER + piece)
@@ -128,10 +139,10 @@ class Child:
             except InterruptedError:  # pragma: no cover - PEP 475 retries for us
                 continue
         verb, _, rest = reply.partition(" ")
-        if verb == "started":
+        if verb == REPORT_STARTED:
             return int(rest)
         self._collect_guard()
-        if verb == "error":
+        if verb == REPORT_ERROR:
             code, _, message = rest.partition(" ")
             if int(code) == CommandNotFound.exit_code:
                 raise CommandNotFound(message)
@@ -167,12 +178,12 @@ class Child:
 
     def signal_group(self, signum: int) -> None:
         """Signal the command's process group (what a terminal would signal)."""
-        self._order("group", signum)
+        self._order(ORDER_GROUP, signum)
 
     def signal_tree(self, signum: int) -> None:
         """Signal every process of the tree; SIGTERM and SIGKILL also reach processes that
         start later, until the tree is empty."""
-        self._order("tree", signum)
+        self._order(ORDER_TREE, signum)
 
     def terminate_orphans(self) -> None:
         """SIGTERM to what the command left running, if anything (SIGKILL is the caller's)."""
@@ -184,7 +195,7 @@ class Child:
         """The guard kills the tree by itself ``seconds`` from now unless told a later time.
         Sent as a time on the shared boot clock, so a guard that reads it late (a loaded
         machine) does not kill late."""
-        self._order("backstop", repr(clocks.monotonic() + max(0.0, seconds)))
+        self._order(ORDER_BACKSTOP, repr(clocks.monotonic() + max(0.0, seconds)))
 
     def poll(self) -> None:
         """Read every report the guard has sent (never blocks)."""
@@ -214,14 +225,14 @@ class Child:
 
     def _note(self, words: list[str]) -> None:
         verb = words[0]
-        if verb == "stopped":
+        if verb == REPORT_STOPPED:
             self.stopped_by = int(words[1])
-        elif verb == "exited":
+        elif verb == REPORT_EXITED:
             self.status, self.orphans = int(words[1]), int(words[2])
             self.exited_at = float(words[3])
-        elif verb == "backstop":
+        elif verb == REPORT_BACKSTOP:
             self.backstop_fired = True
-        elif verb == "empty":
+        elif verb == REPORT_EMPTY:
             self.tree_empty = True
             self._collect_guard()
 
@@ -229,7 +240,7 @@ class Child:
         if self.tree_empty:
             return
         with contextlib.suppress(OSError):  # the guard is gone: poll() finds out
-            self._sock.send(" ".join(str(word) for word in words).encode())
+            self._sock.send(encode(*words))
 
     def _take_over(self) -> None:
         """The guard died without the tree being empty. As a subreaper we inherited the
@@ -259,13 +270,6 @@ def _pidfd(pid: int) -> int | None:
         return os.pidfd_open(pid)
     except (AttributeError, OSError):
         return None
-
-
-def _environ_pieces(env: dict[str, str], end: bytes = b"") -> list[bytes]:
-    """``env`` as NUL-separated ``NAME=VALUE`` bytes, cut to fit orders (at least one)."""
-    environ = b"\0".join(os.fsencode(k) + b"=" + os.fsencode(v) for k, v in env.items()) + end
-    room = MESSAGE_SIZE - ORDER_ROOM
-    return [environ[at : at + room] for at in range(0, len(environ), room)] or [b""]
 
 
 def _reap_all() -> None:
