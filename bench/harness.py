@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.install import interpreter_and_tasklock
-from tasklock_cli.stores.base import Holder
+from tasklock_cli.stores.model import Holder
 
 #: The interpreter of the floors and the `tasklock` timed: those of the private install
 #: (bench/install.py) unless --dev-install.

@@ -39,8 +39,8 @@ from tasklock_cli.errors import TasklockError
 from tasklock_cli.run.heartbeat import RenewalSchedule
 from tasklock_cli.run.heartbeat import renewal_schedule
 from tasklock_cli.stores import open_store
-from tasklock_cli.stores.base import Lease
 from tasklock_cli.stores.base import Store
+from tasklock_cli.stores.model import Lease
 
 HEARTBEAT_AT = (2.0, 2.5)  # seconds after start: steady window opens, RSS is read
 

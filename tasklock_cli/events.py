@@ -8,9 +8,9 @@ import sys
 from datetime import datetime
 from datetime import timezone
 
-from tasklock_cli.stores.base import rfc3339
 from tasklock_cli.util.sanitize import json_text
 from tasklock_cli.util.sanitize import safe
+from tasklock_cli.util.times import rfc3339
 
 #: typing costs ~2 ms per start: its names are for the type checker only.
 TYPE_CHECKING = False

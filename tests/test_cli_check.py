@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from tasklock_cli.stores.base import Holder
+from tasklock_cli.stores.model import Holder
 from tests.support.cli import executable
 from tests.support.cli import one_error_line
 from tests.support.cli import tasklock

@@ -11,7 +11,7 @@ from datetime import datetime
 import pytest
 
 from tasklock_cli.stores import open_store
-from tasklock_cli.stores.base import Holder
+from tasklock_cli.stores.model import Holder
 from tests.support.cli import json_events
 from tests.support.cli import one_error_line
 from tests.support.cli import tasklock

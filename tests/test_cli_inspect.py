@@ -74,8 +74,8 @@ def test_list_json_plain_and_prefix(env, holder):
 def test_a_long_listing_arrives_whole_through_a_pipe(env, sqlite_url):
     """Several pages of leases, written as they are read: nothing lost at exit."""
     from tasklock_cli.stores import open_store
-    from tasklock_cli.stores.base import LIST_PAGE
-    from tasklock_cli.stores.base import Holder
+    from tasklock_cli.stores.model import LIST_PAGE
+    from tasklock_cli.stores.model import Holder
 
     store = open_store(sqlite_url)
     keys = [f"bulk:{n:05d}:{'x' * 200}" for n in range(3 * LIST_PAGE + 1)]

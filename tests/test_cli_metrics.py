@@ -11,9 +11,9 @@ from datetime import datetime
 import pytest
 
 from tasklock_cli.stores import open_store
-from tasklock_cli.stores.base import LEDGER_KEEP
-from tasklock_cli.stores.base import Holder
-from tasklock_cli.stores.base import RunRecord
+from tasklock_cli.stores.model import LEDGER_KEEP
+from tasklock_cli.stores.model import Holder
+from tasklock_cli.stores.model import RunRecord
 from tests.support.cli import start
 from tests.support.cli import tasklock
 from tests.support.cli import wait_for_holder

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from tasklock_cli.stores import open_store
-from tasklock_cli.stores.base import WAITER_TTL_S
+from tasklock_cli.stores.model import WAITER_TTL_S
 from tests.support.cli import start
 from tests.support.cli import tasklock
 from tests.support.cli import wait_for_holder

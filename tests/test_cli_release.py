@@ -16,7 +16,7 @@ from datetime import timedelta
 import pytest
 
 from tasklock_cli.commands.release import LET_GO_TIMEOUT_ENV
-from tasklock_cli.stores.base import Holder
+from tasklock_cli.stores.model import Holder
 from tests.support.cli import tasklock
 from tests.support.cli import wait_until
 

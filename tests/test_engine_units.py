@@ -26,8 +26,8 @@ from tasklock_cli.run.waiter import WAITING_EVENT_EVERY_S
 from tasklock_cli.run.waiter import Waiter
 from tasklock_cli.run.windows import done_in_window
 from tasklock_cli.run.windows import window_start
-from tasklock_cli.stores.base import Holder
-from tasklock_cli.stores.base import RunRecord
+from tasklock_cli.stores.model import Holder
+from tasklock_cli.stores.model import RunRecord
 from tasklock_cli.stores.sqlite.store import SQLiteStore
 from tasklock_cli.util.durations import format_duration
 from tasklock_cli.util.durations import parse_duration
@@ -461,14 +461,14 @@ def test_sqlite_expiry_ignores_the_wall_clock(tmp_path):
     ],
 )
 def test_prefix_upper_bound(prefix, upper):
-    from tasklock_cli.stores.base import prefix_upper_bound
+    from tasklock_cli.stores.model import prefix_upper_bound
 
     assert prefix_upper_bound(prefix) == upper
 
 
 @given(st.text(min_size=1, max_size=5), st.text(max_size=5))
 def test_every_key_with_the_prefix_sorts_below_the_bound(prefix, rest):
-    from tasklock_cli.stores.base import prefix_upper_bound
+    from tasklock_cli.stores.model import prefix_upper_bound
 
     upper = prefix_upper_bound(prefix)
     key = prefix + rest

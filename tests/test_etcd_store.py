@@ -18,9 +18,6 @@ from tasklock_cli.errors import LeaseLost
 from tasklock_cli.errors import LimitMismatch
 from tasklock_cli.errors import Superseded
 from tasklock_cli.stores import open_store
-from tasklock_cli.stores.base import EXCLUSIVE
-from tasklock_cli.stores.base import SHARED
-from tasklock_cli.stores.base import Holder
 from tasklock_cli.stores.etcd import http
 from tasklock_cli.stores.etcd.acquiring import SHARED_SLOTS_PER_TXN
 from tasklock_cli.stores.etcd.connection import b64
@@ -29,6 +26,9 @@ from tasklock_cli.stores.etcd.connection import prefix_end
 from tasklock_cli.stores.etcd.keys import EtcdKeys
 from tasklock_cli.stores.etcd.store import SLOTS_PER_TXN
 from tasklock_cli.stores.etcd.store import EtcdStore
+from tasklock_cli.stores.model import EXCLUSIVE
+from tasklock_cli.stores.model import SHARED
+from tasklock_cli.stores.model import Holder
 from tests.support import services
 
 HOLDER = Holder(host="h", pid=1, user="u", command=["true"])

@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from tasklock_cli.stores import open_store
-from tasklock_cli.stores.base import WAITER_TTL_S
+from tasklock_cli.stores.model import WAITER_TTL_S
 from tests.support import procs
 from tests.support import report
 from tests.support.cli import json_events

@@ -24,7 +24,7 @@ import pytest
 import typer
 
 from tasklock_cli.stores import open_store
-from tasklock_cli.stores.base import Holder
+from tasklock_cli.stores.model import Holder
 from tasklock_cli.stores.sqlite.entries import key_dir_name
 from tests.support.cli import executable
 from tests.support.cli import one_error_line

@@ -17,10 +17,10 @@ from tasklock_cli.errors import LimitMismatch
 from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.errors import Superseded
 from tasklock_cli.stores import open_store
-from tasklock_cli.stores.base import EXCLUSIVE
-from tasklock_cli.stores.base import SHARED
-from tasklock_cli.stores.base import Holder
-from tasklock_cli.stores.base import Lease
+from tasklock_cli.stores.model import EXCLUSIVE
+from tasklock_cli.stores.model import SHARED
+from tasklock_cli.stores.model import Holder
+from tasklock_cli.stores.model import Lease
 from tasklock_cli.stores.postgres.store import DEFAULT_TABLE
 from tasklock_cli.stores.postgres.store import PostgresStore
 from tasklock_cli.stores.postgres.store import split_table

@@ -19,9 +19,9 @@ from tasklock_cli.errors import LimitMismatch
 from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.errors import Superseded
 from tasklock_cli.stores import open_store
-from tasklock_cli.stores.base import EXCLUSIVE
-from tasklock_cli.stores.base import SHARED
-from tasklock_cli.stores.base import Holder
+from tasklock_cli.stores.model import EXCLUSIVE
+from tasklock_cli.stores.model import SHARED
+from tasklock_cli.stores.model import Holder
 from tests.support import redis_support
 from tests.support import services
 from tests.support.ports import free_port

@@ -15,10 +15,10 @@ import psycopg
 import pytest
 
 from tasklock_cli.stores import open_store
-from tasklock_cli.stores.base import Holder
-from tasklock_cli.stores.base import Lease
-from tasklock_cli.stores.base import RunRecord
 from tasklock_cli.stores.base import Store
+from tasklock_cli.stores.model import Holder
+from tasklock_cli.stores.model import Lease
+from tasklock_cli.stores.model import RunRecord
 from tasklock_cli.stores.postgres.store import split_table
 from tests.support.proxy import TcpProxy
 

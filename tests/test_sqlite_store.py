@@ -9,8 +9,8 @@ import time
 import pytest
 
 import tasklock_cli.stores.sqlite.store as sqlite_module
-from tasklock_cli.stores.base import Holder
-from tasklock_cli.stores.base import Lease
+from tasklock_cli.stores.model import Holder
+from tasklock_cli.stores.model import Lease
 from tasklock_cli.stores.sqlite.store import _EXPIRED
 from tasklock_cli.stores.sqlite.store import _EXPIRED_RANGES
 from tasklock_cli.stores.sqlite.store import SCHEMA_VERSION
@@ -367,7 +367,7 @@ def _waiting_with_a_fifo(path, owner: str, **queueing) -> SQLiteStore:
 
 
 def _woken(waiter: SQLiteStore) -> bool:
-    from tasklock_cli.stores.base import fd_readable
+    from tasklock_cli.util.fds import fd_readable
 
     return fd_readable(waiter._wakeups._fd)
 

@@ -13,9 +13,9 @@ from datetime import timezone
 import pytest
 
 from tasklock_cli.errors import LeaseLost
-from tasklock_cli.stores.base import LEDGER_KEEP
-from tasklock_cli.stores.base import Holder
-from tasklock_cli.stores.base import RunRecord
+from tasklock_cli.stores.model import LEDGER_KEEP
+from tasklock_cli.stores.model import Holder
+from tasklock_cli.stores.model import RunRecord
 from tests.support.contract import HOLDER
 from tests.support.contract import OTHER
 from tests.support.contract import short_ttl
@@ -218,7 +218,7 @@ def test_list_reads_page_by_page_in_key_order(store, store_factory):
     """More leases than one page: every one listed once, in key order, lazily."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from tasklock_cli.stores.base import LIST_PAGE
+    from tasklock_cli.stores.model import LIST_PAGE
 
     count = 2 * LIST_PAGE + 7
     keys = [f"many:{n:05d}" for n in range(count)] + ["many", "many;", "manz:0", "man"]

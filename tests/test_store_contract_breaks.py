@@ -14,9 +14,9 @@ from datetime import timezone
 import pytest
 
 from tasklock_cli.errors import LeaseLost
-from tasklock_cli.stores.base import Holder
-from tasklock_cli.stores.base import RunRecord
-from tasklock_cli.stores.base import breaker
+from tasklock_cli.stores.model import Holder
+from tasklock_cli.stores.model import RunRecord
+from tasklock_cli.stores.model import breaker
 from tests.support.cli import wait_until
 from tests.support.contract import HOLDER
 from tests.support.contract import OTHER

@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 
 from tasklock_cli.errors import LimitMismatch
 from tasklock_cli.errors import Superseded
-from tasklock_cli.stores.base import EXCLUSIVE
-from tasklock_cli.stores.base import SHARED
-from tasklock_cli.stores.base import Holder
+from tasklock_cli.stores.model import EXCLUSIVE
+from tasklock_cli.stores.model import SHARED
+from tasklock_cli.stores.model import Holder
 from tests.support.contract import OTHER
 from tests.support.contract import token
 

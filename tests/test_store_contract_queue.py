@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
-from tasklock_cli.stores.base import Holder
+from tasklock_cli.stores.model import Holder
 from tests.support.contract import OTHER
 from tests.support.contract import token
 

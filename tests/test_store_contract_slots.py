@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from tasklock_cli.errors import LeaseLost
 from tasklock_cli.errors import LimitMismatch
-from tasklock_cli.stores.base import RunRecord
+from tasklock_cli.stores.model import RunRecord
 from tests.support.contract import HOLDER
 from tests.support.contract import OTHER
 from tests.support.contract import short_ttl

@@ -15,7 +15,7 @@ from tasklock_cli.proc.process import Child
 from tasklock_cli.run import supervisor as supervisor_module
 from tasklock_cli.run.options import RunOptions
 from tasklock_cli.run.supervisor import Supervisor
-from tasklock_cli.stores.base import Holder
+from tasklock_cli.stores.model import Holder
 from tasklock_cli.stores.sqlite.store import SQLiteStore
 from tests.test_engine_units import FakeClock
 

@@ -29,6 +29,7 @@ from tasklock_cli.errors import TasklockError
 from tasklock_cli.errors import UsageError
 from tasklock_cli.events import stop_spinners
 from tasklock_cli.run.command import run_command
+from tasklock_cli.stores.registry import url_forms
 from tasklock_cli.util.durations import format_duration
 from tasklock_cli.util.durations import parse_duration
 from tasklock_cli.util.keys import validate_key
@@ -124,10 +125,7 @@ def main_options(
         None,
         "--store",
         metavar="URL",
-        help=(
-            "Store URL: sqlite:///PATH, postgresql://..., redis://..., etcd://HOST:PORT"
-            " [env: TASKLOCK_STORE]"
-        ),
+        help=f"Store URL: {', '.join(url_forms())} [env: TASKLOCK_STORE]",
     ),
     config: str | None = typer.Option(
         None, "--config", metavar="FILE", help="Config file (TOML) [env: TASKLOCK_CONFIG]"
@@ -310,7 +308,7 @@ def history(
 ) -> None:
     """Show the run ledger of KEY: past runs (outcome, exit code, holder), newest first."""
     from tasklock_cli.cli import render
-    from tasklock_cli.stores.base import LEDGER_KEEP
+    from tasklock_cli.stores.model import LEDGER_KEEP
 
     g: Globals = ctx.obj
     validate_key(key)

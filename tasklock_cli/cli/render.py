@@ -9,14 +9,14 @@ from collections.abc import Iterable
 from datetime import datetime
 from datetime import timezone
 
-from tasklock_cli.stores.base import LeaseInfo
-from tasklock_cli.stores.base import RunRecord
-from tasklock_cli.stores.base import StoreCheck
-from tasklock_cli.stores.base import WaiterInfo
-from tasklock_cli.stores.base import rfc3339
+from tasklock_cli.stores.model import LeaseInfo
+from tasklock_cli.stores.model import RunRecord
+from tasklock_cli.stores.model import StoreCheck
+from tasklock_cli.stores.model import WaiterInfo
 from tasklock_cli.util.durations import format_duration
 from tasklock_cli.util.sanitize import json_text
 from tasklock_cli.util.sanitize import safe
+from tasklock_cli.util.times import rfc3339
 
 
 def relative(moment: datetime, now: datetime | None = None) -> str:
@@ -293,7 +293,7 @@ def break_outcome(key: str, token: int | None, outcome, timeout: float) -> str:
         holders, leases = "the holders", "their leases run"
     if outcome.let_go_after is not None:
         return safe(f"{broke}; {holders} let go after {outcome.let_go_after:.2f}s")
-    from tasklock_cli.stores.base import rfc3339
+    from tasklock_cli.util.times import rfc3339
 
     return safe(
         f"{broke}; {holders} did not answer within {timeout:g}s: {key} stays taken, broken, "
@@ -304,7 +304,7 @@ def break_outcome(key: str, token: int | None, outcome, timeout: float) -> str:
 def break_outcome_json(key: str, outcome) -> dict:
     """``release --force --json``: the tokens broken, whether the key is free now, and
     when it frees when not."""
-    from tasklock_cli.stores.base import rfc3339
+    from tasklock_cli.util.times import rfc3339
 
     return {
         "key": key,

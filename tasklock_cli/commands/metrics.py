@@ -14,9 +14,9 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from tasklock_cli.stores.base import LEDGER_KEEP
-from tasklock_cli.stores.base import RunRecord
 from tasklock_cli.stores.base import Store
+from tasklock_cli.stores.model import LEDGER_KEEP
+from tasklock_cli.stores.model import RunRecord
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from dataclasses import field
 from datetime import datetime
 
-from tasklock_cli.stores.base import Holder
-from tasklock_cli.stores.base import LeaseInfo
 from tasklock_cli.stores.base import Store
+from tasklock_cli.stores.model import Holder
+from tasklock_cli.stores.model import LeaseInfo
 
 #: How long ``release --force`` waits for the holders of broken leases to let go.
 LET_GO_TIMEOUT_S = 10.0

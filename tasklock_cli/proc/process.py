@@ -33,8 +33,8 @@ from tasklock_cli.proc.protocol import START_ORDER
 from tasklock_cli.proc.protocol import encode
 from tasklock_cli.proc.protocol import environ_pieces
 from tasklock_cli.proc.protocol import receive
-from tasklock_cli.stores.base import fd_readable
 from tasklock_cli.util import clock as clocks
+from tasklock_cli.util.fds import fd_readable
 
 __all__ = ["Child", "Terminal", "become_subreaper", "spawn_command"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tasklock_cli.errors import ExitCode
 from tasklock_cli.errors import TasklockError
-from tasklock_cli.stores.base import LeaseInfo
+from tasklock_cli.stores.model import LeaseInfo
 from tasklock_cli.util.durations import format_duration
 
 

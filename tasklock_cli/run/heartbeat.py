@@ -18,10 +18,10 @@ from tasklock_cli.errors import LossKind
 from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.events import EventLog
 from tasklock_cli.run.keeper import LeaseKeeper
-from tasklock_cli.stores.base import Lease
 from tasklock_cli.stores.base import Store
-from tasklock_cli.stores.base import wait_readable
+from tasklock_cli.stores.model import Lease
 from tasklock_cli.util import clock as clocks
+from tasklock_cli.util.fds import wait_readable
 from tasklock_cli.util.records import dataclass
 
 #: A lease broken by an operator: the command gets at most this long between SIGTERM and

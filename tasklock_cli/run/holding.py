@@ -15,8 +15,8 @@ from collections.abc import Callable
 from tasklock_cli.run.heartbeat import Heartbeat
 from tasklock_cli.run.keeper import LeaseKeeper
 from tasklock_cli.run.waiter import Waiter
-from tasklock_cli.stores.base import RunRecord
 from tasklock_cli.stores.base import Store
+from tasklock_cli.stores.model import RunRecord
 
 
 class Holding:

@@ -6,8 +6,8 @@ from tasklock_cli.config import settings
 from tasklock_cli.errors import UsageError
 from tasklock_cli.run.heartbeat import RenewalSchedule
 from tasklock_cli.run.heartbeat import renewal_schedule
-from tasklock_cli.stores.base import EXCLUSIVE
-from tasklock_cli.stores.base import SHARED
+from tasklock_cli.stores.model import EXCLUSIVE
+from tasklock_cli.stores.model import SHARED
 from tasklock_cli.util.keys import validate_key
 from tasklock_cli.util.records import dataclass
 

@@ -34,19 +34,19 @@ from tasklock_cli.run.holding import Holding
 from tasklock_cli.run.keeper import LeaseKeeper
 from tasklock_cli.run.options import RunOptions
 from tasklock_cli.run.waiter import Waiter
-from tasklock_cli.stores.base import SHARED
-from tasklock_cli.stores.base import Holder
-from tasklock_cli.stores.base import Lease
-from tasklock_cli.stores.base import LeaseInfo
-from tasklock_cli.stores.base import RunRecord
 from tasklock_cli.stores.base import Store
-from tasklock_cli.stores.base import rfc3339
+from tasklock_cli.stores.model import SHARED
+from tasklock_cli.stores.model import Holder
+from tasklock_cli.stores.model import Lease
+from tasklock_cli.stores.model import LeaseInfo
+from tasklock_cli.stores.model import RunRecord
 from tasklock_cli.util import clock as clocks
 from tasklock_cli.util.durations import format_duration
 from tasklock_cli.util.records import dataclass
 from tasklock_cli.util.records import field
 from tasklock_cli.util.records import replace
 from tasklock_cli.util.sanitize import recordable
+from tasklock_cli.util.times import rfc3339
 
 FORWARDED_SIGNALS = (
     signal.SIGINT,

@@ -10,8 +10,8 @@ from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.errors import TasklockError
 from tasklock_cli.run.conflict import Conflict
 from tasklock_cli.run.keeper import LeaseKeeper
-from tasklock_cli.stores.base import LeaseInfo
-from tasklock_cli.stores.base import Replacer
+from tasklock_cli.stores.model import LeaseInfo
+from tasklock_cli.stores.model import Replacer
 
 # Waiting: first retry soon, then back off; stores that signal releases wake us earlier.
 FIRST_RETRY_S = 0.005

@@ -6,7 +6,7 @@ from datetime import datetime
 from datetime import timedelta
 from datetime import timezone
 
-from tasklock_cli.stores.base import RunRecord
+from tasklock_cli.stores.model import RunRecord
 
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 

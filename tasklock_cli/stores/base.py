@@ -6,437 +6,27 @@ the supervisor's business (see ``tasklock_cli.run.keeper``).
 
 from __future__ import annotations
 
-import select
-import threading
+import contextlib
 import time
 from abc import ABC
 from abc import abstractmethod
-from collections.abc import Callable
 from collections.abc import Iterator
 from datetime import datetime
-from datetime import timezone
 
-from tasklock_cli.util.records import dataclass
-from tasklock_cli.util.records import field
-from tasklock_cli.util.records import replace
-
-#: Rows per read of a listing (see ``Store.list``).
-LIST_PAGE = 1000
-#: A waiter wakes this long after the lease it waits on runs out, so it finds it expired.
-EXPIRY_SLACK_S = 0.002
-#: A waiter's place in a key's queue lives this long unless its waiter renews it (every
-#: attempt does): a crashed waiter's place runs out by itself and the queue moves on.
-WAITER_TTL_S = 3.0
-
-#: A broken lease keeps its place on the store with its owner token prefixed by this: its
-#: owner's renew no longer matches (LeaseLost) and nobody else may take it while it is live,
-#: but its owner's release still matches. No schema change: an older tasklock sharing the
-#: store sees a broken lease as someone else's, so its renewals fail and it lets go.
-#: (Owner tokens are hex: the prefix cannot occur in one.)
-BROKEN_OWNER_PREFIX = "broken:"
-
-#: Lock modes (``run --shared``): an exclusive holder holds its key alone; any number of
-#: shared holders hold it together.
-EXCLUSIVE = "exclusive"
-SHARED = "shared"
-MODES = (EXCLUSIVE, SHARED)
-
-
-@dataclass(frozen=True)
-class Ask:
-    """How an acquire asks, beyond key and lease (see ``Store.acquire``)."""
-
-    mode: str = EXCLUSIVE
-    supersede: bool = False
-    front: bool = False
-
-
-@dataclass(frozen=True)
-class Holder:
-    """Who holds a lease; shown by ``peek`` and ``list``."""
-
-    host: str
-    pid: int
-    user: str
-    command: list[str] = field(default_factory=list)
-    note: str | None = None
-
-    def to_dict(self) -> dict:
-        return {
-            "host": self.host,
-            "pid": self.pid,
-            "user": self.user,
-            "command": list(self.command),
-            "note": self.note,
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict) -> Holder:
-        return cls(
-            host=str(data.get("host", "")),
-            pid=int(data.get("pid", 0)),
-            user=str(data.get("user", "")),
-            command=[str(part) for part in data.get("command", [])],
-            note=data.get("note"),
-        )
-
-
-@dataclass(frozen=True)
-class Lease:
-    """A lease as its owner knows it. ``owner_token`` is the secret that scopes renew/release."""
-
-    key: str
-    owner_token: str
-    fencing_token: int
-    acquired_at: datetime
-    expires_at: datetime
-    #: The semaphore slot held (0..limit-1); a plain lock is slot 0 of limit 1. Shared
-    #: holders each have a slot of their own (0, 1, ...) under limit 1.
-    slot: int = 0
-    limit: int = 1
-    mode: str = EXCLUSIVE
-
-    def renewed_until(self, expires_at: datetime | None) -> Lease:
-        """This lease, renewed until ``expires_at``; LeaseLost when the store renewed
-        nothing (None: the lease is no longer ours)."""
-        if expires_at is None:
-            from tasklock_cli.errors import LeaseLost
-
-            raise LeaseLost(f"the lease on {self.key!r} is no longer ours")
-        return replace(self, expires_at=expires_at)
-
-
-@dataclass(frozen=True)
-class LeaseInfo:
-    """A lease as an observer sees it (``peek``/``list``); the owner token is never exposed."""
-
-    key: str
-    holder: Holder
-    fencing_token: int
-    acquired_at: datetime
-    expires_at: datetime
-    expired: bool
-    slot: int = 0
-    limit: int = 1
-    mode: str = EXCLUSIVE
-
-    @property
-    def shared(self) -> bool:
-        return self.mode == SHARED
-
-    def to_json(self) -> dict:
-        return {
-            "key": self.key,
-            "holder": {**self.holder.to_dict(), "mode": self.mode},
-            "mode": self.mode,
-            "fencing_token": self.fencing_token,
-            "acquired_at": rfc3339(self.acquired_at),
-            "expires_at": rfc3339(self.expires_at),
-            "expired": self.expired,
-            "slot": self.slot,
-            "limit": self.limit,
-        }
-
-
-@dataclass(frozen=True)
-class WaiterInfo:
-    """A run waiting for a key, as ``peek`` shows it (its owner token is never exposed)."""
-
-    holder: Holder
-    since: datetime
-    mode: str = "exclusive"
-
-    def to_json(self) -> dict:
-        return {
-            "host": self.holder.host,
-            "pid": self.holder.pid,
-            "user": self.holder.user,
-            "since": rfc3339(self.since),
-            "note": self.holder.note,
-            "mode": self.mode,
-        }
-
-
-#: The run ledger keeps at least this many runs per key; a write trims older ones.
-LEDGER_KEEP = 100
-#: ``RunRecord.outcome`` values.
-OUTCOMES = ("succeeded", "failed", "signalled", "lost", "done-already")
-
-
-@dataclass(frozen=True)
-class RunRecord:
-    """One run that held a lease, as the run ledger keeps it (written with the release).
-
-    ``ended_at`` is None until the store writes the record: it takes the time from its own
-    clock where it has one (as it did for ``started_at``, the lease's acquisition)."""
-
-    key: str
-    fencing_token: int
-    holder: Holder
-    started_at: datetime
-    exit_code: int | None
-    outcome: str
-    detected_by: str | None = None
-    slot: int = 0
-    ended_at: datetime | None = None
-    #: Who broke the lease (``release --force``): {"host", "pid", "user"}; None otherwise.
-    broken_by: dict | None = None
-    mode: str = EXCLUSIVE
-
-    @property
-    def shared(self) -> bool:
-        return self.mode == SHARED
-
-    def fields(self) -> dict:
-        """Everything but key, token and times, as the stores keep it (JSON-able)."""
-        return {
-            "slot": self.slot,
-            "holder": self.holder.to_dict(),
-            "exit_code": self.exit_code,
-            "outcome": self.outcome,
-            "detected_by": self.detected_by,
-            "broken_by": self.broken_by,
-            "mode": self.mode,
-        }
-
-    @classmethod
-    def from_fields(
-        cls,
-        key: str,
-        fencing_token: int,
-        started_at: datetime,
-        ended_at: datetime | None,
-        data: dict,
-    ) -> RunRecord:
-        code = data.get("exit_code")
-        return cls(
-            key=key,
-            fencing_token=int(fencing_token),
-            holder=Holder.from_dict(data.get("holder") or {}),
-            started_at=started_at,
-            ended_at=ended_at,
-            exit_code=None if code is None else int(code),
-            outcome=str(data.get("outcome", "")),
-            detected_by=data.get("detected_by"),
-            slot=int(data.get("slot", 0)),
-            broken_by=breaker_of(data.get("broken_by")),
-            mode=SHARED if data.get("mode") == SHARED else EXCLUSIVE,
-        )
-
-    def to_json(self) -> dict:
-        holder = self.holder
-        return {
-            "key": self.key,
-            "fencing_token": self.fencing_token,
-            "slot": self.slot,
-            "host": holder.host,
-            "pid": holder.pid,
-            "user": holder.user,
-            "command": list(holder.command),
-            "note": holder.note,
-            "started_at": rfc3339(self.started_at),
-            "ended_at": rfc3339(self.ended_at) if self.ended_at else None,
-            "exit_code": self.exit_code,
-            "outcome": self.outcome,
-            "detected_by": self.detected_by,
-            "broken_by": self.broken_by,
-            "mode": self.mode,
-        }
-
-
-class Replacer(Holder):
-    """A holder that breaks leases to take their key (``run --replace``): the broken
-    holder's loss is ``replaced`` rather than ``rejected``. (Holder's fields, no new ones.)"""
-
-    @classmethod
-    def of(cls, holder: Holder) -> Replacer:
-        return cls(holder.host, holder.pid, holder.user, list(holder.command), holder.note)
-
-
-def breaker(holder: Holder | None) -> dict | None:
-    """Who breaks a lease, as the store keeps it with the lease (``broken_by``): host, pid
-    and user, and ``replaced`` when a ``run --replace`` broke it."""
-    if holder is None:
-        return None
-    by: dict = {"host": holder.host, "pid": holder.pid, "user": holder.user}
-    if isinstance(holder, Replacer):
-        by["replaced"] = True
-    return by
-
-
-def breaker_of(data: object) -> dict | None:
-    """``broken_by`` as a store returned it (a dict, or JSON text); None when none or
-    not one."""
-    if isinstance(data, (str, bytes)):
-        import json
-
-        try:
-            data = json.loads(data)
-        except ValueError:
-            return None
-    if not isinstance(data, dict):
-        return None
-    by: dict = {
-        "host": str(data.get("host", "")),
-        "pid": int(data.get("pid") or 0),
-        "user": str(data.get("user", "")),
-    }
-    if data.get("replaced") is True:
-        by["replaced"] = True
-    return by
-
-
-@dataclass(frozen=True)
-class StoreCheck:
-    """One line of ``doctor`` output."""
-
-    name: str
-    ok: bool
-    detail: str
-    warning: bool = False
-
-
-def prefix_upper_bound(prefix: str) -> str | None:
-    """The least string above every key that starts with ``prefix`` (code point order, which
-    is byte order in UTF-8), so a prefix scan can stop early; None where there is none."""
-    chars = list(prefix)
-    while chars:
-        last = ord(chars.pop()) + 1
-        if 0xD800 <= last <= 0xDFFF:  # surrogates are not characters: skip to the next one
-            last = 0xE000
-        if last <= 0x10FFFF:
-            return "".join(chars) + chr(last)
-    return None
-
-
-def wait_readable(fds: list[int | None], timeout: float) -> list[int]:
-    """Block until one of ``fds`` (None entries skipped) is readable or ``timeout`` seconds
-    pass; the readable ones (none are read). Without fds it just sleeps."""
-    watched = [fd for fd in fds if fd is not None]
-    seconds = max(0.0, timeout)
-    if not watched:
-        time.sleep(seconds)
-        return []
-    readable, _, _ = select.select(watched, [], [], seconds)
-    return readable
-
-
-def fd_readable(fd: int | None) -> bool:
-    """True when ``fd`` has something to read right now (nothing is read)."""
-    return fd is not None and bool(wait_readable([fd], 0))
-
-
-def import_on_first_use(package: str, module: str, name: str) -> Callable[[str], object]:
-    """A module ``__getattr__`` for ``package`` that imports ``name`` from its ``module``
-    when it is first asked for (PEP 562)."""
-
-    def attribute(wanted: str) -> object:
-        if wanted != name:
-            raise AttributeError(f"module {package!r} has no attribute {wanted!r}")
-        from importlib import import_module
-
-        return getattr(import_module(f"{package}.{module}"), name)
-
-    return attribute
-
-
-def utc_from_timestamp(seconds: float) -> datetime:
-    return datetime.fromtimestamp(seconds, tz=timezone.utc)
-
-
-def rfc3339(moment: datetime) -> str:
-    return moment.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-#: typing costs ~2 ms per start: BreakWatch is for the type checker only.
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Protocol
-
-    class BreakWatch(Protocol):
-        """A holder's open line for hearing that its lease was broken (a LISTEN connection,
-        a subscription): made at its first wait, kept until its release."""
-
-        lock: threading.Lock
-
-        def wait(self, deadline: float, wake_fd: int | None) -> bool: ...
-
-        def close(self) -> None: ...
-
-
-class SocketBreakWatch:
-    """A break watch on a socket of its own: ``_fileno`` is selected on together with the
-    caller's ``wake_fd``, and ``_heard`` reads (never blocking) whether our break is among
-    what has arrived. What is heard is a hint (anyone with access to the store can send
-    one): a wait returns it once, and the caller asks the store (it renews)."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()  # one waiter at a time
-
-    def _fileno(self) -> int:
-        raise NotImplementedError
-
-    def _heard(self) -> bool:
-        raise NotImplementedError
-
-    def wait(self, deadline: float, wake_fd: int | None) -> bool:
-        """True when a break of ours is heard before ``deadline`` (each notification
-        once); False at the deadline or when ``wake_fd`` is readable."""
-        while True:
-            if self._heard():
-                return True
-            left = deadline - time.monotonic()
-            if left <= 0 or fd_readable(wake_fd):
-                return False
-            fileno = self._fileno()
-            ready = wait_readable([fileno, wake_fd], left)
-            if ready and fileno not in ready:
-                return False  # wake_fd alone
-
-
-class BreakWatches:
-    """The waiting skeleton of ``Store.wait_for_break`` for stores that hear of a break on
-    a line of their own: one watch per held lease, opened at the first wait (then the
-    lease is looked at once, so a break before it is seen), kept until ``drop``. Trouble
-    with a watch is not a break: it is dropped (the next wait opens another) and that wait
-    sleeps on ``wake_fd``; the renewals report the store's state."""
-
-    def __init__(self, open_watch: Callable[[Lease], tuple[BreakWatch, bool]], trouble: tuple):
-        self._open = open_watch  # -> (watch, found broken when opened)
-        self._trouble = trouble  # the exceptions that mean "this watch failed"
-        self._lock = threading.Lock()
-        self._watches: dict[tuple[str, int], BreakWatch] = {}
-
-    def wait(self, lease: Lease, timeout: float, wake_fd: int | None) -> bool:
-        deadline = time.monotonic() + max(0.0, timeout)
-        try:
-            with self._lock:
-                watch = self._watches.get((lease.key, lease.fencing_token))
-            if watch is None:
-                watch, broken = self._open(lease)
-                with self._lock:
-                    self._watches[(lease.key, lease.fencing_token)] = watch
-                if broken:
-                    return True
-            with watch.lock:
-                return watch.wait(deadline, wake_fd)
-        except self._trouble:
-            self.drop(lease)
-            wait_readable([wake_fd], deadline - time.monotonic())
-            return False
-
-    def drop(self, lease: Lease) -> None:
-        """The lease is released: its watch closes."""
-        with self._lock:
-            watch = self._watches.pop((lease.key, lease.fencing_token), None)
-        if watch is not None:
-            watch.close()
-
-    def close(self) -> None:
-        with self._lock:
-            watches, self._watches = list(self._watches.values()), {}
-        for watch in watches:
-            watch.close()
+from tasklock_cli.errors import StoreUnavailable
+from tasklock_cli.stores.model import EXCLUSIVE
+from tasklock_cli.stores.model import EXPIRY_SLACK_S
+from tasklock_cli.stores.model import LEDGER_KEEP
+from tasklock_cli.stores.model import WAITER_TTL_S
+from tasklock_cli.stores.model import Ask
+from tasklock_cli.stores.model import Holder
+from tasklock_cli.stores.model import Lease
+from tasklock_cli.stores.model import LeaseInfo
+from tasklock_cli.stores.model import RunRecord
+from tasklock_cli.stores.model import StoreCheck
+from tasklock_cli.stores.model import WaiterInfo
+from tasklock_cli.util.fds import fd_readable
+from tasklock_cli.util.fds import wait_readable
 
 
 class Store(ABC):
@@ -469,6 +59,18 @@ class Store(ABC):
     #: How long a waiter's place in a queue lives without a renewal (see ``acquire``);
     #: a store may round it up to its own minimum.
     waiter_ttl: float = WAITER_TTL_S
+    #: How often ``wait_for_break``'s polling default looks at a held lease (stores that
+    #: hear of a break on a line of their own override ``wait_for_break``).
+    break_poll_s: float = 0.01
+
+    def __init__(self) -> None:
+        self._places: dict[str, str] = {}  # see _queue_places
+
+    @classmethod
+    @abstractmethod
+    def from_url(cls, url: str) -> Store:
+        """The store a URL of one of its package's ``SCHEMES`` names (see ``registry``).
+        ConfigError for a URL it cannot use (unknown parameters named)."""
 
     def acquire(
         self,
@@ -633,11 +235,22 @@ class Store(ABC):
         (as ``break_lease``). Returns what was freed, ordered by slot. The fencing counter
         is kept."""
 
-    @abstractmethod
     def wait_for_break(self, lease: Lease, timeout: float, wake_fd: int | None = None) -> bool:
         """Called by ``lease``'s holder between renewals: block until the lease is broken or
         freed by force (True), ``timeout`` seconds pass (False), or ``wake_fd`` becomes
-        readable (False; it is not read). A break from before the call is seen too."""
+        readable (False; it is not read). A break from before the call is seen too.
+
+        By default the lease is looked at every ``break_poll_s`` (``time_left``: a lease
+        broken, freed or run out is no longer current); what it finds is a hint the caller
+        checks with a renewal, and trouble reaching the store is not a break."""
+        deadline = time.monotonic() + max(0.0, timeout)
+        while True:
+            with contextlib.suppress(StoreUnavailable):
+                if self.time_left(lease.key, lease.fencing_token) is None:
+                    return True
+            left = deadline - time.monotonic()
+            if left <= 0 or wait_readable([wake_fd], min(left, self.break_poll_s)):
+                return False
 
     #: What this store's waiting primitives raise on trouble; the wait then ends in
     #: ``_wait_after_trouble`` and the caller's next acquire reports the store's state.
@@ -680,10 +293,11 @@ class Store(ABC):
         and fewer waiters ahead of us than free slots: see ``_queue_place``). Behind
         waiters that come first, ``waiter_ttl`` (their places may run out)."""
 
-    @abstractmethod
     def _await_wakeup(self, key: str, until: float, wake_fd: int | None) -> None:
         """Wait for a release of ``key`` to wake us, until ``until`` (monotonic) or until
-        ``wake_fd`` is readable."""
+        ``wake_fd`` is readable. By default nothing wakes us (a store that only polls):
+        the waiter's retries look again, backing off to ``run.waiter.POLL_CEILING_S``."""
+        wait_readable([wake_fd], until - time.monotonic())
 
     def _wait_after_trouble(self, key: str, deadline: float, wake_fd: int | None) -> None:
         """The waiting primitives failed: sleep out the wait (on ``wake_fd``)."""
@@ -691,10 +305,7 @@ class Store(ABC):
 
     def _queue_places(self) -> dict[str, str]:
         """The keys in whose queues we hold a place, and the owner token it is under."""
-        places = self.__dict__.get("_places")
-        if places is None:
-            places = self.__dict__["_places"] = {}
-        return places
+        return self._places
 
     def _queue_place(self, key: str) -> str | None:
         """The owner token of our place in ``key``'s queue; None when we have none."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tasklock_cli.stores.base import StoreCheck
+from tasklock_cli.stores.model import StoreCheck
 
 #: A store clock further than this from ours is worth a warning (times shown look off).
 CLOCK_WARN_S = 1.0

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tasklock_cli.stores import open_store
-from tasklock_cli.stores.base import LeaseInfo
+from tasklock_cli.stores.model import LeaseInfo
 
 
 def executable() -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 
-from tasklock_cli.stores.base import Holder
+from tasklock_cli.stores.model import Holder
 
 HOLDER = Holder(
     host="host-a", pid=4242, user="alice", command=["./job.sh", "--all"], note="nightly"

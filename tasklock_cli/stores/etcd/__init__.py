@@ -43,8 +43,17 @@ under the granted one is still safe for the holder: its own deadline counts the 
 
 from __future__ import annotations
 
-from tasklock_cli.stores.base import import_on_first_use
+from tasklock_cli.util.lazy import import_on_first_use
 
+TITLE = "etcd"
+SCHEMES = ("etcd", "etcds")
+URL_FORM = "etcd://HOST:PORT"
+DRIVER = None
 #: ``EtcdStore`` is imported on first use: a companion module never brings the driver.
 __getattr__ = import_on_first_use(__name__, "store", "EtcdStore")
 __all__ = ["EtcdStore"]
+
+
+def url_problem(url: str) -> str | None:
+    """None: the connection reads the list of members itself (``connection.parse_url``)."""
+    return None

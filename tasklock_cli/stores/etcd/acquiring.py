@@ -6,8 +6,6 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from tasklock_cli.stores.base import EXCLUSIVE
-from tasklock_cli.stores.base import SHARED
 from tasklock_cli.stores.etcd.connection import b64
 from tasklock_cli.stores.etcd.connection import prefix_end
 from tasklock_cli.stores.etcd.keys import SHARED_SHELF
@@ -15,6 +13,8 @@ from tasklock_cli.stores.etcd.keys import EtcdKeys
 from tasklock_cli.stores.etcd.keys import SlotKv
 from tasklock_cli.stores.etcd.keys import absent
 from tasklock_cli.stores.etcd.keys import family
+from tasklock_cli.stores.model import EXCLUSIVE
+from tasklock_cli.stores.model import SHARED
 from tasklock_cli.util.records import dataclass
 
 #: The slots one acquire txn tries, nested (etcd counts nested ops against --max-txn-ops,

@@ -14,8 +14,6 @@ from collections.abc import Callable
 from typing import Any
 
 from tasklock_cli.errors import TasklockError
-from tasklock_cli.stores.base import Lease
-from tasklock_cli.stores.base import LeaseInfo
 from tasklock_cli.stores.etcd import http
 from tasklock_cli.stores.etcd.connection import EtcdClient
 from tasklock_cli.stores.etcd.connection import EtcdError
@@ -29,6 +27,8 @@ from tasklock_cli.stores.etcd.keys import SlotKv
 from tasklock_cli.stores.etcd.keys import moves_to_lease
 from tasklock_cli.stores.etcd.keys import range_op
 from tasklock_cli.stores.etcd.waiting import poll_until
+from tasklock_cli.stores.model import Lease
+from tasklock_cli.stores.model import LeaseInfo
 
 
 class SlotBreaker:

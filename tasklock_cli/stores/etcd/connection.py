@@ -26,12 +26,12 @@ from urllib.parse import unquote
 from tasklock_cli.errors import ConfigError
 from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.errors import TasklockError
-from tasklock_cli.stores.base import fd_readable
 from tasklock_cli.stores.etcd import http
 from tasklock_cli.stores.urls import redact_url
 from tasklock_cli.stores.urls import scrub
 from tasklock_cli.stores.urls import split_url
 from tasklock_cli.stores.urls import unknown_parameter
+from tasklock_cli.util.fds import fd_readable
 from tasklock_cli.util.records import dataclass
 from tasklock_cli.util.records import field
 

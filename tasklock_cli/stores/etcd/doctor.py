@@ -6,12 +6,12 @@ import time
 from typing import Any
 
 from tasklock_cli.errors import TasklockError
-from tasklock_cli.stores.base import StoreCheck
 from tasklock_cli.stores.doctor import clock_check
 from tasklock_cli.stores.doctor import warning
 from tasklock_cli.stores.etcd import http
 from tasklock_cli.stores.etcd.connection import EtcdClient
 from tasklock_cli.stores.etcd.connection import describe
+from tasklock_cli.stores.model import StoreCheck
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

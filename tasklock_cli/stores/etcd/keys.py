@@ -65,14 +65,14 @@ from typing import Any
 from typing import NamedTuple
 
 from tasklock_cli.errors import ConfigError
-from tasklock_cli.stores.base import EXCLUSIVE
-from tasklock_cli.stores.base import SHARED
-from tasklock_cli.stores.base import Holder
-from tasklock_cli.stores.base import LeaseInfo
-from tasklock_cli.stores.base import utc_from_timestamp
 from tasklock_cli.stores.etcd.connection import b64
 from tasklock_cli.stores.etcd.connection import kvs_of
 from tasklock_cli.stores.etcd.connection import unb64
+from tasklock_cli.stores.model import EXCLUSIVE
+from tasklock_cli.stores.model import SHARED
+from tasklock_cli.stores.model import Holder
+from tasklock_cli.stores.model import LeaseInfo
+from tasklock_cli.util.times import utc_from_timestamp
 
 #: Slot numbers in key names have this many digits (zero-padded: key order is slot order).
 SLOT_DIGITS = 10

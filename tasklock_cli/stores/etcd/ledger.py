@@ -14,18 +14,18 @@ from datetime import timezone
 from typing import Any
 
 from tasklock_cli.errors import ConfigError
-from tasklock_cli.stores.base import LEDGER_KEEP
-from tasklock_cli.stores.base import LIST_PAGE
-from tasklock_cli.stores.base import RunRecord
-from tasklock_cli.stores.base import utc_from_timestamp
 from tasklock_cli.stores.etcd.connection import EtcdClient
 from tasklock_cli.stores.etcd.connection import EtcdError
 from tasklock_cli.stores.etcd.connection import b64
 from tasklock_cli.stores.etcd.connection import prefix_end
 from tasklock_cli.stores.etcd.connection import unb64
 from tasklock_cli.stores.etcd.keys import EtcdKeys
+from tasklock_cli.stores.model import LEDGER_KEEP
+from tasklock_cli.stores.model import LIST_PAGE
+from tasklock_cli.stores.model import RunRecord
 from tasklock_cli.util.records import dataclass
 from tasklock_cli.util.records import field
+from tasklock_cli.util.times import utc_from_timestamp
 
 #: The oldest ledger records an acquire reads, for its release to trim (more than one,
 #: so that a ledger grown past LEDGER_KEEP shrinks back).

@@ -15,19 +15,7 @@ from tasklock_cli.errors import LimitMismatch
 from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.errors import Superseded
 from tasklock_cli.errors import TasklockError
-from tasklock_cli.stores.base import LEDGER_KEEP
-from tasklock_cli.stores.base import LIST_PAGE
-from tasklock_cli.stores.base import SHARED
-from tasklock_cli.stores.base import Ask
-from tasklock_cli.stores.base import Holder
-from tasklock_cli.stores.base import Lease
-from tasklock_cli.stores.base import LeaseInfo
-from tasklock_cli.stores.base import RunRecord
 from tasklock_cli.stores.base import Store
-from tasklock_cli.stores.base import WaiterInfo
-from tasklock_cli.stores.base import breaker
-from tasklock_cli.stores.base import breaker_of
-from tasklock_cli.stores.base import utc_from_timestamp
 from tasklock_cli.stores.etcd import http
 from tasklock_cli.stores.etcd.acquiring import SHARED_SLOTS_PER_TXN
 from tasklock_cli.stores.etcd.acquiring import SLOTS_PER_TXN
@@ -61,14 +49,26 @@ from tasklock_cli.stores.etcd.ledger import LedgerAtAcquire
 from tasklock_cli.stores.etcd.waiting import AHEAD
 from tasklock_cli.stores.etcd.waiting import GONE
 from tasklock_cli.stores.etcd.waiting import SUPERSEDED
-from tasklock_cli.stores.etcd.waiting import WAITER_TTL_S
 from tasklock_cli.stores.etcd.waiting import WaiterQueue
 from tasklock_cli.stores.etcd.waiting import poll_until
 from tasklock_cli.stores.etcd.waiting import waiter_value
+from tasklock_cli.stores.model import LEDGER_KEEP
+from tasklock_cli.stores.model import LIST_PAGE
+from tasklock_cli.stores.model import SHARED
+from tasklock_cli.stores.model import WAITER_TTL_S
+from tasklock_cli.stores.model import Ask
+from tasklock_cli.stores.model import Holder
+from tasklock_cli.stores.model import Lease
+from tasklock_cli.stores.model import LeaseInfo
+from tasklock_cli.stores.model import RunRecord
+from tasklock_cli.stores.model import WaiterInfo
+from tasklock_cli.stores.model import breaker
+from tasklock_cli.stores.model import breaker_of
 from tasklock_cli.stores.urls import redact_url
 from tasklock_cli.util import clock as clocks
 from tasklock_cli.util.records import dataclass
 from tasklock_cli.util.records import field
+from tasklock_cli.util.times import utc_from_timestamp
 
 #: A spare lease (granted by a refused acquire, kept alive by the next ones) kept alive at
 #: most this long ago is attached as it is, without a keepalive in the acquire's exchange:
@@ -107,9 +107,10 @@ class EtcdStore(Store):
     min_ttl = 1.0
     expiry_lag = 1.0  # its check every 0.5 s, then a Raft round: 0.7 s was passed under load
     waiting_trouble = (TasklockError, EtcdError, OSError, http.Woken)
-    waiter_ttl = float(WAITER_TTL_S)  # whole seconds (a waiter lease)
+    waiter_ttl = float(math.ceil(WAITER_TTL_S))  # whole seconds (a waiter lease)
 
     def __init__(self, config: EtcdConfig, display_url: str) -> None:
+        super().__init__()
         self.display_url = display_url
         self.prefix = config.prefix
         self._client = EtcdClient(config, display_url)

@@ -37,12 +37,6 @@ from typing import Any
 from typing import NamedTuple
 
 from tasklock_cli.errors import TasklockError
-from tasklock_cli.stores.base import EXCLUSIVE
-from tasklock_cli.stores.base import SHARED
-from tasklock_cli.stores.base import Holder
-from tasklock_cli.stores.base import WaiterInfo
-from tasklock_cli.stores.base import utc_from_timestamp
-from tasklock_cli.stores.base import wait_readable
 from tasklock_cli.stores.etcd.connection import EtcdClient
 from tasklock_cli.stores.etcd.connection import EtcdError
 from tasklock_cli.stores.etcd.connection import Watch
@@ -56,10 +50,13 @@ from tasklock_cli.stores.etcd.keys import EtcdKeys
 from tasklock_cli.stores.etcd.keys import absent
 from tasklock_cli.stores.etcd.keys import place_class
 from tasklock_cli.stores.etcd.keys import range_op
+from tasklock_cli.stores.model import EXCLUSIVE
+from tasklock_cli.stores.model import SHARED
+from tasklock_cli.stores.model import Holder
+from tasklock_cli.stores.model import WaiterInfo
+from tasklock_cli.util.fds import wait_readable
+from tasklock_cli.util.times import utc_from_timestamp
 
-#: A waiter's place in a queue lives this long without a refresh (a crashed waiter's place
-#: is given up after it); waiting refreshes it every third of it.
-WAITER_TTL_S = 3
 #: When the watch breaks, waiting falls back to reading the key this often.
 POLL_S = 0.1
 #: A waiter whose place moved up (the place ahead of it went) looks again only this much

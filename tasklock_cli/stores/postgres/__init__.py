@@ -68,8 +68,13 @@ connection and its bounds), ``schema``
 
 from __future__ import annotations
 
-from tasklock_cli.stores.base import import_on_first_use
+from tasklock_cli.stores.registry import Driver
+from tasklock_cli.util.lazy import import_on_first_use
 
+TITLE = "postgresql"
+SCHEMES = ("postgresql", "postgres")
+URL_FORM = "postgresql://..."
+DRIVER = Driver("psycopg", "psycopg[binary]>=3.1")
 #: ``PostgresStore`` is imported on first use: a companion module never brings the driver.
 __getattr__ = import_on_first_use(__name__, "store", "PostgresStore")
 __all__ = ["PostgresStore"]

@@ -13,12 +13,12 @@ from typing import TypeVar
 import psycopg
 from psycopg import sql
 
-from tasklock_cli.stores.base import Lease
-from tasklock_cli.stores.base import SocketBreakWatch
+from tasklock_cli.stores.model import Lease
 from tasklock_cli.stores.postgres.connection import Overrun
 from tasklock_cli.stores.postgres.connection import PgConnection
 from tasklock_cli.stores.postgres.connection import Watchdog
 from tasklock_cli.stores.postgres.schema import PgSchema
+from tasklock_cli.stores.watches import SocketBreakWatch
 
 _T = TypeVar("_T")
 

@@ -9,8 +9,8 @@ from typing import Any
 import psycopg
 
 from tasklock_cli.errors import TasklockError
-from tasklock_cli.stores.base import StoreCheck
 from tasklock_cli.stores.doctor import clock_check
+from tasklock_cli.stores.model import StoreCheck
 from tasklock_cli.stores.postgres.schema import PgSchema
 
 TYPE_CHECKING = False

@@ -19,21 +19,20 @@ from tasklock_cli.errors import LimitMismatch
 from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.errors import Superseded
 from tasklock_cli.errors import TasklockError
-from tasklock_cli.stores.base import BROKEN_OWNER_PREFIX
-from tasklock_cli.stores.base import LEDGER_KEEP
-from tasklock_cli.stores.base import LIST_PAGE
-from tasklock_cli.stores.base import SHARED
-from tasklock_cli.stores.base import Ask
-from tasklock_cli.stores.base import BreakWatches
-from tasklock_cli.stores.base import Holder
-from tasklock_cli.stores.base import Lease
-from tasklock_cli.stores.base import LeaseInfo
-from tasklock_cli.stores.base import RunRecord
 from tasklock_cli.stores.base import Store
-from tasklock_cli.stores.base import WaiterInfo
-from tasklock_cli.stores.base import breaker
-from tasklock_cli.stores.base import breaker_of
-from tasklock_cli.stores.base import prefix_upper_bound
+from tasklock_cli.stores.model import BROKEN_OWNER_PREFIX
+from tasklock_cli.stores.model import LEDGER_KEEP
+from tasklock_cli.stores.model import LIST_PAGE
+from tasklock_cli.stores.model import SHARED
+from tasklock_cli.stores.model import Ask
+from tasklock_cli.stores.model import Holder
+from tasklock_cli.stores.model import Lease
+from tasklock_cli.stores.model import LeaseInfo
+from tasklock_cli.stores.model import RunRecord
+from tasklock_cli.stores.model import WaiterInfo
+from tasklock_cli.stores.model import breaker
+from tasklock_cli.stores.model import breaker_of
+from tasklock_cli.stores.model import prefix_upper_bound
 from tasklock_cli.stores.postgres.breaks import PgBreakListeners
 from tasklock_cli.stores.postgres.connection import Overrun
 from tasklock_cli.stores.postgres.connection import PgConnection
@@ -49,6 +48,7 @@ from tasklock_cli.stores.postgres.queue import WAKE_CTES
 from tasklock_cli.stores.postgres.schema import PgSchema
 from tasklock_cli.stores.postgres.waiting import PgListening
 from tasklock_cli.stores.urls import redact_url
+from tasklock_cli.stores.watches import BreakWatches
 
 DEFAULT_TABLE = "tasklock_leases"
 SWEEP_BATCH = 1000
@@ -249,6 +249,7 @@ class PostgresStore(Store):
     waiting_trouble = (TasklockError,)
 
     def __init__(self, conninfo: str, table: str = DEFAULT_TABLE, display_url: str = "") -> None:
+        super().__init__()
         self.display_url = display_url or redact_url(conninfo)
         self._schema = PgSchema(table, self.display_url, lambda text: self._db.scrub(text))
         self._db = PgConnection(conninfo, self.display_url, self._schema)

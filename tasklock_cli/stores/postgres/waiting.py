@@ -18,9 +18,9 @@ import psycopg
 from psycopg import sql
 from psycopg.pq import TransactionStatus
 
-from tasklock_cli.stores.base import wait_readable
 from tasklock_cli.stores.postgres.connection import PgConnection
 from tasklock_cli.stores.postgres.schema import PgSchema
+from tasklock_cli.util.fds import wait_readable
 
 #: Longest slice a waiter holds the store's lock while waiting for a notification.
 WAIT_SLICE_S = 0.1

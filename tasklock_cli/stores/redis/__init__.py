@@ -58,8 +58,13 @@ Companions: ``scripts`` (the Lua), ``connection`` (URL, pool, errors), ``keys`` 
 
 from __future__ import annotations
 
-from tasklock_cli.stores.base import import_on_first_use
+from tasklock_cli.stores.registry import Driver
+from tasklock_cli.util.lazy import import_on_first_use
 
+TITLE = "redis"
+SCHEMES = ("redis", "rediss", "unix")
+URL_FORM = "redis://..."
+DRIVER = Driver("redis", "redis>=5")
 #: ``RedisStore`` is imported on first use: a companion module never brings the driver.
 __getattr__ = import_on_first_use(__name__, "store", "RedisStore")
 __all__ = ["RedisStore"]

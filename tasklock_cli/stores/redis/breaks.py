@@ -16,9 +16,9 @@ import time
 import redis
 import redis.exceptions as rexc
 
-from tasklock_cli.stores.base import Lease
-from tasklock_cli.stores.base import SocketBreakWatch
+from tasklock_cli.stores.model import Lease
 from tasklock_cli.stores.redis.connection import RedisConnection
+from tasklock_cli.stores.watches import SocketBreakWatch
 
 
 class BreakSubscription(SocketBreakWatch):

@@ -7,8 +7,8 @@ import time
 from typing import Any
 
 from tasklock_cli.errors import TasklockError
-from tasklock_cli.stores.base import StoreCheck
 from tasklock_cli.stores.doctor import clock_check
+from tasklock_cli.stores.model import StoreCheck
 from tasklock_cli.stores.redis.connection import RedisConnection
 
 TYPE_CHECKING = False

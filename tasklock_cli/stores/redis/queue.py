@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import json
 
-from tasklock_cli.stores.base import EXCLUSIVE
-from tasklock_cli.stores.base import SHARED
-from tasklock_cli.stores.base import Holder
-from tasklock_cli.stores.base import WaiterInfo
-from tasklock_cli.stores.base import utc_from_timestamp
+from tasklock_cli.stores.model import EXCLUSIVE
+from tasklock_cli.stores.model import SHARED
+from tasklock_cli.stores.model import Holder
+from tasklock_cli.stores.model import WaiterInfo
+from tasklock_cli.util.times import utc_from_timestamp
 
 #: How a place's record says its waiter is shared, or joined with ``--supersede``
 #: (``json.dumps``' own spelling of the pairs, which place_record adds).

@@ -21,8 +21,8 @@ exclusive lease of limit 1 is taken only when no slot at all is live.
 
 from __future__ import annotations
 
-from tasklock_cli.stores.base import BROKEN_OWNER_PREFIX
-from tasklock_cli.stores.base import LEDGER_KEEP
+from tasklock_cli.stores.model import BROKEN_OWNER_PREFIX
+from tasklock_cli.stores.model import LEDGER_KEEP
 from tasklock_cli.stores.redis.queue import QUEUE_LUA
 from tasklock_cli.stores.redis.queue import WAITERS
 

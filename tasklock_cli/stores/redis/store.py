@@ -17,22 +17,20 @@ from tasklock_cli.errors import ConfigError
 from tasklock_cli.errors import LimitMismatch
 from tasklock_cli.errors import Superseded
 from tasklock_cli.errors import TasklockError
-from tasklock_cli.stores.base import BROKEN_OWNER_PREFIX
-from tasklock_cli.stores.base import EXCLUSIVE
-from tasklock_cli.stores.base import LEDGER_KEEP
-from tasklock_cli.stores.base import LIST_PAGE
-from tasklock_cli.stores.base import SHARED
-from tasklock_cli.stores.base import Ask
-from tasklock_cli.stores.base import BreakWatches
-from tasklock_cli.stores.base import Holder
-from tasklock_cli.stores.base import Lease
-from tasklock_cli.stores.base import LeaseInfo
-from tasklock_cli.stores.base import RunRecord
 from tasklock_cli.stores.base import Store
-from tasklock_cli.stores.base import WaiterInfo
-from tasklock_cli.stores.base import breaker
-from tasklock_cli.stores.base import breaker_of
-from tasklock_cli.stores.base import utc_from_timestamp
+from tasklock_cli.stores.model import BROKEN_OWNER_PREFIX
+from tasklock_cli.stores.model import EXCLUSIVE
+from tasklock_cli.stores.model import LEDGER_KEEP
+from tasklock_cli.stores.model import LIST_PAGE
+from tasklock_cli.stores.model import SHARED
+from tasklock_cli.stores.model import Ask
+from tasklock_cli.stores.model import Holder
+from tasklock_cli.stores.model import Lease
+from tasklock_cli.stores.model import LeaseInfo
+from tasklock_cli.stores.model import RunRecord
+from tasklock_cli.stores.model import WaiterInfo
+from tasklock_cli.stores.model import breaker
+from tasklock_cli.stores.model import breaker_of
 from tasklock_cli.stores.redis.breaks import open_break_subscription
 from tasklock_cli.stores.redis.connection import RedisConnection
 from tasklock_cli.stores.redis.connection import split_url
@@ -44,6 +42,8 @@ from tasklock_cli.stores.redis.queue import waiter_info
 from tasklock_cli.stores.redis.waiting import WAITING_TROUBLE
 from tasklock_cli.stores.redis.waiting import RedisWakeLists
 from tasklock_cli.stores.urls import redact_url
+from tasklock_cli.stores.watches import BreakWatches
+from tasklock_cli.util.times import utc_from_timestamp
 
 SCAN_COUNT = 10_000
 #: A lease hash's fields as ``_record`` takes them (READ_MANY's order).
@@ -83,6 +83,7 @@ class RedisStore(Store):
     waiting_trouble = WAITING_TROUBLE
 
     def __init__(self, url: str, prefix: str = DEFAULT_PREFIX, display_url: str | None = None):
+        super().__init__()
         self.prefix = prefix
         self.display_url = display_url or redact_url(url)
         self._names = RedisKeys(prefix)

@@ -22,9 +22,9 @@ from collections.abc import Iterator
 import redis.exceptions as rexc
 
 from tasklock_cli.errors import TasklockError
-from tasklock_cli.stores.base import fd_readable
-from tasklock_cli.stores.base import wait_readable
 from tasklock_cli.stores.redis.connection import RedisConnection
+from tasklock_cli.util.fds import fd_readable
+from tasklock_cli.util.fds import wait_readable
 
 #: What the waiting primitives raise on trouble (see ``Store.waiting_trouble``).
 WAITING_TROUBLE = (rexc.RedisError, TasklockError, OSError)

@@ -21,8 +21,18 @@ A broken lease keeps its row, its owner token prefixed with ``broken:`` (see bas
 
 from __future__ import annotations
 
-from tasklock_cli.stores.base import import_on_first_use
+from tasklock_cli.stores.urls import url_syntax_problem
+from tasklock_cli.util.lazy import import_on_first_use
 
+TITLE = "sqlite"
+SCHEMES = ("sqlite",)
+URL_FORM = "sqlite:///PATH"
+DRIVER = None
 #: ``SQLiteStore`` is imported on first use: a companion module never brings the driver.
 __getattr__ = import_on_first_use(__name__, "store", "SQLiteStore")
 __all__ = ["SQLiteStore"]
+
+
+def url_problem(url: str) -> str | None:
+    """A plain ``sqlite:///PATH`` is read without ``urllib.parse`` (start-up cost)."""
+    return None if url.startswith("sqlite:///") else url_syntax_problem(url)

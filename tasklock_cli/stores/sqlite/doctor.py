@@ -10,8 +10,8 @@ from pathlib import Path
 
 from tasklock_cli.errors import ConfigError
 from tasklock_cli.errors import StoreUnavailable
-from tasklock_cli.stores.base import StoreCheck
 from tasklock_cli.stores.doctor import warning
+from tasklock_cli.stores.model import StoreCheck
 from tasklock_cli.stores.sqlite.entries import PRIVATE_MODE
 from tasklock_cli.stores.sqlite.files import owner_name
 from tasklock_cli.stores.sqlite.files import world_writable

@@ -15,23 +15,21 @@ from tasklock_cli.errors import LimitMismatch
 from tasklock_cli.errors import Superseded
 from tasklock_cli.errors import TasklockError
 from tasklock_cli.errors import UsageError
-from tasklock_cli.stores.base import BROKEN_OWNER_PREFIX
-from tasklock_cli.stores.base import EXCLUSIVE
-from tasklock_cli.stores.base import LEDGER_KEEP
-from tasklock_cli.stores.base import LIST_PAGE
-from tasklock_cli.stores.base import SHARED
-from tasklock_cli.stores.base import Ask
-from tasklock_cli.stores.base import Holder
-from tasklock_cli.stores.base import Lease
-from tasklock_cli.stores.base import LeaseInfo
-from tasklock_cli.stores.base import RunRecord
 from tasklock_cli.stores.base import Store
-from tasklock_cli.stores.base import WaiterInfo
-from tasklock_cli.stores.base import breaker
-from tasklock_cli.stores.base import breaker_of
-from tasklock_cli.stores.base import prefix_upper_bound
-from tasklock_cli.stores.base import utc_from_timestamp
-from tasklock_cli.stores.base import wait_readable
+from tasklock_cli.stores.model import BROKEN_OWNER_PREFIX
+from tasklock_cli.stores.model import EXCLUSIVE
+from tasklock_cli.stores.model import LEDGER_KEEP
+from tasklock_cli.stores.model import LIST_PAGE
+from tasklock_cli.stores.model import SHARED
+from tasklock_cli.stores.model import Ask
+from tasklock_cli.stores.model import Holder
+from tasklock_cli.stores.model import Lease
+from tasklock_cli.stores.model import LeaseInfo
+from tasklock_cli.stores.model import RunRecord
+from tasklock_cli.stores.model import WaiterInfo
+from tasklock_cli.stores.model import breaker
+from tasklock_cli.stores.model import breaker_of
+from tasklock_cli.stores.model import prefix_upper_bound
 from tasklock_cli.stores.sqlite import queue
 from tasklock_cli.stores.sqlite.breaks import BreakAlarms
 from tasklock_cli.stores.sqlite.connection import SQLiteConnection
@@ -49,6 +47,8 @@ from tasklock_cli.stores.urls import sqlite_url
 from tasklock_cli.stores.urls import unknown_parameter
 from tasklock_cli.stores.urls import url_parameters
 from tasklock_cli.util import paths
+from tasklock_cli.util.fds import wait_readable
+from tasklock_cli.util.times import utc_from_timestamp
 
 #: typing costs ~2 ms per start: its names are for the type checker only.
 TYPE_CHECKING = False
@@ -236,6 +236,7 @@ class SQLiteStore(Store):
         create_parent: bool = False,
         file_mode: int = PRIVATE_MODE,
     ) -> None:
+        super().__init__()
         self.path = paths.normal(path)
         self.file_mode = file_mode
         shared = "" if file_mode == PRIVATE_MODE else f"?mode={file_mode:04o}"

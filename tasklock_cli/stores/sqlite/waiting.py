@@ -23,9 +23,9 @@ import contextlib
 import errno
 import os
 
-from tasklock_cli.stores.base import wait_readable
 from tasklock_cli.stores.sqlite import entries
 from tasklock_cli.util import paths
+from tasklock_cli.util.fds import wait_readable
 
 #: typing costs ~2 ms per start: its names are for the type checker only.
 TYPE_CHECKING = False

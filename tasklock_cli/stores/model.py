@@ -1,0 +1,299 @@
+"""What stores and the engine pass around: leases, holders, waiters, run records, the
+checks of ``doctor``, and the constants every store keeps to."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from tasklock_cli.util.records import dataclass
+from tasklock_cli.util.records import field
+from tasklock_cli.util.records import replace
+from tasklock_cli.util.times import rfc3339
+
+#: Rows per read of a listing (see ``Store.list``).
+LIST_PAGE = 1000
+#: A waiter wakes this long after the lease it waits on runs out, so it finds it expired.
+EXPIRY_SLACK_S = 0.002
+#: A waiter's place in a key's queue lives this long unless its waiter renews it (every
+#: attempt does): a crashed waiter's place runs out by itself and the queue moves on.
+WAITER_TTL_S = 3.0
+
+#: A broken lease keeps its place on the store with its owner token prefixed by this: its
+#: owner's renew no longer matches (LeaseLost) and nobody else may take it while it is live,
+#: but its owner's release still matches. No schema change: an older tasklock sharing the
+#: store sees a broken lease as someone else's, so its renewals fail and it lets go.
+#: (Owner tokens are hex: the prefix cannot occur in one.)
+BROKEN_OWNER_PREFIX = "broken:"
+
+#: Lock modes (``run --shared``): an exclusive holder holds its key alone; any number of
+#: shared holders hold it together.
+EXCLUSIVE = "exclusive"
+SHARED = "shared"
+MODES = (EXCLUSIVE, SHARED)
+
+
+@dataclass(frozen=True)
+class Ask:
+    """How an acquire asks, beyond key and lease (see ``Store.acquire``)."""
+
+    mode: str = EXCLUSIVE
+    supersede: bool = False
+    front: bool = False
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds a lease; shown by ``peek`` and ``list``."""
+
+    host: str
+    pid: int
+    user: str
+    command: list[str] = field(default_factory=list)
+    note: str | None = None
+
+    def to_dict(self) -> dict:
+        return {
+            "host": self.host,
+            "pid": self.pid,
+            "user": self.user,
+            "command": list(self.command),
+            "note": self.note,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Holder:
+        return cls(
+            host=str(data.get("host", "")),
+            pid=int(data.get("pid", 0)),
+            user=str(data.get("user", "")),
+            command=[str(part) for part in data.get("command", [])],
+            note=data.get("note"),
+        )
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A lease as its owner knows it. ``owner_token`` is the secret that scopes renew/release."""
+
+    key: str
+    owner_token: str
+    fencing_token: int
+    acquired_at: datetime
+    expires_at: datetime
+    #: The semaphore slot held (0..limit-1); a plain lock is slot 0 of limit 1. Shared
+    #: holders each have a slot of their own (0, 1, ...) under limit 1.
+    slot: int = 0
+    limit: int = 1
+    mode: str = EXCLUSIVE
+
+    def renewed_until(self, expires_at: datetime | None) -> Lease:
+        """This lease, renewed until ``expires_at``; LeaseLost when the store renewed
+        nothing (None: the lease is no longer ours)."""
+        if expires_at is None:
+            from tasklock_cli.errors import LeaseLost
+
+            raise LeaseLost(f"the lease on {self.key!r} is no longer ours")
+        return replace(self, expires_at=expires_at)
+
+
+@dataclass(frozen=True)
+class LeaseInfo:
+    """A lease as an observer sees it (``peek``/``list``); the owner token is never exposed."""
+
+    key: str
+    holder: Holder
+    fencing_token: int
+    acquired_at: datetime
+    expires_at: datetime
+    expired: bool
+    slot: int = 0
+    limit: int = 1
+    mode: str = EXCLUSIVE
+
+    @property
+    def shared(self) -> bool:
+        return self.mode == SHARED
+
+    def to_json(self) -> dict:
+        return {
+            "key": self.key,
+            "holder": {**self.holder.to_dict(), "mode": self.mode},
+            "mode": self.mode,
+            "fencing_token": self.fencing_token,
+            "acquired_at": rfc3339(self.acquired_at),
+            "expires_at": rfc3339(self.expires_at),
+            "expired": self.expired,
+            "slot": self.slot,
+            "limit": self.limit,
+        }
+
+
+@dataclass(frozen=True)
+class WaiterInfo:
+    """A run waiting for a key, as ``peek`` shows it (its owner token is never exposed)."""
+
+    holder: Holder
+    since: datetime
+    mode: str = "exclusive"
+
+    def to_json(self) -> dict:
+        return {
+            "host": self.holder.host,
+            "pid": self.holder.pid,
+            "user": self.holder.user,
+            "since": rfc3339(self.since),
+            "note": self.holder.note,
+            "mode": self.mode,
+        }
+
+
+#: The run ledger keeps at least this many runs per key; a write trims older ones.
+LEDGER_KEEP = 100
+#: ``RunRecord.outcome`` values.
+OUTCOMES = ("succeeded", "failed", "signalled", "lost", "done-already")
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One run that held a lease, as the run ledger keeps it (written with the release).
+
+    ``ended_at`` is None until the store writes the record: it takes the time from its own
+    clock where it has one (as it did for ``started_at``, the lease's acquisition)."""
+
+    key: str
+    fencing_token: int
+    holder: Holder
+    started_at: datetime
+    exit_code: int | None
+    outcome: str
+    detected_by: str | None = None
+    slot: int = 0
+    ended_at: datetime | None = None
+    #: Who broke the lease (``release --force``): {"host", "pid", "user"}; None otherwise.
+    broken_by: dict | None = None
+    mode: str = EXCLUSIVE
+
+    @property
+    def shared(self) -> bool:
+        return self.mode == SHARED
+
+    def fields(self) -> dict:
+        """Everything but key, token and times, as the stores keep it (JSON-able)."""
+        return {
+            "slot": self.slot,
+            "holder": self.holder.to_dict(),
+            "exit_code": self.exit_code,
+            "outcome": self.outcome,
+            "detected_by": self.detected_by,
+            "broken_by": self.broken_by,
+            "mode": self.mode,
+        }
+
+    @classmethod
+    def from_fields(
+        cls,
+        key: str,
+        fencing_token: int,
+        started_at: datetime,
+        ended_at: datetime | None,
+        data: dict,
+    ) -> RunRecord:
+        code = data.get("exit_code")
+        return cls(
+            key=key,
+            fencing_token=int(fencing_token),
+            holder=Holder.from_dict(data.get("holder") or {}),
+            started_at=started_at,
+            ended_at=ended_at,
+            exit_code=None if code is None else int(code),
+            outcome=str(data.get("outcome", "")),
+            detected_by=data.get("detected_by"),
+            slot=int(data.get("slot", 0)),
+            broken_by=breaker_of(data.get("broken_by")),
+            mode=SHARED if data.get("mode") == SHARED else EXCLUSIVE,
+        )
+
+    def to_json(self) -> dict:
+        holder = self.holder
+        return {
+            "key": self.key,
+            "fencing_token": self.fencing_token,
+            "slot": self.slot,
+            "host": holder.host,
+            "pid": holder.pid,
+            "user": holder.user,
+            "command": list(holder.command),
+            "note": holder.note,
+            "started_at": rfc3339(self.started_at),
+            "ended_at": rfc3339(self.ended_at) if self.ended_at else None,
+            "exit_code": self.exit_code,
+            "outcome": self.outcome,
+            "detected_by": self.detected_by,
+            "broken_by": self.broken_by,
+            "mode": self.mode,
+        }
+
+
+class Replacer(Holder):
+    """A holder that breaks leases to take their key (``run --replace``): the broken
+    holder's loss is ``replaced`` rather than ``rejected``. (Holder's fields, no new ones.)"""
+
+    @classmethod
+    def of(cls, holder: Holder) -> Replacer:
+        return cls(holder.host, holder.pid, holder.user, list(holder.command), holder.note)
+
+
+def breaker(holder: Holder | None) -> dict | None:
+    """Who breaks a lease, as the store keeps it with the lease (``broken_by``): host, pid
+    and user, and ``replaced`` when a ``run --replace`` broke it."""
+    if holder is None:
+        return None
+    by: dict = {"host": holder.host, "pid": holder.pid, "user": holder.user}
+    if isinstance(holder, Replacer):
+        by["replaced"] = True
+    return by
+
+
+def breaker_of(data: object) -> dict | None:
+    """``broken_by`` as a store returned it (a dict, or JSON text); None when none or
+    not one."""
+    if isinstance(data, (str, bytes)):
+        import json
+
+        try:
+            data = json.loads(data)
+        except ValueError:
+            return None
+    if not isinstance(data, dict):
+        return None
+    by: dict = {
+        "host": str(data.get("host", "")),
+        "pid": int(data.get("pid") or 0),
+        "user": str(data.get("user", "")),
+    }
+    if data.get("replaced") is True:
+        by["replaced"] = True
+    return by
+
+
+@dataclass(frozen=True)
+class StoreCheck:
+    """One line of ``doctor`` output."""
+
+    name: str
+    ok: bool
+    detail: str
+    warning: bool = False
+
+
+def prefix_upper_bound(prefix: str) -> str | None:
+    """The least string above every key that starts with ``prefix`` (code point order, which
+    is byte order in UTF-8), so a prefix scan can stop early; None where there is none."""
+    chars = list(prefix)
+    while chars:
+        last = ord(chars.pop()) + 1
+        if 0xD800 <= last <= 0xDFFF:  # surrogates are not characters: skip to the next one
+            last = 0xE000
+        if last <= 0x10FFFF:
+            return "".join(chars) + chr(last)
+    return None

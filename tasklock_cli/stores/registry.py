@@ -1,0 +1,63 @@
+"""The store registry: the one list of store packages, and what each package declares.
+
+Every store is a package ``tasklock_cli/stores/<name>/`` whose ``__init__`` declares, without
+importing its driver:
+
+- ``TITLE``: the store as users name it (``postgresql``), in errors and help.
+- ``SCHEMES``: the URL schemes it opens (the first is the one help shows).
+- ``URL_FORM``: the URL's shape, for help (``redis://...``).
+- ``DRIVER``: the third-party package its store module imports (``Driver``), or None.
+- ``__all__``: the store class's name alone; the class itself is imported on first use
+  (``util.lazy.import_on_first_use``), so that reading these names costs no driver.
+- optionally ``url_problem(url)``: what makes the URL unreadable (default: what
+  ``urllib.parse.urlsplit`` refuses), for stores that read their URLs in their own way.
+
+``open_store`` (in ``tasklock_cli.stores``), the command line's help, the tests' store
+kinds and the layout test all read ``STORE_PACKAGES``: adding a store is adding its name here.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+
+from tasklock_cli.util.records import dataclass
+
+#: typing costs ~2 ms per start: its names are for the type checker only.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from types import ModuleType
+
+#: The store packages, in the order users meet them (the default store first).
+STORE_PACKAGES = ("sqlite", "postgres", "redis", "etcd")
+
+
+@dataclass(frozen=True)
+class Driver:
+    """The third-party package a store module imports, and how to install it."""
+
+    package: str  # the top-level import name
+    install: str  # the pip requirement
+
+
+def store_package(name: str) -> ModuleType:
+    """The package of the store ``name`` (one of ``STORE_PACKAGES``): its declarations."""
+    return import_module(f"tasklock_cli.stores.{name}")
+
+
+def package_for_scheme(scheme: str) -> ModuleType | None:
+    """The package of the store that opens URLs of ``scheme``; None for an unknown one.
+    Looks in registry order, so the default store's URL reads only its own package."""
+    for name in STORE_PACKAGES:
+        package = store_package(name)
+        if scheme in package.SCHEMES:
+            return package
+    return None
+
+
+def known_schemes() -> list[str]:
+    return [scheme for name in STORE_PACKAGES for scheme in store_package(name).SCHEMES]
+
+
+def url_forms() -> list[str]:
+    """Each store's URL shape, for help."""
+    return [store_package(name).URL_FORM for name in STORE_PACKAGES]
