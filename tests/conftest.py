@@ -96,6 +96,13 @@ def cli_env(tmp_path) -> dict[str, str]:
     return env
 
 
+@pytest.fixture
+def env(cli_env, store_url) -> dict[str, str]:
+    """``cli_env`` with ``TASKLOCK_STORE`` naming the test's store: every store kind, or the
+    one a module's own ``store_url`` names."""
+    return {**cli_env, "TASKLOCK_STORE": store_url}
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Compile tasklock_cli and the tests to bytecode once, as installing a package does:
     every CLI test starts a new interpreter, and where PYTHONDONTWRITEBYTECODE is set an

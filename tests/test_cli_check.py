@@ -7,19 +7,12 @@ import json
 import shlex
 import uuid
 
-import pytest
-
 from tasklock_cli.stores.model import Holder
 from tests.support.cli import executable
 from tests.support.cli import one_error_line
 from tests.support.cli import tasklock
 
 HOLDER = Holder(host="host-a", pid=4242, user="alice", command=["./job.sh"], note=None)
-
-
-@pytest.fixture
-def env(cli_env, store_url):
-    return {**cli_env, "TASKLOCK_STORE": store_url}
 
 
 def test_the_command_gets_the_store_and_slot_and_its_check_says_current(env, store_url):

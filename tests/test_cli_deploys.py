@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import time
 
-import pytest
-
 from tasklock_cli.stores import open_store
 from tests.support import procs
 from tests.support.cli import json_events
@@ -30,11 +28,6 @@ while read pid start; do
 done < "$0"
 echo ran > "$1"
 """
-
-
-@pytest.fixture
-def env(cli_env, store_url):
-    return {**cli_env, "TASKLOCK_STORE": store_url}
 
 
 def _waiters(url: str, key: str) -> list[int]:

@@ -47,8 +47,8 @@ EXPIRY_TOLERANCE_S = 1.0
 
 
 @pytest.fixture
-def env(cli_env, store_url):
-    return {**cli_env, "TASKLOCK_STORE": store_url, LET_GO_TIMEOUT_ENV: str(LET_GO_S)}
+def env(env):
+    return {**env, LET_GO_TIMEOUT_ENV: str(LET_GO_S)}
 
 
 def test_a_paused_holder_keeps_the_key_until_its_tree_is_gone(env, store_url, tmp_path):

@@ -21,8 +21,9 @@ PEEK_SELF = ["sh", "-c", "tasklock peek k --json"]  # the child looks at its own
 
 
 @pytest.fixture
-def env(cli_env, sqlite_url):
-    return {**cli_env, "TASKLOCK_STORE": sqlite_url}
+def store_url(sqlite_url):
+    """These tests run on SQLite alone: ``env`` (conftest) names the store of ``sqlite_url``."""
+    return sqlite_url
 
 
 @pytest.fixture

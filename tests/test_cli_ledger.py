@@ -14,11 +14,6 @@ from tests.support.cli import tasklock
 from tests.support.cli import wait_for_holder
 
 
-@pytest.fixture
-def env(cli_env, store_url):
-    return {**cli_env, "TASKLOCK_STORE": store_url}
-
-
 def history_json(key: str, env: dict[str, str], *args: str) -> list[dict]:
     result = tasklock("history", key, "--json", *args, env=env)
     assert result.returncode == 0, result.stderr

@@ -142,11 +142,6 @@ FAMILIES = (
 )
 
 
-@pytest.fixture
-def env(cli_env, store_url):
-    return {**cli_env, "TASKLOCK_STORE": store_url}
-
-
 def metrics(env: dict[str, str], *args: str) -> dict:
     result = tasklock("metrics", *args, env=env)
     assert result.returncode == 0, result.stderr

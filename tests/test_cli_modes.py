@@ -7,8 +7,6 @@ import json
 import subprocess
 import time
 
-import pytest
-
 from tasklock_cli.stores import open_store
 from tests.support.cli import json_events
 from tests.support.cli import lost_by
@@ -21,11 +19,6 @@ from tests.support.cli import wait_until
 UNTIL = 'while [ ! -e "$0" ]; do sleep 0.02; done'
 #: Appends "start NAME" and "end NAME" around a short stay to the log named by $0.
 LOGGED = 'echo "start $1" >> "$0"; sleep 0.05; echo "end $1" >> "$0"'
-
-
-@pytest.fixture
-def env(cli_env, store_url):
-    return {**cli_env, "TASKLOCK_STORE": store_url}
 
 
 def _holders(url: str, key: str) -> list[tuple[int, str]]:

@@ -15,11 +15,6 @@ from tests.support.cli import start
 from tests.support.cli import tasklock
 
 
-@pytest.fixture
-def env(cli_env, store_url):
-    return {**cli_env, "TASKLOCK_STORE": store_url}
-
-
 def away_from_a_boundary(period: float, margin: float) -> None:
     """Sleep until at least ``margin`` seconds remain of the current window."""
     left = period - time.time() % period

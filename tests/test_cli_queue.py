@@ -8,8 +8,6 @@ import os
 import signal
 import time
 
-import pytest
-
 from tasklock_cli.stores import open_store
 from tasklock_cli.stores.model import WAITER_TTL_S
 from tests.support.cli import start
@@ -19,11 +17,6 @@ from tests.support.cli import wait_until
 
 #: The holder's command: runs until the test creates the file ``go`` in its directory.
 HOLD_UNTIL_GO = 'while [ ! -e "$0" ]; do sleep 0.02; done'
-
-
-@pytest.fixture
-def env(cli_env, store_url):
-    return {**cli_env, "TASKLOCK_STORE": store_url}
 
 
 def _queue_length(url: str, key: str) -> int:

@@ -13,8 +13,6 @@ import uuid
 from datetime import datetime
 from datetime import timedelta
 
-import pytest
-
 from tasklock_cli.commands.release import LET_GO_TIMEOUT_ENV
 from tasklock_cli.stores.model import Holder
 from tests.support.cli import tasklock
@@ -22,11 +20,6 @@ from tests.support.cli import wait_until
 
 HOLDER = Holder(host="host-a", pid=4242, user="alice", command=["./job.sh"], note=None)
 OTHER = Holder(host="host-b", pid=99, user="bob", command=["true"], note=None)
-
-
-@pytest.fixture
-def env(cli_env, store_url):
-    return {**cli_env, "TASKLOCK_STORE": store_url}
 
 
 def _broke(key: str, fencing_token: int) -> str:

@@ -24,8 +24,9 @@ from tests.support.cli import wait_until
 
 
 @pytest.fixture
-def env(cli_env, sqlite_url):
-    return {**cli_env, "TASKLOCK_STORE": sqlite_url}
+def store_url(sqlite_url):
+    """These tests run on SQLite alone: ``env`` (conftest) names the store of ``sqlite_url``."""
+    return sqlite_url
 
 
 def test_runs_the_command_and_passes_its_output_and_exit_code(env):

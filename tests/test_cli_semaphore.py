@@ -25,11 +25,6 @@ HOLD = (
 )
 
 
-@pytest.fixture
-def env(cli_env, store_url):
-    return {**cli_env, "TASKLOCK_STORE": store_url}
-
-
 class Holders:
     """Runs of ``tasklock run KEY --limit N`` whose commands hold until ``stop``."""
 

@@ -36,11 +36,6 @@ TREE = (
 )
 
 
-@pytest.fixture
-def env(cli_env, store_url):
-    return {**cli_env, "TASKLOCK_STORE": store_url}
-
-
 def tree_command(tmp_path: Path, then: str = "sleep 303") -> tuple[list[str], Path, Path]:
     pids, ready = tmp_path / "pids", tmp_path / "ready"
     return ["sh", "-c", TREE.format(pids=pids, ready=ready, then=then)], pids, ready

@@ -38,11 +38,6 @@ while True:
 """
 
 
-@pytest.fixture
-def env(cli_env, store_url):
-    return {**cli_env, "TASKLOCK_STORE": store_url}
-
-
 @pytest.mark.slow
 def test_killed_wrapper_lease_is_free_only_after_the_ttl(env, store_url):
     # Long enough that the two runs below are in place before it runs out, however slowly

@@ -16,8 +16,9 @@ from tests.support.cli import wait_for_holder
 
 
 @pytest.fixture
-def env(cli_env, sqlite_url):
-    return {**cli_env, "TASKLOCK_STORE": sqlite_url}
+def store_url(sqlite_url):
+    """These tests run on SQLite alone: ``env`` (conftest) names the store of ``sqlite_url``."""
+    return sqlite_url
 
 
 def json_lines(stderr: str) -> list[dict]:

@@ -80,3 +80,47 @@ def test_a_store_package_names_its_class_without_importing_the_driver(store):
         "assert callable(doctor.store_checks)\n"
     )
     subprocess.run([sys.executable, "-c", probe], check=True, cwd=PACKAGE.parent)
+
+
+def _imported_modules(path: Path, modules: set[str]) -> set[str]:
+    """The package's modules ``path`` imports, at any depth (a function's own imports too),
+    leaving out what only the type checker reads (``if TYPE_CHECKING:``)."""
+    found = set()
+    pending = list(ast.parse(path.read_text()).body)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+            continue
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tasklock_cli"):
+            for alias in node.names:
+                submodule = f"{node.module}.{alias.name}"
+                found.add(submodule if submodule in modules else node.module)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        pending.extend(ast.iter_child_nodes(node))
+    return found & modules
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    paths = {_module_name(path): path for path in PACKAGE.rglob("*.py")}
+    imports = {name: _imported_modules(path, set(paths)) - {name} for name, path in paths.items()}
+    cycles = []
+
+    def walk(name: str, trail: list[str]) -> None:
+        for imported in sorted(imports[name]):
+            if imported in trail:
+                cycles.append([*trail[trail.index(imported) :], imported])
+            elif imported not in done:
+                walk(imported, [*trail, imported])
+        done.add(name)
+
+    done: set[str] = set()
+    for name in sorted(imports):
+        if name not in done:
+            walk(name, [name])
+    assert cycles == []

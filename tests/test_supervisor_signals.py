@@ -17,7 +17,7 @@ from tasklock_cli.run.options import RunOptions
 from tasklock_cli.run.supervisor import Supervisor
 from tasklock_cli.stores.model import Holder
 from tasklock_cli.stores.sqlite.store import SQLiteStore
-from tests.test_engine_units import FakeClock
+from tests.support.engine import FakeClock
 
 
 @pytest.fixture

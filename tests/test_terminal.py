@@ -54,8 +54,9 @@ def run_in_pty(
 
 
 @pytest.fixture
-def env(cli_env, sqlite_url):
-    return {**cli_env, "TASKLOCK_STORE": sqlite_url}
+def store_url(sqlite_url):
+    """These tests run on SQLite alone: ``env`` (conftest) names the store of ``sqlite_url``."""
+    return sqlite_url
 
 
 def test_command_reads_from_the_terminal(env):

@@ -1,0 +1,104 @@
+"""The guard process (proc.guard) in-process: the command's environment, group, signals
+and descriptors."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+import pytest
+
+
+def test_the_guard_starts_the_command_with_exactly_the_environment_it_was_given(capfdbinary):
+    """The environment goes to an already forked guard over its socket: larger than one
+    message, values with `=`, empty values and bytes that are not UTF-8 arrive intact."""
+
+    env = {
+        "BIG": "x" * 100_000,
+        "EQUALS": "a=b==c",
+        "EMPTY": "",
+        "RAW": os.fsdecode(b"caf\xe9 \xff"),
+        **{f"VAR_{n}": str(n) * 50 for n in range(200)},
+    }
+    assert run_through_guard(["/usr/bin/env", "-0"], env) == 0
+    printed = capfdbinary.readouterr().out
+    pairs = [item.split(b"=", 1) for item in printed.split(b"\0") if item]
+    assert dict(pairs) == {os.fsencode(k): os.fsencode(v) for k, v in env.items()}
+
+
+def test_the_environment_preloaded_while_waiting_is_completed_and_overridden_at_start(
+    capfdbinary,
+):
+    """A waiting run hands its guard most of the environment early; the start adds the
+    lease's variables, which win over a preloaded value of the same name."""
+    preloaded = {"BIG": "y" * 9_000, "TASKLOCK_FENCING_TOKEN": "stale", "KEPT": "k=v"}
+    at_start = {"TASKLOCK_FENCING_TOKEN": "42", "TASKLOCK_SLOT": "0"}
+    assert run_through_guard(["/usr/bin/env", "-0"], at_start, preloaded) == 0
+    printed = capfdbinary.readouterr().out
+    pairs = [item.split(b"=", 1) for item in printed.split(b"\0") if item]
+    expected = {**preloaded, **at_start}
+    assert dict(pairs) == {os.fsencode(k): os.fsencode(v) for k, v in expected.items()}
+
+
+def run_through_guard(
+    command: list[str], env: dict[str, str], preloaded: dict[str, str] | None = None
+) -> int:
+    import select
+
+    from tasklock_cli.proc.process import Child
+
+    child = Child(command)
+    if preloaded is not None:
+        child.preload(preloaded)
+    child.start(env)
+    while not child.tree_empty:
+        select.select([child], [], [], 5)
+        child.poll()
+    return child.exit_code()
+
+
+def test_the_command_runs_in_its_own_group_with_default_signals_and_only_fds_0_to_2():
+    import select
+
+    from tasklock_cli.proc.process import Child
+
+    child = Child(["sleep", "30"])
+    child.start({"PATH": os.environ["PATH"]})
+    try:
+        with open(f"/proc/{child.pid}/status") as lines:
+            status = dict(line.rstrip("\n").split(":\t", 1) for line in lines)
+        assert os.getpgid(child.pid) == child.pid  # its group is its own
+        ignored = int(status["SigIgn"], 16)
+        for signum in (signal.SIGPIPE, signal.SIGXFSZ):  # Python's own ignores stay Python's
+            assert not ignored & (1 << (signum - 1))
+        assert int(status["SigBlk"], 16) == 0
+        assert sorted(os.listdir(f"/proc/{child.pid}/fd")) == ["0", "1", "2"]
+    finally:
+        child.signal_group(signal.SIGKILL)
+        while not child.tree_empty:
+            select.select([child], [], [], 5)
+            child.poll()
+
+
+def test_a_command_that_cannot_be_run_is_reported(tmp_path):
+    from tasklock_cli.errors import CommandNotExecutable
+    from tasklock_cli.errors import CommandNotFound
+    from tasklock_cli.proc.process import Child
+
+    with pytest.raises(CommandNotFound, match="command not found: no-such-command"):
+        Child(["no-such-command"]).start({"PATH": os.environ["PATH"]})
+    with pytest.raises(CommandNotExecutable, match=f"command not executable: {tmp_path}"):
+        Child([str(tmp_path)]).start({})
+    assert run_through_guard([sys.executable, "-c", "pass"], {}) == 0  # the next one runs
+
+
+def test_a_guard_whose_command_never_starts_is_ended(tmp_path):
+    from tasklock_cli.proc.process import Child
+
+    marker = tmp_path / "ran"
+    child = Child(["touch", str(marker)])
+    child.cancel()
+    assert not marker.exists()
+    with pytest.raises(ChildProcessError):
+        os.waitpid(child.guard_pid, os.WNOHANG)  # collected
