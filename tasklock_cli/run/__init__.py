@@ -1,1 +1,8 @@
-"""run"""
+"""One ``tasklock run``, from its options to its exit code.
+
+- ``options`` and ``command``: what was asked, and ``run``'s body.
+- ``supervisor``: signals, the command, the clock, loss and release.
+- ``holding``, ``keeper``, ``waiter``, ``heartbeat``: the leases held, each lease's
+  client-side deadline, acquiring with waiting, and renewing.
+- ``conflict`` and ``windows``: a held lock described; ``--once-per``'s windows.
+"""
