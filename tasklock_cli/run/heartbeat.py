@@ -27,11 +27,10 @@ from tasklock_cli.util.records import dataclass
 #: A lease broken by an operator: the command gets at most this long between SIGTERM and
 #: SIGKILL, so that `release --force` (which waits 10 s) sees the holder let go.
 BROKEN_GRACE_CAP_S = 8.0
-#: The first wait for a break begins this long after the lease was taken (or at the first
-#: renewal, if sooner): a command that ends sooner, like most cron jobs' `true`-sized ones,
-#: never opens a break watch (a second connection on PostgreSQL and Redis, a FIFO on
-#: SQLite), and its wrapper's start and stop of this thread cost no GIL hand-overs. A break
-#: in that time is seen when the watch opens (the watch looks at the lease then).
+#: The first wait for a break begins this long after the lease was taken, or at the first
+#: renewal if sooner. A command that ends sooner (most cron jobs) never opens a break watch:
+#: no second connection on PostgreSQL and Redis, no FIFO on SQLite, no GIL hand-overs for
+#: this thread. A break in that time is still seen: the watch looks at the lease as it opens.
 QUIET_START_S = 0.1
 
 

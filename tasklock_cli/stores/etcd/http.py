@@ -1,12 +1,14 @@
 """A minimal HTTP/1.1 client for etcd's JSON gateway: kept-alive connections, pipelined
 requests, and streamed replies read with a deadline and a wake-up fd.
 
-Why not ``http.client``: it cannot pipeline (a second request may only be sent once the
-first reply is read), so a lease grant and the ``txn`` that attaches the lease would cost
-two round trips; and a streamed reply (``/v3/watch``) sits in its buffered reader, where
-``select`` on the socket cannot see it, so a watch could not also wait on a wake-up fd.
-etcd's gateway (Go's net/http) answers with ``Content-Length`` or chunked bodies only; that
-is all this reads. Sockets are close-on-exec (Python's default), so a child never gets one.
+Why not ``http.client``:
+- It cannot pipeline: a second request may only be sent once the first reply is read. A
+  lease grant and the ``txn`` that attaches the lease would cost two round trips.
+- A streamed reply (``/v3/watch``) sits in its buffered reader, where ``select`` on the
+  socket cannot see it. A watch could not also wait on a wake-up fd.
+
+etcd's gateway (Go's net/http) answers with ``Content-Length`` or chunked bodies only, and
+that is all this reads. Sockets are close-on-exec (Python's default): a child never gets one.
 """
 
 from __future__ import annotations
