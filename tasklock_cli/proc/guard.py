@@ -85,7 +85,10 @@ def _call_libc(name: str, *args: int) -> int:
     try:
         import _ctypes
 
-        function = _ctypes.dlsym(_ctypes.dlopen(None), name)
+        # dlopen(NULL) is the program itself, as ctypes.CDLL(None) passes it; typeshed
+        # allows only a path.
+        main_program = _ctypes.dlopen(None)  # type: ignore[arg-type]
+        function = _ctypes.dlsym(main_program, name)
         return _ctypes.call_function(function, args)
     except (ImportError, AttributeError):
         import ctypes
@@ -272,7 +275,9 @@ class _Guard:
         timeout = max(0.0, wake_at - now) if math.isfinite(wake_at) else None
         if self.killing or self.terminating:
             timeout = KILL_POLL_S if timeout is None else min(timeout, KILL_POLL_S)
-        watched = [wake_r] if self.wrapper_gone_at is not None else [wake_r, self.sock]
+        watched: list[int | _socket.socket] = (
+            [wake_r] if self.wrapper_gone_at is not None else [wake_r, self.sock]
+        )
         with contextlib.suppress(InterruptedError):
             select.select(watched, [], [], timeout)
         with contextlib.suppress(BlockingIOError):

@@ -28,6 +28,11 @@ from tasklock_cli.stores.model import WaiterInfo
 from tasklock_cli.util.fds import fd_readable
 from tasklock_cli.util.fds import wait_readable
 
+#: ``list`` in the store class's body is its method: annotations there say builtins.list.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import builtins
+
 
 class Store(ABC):
     """acquire / renew / release / peek / list / sweep, plus waiting, force release and schema.
@@ -199,7 +204,7 @@ class Store(ABC):
     @abstractmethod
     def break_lease(
         self, key: str, token: int | None = None, by: Holder | None = None
-    ) -> list[LeaseInfo]:
+    ) -> builtins.list[LeaseInfo]:
         """Mark the live leases on ``key`` broken -- every slot's, or only the one whose
         fencing token is ``token``, when given -- in the name of ``by`` (kept with the
         lease for ``broken_by``; the first break's breaker stays).
@@ -229,7 +234,7 @@ class Store(ABC):
         return False
 
     @abstractmethod
-    def force_release(self, key: str, token: int | None = None) -> list[LeaseInfo]:
+    def force_release(self, key: str, token: int | None = None) -> builtins.list[LeaseInfo]:
         """Free the leases on ``key`` whoever holds them -- every slot's, or only the one
         with fencing token ``token`` -- broken or not; wakes a waiter and tells each holder
         (as ``break_lease``). Returns what was freed, ordered by slot. The fencing counter
@@ -337,7 +342,7 @@ class Store(ABC):
         """DDL for DBAs who create the schema themselves; None where there is none."""
         return None
 
-    def doctor(self) -> list[StoreCheck]:
+    def doctor(self) -> builtins.list[StoreCheck]:
         """Reachability, schema, round-trip time, clock offset: the ``store_checks(store)``
         of the store package's ``doctor`` module, the one entry point every store has."""
         from importlib import import_module

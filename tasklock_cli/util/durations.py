@@ -14,17 +14,19 @@ _BARE_NUMBER_PATTERN = r"\d+(?:\.\d+)?"
 class _Patterns:
     """Compiled on first use: a `run` without duration flags never imports re (~2.5 ms)."""
 
-    part = None
-    bare_number = None
+    _compiled: _Patterns | None = None
+
+    def __init__(self) -> None:
+        import re
+
+        self.part = re.compile(_PART_PATTERN)
+        self.bare_number = re.compile(_BARE_NUMBER_PATTERN)
 
     @classmethod
-    def compiled(cls) -> type[_Patterns]:
-        if cls.part is None:
-            import re
-
-            cls.part = re.compile(_PART_PATTERN)
-            cls.bare_number = re.compile(_BARE_NUMBER_PATTERN)
-        return cls
+    def compiled(cls) -> _Patterns:
+        if cls._compiled is None:
+            cls._compiled = cls()
+        return cls._compiled
 
 
 def parse_duration(text: str, *, option: str = "duration", allow_inf: bool = True) -> float:

@@ -70,6 +70,11 @@ from tasklock_cli.util.records import dataclass
 from tasklock_cli.util.records import field
 from tasklock_cli.util.times import utc_from_timestamp
 
+#: ``list`` in the store class's body is its method: annotations there say builtins.list.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import builtins
+
 #: A spare lease (granted by a refused acquire, kept alive by the next ones) kept alive at
 #: most this long ago is attached as it is, without a keepalive in the acquire's exchange:
 #: a woken waiter's acquire is then its txn alone. The lease's clock started at that
@@ -362,12 +367,12 @@ class EtcdStore(Store):
 
     # -- forced release and breaking --------------------------------------------------
 
-    def force_release(self, key: str, token: int | None = None) -> list[LeaseInfo]:
+    def force_release(self, key: str, token: int | None = None) -> builtins.list[LeaseInfo]:
         return _revoke_slots(self._client, self._keys, key, token)
 
     def break_lease(
         self, key: str, token: int | None = None, by: Holder | None = None
-    ) -> list[LeaseInfo]:
+    ) -> builtins.list[LeaseInfo]:
         slots, broken, _ = _read_slots(self._client, self._keys, key)
         chosen = [held for held in slots if token is None or held.token == token]
         by_json = json.dumps(breaker(by)).encode()
@@ -426,7 +431,7 @@ class EtcdStore(Store):
     def stop_waiting(self, key: str) -> None:
         self._queue.leave(key)
 
-    def waiters(self, key: str) -> list[WaiterInfo]:
+    def waiters(self, key: str) -> builtins.list[WaiterInfo]:
         return self._queue.waiters(key)
 
     def waiting_counts(self, prefix: str = "") -> dict[str, int]:

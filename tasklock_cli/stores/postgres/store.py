@@ -50,6 +50,11 @@ from tasklock_cli.stores.postgres.waiting import PgListening
 from tasklock_cli.stores.urls import redact_url
 from tasklock_cli.stores.watches import BreakWatches
 
+#: ``list`` in the store class's body is its method: annotations there say builtins.list.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import builtins
+
 DEFAULT_TABLE = "tasklock_leases"
 SWEEP_BATCH = 1000
 #: How often an acquire runs again after losing a race (another acquire of the key
@@ -468,7 +473,7 @@ class PostgresStore(Store):
 
     def break_lease(
         self, key: str, token: int | None = None, by: Holder | None = None
-    ) -> list[LeaseInfo]:
+    ) -> builtins.list[LeaseInfo]:
         statement = self._sql(_BREAK)
         params = {
             "key": key,
@@ -495,7 +500,7 @@ class PostgresStore(Store):
         row = self._db.run(lambda conn: conn.execute(statement, params).fetchone())
         return breaker_of(row[0]) if row else None
 
-    def force_release(self, key: str, token: int | None = None) -> list[LeaseInfo]:
+    def force_release(self, key: str, token: int | None = None) -> builtins.list[LeaseInfo]:
         statement = self._sql(_FORCE_RELEASE)
 
         def run(conn: psycopg.Connection) -> list[tuple]:

@@ -42,7 +42,7 @@ class RedisKeys:
         (without ``token``: the part before it, which the scripts complete)."""
         return self.name(key, "broken:") + str(token).encode()
 
-    def pattern(self, key_prefix: str, role: str) -> bytes:
+    def pattern(self, key_prefix: str, role: bytes) -> bytes:
         """A SCAN MATCH pattern for the parts named ``role`` of keys starting with
         ``key_prefix`` (``role`` may end with a glob)."""
         return glob_escape(self.prefix_b + b"{" + key_prefix.encode("utf-8")) + b"*}:" + role

@@ -45,6 +45,11 @@ from tasklock_cli.stores.urls import redact_url
 from tasklock_cli.stores.watches import BreakWatches
 from tasklock_cli.util.times import utc_from_timestamp
 
+#: ``list`` in the store class's body is its method: annotations there say builtins.list.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import builtins
+
 SCAN_COUNT = 10_000
 #: A lease hash's fields as ``_record`` takes them (READ_MANY's order).
 _LEASE_FIELDS = ("fencing_token", "acquired_at", "expires_at", "holder", "limit", "mode")
@@ -224,7 +229,9 @@ class RedisStore(Store):
         found = sorted((where, name) for name, where in slots.items() if where is not None)
         return self._read_pages([(name, *where) for where, name in found], prefix)
 
-    def _read_pages(self, names: list[tuple[bytes, str, int]], prefix: str) -> Iterator[LeaseInfo]:
+    def _read_pages(
+        self, names: builtins.list[tuple[bytes, str, int]], prefix: str
+    ) -> Iterator[LeaseInfo]:
         for start in range(0, len(names), LIST_PAGE):
             batch = names[start : start + LIST_PAGE]
             rows = self._conn.call(lambda c, batch=batch: _fetch(self._conn, c, batch))
@@ -236,7 +243,7 @@ class RedisStore(Store):
                 yield self._record(key, name, slot, *row)
 
     @staticmethod
-    def _scan(client: redis.Redis, pattern: bytes) -> list[bytes]:
+    def _scan(client: redis.Redis, pattern: bytes) -> builtins.list[bytes]:
         return list(client.scan_iter(match=pattern, count=SCAN_COUNT))
 
     def sweep(self, dry_run: bool = False) -> int:
@@ -248,7 +255,7 @@ class RedisStore(Store):
 
     def break_lease(
         self, key: str, token: int | None = None, by: Holder | None = None
-    ) -> list[LeaseInfo]:
+    ) -> builtins.list[LeaseInfo]:
         return self._each_slot("break", key, token, [], [json.dumps(breaker(by))])
 
     def broken_by(self, lease: Lease) -> dict | None:
@@ -260,7 +267,7 @@ class RedisStore(Store):
             return None
         return breaker_of(by)
 
-    def force_release(self, key: str, token: int | None = None) -> list[LeaseInfo]:
+    def force_release(self, key: str, token: int | None = None) -> builtins.list[LeaseInfo]:
         return self._each_slot("force_release", key, token, [self._names.name(key, "wake")])
 
     def _each_slot(
@@ -268,9 +275,9 @@ class RedisStore(Store):
         script: str,
         key: str,
         token: int | None,
-        more_keys: list[bytes],
-        more_args: list[str] | None = None,
-    ) -> list[LeaseInfo]:
+        more_keys: builtins.list[bytes],
+        more_args: builtins.list[str] | None = None,
+    ) -> builtins.list[LeaseInfo]:
         """Break or force release the live slots with ``token`` (None: all); what they were."""
         name = self._names.lease(key)
         keys = [name, self._names.name(key, "limit"), *more_keys]
@@ -282,10 +289,10 @@ class RedisStore(Store):
         """A subscription to the lease's break channel (see ``breaks``)."""
         return self._break_watches.wait(lease, timeout, wake_fd)
 
-    def waiters(self, key: str) -> list[WaiterInfo]:
+    def waiters(self, key: str) -> builtins.list[WaiterInfo]:
         return [waiter_info(value) for value in self._queue(key, "")[1:]]
 
-    def _queue(self, key: str, owner: str) -> list[Any]:
+    def _queue(self, key: str, owner: str) -> builtins.list[Any]:
         """How many live places are ahead of ``owner``'s, then each live place."""
         return self._conn.script("waiters", [self._names.name(key, "wake")], [owner], key)
 

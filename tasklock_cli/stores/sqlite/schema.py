@@ -24,12 +24,19 @@ TABLE = "tasklock_leases"
 RUNS_TABLE = "tasklock_runs"
 WAITERS_TABLE = "tasklock_waiters"
 SCHEMA_VERSION = 6
-#: typing costs ~2 ms per start: _T is for the type checker only.
+#: typing costs ~2 ms per start: its names are for the type checker only.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Protocol
     from typing import TypeVar
 
     _T = TypeVar("_T")
+
+    class WhenNotBusy(Protocol):
+        """Runs an operation again while the database is busy (connection.when_not_busy)."""
+
+        def __call__(self, operation: Callable[[], _T]) -> _T: ...
+
 
 _EXPIRY_INDEX = f"""CREATE INDEX IF NOT EXISTS {TABLE}_expiry ON {TABLE} (boot_id, expires_boot)
     WHERE owner_token IS NOT NULL"""
@@ -195,9 +202,7 @@ def refuse_foreign(conn: sqlite3.Connection, where: str) -> None:
         )
 
 
-def ensure_schema(
-    conn: sqlite3.Connection, where: str, when_not_busy: Callable[[Callable[[], _T]], _T]
-) -> None:
+def ensure_schema(conn: sqlite3.Connection, where: str, when_not_busy: WhenNotBusy) -> None:
     """Create or upgrade the tables of a connection in autocommit mode."""
     # Reads before the file is in WAL mode may find it busy while another process sets it.
     if when_not_busy(lambda: is_current(conn) or not upgrade_steps(conn, where)):

@@ -50,9 +50,11 @@ from tasklock_cli.util import paths
 from tasklock_cli.util.fds import wait_readable
 from tasklock_cli.util.times import utc_from_timestamp
 
-#: typing costs ~2 ms per start: its names are for the type checker only.
+#: typing costs ~2 ms per start: its names are for the type checker only. ``list`` in
+#: SQLiteStore's body is the method: annotations there name the type as builtins.list.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import builtins
     from pathlib import Path
 
 SWEEP_BATCH = 500
@@ -423,7 +425,7 @@ class SQLiteStore(Store):
 
     def break_lease(
         self, key: str, token: int | None = None, by: Holder | None = None
-    ) -> list[LeaseInfo]:
+    ) -> builtins.list[LeaseInfo]:
         params = {
             **self._times(),
             "key": key,
@@ -471,7 +473,7 @@ class SQLiteStore(Store):
         gone = bool(done) or (processes is not None and all_gone(json.loads(processes), self._boot))
         return gone and bool(self.force_release(key, token))
 
-    def force_release(self, key: str, token: int | None = None) -> list[LeaseInfo]:
+    def force_release(self, key: str, token: int | None = None) -> builtins.list[LeaseInfo]:
         params = {**self._times(), "key": key, "token": token}
         with self._db.write() as conn:
             rows = conn.execute(f"{_SELECT} WHERE {_MATCHING} ORDER BY slot", params).fetchall()
@@ -535,7 +537,7 @@ class SQLiteStore(Store):
     def stop_waiting(self, key: str) -> None:
         self._wakeups.give_up(key, self._leave_queue(key))
 
-    def _leave_queue(self, key: str) -> list[str]:
+    def _leave_queue(self, key: str) -> builtins.list[str]:
         """Leave our place in ``key``'s queue; the FIFOs of the run now first in it."""
         owner = self._queue_place(key)
         if owner is None:
