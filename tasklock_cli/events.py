@@ -17,6 +17,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import TextIO
 
+    from rich.status import Status
+
 QUIET, NORMAL, VERBOSE = -1, 0, 1
 
 # The verbosity at which each event shows in text; JSON lines show every event unless quiet.
@@ -54,7 +56,7 @@ class EventLog:
         self.log_format = log_format
         self.verbosity = verbosity
         self._stream = stream
-        self._spinner = None
+        self._spinner: Status | None = None
 
     @property
     def stream(self) -> TextIO:

@@ -38,11 +38,12 @@ from tasklock_cli.util.sanitize import json_text
 try:
     from typer.exceptions import TyperException as _CliException
 except ImportError:  # typer releases that use click directly
-    from click import ClickException as _CliException
+    # (ignore: mypy checks against one typer, and sees the other branch as a redefinition)
+    from click import ClickException as _CliException  # type: ignore[no-redef]
 try:
     from typer._click.globals import get_current_context
 except ImportError:  # typer releases that use click directly
-    from click import get_current_context
+    from click import get_current_context  # type: ignore[no-redef]  # (as above)
 
 
 GLOBAL_OPTION_NAMES = tuple(field.name for field in fields(GlobalFlags))

@@ -21,6 +21,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import NoReturn
 
+    from tasklock_cli.config.file import Config
+
 
 @dataclass(frozen=True)
 class GlobalFlags:
@@ -68,10 +70,10 @@ class Globals:
         self.config_flag = flags.config
         verbosity = QUIET if flags.quiet else VERBOSE if flags.verbose else NORMAL
         self.events = EventLog(log_format, verbosity)
-        self._config = None
+        self._config: Config | None = None
 
     @property
-    def config(self):
+    def config(self) -> Config:
         if self._config is None:
             from tasklock_cli.config.file import load_config
 

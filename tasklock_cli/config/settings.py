@@ -14,6 +14,11 @@ from tasklock_cli.util.durations import format_duration
 from tasklock_cli.util.durations import parse_duration
 from tasklock_cli.util.records import dataclass
 
+#: typing costs ~2 ms per start: its names are for the type checker only.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
 #: Exit codes a setting may name.
 EXIT_CODES = (0, 255)
 #: The most holders a semaphore (--limit) may have.
@@ -24,10 +29,12 @@ class _Configured:
     """What a run setting and a run switch share: a config key (``name``) that fills the
     RunOptions field of the same name."""
 
+    name: str  # each subclass's own field (records.dataclass reads a class's own annotations)
+
     @property
     def field(self) -> str:
         """The RunOptions field it fills."""
-        return self.name.replace("-", "_")  # type: ignore[attr-defined]
+        return self.name.replace("-", "_")
 
 
 @dataclass(frozen=True)
@@ -193,15 +200,19 @@ def resolve_switches(flagged: set[str], in_file) -> dict[str, bool]:
     return values
 
 
-def default(name: str) -> float | int | None:
+# Any below: the table's values differ in type by setting (a duration's float, an integer's
+# int, None for "derived"), which RunOptions' fields state; the checks here are per setting.
+
+
+def default(name: str) -> Any:
     return BY_NAME[name].default
 
 
-def resolve(flags: dict[str, str | int | None], in_file, config_path) -> dict[str, object]:
+def resolve(flags: dict[str, str | int | None], in_file, config_path) -> dict[str, Any]:
     """Each setting's value: flag > config file (``in_file(name)``) > built-in, checked
     together. A bad flag is a usage error; a bad value from the file a config error naming
     its line. Returns RunOptions field names."""
-    values: dict[str, object] = {}
+    values: dict[str, Any] = {}
     from_file: set[str] = set()
     given = {name for name, text in flags.items() if text is not None}
     for setting in RUN_SETTINGS:

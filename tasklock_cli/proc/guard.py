@@ -99,7 +99,7 @@ def _call_libc(name: str, *args: int) -> int:
 def run_guard(
     sock: _socket.socket,
     spawn: Callable[[dict[bytes, bytes], int | None], subprocess.Popen],
-    signal_mask: set[signal.Signals],
+    signal_mask: set[int | signal.Signals],
 ) -> NoReturn:
     """The guard's whole life, in the freshly forked process (forked with GUARD_SIGNALS
     blocked; ``signal_mask`` is the mask to go back to); never returns."""
@@ -130,7 +130,7 @@ class _Guard:
         self.killing = False
         self.terminated: set[int] = set()
 
-    def run(self, spawn, signal_mask: set[signal.Signals]) -> int:
+    def run(self, spawn, signal_mask: set[int | signal.Signals]) -> int:
         wake_r = self._listen_to_signals()
         signal.pthread_sigmask(signal.SIG_SETMASK, signal_mask)
         with contextlib.suppress(OSError):

@@ -62,7 +62,11 @@ class Holding:
 
     def tokens(self) -> dict[str, int]:
         """Key -> fencing token of every lease held (TASKLOCK_FENCING_TOKENS)."""
-        return {keeper.key: keeper.fencing_token for keeper in self.held()}
+        return {
+            keeper.key: keeper.lease.fencing_token
+            for keeper in self.in_order
+            if keeper.lease is not None  # the held ones (held())
+        }
 
     def records(self, outcome: str, exit_code: int | None) -> dict[str, RunRecord | None]:
         """Each key's run record of the run (None for a key not held)."""

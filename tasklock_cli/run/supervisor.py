@@ -257,7 +257,9 @@ class Supervisor:
             child = self._fork_guard()
             self._guard = None
             try:
-                child.start(lease_env(self.keeper.lease, self.holding), terminal.fd)
+                lease = self.keeper.lease
+                assert lease is not None, "the command starts only once the lease is taken"
+                child.start(lease_env(lease, self.holding), terminal.fd)
             except TasklockError as exc:
                 self._release_all("failed", exc.exit_code)
                 raise

@@ -378,7 +378,10 @@ def _none_can_answer(problems: dict[int, str]) -> bool:
 def _error_of(status: int, reply: dict[str, Any]) -> EtcdError | None:
     inner = reply.get("error")
     if isinstance(inner, dict):  # a streamed reply's error
-        return EtcdError(int(inner.get("grpc_code", inner.get("code", 2))), str(inner))
+        # Any: whatever the JSON holds, for int() to judge (mypy would add None to a get
+        # whose default is Any).
+        code: Any = inner.get("grpc_code", inner.get("code", 2))
+        return EtcdError(int(code), str(inner))
     if status == 200 and inner is None:
         return None
     message = str(reply.get("message") or inner or f"HTTP {status}")

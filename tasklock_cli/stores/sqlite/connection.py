@@ -17,9 +17,10 @@ from tasklock_cli.stores.sqlite.entries import PRIVATE_MODE
 from tasklock_cli.stores.sqlite.schema import ensure_schema
 from tasklock_cli.stores.sqlite.schema import refuse_foreign
 
-#: typing costs ~2 ms per start: _T is for the type checker only.
+#: typing costs ~2 ms per start: its names are for the type checker only.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
     from typing import TypeVar
 
     _T = TypeVar("_T")
@@ -112,7 +113,8 @@ class SQLiteConnection:
             except sqlite3.Error as exc:
                 raise self._translate(exc) from exc
 
-    def read(self, sql: str, params: dict) -> list[sqlite3.Row]:
+    def read(self, sql: str, params: dict) -> list[tuple[Any, ...]]:
+        """The rows of a query, as plain tuples (no row_factory)."""
         try:
             with self._lock:
                 conn = self._connection()
