@@ -67,6 +67,14 @@ _CONFIG_FAILURES = (
 )
 
 
+def one_row(cursor: psycopg.Cursor[tuple[Any, ...]]) -> tuple[Any, ...]:
+    """The row of a statement that always returns exactly one (an aggregate without GROUP
+    BY, a SELECT of values without FROM)."""
+    row = cursor.fetchone()
+    assert row is not None, "a one-row statement returned no row"
+    return row
+
+
 class Overrun(Exception):
     """The watchdog shut the socket: the server did not answer within the I/O timeout."""
 

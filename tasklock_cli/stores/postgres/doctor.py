@@ -11,6 +11,7 @@ import psycopg
 from tasklock_cli.errors import TasklockError
 from tasklock_cli.stores.doctor import clock_check
 from tasklock_cli.stores.model import StoreCheck
+from tasklock_cli.stores.postgres.connection import one_row
 from tasklock_cli.stores.postgres.schema import PgSchema
 
 TYPE_CHECKING = False
@@ -50,9 +51,9 @@ def _probe(conn: psycopg.Connection, schema: PgSchema) -> dict[str, Any]:
     started = time.perf_counter()
     conn.execute("SELECT 1").fetchone()
     rtt = time.perf_counter() - started
-    version, standby = conn.execute(
-        "SELECT current_setting('server_version'), pg_is_in_recovery()"
-    ).fetchone()
+    version, standby = one_row(
+        conn.execute("SELECT current_setting('server_version'), pg_is_in_recovery()")
+    )
     return {
         "rtt": rtt,
         "version": version,
@@ -69,7 +70,7 @@ def _clock_offset(conn: psycopg.Connection) -> tuple[float, float]:
     for _ in range(3):
         before, started = time.time(), time.perf_counter()
         query = "SELECT extract(epoch FROM clock_timestamp())::float8"
-        server = conn.execute(query).fetchone()[0]
+        server = one_row(conn.execute(query))[0]
         elapsed = time.perf_counter() - started
         offset = float(server) - (before + elapsed / 2)
         if best is None or elapsed < best[1]:

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from datetime import datetime
 from datetime import timezone
 from typing import Any
+from typing import Literal
 from urllib.parse import unquote
 
 import psycopg
@@ -36,6 +37,7 @@ from tasklock_cli.stores.model import prefix_upper_bound
 from tasklock_cli.stores.postgres.breaks import PgBreakListeners
 from tasklock_cli.stores.postgres.connection import Overrun
 from tasklock_cli.stores.postgres.connection import PgConnection
+from tasklock_cli.stores.postgres.connection import one_row
 from tasklock_cli.stores.postgres.queue import ACQUIRE
 from tasklock_cli.stores.postgres.queue import COUNTER_SLOT
 from tasklock_cli.stores.postgres.queue import LEAVE_QUEUE
@@ -417,7 +419,7 @@ class PostgresStore(Store):
 
     def last_success(self, key: str) -> tuple[RunRecord | None, datetime]:
         statement = self._sql(_LAST_SUCCESS)
-        now, *run = self._db.run(lambda conn: conn.execute(statement, {"key": key}).fetchone())
+        now, *run = self._db.run(lambda conn: one_row(conn.execute(statement, {"key": key})))
         if run[0] is None:
             return None, _utc(now)
         key, token, started, ended, data = run
@@ -449,7 +451,7 @@ class PostgresStore(Store):
     def sweep(self, dry_run: bool = False) -> int:
         if dry_run:
             count_sql = self._sql(_SWEEP_COUNT)
-            return int(self._db.run(lambda conn: conn.execute(count_sql).fetchone()[0]))
+            return int(self._db.run(lambda conn: one_row(conn.execute(count_sql))[0]))
         statement = self._sql(_SWEEP)
         dead_places = self._sql(SWEEP_WAITERS)  # (not counted: no leases)
         self._db.run(lambda conn: conn.execute(dead_places))
@@ -532,7 +534,7 @@ class PostgresStore(Store):
         statement = self._sql(TIME_UNTIL_FREE)
         params = {"key": key, "seq": self._listening.places.get(key)}
         for _ in range(STALE_LOOKS):
-            row = self._db.run(lambda conn: conn.execute(statement, params).fetchone())
+            row = self._db.run(lambda conn: one_row(conn.execute(statement, params)))
             if not row[0]:
                 break
         _, left, live, limit, ahead, exclusive_ahead, mode = row
@@ -558,7 +560,7 @@ class PostgresStore(Store):
         self._db.close()
 
 
-def _outcome(key: str, owner: str, limit: int, rows: list) -> Lease | str | None:
+def _outcome(key: str, owner: str, limit: int, rows: list) -> Lease | Literal["lost"] | None:
     """What the acquire statement's ``rows`` tell: the lease taken, None (nothing free),
     or "lost" (run it again); LimitMismatch or Superseded raised."""
     outcomes = {row[0]: row for row in rows if not row[0].startswith("woken")}

@@ -92,7 +92,7 @@ class PgListening:
         place = self.places.pop(key, None)
 
         def run(conn: psycopg.Connection) -> None:
-            statements = []
+            statements: list[sql.Composable] = []
             if self.listening:
                 statements.append(sql.SQL("UNLISTEN *"))
             if place is not None:

@@ -137,9 +137,11 @@ def _set_up_lean(connection: redis.connection.AbstractConnection) -> None:
     (the client name, ``tasklock``, is kept). The handshake reads these attributes in
     every redis-py release (``driver_info`` in newer ones, ``lib_name``/``lib_version``
     in older ones), unlike the constructor options, whose ``None`` some releases ignore."""
-    connection.next_health_check = time.monotonic() + HEALTH_CHECK_INTERVAL_S
+    # (ignores: redis-py infers next_health_check's type from its 0 and assigns it floats
+    # itself; lib_name and lib_version are older releases' attributes)
+    connection.next_health_check = time.monotonic() + HEALTH_CHECK_INTERVAL_S  # type: ignore[assignment]
     connection.driver_info = None
-    connection.lib_name = connection.lib_version = None
+    connection.lib_name = connection.lib_version = None  # type: ignore[attr-defined]
     connection.on_connect()
 
 
@@ -156,7 +158,9 @@ class RedisConnection:
         self._tcp = urlsplit(url).scheme.lower() in ("redis", "rediss")
         self.io_timeout = DEFAULT_IO_TIMEOUT_S
         self.scripts = {
-            name: Script(None, source.encode("utf-8")) for name, source in SCRIPTS.items()
+            # (ignore: no client is registered, each call passes one: Script(..., client=))
+            name: Script(None, source.encode("utf-8"))  # type: ignore[arg-type]
+            for name, source in SCRIPTS.items()
         }
         self._client_lock = threading.Lock()
         self._client = self._make_client()
@@ -274,7 +278,8 @@ class RedisConnection:
             described = f"Redis key {name.decode('utf-8', 'replace')!r}"
             if found is None:
                 with contextlib.suppress(rexc.RedisError):
-                    found = self._client.type(name).decode()
+                    kind = self._client.type(name)  # bytes: the client does not decode
+                    found = kind.decode() if isinstance(kind, bytes) else kind
         else:
             described = "a Redis key"
         expected = _EXPECTED_TYPES[which]
@@ -293,8 +298,10 @@ class RedisConnection:
             return None
         except rexc.RedisError as exc:
             raise self.translate(exc) from None
-        values = values or {}
-        value = values.get(name, values.get(name.encode()))
+        # Keyed by bytes (the client does not decode responses), which redis-py's type
+        # (str) does not know; by str too, as it says.
+        known: dict[Any, Any] = values or {}
+        value = known.get(name, known.get(name.encode()))
         return value.decode() if isinstance(value, bytes) else value
 
     def script(self, name: str, keys: list[bytes], args: list[Any], key: str | None) -> Any:

@@ -51,7 +51,9 @@ class _RedisDoctor:
     def _check_scripts(self) -> StoreCheck:
         try:
             for script in self._conn.scripts.values():
-                self._conn.call(lambda c, script=script: c.script_load(script.script))
+                # (ignore: mypy cannot infer a lambda with a default, which binds the loop's
+                # script)
+                self._conn.call(lambda c, script=script: c.script_load(script.script))  # type: ignore[misc]
         except TasklockError as exc:
             return StoreCheck("scripts", False, f"cannot load tasklock's Lua scripts: {exc}")
         return StoreCheck("scripts", True, f"{len(self._conn.scripts)} Lua scripts loaded")

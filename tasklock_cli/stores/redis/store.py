@@ -9,6 +9,7 @@ import math
 from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
+from typing import cast
 
 import redis
 import redis.exceptions as rexc
@@ -152,7 +153,13 @@ class RedisStore(Store):
         keys += [self._names.name(lease.key, part) for part in parts]
         keys.append(self._names.lease(lease.key))
         succeeded = "1" if record is not None and record.outcome == "succeeded" else ""
-        args = [lease.owner_token, lease.fencing_token, keep_ms, _record_json(record), succeeded]
+        args: list[str | int] = [
+            lease.owner_token,
+            lease.fencing_token,
+            keep_ms,
+            _record_json(record),
+            succeeded,
+        ]
         args.append(_slots_covered(lease))
 
         def run(client: redis.Redis) -> Any:
@@ -184,7 +191,10 @@ class RedisStore(Store):
 
     def history(self, key: str, limit: int = LEDGER_KEEP) -> list[RunRecord]:
         name = self._names.name(key, "runs")
-        members = self._conn.call(lambda c: c.zrevrange(name, 0, limit - 1), key)
+        # redis-py's type also covers withscores= and decode_responses=: here, plain bytes.
+        members = cast(
+            "list[bytes]", self._conn.call(lambda c: c.zrevrange(name, 0, limit - 1), key)
+        )
         return self._decoded(key, name, members)
 
     def last_success(self, key: str) -> tuple[RunRecord | None, datetime]:
@@ -234,7 +244,8 @@ class RedisStore(Store):
     ) -> Iterator[LeaseInfo]:
         for start in range(0, len(names), LIST_PAGE):
             batch = names[start : start + LIST_PAGE]
-            rows = self._conn.call(lambda c, batch=batch: _fetch(self._conn, c, batch))
+            # (ignore: mypy cannot infer a lambda with a default, which binds the loop's batch)
+            rows = self._conn.call(lambda c, batch=batch: _fetch(self._conn, c, batch))  # type: ignore[misc]
             for (name, key, slot), row in zip(batch, rows, strict=True):
                 if row is None or not key.startswith(prefix):
                     continue  # expired between SCAN and the read
@@ -431,7 +442,8 @@ def _fetch(
     rows: list[Any] = []
     for name, result in zip(names, pipe.execute(raise_on_error=False), strict=True):
         if isinstance(result, rexc.ResponseError):
-            rows.append(client.type(name).decode())
+            kind = client.type(name)  # bytes: the client does not decode responses
+            rows.append(kind.decode() if isinstance(kind, bytes) else kind)
         elif isinstance(result, Exception):
             raise result
         else:

@@ -56,7 +56,9 @@ class RedisWakeLists:
             seconds = math.floor(left * 1000) / 1000
             with self._blocked(key):
                 if wake_fd is None:
-                    popped = self._conn.call(lambda c, s=seconds: c.blpop([wake], timeout=s), key)
+                    # (ignore: mypy cannot infer a lambda with a default, which binds the
+                    # loop's seconds)
+                    popped = self._conn.call(lambda c, s=seconds: c.blpop([wake], timeout=s), key)  # type: ignore[misc]
                 else:
                     popped = self._blpop_or_wake(wake, seconds, wake_fd)
             if popped is _WOKEN:
