@@ -233,6 +233,7 @@ def _run_signature() -> inspect.Signature:
     )
 
 
+# (ignore: a function takes any attribute; mypy knows only FunctionType's)
 run.__signature__ = _run_signature()  # type: ignore[attr-defined]
 app.command(context_settings={"allow_interspersed_args": True})(run)
 
@@ -502,18 +503,19 @@ def run_cli(argv: list[str] | None = None) -> int:
 SUGGESTION_CUTOFF = 0.7
 
 
-def _message(exc: Exception) -> str:
+def _message(exc: _CliException) -> str:
     """The parser's message, suggesting only options close to a mistyped one."""
     possibilities = getattr(exc, "possibilities", None)
     if possibilities:
         from difflib import get_close_matches
 
+        # (ignores: these are NoSuchOption's, the only exception with possibilities)
         exc.possibilities = get_close_matches(  # type: ignore[attr-defined]
             exc.option_name,  # type: ignore[attr-defined]
             possibilities,
             cutoff=SUGGESTION_CUTOFF,
         )
-    return exc.format_message()  # type: ignore[attr-defined]
+    return exc.format_message()
 
 
 def _fail(message: str, code: int, args: list[str]) -> int:

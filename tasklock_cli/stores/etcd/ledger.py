@@ -155,8 +155,10 @@ _MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct",
 
 def http_date(text: str | None) -> float | None:
     """An HTTP Date header (``Tue, 15 Nov 1994 08:12:31 GMT``) as Unix time; None if none."""
+    if text is None:
+        return None
     try:
-        _, day, month, year, clock, _ = text.split()  # type: ignore[union-attr]
+        _, day, month, year, clock, _ = text.split()
         hour, minute, second = (int(part) for part in clock.split(":"))
         moment = datetime(
             int(year), _MONTHS.index(month) + 1, int(day), hour, minute, second, tzinfo=timezone.utc
