@@ -87,8 +87,10 @@ def server_versions(kinds: list[StoreKind]) -> str:
             elif kind.name == "postgres":
                 import psycopg
 
+                from tasklock_cli.stores.postgres.connection import one_row
+
                 with psycopg.connect(POSTGRES_BASE) as conn:
-                    found.append(f"PostgreSQL {conn.execute('SHOW server_version').fetchone()[0]}")
+                    found.append(f"PostgreSQL {one_row(conn.execute('SHOW server_version'))[0]}")
             elif kind.name == "etcd":
                 found.append(f"etcd {kind.member().version()} (the bench's own member)")
     with contextlib.suppress(Exception):

@@ -134,8 +134,10 @@ def cli_trial(argv: list[str], env: dict[str, str], clients: int, runs: int) -> 
     return elapsed
 
 
-def cli_commands(kinds: list[StoreKind], envs: Envs, workdir: Path) -> dict[str, tuple]:
-    cmds: dict[str, tuple] = {}
+def cli_commands(
+    kinds: list[StoreKind], envs: Envs, workdir: Path
+) -> dict[str, tuple[list[str], dict[str, str]]]:
+    cmds: dict[str, tuple[list[str], dict[str, str]]] = {}
     for kind in kinds:
         if kind.reason is None:
             argv = [TASKLOCK, "run", "cli-hot", "--wait", "inf", "--", "true"]
@@ -217,9 +219,11 @@ def cli_has_limit(env: dict[str, str]) -> bool:
     return "--limit" in result.stdout
 
 
-def limit_commands(kinds: list[StoreKind], envs: Envs, workdir: Path) -> dict[str, tuple]:
+def limit_commands(
+    kinds: list[StoreKind], envs: Envs, workdir: Path
+) -> dict[str, tuple[list[str], dict[str, str]]]:
     """Per store: `run --limit 4` and, beside it, the same runs on a plain lock."""
-    cmds: dict[str, tuple] = {}
+    cmds: dict[str, tuple[list[str], dict[str, str]]] = {}
     for kind in kinds:
         if kind.reason is not None:
             continue

@@ -144,7 +144,7 @@ class Table:
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
-    def add(self, *cells: object) -> None:
+    def add(self, *cells: float | str | None) -> None:
         self.rows.append([c if isinstance(c, str) else fmt(c) for c in cells])
 
     def skip(self, label: str, reason: str) -> None:

@@ -306,6 +306,7 @@ def hold_many(kind: StoreKind, budget: Budget) -> HeldRun:
     interval = renewal_schedule(ttl).renew_interval
     proc = ctx.Process(target=many_leases_child, args=(url, count, ttl, theirs))
     proc.start()
+    assert proc.pid is not None  # started
     run = HeldRun()
 
     def receive(timeout: float) -> Any:

@@ -4,10 +4,12 @@ driver's cheapest round trip and durable write."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import random
 import secrets
 import time
 from collections.abc import Callable
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 from bench.harness import HOLDER
@@ -58,10 +60,12 @@ def server_setting(url: str, name: str) -> str:
     parameters but ``table=`` go to libpq, as the store passes them."""
     import psycopg
 
+    from tasklock_cli.stores.postgres.connection import one_row
+
     base, _, query = url.partition("?")
     params = "&".join(p for p in query.split("&") if p and not p.startswith("table="))
     with psycopg.connect(base + (f"?{params}" if params else ""), autocommit=True) as conn:
-        return str(conn.execute(f"SHOW {name}").fetchone()[0])
+        return str(one_row(conn.execute(f"SHOW {name}"))[0])
 
 
 def roundtrip_timers(
@@ -94,7 +98,7 @@ def roundtrip_timers(
         held = store.acquire(f"rt-renew{tag.strip()}", 60, HOLDER, secrets.token_hex(16))
         assert held is not None, "could not take the renew key"
         renew = samples.setdefault(f"renew{tag}", [])
-        timers[f"renew{tag}"] = timer(lambda s=store, h=held: s.renew(h, 60), renew)
+        timers[f"renew{tag}"] = timer(functools.partial(store.renew, held, 60), renew)
     return timers, checked
 
 
@@ -256,7 +260,10 @@ ONE_ROUND_TRIP = {("etcd", "acquire"), ("etcd", "renew"), ("postgres", "acquire"
                   ("postgres", "renew")}  # fmt: skip
 
 
-def counted(proxy: CountingProxy, op: Callable[[], object], out: list[int]) -> object:
+_T = TypeVar("_T")
+
+
+def counted(proxy: CountingProxy, op: Callable[[], _T], out: list[int]) -> _T:
     proxy.take()
     result = op()
     out.append(proxy.take())
@@ -276,13 +283,17 @@ def count_round_trips(kind: StoreKind, reps: int) -> dict[str, list[int]]:
             for i in range(reps):
                 key = f"rt-count-{i}"
                 lease = counted(
-                    proxy, lambda k=key: store.acquire(k, 60, HOLDER, token),
+                    proxy, functools.partial(store.acquire, key, 60, HOLDER, token),
                     counts.setdefault("acquire", []),
                 )  # fmt: skip
                 assert lease is not None, f"could not take {key}"
-                counted(proxy, lambda le=lease: store.renew(le, 60), counts.setdefault("renew", []))
-                counted(proxy, lambda k=key: store.peek(k), counts.setdefault("peek", []))
-                counted(proxy, lambda le=lease: store.release(le), counts.setdefault("release", []))
+                counted(
+                    proxy, functools.partial(store.renew, lease, 60), counts.setdefault("renew", [])
+                )
+                counted(proxy, functools.partial(store.peek, key), counts.setdefault("peek", []))
+                counted(
+                    proxy, functools.partial(store.release, lease), counts.setdefault("release", [])
+                )
         finally:
             store.close()
         counts["connections"] = [proxy.connections]

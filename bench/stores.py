@@ -90,11 +90,13 @@ class StoreKind:
             return (lambda: gateway.post("/v3/kv/put", put)), gateway.close, ""
         import psycopg
 
+        from tasklock_cli.stores.postgres.connection import one_row
+
         table = f"tlbench_{RUN_ID}_{namespace}_scratch"
         pg = psycopg.connect(POSTGRES_BASE + (f"?{options}" if options else ""), autocommit=True)
         pg.execute(f"CREATE TABLE {table} (k text PRIMARY KEY, v bigint NOT NULL)")
         pg.execute(f"INSERT INTO {table} VALUES ('a', 0)")
-        setting = str(pg.execute("SHOW synchronous_commit").fetchone()[0])
+        setting = str(one_row(pg.execute("SHOW synchronous_commit"))[0])
         update = RAW_WRITE.format(table=table)
 
         def close() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -142,9 +143,10 @@ def sweep_acquirer(
                 key = rng.choice(names)
             else:
                 key, fresh, op = f"fresh:{fresh:07d}", fresh + 1, OP_FRESH
-            lease = log.call(op, lambda k=key: store.acquire(k, 30, HOLDER, token))
+            lease = log.call(op, functools.partial(store.acquire, key, 30, HOLDER, token))
             if lease is not None:
-                log.call(OP_RELEASE, lambda le=lease: store.release(le) or None)
+                # (ignore: mypy cannot infer a lambda with a default, which binds the loop's lease)
+                log.call(OP_RELEASE, lambda le=lease: store.release(le) or None)  # type: ignore[misc]
     store.close()
     out.put(log)
 
@@ -291,8 +293,10 @@ def wal_position() -> int:
     """The server's current WAL position in bytes (all sessions' writes, not just ours)."""
     import psycopg
 
+    from tasklock_cli.stores.postgres.connection import one_row
+
     with psycopg.connect(POSTGRES_BASE, autocommit=True) as conn:
-        return int(conn.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()[0])
+        return int(one_row(conn.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn"))[0])
 
 
 def fill_expired(kind: StoreKind, names: list[str], run: SweepRun, lead: float) -> float:

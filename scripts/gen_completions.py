@@ -106,6 +106,7 @@ def _command(command, ctx, name: str) -> Command:
 
 def cli_tree() -> tuple[Command, list[Command]]:
     group = typer.main.get_command(tasklock_cli.cli.app.app)
+    assert isinstance(group, typer.core.TyperGroup), "tasklock's app has subcommands"
     ctx = group.context_class(group, info_name=PROG, **group.context_settings)
     top = _command(group, ctx, PROG)
     commands = []

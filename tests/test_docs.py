@@ -365,7 +365,7 @@ def test_readme_starts_with_the_install_and_test_commands():
     lines = README.read_text(encoding="utf-8").splitlines()
     block = lines.index("```sh")
     assert lines[block + 1].startswith("pip install . && tasklock run demo -- echo hello")
-    assert lines[block + 2].startswith("pip install -e '.[test]' && ruff check . && pytest")
+    assert lines[block + 2].startswith("pip install -e '.[test]' && ruff check . && mypy && pytest")
     assert lines[block + 3] == "```"
     assert all(not line.startswith("```") for line in lines[:block])
 
@@ -513,7 +513,8 @@ def test_install_example_runs(shell_env, tmp_path):
     result = sh(command, shell_env, tmp_path)
     assert result.returncode == 0 and result.stdout == "hello\n", result.stderr
     assert test_line.split("#")[0].split() == [
-        "pip", "install", "-e", "'.[test]'", "&&", "ruff", "check", ".", "&&", "pytest"
+        "pip", "install", "-e", "'.[test]'", "&&", "ruff", "check", ".", "&&", "mypy", "&&",
+        "pytest"
     ]  # fmt: skip
 
 

@@ -38,12 +38,13 @@ from tasklock_cli.util.sanitize import json_text
 try:
     from typer.exceptions import TyperException as _CliException
 except ImportError:  # typer releases that use click directly
-    # (ignore: mypy checks against one typer, and sees the other branch as a redefinition)
-    from click import ClickException as _CliException  # type: ignore[no-redef]
+    # (ignore: mypy checks against one typer, and sees the other branch as a redefinition;
+    # unused-ignore: which branch that is depends on the typer installed)
+    from click import ClickException as _CliException  # type: ignore[no-redef, unused-ignore]
 try:
     from typer._click.globals import get_current_context
 except ImportError:  # typer releases that use click directly
-    from click import get_current_context  # type: ignore[no-redef]  # (as above)
+    from click import get_current_context  # type: ignore[no-redef, unused-ignore]  # (as above)
 
 
 GLOBAL_OPTION_NAMES = tuple(field.name for field in fields(GlobalFlags))

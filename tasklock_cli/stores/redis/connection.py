@@ -138,10 +138,11 @@ def _set_up_lean(connection: redis.connection.AbstractConnection) -> None:
     every redis-py release (``driver_info`` in newer ones, ``lib_name``/``lib_version``
     in older ones), unlike the constructor options, whose ``None`` some releases ignore."""
     # (ignores: redis-py infers next_health_check's type from its 0 and assigns it floats
-    # itself; lib_name and lib_version are older releases' attributes)
-    connection.next_health_check = time.monotonic() + HEALTH_CHECK_INTERVAL_S  # type: ignore[assignment]
-    connection.driver_info = None
-    connection.lib_name = connection.lib_version = None  # type: ignore[attr-defined]
+    # itself; lib_name and lib_version are older releases' attributes, and driver_info newer
+    # ones': unused-ignore, since which is wrong depends on the redis-py installed)
+    connection.next_health_check = time.monotonic() + HEALTH_CHECK_INTERVAL_S  # type: ignore[assignment, unused-ignore]
+    connection.driver_info = None  # type: ignore[attr-defined, unused-ignore]
+    connection.lib_name = connection.lib_version = None  # type: ignore[attr-defined, unused-ignore]
     connection.on_connect()
 
 
