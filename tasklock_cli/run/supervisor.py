@@ -257,9 +257,7 @@ class Supervisor:
             child = self._fork_guard()
             self._guard = None
             try:
-                lease = self.keeper.lease
-                assert lease is not None, "the command starts only once the lease is taken"
-                child.start(lease_env(lease, self.holding), terminal.fd)
+                child.start(lease_env(self.keeper, self.holding), terminal.fd)
             except TasklockError as exc:
                 self._release_all("failed", exc.exit_code)
                 raise
@@ -537,9 +535,11 @@ def command_env(options: RunOptions) -> dict[str, str]:
     return env
 
 
-def lease_env(lease: Lease, holding: Holding | None = None) -> dict[str, str]:
-    """The lease's variables, over ``command_env``: its token (with --also, every key's),
-    expiry and slot."""
+def lease_env(keeper: LeaseKeeper, holding: Holding | None = None) -> dict[str, str]:
+    """The held lease's variables, over ``command_env``: its token (with --also, every
+    key's), expiry and slot."""
+    lease = keeper.lease
+    assert lease is not None, "the command starts only once the lease is taken"
     env: dict[str, str] = {}
     if holding is not None and holding.several:
         import json
