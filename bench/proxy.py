@@ -58,6 +58,7 @@ class CountingProxy:
         self._thread.join(timeout=2)
         for key in list(self._selector.get_map().values()):
             with contextlib.suppress(OSError):
+                # (ignore: the selector's type allows bare fds; only sockets are registered)
                 key.fileobj.close()  # type: ignore[union-attr]
         self._selector.close()
 
@@ -73,7 +74,7 @@ class CountingProxy:
                 if key.data is None:
                     self._accept()
                 else:
-                    self._forward(key.fileobj, key.data)  # type: ignore[arg-type]
+                    self._forward(key.fileobj, key.data)  # type: ignore[arg-type]  # (as in close)
 
     def _accept(self) -> None:
         client, _ = self.listener.accept()
