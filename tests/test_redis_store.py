@@ -114,8 +114,18 @@ def test_key_layout_is_a_hash_with_px_and_a_counter_without_ttl(redis_store, raw
     assert raw.type(fence_key) == b"string"
     assert raw.get(fence_key) == b"1"
     assert raw.ttl(fence_key) == -1  # present and persistent (a missing key would be -2)
+    # The namespace's failover epoch record: this primary's replid, epoch 0, the TTL asked.
+    epoch_key = prefix + b"{}:epoch"
+    replid = raw.info("replication")["master_replid"]
+    assert raw.hgetall(epoch_key) == {
+        b"replid": replid.encode(),
+        b"epoch": b"0",
+        b"quarantine_until": b"0",
+        b"max_ttl": b"30000",
+    }
+    assert raw.ttl(epoch_key) == -1
     # Nothing else in the namespace.
-    assert sorted(raw.scan_iter(match=prefix + b"*")) == sorted([lease_key, fence_key])
+    assert sorted(raw.scan_iter(match=prefix + b"*")) == sorted([lease_key, fence_key, epoch_key])
 
 
 def test_times_come_from_the_redis_clock(redis_store, raw):
@@ -178,7 +188,7 @@ def test_semaphore_slots_are_hashes_beside_slot_zero_sharing_one_counter(redis_s
     # The limit outlives the last live slot: at least as long as the longest PX.
     assert raw.get(limit_key) == b"3" and raw.pttl(limit_key) >= raw.pttl(slot1) - 50
     assert sorted(raw.scan_iter(match=prefix + b"*")) == sorted(
-        [slot0, slot1, limit_key, fence_key]
+        [slot0, slot1, limit_key, fence_key, prefix + b"{}:epoch"]
     )
     renewed = redis_store.renew(long, 120)
     assert 119_000 < raw.pttl(limit_key) <= 120_000
@@ -1156,7 +1166,7 @@ def test_drop_namespace_removes_only_that_prefix(redis_store, raw, prefix, url):
     redis_store.acquire("k", 30, HOLDER, token())
     raw.set(prefix[:-1] + b"-neighbour", b"keep")
     try:
-        assert redis_support.drop_namespace(url) == 2
+        assert redis_support.drop_namespace(url) == 3  # lease, counter, epoch record
         assert list(raw.scan_iter(match=prefix + b"*")) == []
         assert raw.get(prefix[:-1] + b"-neighbour") == b"keep"
     finally:

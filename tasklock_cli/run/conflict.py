@@ -19,12 +19,17 @@ class Conflict(TasklockError):
         holder: LeaseInfo | None,
         waited: float = 0.0,
         first_holder: LeaseInfo | None = None,
+        holdup: str | None = None,
     ) -> None:
         self.key = key
         self.holder = holder
         self.waited = waited
         self.first_holder = first_holder
-        super().__init__(describe_conflict(key, holder, waited, first_holder))
+        self.holdup = holdup if holder is None else None
+        message = describe_conflict(key, holder, waited, first_holder)
+        if self.holdup:  # nobody shows: say what keeps the key instead
+            message = f"{message}: {self.holdup}"
+        super().__init__(message)
 
 
 def describe_holder(info: LeaseInfo) -> str:

@@ -216,7 +216,8 @@ class Supervisor:
         options = self.options
 
         def announce(info: LeaseInfo | None) -> None:
-            emit_waiting(self.events, keeper.key, options.wait, info)
+            holdup = keeper.store.holdup(keeper.key) if info is None else None
+            emit_waiting(self.events, keeper.key, options.wait, info, holdup)
             self._fork_guard()  # while we wait, not once the lock is free
 
         self._waiter = Waiter(
@@ -587,15 +588,21 @@ def restore_signal_handlers(previous: dict) -> None:
         signal.signal(signum, handler)
 
 
-def emit_waiting(events: EventLog, key: str, wait: float, info: LeaseInfo | None) -> None:
+def emit_waiting(
+    events: EventLog, key: str, wait: float, info: LeaseInfo | None, holdup: str | None = None
+) -> None:
+    """``holdup``: what keeps the key when no holder shows (``Store.holdup``), as ``reason``."""
     held_by = f" held by {describe_holder(info)}" if info else ""
+    because = f": {holdup}" if holdup else ""
+    extra = {"reason": holdup} if holdup else {}
     events.emit(
         "waiting",
         key,
         None,
-        f"waiting for {key!r}{held_by}",
+        f"waiting for {key!r}{held_by}{because}",
         wait=wait if math.isfinite(wait) else "inf",
         holder=info.holder.to_dict() if info else None,
+        **extra,
     )
 
 

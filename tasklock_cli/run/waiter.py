@@ -117,7 +117,9 @@ class Waiter:
             replacing, broken_live_before = broken_live or broken_live_before, broken_live
             if left <= 0 and not replacing:
                 waited = self.wait if announced_at is not None else 0.0
-                raise Conflict(keeper.key, self._current_holder(), waited, first_holder)
+                holder = self._current_holder()
+                holdup = keeper.store.holdup(keeper.key)
+                raise Conflict(keeper.key, holder, waited, first_holder, holdup)
             if announced_at is None or clock() - announced_at >= WAITING_EVENT_EVERY_S:
                 holder = self._current_holder()
                 if announced_at is None:

@@ -130,6 +130,12 @@ class Store(ABC):
     ) -> Lease | None:
         """``acquire``, the store's own part: ``ask`` carries mode, supersede and front."""
 
+    def holdup(self, key: str) -> str | None:
+        """Why no lease can be had on ``key`` now although none may show (a store's failover
+        quarantine, met by our last acquire), for the ``waiting`` and conflict messages;
+        None when nothing but its holders keep it."""
+        return None
+
     def lease_age(self, lease: Lease) -> float:
         """How long ``lease``'s TTL had already run on the store when the acquire that
         returned it was sent (a store may attach a lease kept alive before: etcd); its

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+from tasklock_cli.stores.redis.epochs import EPOCH_RECORD
+
 DEFAULT_PREFIX = "tasklock:"
 _GLOB_SPECIAL = frozenset(b"*?[]\\^")
 #: What follows the prefix's ``{`` in the name of slot N > 0's lease hash.
@@ -30,6 +32,10 @@ class RedisKeys:
     def name(self, key: str, role: str) -> bytes:
         """The Redis key of one of a lock key's parts: lease, fence, wake, runs, ..."""
         return self.prefix_b + b"{" + key.encode("utf-8") + b"}:" + role.encode()
+
+    def epoch_record(self) -> bytes:
+        """The namespace's failover epoch record (see ``epochs``): ``P{}:epoch``."""
+        return self.prefix_b + EPOCH_RECORD
 
     def lease(self, key: str, slot: int = 0) -> bytes:
         """Slot 0's hash is the key's lease hash of old; slot N's adds ``:N`` (see

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from tasklock_cli.stores.model import BROKEN_OWNER_PREFIX
 from tasklock_cli.stores.model import LEDGER_KEEP
+from tasklock_cli.stores.redis.epochs import DECIMAL_LUA
+from tasklock_cli.stores.redis.epochs import EPOCH_LUA
 from tasklock_cli.stores.redis.queue import QUEUE_LUA
 from tasklock_cli.stores.redis.queue import WAITERS
 
@@ -84,26 +86,32 @@ local function cover_slots(limit_key, count, ttl)
   end
 end
 """
+        + DECIMAL_LUA
         + QUEUE_LUA
     )
     .replace("WAKE_TOKEN_MS", str(WAKE_TOKEN_MS))
     .replace("BROKEN_OWNER_PREFIX", BROKEN_OWNER_PREFIX)
 )
 
-# KEYS[2] = fence, KEYS[3] = wake, KEYS[4] = limit; ARGV: owner, ttl_ms, holder_json, limit,
+# KEYS[2] = fence, KEYS[3] = wake, KEYS[4] = limit, KEYS[5] = the namespace's epoch record
+# (see ``epochs``); ARGV: owner, ttl_ms, holder_json, limit,
 # queue ('1' or ''), waiter_ttl_ms, mode ('shared' or '': exclusive), supersede ('1' or ''),
 # front ('1' or ''), the place's record (see ``queue``).
-# -> {fencing_token, acquired_at_ms, expires_at_ms, slot}, nil when every slot is held (or
-# the free ones go to waiters ahead of us: first come, first served), {'limit', held} when
+# -> {fencing_token (a decimal string), acquired_at_ms, expires_at_ms, slot}, nil when every
+# slot is held (or the free ones go to waiters ahead of us: first come, first served),
+# {'quarantine', ms left} while a change of primary keeps every key from new holders (it
+# queues as nil does), {'limit', held} when
 # a live holder uses another limit, or {'superseded'} when a newer --supersede waiter took
 # our place (we leave the queue). With queue, nil joins the queue or keeps our place.
 # A shared caller (limit 1) looks one slot past those recorded: there is always one free.
 ACQUIRE = (
     _PRELUDE
+    + EPOCH_LUA
     + """
 local fence_type, bad_fence = key_type(KEYS[2], 'string', 'fence')
 if bad_fence then return bad_fence end
-local bad = bad_types({{KEYS[3], 'list', 'wake'}, {KEYS[4], 'string', 'limit'}})
+local bad = bad_types({{KEYS[3], 'list', 'wake'}, {KEYS[4], 'string', 'limit'},
+                      {KEYS[5], 'hash', 'epoch'}})
 if bad then return bad end
 local now = now_ms()
 if take_superseded(KEYS[3], ARGV[1], now) then
@@ -128,7 +136,7 @@ for slot = 0, shared and count or count - 1 do
       redis.call('HSET', name, 'expires_at', ms(now + ttl), 'holder', ARGV[3])
       redis.call('PEXPIRE', name, ttl)
       cover_slots(KEYS[4], shared and slot + 1 or limit, ttl)
-      return {tonumber(cur[2]), tonumber(cur[3]), now + ttl, slot}
+      return {cur[2], tonumber(cur[3]), now + ttl, slot}
     end
     live = live + 1
     if cur[5] == 'shared' then shared_live = shared_live + 1 end
@@ -136,6 +144,7 @@ for slot = 0, shared and count or count - 1 do
     free = slot
   end
 end
+local epoch, quarantine_until = current_epoch(KEYS[5], now, ttl)
 local queue = live_queue(KEYS[3], now)
 local at = #queue + 1
 for i, place in ipairs(queue) do
@@ -143,7 +152,8 @@ for i, place in ipairs(queue) do
 end
 local mine = nil
 if at > #queue then mine = shared end
-if free == nil or head_run(queue, mine, live, shared_live, limit) < at then
+local quarantined = now < quarantine_until
+if quarantined or free == nil or head_run(queue, mine, live, shared_live, limit) < at then
   if ARGV[5] == '1' then
     local waiter_ttl = tonumber(ARGV[6])
     local joined = join_queue(KEYS[3], ARGV[1], now, waiter_ttl, ARGV[10], ARGV[9] == '1')
@@ -152,6 +162,7 @@ if free == nil or head_run(queue, mine, live, shared_live, limit) < at then
       wake(KEYS[3], KEYS[1], count, 0)  -- the places behind them may go now
     end
   end
+  if quarantined then return {'quarantine', quarantine_until - now} end
   return false
 end
 leave_queue(KEYS[3], ARGV[1])
@@ -161,9 +172,9 @@ if fence_type == 'string' then
     return redis.error_reply('WRONGTYPE fence non-integer string')
   end
 end
-local token = redis.call('INCR', KEYS[2])
+local token = next_token(KEYS[2], epoch)
 local name = slot_key(KEYS[1], free)
-redis.call('HSET', name, 'owner', ARGV[1], 'fencing_token', ms(token), 'holder', ARGV[3],
+redis.call('HSET', name, 'owner', ARGV[1], 'fencing_token', token, 'holder', ARGV[3],
            'acquired_at', ms(now), 'expires_at', ms(now + ttl))
 if limit > 1 then redis.call('HSET', name, 'slot', free, 'limit', limit) end
 if shared then redis.call('HSET', name, 'slot', free, 'mode', 'shared') end
@@ -241,13 +252,23 @@ local function release()
   return 1
 end
 local result = release()
-if recording and redis.call('ZCOUNT', KEYS[3], ARGV[2], ARGV[2]) == 0 then
+-- (a score is a double: tokens of an epoch, above 2^53, share scores; the records' own
+-- text, which begins with the token, tells them apart, and orders them within a score)
+local function recorded(token)
+  local head = '{"fencing_token": ' .. token .. ','
+  for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], token, token)) do
+    if string.sub(member, 1, #head) == head then return true end
+  end
+  return false
+end
+if recording and not recorded(ARGV[2]) then
   local record = string.sub(ARGV[4], 1, -2) .. ',"ended_at":' .. ms(now_ms()) .. '}'
   redis.call('ZADD', KEYS[3], ARGV[2], record)
   redis.call('ZREMRANGEBYRANK', KEYS[3], 0, -(LEDGER_KEEP + 1))
   if ARGV[5] == '1' then
     local newest = redis.call('GET', KEYS[4])
-    if not newest or tonumber(cjson.decode(newest)['fencing_token']) < tonumber(ARGV[2]) then
+    local newest_token = newest and string.match(newest, '^{"fencing_token": (%d+),')
+    if not newest_token or decimal_less(newest_token, ARGV[2]) then
       redis.call('SET', KEYS[4], record)
     end
   end

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import time
 from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
@@ -97,6 +98,8 @@ class RedisStore(Store):
         self._wake_lists = RedisWakeLists(self._conn)
         #: The mode of our last acquire of each key, for its wait (see _time_until_free).
         self._place_modes: dict[str, str] = {}
+        #: Keys whose last acquire met a failover quarantine: when it ends (monotonic).
+        self._quarantines: dict[str, float] = {}
         self._break_watches = BreakWatches(
             lambda lease: open_break_subscription(self._conn, lease), WAITING_TROUBLE
         )
@@ -116,6 +119,7 @@ class RedisStore(Store):
     ) -> Lease | None:
         names = self._names
         keys = [names.lease(key), *(names.name(key, part) for part in ("fence", "wake", "limit"))]
+        keys.append(names.epoch_record())
         args = [owner, _ttl_ms(ttl, "lease TTL"), json.dumps(holder.to_dict()), limit]
         args += ["1" if queue else "", _ttl_ms(self.waiter_ttl, "waiter TTL")]
         args += ["shared" if ask.mode == SHARED else "", "1" if ask.supersede else ""]
@@ -124,7 +128,11 @@ class RedisStore(Store):
         waiting = result is None and queue
         self._note_queue_place(key, owner if waiting else None)
         self._place_modes[key] = ask.mode
+        self._quarantines.pop(key, None)
         if result is None:
+            return None
+        if result[0] == b"quarantine":
+            self._quarantines[key] = time.monotonic() + int(result[1]) / 1000
             return None
         if result[0] == b"superseded":
             raise Superseded(key)
@@ -134,6 +142,16 @@ class RedisStore(Store):
         acquired_at = utc_from_timestamp(acquired_ms / 1000)
         expires_at = utc_from_timestamp(expires_ms / 1000)
         return Lease(key, owner, token, acquired_at, expires_at, slot, limit, ask.mode)
+
+    def holdup(self, key: str) -> str | None:
+        left = self._quarantines.get(key, 0.0) - time.monotonic()
+        if left <= 0:
+            return None
+        return (
+            f"the Redis primary changed (failover or restart): no new lease in this namespace "
+            f"for {left:.1f}s more, until every lease the old primary may have granted has run "
+            "out"
+        )
 
     def renew(self, lease: Lease, ttl: float) -> Lease:
         keys = [self._names.lease(lease.key, lease.slot), self._names.name(lease.key, "limit")]
@@ -326,6 +344,9 @@ class RedisStore(Store):
     def _time_until_free(self, key: str) -> float | None:
         """None while a slot is free for us (see Store); else the PTTL of the first live
         slot to run out that keeps us out (nobody pushes a wake-up for an expiry)."""
+        quarantine_left = self._quarantines.get(key, 0.0) - time.monotonic()
+        if quarantine_left > 0:
+            return quarantine_left
         rows = self._slots(key)
         exclusive = [row for row in rows if row[8] != SHARED.encode()]
         if self._place_modes.get(key) == SHARED:
