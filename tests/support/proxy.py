@@ -42,6 +42,12 @@ class TcpProxy:
     def heal(self) -> None:
         self._flowing.set()
 
+    def retarget(self, host: str, port: int) -> None:
+        """From now on connect new connections to ``host:port`` (an endpoint that moves to
+        a promoted replica); the connections open now are cut."""
+        self.target = (host, port)
+        self.cut()
+
     def cut(self) -> None:
         """Close every proxied connection at once (a reset, not a silence)."""
         with self._lock:

@@ -59,12 +59,23 @@ Companions: ``scripts`` (the Lua), ``connection`` (URL, pool, errors), ``keys`` 
 from __future__ import annotations
 
 from tasklock_cli.stores.registry import Driver
+from tasklock_cli.stores.urls import url_syntax_problem
 from tasklock_cli.util.lazy import import_on_first_use
 
 TITLE = "redis"
-SCHEMES = ("redis", "rediss", "unix")
+SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel")
 URL_FORM = "redis://..."
 DRIVER = Driver("redis", "redis>=5")
+
+
+def url_problem(url: str) -> str | None:
+    """What makes ``url`` unreadable; a Sentinel URL's list of hosts is read by its own
+    parser (``sentinel``), which urlsplit's netloc checks would refuse in some Pythons."""
+    if url.partition("://")[0].lower().endswith("+sentinel"):
+        return None
+    return url_syntax_problem(url)
+
+
 #: ``RedisStore`` is imported on first use: a companion module never brings the driver.
 __getattr__ = import_on_first_use(__name__, "store", "RedisStore")
 __all__ = ["RedisStore"]

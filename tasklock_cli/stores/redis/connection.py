@@ -32,9 +32,18 @@ from tasklock_cli.errors import TasklockError
 from tasklock_cli.stores.redis.keys import DEFAULT_PREFIX
 from tasklock_cli.stores.redis.keys import RedisKeys
 from tasklock_cli.stores.redis.scripts import SCRIPTS
+from tasklock_cli.stores.redis.sentinel import SENTINEL_PARAMETERS
+from tasklock_cli.stores.redis.sentinel import SENTINEL_SCHEMES
+from tasklock_cli.stores.redis.sentinel import QuorumSentinel
+from tasklock_cli.stores.redis.sentinel import is_sentinel_url
+from tasklock_cli.stores.redis.sentinel import parse_sentinel_url
+from tasklock_cli.stores.redis.sentinel import sentinel_client
 from tasklock_cli.stores.urls import redact_url
 from tasklock_cli.stores.urls import scrub
+from tasklock_cli.stores.urls import split_url as split_any_url
 from tasklock_cli.stores.urls import unknown_parameter
+from tasklock_cli.stores.urls import url_parameters
+from tasklock_cli.stores.urls import url_passwords
 
 DEFAULT_IO_TIMEOUT_S = 5.0
 #: Idle connections are PINGed before reuse, so a connection the server closed (restart,
@@ -51,6 +60,7 @@ _EXPECTED_TYPES = {
     "runs": "a tasklock run ledger (sorted set)",
     "success": "a tasklock run record (string)",
     "limit": "a tasklock semaphore limit (string)",
+    "epoch": "a tasklock failover epoch record (hash)",
 }
 _FORCED_OPTIONS = (
     "socket_timeout",
@@ -63,42 +73,74 @@ _FORCED_OPTIONS = (
 
 #: The most databases a Redis server can have (its ``databases`` setting is an int).
 MAX_DB_INDEX = 2**31 - 1
+#: More replicas than any deployment has: a larger wait_replicas= is a typo.
+MAX_WAIT_REPLICAS = 1000
+
+
+#: tasklock's own URL parameters, taken out before redis-py sees the URL.
+_OWN_PARAMETERS = ("prefix", "wait_replicas")
 
 
 def split_url(url: str) -> tuple[str, str, list[str]]:
-    """(url for redis-py without tasklock's own ``prefix=``, prefix, secrets to scrub).
-    ConfigError for a parameter redis-py does not honour or a database that is no number."""
-    parts = urlsplit(url)
+    """(url for redis-py without tasklock's own ``prefix=`` and ``wait_replicas=``, prefix,
+    secrets to scrub). ConfigError for a parameter redis-py does not honour or a database
+    that is no number."""
+    scheme, _, path, query = split_any_url(url)
+    sentinel = is_sentinel_url(url)
     prefix = DEFAULT_PREFIX
     kept: list[str] = []
     secrets: list[str] = []
-    known = _url_parameters(parts.scheme.lower())
-    for item in parts.query.split("&") if parts.query else []:
+    known = _url_parameters(scheme)
+    for item in query.split("&") if query else []:
         name, _, value = item.partition("=")
         name = unquote_plus(name)
         if name not in known:
             raise unknown_parameter(
-                "Redis", url, name, "tasklock's prefix=, or a connection option of redis-py"
+                "Redis",
+                url,
+                name,
+                "tasklock's prefix= or wait_replicas=, or a connection option of redis-py",
             )
         if name == "db":
             _check_db(url, unquote_plus(value))
         if name == "prefix":
             prefix = unquote_plus(value)
             continue
+        if name == "wait_replicas":
+            wait_replicas(url, unquote_plus(value))
+            continue
         if name == "protocol":
             continue  # tasklock speaks RESP2 (see _connection_kwargs), whatever the URL says
-        if name == "password" and value:
+        if name in ("password", "sentinel_password") and value:
             secrets.append(unquote_plus(value))
         kept.append(item)
-    if parts.scheme.lower() != "unix" and parts.path.strip("/"):
-        _check_db(url, unquote(parts.path).strip("/"))
-    if parts.password:
-        secrets.append(unquote(parts.password))
+    if sentinel:
+        service_and_db = unquote(path).strip("/").split("/")
+        if len(service_and_db) == 2:
+            _check_db(url, service_and_db[1])
+    elif scheme != "unix" and path.strip("/"):
+        _check_db(url, unquote(path).strip("/"))
+    secrets.extend(url_passwords(url))
     # Rebuilt textually: urlunsplit would turn unix:///path into unix:/path.
     base, _, rest = url.partition("?")
     fragment = rest.partition("#")[2] if "#" in rest else ""
     clean = base + ("?" + "&".join(kept) if kept else "") + ("#" + fragment if fragment else "")
     return clean, prefix, secrets
+
+
+def wait_replicas(url: str, text: str | None = None) -> int:
+    """The URL's ``wait_replicas=N`` (0 when absent): how many replicas must confirm an
+    acquire's writes (Redis ``WAIT``) before it counts."""
+    if text is None:
+        text = url_parameters(url).get("wait_replicas")
+        if text is None:
+            return 0
+    if not (text.isdigit() and int(text) <= MAX_WAIT_REPLICAS):
+        raise ConfigError(
+            f"Redis store URL {redact_url(url)!r}: wait_replicas must be a number of "
+            f"replicas, 0 to {MAX_WAIT_REPLICAS} (got {text!r})"
+        )
+    return int(text)
 
 
 def _check_db(url: str, text: str) -> None:
@@ -114,9 +156,12 @@ def _url_parameters(scheme: str) -> frozenset[str]:
     arguments of the connection class it passes the others to (as strings)."""
     connection_class = {
         "rediss": redis.connection.SSLConnection,
+        "rediss+sentinel": redis.connection.SSLConnection,
         "unix": redis.connection.UnixDomainSocketConnection,
     }.get(scheme, redis.connection.Connection)
-    names = {"prefix", "protocol", "password", "username"}
+    names = {*_OWN_PARAMETERS, "protocol", "password", "username"}
+    if scheme in SENTINEL_SCHEMES:
+        names.update(SENTINEL_PARAMETERS)
     names.update(getattr(redis.connection, "URL_QUERY_ARGUMENT_PARSERS", {}))
     import inspect  # the Redis store's path only, and its driver costs more
 
@@ -151,12 +196,22 @@ class RedisConnection:
     goes through it: ``call`` retries a broken connection once and turns Redis's errors
     into tasklock's; ``scripts`` are the store's Lua scripts, loaded on first use."""
 
-    def __init__(self, url: str, display_url: str, names: RedisKeys) -> None:
+    def __init__(
+        self, url: str, display_url: str, names: RedisKeys, wait_replicas: int = 0
+    ) -> None:
         self._url = url
         self.display_url = display_url
         self.names = names
+        #: How many replicas must confirm an acquire's writes (``wait_replicas=``).
+        self.wait_replicas = wait_replicas
         self._secrets = [s for s in split_url(url)[2] if s]
-        self._tcp = urlsplit(url).scheme.lower() in ("redis", "rediss")
+        self.sentinel_target = None
+        if is_sentinel_url(url):
+            query = split_any_url(url)[3]
+            self.sentinel_target = parse_sentinel_url(url, query.split("&") if query else [])
+        #: The sentinels asked for the primary (sentinel URLs only).
+        self.sentinels: QuorumSentinel | None = None
+        self._tcp = urlsplit(url).scheme.lower() in ("redis", "rediss", *SENTINEL_SCHEMES)
         self.io_timeout = DEFAULT_IO_TIMEOUT_S
         self.scripts = {
             # (ignore: no client is registered, each call passes one: Script(..., client=))
@@ -194,6 +249,8 @@ class RedisConnection:
         return kwargs
 
     def _make_client(self) -> redis.Redis:
+        if self.sentinel_target is not None:
+            return self._make_sentinel_client()
         try:
             ours = self._connection_kwargs()
             # Blocking: a thread beyond MAX_CONNECTIONS waits (within the I/O timeout) for a
@@ -214,6 +271,20 @@ class RedisConnection:
             ) from None
         return client
 
+    def _make_sentinel_client(self) -> redis.Redis:
+        assert self.sentinel_target is not None
+        try:
+            client, self.sentinels = sentinel_client(
+                self.sentinel_target, self._connection_kwargs(), _FORCED_OPTIONS
+            )
+            pool = client.connection_pool
+            pool.connection_class(**pool.connection_kwargs)  # unknown options fail here
+        except (ValueError, TypeError, rexc.RedisError) as exc:
+            raise ConfigError(
+                f"invalid Redis URL {self.display_url!r}: {self.scrub(exc)}"
+            ) from None
+        return client
+
     def set_io_timeout(self, seconds: float) -> None:
         if not math.isfinite(seconds) or seconds <= 0 or seconds == self.io_timeout:
             return
@@ -222,6 +293,7 @@ class RedisConnection:
             old, self._client = self._client, self._make_client()
         # Idle connections of the old pool close now; ones in use close when collected.
         old.connection_pool.disconnect(inuse_connections=False)
+        # (the old pool's sentinel clients close when collected, as its connections do)
 
     def call(self, operation: Callable[[redis.Redis], _T], key: str | None = None) -> _T:
         """Run ``operation`` once more on a fresh connection if the connection broke.
@@ -274,8 +346,8 @@ class RedisConnection:
         words = text.split()
         which = words[1] if len(words) > 1 and words[1] in _EXPECTED_TYPES else "lease"
         found = " ".join(words[2:]) if len(words) > 2 and words[1] == which else None
-        if key is not None:
-            name = self.names.name(key, which)
+        if key is not None or which == "epoch":
+            name = self.names.epoch_record() if which == "epoch" else self.names.name(key, which)
             described = f"Redis key {name.decode('utf-8', 'replace')!r}"
             if found is None:
                 with contextlib.suppress(rexc.RedisError):
@@ -310,6 +382,33 @@ class RedisConnection:
         script = self.scripts[name]
         return self.call(lambda c: script(keys=keys, args=args, client=c), key)
 
+    def script_and_wait(
+        self, name: str, keys: list[bytes], args: list[Any], key: str | None
+    ) -> tuple[Any, int]:
+        """``script``, then Redis ``WAIT`` for ``wait_replicas`` replicas in the same round
+        trip, on the same connection (WAIT waits for that connection's writes): the
+        script's result and how many replicas confirmed. WAIT's bound is half the I/O
+        timeout, so the call stays within one."""
+        script = self.scripts[name]
+        timeout_ms = max(10, int(self.io_timeout * 500))
+
+        def run(client: redis.Redis) -> tuple[Any, int]:
+            for attempt in (1, 2):
+                pipe = client.pipeline(transaction=False)
+                pipe.evalsha(script.sha, len(keys), *keys, *args)
+                pipe.wait(self.wait_replicas, timeout_ms)
+                result, confirmed = pipe.execute(raise_on_error=False)
+                if isinstance(result, rexc.NoScriptError) and attempt == 1:
+                    client.script_load(script.script)
+                    continue
+                for reply in (result, confirmed):
+                    if isinstance(reply, Exception):
+                        raise reply
+                return result, int(confirmed)
+            raise AssertionError("unreachable")
+
+        return self.call(run, key)
+
     def scrub(self, exc: object) -> str:
         return scrub(exc, self._secrets)
 
@@ -326,3 +425,7 @@ class RedisConnection:
         with contextlib.suppress(Exception):
             client.close()
             client.connection_pool.disconnect()
+        if self.sentinels is not None:
+            for sentinel in self.sentinels.sentinels:
+                with contextlib.suppress(Exception):
+                    sentinel.close()

@@ -66,6 +66,9 @@ end
 -- The next fencing token of the key whose counter is `fence`, as a decimal string (Lua's
 -- numbers are doubles: exact only to 2^53): max(counter + 1, epoch << EPOCH_SHIFT).
 local function next_token(fence, epoch)
+  if epoch >= EPOCH_LIMIT then  -- its tokens would pass 2^63 - 1
+    return nil, redis.error_reply('EPOCH ' .. ms(epoch) .. ' is past the last one tokens can carry')
+  end
   if epoch > 0 then
     local base = ms(epoch * EPOCH_BASE)  -- a power of two times an integer: exact
     local counter = redis.call('GET', fence)
@@ -80,6 +83,7 @@ end
 """.replace("DEFAULT_TTL_MS", str(DEFAULT_TTL_MS))
     .replace("QUARANTINE_MARGIN_MS", str(QUARANTINE_MARGIN_MS))
     .replace("EPOCH_BASE", str(2**EPOCH_SHIFT))
+    .replace("EPOCH_LIMIT", str(2 ** (63 - EPOCH_SHIFT)))
 )
 
 #: Lua for every script's prelude: compare two decimal strings of non-negative integers

@@ -172,7 +172,8 @@ if fence_type == 'string' then
     return redis.error_reply('WRONGTYPE fence non-integer string')
   end
 end
-local token = next_token(KEYS[2], epoch)
+local token, too_late = next_token(KEYS[2], epoch)
+if too_late then return too_late end
 local name = slot_key(KEYS[1], free)
 redis.call('HSET', name, 'owner', ARGV[1], 'fencing_token', token, 'holder', ARGV[3],
            'acquired_at', ms(now), 'expires_at', ms(now + ttl))

@@ -17,6 +17,7 @@ import redis.exceptions as rexc
 
 from tasklock_cli.errors import ConfigError
 from tasklock_cli.errors import LimitMismatch
+from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.errors import Superseded
 from tasklock_cli.errors import TasklockError
 from tasklock_cli.stores.base import Store
@@ -36,6 +37,7 @@ from tasklock_cli.stores.model import breaker_of
 from tasklock_cli.stores.redis.breaks import open_break_subscription
 from tasklock_cli.stores.redis.connection import RedisConnection
 from tasklock_cli.stores.redis.connection import split_url
+from tasklock_cli.stores.redis.connection import wait_replicas
 from tasklock_cli.stores.redis.keys import DEFAULT_PREFIX
 from tasklock_cli.stores.redis.keys import RedisKeys
 from tasklock_cli.stores.redis.queue import place_mode
@@ -89,12 +91,18 @@ class RedisStore(Store):
     signals_release = True
     waiting_trouble = WAITING_TROUBLE
 
-    def __init__(self, url: str, prefix: str = DEFAULT_PREFIX, display_url: str | None = None):
+    def __init__(
+        self,
+        url: str,
+        prefix: str = DEFAULT_PREFIX,
+        display_url: str | None = None,
+        wait_replicas: int = 0,
+    ):
         super().__init__()
         self.prefix = prefix
         self.display_url = display_url or redact_url(url)
         self._names = RedisKeys(prefix)
-        self._conn = RedisConnection(url, self.display_url, self._names)
+        self._conn = RedisConnection(url, self.display_url, self._names, wait_replicas)
         self._wake_lists = RedisWakeLists(self._conn)
         #: The mode of our last acquire of each key, for its wait (see _time_until_free).
         self._place_modes: dict[str, str] = {}
@@ -107,7 +115,8 @@ class RedisStore(Store):
     @classmethod
     def from_url(cls, url: str) -> RedisStore:
         clean, prefix, _ = split_url(url)
-        return cls(clean, prefix=prefix, display_url=redact_url(url))
+        replicas = wait_replicas(url)
+        return cls(clean, prefix=prefix, display_url=redact_url(url), wait_replicas=replicas)
 
     def set_io_timeout(self, seconds: float) -> None:
         self._conn.set_io_timeout(seconds)
@@ -124,7 +133,11 @@ class RedisStore(Store):
         args += ["1" if queue else "", _ttl_ms(self.waiter_ttl, "waiter TTL")]
         args += ["shared" if ask.mode == SHARED else "", "1" if ask.supersede else ""]
         args += ["1" if ask.front else "", place_record(holder, ask.mode, ask.supersede)]
-        result = self._conn.script("acquire", keys, args, key)
+        confirmed = None
+        if self._conn.wait_replicas:
+            result, confirmed = self._conn.script_and_wait("acquire", keys, args, key)
+        else:
+            result = self._conn.script("acquire", keys, args, key)
         waiting = result is None and queue
         self._note_queue_place(key, owner if waiting else None)
         self._place_modes[key] = ask.mode
@@ -141,7 +154,20 @@ class RedisStore(Store):
         token, acquired_ms, expires_ms, slot = (int(v) for v in result)
         acquired_at = utc_from_timestamp(acquired_ms / 1000)
         expires_at = utc_from_timestamp(expires_ms / 1000)
-        return Lease(key, owner, token, acquired_at, expires_at, slot, limit, ask.mode)
+        lease = Lease(key, owner, token, acquired_at, expires_at, slot, limit, ask.mode)
+        if confirmed is not None and confirmed < self._conn.wait_replicas:
+            self._unconfirmed(lease, confirmed)
+        return lease
+
+    def _unconfirmed(self, lease: Lease, confirmed: int) -> None:
+        """The acquire's writes reached fewer replicas than ``wait_replicas=`` asks: a
+        failover could lose the lease. Give it back and report the store unavailable."""
+        with contextlib.suppress(TasklockError):
+            self.release(lease)
+        raise StoreUnavailable(
+            f"{self.display_url}: only {confirmed} of the {self._conn.wait_replicas} replicas "
+            "that wait_replicas= asks for confirmed the lease in time; it was given back"
+        )
 
     def holdup(self, key: str) -> str | None:
         left = self._quarantines.get(key, 0.0) - time.monotonic()
