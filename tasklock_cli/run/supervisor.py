@@ -614,6 +614,7 @@ def emit_replacing(events: EventLog, key: str, broken: list[LeaseInfo]) -> None:
 
 def emit_conflict(events: EventLog, key: str, conflict: Conflict) -> None:
     info = conflict.holder
+    extra = {"reason": conflict.holdup} if conflict.holdup else {}
     events.emit(
         "conflict",
         key,
@@ -621,6 +622,7 @@ def emit_conflict(events: EventLog, key: str, conflict: Conflict) -> None:
         f"{conflict}; not running the command",
         holder=info.holder.to_dict() if info else None,
         expires_at=rfc3339(info.expires_at) if info else None,
+        **extra,
     )
 
 

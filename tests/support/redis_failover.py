@@ -69,10 +69,9 @@ class ReplicatedRedis:
         def caught_up() -> bool:
             ours = replication(self.replica)
             theirs = replication(self.primary)
-            return (
-                ours.get("master_link_status") == "up"
-                and ours.get("slave_repl_offset") == theirs.get("master_repl_offset")
-            )
+            return ours.get("master_link_status") == "up" and ours.get(
+                "slave_repl_offset"
+            ) == theirs.get("master_repl_offset")
 
         _wait(caught_up, timeout, "the replica to catch up")
 

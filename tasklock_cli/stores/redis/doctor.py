@@ -6,6 +6,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import redis.exceptions as rexc
+
 from tasklock_cli.errors import TasklockError
 from tasklock_cli.stores.doctor import clock_check
 from tasklock_cli.stores.model import StoreCheck
@@ -30,6 +32,8 @@ class _RedisDoctor:
                 "store", True, f"{self._conn.display_url} (key prefix {self._conn.names.prefix!r})"
             )
         ]
+        if self._conn.sentinels is not None:
+            checks.append(self._check_primary())
         try:
             self._conn.call(lambda c: c.ping())  # connects (and authenticates)
             started = time.perf_counter()
@@ -44,9 +48,102 @@ class _RedisDoctor:
                 checks.append(check())
             except TasklockError as exc:
                 checks.append(StoreCheck(check.__name__[7:], False, str(exc)))
+        checks.extend(self._failover_checks())
         checks.append(self._check_scripts())
         checks.append(self._check_clock())
         return checks
+
+    def _failover_checks(self) -> list[StoreCheck]:
+        checks = []
+        for check in (self._check_replication, self._check_epoch):
+            try:
+                checks.append(check())
+            except TasklockError as exc:
+                checks.append(StoreCheck(check.__name__[7:], False, str(exc)))
+        return checks
+
+    def _check_primary(self) -> StoreCheck:
+        """Which primary the sentinels name, and the replicas they know (addresses only)."""
+        sentinels, target = self._conn.sentinels, self._conn.sentinel_target
+        assert sentinels is not None and target is not None
+        try:
+            host, port = sentinels.discover_master(target.service)
+        except rexc.RedisError as exc:  # (MasterNotFoundError among them)
+            return StoreCheck("primary", False, self._conn.scrub(exc))
+        replicas = [
+            f"{replica.get('ip')}:{replica.get('port')}"
+            + ("" if _replica_up(replica) else " (down)")
+            for replica in sentinels.replicas_of(target.service)
+        ]
+        known = ", ".join(replicas) if replicas else "none"
+        return StoreCheck(
+            "primary",
+            True,
+            f"the sentinels name {host}:{port} the primary of {target.service!r}; "
+            f"replicas they know: {known}",
+        )
+
+    def _check_replication(self) -> StoreCheck:
+        info = self._info_section("replication")
+        role = info.get("role")
+        if role != "master":
+            return StoreCheck(
+                "replication",
+                False,
+                f"connected to a {role}, not a primary: writes fail (READONLY); point the URL "
+                "at the primary, or use a redis+sentinel:// URL",
+            )
+        replicas = int(info.get("connected_slaves", 0))
+        wanted = self._conn.wait_replicas
+        if replicas == 0:
+            return StoreCheck(
+                "replication",
+                True,
+                "no replica connected: the data is as durable as this server's persistence; "
+                "after a restart or failover new leases wait out a quarantine (longest TTL "
+                "+ 2 s, at least 32 s)",
+                warning=True,
+            )
+        if wanted > replicas:
+            return StoreCheck(
+                "replication",
+                False,
+                f"wait_replicas={wanted} but only {replicas} replicas are connected: every "
+                "acquire fails (69)",
+            )
+        if wanted == 0:
+            return StoreCheck(
+                "replication",
+                True,
+                f"{replicas} replica(s), asynchronous and unconfirmed: a failover can lose the "
+                "last acquires; the failover quarantine keeps their holders apart from new "
+                "ones for TTLs up to the longest the replica knows of (at least 30 s); "
+                "wait_replicas=N confirms each acquire",
+                warning=True,
+            )
+        return StoreCheck(
+            "replication",
+            True,
+            f"{replicas} replica(s); each acquire waits for {wanted} to confirm (WAIT)",
+        )
+
+    def _check_epoch(self) -> StoreCheck:
+        """The namespace's failover epoch record (see ``epochs``)."""
+        name = self._conn.names.epoch_record()
+        record, (seconds, micros) = self._conn.call(lambda c: (c.hgetall(name), c.time()))
+        if not record:
+            return StoreCheck(
+                "failover", True, "no epoch record yet (written by the first acquire)"
+            )
+        now_ms = seconds * 1000 + micros // 1000
+        epoch = int(record.get(b"epoch") or 0)
+        left = int(record.get(b"quarantine_until") or 0) - now_ms
+        max_ttl = int(record.get(b"max_ttl") or 0) / 1000
+        detail = f"epoch {epoch}" + (" (no failover seen)" if epoch == 0 else "")
+        detail += f"; longest TTL granted {max_ttl:g}s"
+        if left > 0:
+            detail += f"; quarantine: no new lease for {left / 1000:.1f}s more"
+        return StoreCheck("failover", True, detail, warning=left > 0)
 
     def _check_scripts(self) -> StoreCheck:
         try:
@@ -141,3 +238,8 @@ class _RedisDoctor:
             return StoreCheck("clock", False, str(exc))
         offset = seconds + micros / 1_000_000 - (sent_wall + rtt / 2)
         return clock_check("Redis's", offset, rtt / 2, "expiry runs on Redis's clock")
+
+
+def _replica_up(replica: dict[str, Any]) -> bool:
+    flags = str(replica.get("flags", ""))
+    return not any(flag in flags.split(",") for flag in ("s_down", "o_down", "disconnected"))

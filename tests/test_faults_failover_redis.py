@@ -1,0 +1,468 @@
+"""Redis failovers: a replica that missed the holder's acquire is promoted; no second holder
+starts while the first could still run, and every later token is greater than every earlier
+one (the failover epoch, see tasklock_cli/stores/redis/epochs.py). Sentinel URLs.
+
+The fast tests drive the epoch rule on the shared Redis (a namespace whose record names
+another primary) and on a private pair; the slow ones fail a primary over under the real
+``tasklock`` executable, with the endpoint moving and with three sentinels.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import itertools
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tasklock_cli.errors import StoreUnavailable
+from tasklock_cli.stores import open_store
+from tasklock_cli.stores.model import Holder
+from tasklock_cli.stores.redis.epochs import EPOCH_SHIFT
+from tests.support import redis_support
+from tests.support import report
+from tests.support import services
+from tests.support.cli import one_error_line
+from tests.support.cli import start
+from tests.support.cli import tasklock
+from tests.support.cli import wait_until
+from tests.support.proxy import TcpProxy
+from tests.support.redis_failover import replicated_redis
+from tests.support.redis_failover import sentinels_for
+
+HOLDER = Holder(host="host-a", pid=4242, user="alice", command=["./job.sh"], note=None)
+OTHER = Holder(host="host-b", pid=99, user="bob", command=["true"], note=None)
+ALLOWED_EXITS = {0, 69, 70, 75}
+
+
+def owner() -> str:
+    return uuid.uuid4().hex
+
+
+def require_redis_server() -> None:
+    services.require("redis")
+    if not redis_support.redis_server_available():
+        reason = f"no redis-server binary at {redis_support.REDIS_SERVER}"
+        if services.in_ci():
+            pytest.fail(f"CI=true but {reason}")
+        pytest.skip(reason)
+
+
+@pytest.fixture
+def url() -> Iterator[str]:
+    services.require("redis")
+    namespace = services.redis_url(prefix=f"tasklock-failover-{uuid.uuid4().hex[:12]}:")
+    yield namespace
+    redis_support.drop_namespace(namespace)
+
+
+@pytest.fixture
+def raw(url):
+    client, _ = redis_support._client_for(url)
+    yield client
+    client.close()
+
+
+def redis_ms(raw) -> int:
+    seconds, micros = raw.time()
+    return seconds * 1000 + micros // 1000
+
+
+def pretend_failover(raw, prefix: str) -> None:
+    """The namespace's record names another primary than the one that answers."""
+    raw.hset(prefix.encode() + b"{}:epoch", "replid", "f" * 40)
+
+
+def end_quarantine(raw, prefix: str) -> None:
+    raw.hset(prefix.encode() + b"{}:epoch", "quarantine_until", 0)
+
+
+# -- the epoch rule, fast ---------------------------------------------------------------
+
+
+def test_a_changed_primary_quarantines_the_namespace_then_tokens_jump(url, raw):
+    with open_store(url) as store:
+        prefix = store.prefix
+        first = store.acquire("a", 10, HOLDER, owner())
+        assert first.fencing_token == 1
+        assert store.release(first)
+        survivor = store.acquire("b", 45, HOLDER, owner())  # its lease "survived" the failover
+
+        pretend_failover(raw, prefix)
+        before = redis_ms(raw)
+        assert store.acquire("a", 10, OTHER, owner()) is None
+        record = raw.hgetall(prefix.encode() + b"{}:epoch")
+        epoch = int(record[b"epoch"])
+        assert abs(epoch - before // 1000) <= 1
+        # the longest TTL granted (45 s) plus the 2 s margin
+        assert 46_000 <= int(record[b"quarantine_until"]) - before <= 47_500
+        assert "primary changed" in store.holdup("a")
+        assert store.acquire("c", 10, OTHER, owner()) is None  # every key of the namespace
+        assert store.renew(survivor, 45).fencing_token == survivor.fencing_token
+
+        end_quarantine(raw, prefix)
+        base = epoch << EPOCH_SHIFT
+        jumped = store.acquire("a", 10, OTHER, owner())
+        assert jumped.fencing_token == base > 2**53  # past a double's exact integers
+        assert store.holdup("a") is None
+        assert store.acquire("c", 10, OTHER, owner()).fencing_token == base
+        assert store.release(jumped)
+        again = store.acquire("a", 10, OTHER, owner())
+        assert again.fencing_token == base + 1  # exact: Lua's doubles never touch it
+        assert store.time_left("a", base + 1) > 9
+        assert store.renew(again, 10).fencing_token == base + 1
+        assert store.release(again)
+        assert store.release(survivor)
+
+
+def test_the_ledger_keeps_each_token_of_an_epoch_once(url, raw):
+    from tasklock_cli.stores.model import RunRecord
+
+    with open_store(url) as store:
+        store.release(store.acquire("a", 10, HOLDER, owner()))
+        pretend_failover(raw, store.prefix)
+        assert store.acquire("a", 10, HOLDER, owner()) is None
+        end_quarantine(raw, store.prefix)
+        tokens = []
+        for _ in range(3):
+            lease = store.acquire("a", 10, HOLDER, owner())
+            record = RunRecord("a", lease.fencing_token, HOLDER, lease.acquired_at, 0, "succeeded")
+            assert store.release(lease, record=record)
+            assert store.release(lease, record=record) is False  # a retry writes no second
+            tokens.append(lease.fencing_token)
+        assert tokens == [tokens[0], tokens[0] + 1, tokens[0] + 2]
+        assert [r.fencing_token for r in store.history("a")] == tokens[::-1]
+        success, _ = store.last_success("a")
+        assert success.fencing_token == tokens[-1]
+
+
+def test_two_changes_within_a_second_still_raise_the_epoch(url, raw):
+    with open_store(url) as store:
+        store.release(store.acquire("a", 10, HOLDER, owner()))
+        tokens = []
+        for _ in range(2):
+            pretend_failover(raw, store.prefix)
+            assert store.acquire("a", 10, HOLDER, owner()) is None
+            end_quarantine(raw, store.prefix)
+            lease = store.acquire("a", 10, HOLDER, owner())
+            tokens.append(lease.fencing_token)
+            store.release(lease)
+        assert tokens[1] >= tokens[0] + (1 << EPOCH_SHIFT)
+
+
+def test_the_quarantine_is_never_shorter_than_the_default_ttl(url, raw):
+    with open_store(url) as store:
+        store.release(store.acquire("a", 1, HOLDER, owner()))
+        pretend_failover(raw, store.prefix)
+        before = redis_ms(raw)
+        assert store.acquire("a", 1, HOLDER, owner()) is None
+        until = int(raw.hget(store.prefix.encode() + b"{}:epoch", "quarantine_until"))
+        assert 31_500 <= until - before <= 32_500
+
+
+def test_a_waiter_in_quarantine_keeps_its_place_and_the_cli_names_the_reason(url, raw, cli_env):
+    with open_store(url) as store:
+        store.release(store.acquire("a", 10, HOLDER, owner()))
+        pretend_failover(raw, store.prefix)
+    env = {**cli_env, "TASKLOCK_STORE": url}
+    done = tasklock("--log-format", "json", "run", "a", "--", "true", env=env)
+    assert done.returncode == 75, done.stderr
+    assert "primary changed" in done.stderr
+    waiting = start("--log-format", "json", "run", "a", "--wait", "30s", "--", "true", env=env)
+    try:
+        wait_until(lambda: raw.zcard(url_prefix(url) + b"{a}:queue") == 1, 10)
+        with open_store(url) as store:
+            assert len(store.waiters("a")) == 1
+        end_quarantine(raw, url.rpartition("prefix=")[2])
+        assert waiting.wait(timeout=20) == 0
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            waiting.kill()
+    stderr = waiting.stderr.read()
+    assert '"reason": "the Redis primary changed' in stderr, stderr
+
+
+def url_prefix(url: str) -> bytes:
+    return url.rpartition("prefix=")[2].encode()
+
+
+def test_epochs_past_the_last_one_tokens_can_carry_are_refused(url, raw):
+    with open_store(url) as store:
+        store.release(store.acquire("a", 10, HOLDER, owner()))
+        raw.hset(store.prefix.encode() + b"{}:epoch", "epoch", 2 ** (63 - EPOCH_SHIFT) - 1)
+        pretend_failover(raw, store.prefix)
+        assert store.acquire("a", 10, HOLDER, owner()) is None
+        end_quarantine(raw, store.prefix)
+        with pytest.raises(StoreUnavailable, match="EPOCH"):
+            store.acquire("a", 10, HOLDER, owner())
+        assert raw.get(store.prefix.encode() + b"{a}:fence") == b"1"
+
+
+def test_a_promoted_replica_without_the_record_starts_an_epoch():
+    """The namespace's first acquire happened after the link was cut: the promoted replica
+    has no record of it, but its master_replid2 says it took over from another primary."""
+    require_redis_server()
+    with replicated_redis() as pair:
+        old_url = pair.primary.url(prefix="fresh:")
+        pair.cut_link()
+        with open_store(old_url) as store:
+            lost = store.acquire("k", 5, HOLDER, owner())
+            assert lost.fencing_token == 1
+        pair.promote()
+        with open_store(pair.replica.url(prefix="fresh:")) as store:
+            assert store.acquire("k", 5, OTHER, owner()) is None
+            assert "primary changed" in store.holdup("k")
+        # A server that never took over from another: a missing record is a fresh namespace.
+        with open_store(pair.primary.url(prefix="other:")) as store:
+            assert store.acquire("k", 5, OTHER, owner()).fencing_token == 1
+
+
+def test_a_promoted_replica_with_the_record_starts_an_epoch():
+    require_redis_server()
+    with replicated_redis() as pair:
+        with open_store(pair.primary.url(prefix="ns:")) as store:
+            store.release(store.acquire("k", 5, HOLDER, owner()))
+        pair.wait_synced()
+        pair.cut_link()
+        pair.primary.kill()
+        pair.promote()
+        with open_store(pair.replica.url(prefix="ns:")) as store:
+            assert store.acquire("k", 5, OTHER, owner()) is None
+            record = pair.replica.client().hgetall(b"ns:{}:epoch")
+            assert int(record[b"epoch"]) > 0
+
+
+def test_wait_replicas_gives_the_lease_back_when_no_replica_confirms():
+    require_redis_server()
+    with replicated_redis() as pair:
+        confirmed = pair.primary.url(prefix="w:") + "&wait_replicas=1"
+        with open_store(confirmed) as store:
+            lease = store.acquire("k", 5, HOLDER, owner())
+            assert lease.fencing_token == 1
+            store.release(lease)
+            pair.cut_link()
+            wait_until(lambda: pair.primary.client().info("replication")["connected_slaves"] == 0)
+            store.set_io_timeout(1.0)
+            started = time.monotonic()
+            with pytest.raises(StoreUnavailable, match="only 0 of the 1 replicas"):
+                store.acquire("k", 5, HOLDER, owner())
+            assert time.monotonic() - started < 2
+            assert store.peek("k") is None  # given back
+
+
+# -- sentinel URLs: parsing and errors, fast ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "redis+sentinel://:s3cret-pw@127.0.0.1:1/",  # no service
+        "redis+sentinel://:s3cret-pw@127.0.0.1:1/svc/x",  # no database number
+        "redis+sentinel://:s3cret-pw@127.0.0.1:99999/svc",
+        "redis+sentinel://:s3cret-pw@127.0.0.1:1/svc?colour=blue",
+        "redis+sentinel://:s3cret-pw@127.0.0.1:1/svc?wait_replicas=many",
+        "rediss+sentinel://:s3cret-pw@127.0.0.1:1/svc/1/2",
+    ],
+)
+def test_malformed_sentinel_urls_are_one_line_78_without_the_password(bad, cli_env):
+    done = tasklock("--store", bad, "peek", "k", env=cli_env)
+    assert done.returncode == 78, done.stderr
+    line = one_error_line(done.stderr)
+    assert "s3cret-pw" not in line
+
+
+def test_unreachable_sentinels_are_69(cli_env):
+    from tests.support.ports import free_port
+
+    hosts = ",".join(f"127.0.0.1:{free_port()}" for _ in range(3))
+    done = tasklock(
+        "--store", f"redis+sentinel://:s3cret-pw@{hosts}/svc", "run", "k", "--", "true",
+        env=cli_env,
+    )  # fmt: skip
+    assert done.returncode == 69, done.stderr
+    line = one_error_line(done.stderr)
+    assert "no primary for service 'svc'" in line and "s3cret-pw" not in line
+
+
+# -- failovers under the real executable, slow ---------------------------------------------
+
+TTL = "6s"
+MARKER = """
+import os, sys, time
+path, seconds = sys.argv[1], float(sys.argv[2])
+token = os.environ["TASKLOCK_FENCING_TOKEN"]
+end = time.time() + seconds
+with open(path, "a") as out:
+    while True:
+        out.write(f"{token} {time.time():.6f}\\n")
+        out.flush()
+        if time.time() >= end:
+            break
+        time.sleep(0.05)
+"""
+
+
+class Runs:
+    """``tasklock run`` processes whose commands write ``token time`` lines to a marker file
+    each (every 50 ms while they run): what ran when, with which token."""
+
+    def __init__(self, tmp_path: Path, env: dict[str, str]) -> None:
+        self.dir = tmp_path / "markers"
+        self.dir.mkdir()
+        self.script = tmp_path / "marker.py"
+        self.script.write_text(MARKER)
+        self.env = env
+        self.count = 0
+
+    def start(self, key: str, seconds: float, *options: str) -> subprocess.Popen:
+        self.count += 1
+        marker = self.dir / f"run-{self.count:04d}"
+        command = [sys.executable, str(self.script), str(marker), str(seconds)]
+        args = ("--log-format", "json", "run", key, "--ttl", TTL, *options, "--", *command)
+        process = start(*args, env=self.env, stdout=subprocess.DEVNULL)
+        process.marker = marker  # type: ignore[attr-defined]
+        return process
+
+    def intervals(self) -> list[tuple[float, float, int]]:
+        """(first, last, token) of every command that ran, in start order."""
+        spans = []
+        for marker in self.dir.iterdir():
+            lines = [line.split() for line in marker.read_text().splitlines() if line]
+            if lines:
+                times = [float(t) for _, t in lines]
+                spans.append((min(times), max(times), int(lines[0][0])))
+        return sorted(spans)
+
+
+def assert_safe(spans: list[tuple[float, float, int]]) -> None:
+    """No two commands overlapped; tokens strictly increase in start order."""
+    for (_, end, token), (begin, _, later) in itertools.pairwise(spans):
+        assert end < begin, f"overlap: token {token} ran until {end}, token {later} from {begin}"
+        assert token < later, f"token {later} started after token {token}"
+
+
+def failover_run(tmp_path, cli_env, url: str, pair, fail_over, waiters: int = 3) -> dict:
+    """Warm up (the replica learns the namespace), cut the link, start a holder, fail over
+    with ``fail_over()``, start waiters; check safety; return the figures."""
+    runs = Runs(tmp_path, {**cli_env, "TASKLOCK_STORE": url})
+    warm = runs.start("k", 0.1)
+    assert warm.wait(timeout=30) == 0, warm.stderr.read()
+    pair.wait_synced()
+    pair.cut_link()
+    holder = runs.start("k", 60)
+    wait_until(lambda: holder.marker.exists() and holder.marker.read_text(), 15)
+    killed_at = time.time()
+    fail_over()
+    queued = []
+    for _ in range(waiters):
+        queued.append(runs.start("k", 0.5, "--wait", "120s"))
+        time.sleep(0.2)
+    codes = [process.wait(timeout=150) for process in [holder, *queued]]
+    stderr = {process.pid: process.stderr.read() for process in [holder, *queued]}
+    assert set(codes) <= ALLOWED_EXITS, stderr
+    assert codes[0] == 70, stderr[holder.pid]  # its lease did not survive: it ended its tree
+    assert codes[1:] == [0] * waiters, stderr
+    spans = runs.intervals()
+    assert len(spans) == 2 + waiters
+    assert_safe(spans)
+    holder_end = spans[1][1]
+    first_after = spans[2][0]
+    return {
+        "token_before": spans[1][2],
+        "token_after": spans[2][2],
+        "holder_ran_after_kill_s": round(holder_end - killed_at, 2),
+        "kill_to_next_run_s": round(first_after - killed_at, 2),
+    }
+
+
+@pytest.mark.slow
+def test_failover_to_an_endpoint_that_moves(tmp_path, cli_env):
+    require_redis_server()
+    with replicated_redis() as pair, TcpProxy("127.0.0.1", pair.primary.port) as endpoint:
+        url = endpoint.url_for(pair.primary.url(prefix="moving:"))
+
+        def fail_over() -> None:
+            pair.primary.kill()
+            pair.promote()
+            endpoint.retarget("127.0.0.1", pair.replica.port)
+
+        figures = failover_run(tmp_path, cli_env, url, pair, fail_over)
+    report.record("primary killed, endpoint moved to the promoted replica", "redis", **figures)
+    assert figures["token_after"] > 2**60 > figures["token_before"]
+    assert figures["kill_to_next_run_s"] >= 30  # the quarantine: at least the default TTL
+
+
+@pytest.mark.slow
+def test_failover_by_three_sentinels(tmp_path, cli_env):
+    require_redis_server()
+    with replicated_redis() as pair, sentinels_for(pair.primary.port) as sentinels:
+        sentinels.wait_ready()
+        url = sentinels.url("sentinel:")
+        doctor = tasklock("--store", url, "doctor", env=cli_env)
+        assert f"name 127.0.0.1:{pair.primary.port} the primary" in doctor.stdout
+        assert f"127.0.0.1:{pair.replica.port}" in doctor.stdout
+
+        def fail_over() -> None:
+            pair.primary.kill()
+            sentinels.wait_primary(pair.replica.port)
+
+        figures = failover_run(tmp_path, cli_env, url, pair, fail_over)
+        doctor = tasklock("--store", url, "doctor", env=cli_env)
+        assert f"name 127.0.0.1:{pair.replica.port} the primary" in doctor.stdout
+        assert "epoch 1" in doctor.stdout or "epoch " in doctor.stdout
+    report.record("primary SIGKILLed, sentinels fail over", "redis+sentinel", **figures)
+    assert figures["token_after"] > 2**60 > figures["token_before"]
+
+
+SOAK_S = 60.0
+SOAK_KILL_AT_S = 10.0
+
+
+@pytest.mark.slow
+def test_sentinel_soak_with_the_primary_killed_midway(tmp_path, cli_env):
+    """Four loops run short commands on one key for a minute; the primary is SIGKILLed
+    after 10 s (the replica behind: its link was cut just before)."""
+    require_redis_server()
+    with replicated_redis() as pair, sentinels_for(pair.primary.port) as sentinels:
+        sentinels.wait_ready()
+        runs = Runs(tmp_path, {**cli_env, "TASKLOCK_STORE": sentinels.url("soak:")})
+        codes: collections.Counter[int] = collections.Counter()
+        started = time.monotonic()
+        killed_at = None
+        live: list[subprocess.Popen] = []
+        while time.monotonic() - started < SOAK_S or live:
+            for process in [p for p in live if p.poll() is not None]:
+                codes[process.returncode] += 1
+                live.remove(process)
+            while time.monotonic() - started < SOAK_S and len(live) < 4:
+                live.append(runs.start("k", 0.2, "--wait", "5s"))
+            if killed_at is None and time.monotonic() - started >= SOAK_KILL_AT_S:
+                pair.cut_link()
+                time.sleep(0.3)  # a few acquires the replica never receives
+                pair.primary.kill()
+                killed_at = time.time()
+            time.sleep(0.05)
+        spans = runs.intervals()
+    assert set(codes) <= ALLOWED_EXITS, codes
+    assert_safe(spans)
+    after = [span for span in spans if span[0] > killed_at]
+    assert after, "no run after the failover"
+    before = [span for span in spans if span[0] <= killed_at]
+    report.record(
+        "soak 60 s, 4 loops, primary SIGKILLed at 10 s",
+        "redis+sentinel",
+        runs=sum(codes.values()),
+        ran=len(spans),
+        exits=dict(sorted(codes.items())),
+        ran_before=len(before),
+        ran_after=len(after),
+        kill_to_next_run_s=round(after[0][0] - killed_at, 2),
+        token_before=before[-1][2],
+        token_after=after[0][2],
+    )
