@@ -382,18 +382,27 @@ def failover_run(tmp_path, cli_env, url: str, pair, fail_over, waiters: int = 3)
 
 
 @pytest.mark.slow
-def test_failover_to_an_endpoint_that_moves(tmp_path, cli_env):
+@pytest.mark.parametrize("primary", ["killed", "hung"])
+def test_failover_to_an_endpoint_that_moves(primary, tmp_path, cli_env):
+    """``killed``: SIGKILL, so the holder's connections are reset and it finds out at once;
+    ``hung``: SIGSTOP with the holder's connections left hanging (a partitioned host), so it
+    runs on until a renewal on a new connection reaches the promoted replica: without the
+    quarantine the waiters would start beside it."""
     require_redis_server()
     with replicated_redis() as pair, TcpProxy("127.0.0.1", pair.primary.port) as endpoint:
         url = endpoint.url_for(pair.primary.url(prefix="moving:"))
 
         def fail_over() -> None:
-            pair.primary.kill()
+            if primary == "killed":
+                pair.primary.kill()
+            else:
+                pair.primary.pause()
             pair.promote()
-            endpoint.retarget("127.0.0.1", pair.replica.port)
+            endpoint.retarget("127.0.0.1", pair.replica.port, cut=primary == "killed")
 
         figures = failover_run(tmp_path, cli_env, url, pair, fail_over)
-    report.record("primary killed, endpoint moved to the promoted replica", "redis", **figures)
+    scenario = f"primary {primary}, endpoint moved to the promoted replica"
+    report.record(scenario, "redis", **figures)
     assert figures["token_after"] > 2**60 > figures["token_before"]
     assert figures["kill_to_next_run_s"] >= 30  # the quarantine: at least the default TTL
 

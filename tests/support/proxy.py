@@ -42,11 +42,13 @@ class TcpProxy:
     def heal(self) -> None:
         self._flowing.set()
 
-    def retarget(self, host: str, port: int) -> None:
+    def retarget(self, host: str, port: int, cut: bool = True) -> None:
         """From now on connect new connections to ``host:port`` (an endpoint that moves to
-        a promoted replica); the connections open now are cut."""
+        a promoted replica); the connections open now are cut, or with ``cut=False`` left
+        to the old target (a hung one keeps them hanging)."""
         self.target = (host, port)
-        self.cut()
+        if cut:
+            self.cut()
 
     def cut(self) -> None:
         """Close every proxied connection at once (a reset, not a silence)."""
