@@ -36,6 +36,11 @@ default ``tasklock:``)::
     P{K}:success   string  the newest run that succeeded, as in the ledger: put by the same
                            release script, apart from the trim (``--once-per``, ``metrics``)
 
+And per namespace::
+
+    P{}:epoch      hash  the failover epoch record (see ``epochs``): replid, epoch,
+                         quarantine_until, max_ttl; never given a TTL
+
 A break marks a lease hash's owner ``broken:<owner>`` (see base) and PUBLISHes to
 ``P{K}:broken:<fencing token>``, which the lease's holder, waiting for a break, is
 subscribed to on a connection of its own; a forced release deletes the hash, wakes a
@@ -46,14 +51,42 @@ and its counter in one Redis Cluster slot (except for keys starting with ``}``, 
 empty). Every mutation is one Lua script (EVALSHA, reloaded on NOSCRIPT) that checks the
 owner token and takes its times from Redis's ``TIME``, never the client's clock.
 
-Durability: the fencing counter is only as durable as Redis. ``FLUSHALL``/``FLUSHDB``, a
-restart without persistence, or a failover that loses the last writes resets the counter,
-and tokens issued before can be issued again. ``doctor`` warns about the settings that
-matter (AOF with ``appendfsync everysec|always``, ``maxmemory-policy noeviction``).
+Durability: ``FLUSHALL``/``FLUSHDB`` or a restart without persistence empties the
+counters, and tokens issued before can be issued again. ``doctor`` warns about the settings
+that matter (AOF with ``appendfsync everysec|always``, ``maxmemory-policy noeviction``).
 
-Companions: ``scripts`` (the Lua), ``connection`` (URL, pool, errors), ``keys`` (names),
-``queue`` (the waiters' places and who a release wakes), ``waiting`` (the wake lists),
-``breaks`` (break watches), ``doctor``.
+Failover (``epochs``): a primary that lost the last writes -- a promoted replica, or a
+restarted primary -- has another ``master_replid`` than the one the namespace's epoch
+record names. The acquire script reads it (``INFO replication`` inside the script: still
+one round trip) and, on a change, starts epoch E = max(E_before + 1, TIME seconds), with a
+quarantine Q = max(max_ttl, 30 s) + 2 s during which no acquire in the namespace succeeds;
+tokens are max(counter + 1, E << 30). Why no two holders overlap:
+
+- A holder H on the old primary runs only until its client-side deadline: its TTL counted
+  from the *send* of its last acknowledged acquire or renewal (``LeaseKeeper``); its guard
+  ends its tree before then when a renewal fails or is rejected.
+- That acknowledgement came from the old primary before it stopped serving, so before the
+  promotion, so before the first acquire on the new primary that notices the change; the
+  quarantine starts at that acquire. So H's deadline <= quarantine start + H's TTL.
+- H's TTL <= the namespace's max_ttl as the new primary knows it, or <= 30 s: the
+  quarantine, max(max_ttl, 30 s) + 2 s, so outlasts H's deadline (the 2 s cover the
+  servers' clock rates and H's send time). Not covered: a TTL above both, first used in the
+  writes the replica missed (``wait_replicas=`` closes this; README says so).
+- A lease that survived on the new primary is held there as before: nobody else takes it,
+  and its renewals (not quarantined) keep it; one that did not survive is missing or
+  expired there, so H's next renewal is rejected (LeaseLost, exit 70).
+- Every token the old primary issued is < (E_old + 1) << 30 <= E << 30 (fewer than 2^30
+  acquisitions per key per epoch), so tokens after the change are greater than all before,
+  received by the new primary or not. (E > E_old: from the record, or, when the new
+  primary missed E_old's start as well, from TIME, provided the two starts are more than a
+  second apart on clocks in step.) E stays below 2^33: tokens <= 2^63 - 1.
+- A missing record is a fresh namespace unless ``master_replid2`` is set (the server took
+  over from another primary): then its first acquire starts an epoch too.
+
+Companions: ``scripts`` (the Lua), ``epochs`` (the failover rule), ``connection`` (URL,
+pool, errors), ``sentinel`` (Sentinel URLs), ``keys`` (names), ``queue`` (the waiters'
+places and who a release wakes), ``waiting`` (the wake lists), ``breaks`` (break watches),
+``doctor``.
 """
 
 from __future__ import annotations
