@@ -216,8 +216,7 @@ class Supervisor:
         options = self.options
 
         def announce(info: LeaseInfo | None) -> None:
-            holdup = keeper.store.holdup(keeper.key) if info is None else None
-            emit_waiting(self.events, keeper.key, options.wait, info, holdup)
+            emit_waiting(self.events, keeper.key, options.wait, info, keeper.store.holdup)
             self._fork_guard()  # while we wait, not once the lock is free
 
         self._waiter = Waiter(
@@ -589,9 +588,15 @@ def restore_signal_handlers(previous: dict) -> None:
 
 
 def emit_waiting(
-    events: EventLog, key: str, wait: float, info: LeaseInfo | None, holdup: str | None = None
+    events: EventLog,
+    key: str,
+    wait: float,
+    info: LeaseInfo | None,
+    holdup_of: Callable[[str], str | None] = lambda key: None,
 ) -> None:
-    """``holdup``: what keeps the key when no holder shows (``Store.holdup``), as ``reason``."""
+    """``holdup_of``: what keeps a key when no holder shows (``Store.holdup``), shown and
+    put in the event as ``reason``."""
+    holdup = None if info else holdup_of(key)
     held_by = f" held by {describe_holder(info)}" if info else ""
     because = f": {holdup}" if holdup else ""
     extra = {"reason": holdup} if holdup else {}
