@@ -176,8 +176,8 @@ class _RedisDoctor:
         appendonly = self._conn.config_get("appendonly")
         fsync = self._conn.config_get("appendfsync")
         risk = (
-            "fencing tokens are only as durable as Redis: after a restart or failover that "
-            "loses writes, tokens issued before can be issued again"
+            "fencing tokens are only as durable as Redis: after a restart that loses "
+            "everything, tokens issued before can be issued again"
         )
         if appendonly is None or fsync is None:
             try:
