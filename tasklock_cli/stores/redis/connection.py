@@ -347,7 +347,10 @@ class RedisConnection:
         which = words[1] if len(words) > 1 and words[1] in _EXPECTED_TYPES else "lease"
         found = " ".join(words[2:]) if len(words) > 2 and words[1] == which else None
         if key is not None or which == "epoch":
-            name = self.names.epoch_record() if which == "epoch" else self.names.name(key, which)
+            if which == "epoch" or key is None:  # (key is None only for the epoch record)
+                name = self.names.epoch_record()
+            else:
+                name = self.names.name(key, which)
             described = f"Redis key {name.decode('utf-8', 'replace')!r}"
             if found is None:
                 with contextlib.suppress(rexc.RedisError):

@@ -125,7 +125,7 @@ class QuorumSentinel(Sentinel):
             except (rexc.ConnectionError, rexc.TimeoutError, rexc.ResponseError) as exc:
                 problems.append(f"{_address(sentinel)}: {exc}")
                 continue
-            if not self.check_master_state(state, service_name):
+            if not isinstance(state, dict) or not self.check_master_state(state, service_name):
                 problems.append(f"{_address(sentinel)}: sees the primary down")
                 continue
             address = (str(state["ip"]), int(state["port"]))
