@@ -13,6 +13,8 @@ is admitted when only shared places are ahead of it, an exclusive one when none 
 
 from __future__ import annotations
 
+from tasklock_cli.stores.postgres.epochs import EPOCH_CTES
+from tasklock_cli.stores.postgres.epochs import FIRST_TOKEN
 from tasklock_cli.stores.postgres.waiting import MAX_PAYLOAD_KEY_BYTES
 
 #: The slot of the row that keeps a key's fencing counter (never a lease).
@@ -78,7 +80,13 @@ SELECT key, count(*) FROM {waiters}
 # the statement again, on a new snapshot). A slot row is only ever taken when its latest
 # version is free (ON CONFLICT ... WHERE), so a stale snapshot costs a retry, never a
 # second holder. Outcomes: 'taken' (with the lease), 'mismatch' (with the live holders'
-# limit), 'lost', 'superseded'; no row when every slot is held.
+# limit), 'lost', 'superseded', 'quarantine' (with the milliseconds left in the token's
+# column); no row when every slot is held.
+#
+# Failover epochs (see ``epochs``): the statement first reads this server's identity and
+# the table's epoch row, starting a new epoch when the identity changed. Nothing is taken
+# while the epoch's quarantine lasts ('quarantine'), nor when the epoch row changed since
+# the snapshot ('lost'); a token is at least the epoch's first token, ``epoch << 30``.
 #
 # Modes: a shared caller (%(shared)s, limit 1) takes the lowest slot no live lease holds
 # when no live lease is exclusive and only shared places are ahead of its own; an
@@ -95,8 +103,11 @@ SELECT key, count(*) FROM {waiters}
 # wait, and the next one to join supersedes both. A superseded place that runs out before
 # its owner comes back is cleared like any other (the marker goes with it): its owner then
 # joins again as a newcomer.
-_ACQUIRE_LOOK = """
-WITH n AS (SELECT clock_timestamp() AS t),
+_ACQUIRE_LOOK = (
+    """
+WITH n AS (SELECT clock_timestamp() AS t),"""
+    + EPOCH_CTES
+    + """
 seen AS (
     SELECT slot, slot_limit, fencing_token, owner_token, expires_at, mode
       FROM {table} WHERE key = %(key)s
@@ -122,6 +133,7 @@ seen AS (
      WHERE g NOT IN (SELECT slot FROM live)
        AND NOT EXISTS (SELECT FROM mine) AND NOT EXISTS (SELECT FROM gone)
        AND NOT EXISTS (SELECT FROM live WHERE slot_limit <> %(limit)s::integer)
+       AND EXISTS (SELECT FROM epoch) AND NOT EXISTS (SELECT FROM quarantine)
        AND CASE WHEN %(shared)s
                 THEN NOT EXISTS (SELECT FROM live WHERE mode <> 'shared')
                      AND (SELECT exclusive FROM ahead) = 0
@@ -129,12 +141,15 @@ seen AS (
            END
      ORDER BY g LIMIT 1
 ),"""
+)
 _ACQUIRE_TAKE = f"""
 counter AS (
     INSERT INTO {{table}} AS c (key, slot, slot_limit, fencing_token)
-    SELECT %(key)s, {COUNTER_SLOT}, 0, coalesce((SELECT max(fencing_token) FROM seen), 0) + 1
+    SELECT %(key)s, {COUNTER_SLOT}, 0,
+           greatest(coalesce((SELECT max(fencing_token) FROM seen), 0) + 1, {FIRST_TOKEN})
       FROM free
-    ON CONFLICT (key, slot) DO UPDATE SET fencing_token = c.fencing_token + 1
+    ON CONFLICT (key, slot) DO UPDATE SET fencing_token = greatest(c.fencing_token + 1,
+                                                                   {FIRST_TOKEN})
      WHERE c.fencing_token = (SELECT fencing_token FROM seen WHERE slot = {COUNTER_SLOT})
     RETURNING fencing_token
 ), claimed AS (
@@ -209,6 +224,13 @@ SELECT r.* FROM (
              WHERE slot_limit <> %(limit)s::integer) AS h
      WHERE NOT EXISTS (SELECT FROM claimed) AND NOT EXISTS (SELECT FROM retried)
        AND (h.held IS NOT NULL OR EXISTS (SELECT FROM free) OR EXISTS (SELECT FROM mine))
+    UNION ALL
+    SELECT CASE WHEN EXISTS (SELECT FROM epoch) THEN 'quarantine' ELSE 'lost' END, NULL, NULL,
+           (SELECT ceil(extract(epoch FROM quarantine_until - n.t) * 1000)::bigint
+              FROM quarantine), NULL, NULL, NULL
+      FROM n
+     WHERE NOT EXISTS (SELECT FROM claimed) AND NOT EXISTS (SELECT FROM retried)
+       AND (EXISTS (SELECT FROM quarantine) OR NOT EXISTS (SELECT FROM epoch))
     UNION ALL
     SELECT 'queued', NULL, NULL, seq, NULL, NULL, NULL FROM joined
     UNION ALL

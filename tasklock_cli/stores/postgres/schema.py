@@ -14,6 +14,7 @@ import psycopg.errors as pgerr
 from psycopg import sql
 
 from tasklock_cli.errors import ConfigError
+from tasklock_cli.stores.postgres.epochs import EPOCH_ROW_DDL
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_$]{0,62}")
 
@@ -267,6 +268,7 @@ class PgSchema:
             with conn.transaction():
                 conn.execute("SELECT pg_advisory_xact_lock(%s)", [self._lock_id()])
                 conn.execute(self.ddl())
+                conn.execute(self.epoch_row())  # with the table: a standby has both or none
         except (pgerr.UniqueViolation, pgerr.DuplicateTable, pgerr.DuplicateObject):
             pass  # someone without our advisory lock created it at the same moment
         except (pgerr.InsufficientPrivilege, pgerr.InvalidSchemaName) as exc:
@@ -315,6 +317,10 @@ class PgSchema:
             waiters_index=sql.Identifier(waiters_index),
         )
 
+    def epoch_row(self) -> sql.Composed:
+        """The table's failover epoch row (see ``epochs``), unless it has one."""
+        return sql.SQL(EPOCH_ROW_DDL).format(table=self.table)
+
     def schema_sql(self) -> str:
         return (
             "-- tasklock lease table; rows are never deleted (they keep the fencing counter),\n"
@@ -323,4 +329,6 @@ class PgSchema:
             + "-- tables of an older tasklock: before lock modes, leases and places become\n"
             "-- exclusive; before semaphores (one row per key), rows become slot 0 of limit 1\n"
             "-- (nothing to do on current tables)" + self.migration().as_string(None)
+            + "-- the table's failover epoch row: the server it was written on (run this on\n"
+            "-- the primary)\n" + self.epoch_row().as_string(None)
         )

@@ -264,6 +264,8 @@ class PostgresStore(Store):
         self.runs_table_name = self._schema.runs_table_name
         self._statements: dict[tuple[str, str, str], sql.Composed] = {}
         self._listening = PgListening(self._db, self._schema)
+        #: Keys whose last acquire met a failover quarantine: when it ends (monotonic).
+        self._quarantines: dict[str, float] = {}
         self._breaks = PgBreakListeners(self._db, self._schema, self._sql(_INTACT))
         self._break_watches = BreakWatches(
             self._breaks.open, (psycopg.Error, Overrun, OSError, TasklockError)
@@ -325,6 +327,7 @@ class PostgresStore(Store):
         for _ in range(ACQUIRE_RACE_RETRIES):
             rows = self._db.run(attempt)
             self._note_place(key, owner, rows)
+            self._note_quarantine(key, rows)
             outcome = _outcome(key, owner, limit, rows)
             if outcome != "lost":
                 return outcome
@@ -342,6 +345,24 @@ class PostgresStore(Store):
         else:
             self._listening.places[key] = int(seq)
             self._note_queue_place(key, owner_token)
+
+    def _note_quarantine(self, key: str, rows: list) -> None:
+        """When the failover quarantine our acquire of ``key`` met ends (monotonic)."""
+        left_ms = next((row[3] for row in rows if row[0] == "quarantine"), None)
+        if left_ms is None:
+            self._quarantines.pop(key, None)
+        else:
+            self._quarantines[key] = time.monotonic() + max(0, int(left_ms)) / 1000
+
+    def holdup(self, key: str) -> str | None:
+        left = self._quarantines.get(key, 0.0) - time.monotonic()
+        if left <= 0:
+            return None
+        return (
+            "the PostgreSQL primary changed (a failover, or a new timeline): no new lease in "
+            f"this table for {left:.1f}s more, until every lease the old primary may have "
+            "granted has run out"
+        )
 
     def waiters(self, key: str) -> list[WaiterInfo]:
         statement = self._sql(WAITERS)
@@ -531,6 +552,9 @@ class PostgresStore(Store):
         return True
 
     def _time_until_free(self, key: str) -> float | None:
+        quarantine_left = self._quarantines.get(key, 0.0) - time.monotonic()
+        if quarantine_left > 0:
+            return quarantine_left
         statement = self._sql(TIME_UNTIL_FREE)
         params = {"key": key, "seq": self._listening.places.get(key)}
         for _ in range(STALE_LOOKS):
@@ -567,6 +591,7 @@ def _outcome(key: str, owner: str, limit: int, rows: list) -> Lease | Literal["l
     if "superseded" in outcomes:
         raise Superseded(key)
     outcomes.pop("queued", None)
+    outcomes.pop("quarantine", None)  # (``_note_quarantine``)
     if not outcomes:
         return None
     outcome, slot, slot_limit, token, acquired_at, expires_at, mode = next(iter(outcomes.values()))
