@@ -103,7 +103,17 @@ class PrivatePostgres:
     removes the directory.
     """
 
-    def __init__(self, *, password: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        password: str | None = None,
+        settings: dict[str, str] | None = None,
+        template: Path | None = None,
+    ) -> None:
+        """``settings``: more ``-c`` settings for the server; ``template``: a data directory
+        (of a stopped server) to copy instead of running initdb."""
+        self.settings = dict(settings or {})
+        self.template = template
         bin_dir = pg_bin_dir()
         if bin_dir is None:
             raise RuntimeError("no PostgreSQL binaries found")
@@ -127,7 +137,7 @@ class PrivatePostgres:
             self.sockets.mkdir()
             if self._run_as:
                 os.chown(self.sockets, self._run_as["user"], self._run_as["group"])
-            self._initdb()
+            self._make_data()
         except BaseException:
             shutil.rmtree(self.dir, ignore_errors=True)
             raise
@@ -139,6 +149,32 @@ class PrivatePostgres:
             "LANG": "C",
             "HOME": str(self.dir),
         }
+
+    def _make_data(self) -> None:
+        if self.template is None:
+            self._initdb()
+            return
+        shutil.copytree(self.template, self.data, symlinks=True)
+        if self._run_as:
+            for path in [self.data, *self.data.rglob("*")]:
+                os.lchown(path, self._run_as["user"], self._run_as["group"])
+
+    def run_as_server_user(self, args: list[str], timeout: float = 60) -> str:
+        """Run a PostgreSQL tool (``pg_ctl``, ``pg_basebackup``) as the server's OS user;
+        its output (RuntimeError when it fails)."""
+        result = subprocess.run(
+            args,
+            cwd=self.dir,
+            env=self._env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            **self._run_as,
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"{args[0]} failed ({result.returncode}): {result.stderr[-2000:]}")
+        return result.stdout
 
     def _initdb(self) -> None:
         args = [
@@ -208,6 +244,8 @@ class PrivatePostgres:
             "-c",
             "max_connections=50",
         ]
+        for name, value in self.settings.items():
+            args += ["-c", f"{name}={value}"]
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(
                 args,
@@ -272,6 +310,16 @@ class PrivatePostgres:
         self.stop(mode)
         time.sleep(down_for)
         return self.start(timeout)
+
+    def kill(self) -> None:
+        """SIGKILL the server and every backend at once (a crash: nothing is flushed or
+        sent after it)."""
+        process = self.process
+        if process is None or process.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=10)
 
     def pause_backend(self, pid: int) -> None:
         """SIGSTOP one backend: its client's socket stays open but nothing answers."""

@@ -96,7 +96,8 @@ here AS (SELECT {IDENTITY} AS identity
 FIRST_TOKEN = f"(SELECT epoch << {EPOCH_SHIFT} FROM epoch)"
 
 # The epoch row of a new table, written with it (DDL; ``{table}`` is formatted in).
-EPOCH_ROW_DDL = f"""INSERT INTO {{table}} (key, slot, slot_limit, fencing_token, holder, acquired_at)
+EPOCH_ROW_DDL = f"""
+INSERT INTO {{table}} (key, slot, slot_limit, fencing_token, holder, acquired_at)
 SELECT '{EPOCH_KEY}', {EPOCH_SLOT}, 0, 0, jsonb_build_object('identity', {IDENTITY}),
        clock_timestamp()
  WHERE NOT pg_is_in_recovery()

@@ -328,7 +328,8 @@ class PgSchema:
             + self.ddl().as_string(None)
             + "-- tables of an older tasklock: before lock modes, leases and places become\n"
             "-- exclusive; before semaphores (one row per key), rows become slot 0 of limit 1\n"
-            "-- (nothing to do on current tables)" + self.migration().as_string(None)
+            "-- (nothing to do on current tables)"
+            + self.migration().as_string(None)
             + "-- the table's failover epoch row: the server it was written on (run this on\n"
             "-- the primary)\n" + self.epoch_row().as_string(None)
         )
