@@ -103,6 +103,13 @@ class Runs:
         args = ["run", KEY, "--ttl", TTL, *options]
         return tasklock(*args, "--", *self.command(name, seconds), env=self.env, timeout=120)
 
+    def doctor(self, check: str) -> str:
+        """``doctor``'s line about ``check``, as printed (``ok``/``warn``/``fail`` first)."""
+        result = tasklock("doctor", env=self.env, timeout=60)
+        lines = [line for line in result.stdout.splitlines() if line.split()[1:2] == [check]]
+        assert len(lines) == 1, result.stdout + result.stderr
+        return lines[0]
+
     def marks(self, name: str) -> list[tuple[str, int, float]]:
         path = self.dir / f"{name}.marks"
         if not path.exists():
@@ -168,6 +175,7 @@ def test_async_standby_promoted_without_the_holders_writes(template, cli_env, tm
         warm_up = runs.run("warm-up", 0)  # the table and its epoch row, on both servers
         assert warm_up.returncode == 0, warm_up.stderr
         pair.wait_replayed()
+        replication = runs.doctor("replication")
         pair.mute_link()  # from here on the standby hears nothing
         runs.start("holder", 120)
         wait_until(lambda: runs.started_file("holder"), timeout=20)
@@ -175,6 +183,7 @@ def test_async_standby_promoted_without_the_holders_writes(template, cli_env, tm
         time.sleep(0.5)  # the waiter queues behind the holder on the old primary
         killed_at, promoted_at = kill_and_promote(pair)
         refused = runs.run("refused", 1)  # started while the holder's command still runs
+        epoch_line = runs.doctor("epoch")
         runs.start("late-waiter", 1, "--wait", "120s")
         finished = runs.finish()
         epoch, quarantine = epoch_row(pair.standby, table)  # type: ignore[arg-type]
@@ -184,6 +193,8 @@ def test_async_standby_promoted_without_the_holders_writes(template, cli_env, tm
     assert set(codes.values()) <= EXIT_CODES, codes
     assert codes == {"holder": 70, "waiter": 0, "late-waiter": 0, "refused": 75}, finished
     assert "primary changed" in refused.stderr, refused.stderr
+    assert replication.startswith("warn") and "not synchronous: standby1 (async)" in replication
+    assert epoch_line.startswith("warn") and "timeline 1 to system" in epoch_line, epoch_line
     waiting = [e for e in json_events(finished["late-waiter"][1]) if e["event"] == "waiting"]
     assert "primary changed" in waiting[0]["reason"], waiting
     lost = [e for e in json_events(finished["holder"][1]) if e["event"] == "lost"]
@@ -214,6 +225,7 @@ def test_sync_standby_promoted_keeps_the_holder(template, cli_env, tmp_path):
         runs = Runs(pair.url_for(table), cli_env, tmp_path)
         warm_up = runs.run("warm-up", 0)
         assert warm_up.returncode == 0, warm_up.stderr
+        replication = runs.doctor("replication")
         runs.start("holder", 6)
         wait_until(lambda: runs.started_file("holder"), timeout=20)
         runs.start("waiter", 1, "--wait", "120s")
@@ -224,6 +236,7 @@ def test_sync_standby_promoted_keeps_the_holder(template, cli_env, tmp_path):
 
     codes = {name: code for name, (code, _) in finished.items()}
     assert codes == {"holder": 0, "waiter": 0}, finished
+    assert replication.startswith("ok") and "synchronous standby(s) standby1" in replication
     holder_events = json_events(finished["holder"][1])
     assert not [e for e in holder_events if e["event"] == "lost"]
     renewed = [e["fencing_token"] for e in holder_events if e["event"] == "renewed"]

@@ -1,5 +1,7 @@
 """``doctor`` on the PostgreSQL store: reachability and round trip, primary or standby,
-the table, the server's clock against ours. It changes nothing (no table is created)."""
+the table, the server's clock against ours, the standbys streaming from it and what a
+failover to them keeps, and the table's failover epoch. It changes nothing (no table is
+created)."""
 
 from __future__ import annotations
 
@@ -7,11 +9,19 @@ import time
 from typing import Any
 
 import psycopg
+import psycopg.errors as pgerr
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 
 from tasklock_cli.errors import TasklockError
 from tasklock_cli.stores.doctor import clock_check
+from tasklock_cli.stores.doctor import warning
 from tasklock_cli.stores.model import StoreCheck
 from tasklock_cli.stores.postgres.connection import one_row
+from tasklock_cli.stores.postgres.epochs import DOCTOR
+from tasklock_cli.stores.postgres.epochs import EPOCH_ROW
+from tasklock_cli.stores.postgres.epochs import describe_identity
+from tasklock_cli.stores.postgres.epochs import quarantine_length
 from tasklock_cli.stores.postgres.schema import PgSchema
 
 TYPE_CHECKING = False
@@ -40,6 +50,11 @@ def store_checks(store: PostgresStore) -> list[StoreCheck]:
         checks.append(StoreCheck("server", True, f"PostgreSQL {version} (primary)"))
     ok, detail = found["schema"]
     checks.append(StoreCheck("schema", ok, detail))
+    if not found["standby"]:
+        epoch = found["epoch"]
+        length = quarantine_length(epoch[3] if epoch else None)
+        checks.append(_replication_check(found["replication"], length, _host_count(db)))
+        checks.append(_epoch_check(found["identity"], epoch, length))
     offset, elapsed = found["clock"]
     checks.append(
         clock_check("the server's", offset, elapsed / 2, "the server's clock decides expiry")
@@ -54,13 +69,111 @@ def _probe(conn: psycopg.Connection, schema: PgSchema) -> dict[str, Any]:
     version, standby = one_row(
         conn.execute("SELECT current_setting('server_version'), pg_is_in_recovery()")
     )
+    identity, replication, epoch = None, None, None
+    if not standby:
+        identity, *replication = one_row(conn.execute(DOCTOR))
+        try:
+            epoch = conn.execute(sql.SQL(EPOCH_ROW).format(table=schema.table)).fetchone()
+        except pgerr.UndefinedTable:
+            epoch = None
     return {
         "rtt": rtt,
         "version": version,
         "standby": standby,
         "schema": schema.describe(conn),
         "clock": _clock_offset(conn),
+        "identity": identity,
+        "replication": replication,
+        "epoch": epoch,
     }
+
+
+def _host_count(db: Any) -> int:
+    try:
+        hosts = conninfo_to_dict(db._conninfo).get("host") or ""
+    except psycopg.Error:
+        return 1
+    return max(1, len(str(hosts).split(",")))
+
+
+_AFTER_FAILOVER = (
+    "after a failover, no new lease in the table for {length:g}s (the longest TTL granted, "
+    "at least 30s, + 2s), then tokens above every earlier one"
+)
+
+
+def _replication_check(replication: list, length: float, hosts: int) -> StoreCheck:
+    """What a failover to the standbys streaming from this primary keeps."""
+    sync_commit, sync_names, standbys = replication
+    after = _AFTER_FAILOVER.format(length=length)
+    names = [str(name) for name, _, _ in standbys]
+    states = {state for _, _, state in standbys}
+    if not standbys:
+        if hosts > 1:
+            return warning(
+                "replication",
+                f"the URL names {hosts} hosts but no standby streams from this primary: a "
+                "promoted copy lacks the leases and tokens granted since it stopped "
+                f"streaming; {after}",
+            )
+        return StoreCheck("replication", True, "no standby streams from this server")
+    listed = ", ".join(names)
+    if None in states:
+        return warning(
+            "replication",
+            f"{len(standbys)} standby(s) stream from this primary; whether they are "
+            "synchronous is shown only to roles with pg_monitor",
+        )
+    waits = sync_commit in ("on", "remote_write", "remote_apply")
+    # (quorum: a commit waits for some of them, so any one of them may lack it)
+    unconfirmed = [
+        f"{name} ({state})"
+        for name, (_, _, state) in zip(names, standbys, strict=True)
+        if state != "sync"
+    ]
+    if unconfirmed or not waits:
+        why = (
+            f"standby(s) not synchronous: {', '.join(unconfirmed)}"
+            if unconfirmed
+            else f"synchronous_commit is {sync_commit}"
+        )
+        return warning(
+            "replication",
+            f"{why}: a promoted one may lack the latest leases and tokens (their holders "
+            f"exit 70 at their next renewal); {after}",
+        )
+    return StoreCheck(
+        "replication",
+        True,
+        f"synchronous standby(s) {listed} (synchronous_commit {sync_commit}, "
+        f"synchronous_standby_names '{sync_names}'): a promoted one has "
+        f"every lease granted, whose holders run on; {after}",
+    )
+
+
+def _epoch_check(identity: object, epoch: tuple | None, length: float) -> StoreCheck:
+    here = describe_identity(identity)
+    if epoch is None:
+        return StoreCheck("epoch", True, f"none recorded yet (the first acquire records {here})")
+    number, recorded, previous, _, quarantine_left = epoch
+    if recorded != identity:
+        return warning(
+            "epoch",
+            f"epoch {number} was recorded on {describe_identity(recorded)}, this primary is "
+            f"{here}: the next acquire starts a new epoch and a quarantine of {length:g}s",
+        )
+    if quarantine_left is not None and quarantine_left > 0:
+        return warning(
+            "epoch",
+            f"epoch {number} began when the primary changed from "
+            f"{describe_identity(previous)} to {here}: no new lease for "
+            f"{quarantine_left:.1f}s more",
+        )
+    return StoreCheck(
+        "epoch",
+        True,
+        f"epoch {number} on {here}; a change of primary starts a quarantine of {length:g}s",
+    )
 
 
 def _clock_offset(conn: psycopg.Connection) -> tuple[float, float]:
