@@ -108,6 +108,12 @@ def _replication_check(replication: list, length: float, hosts: int) -> StoreChe
     after = _AFTER_FAILOVER.format(length=length)
     names = [str(name) for name, _, _ in standbys]
     states = {state for _, _, state in standbys}
+    if sync_commit == "off":
+        return warning(
+            "replication",
+            "synchronous_commit is off: a crash of the server can lose the last leases and "
+            "tokens, and a restart (on the same timeline) starts no new epoch",
+        )
     if not standbys:
         if hosts > 1:
             return warning(
