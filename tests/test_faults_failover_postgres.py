@@ -160,6 +160,17 @@ def epoch_row(server: PrivatePostgres, table: str) -> tuple[int, float]:
     return int(epoch), float(length or 0.0)
 
 
+def holders_on(server: PrivatePostgres, table: str) -> list[int]:
+    """The tokens of the live leases on KEY as ``server`` (a standby too) has them."""
+    with server.connection() as conn:
+        rows = conn.execute(
+            f"SELECT fencing_token FROM {table} WHERE key = %s AND slot >= 0"
+            " AND owner_token IS NOT NULL AND expires_at > clock_timestamp()",
+            [KEY],
+        ).fetchall()
+    return [row[0] for row in rows]
+
+
 def kill_and_promote(pair: ReplicatedPostgres) -> tuple[float, float]:
     """SIGKILL the primary, promote the standby: (when killed, when promoted), time.time()."""
     killed_at = time.time()
@@ -181,6 +192,8 @@ def test_async_standby_promoted_without_the_holders_writes(template, cli_env, tm
         wait_until(lambda: runs.started_file("holder"), timeout=20)
         runs.start("waiter", 1, "--wait", "120s")
         time.sleep(0.5)  # the waiter queues behind the holder on the old primary
+        assert holders_on(pair.primary, table) == [2]
+        assert holders_on(pair.standby, table) == []  # type: ignore[arg-type]
         killed_at, promoted_at = kill_and_promote(pair)
         refused = runs.run("refused", 1)  # started while the holder's command still runs
         epoch_line = runs.doctor("epoch")
@@ -230,6 +243,7 @@ def test_sync_standby_promoted_keeps_the_holder(template, cli_env, tmp_path):
         wait_until(lambda: runs.started_file("holder"), timeout=20)
         runs.start("waiter", 1, "--wait", "120s")
         time.sleep(0.5)
+        assert holders_on(pair.standby, table) == [2]  # type: ignore[arg-type]
         killed_at, promoted_at = kill_and_promote(pair)
         finished = runs.finish()
         epoch, quarantine = epoch_row(pair.standby, table)  # type: ignore[arg-type]

@@ -21,6 +21,9 @@ two of them never issue the same token. A table from before semaphores (one row 
 key) is migrated on first use: its rows become slot 0 of limit 1; so is one from before
 lock modes (its leases and places become exclusive, as an older tasklock's stay).
 
+The table also holds its failover epoch row (key ``''``, slot -2, never a lease: see
+``epochs``).
+
 Rows are never deleted: release, sweep and force release clear the owner, so the per-key
 fencing counter survives them. Every lease statement is a single autocommit statement
 timed with ``clock_timestamp()`` on the server, under READ COMMITTED (forced per
@@ -59,11 +62,73 @@ shuts the socket down when the server does not answer at all (a hung or cut-off 
 A broken connection is dropped and the next call opens a new one. Sockets are
 close-on-exec, so a child never inherits them.
 
+Failover epochs (``epochs``). A promoted asynchronous standby may lack the last leases,
+renewals and tokens its primary granted. The table's epoch row records the server it was
+written on; the acquire statement compares it with the server it runs on and, when they
+differ, starts a new epoch: no lease is granted in the table until ``quarantine_until``,
+and every token is at least ``epoch << 30``. The server's identity is its system
+identifier and its current WAL timeline, ``SYSTEM:TIMELINE``, because:
+
+- the timeline changes at promotion (and at a point-in-time restore), and the one in the
+  name of the current WAL file (``pg_walfile_name(pg_current_wal_lsn())``) is the new one
+  as soon as the promoted server takes writes. ``pg_control_checkpoint()``'s timeline is
+  not: it changes at the first checkpoint after the promotion, which is spread out; with
+  dirty buffers it still said 1 more than ten seconds after the server took writes on
+  timeline 2 (measured on PostgreSQL 15);
+- the system identifier (``pg_control_system()``) is shared by a physical standby and its
+  primary, and tells another cluster behind the same host name (a ``pg_upgrade``, a copy);
+- both are public, cost about 4 µs per statement, and are read in the acquire statement
+  itself (one round trip per acquire, as before). On a standby they are not read (the WAL
+  functions raise there; the statement's write fails as read-only, as it always did).
+
+Why no second holder runs while a holder of the old primary may still run:
+
+- A holder H of a lease with TTL T, whose last renewal (or acquire) the old primary P
+  answered was sent at s, ends its tree before s + T on its own monotonic clock, whatever
+  any server says (the client-side deadline every store relies on), or earlier when a
+  renewal is rejected.
+- P answered that renewal before it stopped, and the promoted standby S takes its first
+  write after P stopped (a failover promotes a standby once its primary is gone; a split
+  brain, with P still taking writes, is not covered). So s comes before S's first acquire,
+  at A on S's clock.
+- That acquire finds the identity changed and sets ``quarantine_until`` = A + Q, with
+  Q = max(``max_ttl``, 30 s) + 2 s. Acquires racing it start no second epoch (the row is
+  written on its latest version; a statement whose snapshot saw it stale runs again) and
+  grant nothing. Renewals and releases are not held up: a lease S has is H's to keep.
+- So H's tree is gone by s + T < A + T <= A + Q - 2 s whenever T <= max(``max_ttl``,
+  30 s). The 2 s margin covers the two servers' clocks and H's clock running at slightly
+  different rates over Q, and the time from S's clock reading to the end of the statement.
+- ``max_ttl`` is raised by the acquire that asks for a longer TTL, in the statement (so the
+  commit) that grants that lease: a standby that has a lease has its TTL. A lease S never
+  received is covered when its TTL <= max(30 s, the ``max_ttl`` S has); the first lease
+  with a longer TTL than any before, granted within the replication lag, is not.
+- Renewals S missed leave it an older ``expires_at``: such a lease may look expired on S
+  before H's deadline, still within the quarantine by the same argument.
+- H's next renewal on S matches no row: LeaseLost, its tree ends, exit 70 (about 1.3 s
+  after the promotion in the failover test, with ``--ttl 6s``).
+
+Why tokens never go back: a key issues fewer than 2**30 tokens in an epoch, so every token
+of epoch e is below (e + 1) << 30 <= e' << 30, with e' = max(e + 1, the server's clock in
+seconds); epoch 0 (a table that never saw a change) keeps the tokens it always had. Tokens
+stay below 2**63 while the clock is below 2**33 s (the year 2242).
+
+A synchronous standby (``synchronous_commit`` on, ``synchronous_standby_names`` naming it)
+has every lease its primary granted, so its holders run on; the quarantine still applies
+once to new leases. Skipping it would need the new primary to prove that it confirmed every
+lease and renewal of the old one, which it cannot: a quorum (``ANY``) setting, a commit
+whose wait for the standby was cancelled (the statement timeout: the commit then stands
+locally, with a warning), a role with ``synchronous_commit = local``.
+
+The epoch row is written with the table (``tasklock init`` or first use), in one
+transaction; a table created within the replication lag before a failover is missing on
+the new primary, which creates it afresh: tokens start over. So is an epoch row missing
+from a table from before epochs (the first acquire writes it, at epoch 0).
+
 The parts live beside this module, which keeps the lease statements and the store
 interface: ``queue`` (the acquire statement and the queues), ``connection`` (the
 connection and its bounds), ``schema``
-(the tables, their creation and migration), ``waiting`` (LISTEN and the wake-ups),
-``breaks`` (break listeners) and ``doctor``.
+(the tables, their creation and migration), ``epochs`` (the failover epoch row),
+``waiting`` (LISTEN and the wake-ups), ``breaks`` (break listeners) and ``doctor``.
 """
 
 from __future__ import annotations
