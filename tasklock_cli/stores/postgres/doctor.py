@@ -69,18 +69,20 @@ def _probe(conn: psycopg.Connection, schema: PgSchema) -> dict[str, Any]:
     version, standby = one_row(
         conn.execute("SELECT current_setting('server_version'), pg_is_in_recovery()")
     )
+    described = schema.describe(conn)
     identity, replication, epoch = None, None, None
     if not standby:
         identity, *replication = one_row(conn.execute(DOCTOR))
-        try:
-            epoch = conn.execute(sql.SQL(EPOCH_ROW).format(table=schema.table)).fetchone()
-        except pgerr.UndefinedTable:
-            epoch = None
+        if described[0]:  # a tasklock table, or none yet
+            try:
+                epoch = conn.execute(sql.SQL(EPOCH_ROW).format(table=schema.table)).fetchone()
+            except pgerr.UndefinedTable:
+                epoch = None
     return {
         "rtt": rtt,
         "version": version,
         "standby": standby,
-        "schema": schema.describe(conn),
+        "schema": described,
         "clock": _clock_offset(conn),
         "identity": identity,
         "replication": replication,
