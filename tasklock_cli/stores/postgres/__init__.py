@@ -121,8 +121,8 @@ locally, with a warning), a role with ``synchronous_commit = local``.
 
 The epoch row is written with the table (``tasklock init`` or first use), in one
 transaction; a table created within the replication lag before a failover is missing on
-the new primary, which creates it afresh: tokens start over. So is an epoch row missing
-from a table from before epochs (the first acquire writes it, at epoch 0).
+the new primary, which creates it afresh: tokens start over. A table from before epochs
+gets its row, at epoch 0, from its first acquire.
 
 The parts live beside this module, which keeps the lease statements and the store
 interface: ``queue`` (the acquire statement and the queues), ``connection`` (the
