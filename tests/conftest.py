@@ -33,6 +33,8 @@ def store_url_for(kind: str, tmp_path) -> str:
         return services.redis_url(prefix=f"tasklock-test-{unique}:")
     if kind == "etcd":
         return services.etcd_url(prefix=f"tasklock-test-{unique}/")
+    if kind == "mysql":
+        return services.mysql_url(table=f"tasklock_test_{unique}")
     raise AssertionError(kind)
 
 
@@ -121,7 +123,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 #: Test modules that need a store server, a private cluster or a proxy whatever their parameters.
-_SERVER_MODULES = ("test_faults_", "test_postgres_store", "test_redis_store", "test_etcd_store")
+_SERVER_MODULES = (
+    "test_faults_",
+    "test_postgres_store",
+    "test_redis_store",
+    "test_etcd_store",
+    "test_mysql_store",
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from types import ModuleType
 
 #: The store packages, in the order users meet them (the default store first).
-STORE_PACKAGES = ("sqlite", "postgres", "redis", "etcd")
+STORE_PACKAGES = ("sqlite", "postgres", "redis", "etcd", "mysql")
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Where the test PostgreSQL, Redis and etcd are, whether they are up, and how to clean up after a
+"""Where the test PostgreSQL, Redis, MySQL/MariaDB and etcd are, whether they are up, and how to clean up after a
 test. etcd is a private member the tests start themselves (``tests/support/etcd.py``), unless
 ``TASKLOCK_TEST_ETCD_URL`` names one.
 
@@ -17,6 +17,7 @@ import pytest
 
 DEFAULT_POSTGRES_URL = "postgresql://127.0.0.1:5432/test"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+DEFAULT_MYSQL_URL = "mysql://root@127.0.0.1:3306/test"
 
 
 def in_ci() -> bool:
@@ -31,6 +32,10 @@ def base_redis_url() -> str:
     return os.environ.get("TASKLOCK_TEST_REDIS_URL", DEFAULT_REDIS_URL)
 
 
+def base_mysql_url() -> str:
+    return os.environ.get("TASKLOCK_TEST_MYSQL_URL", DEFAULT_MYSQL_URL)
+
+
 def _with_query(url: str, **params: str) -> str:
     separator = "&" if "?" in url else "?"
     return url + separator + "&".join(f"{k}={v}" for k, v in params.items())
@@ -42,6 +47,10 @@ def postgres_url(table: str) -> str:
 
 def redis_url(prefix: str) -> str:
     return _with_query(base_redis_url(), prefix=prefix)
+
+
+def mysql_url(table: str) -> str:
+    return _with_query(base_mysql_url(), table=table)
 
 
 def etcd_url(prefix: str) -> str:
@@ -74,14 +83,14 @@ def unavailable_reason(kind: str) -> str | None:
         return None
     if kind == "etcd":
         return _etcd_unavailable_reason()
-    module = {"postgres": "psycopg", "redis": "redis"}[kind]
+    module = {"postgres": "psycopg", "redis": "redis", "mysql": "pymysql"}[kind]
     try:
         __import__(module)
     except ImportError:
         return f"{module} is not installed (pip install '.[test]')"
-    url = base_postgres_url() if kind == "postgres" else base_redis_url()
+    url = {"postgres": base_postgres_url, "redis": base_redis_url, "mysql": base_mysql_url}[kind]()
     parts = urlsplit(url)
-    port = parts.port or (5432 if kind == "postgres" else 6379)
+    port = parts.port or {"postgres": 5432, "redis": 6379, "mysql": 3306}[kind]
     try:
         socket.create_connection((parts.hostname or "127.0.0.1", port), timeout=2).close()
     except OSError as exc:
@@ -116,3 +125,7 @@ def cleanup(kind: str, url: str) -> None:
         from tests.support import etcd
 
         etcd.drop_namespace(url)
+    elif kind == "mysql":
+        from tests.support import mysql_support
+
+        mysql_support.drop_namespace(url)

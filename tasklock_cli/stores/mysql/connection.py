@@ -1,0 +1,330 @@
+"""The MySQL/MariaDB store's connection: its URL read, opened on first use and set up in
+one round trip (session settings and the look at the schema), every call bounded by the
+I/O timeout (socket timeouts, and the server's statement and lock-wait timeouts), failures
+mapped to tasklock errors, a broken connection dropped and the next call made on a new one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+from typing import TypeVar
+from urllib.parse import unquote
+
+import pymysql
+from pymysql.charset import charset_by_name
+from pymysql.constants import CLIENT
+
+from tasklock_cli.errors import ConfigError
+from tasklock_cli.errors import StoreUnavailable
+from tasklock_cli.errors import TasklockError
+from tasklock_cli.stores.mysql.schema import INSPECT
+from tasklock_cli.stores.mysql.schema import MySQLSchema
+from tasklock_cli.stores.urls import scrub
+from tasklock_cli.stores.urls import split_url
+from tasklock_cli.stores.urls import unknown_parameter
+from tasklock_cli.stores.urls import url_passwords
+
+DEFAULT_IO_TIMEOUT_S = 5.0
+DEFAULT_PORT = 3306
+DEFAULT_TABLE = "tasklock_leases"
+#: Deadlocks (1213) and lock wait timeouts (1205) are retried this often.
+CONFLICT_RETRIES = 5
+_DEADLOCK = 1213
+_LOCK_WAIT_TIMEOUT = 1205
+#: The server answered and refused: fix the URL, the grants or the server (78, not 69).
+_CONFIG_CODES = {
+    1044,  # access denied to the database
+    1045,  # access denied (user, password)
+    1049,  # unknown database
+    1142,  # command denied on a table
+    1143,  # column access denied
+    1370,  # EXECUTE/ALTER ROUTINE denied
+    1227,  # needs a privilege (SUPER, ...)
+    1251,  # the client does not support the server's authentication protocol
+    1698,  # access denied (auth plugin)
+}
+#: The statement overran the server-side limit we set (MariaDB, MySQL).
+_STATEMENT_TIMEOUT_CODES = {1969, 3024}
+#: The connection is gone (client-side codes) or the server is going away.
+_CONNECTION_CODES = {2003, 2006, 2013, 2014, 2055, 1053, 1077, 1927}
+_TABLE_MISSING = {1146, 1305}  # table, procedure
+_PARAMETERS = ("table", "unix_socket", "ssl_ca", "ssl_cert", "ssl_key")
+_SQL_MODE = "STRICT_ALL_TABLES,NO_ZERO_DATE,NO_ENGINE_SUBSTITUTION"
+
+_T = TypeVar("_T")
+
+
+class _Connection(pymysql.connections.Connection):
+    """PyMySQL's connection without its own SET NAMES round trip at connect: ours goes in
+    the set-up query with the other session settings."""
+
+    def set_character_set(self, charset: str, collation: str | None = None) -> None:
+        self.encoding = charset_by_name(charset).encoding
+        self.charset, self.collation = charset, collation
+
+
+def parse_url(url: str, display_url: str) -> tuple[dict[str, Any], str]:
+    """``(PyMySQL's connect arguments, the table)`` from ``mysql://USER[:PASSWORD]@HOST
+    [:PORT]/DB[?table=NAME&...]``; ConfigError naming what is wrong."""
+    from urllib.parse import parse_qsl
+
+    scheme, netloc, path, query = split_url(url)
+    userinfo, _, hostport = netloc.rpartition("@")
+    user, _, password = userinfo.partition(":")
+    host, port = hostport, DEFAULT_PORT
+    if hostport.startswith("["):
+        host, _, rest = hostport[1:].partition("]")
+        if rest.startswith(":"):
+            port = _port(rest[1:], display_url)
+    elif ":" in hostport:
+        host, _, text = hostport.rpartition(":")
+        port = _port(text, display_url)
+    database = unquote(path.lstrip("/"))
+    if not database or "/" in database:
+        raise ConfigError(
+            f"MySQL store URL {display_url!r} names no database "
+            f"(expected {scheme}://USER[:PASSWORD]@HOST[:PORT]/DB)"
+        )
+    params = dict(parse_qsl(query, keep_blank_values=True))
+    for name in params:
+        if name not in _PARAMETERS:
+            raise unknown_parameter("MySQL", url, name, "table=, " + ", ".join(_PARAMETERS[1:]))
+    table = params.pop("table", DEFAULT_TABLE)
+    ssl = {name[4:]: value for name, value in params.items() if name.startswith("ssl_")}
+    kwargs: dict[str, Any] = {
+        "host": unquote(host) or "127.0.0.1",
+        "port": port,
+        "user": unquote(user) or None,
+        "password": unquote(password),
+        "database": database,
+    }
+    if "unix_socket" in params:
+        kwargs["unix_socket"] = params["unix_socket"]
+    if ssl:
+        kwargs["ssl"] = ssl
+    return kwargs, table
+
+
+def _port(text: str, display_url: str) -> int:
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise ConfigError(f"invalid port {text!r} in the store URL {display_url!r}")
+    return int(text)
+
+
+class MySQLConnection:
+    """The store's one connection, used under ``lock`` through ``run``."""
+
+    def __init__(self, url: str, display_url: str, schema: MySQLSchema, kwargs: dict) -> None:
+        self.display_url = display_url
+        self.schema = schema
+        self._kwargs = kwargs
+        self._secrets = sorted(url_passwords(url) | {kwargs["password"]} - {""}, key=len)
+        self.io_timeout = DEFAULT_IO_TIMEOUT_S
+        self.lock = threading.RLock()
+        self.current: pymysql.connections.Connection | None = None
+        self.mariadb = True
+        self.inspected: tuple = ()
+        self._applied_timeout: float | None = None
+        self._schema_ok = False
+
+    @property
+    def database(self) -> str:
+        return self._kwargs["database"]
+
+    def scrub(self, text: str) -> str:
+        return " ".join(scrub(text, self._secrets).split())
+
+    def set_io_timeout(self, seconds: float) -> None:
+        if math.isfinite(seconds) and seconds > 0:
+            with self.lock:
+                self.io_timeout = seconds  # applied to the connection on its next use
+
+    def connect(self) -> pymysql.connections.Connection:
+        """A new autocommit connection, close-on-exec (Python's sockets are), set up (the
+        session settings) but without a look at the schema: a break watch's own."""
+        conn = self._connect()
+        try:
+            with conn.cursor() as cursor:
+                cursor.execute(self._setup())
+                while cursor.nextset():
+                    pass
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _connect(self) -> pymysql.connections.Connection:
+        io = self.io_timeout
+        return _Connection(
+            **self._kwargs,
+            charset="utf8mb4",
+            autocommit=True,
+            client_flag=CLIENT.MULTI_STATEMENTS,
+            connect_timeout=max(1.0, io),
+            read_timeout=io + 0.05,
+            write_timeout=io + 0.05,
+            program_name="tasklock",
+        )
+
+    def _setup(self) -> str:
+        """The session settings, one multi-statement query: UTC (SYSDATE(6) gives UTC
+        times), READ COMMITTED, a known sql_mode (backslash escapes on: PyMySQL quotes
+        with them), and statements and lock waits bounded by the I/O timeout."""
+        io = self.io_timeout
+        limit = (
+            f"max_statement_time = {io * 0.8:.3f}"
+            if self.mariadb
+            else f"max_execution_time = {max(1, int(io * 800))}"
+        )
+        return (
+            "SET NAMES utf8mb4;"
+            f" SET SESSION time_zone = '+00:00', SESSION sql_mode = '{_SQL_MODE}',"
+            f" SESSION innodb_lock_wait_timeout = {max(1, math.ceil(io * 0.8))}, SESSION {limit};"
+            " SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED"
+        )
+
+    def _open(self) -> pymysql.connections.Connection:
+        """A new connection, set up and its schema looked at in one round trip."""
+        conn = self._connect()
+        try:
+            self.mariadb = "mariadb" in conn.get_server_info().lower()
+            with conn.cursor() as cursor:
+                cursor.execute(self._setup() + ";" + INSPECT, self.schema.inspection_params())
+                while cursor.nextset():
+                    if cursor.description is not None:
+                        self.inspected = tuple(cursor.fetchall())
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _connection(self, ensure_schema: bool) -> pymysql.connections.Connection:
+        conn = self.current
+        if conn is None or not conn.open:
+            self.drop()
+            conn = self.current = self._open()
+            self._applied_timeout = self.io_timeout
+        if self._applied_timeout != self.io_timeout:
+            with conn.cursor() as cursor:
+                cursor.execute(self._setup())
+                while cursor.nextset():
+                    pass
+            self._applied_timeout = self.io_timeout
+        if ensure_schema and not self._schema_ok:
+            if self.schema.judge(self.inspected) != "ok":
+                self._create(conn)
+            self._schema_ok = True
+        return conn
+
+    def _create(self, conn: pymysql.connections.Connection) -> None:
+        """Create what is missing under the schema's named lock: racing first users
+        queue on it, and the second finds everything done."""
+        with conn.cursor() as cursor:
+            cursor.execute("SELECT GET_LOCK(%s, %s)", (self.schema.lock_name(), self.io_timeout))
+            try:
+                cursor.execute(INSPECT, self.schema.inspection_params())
+                if self.schema.judge(cursor.fetchall()) == "ok":
+                    return
+                for statement in self.schema.statements():
+                    cursor.execute(statement)
+            except pymysql.err.MySQLError as exc:
+                if _code(exc) in _CONFIG_CODES:
+                    raise ConfigError(
+                        f"{self.display_url}: table {self.schema.table_name} or its procedures "
+                        f"are missing and cannot be created ({self.scrub(str(exc))}); have a "
+                        "DBA run the output of `tasklock init --print-sql`"
+                    ) from None
+                raise
+            finally:
+                with contextlib.suppress(pymysql.err.MySQLError):
+                    cursor.execute("DO RELEASE_LOCK(%s)", (self.schema.lock_name(),))
+
+    def drop(self) -> None:
+        conn, self.current = self.current, None
+        self._schema_ok = False
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+    def close(self) -> None:
+        with self.lock:
+            self.drop()
+
+    def run(
+        self,
+        operation: Callable[[pymysql.connections.Connection], _T],
+        *,
+        idempotent: bool = True,
+        ensure_schema: bool = True,
+    ) -> _T:
+        """Run ``operation`` on the connection, mapping every failure to a tasklock error.
+
+        Retried here: deadlocks and lock wait timeouts (a few times: the procedures roll
+        back first), a table or procedure that vanished (recreated once), and a connection
+        found broken when reused (once, on a new one; a non-idempotent call only when it
+        failed before it was sent)."""
+        with self.lock:
+            conflicts = 0
+            reconnected = recreated = False
+            while True:
+                stale = self.current is not None and self.current.open
+                try:
+                    conn = self._connection(ensure_schema)
+                    return operation(conn)
+                except pymysql.err.MySQLError as exc:
+                    code = _code(exc)
+                    if code in (_DEADLOCK, _LOCK_WAIT_TIMEOUT):
+                        conflicts += 1
+                        if conflicts > CONFLICT_RETRIES:
+                            raise self._translate(exc) from None
+                        time.sleep(random.uniform(0.001, 0.005) * conflicts)
+                    elif code in _TABLE_MISSING and not recreated:
+                        self._schema_ok, self.inspected, recreated = False, (), True
+                    elif self._broken(exc) and stale and not reconnected and idempotent:
+                        self.drop()
+                        reconnected = True
+                    else:
+                        if self._broken(exc):
+                            self.drop()
+                        raise self._translate(exc) from None
+                except OSError as exc:
+                    self.drop()
+                    raise StoreUnavailable(f"{self.display_url}: {self.scrub(str(exc))}") from None
+
+    def _broken(self, exc: Exception) -> bool:
+        current = self.current
+        return (
+            isinstance(exc, pymysql.err.InterfaceError)
+            or _code(exc) in _CONNECTION_CODES
+            or current is None
+            or not current.open
+        )
+
+    def _translate(self, exc: Exception) -> TasklockError:
+        code = _code(exc)
+        text = self.scrub(str(exc.args[1] if len(exc.args) > 1 else exc)) or type(exc).__name__
+        where = self.display_url
+        if code in _CONFIG_CODES:
+            return ConfigError(f"{where}: the server refused: {text} ({code})")
+        if code in _STATEMENT_TIMEOUT_CODES:
+            return StoreUnavailable(
+                f"{where}: the statement did not finish within {self.io_timeout:g} s ({text})"
+            )
+        if code in (1290, 1836):  # --read-only
+            return StoreUnavailable(f"{where}: the server is read-only ({text})")
+        if code in _TABLE_MISSING:
+            return ConfigError(f"{where}: table {self.schema.table_name} is unusable ({text})")
+        if isinstance(exc, pymysql.err.ProgrammingError):
+            return ConfigError(f"{where}: table {self.schema.table_name} is unusable ({text})")
+        return StoreUnavailable(f"{where}: {text}")
+
+
+def _code(exc: BaseException) -> int:
+    args = getattr(exc, "args", ())
+    return args[0] if args and isinstance(args[0], int) else 0

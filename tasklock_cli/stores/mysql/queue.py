@@ -1,0 +1,200 @@
+"""The MySQL/MariaDB store's acquire procedure (which takes a slot, or joins, keeps or
+leaves the caller's place in the key's queue, in one call) and its statements about the
+queues of waiters.
+
+A key's queue is its live places in ``<table>_waiters`` (``expires_at`` not passed, not
+``superseded``), served in ``ord`` order: ``ord`` is the place's ``seq`` (an
+AUTO_INCREMENT), or minus it for a place taken with ``front``, so those sort ahead of every
+other, the latest first. Each place keeps its mode: a shared waiter is admitted when only
+shared places are ahead of it, an exclusive one when none is (with ``limit`` N: fewer than
+the free slots).
+
+Acquirers of a key queue on its counter row (slot -1, never a lease): the procedure
+creates or locks it first, so everything it reads after that is the key's latest state
+and nothing changes it before COMMIT (no lost races, no retries). The server's clock is
+read then, once (``SYSDATE(6)``: the time of the call, not of the statement's start as
+``NOW(6)``, which inside a CALL that waited for the row lock would be stale), and every
+time the procedure writes derives from that one reading."""
+
+from __future__ import annotations
+
+import hashlib
+
+#: A place's ``ord`` when it has none in front: later than every place.
+_LAST = "9223372036854775807"
+
+# Outcome row: outcome ('taken', 'none', 'queued', 'mismatch', 'superseded'), slot,
+# slot_limit (the live holders' with 'mismatch'), fencing token, acquired_at, expires_at,
+# mode, the place's seq ('queued').
+ACQUIRE_BODY = f"""\
+BEGIN
+    DECLARE v_now DATETIME(6);
+    DECLARE v_outcome VARCHAR(16) DEFAULT 'none';
+    DECLARE v_slot INT;
+    DECLARE v_limit INT;
+    DECLARE v_token BIGINT;
+    DECLARE v_acquired DATETIME(6);
+    DECLARE v_expires DATETIME(6);
+    DECLARE v_mode VARCHAR(16);
+    DECLARE v_place BIGINT;
+    DECLARE v_seq BIGINT;
+    DECLARE v_live INT;
+    DECLARE v_live_exclusive INT;
+    DECLARE v_other_limit INT;
+    DECLARE v_ahead INT;
+    DECLARE v_ahead_exclusive INT;
+    DECLARE v_bound INT;
+    DECLARE CONTINUE HANDLER FOR NOT FOUND BEGIN END;
+    DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
+    START TRANSACTION;
+    INSERT INTO `{{table}}` (`key`, slot, slot_limit, fencing_token) VALUES (p_key, -1, 0, 0)
+        ON DUPLICATE KEY UPDATE fencing_token = fencing_token;
+    SET v_now = SYSDATE(6);
+    DELETE FROM `{{table}}_waiters` WHERE `key` = p_key AND expires_at <= v_now;
+    IF EXISTS (SELECT 1 FROM `{{table}}_waiters`
+                WHERE `key` = p_key AND owner_token = p_owner AND superseded) THEN
+        DELETE FROM `{{table}}_waiters` WHERE `key` = p_key AND owner_token = p_owner;
+        SET v_outcome = 'superseded';
+    ELSE
+        SELECT slot, slot_limit, fencing_token, acquired_at, mode
+          INTO v_slot, v_limit, v_token, v_acquired, v_mode
+          FROM `{{table}}` WHERE `key` = p_key AND slot >= 0 AND owner_token = p_owner LIMIT 1;
+        IF v_token IS NOT NULL THEN  -- ours already: a retry after a lost reply
+            SET v_expires = v_now + INTERVAL ROUND(p_ttl * 1000000) MICROSECOND;
+            UPDATE `{{table}}` SET holder = p_holder, expires_at = v_expires
+             WHERE `key` = p_key AND slot = v_slot AND owner_token = p_owner;
+            SET v_outcome = 'taken';
+        ELSE
+            SELECT COUNT(*), COALESCE(SUM(mode <> 'shared'), 0),
+                   MAX(IF(slot_limit <> p_limit, slot_limit, NULL))
+              INTO v_live, v_live_exclusive, v_other_limit
+              FROM `{{table}}` WHERE `key` = p_key AND slot >= 0 AND owner_token IS NOT NULL
+                                AND expires_at > v_now;
+            SET v_place = (SELECT ord FROM `{{table}}_waiters`
+                            WHERE `key` = p_key AND owner_token = p_owner);
+            SELECT COUNT(*), COALESCE(SUM(mode <> 'shared'), 0) INTO v_ahead, v_ahead_exclusive
+              FROM `{{table}}_waiters`
+             WHERE `key` = p_key AND NOT superseded AND ord < COALESCE(v_place, {_LAST});
+            IF v_other_limit IS NOT NULL THEN
+                SET v_outcome = 'mismatch', v_limit = v_other_limit;
+            ELSEIF (p_mode = 'shared' AND v_live_exclusive = 0 AND v_ahead_exclusive = 0)
+                OR (p_mode <> 'shared' AND v_ahead < p_limit - v_live) THEN
+                SET v_bound = IF(p_mode = 'shared', v_live, p_limit - 1), v_slot = 0;
+                WHILE v_slot < v_bound AND EXISTS (
+                        SELECT 1 FROM `{{table}}` WHERE `key` = p_key AND slot = v_slot
+                           AND owner_token IS NOT NULL AND expires_at > v_now) DO
+                    SET v_slot = v_slot + 1;
+                END WHILE;
+                SET v_token = 1 + (SELECT MAX(fencing_token) FROM `{{table}}` WHERE `key` = p_key);
+                UPDATE `{{table}}` SET fencing_token = v_token WHERE `key` = p_key AND slot = -1;
+                SET v_acquired = v_now, v_limit = p_limit, v_mode = p_mode,
+                    v_expires = v_now + INTERVAL ROUND(p_ttl * 1000000) MICROSECOND;
+                INSERT INTO `{{table}}` (`key`, slot, slot_limit, fencing_token, owner_token,
+                                        holder, acquired_at, expires_at, mode, broken_by)
+                VALUES (p_key, v_slot, p_limit, v_token, p_owner, p_holder, v_now, v_expires,
+                        p_mode, NULL)
+                ON DUPLICATE KEY UPDATE slot_limit = p_limit, fencing_token = v_token,
+                    owner_token = p_owner, holder = p_holder, acquired_at = v_now,
+                    expires_at = v_expires, mode = p_mode, broken_by = NULL;
+                SET v_outcome = 'taken';
+            END IF;
+        END IF;
+        IF v_outcome = 'taken' OR NOT p_queue THEN
+            DELETE FROM `{{table}}_waiters` WHERE `key` = p_key AND owner_token = p_owner;
+        ELSEIF v_outcome = 'none' AND v_place IS NOT NULL THEN
+            UPDATE `{{table}}_waiters`
+               SET expires_at = v_now + INTERVAL ROUND(p_wttl * 1000000) MICROSECOND,
+                   holder = p_holder, mode = p_mode, supersede = p_supersede
+             WHERE `key` = p_key AND owner_token = p_owner;
+            SET v_seq = (SELECT seq FROM `{{table}}_waiters`
+                          WHERE `key` = p_key AND owner_token = p_owner);
+            SET v_outcome = 'queued';
+        ELSEIF v_outcome = 'none' THEN
+            INSERT INTO `{{table}}_waiters`
+                   (`key`, owner_token, holder, mode, supersede, since, expires_at)
+            VALUES (p_key, p_owner, p_holder, p_mode, p_supersede, v_now,
+                    v_now + INTERVAL ROUND(p_wttl * 1000000) MICROSECOND);
+            SET v_seq = LAST_INSERT_ID();
+            UPDATE `{{table}}_waiters` SET ord = IF(p_front, -v_seq, v_seq) WHERE seq = v_seq;
+            IF p_supersede THEN
+                UPDATE `{{table}}_waiters` SET superseded = TRUE
+                 WHERE `key` = p_key AND supersede AND NOT superseded AND seq <> v_seq;
+            END IF;
+            SET v_outcome = 'queued';
+        END IF;
+    END IF;
+    COMMIT;
+    SELECT v_outcome, v_slot, v_limit, v_token, v_acquired, v_expires, v_mode, v_seq;
+END"""
+
+
+def break_lock_name(database: str, table: str, key: str, token: int) -> str:
+    """The named lock a holder's break watch takes for its lease (at most 64 characters);
+    ``WAKE_BODY`` computes the same name on the server."""
+    digest = hashlib.sha1(f"{database}.{table}:".encode() + key.encode()).hexdigest()[:32]
+    return f"tl:{digest}:{token}"
+
+
+# Tells the break watches of the key's leases (every slot's, or the one with p_token): each
+# watch holds its lease's named lock while it sleeps on the server, and KILL QUERY ends
+# that sleep at once. KILL needs the same database user (or CONNECTION ADMIN): where it is
+# refused, the watch finds the break at its next look instead.
+WAKE_BODY = """\
+BEGIN
+    DECLARE v_done BOOLEAN DEFAULT FALSE;
+    DECLARE v_token BIGINT;
+    DECLARE v_id BIGINT;
+    DECLARE v_tokens CURSOR FOR
+        SELECT fencing_token FROM `{table}`
+         WHERE `key` = p_key AND slot >= 0 AND (p_token IS NULL OR fencing_token = p_token);
+    DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_done = TRUE;
+    DECLARE CONTINUE HANDLER FOR 1094, 1095 BEGIN END;  -- gone already; not ours to KILL
+    OPEN v_tokens;
+    tokens: LOOP
+        FETCH v_tokens INTO v_token;
+        IF v_done THEN
+            LEAVE tokens;
+        END IF;
+        SET v_id = IS_USED_LOCK(CONCAT('tl:', LEFT(SHA1(CONCAT(DATABASE(), '.{table}:', p_key)),
+                                                    32), ':', v_token));
+        IF v_id IS NOT NULL AND v_id <> CONNECTION_ID() THEN
+            KILL QUERY v_id;
+        END IF;
+    END LOOP;
+    CLOSE v_tokens;
+END"""
+
+WAITERS = """
+SELECT holder, since, mode FROM `{table}_waiters`
+ WHERE `key` = %(key)s AND expires_at > SYSDATE(6) AND NOT superseded ORDER BY ord
+"""
+WAITING_COUNTS = """
+SELECT `key`, COUNT(*) FROM `{table}_waiters`
+ WHERE expires_at > SYSDATE(6) AND NOT superseded
+   AND `key` >= %(prefix)s AND LEFT(`key`, LENGTH(%(prefix)s)) = %(prefix)s
+ GROUP BY `key`
+"""
+LEAVE_QUEUE = "DELETE FROM `{table}_waiters` WHERE `key` = %(key)s AND owner_token = %(owner)s"
+# Places in queues that ran out (their waiters crashed) and no acquire of their key cleared.
+SWEEP_WAITERS = "DELETE FROM `{table}_waiters` WHERE expires_at <= SYSDATE(6)"
+
+# For a waiter (its place's owner token %(owner)s, or none): the key's live leases and their
+# limit, seconds until the first of them runs out and until the first exclusive one does,
+# the places ahead of ours and how many of them are exclusive, and our place's mode.
+TIME_UNTIL_FREE = f"""
+SELECT COUNT(*), MAX(slot_limit),
+       TIMESTAMPDIFF(MICROSECOND, SYSDATE(6), MIN(expires_at)) / 1e6,
+       TIMESTAMPDIFF(MICROSECOND, SYSDATE(6), MIN(IF(mode <> 'shared', expires_at, NULL))) / 1e6,
+       (SELECT COUNT(*) FROM `{{table}}_waiters` AS w
+         WHERE w.`key` = %(key)s AND w.expires_at > SYSDATE(6) AND NOT w.superseded
+           AND w.ord < COALESCE((SELECT ord FROM `{{table}}_waiters`
+                                  WHERE `key` = %(key)s AND owner_token = %(owner)s), {_LAST})),
+       (SELECT COUNT(*) FROM `{{table}}_waiters` AS w
+         WHERE w.`key` = %(key)s AND w.expires_at > SYSDATE(6) AND NOT w.superseded
+           AND w.mode <> 'shared'
+           AND w.ord < COALESCE((SELECT ord FROM `{{table}}_waiters`
+                                  WHERE `key` = %(key)s AND owner_token = %(owner)s), {_LAST})),
+       (SELECT mode FROM `{{table}}_waiters` WHERE `key` = %(key)s AND owner_token = %(owner)s)
+  FROM `{{table}}`
+ WHERE `key` = %(key)s AND slot >= 0 AND owner_token IS NOT NULL AND expires_at > SYSDATE(6)
+"""

@@ -1,0 +1,393 @@
+"""The MySQL/MariaDB store class and its statements (the overview is the package's
+docstring)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from datetime import timezone
+from typing import Any
+
+import pymysql
+
+from tasklock_cli.errors import LimitMismatch
+from tasklock_cli.errors import Superseded
+from tasklock_cli.errors import TasklockError
+from tasklock_cli.stores.base import BROKEN_OWNER_PREFIX
+from tasklock_cli.stores.base import LEDGER_KEEP
+from tasklock_cli.stores.base import LIST_PAGE
+from tasklock_cli.stores.base import SHARED
+from tasklock_cli.stores.base import Ask
+from tasklock_cli.stores.base import BreakWatches
+from tasklock_cli.stores.base import Holder
+from tasklock_cli.stores.base import Lease
+from tasklock_cli.stores.base import LeaseInfo
+from tasklock_cli.stores.base import RunRecord
+from tasklock_cli.stores.base import Store
+from tasklock_cli.stores.base import WaiterInfo
+from tasklock_cli.stores.base import breaker
+from tasklock_cli.stores.base import breaker_of
+from tasklock_cli.stores.base import prefix_upper_bound
+from tasklock_cli.stores.base import wait_readable
+from tasklock_cli.stores.mysql.breaks import MySQLBreakWatches
+from tasklock_cli.stores.mysql.connection import MySQLConnection
+from tasklock_cli.stores.mysql.connection import parse_url
+from tasklock_cli.stores.mysql.queue import LEAVE_QUEUE
+from tasklock_cli.stores.mysql.queue import SWEEP_WAITERS
+from tasklock_cli.stores.mysql.queue import TIME_UNTIL_FREE
+from tasklock_cli.stores.mysql.queue import WAITERS
+from tasklock_cli.stores.mysql.queue import WAITING_COUNTS
+from tasklock_cli.stores.mysql.schema import INFO_COLUMNS
+from tasklock_cli.stores.mysql.schema import MySQLSchema
+from tasklock_cli.stores.urls import redact_url
+
+SWEEP_BATCH = 1000
+#: A waiter looks at the key this often while it waits (no notification reaches it):
+#: reads only, and it wakes at the first lease's expiry by itself.
+WAITER_POLL_S = 0.2
+_EPOCH = datetime.fromtimestamp(0, tz=timezone.utc)
+_LIVE = "expires_at > SYSDATE(6)"
+_OURS = (
+    "`key` = %(key)s AND slot = %(slot)s AND owner_token = %(owner)s"
+    " AND fencing_token = %(fence)s"
+)
+# No UPDATE ... RETURNING: the new expiry is computed first, and returned when the UPDATE
+# changed the row (one multi-statement query, one round trip).
+_RENEW = f"""SET @tasklock_expiry = SYSDATE(6) + INTERVAL %(micros)s MICROSECOND;
+UPDATE `{{table}}` SET expires_at = @tasklock_expiry WHERE {_OURS} AND {_LIVE};
+SELECT IF(ROW_COUNT() > 0, CAST(@tasklock_expiry AS DATETIME(6)), NULL)"""
+_NOT_BROKEN = f"LEFT(owner_token, {len(BROKEN_OWNER_PREFIX)}) <> '{BROKEN_OWNER_PREFIX}'"
+_TIME_LEFT = f"""
+SELECT TIMESTAMPDIFF(MICROSECOND, SYSDATE(6), expires_at) / 1e6 FROM `{{table}}`
+ WHERE `key` = %(key)s AND slot >= 0 AND fencing_token = %(token)s AND owner_token IS NOT NULL
+   AND {_NOT_BROKEN} AND {_LIVE}
+"""
+_HISTORY = """
+SELECT `key`, fencing_token, started_at, ended_at, data FROM `{table}_runs`
+ WHERE `key` = %(key)s ORDER BY fencing_token DESC LIMIT %(limit)s
+"""
+_LAST_SUCCESS = """
+SELECT SYSDATE(6), r.`key`, r.fencing_token, r.started_at, r.ended_at, r.data
+  FROM (SELECT 1 AS one) AS n LEFT JOIN (
+    SELECT `key`, fencing_token, started_at, ended_at, data FROM `{table}_runs`
+     WHERE `key` = %(key)s AND succeeded ORDER BY fencing_token DESC LIMIT 1
+  ) AS r ON TRUE
+"""
+_LEDGER_KEYS = """
+SELECT DISTINCT `key` FROM `{table}_runs`
+ WHERE `key` >= %(prefix)s AND LEFT(`key`, LENGTH(%(prefix)s)) = %(prefix)s ORDER BY `key`
+"""
+_SELECT = f"SELECT {INFO_COLUMNS}, {_LIVE} FROM `{{table}}`"
+_HOLDERS = _SELECT + f" WHERE `key` = %(key)s AND slot >= 0 AND owner_token IS NOT NULL AND {_LIVE} ORDER BY slot"
+# Literal prefix match (no LIKE wildcards); the range bounds let the primary key help.
+_LIST = (
+    _SELECT + " WHERE owner_token IS NOT NULL AND slot >= 0 {live}"
+    " AND `key` >= %(prefix)s {upper} AND (`key`, slot) > (%(after)s, %(after_slot)s)"
+    " AND LEFT(`key`, LENGTH(%(prefix)s)) = %(prefix)s ORDER BY `key`, slot"
+    f" LIMIT {LIST_PAGE}"
+)
+_BROKEN_BY = """SELECT broken_by FROM `{table}`
+ WHERE `key` = %(key)s AND slot = %(slot)s AND owner_token = %(broken)s
+   AND fencing_token = %(fence)s"""
+_SWEEP_COUNT = f"SELECT COUNT(*) FROM `{{table}}` WHERE owner_token IS NOT NULL AND NOT {_LIVE}"
+_SWEEP = f"""UPDATE `{{table}}`
+   SET owner_token = NULL, holder = NULL, acquired_at = NULL, expires_at = NULL, broken_by = NULL
+ WHERE owner_token IS NOT NULL AND expires_at <= SYSDATE(6) ORDER BY `key`, slot
+ LIMIT {SWEEP_BATCH}"""
+
+
+class MySQLStore(Store):
+    #: A waiter's wait returns soon after a release (it looks every WAITER_POLL_S, reads
+    #: only), so its acquires can be as rare as on the stores that notify.
+    signals_release = True
+    concurrent_release = True
+
+    def __init__(self, url: str, display_url: str | None = None) -> None:
+        self.display_url = display_url or redact_url(url)
+        kwargs, table = parse_url(url, self.display_url)
+        self._schema = MySQLSchema(table, self.display_url)
+        self._db = MySQLConnection(url, self.display_url, self._schema, kwargs)
+        self.table_name = table
+        self._statements: dict[str, str] = {}
+        self._break_watches = BreakWatches(
+            MySQLBreakWatches(self._db, table).open,
+            (pymysql.err.MySQLError, OSError, TasklockError),
+        )
+
+    @classmethod
+    def from_url(cls, url: str) -> MySQLStore:
+        return cls(url)
+
+    def _sql(self, template: str) -> str:
+        statement = self._statements.get(template)
+        if statement is None:
+            statement = self._statements[template] = template.replace(
+                "{table}", self.table_name
+            )
+        return statement
+
+    def _rows(self, template: str, params: dict | None = None) -> list[tuple]:
+        statement = self._sql(template)
+
+        def run(conn: pymysql.connections.Connection) -> list[tuple]:
+            with conn.cursor() as cursor:
+                cursor.execute(statement, params)
+                rows = list(cursor.fetchall())
+                while cursor.nextset():
+                    if cursor.description is not None:
+                        rows = list(cursor.fetchall())  # the last result set's rows
+                return rows
+
+        return self._db.run(run)
+
+    def _call(self, procedure: str, args: tuple, *, idempotent: bool = True) -> list[tuple]:
+        """CALL ``<table>_<procedure>`` (one round trip): the first result set's rows."""
+        statement = f"CALL `{self.table_name}_{procedure}`({', '.join(['%s'] * len(args))})"
+
+        def run(conn: pymysql.connections.Connection) -> list[tuple]:
+            with conn.cursor() as cursor:
+                cursor.execute(statement, args)
+                rows = list(cursor.fetchall())
+                while cursor.nextset():  # to the end (an error after the rows is raised)
+                    pass
+                return rows
+
+        return self._db.run(run, idempotent=idempotent)
+
+    def set_io_timeout(self, seconds: float) -> None:
+        self._db.set_io_timeout(seconds)
+
+    def init_schema(self) -> None:
+        self._db.run(lambda conn: None)
+
+    def schema_sql(self) -> str:
+        return self._schema.schema_sql()
+
+    # -- the interface --------------------------------------------------------------
+
+    def _acquire(
+        self, key: str, ttl: float, holder: Holder, owner: str, limit: int, queue: bool, ask: Ask
+    ) -> Lease | None:
+        args = (
+            key,
+            owner,
+            json.dumps(holder.to_dict()),
+            float(ttl),
+            int(limit),
+            queue,
+            float(self.waiter_ttl),
+            ask.mode,
+            ask.supersede,
+            ask.front,
+        )
+        (row,) = self._call("acquire", args)
+        outcome, slot, slot_limit, token, acquired_at, expires_at, mode, _seq = row
+        outcome = _text(outcome)
+        self._note_queue_place(key, owner if outcome == "queued" else None)
+        if outcome == "superseded":
+            raise Superseded(key)
+        if outcome == "mismatch":
+            raise LimitMismatch(key, int(slot_limit), int(limit))
+        if outcome != "taken":
+            return None
+        return Lease(
+            key,
+            owner,
+            int(token),
+            _utc(acquired_at),
+            _utc(expires_at),
+            slot=int(slot),
+            limit=int(slot_limit),
+            mode=_text(mode),
+        )
+
+    def renew(self, lease: Lease, ttl: float) -> Lease:
+        params = {**_ours(lease), "micros": round(float(ttl) * 1e6)}
+        rows = self._rows(_RENEW, params)
+        expiry = rows[0][0] if rows else None
+        return lease.renewed_until(None if expiry is None else _utc(expiry))
+
+    def release(self, lease: Lease, keep_for: float = 0.0, record: RunRecord | None = None) -> bool:
+        self._break_watches.drop(lease)
+        args = (
+            lease.key,
+            lease.slot,
+            lease.owner_token,
+            lease.fencing_token,
+            float(max(0.0, keep_for)),
+            record is not None,
+            _naive(record.started_at) if record else None,
+            json.dumps(record.fields()) if record else None,
+            record is not None and record.outcome == "succeeded",
+        )
+        # Not retried on an ambiguous failure: if the row was cleared and the reply lost,
+        # a retry would report False although the release worked.
+        (row,) = self._call("release", args, idempotent=False)
+        return int(row[0]) == 1
+
+    def time_left(self, key: str, fencing_token: int) -> float | None:
+        rows = self._rows(_TIME_LEFT, {"key": key, "token": fencing_token})
+        return max(0.0, float(rows[0][0])) if rows else None
+
+    def history(self, key: str, limit: int = LEDGER_KEEP) -> list[RunRecord]:
+        rows = self._rows(_HISTORY, {"key": key, "limit": int(limit)})
+        return [_run(row) for row in rows]
+
+    def last_success(self, key: str) -> tuple[RunRecord | None, datetime]:
+        (row,) = self._rows(_LAST_SUCCESS, {"key": key})
+        now = _utc(row[0])
+        return (None if row[1] is None else _run(row[1:])), now
+
+    def ledger_keys(self, prefix: str = "") -> list[str]:
+        return [_text(row[0]) for row in self._rows(_LEDGER_KEYS, {"prefix": prefix})]
+
+    def holders(self, key: str) -> list[LeaseInfo]:
+        return [_info(row) for row in self._rows(_HOLDERS, {"key": key})]
+
+    def waiters(self, key: str) -> list[WaiterInfo]:
+        rows = self._rows(WAITERS, {"key": key})
+        return [
+            WaiterInfo(Holder.from_dict(json.loads(holder or "{}")), _utc(since), _text(mode))
+            for holder, since, mode in rows
+        ]
+
+    def waiting_counts(self, prefix: str = "") -> dict[str, int]:
+        rows = self._rows(WAITING_COUNTS, {"prefix": prefix})
+        return {_text(key): int(count) for key, count in rows}
+
+    def list(self, prefix: str = "", include_expired: bool = False) -> Iterator[LeaseInfo]:
+        upper = prefix_upper_bound(prefix)
+        template = _LIST.replace("{live}", "" if include_expired else f"AND {_LIVE}").replace(
+            "{upper}", "AND `key` < %(upper)s" if upper is not None else ""
+        )
+        params: dict[str, Any] = {"prefix": prefix, "upper": upper, "after": "", "after_slot": -1}
+        while True:
+            rows = self._rows(template, params)
+            yield from (_info(row) for row in rows)
+            if len(rows) < LIST_PAGE:
+                return
+            params["after"], params["after_slot"] = rows[-1][0], rows[-1][1]
+
+    def sweep(self, dry_run: bool = False) -> int:
+        if dry_run:
+            return int(self._rows(_SWEEP_COUNT)[0][0])
+        self._rows(SWEEP_WAITERS)  # (not counted: no leases)
+        statement = self._sql(_SWEEP)
+
+        def batch(conn: pymysql.connections.Connection) -> int:
+            with conn.cursor() as cursor:
+                return cursor.execute(statement)
+
+        removed = 0
+        while True:  # bounded batches: no statement holds many row locks for long
+            started = time.monotonic()
+            cleared = self._db.run(batch)
+            removed += cleared
+            if cleared < SWEEP_BATCH:
+                return removed
+            time.sleep(2 * (time.monotonic() - started))
+
+    def break_lease(
+        self, key: str, token: int | None = None, by: Holder | None = None
+    ) -> list[LeaseInfo]:
+        rows = self._call("break", (key, token, json.dumps(breaker(by))))
+        return [_info(row) for row in rows]
+
+    def broken_by(self, lease: Lease) -> dict | None:
+        params = {**_ours(lease), "broken": BROKEN_OWNER_PREFIX + lease.owner_token}
+        rows = self._rows(_BROKEN_BY, params)
+        return breaker_of(rows[0][0]) if rows else None
+
+    def force_release(self, key: str, token: int | None = None) -> list[LeaseInfo]:
+        rows = self._call("force", (key, token), idempotent=False)
+        return [_info(row) for row in rows]
+
+    def wait_for_break(self, lease: Lease, timeout: float, wake_fd: int | None = None) -> bool:
+        """On a connection of its own, sleep on the server holding the lease's named lock,
+        which a break or forced release KILLs (see ``breaks``)."""
+        return self._break_watches.wait(lease, timeout, wake_fd)
+
+    # -- waiting (the skeleton is Store.wait_for_release) -------------------------------
+
+    waiting_trouble = (TasklockError, OSError)
+
+    def _time_until_free(self, key: str) -> float | None:
+        owner = self._queue_place(key) or ""
+        (row,) = self._rows(TIME_UNTIL_FREE, {"key": key, "owner": owner})
+        live, limit, first_left, exclusive_left, ahead, exclusive_ahead, mode = row
+        if _text(mode or "") == SHARED:  # shared places ahead of ours are admitted with us
+            if exclusive_left is not None:
+                return max(0.0, float(exclusive_left))
+            return None if int(exclusive_ahead) == 0 else self.waiter_ttl
+        if live and int(live) >= int(limit):
+            return max(0.0, float(first_left))
+        free = int(limit) - int(live) if live else 1  # (a free key's limit is the next taker's)
+        return None if int(ahead) < free else self.waiter_ttl
+
+    def _await_wakeup(self, key: str, until: float, wake_fd: int | None) -> None:
+        """Look again every WAITER_POLL_S until the key may be free for us or ``until``."""
+        while True:
+            left = until - time.monotonic()
+            if left <= 0 or wait_readable([wake_fd], min(left, WAITER_POLL_S)):
+                return
+            if until - time.monotonic() <= 0 or self._time_until_free(key) is None:
+                return
+
+    def stop_waiting(self, key: str) -> None:
+        owner = self._queue_place(key)
+        self._note_queue_place(key, None)
+        if owner is not None:
+            self._rows(LEAVE_QUEUE, {"key": key, "owner": owner})
+
+    def close(self) -> None:
+        for key in list(self._queue_places()):
+            with contextlib.suppress(TasklockError):
+                self.stop_waiting(key)
+        self._break_watches.close()
+        self._db.close()
+
+
+def _ours(lease: Lease) -> dict[str, Any]:
+    return {
+        "key": lease.key,
+        "slot": lease.slot,
+        "owner": lease.owner_token,
+        "fence": lease.fencing_token,
+    }
+
+
+def _text(value: object) -> str:
+    return value.decode("utf-8") if isinstance(value, (bytes, bytearray)) else str(value)
+
+
+def _utc(moment: datetime | None) -> datetime:
+    """A DATETIME the server wrote in UTC (the session's time zone), as an aware datetime."""
+    return moment.replace(tzinfo=timezone.utc) if moment is not None else _EPOCH
+
+
+def _naive(moment: datetime) -> datetime:
+    return moment.astimezone(timezone.utc).replace(tzinfo=None)
+
+
+def _run(row: tuple) -> RunRecord:
+    key, token, started, ended, data = row
+    fields = json.loads(data or "{}")
+    return RunRecord.from_fields(_text(key), token, _utc(started), _utc(ended), fields)
+
+
+def _info(row: tuple) -> LeaseInfo:
+    key, slot, slot_limit, token, acquired_at, expires_at, holder, mode, live = row[:9]
+    return LeaseInfo(
+        key=_text(key),
+        holder=Holder.from_dict(json.loads(holder or "{}")),
+        fencing_token=int(token),
+        acquired_at=_utc(acquired_at),
+        expires_at=_utc(expires_at),
+        expired=not live,
+        slot=int(slot),
+        limit=int(slot_limit),
+        mode=_text(mode),
+    )

@@ -1,0 +1,31 @@
+"""Test helpers for the MySQL/MariaDB store: an admin connection, and dropping what a
+test's table name left behind (its three tables and its procedures)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import pymysql
+
+from tasklock_cli.stores.mysql.connection import parse_url
+from tasklock_cli.stores.mysql.schema import PROCEDURES
+
+
+@contextlib.contextmanager
+def admin_connection(url: str) -> Iterator[pymysql.connections.Connection]:
+    kwargs, _ = parse_url(url, url)
+    conn = pymysql.connect(**kwargs, autocommit=True, charset="utf8mb4")
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+def drop_namespace(url: str) -> None:
+    _, table = parse_url(url, url)
+    with admin_connection(url) as conn, conn.cursor() as cursor:
+        for proc in PROCEDURES:
+            cursor.execute(f"DROP PROCEDURE IF EXISTS `{table}_{proc}`")
+        for suffix in ("", "_runs", "_waiters"):
+            cursor.execute(f"DROP TABLE IF EXISTS `{table}{suffix}`")
