@@ -2,8 +2,9 @@
 
 ``mysql://USER[:PASSWORD]@HOST[:PORT]/DB`` (or ``mariadb://``), with ``?table=NAME``
 (default ``tasklock_leases``), ``unix_socket=``, ``ssl_ca=``, ``ssl_cert=``, ``ssl_key=``.
-Three InnoDB tables (``<table>``, ``<table>_runs``, ``<table>_waiters``) and five stored
-procedures (``<table>_acquire``, ``_release``, ``_break``, ``_force``, ``_wake``), created on
+Three InnoDB tables (``<table>``, ``<table>_runs``, ``<table>_waiters``) and six stored
+procedures (``<table>_acquire``, ``_release``, ``_break``, ``_force``, ``_wake``,
+``_wake_queue``), created on
 first use under a named lock, or by a DBA from ``tasklock init --print-sql``.
 
 The lease table has a row per key and slot (``PRIMARY KEY (key, slot)``, the key kept
@@ -21,10 +22,13 @@ written is ``SYSDATE(6)`` on the server, in UTC (the session's time zone), read 
 row locks are held; sessions run READ COMMITTED; deadlocks (1213) and lock wait timeouts
 (1205) are retried and never surface.
 
-Waiting runs queue in ``<table>_waiters`` (see ``queue``), and look at the key every
-``WAITER_POLL_S`` while they wait (reads only), waking by themselves when the first lease
-runs out. A holder hears a break at once: its break watch sleeps on the server holding a
-named lock that the break's ``KILL QUERY`` ends (see ``breaks``).
+Waiting runs queue in ``<table>_waiters`` (see ``queue``). There is no LISTEN/NOTIFY:
+a waiter sleeps on the server, on a connection of its own, holding a named lock for its
+place, and the release that may admit it ends that sleep with ``KILL QUERY`` (see
+``waiting``); without a place, or where KILL is refused, it looks again every
+``WAITER_SLEEP_S`` (reads only), and wakes by itself when the first lease runs out. A
+holder hears a break the same way: its break watch sleeps holding its lease's named lock,
+which the break's ``KILL QUERY`` ends (see ``breaks``).
 
 A new connection costs PyMySQL's handshake and one round trip of set-up: the session
 settings and the look at the schema, as one multi-statement query. Every call is bounded

@@ -12,21 +12,15 @@ hears is a hint, which the holder's renewal confirms."""
 
 from __future__ import annotations
 
-import contextlib
-import threading
-import time
-
 import pymysql
-from pymysql.constants import COMMAND
 
 from tasklock_cli.stores.base import Lease
-from tasklock_cli.stores.base import wait_readable
 from tasklock_cli.stores.mysql.connection import MySQLConnection
 from tasklock_cli.stores.mysql.queue import break_lock_name
+from tasklock_cli.stores.mysql.waiting import ServerSleep
 
 #: Longest sleep of one watch statement: where KILL is refused, a break is heard this late.
 BREAK_LOOK_S = 1.0
-_INTERRUPTED = 1317  # KILL QUERY ended the statement (MariaDB; MySQL's SLEEP returns 1)
 # 0: intact all along; 1: the sleep was cut short; 2: not ours and intact (broken, freed).
 _INTACT = (
     "EXISTS (SELECT 1 FROM `{table}` WHERE `key` = {key} AND slot = {slot}"
@@ -36,42 +30,25 @@ _LOOK = "SELECT IF(NOT {intact}, 2, IF(SLEEP({sleep}) = 1, 1, IF({intact}, 0, 2)
 
 
 class BreakWatch:
-    """A lease's watch connection, with at most one look-and-sleep statement in flight."""
+    """A lease's watch: its own connection, which sleeps on the server one look at a time."""
 
     def __init__(self, conn: pymysql.connections.Connection, look: str) -> None:
-        self.lock = threading.Lock()  # one waiter at a time
-        self._conn = conn
+        self._sleep = ServerSleep(conn)
+        self.lock = self._sleep.lock
         self._look = look
-        self._in_flight = False
 
     def wait(self, deadline: float, wake_fd: int | None) -> bool:
         """True when a break is heard before ``deadline``; False at the deadline or when
-        ``wake_fd`` is readable (a statement still sleeping is read at the next wait)."""
+        ``wake_fd`` is readable."""
         while True:
-            if not self._in_flight:
-                self._conn._execute_command(COMMAND.COM_QUERY, self._look)
-                self._in_flight = True
-            left = deadline - time.monotonic()
-            ready = wait_readable([self._conn._sock.fileno(), wake_fd], max(0.0, left))
-            if self._conn._sock.fileno() not in ready:
-                return False  # the deadline, or wake_fd
-            if self._answer() != 0:
+            answer = self._sleep.wait(self._look, deadline, wake_fd)
+            if answer is None:
+                return False
+            if answer != 0:
                 return True
 
-    def _answer(self) -> int:
-        self._in_flight = False
-        try:
-            self._conn._read_query_result()
-        except pymysql.err.OperationalError as exc:
-            if exc.args and exc.args[0] == _INTERRUPTED:
-                return 1
-            raise
-        rows = self._conn._result.rows or ((0,),)
-        return int(rows[0][0])
-
     def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self._conn._force_close()
+        self._sleep.close()
 
 
 class MySQLBreakWatches:
@@ -103,4 +80,3 @@ class MySQLBreakWatches:
             raise
         look = _LOOK.format(intact=intact, sleep=f"{sleep:.3f}")
         return BreakWatch(conn, look), not still
-

@@ -63,7 +63,9 @@ def _probe(conn: pymysql.connections.Connection, schema: MySQLSchema) -> dict[st
 
 
 def _server(version: str) -> str:
-    return f"MariaDB {version.split('-')[0]}" if "mariadb" in version.lower() else f"MySQL {version}"
+    return (
+        f"MariaDB {version.split('-')[0]}" if "mariadb" in version.lower() else f"MySQL {version}"
+    )
 
 
 def _clock_offset(cursor: Any) -> tuple[float, float]:

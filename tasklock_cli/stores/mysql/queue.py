@@ -44,6 +44,7 @@ BEGIN
     DECLARE v_ahead INT;
     DECLARE v_ahead_exclusive INT;
     DECLARE v_bound INT;
+    DECLARE v_superseding BOOLEAN DEFAULT FALSE;
     DECLARE CONTINUE HANDLER FOR NOT FOUND BEGIN END;
     DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
     START TRANSACTION;
@@ -54,7 +55,7 @@ BEGIN
     IF EXISTS (SELECT 1 FROM `{{table}}_waiters`
                 WHERE `key` = p_key AND owner_token = p_owner AND superseded) THEN
         DELETE FROM `{{table}}_waiters` WHERE `key` = p_key AND owner_token = p_owner;
-        SET v_outcome = 'superseded';
+        SET v_outcome = 'superseded', v_superseding = TRUE;
     ELSE
         SELECT slot, slot_limit, fencing_token, acquired_at, mode
           INTO v_slot, v_limit, v_token, v_acquired, v_mode
@@ -119,11 +120,15 @@ BEGIN
             IF p_supersede THEN
                 UPDATE `{{table}}_waiters` SET superseded = TRUE
                  WHERE `key` = p_key AND supersede AND NOT superseded AND seq <> v_seq;
+                SET v_superseding = ROW_COUNT() > 0;
             END IF;
             SET v_outcome = 'queued';
         END IF;
     END IF;
     COMMIT;
+    IF v_superseding THEN  -- the superseded leave at once; one that left may admit others
+        CALL `{{table}}_wake_queue`(p_key, v_outcome <> 'superseded');
+    END IF;
     SELECT v_outcome, v_slot, v_limit, v_token, v_acquired, v_expires, v_mode, v_seq;
 END"""
 
@@ -164,6 +169,41 @@ BEGIN
     CLOSE v_tokens;
 END"""
 
+# Wakes the places of p_key that may now be admitted (see ``waiting``): the head of the
+# queue, and when it is shared, the shared places after it up to the first exclusive one;
+# with p_superseded, the places marked superseded instead (their owners leave at once).
+WAKE_QUEUE_BODY = """\
+BEGIN
+    DECLARE v_done BOOLEAN DEFAULT FALSE;
+    DECLARE v_first BOOLEAN DEFAULT TRUE;
+    DECLARE v_seq BIGINT;
+    DECLARE v_mode VARCHAR(16);
+    DECLARE v_id BIGINT;
+    DECLARE v_places CURSOR FOR
+        SELECT seq, mode FROM `{table}_waiters`
+         WHERE `key` = p_key AND expires_at > SYSDATE(6) AND superseded = p_superseded
+         ORDER BY ord;
+    DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_done = TRUE;
+    DECLARE CONTINUE HANDLER FOR 1094, 1095 BEGIN END;  -- gone already; not ours to KILL
+    OPEN v_places;
+    places: LOOP
+        FETCH v_places INTO v_seq, v_mode;
+        IF v_done OR (NOT p_superseded AND NOT v_first AND v_mode <> 'shared') THEN
+            LEAVE places;
+        END IF;
+        SET v_id = IS_USED_LOCK(CONCAT('tl:', LEFT(SHA1(CONCAT(DATABASE(), '.{table}')), 32),
+                                       ':w', v_seq));
+        IF v_id IS NOT NULL AND v_id <> CONNECTION_ID() THEN
+            KILL QUERY v_id;
+        END IF;
+        IF NOT p_superseded AND v_first AND v_mode <> 'shared' THEN
+            LEAVE places;
+        END IF;
+        SET v_first = FALSE;
+    END LOOP;
+    CLOSE v_places;
+END"""
+
 WAITERS = """
 SELECT holder, since, mode FROM `{table}_waiters`
  WHERE `key` = %(key)s AND expires_at > SYSDATE(6) AND NOT superseded ORDER BY ord
@@ -180,7 +220,8 @@ SWEEP_WAITERS = "DELETE FROM `{table}_waiters` WHERE expires_at <= SYSDATE(6)"
 
 # For a waiter (its place's owner token %(owner)s, or none): the key's live leases and their
 # limit, seconds until the first of them runs out and until the first exclusive one does,
-# the places ahead of ours and how many of them are exclusive, and our place's mode.
+# the places ahead of ours and how many of them are exclusive, our place's mode, and the
+# key's counter (what the waiter's sleep compares with: see ``waiting``).
 TIME_UNTIL_FREE = f"""
 SELECT COUNT(*), MAX(slot_limit),
        TIMESTAMPDIFF(MICROSECOND, SYSDATE(6), MIN(expires_at)) / 1e6,
@@ -194,7 +235,8 @@ SELECT COUNT(*), MAX(slot_limit),
            AND w.mode <> 'shared'
            AND w.ord < COALESCE((SELECT ord FROM `{{table}}_waiters`
                                   WHERE `key` = %(key)s AND owner_token = %(owner)s), {_LAST})),
-       (SELECT mode FROM `{{table}}_waiters` WHERE `key` = %(key)s AND owner_token = %(owner)s)
+       (SELECT mode FROM `{{table}}_waiters` WHERE `key` = %(key)s AND owner_token = %(owner)s),
+       (SELECT fencing_token FROM `{{table}}` WHERE `key` = %(key)s AND slot = -1)
   FROM `{{table}}`
  WHERE `key` = %(key)s AND slot >= 0 AND owner_token IS NOT NULL AND expires_at > SYSDATE(6)
 """

@@ -11,12 +11,13 @@ from tasklock_cli.stores.base import BROKEN_OWNER_PREFIX
 from tasklock_cli.stores.base import LEDGER_KEEP
 from tasklock_cli.stores.mysql.queue import ACQUIRE_BODY
 from tasklock_cli.stores.mysql.queue import WAKE_BODY
+from tasklock_cli.stores.mysql.queue import WAKE_QUEUE_BODY
 
 #: Table names: the procedures are named after the table (``<table>_acquire``, at most 64
 #: characters), so a name is at most 48.
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_$]{0,47}")
 #: Kept in each procedure's COMMENT: a procedure of another version is replaced.
-VERSION = "tasklock 1"
+VERSION = "tasklock 2"
 #: Columns of the three tables and their data types (information_schema.columns).
 _COLUMNS = {
     "": {
@@ -52,7 +53,7 @@ _COLUMNS = {
         "superseded": "tinyint",
     },
 }
-PROCEDURES = ("acquire", "release", "break", "force", "wake")
+PROCEDURES = ("acquire", "release", "break", "force", "wake", "wake_queue")
 
 _TABLES = """\
 CREATE TABLE IF NOT EXISTS `{table}` (
@@ -99,7 +100,9 @@ _HEAD = "MODIFIES SQL DATA SQL SECURITY INVOKER COMMENT '{version}'"
 #: the connection is never left inside a transaction holding row locks.
 _ROLLBACK_ON_ERROR = "DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;"
 _MICROS = "INTERVAL ROUND({seconds} * 1000000) MICROSECOND"
-_CLEARED = "owner_token = NULL, holder = NULL, acquired_at = NULL, expires_at = NULL, broken_by = NULL"
+_CLEARED = (
+    "owner_token = NULL, holder = NULL, acquired_at = NULL, expires_at = NULL, broken_by = NULL"
+)
 _BROKEN = f"LEFT(owner_token, {len(BROKEN_OWNER_PREFIX)}) = '{BROKEN_OWNER_PREFIX}'"
 _MATCHING = (
     "`key` = p_key AND slot >= 0 AND owner_token IS NOT NULL"
@@ -152,6 +155,9 @@ BEGIN
         END IF;
     END IF;
     COMMIT;
+    IF v_freed > 0 AND p_keep <= 0 THEN
+        CALL `{{table}}_wake_queue`(p_key, FALSE);
+    END IF;
     SELECT v_freed;
 END"""
 
@@ -188,6 +194,7 @@ BEGIN
     UPDATE `{{table}}` SET {_CLEARED} WHERE {_MATCHING};
     COMMIT;
     CALL `{{table}}_wake`(p_key, p_token);
+    CALL `{{table}}_wake_queue`(p_key, FALSE);
 END"""
 
 _ACQUIRE = f"""\
@@ -203,12 +210,18 @@ CREATE PROCEDURE `{{table}}_wake`(IN p_key VARBINARY(512), IN p_token BIGINT)
 {_HEAD}
 {WAKE_BODY}"""
 
+_WAKE_QUEUE = f"""\
+CREATE PROCEDURE `{{table}}_wake_queue`(IN p_key VARBINARY(512), IN p_superseded BOOLEAN)
+{_HEAD}
+{WAKE_QUEUE_BODY}"""
+
 _PROCEDURE_SQL = {
     "acquire": _ACQUIRE,
     "release": _RELEASE,
     "break": _BREAK,
     "force": _FORCE,
     "wake": _WAKE,
+    "wake_queue": _WAKE_QUEUE,
 }
 
 # One query, in the set-up round trip: the tables' columns and the procedures' versions.
@@ -251,7 +264,7 @@ class MySQLSchema:
         }
 
     def judge(self, rows: list | tuple) -> str:
-        """"ok" when every table and procedure is current; "missing" when some are missing
+        """ "ok" when every table and procedure is current; "missing" when some are missing
         or of another version (created or replaced on first use); else ConfigError (a
         table of that name that is not tasklock's)."""
         name = self.table_name

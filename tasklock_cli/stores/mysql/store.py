@@ -30,6 +30,7 @@ from tasklock_cli.stores.base import Store
 from tasklock_cli.stores.base import WaiterInfo
 from tasklock_cli.stores.base import breaker
 from tasklock_cli.stores.base import breaker_of
+from tasklock_cli.stores.base import fd_readable
 from tasklock_cli.stores.base import prefix_upper_bound
 from tasklock_cli.stores.base import wait_readable
 from tasklock_cli.stores.mysql.breaks import MySQLBreakWatches
@@ -42,17 +43,15 @@ from tasklock_cli.stores.mysql.queue import WAITERS
 from tasklock_cli.stores.mysql.queue import WAITING_COUNTS
 from tasklock_cli.stores.mysql.schema import INFO_COLUMNS
 from tasklock_cli.stores.mysql.schema import MySQLSchema
+from tasklock_cli.stores.mysql.waiting import PLACELESS_LOOK_S
+from tasklock_cli.stores.mysql.waiting import WakeLine
 from tasklock_cli.stores.urls import redact_url
 
 SWEEP_BATCH = 1000
-#: A waiter looks at the key this often while it waits (no notification reaches it):
-#: reads only, and it wakes at the first lease's expiry by itself.
-WAITER_POLL_S = 0.2
 _EPOCH = datetime.fromtimestamp(0, tz=timezone.utc)
 _LIVE = "expires_at > SYSDATE(6)"
 _OURS = (
-    "`key` = %(key)s AND slot = %(slot)s AND owner_token = %(owner)s"
-    " AND fencing_token = %(fence)s"
+    "`key` = %(key)s AND slot = %(slot)s AND owner_token = %(owner)s AND fencing_token = %(fence)s"
 )
 # No UPDATE ... RETURNING: the new expiry is computed first, and returned when the UPDATE
 # changed the row (one multi-statement query, one round trip).
@@ -81,7 +80,10 @@ SELECT DISTINCT `key` FROM `{table}_runs`
  WHERE `key` >= %(prefix)s AND LEFT(`key`, LENGTH(%(prefix)s)) = %(prefix)s ORDER BY `key`
 """
 _SELECT = f"SELECT {INFO_COLUMNS}, {_LIVE} FROM `{{table}}`"
-_HOLDERS = _SELECT + f" WHERE `key` = %(key)s AND slot >= 0 AND owner_token IS NOT NULL AND {_LIVE} ORDER BY slot"
+_HOLDERS = (
+    _SELECT + " WHERE `key` = %(key)s AND slot >= 0 AND owner_token IS NOT NULL"
+    f" AND {_LIVE} ORDER BY slot"
+)
 # Literal prefix match (no LIKE wildcards); the range bounds let the primary key help.
 _LIST = (
     _SELECT + " WHERE owner_token IS NOT NULL AND slot >= 0 {live}"
@@ -100,8 +102,8 @@ _SWEEP = f"""UPDATE `{{table}}`
 
 
 class MySQLStore(Store):
-    #: A waiter's wait returns soon after a release (it looks every WAITER_POLL_S, reads
-    #: only), so its acquires can be as rare as on the stores that notify.
+    #: A release wakes the waiters it may admit (see ``waiting``); the others look again
+    #: every ``WAITER_SLEEP_S`` (reads only).
     signals_release = True
     concurrent_release = True
 
@@ -112,6 +114,9 @@ class MySQLStore(Store):
         self._db = MySQLConnection(url, self.display_url, self._schema, kwargs)
         self.table_name = table
         self._statements: dict[str, str] = {}
+        self._place_seqs: dict[str, int] = {}  # key -> our place's seq in its queue
+        self._seen: dict[str, tuple[int, int]] = {}  # key -> (live leases, counter) at a look
+        self._wake_line = WakeLine(self._db, table)
         self._break_watches = BreakWatches(
             MySQLBreakWatches(self._db, table).open,
             (pymysql.err.MySQLError, OSError, TasklockError),
@@ -124,9 +129,7 @@ class MySQLStore(Store):
     def _sql(self, template: str) -> str:
         statement = self._statements.get(template)
         if statement is None:
-            statement = self._statements[template] = template.replace(
-                "{table}", self.table_name
-            )
+            statement = self._statements[template] = template.replace("{table}", self.table_name)
         return statement
 
     def _rows(self, template: str, params: dict | None = None) -> list[tuple]:
@@ -184,9 +187,13 @@ class MySQLStore(Store):
             ask.front,
         )
         (row,) = self._call("acquire", args)
-        outcome, slot, slot_limit, token, acquired_at, expires_at, mode, _seq = row
+        outcome, slot, slot_limit, token, acquired_at, expires_at, mode, seq = row
         outcome = _text(outcome)
         self._note_queue_place(key, owner if outcome == "queued" else None)
+        if outcome == "queued":
+            self._place_seqs[key] = int(seq)
+        else:
+            self._place_seqs.pop(key, None)
         if outcome == "superseded":
             raise Superseded(key)
         if outcome == "mismatch":
@@ -314,10 +321,17 @@ class MySQLStore(Store):
 
     waiting_trouble = (TasklockError, OSError)
 
+    def _prepare_wait(self, key: str, deadline: float, wake_fd: int | None) -> bool:
+        seq = self._place_seqs.get(key)
+        if seq is not None:
+            self._wake_line.hold(seq)  # before the look: a release after it wakes us
+        return True
+
     def _time_until_free(self, key: str) -> float | None:
         owner = self._queue_place(key) or ""
         (row,) = self._rows(TIME_UNTIL_FREE, {"key": key, "owner": owner})
-        live, limit, first_left, exclusive_left, ahead, exclusive_ahead, mode = row
+        live, limit, first_left, exclusive_left, ahead, exclusive_ahead, mode, counter = row
+        self._seen[key] = (int(live), int(counter or 0))
         if _text(mode or "") == SHARED:  # shared places ahead of ours are admitted with us
             if exclusive_left is not None:
                 return max(0.0, float(exclusive_left))
@@ -328,17 +342,24 @@ class MySQLStore(Store):
         return None if int(ahead) < free else self.waiter_ttl
 
     def _await_wakeup(self, key: str, until: float, wake_fd: int | None) -> None:
-        """Look again every WAITER_POLL_S until the key may be free for us or ``until``."""
+        """Sleep on the wake line (a place's waiter) or here, a slice at a time, looking
+        again after each, until woken, the key may be free for us, or ``until``."""
         while True:
-            left = until - time.monotonic()
-            if left <= 0 or wait_readable([wake_fd], min(left, WAITER_POLL_S)):
+            seen = self._seen.get(key, (0, 0))
+            if key in self._place_seqs:
+                if self._wake_line.sleep(key, seen, until, wake_fd):
+                    return
+            elif wait_readable([wake_fd], min(until - time.monotonic(), PLACELESS_LOOK_S)):
                 return
-            if until - time.monotonic() <= 0 or self._time_until_free(key) is None:
+            if until - time.monotonic() <= 0 or fd_readable(wake_fd):
+                return
+            if self._time_until_free(key) is None:
                 return
 
     def stop_waiting(self, key: str) -> None:
         owner = self._queue_place(key)
         self._note_queue_place(key, None)
+        self._place_seqs.pop(key, None)
         if owner is not None:
             self._rows(LEAVE_QUEUE, {"key": key, "owner": owner})
 
@@ -347,6 +368,7 @@ class MySQLStore(Store):
             with contextlib.suppress(TasklockError):
                 self.stop_waiting(key)
         self._break_watches.close()
+        self._wake_line.close()
         self._db.close()
 
 

@@ -1,0 +1,126 @@
+"""How MySQL/MariaDB waiters and holders are woken without LISTEN/NOTIFY: by sleeping on
+the server, on a connection of their own, holding a named lock that names what they wait
+for, which whoever changes it ends with ``KILL QUERY`` (found by ``IS_USED_LOCK``, in the
+same procedure call as the change).
+
+A waiter with a place in a key's queue holds its place's lock (``place_lock_name``): a
+release wakes the places it may admit (the head of the queue, and when that is shared, the
+shared places after it up to the first exclusive one: the ``<table>_wake_queue``
+procedure), not the crowd. Each sleep statement first compares the key with what the
+waiter's look saw (a release between the look and the sleep is not missed), and sleeps at
+most ``WAITER_SLEEP_S``: where KILL is refused (another database user without CONNECTION
+ADMIN), the waiter looks again that often (reads only); one without a place every
+``PLACELESS_LOOK_S``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import threading
+import time
+
+import pymysql
+from pymysql.constants import COMMAND
+
+from tasklock_cli.stores.base import wait_readable
+from tasklock_cli.stores.mysql.connection import MySQLConnection
+
+#: Longest sleep of a waiter's statement (its wake-up, where KILL is refused).
+WAITER_SLEEP_S = 0.25
+#: How often a waiter without a place looks again (nothing can wake it: only the API
+#: waits so; ``run --wait`` always queues).
+PLACELESS_LOOK_S = 0.1
+_INTERRUPTED = 1317  # KILL QUERY ended the statement (MariaDB; MySQL's SLEEP returns 1)
+# 2: the key changed since the look; 1: the sleep was cut short; 0: slept it out.
+_LOOK = (
+    "SELECT IF((SELECT COUNT(*) FROM `{table}` WHERE `key` = {key} AND slot >= 0"
+    " AND owner_token IS NOT NULL AND expires_at > SYSDATE(6)) < {live}"
+    " OR COALESCE((SELECT fencing_token FROM `{table}` WHERE `key` = {key} AND slot = -1), 0)"
+    " <> {counter}, 2, IF(SLEEP({sleep:.3f}) = 1, 1, 0))"
+)
+
+
+def place_lock_name(database: str, table: str, seq: int) -> str:
+    """The named lock a waiter holds for its place ``seq`` (at most 64 characters); the
+    ``<table>_wake_queue`` procedure computes the same name."""
+    digest = hashlib.sha1(f"{database}.{table}".encode()).hexdigest()[:32]
+    return f"tl:{digest}:w{seq}"
+
+
+class ServerSleep:
+    """A connection of its own, with at most one sleeping statement in flight."""
+
+    def __init__(self, conn: pymysql.connections.Connection) -> None:
+        self.lock = threading.Lock()  # one waiter at a time
+        self.conn = conn
+        self._in_flight = False
+
+    def wait(self, statement: str, deadline: float, wake_fd: int | None) -> int | None:
+        """Send ``statement`` (unless one is still in flight from an earlier wait) and wait
+        for its answer until ``deadline``: the answer (1 when KILLed), or None at the
+        deadline or when ``wake_fd`` is readable (an unanswered statement is read at the
+        next wait)."""
+        if not self._in_flight:
+            self.conn._execute_command(COMMAND.COM_QUERY, statement)
+            self._in_flight = True
+        fileno = self.conn._sock.fileno()
+        ready = wait_readable([fileno, wake_fd], max(0.0, deadline - time.monotonic()))
+        if fileno not in ready:
+            return None
+        self._in_flight = False
+        try:
+            self.conn._read_query_result()
+        except pymysql.err.OperationalError as exc:
+            if exc.args and exc.args[0] == _INTERRUPTED:
+                return 1
+            raise
+        rows = self.conn._result.rows or ((0,),)
+        return int(rows[0][0])
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.conn._force_close()
+
+
+class WakeLine:
+    """A waiter's wake-up line: one connection per store, holding the lock of the place it
+    waits in (one at a time), opened at the first wait with a place and kept."""
+
+    def __init__(self, db: MySQLConnection, table: str) -> None:
+        self._db = db
+        self._table = table
+        self._sleep: ServerSleep | None = None
+        self._held: str | None = None
+
+    def hold(self, seq: int) -> None:
+        """Hold the lock of place ``seq`` (and no other)."""
+        name = place_lock_name(self._db.database, self._table, seq)
+        if self._held == name and self._sleep is not None:
+            return
+        if self._sleep is None:
+            self._sleep = ServerSleep(self._db.connect())
+        with self._sleep.conn.cursor() as cursor:
+            cursor.execute("SELECT RELEASE_ALL_LOCKS(), GET_LOCK(%s, 0)", (name,))
+        self._held = name
+
+    def sleep(self, key: str, seen: tuple[int, int], until: float, wake_fd: int | None) -> bool:
+        """Sleep until ``until`` at most, or until woken; True when woken or the key
+        changed from ``seen`` (live leases, counter), False at ``until`` or on ``wake_fd``."""
+        sleep = self._sleep
+        if sleep is None:
+            return False
+        statement = _LOOK.format(
+            table=self._table,
+            key=sleep.conn.escape(key),
+            live=int(seen[0]),
+            counter=int(seen[1]),
+            sleep=max(0.0, min(WAITER_SLEEP_S, until - time.monotonic())),
+        )
+        with sleep.lock:
+            return bool(sleep.wait(statement, until, wake_fd))
+
+    def close(self) -> None:
+        sleep, self._sleep, self._held = self._sleep, None, None
+        if sleep is not None:
+            sleep.close()
