@@ -1,6 +1,6 @@
 """Where the test PostgreSQL, Redis, MySQL/MariaDB and etcd are, whether they are up, and how
-to clean up after a test. etcd is a private member the tests start themselves (``tests/support/etcd.py``), unless
-``TASKLOCK_TEST_ETCD_URL`` names one.
+to clean up after a test. etcd is a private member the tests start themselves
+(``tests/support/etcd.py``), unless ``TASKLOCK_TEST_ETCD_URL`` names one.
 
 On a machine without them the store tests skip with the reason; in CI (``CI=true``) a missing
 service is a failure, never a skip.
