@@ -202,6 +202,20 @@ def _forger(store_url: str, key: str, token: int):
         return (
             lambda: store._db.run(lambda conn: conn.execute(notify, (channel, str(token))))
         ), store
+    if store_url.startswith("mysql"):  # a KILL QUERY of the holder's break watch
+        from tasklock_cli.stores.mysql.queue import break_lock_name
+
+        name = break_lock_name(store._db.database, store.table_name, key, token)
+        kill = "SELECT IS_USED_LOCK(%s)"
+
+        def send_kill(conn) -> None:
+            with conn.cursor() as cursor:
+                cursor.execute(kill, (name,))
+                (watch,) = cursor.fetchone()
+                if watch is not None:
+                    cursor.execute(f"KILL QUERY {int(watch)}")
+
+        return (lambda: store._db.run(send_kill)), store
     pytest.skip("etcd: no notification to forge (a holder watches its own key)")
 
 

@@ -45,7 +45,7 @@ OPTIONS = [
     "--supersede",
 ]  # fmt: skip
 SCHEMES = [
-    "sqlite", "postgresql", "postgres", "redis", "rediss", "unix", "etcd", "etcds", "mysql", "",
+    "sqlite", "postgresql", "postgres", "redis", "rediss", "unix", "etcd", "etcds", "mysql", "mariadb", "",
 ]  # fmt: skip
 NETLOCS = [
     "", "127.0.0.1", "127.0.0.1:1", "[::1", "[::1]:1", "[::1]", ":99999", "h:abc", "u:p@",
@@ -66,6 +66,7 @@ def urls(tmp_path_factory) -> Iterator[list[str]]:
     for kind, make in (
         ("postgres", lambda: services.postgres_url(f"fuzz_{tag}")),
         ("redis", lambda: services.redis_url(f"fuzz-{tag}:")),
+        ("mysql", lambda: services.mysql_url(f"fuzz_{tag}")),
     ):
         if services.unavailable_reason(kind) is None:
             found.append(make())
@@ -74,7 +75,7 @@ def urls(tmp_path_factory) -> Iterator[list[str]]:
     found.append("etcd://127.0.0.1:1")  # refused: answered at once
     yield found
     for url in found[1:-1]:
-        services.cleanup("postgres" if url.startswith("postgres") else "redis", url)
+        services.cleanup(url.split(":", 1)[0].replace("postgresql", "postgres"), url)
 
 
 @pytest.fixture(scope="module")
