@@ -132,7 +132,8 @@ def test_a_new_connection_costs_its_handshake_and_one_round_trip_of_set_up(netwo
     """Every `tasklock run` opens a new connection, so its first acquire is what a run pays:
     the driver's connect, one round trip of set-up (PostgreSQL: the session settings, the
     statement timeout and the look at the table, together; Redis: CLIENT SETNAME, without
-    CLIENT SETINFO or a health-check PING; etcd without auth: none) and the acquire."""
+    CLIENT SETINFO or a health-check PING; MySQL: the session settings and the look at the
+    schema, together; etcd without auth: none) and the acquire."""
     with open_store(network_store_url) as warm_up:  # the table exists, the script is loaded
         warm_up.release(warm_up.acquire("first", 30, HOLDER, "warm-up"))
     parts = urlsplit(network_store_url)
@@ -142,6 +143,8 @@ def test_a_new_connection_costs_its_handshake_and_one_round_trip_of_set_up(netwo
             handshake, _ = round_trips(
                 proxy, lambda: psycopg.connect(proxy.url_for(conninfo)).close()
             )
+        elif network_store_url.startswith("mysql"):
+            handshake, _ = round_trips(proxy, lambda: _mysql_handshake(proxy, network_store_url))
         else:
             handshake = 0  # a TCP connect is no round trip at the proxy; RESP has no greeting
         set_up = 0 if network_store_url.startswith("etcd") else 1
@@ -152,3 +155,14 @@ def test_a_new_connection_costs_its_handshake_and_one_round_trip_of_set_up(netwo
             assert trips == handshake + set_up + 1, (trips, handshake)
         finally:
             store.close()
+
+
+def _mysql_handshake(proxy: TcpProxy, url: str) -> None:
+    """PyMySQL's connect alone (greeting and authentication), as the store makes it."""
+    from tasklock_cli.stores.mysql.connection import MySQLConnection
+    from tasklock_cli.stores.mysql.connection import parse_url
+    from tasklock_cli.stores.mysql.schema import MySQLSchema
+
+    kwargs, table = parse_url(proxy.url_for(url), url)
+    db = MySQLConnection(url, url, MySQLSchema(table, url), kwargs)
+    db._connect().close()
