@@ -1,4 +1,4 @@
-"""The store drivers (psycopg, redis-py) through the real executable: imported only when their
+"""The store drivers (psycopg, redis-py, PyMySQL) through the real executable: imported only when their
 store is used."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from tests.support.blocked_imports import env_without
 from tests.support.cli import one_error_line
 from tests.support.cli import tasklock
 
-DRIVERS = ["psycopg", "redis"]
+DRIVERS = ["psycopg", "redis", "pymysql"]
 
 
 @pytest.fixture
@@ -59,6 +59,14 @@ MISSING_DRIVER = {
     "unix:///nowhere/redis.sock": (
         "redis",
         "tasklock: error: the redis store needs the redis driver: pip install 'redis>=5'",
+    ),
+    "mysql://root@127.0.0.1:1/test": (
+        "pymysql",
+        "tasklock: error: the mysql store needs the pymysql driver: pip install 'PyMySQL>=1.1'",
+    ),
+    "mariadb://root@127.0.0.1:1/test": (
+        "pymysql",
+        "tasklock: error: the mysql store needs the pymysql driver: pip install 'PyMySQL>=1.1'",
     ),
 }
 

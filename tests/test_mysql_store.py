@@ -1,0 +1,257 @@
+"""MySQL/MariaDB-only behaviour beyond the store contract: URL, schema, races, sessions."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import threading
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from tasklock_cli.errors import ConfigError
+from tasklock_cli.errors import StoreUnavailable
+from tasklock_cli.stores import open_store
+from tasklock_cli.stores.base import Holder
+from tasklock_cli.stores.mysql.connection import DEFAULT_TABLE
+from tasklock_cli.stores.mysql.connection import parse_url
+from tasklock_cli.stores.mysql.store import MySQLStore
+from tests.support import mysql_support
+from tests.support import services
+
+HOLDER = Holder(host="h", pid=1, user="u", command=["job"], note=None)
+
+
+def token() -> str:
+    return uuid.uuid4().hex
+
+
+@pytest.fixture
+def my_url() -> Iterator[str]:
+    services.require("mysql")
+    url = services.mysql_url(table=f"tasklock_test_{uuid.uuid4().hex[:12]}")
+    yield url
+    mysql_support.drop_namespace(url)
+
+
+@pytest.fixture
+def stores(my_url) -> Iterator[list[MySQLStore]]:
+    opened: list[MySQLStore] = []
+    yield opened
+    for store in opened:
+        store.close()
+
+
+def open_my(url: str, opened: list[MySQLStore]) -> MySQLStore:
+    store = open_store(url)
+    assert isinstance(store, MySQLStore)
+    opened.append(store)
+    return store
+
+
+def admin(url: str, statement: str, args: tuple = ()) -> list[tuple]:
+    with mysql_support.admin_connection(url) as conn, conn.cursor() as cursor:
+        cursor.execute(statement, args)
+        return list(cursor.fetchall())
+
+
+# -- URL ------------------------------------------------------------------------------
+
+
+def test_the_url_gives_user_password_host_port_database_and_table():
+    kwargs, table = parse_url("mariadb://bob:p%40ss@db.example:3307/ops?table=leases", "shown")
+    assert table == "leases"
+    assert kwargs == {
+        "host": "db.example",
+        "port": 3307,
+        "user": "bob",
+        "password": "p@ss",
+        "database": "ops",
+    }
+    kwargs, table = parse_url("mysql://[::1]/ops?ssl_ca=/ca.pem&unix_socket=/s", "shown")
+    assert (kwargs["host"], kwargs["port"], table) == ("::1", 3306, DEFAULT_TABLE)
+    assert (kwargs["ssl"], kwargs["unix_socket"]) == ({"ca": "/ca.pem"}, "/s")
+
+
+@pytest.mark.parametrize(
+    ("url", "words"),
+    [
+        ("mysql://u@h/db?bogus=1", "unknown parameter 'bogus'"),
+        ("mysql://u@h/db?table=a.b", "invalid table name"),
+        ("mysql://u@h/db?table=" + "x" * 49, "invalid table name"),
+        ("mysql://u@h/db?table=", "invalid table name"),
+        ("mysql://u@h", "names no database"),
+        ("mysql://u@h/", "names no database"),
+        ("mysql://u@h:99999/db", "invalid port"),
+        ("mysql://u@h:abc/db", "invalid port"),
+    ],
+)
+def test_a_url_that_cannot_work_is_a_configuration_error(url, words):
+    with pytest.raises(ConfigError, match=words):
+        open_store(url)
+
+
+def test_the_password_is_never_shown():
+    store = open_store("mysql://bob:s3cret@127.0.0.1:1/db?table=t")
+    assert "s3cret" not in store.display_url
+    with pytest.raises(StoreUnavailable) as caught:
+        store.peek("k")
+    assert "s3cret" not in str(caught.value)
+
+
+def test_a_wrong_password_is_a_configuration_error_without_the_password():
+    services.require("mysql")
+    kwargs, _ = parse_url(services.base_mysql_url(), "")
+    url = f"mysql://{kwargs['user']}:wr0ng-pw@{kwargs['host']}:{kwargs['port']}/test"
+    with pytest.raises(ConfigError) as caught:
+        open_store(url).peek("k")
+    assert "wr0ng-pw" not in str(caught.value)
+    assert "Access denied" in str(caught.value)
+
+
+def test_a_missing_database_is_a_configuration_error():
+    services.require("mysql")
+    base = services.base_mysql_url().rsplit("/", 1)[0]
+    with pytest.raises(ConfigError, match="Unknown database"):
+        open_store(f"{base}/tasklock_no_such_db").peek("k")
+
+
+def test_an_unreachable_port_fails_fast_with_store_unavailable():
+    store = open_store("mysql://root@127.0.0.1:1/test")
+    with pytest.raises(StoreUnavailable):
+        store.peek("k")
+
+
+# -- schema ----------------------------------------------------------------------------
+
+
+def test_racing_first_use_creates_the_schema_once_without_errors(my_url, stores):
+    clients = [open_my(my_url, stores) for _ in range(6)]
+    errors: list[BaseException] = []
+    tokens: list[int] = []
+
+    def first_use(client: MySQLStore) -> None:
+        try:
+            lease = client.acquire(f"k{id(client)}", 30, HOLDER, token())
+            tokens.append(lease.fencing_token)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=first_use, args=(client,)) for client in clients]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert tokens == [1] * 6
+
+
+def test_print_sql_creates_what_the_store_uses(my_url, stores):
+    client = shutil.which("mariadb") or shutil.which("mysql")
+    if client is None:
+        pytest.skip("no mariadb/mysql client to run the DDL with")
+    kwargs, table = parse_url(my_url, my_url)
+    ddl = open_store(my_url).schema_sql()
+    subprocess.run(
+        [client, "-h", kwargs["host"], "-P", str(kwargs["port"]), "-u", kwargs["user"],
+         kwargs["database"]],
+        input=ddl, text=True, check=True, capture_output=True,
+    )  # fmt: skip
+    procedures = admin(
+        my_url,
+        "SELECT COUNT(*) FROM information_schema.routines"
+        " WHERE routine_schema = DATABASE() AND routine_name LIKE %s",
+        (table + "\\_%",),
+    )
+    assert procedures == [(6,)]
+    store = open_my(my_url, stores)
+    assert store.acquire("k", 30, HOLDER, token()).fencing_token == 1
+
+
+def test_a_foreign_table_with_the_same_name_is_refused_and_left_untouched(my_url, stores):
+    _, table = parse_url(my_url, my_url)
+    admin(my_url, f"CREATE TABLE `{table}` (id INT PRIMARY KEY, name TEXT)")
+    admin(my_url, f"INSERT INTO `{table}` VALUES (1, 'theirs')")
+    with pytest.raises(ConfigError, match="not a tasklock table"):
+        open_my(my_url, stores).acquire("k", 30, HOLDER, token())
+    assert admin(my_url, f"SELECT * FROM `{table}`") == [(1, "theirs")]
+
+
+def test_rows_are_kept_after_release_sweep_and_force_release(my_url, stores):
+    store = open_my(my_url, stores)
+    tokens = []
+    lease = store.acquire("k", 30, HOLDER, token())
+    tokens.append(lease.fencing_token)
+    store.release(lease)
+    lease = store.acquire("k", 0.05, HOLDER, token())
+    tokens.append(lease.fencing_token)
+    import time
+
+    time.sleep(0.1)
+    assert store.sweep() == 1
+    lease = store.acquire("k", 30, HOLDER, token())
+    tokens.append(lease.fencing_token)
+    store.force_release("k")
+    tokens.append(store.acquire("k", 30, HOLDER, token()).fencing_token)
+    assert tokens == [1, 2, 3, 4]
+
+
+def test_sessions_run_read_committed_in_utc_whatever_the_server_default(my_url, stores):
+    store = open_my(my_url, stores)
+    store.peek("k")
+
+    def settings(conn) -> tuple:
+        with conn.cursor() as cursor:
+            cursor.execute("SELECT @@session.time_zone, @@session.sql_mode")
+            zone, mode = cursor.fetchone()
+            cursor.execute(
+                "SHOW SESSION VARIABLES"
+                " WHERE Variable_name IN ('tx_isolation', 'transaction_isolation')"
+            )
+            return zone, mode, cursor.fetchone()[1]
+
+    zone, mode, isolation = store._db.run(settings)
+    assert (zone, isolation) == ("+00:00", "READ-COMMITTED")
+    assert "NO_BACKSLASH_ESCAPES" not in mode and "ANSI_QUOTES" not in mode
+
+
+def test_hostile_keys_are_stored_exactly(my_url, stores):
+    store = open_my(my_url, stores)
+    keys = ["a", "a ", "A", "é", "k'; DROP TABLE x; --", "\\", "x" * 512]
+    leases = {key: store.acquire(key, 30, HOLDER, token()) for key in keys}
+    assert all(lease is not None for lease in leases.values())
+    assert sorted(info.key for info in store.list()) == sorted(keys)
+    assert [info.key for info in store.list(prefix="a")] == ["a", "a "]
+
+
+@pytest.mark.slow
+def test_heavy_contention_never_two_holders_and_tokens_strictly_increase(my_url, stores):
+    clients = [open_my(my_url, stores) for _ in range(6)]
+    clients[0].init_schema()
+    holding: list[str] = []
+    seen: list[int] = []
+    problems: list[str] = []
+    lock = threading.Lock()
+
+    def worker(client: MySQLStore) -> None:
+        for _ in range(40):
+            lease = client.acquire("hot", 30, HOLDER, token())
+            if lease is None:
+                continue
+            with lock:
+                if holding:
+                    problems.append("two holders")
+                holding.append(lease.owner_token)
+                seen.append(lease.fencing_token)
+            with lock:
+                holding.remove(lease.owner_token)
+            assert client.release(lease) is True
+
+    threads = [threading.Thread(target=worker, args=(client,)) for client in clients]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert problems == []
+    assert seen == sorted(seen) and len(set(seen)) == len(seen) and seen
