@@ -1,5 +1,5 @@
-"""The store drivers (psycopg, redis-py, PyMySQL) through the real executable: imported only when their
-store is used."""
+"""The store drivers (psycopg, redis-py, PyMySQL) through the real executable: imported only
+when their store is used."""
 
 from __future__ import annotations
 

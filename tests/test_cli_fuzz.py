@@ -45,7 +45,8 @@ OPTIONS = [
     "--supersede",
 ]  # fmt: skip
 SCHEMES = [
-    "sqlite", "postgresql", "postgres", "redis", "rediss", "unix", "etcd", "etcds", "mysql", "mariadb", "",
+    "sqlite", "postgresql", "postgres", "redis", "rediss", "unix", "etcd", "etcds", "mysql",
+    "mariadb", "",
 ]  # fmt: skip
 NETLOCS = [
     "", "127.0.0.1", "127.0.0.1:1", "[::1", "[::1]:1", "[::1]", ":99999", "h:abc", "u:p@",

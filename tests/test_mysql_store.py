@@ -13,7 +13,7 @@ import pytest
 from tasklock_cli.errors import ConfigError
 from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.stores import open_store
-from tasklock_cli.stores.base import Holder
+from tasklock_cli.stores.model import Holder
 from tasklock_cli.stores.mysql.connection import DEFAULT_TABLE
 from tasklock_cli.stores.mysql.connection import parse_url
 from tasklock_cli.stores.mysql.store import MySQLStore

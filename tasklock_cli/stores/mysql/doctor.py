@@ -10,8 +10,8 @@ from typing import Any
 import pymysql
 
 from tasklock_cli.errors import TasklockError
-from tasklock_cli.stores.base import StoreCheck
 from tasklock_cli.stores.doctor import clock_check
+from tasklock_cli.stores.model import StoreCheck
 from tasklock_cli.stores.mysql.schema import INSPECT
 from tasklock_cli.stores.mysql.schema import MySQLSchema
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import re
 
 from tasklock_cli.errors import ConfigError
-from tasklock_cli.stores.base import BROKEN_OWNER_PREFIX
-from tasklock_cli.stores.base import LEDGER_KEEP
+from tasklock_cli.stores.model import BROKEN_OWNER_PREFIX
+from tasklock_cli.stores.model import LEDGER_KEEP
 from tasklock_cli.stores.mysql.queue import ACQUIRE_BODY
 from tasklock_cli.stores.mysql.queue import WAKE_BODY
 from tasklock_cli.stores.mysql.queue import WAKE_QUEUE_BODY

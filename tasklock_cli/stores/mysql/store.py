@@ -16,23 +16,20 @@ import pymysql
 from tasklock_cli.errors import LimitMismatch
 from tasklock_cli.errors import Superseded
 from tasklock_cli.errors import TasklockError
-from tasklock_cli.stores.base import BROKEN_OWNER_PREFIX
-from tasklock_cli.stores.base import LEDGER_KEEP
-from tasklock_cli.stores.base import LIST_PAGE
-from tasklock_cli.stores.base import SHARED
-from tasklock_cli.stores.base import Ask
-from tasklock_cli.stores.base import BreakWatches
-from tasklock_cli.stores.base import Holder
-from tasklock_cli.stores.base import Lease
-from tasklock_cli.stores.base import LeaseInfo
-from tasklock_cli.stores.base import RunRecord
 from tasklock_cli.stores.base import Store
-from tasklock_cli.stores.base import WaiterInfo
-from tasklock_cli.stores.base import breaker
-from tasklock_cli.stores.base import breaker_of
-from tasklock_cli.stores.base import fd_readable
-from tasklock_cli.stores.base import prefix_upper_bound
-from tasklock_cli.stores.base import wait_readable
+from tasklock_cli.stores.model import BROKEN_OWNER_PREFIX
+from tasklock_cli.stores.model import LEDGER_KEEP
+from tasklock_cli.stores.model import LIST_PAGE
+from tasklock_cli.stores.model import SHARED
+from tasklock_cli.stores.model import Ask
+from tasklock_cli.stores.model import Holder
+from tasklock_cli.stores.model import Lease
+from tasklock_cli.stores.model import LeaseInfo
+from tasklock_cli.stores.model import RunRecord
+from tasklock_cli.stores.model import WaiterInfo
+from tasklock_cli.stores.model import breaker
+from tasklock_cli.stores.model import breaker_of
+from tasklock_cli.stores.model import prefix_upper_bound
 from tasklock_cli.stores.mysql.breaks import MySQLBreakWatches
 from tasklock_cli.stores.mysql.connection import MySQLConnection
 from tasklock_cli.stores.mysql.connection import parse_url
@@ -46,6 +43,9 @@ from tasklock_cli.stores.mysql.schema import MySQLSchema
 from tasklock_cli.stores.mysql.waiting import PLACELESS_LOOK_S
 from tasklock_cli.stores.mysql.waiting import WakeLine
 from tasklock_cli.stores.urls import redact_url
+from tasklock_cli.stores.watches import BreakWatches
+from tasklock_cli.util.fds import fd_readable
+from tasklock_cli.util.fds import wait_readable
 
 SWEEP_BATCH = 1000
 _EPOCH = datetime.fromtimestamp(0, tz=timezone.utc)
@@ -108,6 +108,7 @@ class MySQLStore(Store):
     concurrent_release = True
 
     def __init__(self, url: str, display_url: str | None = None) -> None:
+        super().__init__()
         self.display_url = display_url or redact_url(url)
         kwargs, table = parse_url(url, self.display_url)
         self._schema = MySQLSchema(table, self.display_url)

@@ -23,8 +23,8 @@ import time
 import pymysql
 from pymysql.constants import COMMAND
 
-from tasklock_cli.stores.base import wait_readable
 from tasklock_cli.stores.mysql.connection import MySQLConnection
+from tasklock_cli.util.fds import wait_readable
 
 #: Longest sleep of a waiter's statement (its wake-up, where KILL is refused).
 WAITER_SLEEP_S = 0.25
