@@ -5,7 +5,6 @@ created)."""
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import pymysql
 
@@ -17,6 +16,8 @@ from tasklock_cli.stores.mysql.schema import MySQLSchema
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
+
     from tasklock_cli.stores.mysql.store import MySQLStore
 
 
