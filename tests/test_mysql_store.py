@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -186,8 +187,6 @@ def test_rows_are_kept_after_release_sweep_and_force_release(my_url, stores):
     store.release(lease)
     lease = store.acquire("k", 0.05, HOLDER, token())
     tokens.append(lease.fencing_token)
-    import time
-
     time.sleep(0.1)
     assert store.sweep() == 1
     lease = store.acquire("k", 30, HOLDER, token())
@@ -255,3 +254,47 @@ def test_heavy_contention_never_two_holders_and_tokens_strictly_increase(my_url,
         thread.join()
     assert problems == []
     assert seen == sorted(seen) and len(set(seen)) == len(seen) and seen
+
+
+# -- wake-ups where KILL is refused (another database user) ----------------------------
+
+
+@pytest.fixture
+def other_user_url(my_url) -> Iterator[str]:
+    """``my_url`` as a second database user without CONNECTION ADMIN: its KILLs of our
+    connections are refused."""
+    kwargs, _ = parse_url(my_url, my_url)
+    user = "tasklock_test_other"
+    host = kwargs["host"]
+    admin(my_url, f"CREATE USER IF NOT EXISTS '{user}'@'{host}' IDENTIFIED BY 'other-pw'")
+    admin(my_url, f"GRANT ALL ON `{kwargs['database']}`.* TO '{user}'@'{host}'")
+    netloc = my_url.split("://", 1)[1].split("@", 1)[1]
+    yield f"mysql://{user}:other-pw@{netloc}"
+
+
+def test_a_break_by_another_user_is_heard_at_the_holders_next_look(my_url, other_user_url, stores):
+    from tasklock_cli.stores.mysql.breaks import BREAK_LOOK_S
+
+    holder = open_my(my_url, stores)
+    lease = holder.acquire("k", 30, HOLDER, token())
+    assert holder.wait_for_break(lease, 0.01) is False  # the watch sleeps from now on
+    other = open_my(other_user_url, stores)
+    (broken,) = other.break_lease("k")  # its KILL is refused: no error
+    started = time.monotonic()
+    assert holder.wait_for_break(lease, 5) is True
+    assert time.monotonic() - started < BREAK_LOOK_S + 0.5
+    assert broken.fencing_token == lease.fencing_token
+
+
+def test_a_release_by_another_user_is_seen_at_the_waiters_next_look(my_url, other_user_url, stores):
+    from tasklock_cli.stores.mysql.waiting import WAITER_SLEEP_S
+
+    other = open_my(other_user_url, stores)
+    lease = other.acquire("k", 30, HOLDER, token())
+    waiter, owner = open_my(my_url, stores), token()
+    assert waiter.acquire("k", 30, HOLDER, owner, queue=True) is None
+    threading.Timer(0.3, lambda: other.release(lease)).start()
+    started = time.monotonic()
+    waiter.wait_for_release("k", 5)
+    assert 0.25 < time.monotonic() - started < 0.3 + WAITER_SLEEP_S + 0.3
+    assert waiter.acquire("k", 30, HOLDER, owner, queue=True) is not None
