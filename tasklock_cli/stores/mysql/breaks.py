@@ -32,16 +32,19 @@ _LOOK = "SELECT IF(NOT {intact}, 2, IF(SLEEP({sleep}) = 1, 1, IF({intact}, 0, 2)
 class BreakWatch:
     """A lease's watch: its own connection, which sleeps on the server one look at a time."""
 
-    def __init__(self, conn: pymysql.connections.Connection, look: str) -> None:
-        self._sleep = ServerSleep(conn)
+    def __init__(
+        self, conn: pymysql.connections.Connection, look: str, sleep_s: float, io_timeout: float
+    ) -> None:
+        self._sleep = ServerSleep(conn, io_timeout)
         self.lock = self._sleep.lock
         self._look = look
+        self._sleep_s = sleep_s
 
     def wait(self, deadline: float, wake_fd: int | None) -> bool:
         """True when a break is heard before ``deadline``; False at the deadline or when
         ``wake_fd`` is readable."""
         while True:
-            answer = self._sleep.wait(self._look, deadline, wake_fd)
+            answer = self._sleep.wait(self._look, self._sleep_s, deadline, wake_fd)
             if answer is None:
                 return False
             if answer != 0:
@@ -79,4 +82,4 @@ class MySQLBreakWatches:
             conn.close()
             raise
         look = _LOOK.format(intact=intact, sleep=f"{sleep:.3f}")
-        return BreakWatch(conn, look), not still
+        return BreakWatch(conn, look, sleep, self._db.io_timeout), not still

@@ -351,11 +351,17 @@ class MySQLStore(Store):
         again after each, until woken, the key may be free for us, or ``until``."""
         while True:
             seen = self._seen.get(key, (0, 0))
-            if key in self._place_seqs:
-                if self._wake_line.sleep(key, seen, until, wake_fd):
-                    return
-            elif wait_readable([wake_fd], min(until - time.monotonic(), PLACELESS_LOOK_S)):
+            woke = (
+                self._wake_line.sleep(key, seen, until, wake_fd)
+                if key in self._place_seqs
+                else None
+            )
+            if woke:
                 return
+            if woke is None:
+                left = min(until - time.monotonic(), PLACELESS_LOOK_S)
+                if wait_readable([wake_fd], left):
+                    return
             if until - time.monotonic() <= 0 or fd_readable(wake_fd):
                 return
             if self._time_until_free(key) is None:

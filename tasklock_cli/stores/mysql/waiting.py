@@ -49,26 +49,33 @@ def place_lock_name(database: str, table: str, seq: int) -> str:
 
 
 class ServerSleep:
-    """A connection of its own, with at most one sleeping statement in flight."""
+    """A connection of its own, with at most one sleeping statement in flight. A statement
+    not answered within its sleep and the I/O timeout means a dead connection: OSError."""
 
-    def __init__(self, conn: pymysql.connections.Connection) -> None:
+    def __init__(self, conn: pymysql.connections.Connection, io_timeout: float) -> None:
         self.lock = threading.Lock()  # one waiter at a time
         self.conn = conn
-        self._in_flight = False
+        self._io_timeout = io_timeout
+        self._due: float | None = None  # when the statement in flight must have answered
 
-    def wait(self, statement: str, deadline: float, wake_fd: int | None) -> int | None:
-        """Send ``statement`` (unless one is still in flight from an earlier wait) and wait
-        for its answer until ``deadline``: the answer (1 when KILLed), or None at the
-        deadline or when ``wake_fd`` is readable (an unanswered statement is read at the
-        next wait)."""
-        if not self._in_flight:
+    def wait(
+        self, statement: str, sleep_s: float, deadline: float, wake_fd: int | None
+    ) -> int | None:
+        """Send ``statement`` (which sleeps at most ``sleep_s``; unless one is still in
+        flight from an earlier wait) and wait for its answer until ``deadline``: the answer
+        (1 when KILLed), or None at the deadline or when ``wake_fd`` is readable (an
+        unanswered statement is read at the next wait)."""
+        if self._due is None:
             self.conn._execute_command(COMMAND.COM_QUERY, statement)
-            self._in_flight = True
+            self._due = time.monotonic() + sleep_s + self._io_timeout
         fileno = self.conn._sock.fileno()
-        ready = wait_readable([fileno, wake_fd], max(0.0, deadline - time.monotonic()))
+        until = min(deadline, self._due)
+        ready = wait_readable([fileno, wake_fd], max(0.0, until - time.monotonic()))
         if fileno not in ready:
+            if not ready and time.monotonic() >= self._due:
+                raise OSError("the server did not answer a sleeping statement")
             return None
-        self._in_flight = False
+        self._due = None
         try:
             self.conn._read_query_result()
         except pymysql.err.OperationalError as exc:
@@ -78,6 +85,12 @@ class ServerSleep:
         rows = self.conn._result.rows or ((0,),)
         return int(rows[0][0])
 
+    def settle(self) -> None:
+        """Read the answer of a statement still in flight, if any (OSError when none
+        comes): the connection is then free for another statement."""
+        while self._due is not None:
+            self.wait("", 0.0, self._due, None)
+
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self.conn._force_close()
@@ -85,7 +98,8 @@ class ServerSleep:
 
 class WakeLine:
     """A waiter's wake-up line: one connection per store, holding the lock of the place it
-    waits in (one at a time), opened at the first wait with a place and kept."""
+    waits in (one at a time), opened at the first wait with a place and kept. Trouble with
+    it closes it: that wait looks again by itself, and the next one opens a new line."""
 
     def __init__(self, db: MySQLConnection, table: str) -> None:
         self._db = db
@@ -98,27 +112,42 @@ class WakeLine:
         name = place_lock_name(self._db.database, self._table, seq)
         if self._held == name and self._sleep is not None:
             return
-        if self._sleep is None:
-            self._sleep = ServerSleep(self._db.connect())
-        with self._sleep.conn.cursor() as cursor:
-            cursor.execute("SELECT RELEASE_ALL_LOCKS(), GET_LOCK(%s, 0)", (name,))
-        self._held = name
+        try:
+            if self._sleep is None:
+                self._sleep = ServerSleep(self._db.connect(), self._db.io_timeout)
+            sleep = self._sleep
+            with sleep.lock:
+                sleep.settle()  # (a statement of an earlier wait still in flight)
+                with sleep.conn.cursor() as cursor:
+                    cursor.execute("SELECT RELEASE_ALL_LOCKS(), GET_LOCK(%s, 0)", (name,))
+            self._held = name
+        except (pymysql.err.MySQLError, OSError):
+            self.close()
 
-    def sleep(self, key: str, seen: tuple[int, int], until: float, wake_fd: int | None) -> bool:
-        """Sleep until ``until`` at most, or until woken; True when woken or the key
-        changed from ``seen`` (live leases, counter), False at ``until`` or on ``wake_fd``."""
+    def sleep(
+        self, key: str, seen: tuple[int, int], until: float, wake_fd: int | None
+    ) -> bool | None:
+        """Sleep until ``until`` at most, or until woken: True when woken or the key
+        changed from ``seen`` (live leases, counter), False when the sleep ran out or
+        ``wake_fd`` became readable; None without a line (the caller waits by itself)."""
         sleep = self._sleep
         if sleep is None:
-            return False
+            return None
+        sleep_s = max(0.0, min(WAITER_SLEEP_S, until - time.monotonic()))
         statement = _LOOK.format(
             table=self._table,
             key=sleep.conn.escape(key),
             live=int(seen[0]),
             counter=int(seen[1]),
-            sleep=max(0.0, min(WAITER_SLEEP_S, until - time.monotonic())),
+            sleep=sleep_s,
         )
-        with sleep.lock:
-            return bool(sleep.wait(statement, until, wake_fd))
+        try:
+            with sleep.lock:
+                answer = sleep.wait(statement, sleep_s, until, wake_fd)
+        except (pymysql.err.MySQLError, OSError):
+            self.close()
+            return None
+        return bool(answer)
 
     def close(self) -> None:
         sleep, self._sleep, self._held = self._sleep, None, None
