@@ -347,8 +347,9 @@ class MySQLStore(Store):
         return None if int(ahead) < free else self.waiter_ttl
 
     def _await_wakeup(self, key: str, until: float, wake_fd: int | None) -> None:
-        """Sleep on the wake line (a place's waiter) or here, a slice at a time, looking
-        again after each, until woken, the key may be free for us, or ``until``."""
+        """Sleep on the wake line (a place's waiter) or here, a slice at a time, until the
+        key may be free for us, or ``until``. A wake-up is a hint: the look after it
+        confirms it (a key that changed for a waiter further back wakes nobody)."""
         while True:
             seen = self._seen.get(key, (0, 0))
             woke = (
@@ -356,8 +357,6 @@ class MySQLStore(Store):
                 if key in self._place_seqs
                 else None
             )
-            if woke:
-                return
             if woke is None:
                 left = min(until - time.monotonic(), PLACELESS_LOOK_S)
                 if wait_readable([wake_fd], left):
