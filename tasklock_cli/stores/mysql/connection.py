@@ -121,7 +121,7 @@ def parse_url(url: str, display_url: str) -> tuple[dict[str, Any], str]:
     params = dict(parse_qsl(query, keep_blank_values=True))
     for name in params:
         if name not in _PARAMETERS:
-            raise unknown_parameter("MySQL", url, name, "table=, " + ", ".join(_PARAMETERS[1:]))
+            raise unknown_parameter("MySQL", url, name, ", ".join(f"{p}=" for p in _PARAMETERS))
     table = params.pop("table", DEFAULT_TABLE)
     ssl = {name[4:]: value for name, value in params.items() if name.startswith("ssl_")}
     kwargs: dict[str, Any] = {
