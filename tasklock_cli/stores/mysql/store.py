@@ -46,6 +46,11 @@ from tasklock_cli.stores.watches import BreakWatches
 from tasklock_cli.util.fds import fd_readable
 from tasklock_cli.util.fds import wait_readable
 
+#: ``list`` in the store class's body is its method: annotations there say builtins.list.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import builtins
+
 #: typing costs ~2 ms per start: its names are for the type checker only.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -137,10 +142,10 @@ class MySQLStore(Store):
             statement = self._statements[template] = template.replace("{table}", self.table_name)
         return statement
 
-    def _rows(self, template: str, params: dict | None = None) -> list[tuple]:
+    def _rows(self, template: str, params: dict | None = None) -> builtins.list[tuple]:
         statement = self._sql(template)
 
-        def run(conn: pymysql.connections.Connection) -> list[tuple]:
+        def run(conn: pymysql.connections.Connection) -> builtins.list[tuple]:
             with conn.cursor() as cursor:
                 cursor.execute(statement, params)
                 rows = list(cursor.fetchall())
@@ -151,11 +156,13 @@ class MySQLStore(Store):
 
         return self._db.run(run)
 
-    def _call(self, procedure: str, args: tuple, *, idempotent: bool = True) -> list[tuple]:
+    def _call(
+        self, procedure: str, args: tuple, *, idempotent: bool = True
+    ) -> builtins.list[tuple]:
         """CALL ``<table>_<procedure>`` (one round trip): the first result set's rows."""
         statement = f"CALL `{self.table_name}_{procedure}`({', '.join(['%s'] * len(args))})"
 
-        def run(conn: pymysql.connections.Connection) -> list[tuple]:
+        def run(conn: pymysql.connections.Connection) -> builtins.list[tuple]:
             with conn.cursor() as cursor:
                 cursor.execute(statement, args)
                 rows = list(cursor.fetchall())
@@ -244,7 +251,7 @@ class MySQLStore(Store):
         rows = self._rows(_TIME_LEFT, {"key": key, "token": fencing_token})
         return max(0.0, float(rows[0][0])) if rows else None
 
-    def history(self, key: str, limit: int = LEDGER_KEEP) -> list[RunRecord]:
+    def history(self, key: str, limit: int = LEDGER_KEEP) -> builtins.list[RunRecord]:
         rows = self._rows(_HISTORY, {"key": key, "limit": int(limit)})
         return [_run(row) for row in rows]
 
@@ -253,13 +260,13 @@ class MySQLStore(Store):
         now = _utc(row[0])
         return (None if row[1] is None else _run(row[1:])), now
 
-    def ledger_keys(self, prefix: str = "") -> list[str]:
+    def ledger_keys(self, prefix: str = "") -> builtins.list[str]:
         return [_text(row[0]) for row in self._rows(_LEDGER_KEYS, {"prefix": prefix})]
 
-    def holders(self, key: str) -> list[LeaseInfo]:
+    def holders(self, key: str) -> builtins.list[LeaseInfo]:
         return [_info(row) for row in self._rows(_HOLDERS, {"key": key})]
 
-    def waiters(self, key: str) -> list[WaiterInfo]:
+    def waiters(self, key: str) -> builtins.list[WaiterInfo]:
         rows = self._rows(WAITERS, {"key": key})
         return [
             WaiterInfo(Holder.from_dict(json.loads(holder or "{}")), _utc(since), _text(mode))
@@ -304,7 +311,7 @@ class MySQLStore(Store):
 
     def break_lease(
         self, key: str, token: int | None = None, by: Holder | None = None
-    ) -> list[LeaseInfo]:
+    ) -> builtins.list[LeaseInfo]:
         rows = self._call("break", (key, token, json.dumps(breaker(by))))
         return [_info(row) for row in rows]
 
@@ -313,7 +320,7 @@ class MySQLStore(Store):
         rows = self._rows(_BROKEN_BY, params)
         return breaker_of(rows[0][0]) if rows else None
 
-    def force_release(self, key: str, token: int | None = None) -> list[LeaseInfo]:
+    def force_release(self, key: str, token: int | None = None) -> builtins.list[LeaseInfo]:
         rows = self._call("force", (key, token), idempotent=False)
         return [_info(row) for row in rows]
 
