@@ -20,6 +20,10 @@ from collections.abc import Iterator
 from collections.abc import Sequence
 from pathlib import Path
 
+from bench.builds import BEFORE_GUARD
+from bench.builds import Build
+from bench.builds import WrongBuild
+from bench.builds import install_baseline
 from bench.contention import section_cli_contention
 from bench.contention import section_cli_limit
 from bench.contention import section_contention
@@ -171,6 +175,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--sections", default="1,2,3,4,5,6", help="comma-separated section numbers to run"
     )
     parser.add_argument(
+        "--baselines",
+        default=BEFORE_GUARD,
+        metavar="REV[,REV…]",
+        help="commits whose regular installs sections 1 and 3 time on SQLite beside this one",
+    )
+    parser.add_argument(
         "--dev-install",
         action="store_true",
         help="time the running venv's tasklock instead of a private regular install",
@@ -181,7 +191,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if unknown:
         parser.error(f"unknown store(s): {', '.join(sorted(unknown))}")
     args.sections = {int(s) for s in args.sections.split(",")}
+    args.baselines = [r.strip() for r in args.baselines.split(",") if r.strip()]
     return args
+
+
+def baseline_builds(args: argparse.Namespace, workdir: Path, kinds: list[StoreKind]) -> list[Build]:
+    """A private install of each baseline commit, when a section that times them runs."""
+    sqlite_live = any(k.name == "sqlite" and k.reason is None for k in kinds)
+    if not sqlite_live or not args.sections & {1, 3}:
+        return []
+    return [install_baseline(rev, workdir) for rev in args.baselines]
 
 
 def warm_bytecode(kinds: list[StoreKind], envs: Envs) -> None:
@@ -198,16 +217,17 @@ def warm_bytecode(kinds: list[StoreKind], envs: Envs) -> None:
 def run_sections(args: argparse.Namespace, workdir: Path, kinds: list[StoreKind]) -> list[Table]:
     budget = QUICK if args.quick else FULL
     envs = make_envs(workdir)
+    baselines = baseline_builds(args, workdir, kinds)
     warm_bytecode(kinds, envs)
     single: dict[str, float] = {}
     sections: dict[int, Callable[[], Table | list[Table]]] = {
-        1: lambda: section_overhead(kinds, envs, budget, workdir),
+        1: lambda: section_overhead(kinds, envs, budget, workdir, baselines),
         2: lambda: [
             section_roundtrips(kinds, budget, single),
             section_round_trip_counts(kinds),
         ],
         3: lambda: [
-            section_handoff(kinds, envs, budget, workdir),
+            section_handoff(kinds, envs, budget, workdir, baselines),
             section_handoff_modes(kinds, envs, budget, workdir),
         ],
         4: lambda: [
@@ -244,7 +264,11 @@ def main(argv: list[str] | None = None) -> int:
         for kind in kinds:
             if kind.reason:
                 print(f"{kind.name}: skipped: {kind.reason}", flush=True)
-        tables = run_sections(args, workdir, kinds)
+        try:
+            tables = run_sections(args, workdir, kinds)
+        except WrongBuild as refused:
+            print(f"bench: {refused}", file=sys.stderr, flush=True)
+            return 2
         servers = server_versions(kinds)
     total = time.monotonic() - started
     print(f"total {total:.0f} s")

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.builds import neutral_cwd
 from bench.harness import HOLDER
 from bench.harness import LIVE_PROCS
 from bench.harness import TASKLOCK
@@ -214,7 +215,12 @@ SLOT_CHECK = 'mkdir "$1/slot-$TASKLOCK_SLOT" || exit 99; sleep "$2"; rmdir "$1/s
 def cli_has_limit(env: dict[str, str]) -> bool:
     """True when this `tasklock run` has semaphores (its help lists --limit)."""
     result = subprocess.run(
-        [TASKLOCK, "run", "--help"], env=env, capture_output=True, text=True, timeout=60
+        [TASKLOCK, "run", "--help"],
+        env=env,
+        cwd=neutral_cwd(),
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     return "--limit" in result.stdout
 

@@ -11,10 +11,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.builds import BEFORE_GUARD
+from bench.builds import KNOWN_BASELINES
+from bench.builds import Build
+from bench.builds import current_build
+from bench.builds import neutral_cwd
+from bench.builds import prove
 from bench.etcd_member import Gateway
 from bench.etcd_member import b64
 from bench.etcd_member import prefix_end
-from bench.harness import PYTHON
 from bench.harness import TASKLOCK
 from bench.harness import Budget
 from bench.harness import Envs
@@ -27,15 +32,13 @@ from bench.harness import reap
 from bench.harness import spawn
 from bench.harness import wait_until
 from bench.harness import with_store
-from bench.overhead import BEFORE_GUARD
-from bench.overhead import before_guard_package
 from bench.overhead import etcdctl_lock
 from bench.stores import StoreKind
 
 #: The reference peer's row: two or more `etcdctl lock K -- CMD` clients taking turns.
 ETCDCTL_ROW = "etcdctl lock (etcd)"
-#: tasklock on SQLite as it was before the guard process: the package of BEFORE_GUARD.
-BEFORE_GUARD_ROW = f"sqlite, before the guard ({BEFORE_GUARD})"
+#: tasklock on SQLite as it was before the guard process: a regular install of BEFORE_GUARD.
+BEFORE_GUARD_ROW = f"sqlite, {BEFORE_GUARD} ({KNOWN_BASELINES[BEFORE_GUARD]})"
 #: Issue 25's targets: a row's p50 over its baseline's, measured in the same rounds.
 BASELINES = {"sqlite": (BEFORE_GUARD_ROW, 1.1), "etcd": (ETCDCTL_ROW, 2.0)}
 
@@ -67,7 +70,7 @@ class Contender:
     name: str
     kind: StoreKind
     etcdctl: bool = False
-    package: Path | None = None  # run `python -m tasklock_cli` with this first on PYTHONPATH
+    build: Build | None = None  # the tasklock install whose `tasklock` runs (not etcdctl)
 
     def argv(self, env: dict[str, str], tag: str) -> tuple[list[str], dict[str, str]]:
         """The command line before the child's `bash -c SCRIPT`, and its environment."""
@@ -78,10 +81,12 @@ class Contender:
                 "ETCDCTL_API": "3",
             }
         run = ["run", f"hot-{tag}", "--wait", "inf", "--", "bash", "-c"]
-        if self.package is not None:  # its own file: the schema may differ
-            env = with_store(env, self.kind.url("handoff-before"))
-            return [PYTHON, "-m", "tasklock_cli", *run], {**env, "PYTHONPATH": str(self.package)}
-        return [TASKLOCK, *run], with_store(env, self.kind.url("handoff"))
+        if self.build is None or self.build.name == "now":
+            return [TASKLOCK, *run], with_store(env, self.kind.url("handoff"))
+        # A baseline: its own file, since the schema may differ.
+        return [self.build.tasklock, *run], with_store(
+            env, self.kind.url(f"handoff-{self.build.name}")
+        )
 
     def all_waiting(self, errs: list[Path], tag: str) -> bool:
         """tasklock: every waiter printed its `waiting` event; etcdctl (which prints nothing):
@@ -133,7 +138,9 @@ def run_refused(kind: StoreKind, env: dict[str, str], *options: str) -> str | No
     not (its exit code and the last line it printed)."""
     argv = [TASKLOCK, "run", "probe", *options, "--wait", "0", "--", "true"]
     env = with_store(env, kind.url("handoff_probe"))
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        argv, env=env, cwd=neutral_cwd(), capture_output=True, text=True, timeout=60
+    )
     if done.returncode == 0:
         return None
     said = done.stderr.strip().splitlines()
@@ -142,17 +149,16 @@ def run_refused(kind: StoreKind, env: dict[str, str], *options: str) -> str | No
 
 
 def contenders(
-    kinds: list[StoreKind], workdir: Path, broken: dict[str, str | None]
+    kinds: list[StoreKind], baselines: list[Build], broken: dict[str, str | None]
 ) -> list[Contender]:
-    """Every live store whose `tasklock run` works; right after SQLite the package of
-    BEFORE_GUARD on SQLite, and right after etcd `etcdctl lock` when etcdctl is installed."""
+    """Every live store whose `tasklock run` works; right after SQLite each baseline build on
+    SQLite, and right after etcd `etcdctl lock` when etcdctl is installed."""
     found = []
     for kind in kinds:
         if kind.reason is None and broken[kind.name] is None:
-            found.append(Contender(kind.name, kind))
+            found.append(Contender(kind.name, kind, build=current_build()))
             if kind.name == "sqlite":
-                package = before_guard_package(workdir)
-                found.append(Contender(BEFORE_GUARD_ROW, kind, package=package))
+                found += [Contender(f"sqlite, {b.title}", kind, build=b) for b in baselines]
             if kind.name == "etcd" and shutil.which("etcdctl"):
                 found.append(Contender(ETCDCTL_ROW, kind, etcdctl=True))
     return found
@@ -187,7 +193,21 @@ def handoff_latencies(events: list[tuple[float, str]]) -> tuple[list[float], int
     return gaps, overlaps
 
 
-def section_handoff(kinds: list[StoreKind], envs: Envs, budget: Budget, workdir: Path) -> Table:
+def prove_contenders(live: list[Contender], env: dict[str, str]) -> list[str]:
+    """Each tasklock contender's command line, run once as its rounds run it (a child of
+    `true`), shown to import its build's package (WrongBuild if not)."""
+    lines = []
+    for who in live:
+        if who.build is not None:
+            argv, who_env = who.argv(env, "proof")
+            lines.append(prove(who.name, [*argv, "true"], who_env, who.build))
+            print(f"proof: {lines[-1]}", flush=True)
+    return lines
+
+
+def section_handoff(
+    kinds: list[StoreKind], envs: Envs, budget: Budget, workdir: Path, baselines: list[Build]
+) -> Table:
     table = Table(
         "3. Hand-off latency (previous holder's child exits → next waiter's child starts)",
         ["store", "waiters", "rounds", "hand-offs", "p50 ms", "p25–p75 ms", "p99 ms", "max ms",
@@ -195,7 +215,8 @@ def section_handoff(kinds: list[StoreKind], envs: Envs, budget: Budget, workdir:
     )  # fmt: skip
     started = time.monotonic()
     broken = {k.name: run_refused(k, envs.warm) if k.reason is None else None for k in kinds}
-    live = contenders(kinds, workdir, broken)
+    live = contenders(kinds, baselines, broken)
+    proven = prove_contenders(live, envs.warm)
     results: dict[tuple[str, int], tuple[int, list[float], int]] = {}
     for waiters, rounds in budget.handoff_rounds.items():
         deadline = time.monotonic() + budget.handoff_seconds
@@ -257,14 +278,18 @@ def section_handoff(kinds: list[StoreKind], envs: Envs, budget: Budget, workdir:
                 firing, and spawning the child."""
         ),
         prose(
-            f"""`{BEFORE_GUARD_ROW}`: tasklock before the guard process, on SQLite, measured
-                the same way in the same rounds, right after today's SQLite: `python -m
-                tasklock_cli run …` with the package of {BEFORE_GUARD} (from `git archive`)
-                first on PYTHONPATH, on a database file of its own. `× baseline p50` = this
-                row's p50 ÷ its baseline's for the same number of waiters; `target` = issue
-                25's: SQLite ≤ 1.1 × {BEFORE_GUARD}, etcd ≤ 2 × `etcdctl lock`. `p25–p75`:
-                the spread (nearest rank)."""
+            f"""`sqlite, <commit> …` rows: tasklock as it was at that commit, on SQLite,
+                measured the same way in the same rounds, right after today's SQLite: its own
+                regular install (the commit's tree from `git archive`, `pip install`ed in a venv
+                of its own) on a database file of its own. Every process runs from an empty
+                directory outside the checkout; each contender's command line was first run
+                once with `PYTHONVERBOSE=1` and refused unless every `tasklock_cli` it imported
+                is its build's (the proof lines below). `× baseline p50` = this row's p50 ÷ its
+                baseline's for the same number of waiters; `target` = issue 25's: SQLite ≤ 1.1
+                × {BEFORE_GUARD}, etcd ≤ 2 × `etcdctl lock`. `p25–p75`: the spread (nearest
+                rank)."""
         ),
+        *[f"Proof (`PYTHONVERBOSE=1`, same argv, env and cwd): {line}" for line in proven],
     ]
     table.seconds = time.monotonic() - started
     return table

@@ -19,6 +19,8 @@ from dataclasses import field
 from pathlib import Path
 from typing import Any
 
+from bench.builds import Build
+from bench.builds import neutral_cwd
 from bench.install import interpreter_and_tasklock
 from tasklock_cli.stores.model import Holder
 
@@ -171,6 +173,9 @@ LIVE_PROCS: list[subprocess.Popen] = []
 
 
 def spawn(argv: list[str], env: dict[str, str], **kwargs: Any) -> subprocess.Popen:
+    """Start ``argv`` in a new session, from the neutral directory unless told otherwise (a
+    ``python -c``/``-m`` started from a checkout imports the checkout's package)."""
+    kwargs.setdefault("cwd", neutral_cwd())
     kwargs.setdefault("stdout", subprocess.DEVNULL)
     kwargs.setdefault("stderr", subprocess.DEVNULL)
     proc = subprocess.Popen(argv, env=env, start_new_session=True, **kwargs)
@@ -283,6 +288,8 @@ class Cmd:
     group: str = ""
     times: list[float] = field(default_factory=list)
     rss_kib: list[int] = field(default_factory=list)
+    #: The build whose package this row must import (checked by bench.builds.prove).
+    build: Build | None = None
 
 
 def interleave(cmds: list[Cmd], rounds: int, rng: random.Random, deadline: float) -> int:

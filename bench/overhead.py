@@ -7,10 +7,14 @@ from __future__ import annotations
 import random
 import shutil
 import subprocess
-import tarfile
 import time
 from pathlib import Path
 
+from bench.builds import BEFORE_GUARD
+from bench.builds import Build
+from bench.builds import current_build
+from bench.builds import neutral_cwd
+from bench.builds import prove
 from bench.harness import PYTHON
 from bench.harness import TASKLOCK
 from bench.harness import Budget
@@ -28,9 +32,6 @@ from bench.harness import with_store
 from bench.stores import StoreKind
 from bench.stores import floor_imports
 
-ROOT = Path(__file__).resolve().parent.parent
-#: The last commit before the guard process (tasklock_cli/proc/guard.py) came in.
-BEFORE_GUARD = "b40fa3f"
 PYTHON_FLOOR = "python -c 'import os; os._exit(0)'"
 TRUE = "/bin/true"
 RSS_TARGET_MIB = 20.0
@@ -63,9 +64,10 @@ DRIVER_TARGET = 1.15
 def store_commands(kind: StoreKind, env: dict[str, str], tag: str = "") -> list[Cmd]:
     run = [TASKLOCK, "run", "k", "--", "true"]
     floor = [PYTHON, "-c", exit_now(floor_imports(kind))]
+    now = current_build()
     return [
-        Cmd(f"{kind.name}: tasklock run k -- true{tag}", run, env, kind.name),
-        Cmd(f"{kind.name}: import floor{tag}", floor, env, kind.name),
+        Cmd(f"{kind.name}: tasklock run k -- true{tag}", run, env, kind.name, build=now),
+        Cmd(f"{kind.name}: import floor{tag}", floor, env, kind.name, build=now),
     ]
 
 
@@ -102,47 +104,30 @@ def overhead_commands(kinds: list[StoreKind], envs: Envs, workdir: Path) -> list
     return cmds
 
 
-def before_guard_package(workdir: Path) -> Path:
-    """A directory holding the ``tasklock_cli`` package of BEFORE_GUARD (from `git
-    archive`), to put first on PYTHONPATH; extracted once per bench run."""
-    before = workdir / "before-guard"
-    if before.exists():
-        return before
-    before.mkdir()
-    archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", BEFORE_GUARD, "tasklock_cli"],
-        capture_output=True,
-        check=True,
-    ).stdout
-    archive_path = workdir / "before-guard.tar"
-    archive_path.write_bytes(archive)
-    with tarfile.open(archive_path) as tar:
-        tar.extractall(before, filter="data")
-    return before
-
-
-def before_guard_commands(kinds: list[StoreKind], envs: Envs, workdir: Path) -> list[Cmd]:
-    """`python -m tasklock_cli run k -- true` on SQLite from this tree and from the commit
-    before the guard (its package extracted from git, put first on PYTHONPATH)."""
+def baseline_commands(kinds: list[StoreKind], envs: Envs, baselines: list[Build]) -> list[Cmd]:
+    """`tasklock run k -- true` on SQLite with each baseline build (its own install and its
+    own database file: the schema may differ), to compare with today's row."""
     sqlite = next((k for k in kinds if k.name == "sqlite"), None)
     if sqlite is None:
         return []
-    before = before_guard_package(workdir)
-    argv = [PYTHON, "-m", "tasklock_cli", "run", "k", "--", "true"]
     return [
         Cmd(
-            f"sqlite: python -m tasklock_cli run k -- true, before the guard ({BEFORE_GUARD})",
-            argv,
-            {**with_store(envs.warm, sqlite.url("before-guard")), "PYTHONPATH": str(before)},
-            "guard",
-        ),
-        Cmd(
-            "sqlite: python -m tasklock_cli run k -- true, now (with the guard)",
-            argv,
-            {**with_store(envs.warm, sqlite.url("now-guard")), "PYTHONPATH": str(ROOT)},
-            "guard",
-        ),
+            f"sqlite: tasklock run k -- true, {build.title}",
+            [build.tasklock, "run", "k", "--", "true"],
+            with_store(envs.warm, sqlite.url(f"overhead-{build.name}")),
+            "baseline",
+            build=build,
+        )
+        for build in baselines
     ]
+
+
+def proofs(cmds: list[Cmd]) -> list[str]:
+    """Prove every row that names a build imports that build's package (WrongBuild if not)."""
+    lines = [prove(c.label, c.argv, c.env, c.build) for c in cmds if c.build is not None]
+    for line in lines:
+        print(f"proof: {line}", flush=True)
+    return lines
 
 
 def cold_commands(kinds: list[StoreKind], envs: Envs) -> list[Cmd]:
@@ -157,7 +142,11 @@ def rss_mib(cmd: Cmd, samples: int = 3) -> float:
     found = 0
     for _ in range(samples):
         probe = subprocess.run(
-            [PYTHON, "-c", RSS_PROBE, *cmd.argv], env=cmd.env, capture_output=True, text=True
+            [PYTHON, "-c", RSS_PROBE, *cmd.argv],
+            env=cmd.env,
+            cwd=neutral_cwd(),
+            capture_output=True,
+            text=True,
         )
         if probe.returncode != 0 or not probe.stdout.split():
             raise RuntimeError(f"RSS probe of {cmd.label} failed: {probe.stderr[-300:]}")
@@ -169,13 +158,14 @@ def overhead_row(table: Table, cmd: Cmd, floor: Cmd | None, python_floor: Cmd) -
     med = median(cmd.times) * 1000
     ratio = med / (median(floor.times) * 1000) if floor else None
     over = paired_diff_ms(cmd, floor) if floor else None
-    is_python = cmd.argv[0] in (PYTHON, TASKLOCK) and cmd is not python_floor
+    python_row = cmd.argv[0] == PYTHON or cmd.build is not None
+    is_python = python_row and cmd is not python_floor
     table.add(
         cmd.label,
         len(cmd.times),
         med,
         p99(cmd.times) * 1000,
-        rss_mib(cmd) if cmd.argv[0] in (PYTHON, TASKLOCK) else None,
+        rss_mib(cmd) if python_row else None,
         floor.label.removeprefix(f"{cmd.group}: ") if floor else "—",
         fmt(ratio),
         fmt(over),
@@ -184,15 +174,18 @@ def overhead_row(table: Table, cmd: Cmd, floor: Cmd | None, python_floor: Cmd) -
     )
 
 
-def section_overhead(kinds: list[StoreKind], envs: Envs, budget: Budget, workdir: Path) -> Table:
+def section_overhead(
+    kinds: list[StoreKind], envs: Envs, budget: Budget, workdir: Path, baselines: list[Build]
+) -> Table:
     table = Table(
         "1. Wrapper overhead (wall time per invocation)",
         ["command", "n", "median ms", "p99 ms", "max RSS MiB", "floor", "× floor",
          "over floor ms", "over python floor ms", "× python floor"],
     )  # fmt: skip
     live = [k for k in kinds if k.reason is None]
-    warm = overhead_commands(live, envs, workdir) + before_guard_commands(live, envs, workdir)
+    warm = overhead_commands(live, envs, workdir) + baseline_commands(live, envs, baselines)
     cold = cold_commands(live, envs)
+    proven = proofs(warm + cold)
     for cmd in warm:  # one warm-up run each: fills the bytecode cache and the page cache
         timed_run(cmd.argv, cmd.env)
     rng = random.Random(1)
@@ -210,17 +203,21 @@ def section_overhead(kinds: list[StoreKind], envs: Envs, budget: Budget, workdir
             overhead_row(table, floor, python_floor, python_floor)
         driver_rows(table, mine[0], [c for c in warm if c.group == f"driver:{kind.name}"],
                     python_floor)  # fmt: skip
-    guard = [c for c in warm if c.group == "guard"]
-    if guard:
-        overhead_row(table, guard[1], guard[0], python_floor)
-        overhead_row(table, guard[0], python_floor, python_floor)
+    olds = [c for c in warm if c.group == "baseline"]
+    for old in olds:
+        now = by_label["sqlite: tasklock run k -- true"]
+        again = Cmd(f"{now.label}, now vs {old.build.title if old.build else ''}", now.argv,
+                    now.env, now.group, now.times, now.rss_kib, now.build)  # fmt: skip
+        overhead_row(table, again, old, python_floor)
+        overhead_row(table, old, python_floor, python_floor)
     for cmd in warm:
         if not cmd.group and cmd is not true:
             overhead_row(table, cmd, python_floor if cmd.argv[0] == PYTHON else true, python_floor)
     overhead_row(table, true, None, python_floor)
     if not any(c.label.startswith("etcdctl") for c in warm):
         table.add("etcdctl lock K /bin/true", "skipped: no etcd member or no etcdctl", *[""] * 8)
-    table.notes += overhead_notes(guard)
+    table.notes += overhead_notes(olds)
+    table.notes += [f"Proof (`PYTHONVERBOSE=1`, same argv, env and cwd): {p}" for p in proven]
     return table
 
 
@@ -234,7 +231,7 @@ def driver_rows(table: Table, run_cmd: Cmd, drivers: list[Cmd], python_floor: Cm
         overhead_row(table, rerun, driver, python_floor)
 
 
-def overhead_notes(guard: list[Cmd]) -> list[str]:
+def overhead_notes(olds: list[Cmd]) -> list[str]:
     notes = [
         prose(
             f"""floor: what the row is compared with, measured the same way in the same rounds.
@@ -274,15 +271,18 @@ def overhead_notes(guard: list[Cmd]) -> list[str]:
             floor: the target is `× floor` ≤ {DRIVER_TARGET}."""
         )
     )
-    if guard:
+    if olds:
         notes.append(
             prose(
-                f"""Guard process: the two `python -m tasklock_cli` rows run the same command
-                line on SQLite (each on its own file), one from this tree, one with the package
-                of commit {BEFORE_GUARD} (the parent of the guard's merge, extracted with `git
-                archive`) first on PYTHONPATH; interleaved with every other row. `over floor
-                ms` and `× floor` of the `now` row are the cost of the guard process (and of
-                anything else that changed since)."""
+                f"""Baselines: each `…, <commit>` row runs `tasklock run k -- true` on SQLite
+                (a database file of its own) with a regular install of that commit (its tree
+                from `git archive`, `pip install`ed in a venv of its own), interleaved with
+                every other row; the `now vs <commit>` row repeats today's `tasklock run` samples
+                with that baseline as its floor: `over floor ms` and `× floor` are what changed
+                since ({BEFORE_GUARD}: the guard process and everything after it). Every
+                process runs from an empty directory outside the checkout, and each row naming a
+                build was first run once with `PYTHONVERBOSE=1` and refused unless every
+                `tasklock_cli` it imported is its build's (the proof lines below)."""
             )
         )
     return notes

@@ -1,0 +1,83 @@
+"""The bench's proof that a row imports the build it names (issue 36).
+
+The baseline rows once ran ``python -m tasklock_cli`` with an old package first on PYTHONPATH
+and the checkout as the working directory: ``-m`` puts the working directory first, so they
+timed today's code. ``bench.builds.prove`` runs a row's own argv, env and cwd with
+PYTHONVERBOSE=1 and refuses it unless the imported ``tasklock_cli`` is its build's.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.builds import ROOT
+from bench.builds import Build
+from bench.builds import WrongBuild
+from bench.builds import neutral_cwd
+from bench.builds import prove
+
+CHECKOUT_PACKAGE = (ROOT / "tasklock_cli").resolve()
+
+
+@pytest.fixture
+def old_build(tmp_path: Path) -> Build:
+    """A stand-in for an older build: a ``tasklock_cli`` package of its own, run with ``-m``."""
+    package = tmp_path / "old" / "tasklock_cli"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "__main__.py").write_text("")
+    return Build("b40fa3f", Path(sys.executable).parent, package.parent.resolve())
+
+
+def bare_env(**extra: str) -> dict[str, str]:
+    """The environment without any PYTHON* variable, as the bench's rows start from."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "TASKLOCK_"))}
+    return {**env, **extra}
+
+
+def test_a_baseline_run_from_the_checkout_is_refused(old_build: Build) -> None:
+    """The old bench's row: the baseline first on PYTHONPATH, but `-m` from the checkout."""
+    argv = [sys.executable, "-m", "tasklock_cli"]
+    env = bare_env(PYTHONPATH=str(old_build.home))
+    with pytest.raises(WrongBuild) as refused:
+        prove("sqlite, b40fa3f", argv, env, old_build, cwd=str(ROOT))
+    assert str(CHECKOUT_PACKAGE) in str(refused.value)
+    assert "b40fa3f" in str(refused.value)
+
+
+def test_the_same_row_from_outside_the_checkout_is_proven(old_build: Build) -> None:
+    argv = [sys.executable, "-m", "tasklock_cli"]
+    env = bare_env(PYTHONPATH=str(old_build.home))
+    line = prove("sqlite, b40fa3f", argv, env, old_build, cwd=neutral_cwd())
+    assert line == f"`sqlite, b40fa3f` imports {old_build.home / 'tasklock_cli'}"
+
+
+def test_a_baseline_whose_env_puts_the_checkout_first_is_refused(old_build: Build) -> None:
+    """From the neutral directory too: PYTHONPATH naming the checkout wins over the build."""
+    argv = [sys.executable, "-c", "import tasklock_cli"]
+    env = bare_env(PYTHONPATH=os.pathsep.join([str(ROOT), str(old_build.home)]))
+    with pytest.raises(WrongBuild, match="refused to time"):
+        prove("sqlite, b40fa3f", argv, env, old_build)
+
+
+def test_a_row_that_imports_no_tasklock_is_refused(old_build: Build) -> None:
+    with pytest.raises(WrongBuild, match="no tasklock_cli"):
+        prove("python floor", [sys.executable, "-c", "import os"], bare_env(), old_build)
+
+
+@pytest.mark.parametrize("cached", [False, True], ids=["compiled from source", "from .pyc"])
+def test_both_ways_the_interpreter_names_a_package_are_read(
+    old_build: Build, tmp_path: Path, cached: bool
+) -> None:
+    """Verbose output names the source as "code object from '…'" or "… matches …"."""
+    argv = [sys.executable, "-c", "import tasklock_cli"]
+    env = bare_env(PYTHONPATH=str(old_build.home), PYTHONPYCACHEPREFIX=str(tmp_path / "pyc"))
+    if cached:
+        prove("warm-up", argv, env, old_build)
+    else:
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+    assert prove("row", argv, env, old_build).endswith(str(old_build.home / "tasklock_cli"))
