@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import re
 import shutil
 import subprocess
 import time
@@ -40,6 +41,8 @@ ETCDCTL_ROW = "etcdctl lock (etcd)"
 #: tasklock on SQLite as it was before the guard process: a regular install of BEFORE_GUARD.
 BEFORE_GUARD_ROW = f"sqlite, {BEFORE_GUARD} ({KNOWN_BASELINES[BEFORE_GUARD]})"
 #: Issue 25's targets: a row's p50 over its baseline's, measured in the same rounds.
+#: Runs of these in a contender's name become one dash in its round's tag (a file name, a key).
+NOT_A_WORD = re.compile(r"\W+")
 BASELINES = {"sqlite": (BEFORE_GUARD_ROW, 1.1), "etcd": (ETCDCTL_ROW, 2.0)}
 
 HOLDER_SCRIPT = (
@@ -224,7 +227,7 @@ def section_handoff(
             if r and time.monotonic() > deadline:
                 break
             for who in live:  # stores (and etcdctl) interleaved round by round
-                tag = f"{who.name.split()[0]}-{waiters}-{r}"
+                tag = f"{NOT_A_WORD.sub('-', who.name)}-{waiters}-{r}"
                 gaps, overlaps = handoff_round(who, envs.warm, waiters, tag, workdir)
                 done, all_gaps, all_overlaps = results.get((who.name, waiters), (0, [], 0))
                 results[(who.name, waiters)] = (done + 1, all_gaps + gaps, all_overlaps + overlaps)
