@@ -233,6 +233,29 @@ def test_a_signal_while_waiting_stops_the_wait_and_leaves_the_queue(
         holder.wait()
 
 
+def test_a_hand_off_leaves_no_wake_up_entry_behind(env, sqlite_url, tmp_path):
+    """The holder's break FIFO, the waiter's queue FIFO and their key directories are gone
+    once both runs ended: the waiter's directory, kept past its acquire so that removing it
+    is not part of the hand-off, is tidied at its release."""
+    go = tmp_path / "go"
+    wait_for_go = f'while [ ! -e "{go}" ]; do sleep 0.01; done'
+    holder = start("run", "k", "--", "sh", "-c", wait_for_go, env=env)
+    waiters, holders = tmp_path / "locks.db.waiters", tmp_path / "locks.db.holders"
+    try:
+        wait_for_holder(sqlite_url, "k")
+        waiter = start("--log-format", "json", "run", "k", "--wait", "inf", "--", "true", env=env)
+        assert json.loads(waiter.stderr.readline())["event"] == "waiting"
+        wait_until(lambda: list(holders.glob("*/*")) and list(waiters.glob("*/*")), timeout=10)
+        go.touch()
+        assert holder.wait(timeout=10) == 0
+        assert waiter.wait(timeout=10) == 0
+    finally:
+        go.touch()
+        holder.wait(timeout=10)
+    assert list(waiters.glob("*")) == []
+    assert list(holders.glob("*")) == []
+
+
 def test_child_ignoring_sigterm_is_killed_after_grace(env, sqlite_url, tmp_path):
     ready = tmp_path / "ready"
     wrapper = start(

@@ -310,7 +310,7 @@ class SQLiteStore(Store):
         row = taking.row
         if row is None:
             return None
-        self._wakeups.leave()
+        self._wakeups.leave(tidy=False)  # its directory goes at the release, after the wake-up
         slot, token, acquired_at, expires_at = row
         return Lease(
             key,
@@ -344,9 +344,12 @@ class SQLiteStore(Store):
                 head = _head_run(conn, params) if freed else []
             if record is not None:
                 _record_run(conn, record, params["wall"])
-        self._alarms.forget(lease.key, lease.fencing_token)
         if freed:
             self._wakeups.wake(lease.key, head)
+        # Then the tidying, which the next run need not wait for: its removals are
+        # journalled writes (milliseconds each on a busy disk).
+        self._alarms.forget(lease.key, lease.fencing_token)
+        self._wakeups.tidy(lease.key)
         return kept or freed
 
     def time_left(self, key: str, fencing_token: int) -> float | None:

@@ -90,8 +90,11 @@ class LocalWakeups:
                 return True
         return False
 
-    def leave(self) -> None:
-        """Leave the queue: the holder, or a waiter that gave up, wants no wake-ups."""
+    def leave(self, tidy: bool = True) -> None:
+        """Leave the queue: the holder, or a waiter that gave up, wants no wake-ups. Without
+        ``tidy`` the key's directory stays for ``tidy`` to remove later: a run that has just
+        acquired keeps that removal (a journalled write, milliseconds on a busy disk) off
+        the hand-off, between its acquire and its command's start."""
         key, fd, name, dir_fd = self._key, self._fd, self._name, self._dir_fd
         self._key = self._name = self._dir_fd = self._fd = None
         if fd is not None:
@@ -100,8 +103,12 @@ class LocalWakeups:
             if name is not None:
                 entries.remove(name, dir_fd)
             os.close(dir_fd)
-        if key is not None:
-            entries.remove_key_dir(self.directory, key)
+        if key is not None and tidy:
+            self.tidy(key)
+
+    def tidy(self, key: str) -> None:
+        """Remove ``key``'s directory if it is empty (no waiter's FIFO in it)."""
+        entries.remove_key_dir(self.directory, key)
 
     def give_up(self, key: str, first: list[str] | None = None) -> None:
         """Leave ``key``'s queue and wake the next waiters (``first``: the run at the head
