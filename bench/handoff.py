@@ -83,13 +83,11 @@ class Contender:
                 **env,
                 "ETCDCTL_API": "3",
             }
+        assert self.build is not None
         run = ["run", f"hot-{tag}", "--wait", "inf", "--", "bash", "-c"]
-        if self.build is None or self.build.name == "now":
-            return [TASKLOCK, *run], with_store(env, self.kind.url("handoff"))
-        # A baseline: its own file, since the schema may differ.
-        return [self.build.tasklock, *run], with_store(
-            env, self.kind.url(f"handoff-{self.build.name}")
-        )
+        # A baseline gets a file of its own: the schema may differ.
+        name = "handoff" if self.build.name == "now" else f"handoff-{self.build.name}"
+        return [self.build.tasklock, *run], with_store(env, self.kind.url(name))
 
     def all_waiting(self, errs: list[Path], tag: str) -> bool:
         """tasklock: every waiter printed its `waiting` event; etcdctl (which prints nothing):
