@@ -31,7 +31,7 @@ from bench.install import VENV_BIN
 from bench.install import interpreter_and_tasklock
 
 ROOT = Path(__file__).resolve().parent.parent
-#: The last commit before the guard process (tasklock_cli/proc/guard.py) came in: issue 25's baseline.
+#: The last commit before the guard process (tasklock_cli/proc/guard.py): issue 25's baseline.
 BEFORE_GUARD = "b40fa3f"
 #: What a baseline is, for its rows' labels.
 KNOWN_BASELINES = {BEFORE_GUARD: "before the guard"}
