@@ -34,6 +34,8 @@ from tests.support.cli import wait_for_holder
 from tests.support.cli import wait_until
 
 NOBODY = 65534
+#: nobody's primary group: nobody is a member of it in the group database.
+NOGROUP = 65534
 needs_root = pytest.mark.skipif(
     os.geteuid() != 0,
     reason="a second user (nobody) is reached only as root; this user cannot switch uid",
@@ -136,6 +138,16 @@ def mode(path: Path) -> int:
     return stat.S_IMODE(os.lstat(path).st_mode)
 
 
+def group_directory(base: Path, group: int, name: str = "team") -> Path:
+    """A directory of ``group`` as the README's sharing section makes one: root's, the
+    group's, 2770 (setgid)."""
+    directory = base / name
+    directory.mkdir()
+    os.chown(directory, 0, group)
+    directory.chmod(0o2770)
+    return directory
+
+
 # -- wake-up entries ----------------------------------------------------------------------
 
 
@@ -143,18 +155,19 @@ def mode(path: Path) -> int:
 def test_planted_symlinks_and_files_beside_the_store_are_never_written(
     cli_env, shared_base, victim
 ):
-    """Whoever first makes X.db.waiters and X.db.holders (here: nobody, in a /tmp-like
-    directory) plants symlinks and a file named like tasklock's entries; root's run,
-    waiting run and forced release write through none of them."""
-    db = shared_base / "locks.db"
-    url = f"sqlite://{db}"
+    """A member of a shared store's group (here: nobody, in group nogroup) first makes
+    X.db.waiters and X.db.holders and plants symlinks and a file named like tasklock's
+    entries; root's run, waiting run and forced release write through none of them."""
+    team = group_directory(shared_base, NOGROUP)
+    db = team / "locks.db"
+    url = f"sqlite://{db}?mode=0660"
     plant = (
         "import os, sys\n"
         "db, victim, key_dir = sys.argv[1:]\n"
         "for top in ('.waiters', '.holders'):\n"
         "    d = os.path.join(db + top, key_dir)\n"
-        "    os.makedirs(d, mode=0o777)\n"
-        "    os.chmod(db + top, 0o777); os.chmod(d, 0o777)\n"
+        "    os.makedirs(d, mode=0o770)\n"
+        "    os.chmod(db + top, 0o2770); os.chmod(d, 0o2770)\n"
         "w = os.path.join(db + '.waiters', key_dir)\n"
         "os.symlink(victim, os.path.join(w, '00000000000000000001.1.deadbeef'))\n"
         "with open(os.path.join(w, '00000000000000000002.1.deadbeef'), 'w') as f:\n"
@@ -346,7 +359,7 @@ def test_a_world_writable_store_made_by_another_user_is_refused(cli_env, shared_
 @needs_root
 def test_a_private_store_made_in_advance_by_another_user_is_refused(cli_env, shared_base):
     """nobody makes /tmp-like/locks.db first: root's private store would be theirs to forge;
-    as a group-shared store (?mode=0660) it is what was asked for."""
+    and a group-shared store (?mode=0660) of nobody's group is not root's group's."""
     db = shared_base / "locks.db"
     theirs = nobody_env(cli_env, shared_base / "nobody")
     for query in ("", "?mode=0660"):
@@ -360,7 +373,9 @@ def test_a_private_store_made_in_advance_by_another_user_is_refused(cli_env, sha
     assert "belongs to nobody (uid 65534)" in one_error_line(result.stderr)
     assert db.read_bytes() == before
     shared = tasklock("run", "--store", f"sqlite://{db}?mode=0660", "k", "--", "true", env=cli_env)
-    assert shared.returncode == 0, shared.stderr
+    assert shared.returncode == 78
+    assert "is of group nogroup (gid 65534), not root (gid 0)" in one_error_line(shared.stderr)
+    assert db.read_bytes() == before
 
 
 @needs_root

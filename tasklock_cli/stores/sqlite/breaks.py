@@ -23,9 +23,16 @@ class BreakAlarms:
     until the lease is released, so a break between two waits is still there to be read:
     it is never drained (a broken lease stays broken)."""
 
-    def __init__(self, directory: str | Path, file_mode: int = entries.PRIVATE_MODE) -> None:
+    def __init__(
+        self,
+        directory: str | Path,
+        file_mode: int = entries.PRIVATE_MODE,
+        owners: entries.Owners | None = None,
+    ) -> None:
+        """``owners``: whose directories to use (the store's, once it is open)."""
         self.directory = paths.normal(directory)
         self.file_mode = file_mode
+        self.owners = owners or entries.Owners(file_mode)
         self._lock = threading.Lock()
         #: (key, token) -> (the key's directory fd, the FIFO's fd)
         self._fifos: dict[tuple[str, int], tuple[int, int]] = {}
@@ -38,7 +45,7 @@ class BreakAlarms:
             known = self._fifos.get((key, token))
             if known is not None:
                 return known[1], False
-            dir_fd = entries.open_key_dir(self.directory, key, self.file_mode, create=True)
+            dir_fd = entries.open_key_dir(self.directory, key, self.owners, create=True)
             if dir_fd is None:
                 return None, True
             try:
@@ -69,7 +76,7 @@ class BreakAlarms:
         entries.remove(str(token), dir_fd)
         os.close(dir_fd)
         os.close(fd)
-        entries.remove_key_dir(self.directory, key)
+        entries.remove_key_dir(self.directory, key, self.owners)
 
     def _remove_dead(self, dir_fd: int) -> None:
         """Remove the key's FIFOs whose holders died without releasing (no reader)."""
@@ -86,7 +93,7 @@ class BreakAlarms:
     def alarm(self, key: str, token: int) -> None:
         """Tell the holder of ``key``'s lease with ``token`` that it is broken, if it waits
         for that (else it finds out when it starts to). Never raises."""
-        dir_fd = entries.open_key_dir(self.directory, key, self.file_mode, create=False)
+        dir_fd = entries.open_key_dir(self.directory, key, self.owners, create=False)
         if dir_fd is None:
             return
         try:

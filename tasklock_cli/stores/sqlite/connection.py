@@ -14,6 +14,7 @@ from tasklock_cli.errors import ConfigError
 from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.stores.sqlite import files
 from tasklock_cli.stores.sqlite.entries import PRIVATE_MODE
+from tasklock_cli.stores.sqlite.entries import Owners
 from tasklock_cli.stores.sqlite.schema import ensure_schema
 from tasklock_cli.stores.sqlite.schema import refuse_foreign
 
@@ -54,12 +55,20 @@ class SQLiteConnection:
     """One connection to ``path``, shared by the threads of a process (the heartbeat and
     the main thread, or many leases held through the API): one transaction at a time."""
 
-    def __init__(self, path: str, create_parent: bool, file_mode: int = PRIVATE_MODE) -> None:
+    def __init__(
+        self,
+        path: str,
+        create_parent: bool,
+        file_mode: int = PRIVATE_MODE,
+        owners: Owners | None = None,
+    ) -> None:
         """``path`` as ``paths.normal`` gives it; ``create_parent`` for the default store,
-        whose directory is made; ``file_mode`` what a file made here gets (see files)."""
+        whose directory is made; ``file_mode`` what a file made here gets (see files);
+        ``owners`` learns whose directories beside the file to trust when it is opened."""
         self.path = path
         self._create_parent = create_parent
         self._file_mode = file_mode
+        self._owners = owners or Owners(file_mode)
         self._conn: sqlite3.Connection | None = None
         self._lock = threading.RLock()
 
@@ -69,7 +78,7 @@ class SQLiteConnection:
         return self._conn
 
     def _connect(self) -> sqlite3.Connection:
-        files.prepare(self.path, self._file_mode, self._create_parent)
+        files.prepare(self.path, self._file_mode, self._create_parent, self._owners)
         try:
             conn = sqlite3.connect(
                 self.path, timeout=BUSY_SLICE_S, isolation_level=None, check_same_thread=False

@@ -7,6 +7,10 @@ that key's entries however many others the directory holds. Directories are open
 tasklock makes there: its name has the expected pattern, ``lstat`` shows a FIFO owned by
 us, the directory's owner or root (anyone's on a group-shared store), and the fd opened
 with ``O_NOFOLLOW`` is that same FIFO. Anything else is left alone.
+
+A directory is used only when the fd opened with ``O_NOFOLLOW`` shows one that ``Owners``
+trusts, and one we make gets its mode through that fd (``fchmod``), never by name: a name
+can be swapped for a symlink between ``mkdir`` and ``chmod``.
 """
 
 from __future__ import annotations
@@ -71,15 +75,83 @@ def is_token(name: str) -> bool:
     return _decimal(name) and name[0] != "0"
 
 
-def open_key_dir(top: str, key: str, file_mode: int, create: bool) -> int | None:
+class Owners:
+    """Who may own the directories beside a store: us and root; the store file's owner;
+    on a group-shared store, the members of the store file's group (as the group database
+    names them: their primary group, or its member list) for a directory of that group.
+    A directory anyone may write to (not sticky) is nobody's to trust."""
+
+    def __init__(self, file_mode: int = PRIVATE_MODE) -> None:
+        self.file_mode = file_mode
+        self.uids = {0, os.geteuid()}
+        self.group: int | None = None
+
+    def know_store(self, store: os.stat_result) -> None:
+        """The store file is known (and trusted): its owner, and its group when shared."""
+        self.uids.add(store.st_uid)
+        if self.file_mode != PRIVATE_MODE:
+            self.group = store.st_gid
+
+    def distrust(self, status: os.stat_result) -> str | None:
+        """Why a directory beside the store may not be used, or None when it may."""
+        if not stat.S_ISDIR(status.st_mode):
+            return "is not a directory"
+        mode = stat.S_IMODE(status.st_mode)
+        if mode & stat.S_IWOTH and not mode & stat.S_ISVTX:
+            return f"is writable by every user (mode {mode:04o})"
+        if status.st_uid in self.uids:
+            return None
+        group = self.group
+        if group is not None and status.st_gid == group and is_member(status.st_uid, group):
+            return None
+        return f"belongs to {owner_name(status.st_uid)}, whom this store does not trust"
+
+
+def owner_name(uid: int) -> str:
+    import pwd
+
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def group_name(gid: int) -> str:
+    import grp
+
+    try:
+        return f"{grp.getgrgid(gid).gr_name} (gid {gid})"
+    except KeyError:
+        return f"gid {gid}"
+
+
+def is_member(uid: int, gid: int) -> bool:
+    """Does the group database make user ``uid`` a member of group ``gid``?"""
+    import grp
+    import pwd
+
+    try:
+        user = pwd.getpwuid(uid)
+    except KeyError:
+        return False
+    if user.pw_gid == gid:
+        return True
+    try:
+        return user.pw_name in grp.getgrgid(gid).gr_mem
+    except KeyError:
+        return False
+
+
+def open_key_dir(top: str, key: str, owners: Owners, create: bool) -> int | None:
     """An fd of ``key``'s directory under ``top`` (made, with ``top``, when ``create``);
-    None when there is none, or either is not a plain directory (a symlink, a file)."""
+    None when there is none, or either is not a plain directory (a symlink, a file) that
+    ``owners`` trusts."""
     for _ in range(_RETRIES):
-        top_fd = _open_dir(top, None, file_mode, create)
+        top_fd = _open_dir(top, None, owners, create)
         if top_fd is None:
             return None
         try:
-            return _open_dir(key_dir_name(key), top_fd, file_mode, create)
+            return _open_dir(key_dir_name(key), top_fd, owners, create)
         except FileNotFoundError:  # removed, empty, just as we came: make it again
             continue
         finally:
@@ -87,25 +159,36 @@ def open_key_dir(top: str, key: str, file_mode: int, create: bool) -> int | None
     return None
 
 
-def _open_dir(name: str, dir_fd: int | None, file_mode: int, create: bool) -> int | None:
+def _open_dir(name: str, dir_fd: int | None, owners: Owners, create: bool) -> int | None:
+    made = False
     if create:
         try:
             os.mkdir(name, 0o700, dir_fd=dir_fd)
+            made = True
         except FileExistsError:
             pass
         except OSError:
             return None
-        else:
-            with contextlib.suppress(OSError):  # as asked, whatever the umask
-                os.chmod(name, directory_mode(file_mode), dir_fd=dir_fd)
     try:
-        return os.open(name, _DIRECTORY, dir_fd=dir_fd)
+        fd = os.open(name, _DIRECTORY, dir_fd=dir_fd)
     except FileNotFoundError:
         if dir_fd is not None and create:
             raise
         return None
     except OSError:  # ELOOP (a symlink), ENOTDIR, EACCES: no entries here
         return None
+    try:
+        status = os.fstat(fd)
+        if made and status.st_uid == os.geteuid():  # as asked, whatever the umask
+            with contextlib.suppress(OSError):
+                os.fchmod(fd, directory_mode(owners.file_mode))
+                status = os.fstat(fd)
+    except OSError:
+        status = None
+    if status is None or owners.distrust(status):
+        os.close(fd)
+        return None
+    return fd
 
 
 def names(dir_fd: int, valid) -> list[str]:
@@ -170,9 +253,9 @@ def remove(name: str, dir_fd: int) -> None:
         os.unlink(name, dir_fd=dir_fd)
 
 
-def remove_key_dir(top: str, key: str) -> None:
+def remove_key_dir(top: str, key: str, owners: Owners) -> None:
     """Remove ``key``'s directory when it is empty (else leave it)."""
-    top_fd = _open_dir(top, None, PRIVATE_MODE, create=False)
+    top_fd = _open_dir(top, None, owners, create=False)
     if top_fd is None:
         return
     try:

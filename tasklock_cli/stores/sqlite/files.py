@@ -7,6 +7,11 @@ trusting them would let someone else choose what tasklock writes or reads:
   directory with the sticky bit (``/tmp``) is fine, since others cannot replace our file;
 - a private store (no ``?mode=0660``) whose file belongs to another user (say, made in
   /tmp in advance): that user could forge or remove leases;
+- a group-shared store whose file is not of the group a store made there would be
+  shared with (the directory's group when it is setgid, else ours), or whose owner is
+  neither us, root nor a member of that group;
+- a directory beside the store (``X.db.waiters/``, ``X.db.holders/``) that is not a plain
+  directory of someone the store trusts (see ``entries.Owners``);
 - as root, the default store in a directory of another user (``sudo -E`` or ``su``
   without ``-`` keep the user's ``$HOME``): root would write where that user can plant
   symlinks, and leave a file the user can no longer write.
@@ -19,7 +24,11 @@ import stat
 
 from tasklock_cli.errors import ConfigError
 from tasklock_cli.stores.sqlite.entries import PRIVATE_MODE
+from tasklock_cli.stores.sqlite.entries import Owners
 from tasklock_cli.stores.sqlite.entries import directory_mode
+from tasklock_cli.stores.sqlite.entries import group_name
+from tasklock_cli.stores.sqlite.entries import is_member
+from tasklock_cli.stores.sqlite.entries import owner_name
 from tasklock_cli.util import paths
 
 #: The modes ``?mode=`` may ask for: private, or read-write for the file's group.
@@ -39,18 +48,14 @@ def file_mode_parameter(value: str | None) -> int:
     return mode
 
 
-def owner_name(uid: int) -> str:
-    import pwd
-
-    try:
-        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
-    except KeyError:
-        return f"uid {uid}"
+#: The directories beside a store (see entries).
+SIDE_DIRECTORIES = (".waiters", ".holders")
 
 
-def prepare(path: str, file_mode: int, default_store: bool) -> None:
+def prepare(path: str, file_mode: int, default_store: bool, owners: Owners | None = None) -> None:
     """Make sure the store file at ``path`` may be trusted, creating it (and, for the
-    default store, its directory) with the right modes; ConfigError (78) when not."""
+    default store, its directory) with the right modes, and the directories beside it;
+    ConfigError (78) when not. ``owners`` learns the store file's owner and group."""
     directory = paths.parent(path)
     if default_store and os.geteuid() == 0:
         refuse_foreign_home(path)
@@ -62,7 +67,27 @@ def prepare(path: str, file_mode: int, default_store: bool) -> None:
             f"(create {directory} or choose another path)"
         )
     refuse_open_to_all(directory, is_dir=True)
-    create_file(path, file_mode)
+    status = create_file(path, file_mode)
+    owners = owners or Owners(file_mode)
+    owners.know_store(status)
+    refuse_untrusted_side_dirs(path, owners)
+
+
+def refuse_untrusted_side_dirs(path: str, owners: Owners) -> None:
+    """The directories beside the store, where they exist, must be plain directories of
+    someone ``owners`` trusts: their owner could plant entries tasklock writes to."""
+    for suffix in SIDE_DIRECTORIES:
+        side = path + suffix
+        try:
+            status = os.lstat(side)
+        except OSError:
+            continue  # missing (made when needed) or unreadable (then unused)
+        problem = "is a symlink" if stat.S_ISLNK(status.st_mode) else owners.distrust(status)
+        if problem:
+            raise ConfigError(
+                f"{side} {problem}: refusing the store beside it (whoever controls that "
+                f"directory could plant entries tasklock writes to); remove {side}"
+            )
 
 
 def refuse_foreign_home(path: str) -> None:
@@ -112,7 +137,29 @@ def make_dirs(directory: str, mode: int) -> None:
         return
     except OSError as exc:
         raise ConfigError(f"cannot create {directory}: {exc.strerror}") from exc
-    os.chmod(directory, mode)
+    set_mode_of_made_dir(directory, mode)
+
+
+def set_mode_of_made_dir(directory: str, mode: int) -> None:
+    """Give the directory we just made ``mode`` through an fd opened without following
+    a symlink (its name may have been swapped for one since ``mkdir``), and only when
+    the fd shows our own directory."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(directory, flags)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot create {directory}: it was replaced as it was made ({exc.strerror})"
+        ) from exc
+    try:
+        if os.fstat(fd).st_uid != os.geteuid():
+            raise ConfigError(
+                f"cannot create {directory}: it was replaced as it was made (now it belongs "
+                f"to {owner_name(os.fstat(fd).st_uid)})"
+            )
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
 
 
 def refuse_open_to_all(path: str, is_dir: bool) -> None:
@@ -136,24 +183,24 @@ def world_writable(status: os.stat_result, is_dir: bool) -> str | None:
     )
 
 
-def create_file(path: str, file_mode: int) -> None:
+def create_file(path: str, file_mode: int) -> os.stat_result:
     """Create the store file with ``file_mode`` (whatever the umask; SQLite gives its
-    -wal and -shm files the same), or check the one there."""
+    -wal and -shm files the same), or check the one there; its status."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
         fd = os.open(path, flags, file_mode)
     except FileExistsError:
-        check_existing(path, file_mode)
-        return
+        return check_existing(path, file_mode)
     except OSError as exc:
         raise ConfigError(f"cannot create {path}: {exc.strerror}") from exc
     try:
         os.fchmod(fd, file_mode)
+        return os.fstat(fd)
     finally:
         os.close(fd)
 
 
-def check_existing(path: str, file_mode: int) -> None:
+def check_existing(path: str, file_mode: int) -> os.stat_result:
     status = os.lstat(path)
     if stat.S_ISLNK(status.st_mode):
         raise ConfigError(
@@ -170,4 +217,34 @@ def check_existing(path: str, file_mode: int) -> None:
             f"{path} belongs to {owner_name(status.st_uid)}, who can change every lease in "
             "it: a private store must be yours (for a store shared with a group, add "
             "?mode=0660 to the URL)"
+        )
+    if file_mode != PRIVATE_MODE:
+        refuse_foreign_shared(path, status)
+    return status
+
+
+def sharing_group(directory: str) -> int:
+    """The group a file made in ``directory`` gets: the directory's when it is setgid,
+    else our effective group."""
+    status = os.stat(directory)
+    return status.st_gid if status.st_mode & stat.S_ISGID else os.getegid()
+
+
+def refuse_foreign_shared(path: str, status: os.stat_result) -> None:
+    """A group-shared store is used only when it is the group's a store made there would
+    be shared with, and its owner is us, root or a member of that group: anyone else's
+    file (made in /tmp in advance) would share our leases with whom they chose."""
+    directory = paths.parent(path)
+    group = sharing_group(directory)
+    if status.st_gid != group:
+        raise ConfigError(
+            f"{path} is of group {group_name(status.st_gid)}, not {group_name(group)}, the "
+            f"group a store made in {directory} is shared with: refusing to share leases with "
+            f"another group (chgrp it, or make {directory} the group's and setgid: chmod 2770)"
+        )
+    if status.st_uid not in (0, os.geteuid()) and not is_member(status.st_uid, group):
+        raise ConfigError(
+            f"{path} belongs to {owner_name(status.st_uid)}, who is not a member of its "
+            f"group {group_name(group)}: refusing to use a shared store that someone outside "
+            "the group controls"
         )

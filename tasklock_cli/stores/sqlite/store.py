@@ -34,6 +34,7 @@ from tasklock_cli.stores.sqlite import queue
 from tasklock_cli.stores.sqlite.breaks import BreakAlarms
 from tasklock_cli.stores.sqlite.connection import SQLiteConnection
 from tasklock_cli.stores.sqlite.entries import PRIVATE_MODE
+from tasklock_cli.stores.sqlite.entries import Owners
 from tasklock_cli.stores.sqlite.files import file_mode_parameter
 from tasklock_cli.stores.sqlite.schema import RUNS_TABLE
 from tasklock_cli.stores.sqlite.schema import SCHEMA
@@ -246,9 +247,13 @@ class SQLiteStore(Store):
         self._clock = clock
         self._wall = wall_clock
         self._boot = current_boot_id()
-        self._db = SQLiteConnection(self.path, create_parent, file_mode)
-        self._wakeups = LocalWakeups(paths.with_name_suffix(self.path, ".waiters"), file_mode)
-        self._alarms = BreakAlarms(paths.with_name_suffix(self.path, ".holders"), file_mode)
+        # Whose directories beside the file to use: learnt when the file is first opened.
+        owners = Owners(file_mode)
+        self._db = SQLiteConnection(self.path, create_parent, file_mode, owners)
+        self._wakeups = LocalWakeups(
+            paths.with_name_suffix(self.path, ".waiters"), file_mode, owners
+        )
+        self._alarms = BreakAlarms(paths.with_name_suffix(self.path, ".holders"), file_mode, owners)
 
     @classmethod
     def from_url(cls, url: str) -> SQLiteStore:

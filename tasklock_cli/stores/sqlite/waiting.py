@@ -34,9 +34,16 @@ if TYPE_CHECKING:
 
 
 class LocalWakeups:
-    def __init__(self, directory: str | Path, file_mode: int = entries.PRIVATE_MODE) -> None:
+    def __init__(
+        self,
+        directory: str | Path,
+        file_mode: int = entries.PRIVATE_MODE,
+        owners: entries.Owners | None = None,
+    ) -> None:
+        """``owners``: whose directories to use (the store's, once it is open)."""
         self.directory = paths.normal(directory)
         self.file_mode = file_mode
+        self.owners = owners or entries.Owners(file_mode)
         self._key: str | None = None
         self._name: str | None = None
         self._dir_fd: int | None = None
@@ -59,7 +66,7 @@ class LocalWakeups:
             return True
         self.leave()
         for _ in range(3):  # again if the key's empty directory is removed meanwhile
-            dir_fd = entries.open_key_dir(self.directory, key, self.file_mode, create=True)
+            dir_fd = entries.open_key_dir(self.directory, key, self.owners, create=True)
             if dir_fd is None:
                 return False
             unique = entries.make_unique()
@@ -71,7 +78,7 @@ class LocalWakeups:
                 os.close(dir_fd)
                 if isinstance(exc, FileNotFoundError):
                     continue
-                entries.remove_key_dir(self.directory, key)
+                entries.remove_key_dir(self.directory, key, self.owners)
                 if isinstance(exc, OSError):
                     return False
                 raise
@@ -108,7 +115,7 @@ class LocalWakeups:
 
     def tidy(self, key: str) -> None:
         """Remove ``key``'s directory if it is empty (no waiter's FIFO in it)."""
-        entries.remove_key_dir(self.directory, key)
+        entries.remove_key_dir(self.directory, key, self.owners)
 
     def give_up(self, key: str, first: list[str] | None = None) -> None:
         """Leave ``key``'s queue and wake the next waiters (``first``: the run at the head
@@ -135,7 +142,7 @@ class LocalWakeups:
         of them is there and ``fallback``, the longest-waiting live one. Never raises."""
         if not run and not fallback:
             return
-        dir_fd = entries.open_key_dir(self.directory, key, self.file_mode, create=False)
+        dir_fd = entries.open_key_dir(self.directory, key, self.owners, create=False)
         if dir_fd is None:
             return
         try:
