@@ -450,6 +450,44 @@ def test_a_config_file_others_may_write_is_refused(cli_env, tmp_path):
     assert str(config) in line and "group or others may write to it (mode 0664)" in line
 
 
+@pytest.mark.parametrize("directory_mode", [0o775, 0o2770, 0o777])
+def test_a_config_file_in_a_directory_others_may_rename_in_is_refused(
+    cli_env, tmp_path, directory_mode
+):
+    """A ./tasklock.toml of ours (or root's) in a group- or world-writable directory that
+    is not sticky: anyone who may write there can swap it between the check and the read
+    (root used another user's config 14 times in 150), so it is not used."""
+    shared = tmp_path / "shared"
+    _config(shared / "tasklock.toml", f"sqlite://{tmp_path}/swapped.db")
+    shared.chmod(directory_mode)
+    result = tasklock("run", "k", "--", "true", env=cli_env, cwd=shared)
+    assert result.returncode == 78
+    line = one_error_line(result.stderr)
+    assert "tasklock.toml is not used: its directory is writable by group or others" in line
+    assert f"(mode {directory_mode:04o})" in line
+    assert not (tmp_path / "swapped.db").exists()
+    named = tasklock("--config", "tasklock.toml", "run", "k", "--", "true", env=cli_env, cwd=shared)
+    assert named.returncode == 0, named.stderr  # named: used as given
+    (tmp_path / "swapped.db").unlink()
+    shared.chmod(directory_mode | stat.S_ISVTX)  # sticky: nobody else may rename in it
+    used = tasklock("run", "k", "--", "true", env=cli_env, cwd=shared)
+    assert used.returncode == 0, used.stderr
+    assert (tmp_path / "swapped.db").exists()
+
+
+def test_a_config_file_found_is_read_through_the_fd_that_was_checked(cli_env, tmp_path):
+    """A FIFO named tasklock.toml (swapped in after the look for a file) neither blocks
+    nor is read: refused, at once."""
+    os.mkfifo(tmp_path / "tasklock.toml", 0o600)
+    from tasklock_cli.config.file import read_trusted
+    from tasklock_cli.errors import ConfigError
+
+    started = time.monotonic()
+    with pytest.raises(ConfigError, match="it is not a regular file"):
+        read_trusted(str(tmp_path / "tasklock.toml"))
+    assert time.monotonic() - started < 1
+
+
 @needs_root
 def test_as_root_a_config_directory_of_another_user_is_refused(cli_env, shared_base, tmp_path):
     config_home = shared_base / "config-of-nobody"

@@ -79,9 +79,10 @@ def load_config(explicit: str | None = None) -> Config:
         if found:
             from pathlib import Path
 
-            if not must_exist:  # found by ourselves: someone else may have put it there
-                refuse_untrusted(path)
-            return parse_config_file(Path(path))
+            if must_exist:
+                return parse_config_file(Path(path))
+            # Found by ourselves: someone else may have put it there.
+            return parse_config_file(Path(path), read_trusted(path))
         if must_exist:
             if paths.is_dir(path):
                 raise ConfigError(f"config file {path} is a directory")
@@ -89,25 +90,50 @@ def load_config(explicit: str | None = None) -> Config:
     return Config()
 
 
-def refuse_untrusted(path: str) -> None:
-    """ConfigError unless the config file at ``path`` (and its directory, which could swap
-    it) belongs to us or root and no one else may write to it (git's CVE-2022-24765: a
-    ./tasklock.toml in a shared directory must not choose our store or TTL)."""
+def read_trusted(path: str) -> str:
+    """The text of the config file at ``path``, opened once and checked through that fd
+    (``refuse_untrusted``): what is read is what was checked, whatever is renamed meanwhile."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC  # (a FIFO swapped in must not block)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+    with os.fdopen(fd, "rb") as file:
+        refuse_untrusted(path, os.fstat(fd))
+        data = file.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+
+
+def refuse_untrusted(path: str, opened: os.stat_result) -> None:
+    """ConfigError unless the config file ``opened`` from ``path`` (and its name, and the
+    directory holding it, which could swap it) belongs to us or root and no one else may
+    write to it (git's CVE-2022-24765: a ./tasklock.toml in a shared directory must not
+    choose our store or TTL). A directory others may write to is fine when it is sticky
+    (/tmp): they cannot rename or remove our file there."""
     import stat
 
     trusted = (0, os.geteuid())
-    link, target = os.lstat(path), os.stat(path)
+    link = os.lstat(path)
     directory = os.stat(os.path.dirname(os.path.abspath(path)))
+    directory_mode = stat.S_IMODE(directory.st_mode)
     why = None
-    if link.st_uid not in trusted or target.st_uid not in trusted:
-        owner = link.st_uid if link.st_uid not in trusted else target.st_uid
+    if not stat.S_ISREG(opened.st_mode):
+        why = "it is not a regular file"
+    elif link.st_uid not in trusted or opened.st_uid not in trusted:
+        owner = link.st_uid if link.st_uid not in trusted else opened.st_uid
         why = f"it belongs to {_user(owner)}, not to you or root"
-    elif target.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        why = f"group or others may write to it (mode {stat.S_IMODE(target.st_mode):04o})"
+    elif opened.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        why = f"group or others may write to it (mode {stat.S_IMODE(opened.st_mode):04o})"
     elif directory.st_uid not in trusted:
         why = f"its directory belongs to {_user(directory.st_uid)}, not to you or root"
-    elif directory.st_mode & stat.S_IWOTH and not directory.st_mode & stat.S_ISVTX:
-        why = "its directory is writable by every user"
+    elif directory_mode & (stat.S_IWGRP | stat.S_IWOTH) and not directory_mode & stat.S_ISVTX:
+        why = (
+            f"its directory is writable by group or others and not sticky (mode "
+            f"{directory_mode:04o}): they could swap the file"
+        )
     if why:
         raise ConfigError(
             f"config file {path} is not used: {why} (fix its owner or mode, or name it "
@@ -124,11 +150,13 @@ def _user(uid: int) -> str:
         return f"uid {uid}"
 
 
-def parse_config_file(path: Path) -> Config:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+def parse_config_file(path: Path, text: str | None = None) -> Config:
+    """The config file at ``path`` (``text``: its contents, when read already)."""
+    if text is None:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc}") from exc
     if sys.version_info >= (3, 11):  # imported here: most runs have no config file
         import tomllib
     else:  # pragma: no cover - exercised on 3.10 only
