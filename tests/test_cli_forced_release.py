@@ -4,6 +4,7 @@ every store. Processes are named by pid and start time from /proc."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -123,6 +124,32 @@ def test_a_killed_local_holder_is_freed_at_once(cli_env, tmp_path):
     assert peek(f"sqlite:///{db}", "k") is None
     assert procs.still_running(tree) == []
     report.record("killed holder, release --force", "sqlite", release_s=took)
+
+
+@pytest.mark.parametrize("delay_ms", [0, 20, 50, 100, 150])
+def test_a_local_holder_killed_as_its_command_starts_is_freed_at_once(cli_env, tmp_path, delay_ms):
+    """The wrapper and its guard SIGKILLed 0-150 ms after the command started (before the
+    heartbeat's first step): the holder's processes were recorded with the acquire, so
+    `release --force` sees them gone and frees the key at once."""
+    db = tmp_path / "locks.db"
+    env = {**cli_env, "TASKLOCK_STORE": f"sqlite:///{db}", LET_GO_TIMEOUT_ENV: "2"}
+    show = 'echo "$PPID $$"; exec sleep 30'  # its parent is the guard
+    first = start("run", "k", "--ttl", "30s", "--", "sh", "-c", show, env=env)
+    guard, command = (int(pid) for pid in first.stdout.readline().split())
+    try:
+        time.sleep(delay_ms / 1000)
+        for pid in (first.pid, guard):
+            os.kill(pid, signal.SIGKILL)
+        first.wait()
+        started = time.monotonic()
+        result = tasklock("release", "k", "--force", env=env)
+        took = time.monotonic() - started
+        assert result.returncode == 0, result.stderr
+        assert took < 1.5  # the executable's start-up included; not the let-go wait
+        assert peek(f"sqlite:///{db}", "k") is None
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(command, signal.SIGKILL)
 
 
 def test_a_paused_local_holder_is_not_taken_for_gone(cli_env, tmp_path):

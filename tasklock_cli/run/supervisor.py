@@ -176,6 +176,7 @@ class Supervisor:
         options = self.options
         self.holding.set_io_timeout(options.schedule.io_timeout)
         self._acquiring = True
+        self._hold_with_processes()
         try:
             done_by = self._acquire()
         except Conflict as conflict:
@@ -193,6 +194,17 @@ class Supervisor:
             self._release_all("done-already", None)
             return options.done_exit_code
         return self._run_child()
+
+    def _hold_with_processes(self) -> None:
+        """Where a store can tell that a holder's processes are gone, fork the command's
+        guard first and have every acquire record it with this process: a holder killed
+        right after it is granted is then seen as gone by `release --force` at once."""
+        stores = [keeper.store for keeper in self.holding.in_order]
+        if not any(store.tells_dead_holders for store in stores):
+            return
+        guard = self._fork_guard()
+        for store in stores:
+            store.hold_with_processes(guard.guard_pid)
 
     def _acquire(self) -> RunRecord | None:
         """Take the leases, in key order, holding those taken while waiting for the next

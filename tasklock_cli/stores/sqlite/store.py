@@ -230,6 +230,7 @@ def _checked_parameters(url: str) -> dict[str, str]:
 
 class SQLiteStore(Store):
     signals_release = True  # among processes on this machine (see waiting and breaks)
+    tells_dead_holders = True  # on this machine (see processes)
 
     def __init__(
         self,
@@ -247,6 +248,9 @@ class SQLiteStore(Store):
         self._clock = clock
         self._wall = wall_clock
         self._boot = current_boot_id()
+        #: What an acquire records of its holder's processes (``hold_with_processes``).
+        self._processes: dict = {}
+        self._processes_guard: int | None = None
         # Whose directories beside the file to use: learnt when the file is first opened.
         owners = Owners(file_mode)
         self._db = SQLiteConnection(self.path, create_parent, file_mode, owners)
@@ -285,7 +289,7 @@ class SQLiteStore(Store):
     def _acquire(
         self, key: str, ttl: float, holder: Holder, owner: str, limit: int, queue: bool, ask: Ask
     ) -> Lease | None:
-        recorded = json.dumps({**holder.to_dict(), "mode": ask.mode})
+        recorded = json.dumps({**holder.to_dict(), "mode": ask.mode, **self._processes})
         params = {
             **self._times(),
             "key": key,
@@ -458,9 +462,18 @@ class SQLiteStore(Store):
         rows = self._db.read(_BROKEN_BY, params)
         return breaker_of(rows[0][0]) if rows else None
 
+    def hold_with_processes(self, guard_pid: int) -> None:
+        from tasklock_cli.stores.sqlite.processes import processes_of
+
+        pids = [os.getpid(), guard_pid]
+        self._processes = {"processes": processes_of(self._boot, pids)}
+        self._processes_guard = guard_pid
+
     def note_processes(self, lease: Lease, guard_pid: int) -> None:
         from tasklock_cli.stores.sqlite.processes import processes_of
 
+        if guard_pid == self._processes_guard:  # recorded by the acquire already
+            return
         params = {
             **_lease_params(lease),
             "token": lease.fencing_token,
