@@ -152,6 +152,27 @@ def test_a_local_holder_killed_as_its_command_starts_is_freed_at_once(cli_env, t
             os.kill(command, signal.SIGKILL)
 
 
+def test_a_lease_kept_by_hold_at_least_is_freed_at_once(env, store_url):
+    """--hold-at-least keeps the lease after the command ended and the wrapper exited:
+    `release --force` frees it at once on every store (nobody is there to let go), and the
+    run's ledger record stays as the run wrote it."""
+    env = {name: value for name, value in env.items() if name != LET_GO_TIMEOUT_ENV}
+    ran = tasklock("run", "k", "--hold-at-least", "60s", "--", "sh", "-c", "exit 3", env=env)
+    assert ran.returncode == 3, ran.stderr
+    assert peek(store_url, "k") is not None  # kept
+    started = time.monotonic()
+    result = tasklock("release", "k", "--force", "--json", env=env)
+    took = time.monotonic() - started
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["freed"] is True
+    assert took < 3  # the executable's start-up included; not the 10 s let-go wait
+    assert peek(store_url, "k") is None
+    (record,) = json.loads(tasklock("history", "k", "--json", env=env).stdout)
+    assert (record["outcome"], record["exit_code"]) == ("failed", 3)
+    assert record.get("broken_by") is None
+    assert tasklock("run", "k", "--", "true", env=env).returncode == 0
+
+
 def test_a_paused_local_holder_is_not_taken_for_gone(cli_env, tmp_path):
     db = tmp_path / "locks.db"
     env = {**cli_env, "TASKLOCK_STORE": f"sqlite:///{db}", LET_GO_TIMEOUT_ENV: "0.3"}

@@ -180,15 +180,26 @@ def test_processes_of_another_boot_are_never_taken_for_gone():
     assert all_gone({**here, "pids": "junk"}, "this-boot") is False
 
 
-def test_a_local_lease_kept_after_its_command_ended_is_freed_at_once(sqlite_url):
-    """--hold-at-least keeps a lease after the command ended: nothing runs under it."""
-    from tasklock_cli.stores import open_store
+def test_a_lease_kept_after_its_command_ended_is_freed_at_once(store, store_factory):
+    """--hold-at-least keeps a lease after the command ended and its holder exited:
+    nothing runs under it and nobody is there to let go, so it is freed at once."""
+    ops = store_factory()
+    lease = store.acquire("k", 30, HOLDER, token())
+    assert store.release(lease, keep_for=60) is True
+    assert [info.fencing_token for info in ops.break_lease("k", None, BREAKER)] == [
+        lease.fencing_token
+    ]
+    assert ops.free_if_holder_gone("k", lease.fencing_token) is True
+    assert ops.holders("k") == []
+    after = ops.acquire("k", 30, OTHER, token())
+    assert after is not None and after.fencing_token > lease.fencing_token
 
-    with open_store(sqlite_url) as holder_store, open_store(sqlite_url) as ops:
-        lease = holder_store.acquire("k", 30, HOLDER, token())
-        assert holder_store.release(lease, keep_for=60) is True
-        assert [info.fencing_token for info in ops.break_lease("k", None, BREAKER)] == [
-            lease.fencing_token
-        ]
-        assert ops.free_if_holder_gone("k", lease.fencing_token) is True
-        assert ops.holders("k") == []
+
+def test_a_live_holder_is_never_taken_for_gone_by_a_store(store, store_factory):
+    """A lease whose command still runs (not released) is not freed as gone: on SQLite its
+    processes are this test's, alive; elsewhere the store cannot tell."""
+    ops = store_factory()
+    lease = store.acquire("k", 30, HOLDER, token())
+    ops.break_lease("k", None, BREAKER)
+    assert ops.free_if_holder_gone("k", lease.fencing_token) is False
+    assert [info.fencing_token for info in ops.holders("k")] == [lease.fencing_token]

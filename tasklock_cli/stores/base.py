@@ -245,8 +245,10 @@ class Store(ABC):
 
     def free_if_holder_gone(self, key: str, token: int) -> bool:
         """Free the lease on ``key`` with fencing ``token`` when its holder's processes are
-        known to be gone (``note_processes``); True when freed. A store that cannot know
-        frees nothing: the lease then runs out on the store's clock."""
+        known to be gone (``note_processes``), or it was kept after its command ended
+        (``release`` with ``keep_for``: its holder has exited, nothing runs under it); True
+        when freed. Otherwise nothing is freed: the lease then runs out on the store's
+        clock. Every store frees a kept lease."""
         return False
 
     @abstractmethod

@@ -5,10 +5,12 @@ Under the namespace prefix ``P`` (``?prefix=``, default ``tasklock/``), for lock
 
     P lock/K             slot 0 (a plain lock is slot 0 of limit 1), value: JSON {owner,
                          holder, acquired_at (ms, client clock), ttl, limit (semaphores
-                         only)} attached to the holder's lease. Fencing token = the key's
-                         create_revision: etcd's global revision only ever grows, so a key
-                         created again (after release, expiry, forced release) gets a
-                         greater one, in any slot, and no counter can be reset or deleted.
+                         only), done (true once kept after its command ended: ``run
+                         --hold-at-least``)} attached to the holder's lease. Fencing
+                         token = the key's create_revision: etcd's global revision only
+                         ever grows, so a key created again (after release, expiry,
+                         forced release) gets a greater one, in any slot, and no counter
+                         can be reset or deleted.
     P lock/K NUL N/S     slot S > 0 of K held with limit N (S: SLOT_DIGITS digits, so key
                          order is slot order), as the lock key; for S = 0 the limit marker
                          put on slot 0's lease with the lock key. Keys hold no control

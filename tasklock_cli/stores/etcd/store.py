@@ -310,7 +310,10 @@ class EtcdStore(Store):
         if keep_for > 0:
             # A broken lease (moved off our etcd lease) is let go at once instead.
             keep_s = ttl_seconds(keep_for, "keep-for time")
-            released = _move_own_lease(self._client, self._keys, lease, held, keep_s, ledger) > 0
+            # (marked done: its command has ended, nothing runs under it any more)
+            done = _marked_done(held.value)
+            moved = _move_own_lease(self._client, self._keys, lease, held, keep_s, ledger, done)
+            released = moved > 0
             released = released or _delete_as_owner(self._client, self._keys, lease, held, ledger)
         else:
             # Not a revoke of our lease: a break may have moved the key to another lease
@@ -366,6 +369,18 @@ class EtcdStore(Store):
         return 0
 
     # -- forced release and breaking --------------------------------------------------
+
+    def free_if_holder_gone(self, key: str, token: int) -> bool:
+        """Only a lease kept after its command ended (--hold-at-least: ``done`` in its slot
+        key's value, which a break keeps) is known to have nobody under it: its holder
+        has exited."""
+        slots, _, _ = _read_slots(self._client, self._keys, key)
+        for held in slots:
+            if held.token == token:
+                record = decode_value(unb64(held.kv.get("value")))
+                done = record is not None and record.get("done") is True
+                return done and bool(self.force_release(key, token))
+        return False
 
     def force_release(self, key: str, token: int | None = None) -> builtins.list[LeaseInfo]:
         return _revoke_slots(self._client, self._keys, key, token)
@@ -593,6 +608,14 @@ def _delete_as_owner(
     return bool(reply.get("succeeded"))
 
 
+def _marked_done(value: bytes) -> bytes:
+    """A slot key's value with ``done`` set (see ``free_if_holder_gone``)."""
+    record = decode_value(value)
+    if record is None:  # (not ours to rewrite: moved as it is)
+        return value
+    return json.dumps({**record, "done": True}, sort_keys=True).encode()
+
+
 def _move_own_lease(
     client: EtcdClient,
     keys: EtcdKeys,
@@ -600,10 +623,11 @@ def _move_own_lease(
     held: _Held,
     ttl_s: int,
     ledger: list[dict] | None = None,
+    value: bytes | None = None,
 ) -> int:
     """Move our slot's keys to a new lease of ``ttl_s`` (grant and txn pipelined),
     revoke the old one; the new lease's TTL, 0 when the slot was no longer ours.
-    ``ledger`` ops run in the txn either way."""
+    ``ledger`` ops run in the txn either way; ``value``: the slot key's new value."""
     new_id = new_lease_id()
     name = b64(keys.slot_key(lease.key, lease.slot, lease.limit, lease.mode))
     compare = [
@@ -611,9 +635,12 @@ def _move_own_lease(
         {"key": name, "target": "LEASE", "lease": str(held.lease_id)},
     ]
     names = keys.slot_names(lease.key, lease.slot, lease.limit, lease.owner_token, lease.mode)
+    moves = moves_to_lease(names, new_id)
+    if value is not None:  # names[0] is the slot key
+        moves[0] = {"request_put": {"key": name, "value": b64(value), "lease": str(new_id)}}
     txn = {
         "compare": compare,
-        "success": [*moves_to_lease(names, new_id), *(ledger or [])],
+        "success": [*moves, *(ledger or [])],
         "failure": list(ledger or []),
     }
     granted = client.on_new_lease(new_id, ttl_s, txn)

@@ -91,10 +91,12 @@ SELECT 'freed' FROM cleared
 UNION ALL
 SELECT 'woken' || pg_notify(%(channel)s, wake.payload)::text FROM cleared, wake
 """
+# (``done``: its command has ended; nothing runs under the lease any more)
 _RELEASE_LATER = f"""
 WITH kept AS (
     UPDATE {{table}}
-       SET expires_at = clock_timestamp() + make_interval(secs => %(keep)s::float8)
+       SET expires_at = clock_timestamp() + make_interval(secs => %(keep)s::float8),
+           holder = holder || '{{{{"done": true}}}}'::jsonb
      WHERE {_OURS} AND expires_at > clock_timestamp()
     RETURNING key
 ), cleared AS ({_FREE_OURS.replace("%(owner)s, ", "")}), {WAKE_CTES}
@@ -185,6 +187,10 @@ WITH broken AS (
 SELECT {_INFO_COLUMNS}, true, pg_notify(%(break_channel)s, fencing_token::text) FROM broken
  ORDER BY slot
 """
+# A live lease kept after its command ended (--hold-at-least): nobody is there to let go.
+_DONE = """SELECT 1 FROM {table}
+ WHERE key = %(key)s AND fencing_token = %(token)s AND owner_token IS NOT NULL
+   AND expires_at > clock_timestamp() AND holder @> '{{"done": true}}'::jsonb"""
 _BROKEN_BY = """SELECT holder -> 'broken_by' FROM {table}
  WHERE key = %(key)s AND slot = %(slot)s AND owner_token = %(broken)s
    AND fencing_token = %(fence)s"""
@@ -522,6 +528,14 @@ class PostgresStore(Store):
         }
         row = self._db.run(lambda conn: conn.execute(statement, params).fetchone())
         return breaker_of(row[0]) if row else None
+
+    def free_if_holder_gone(self, key: str, token: int) -> bool:
+        """Only a lease kept after its command ended (--hold-at-least) is known to have
+        nobody under it: its holder has exited."""
+        statement = self._sql(_DONE)
+        params = {"key": key, "token": token}
+        done = self._db.run(lambda conn: conn.execute(statement, params).fetchone())
+        return done is not None and bool(self.force_release(key, token))
 
     def force_release(self, key: str, token: int | None = None) -> builtins.list[LeaseInfo]:
         statement = self._sql(_FORCE_RELEASE)

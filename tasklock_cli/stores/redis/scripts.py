@@ -240,8 +240,8 @@ local function release()
   local broken = cur[1] == BROKEN .. ARGV[1]
   if (cur[1] ~= ARGV[1] and not broken) or cur[2] ~= ARGV[2] then return -1 end
   local keep = tonumber(ARGV[3])
-  if keep > 0 and not broken then
-    redis.call('HSET', KEYS[1], 'expires_at', ms(now_ms() + keep))
+  if keep > 0 and not broken then  -- ('done': its command has ended, nothing runs under it)
+    redis.call('HSET', KEYS[1], 'expires_at', ms(now_ms() + keep), 'done', '1')
     redis.call('PEXPIRE', KEYS[1], keep)
     cover_slots(KEYS[5], limit, keep)
     return 1

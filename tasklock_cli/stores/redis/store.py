@@ -322,6 +322,19 @@ class RedisStore(Store):
             return None
         return breaker_of(by)
 
+    def free_if_holder_gone(self, key: str, token: int) -> bool:
+        """Only a lease kept after its command ended (--hold-at-least, marked ``done``) is
+        known to have nobody under it: its holder has exited."""
+        slots = [row[0] for row in self._slots(key) if row[1] == str(token).encode()]
+        if not slots:
+            return False
+        name = self._names.lease(key, int(slots[0]))
+        fields = ("fencing_token", "done")
+        held, done = self._conn.call(lambda c: c.hmget(name, fields), key)
+        if held != str(token).encode() or done != b"1":
+            return False
+        return bool(self.force_release(key, token))
+
     def force_release(self, key: str, token: int | None = None) -> builtins.list[LeaseInfo]:
         return self._each_slot("force_release", key, token, [self._names.name(key, "wake")])
 
