@@ -93,11 +93,10 @@ class Owners:
             self.group = store.st_gid
 
     def distrust(self, status: os.stat_result) -> str | None:
-        """Why a directory beside the store may not be used, or None when it may."""
-        if not stat.S_ISDIR(status.st_mode):
-            return "is not a directory"
+        """Why what is found beside the store (a directory, as ``lstat`` shows it) may not
+        be used, or None when it may."""
         mode = stat.S_IMODE(status.st_mode)
-        if mode & stat.S_IWOTH and not mode & stat.S_ISVTX:
+        if stat.S_ISDIR(status.st_mode) and mode & stat.S_IWOTH and not mode & stat.S_ISVTX:
             return f"is writable by every user (mode {mode:04o})"
         if status.st_uid in self.uids:
             return None

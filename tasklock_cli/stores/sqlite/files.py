@@ -74,15 +74,19 @@ def prepare(path: str, file_mode: int, default_store: bool, owners: Owners | Non
 
 
 def refuse_untrusted_side_dirs(path: str, owners: Owners) -> None:
-    """The directories beside the store, where they exist, must be plain directories of
-    someone ``owners`` trusts: their owner could plant entries tasklock writes to."""
+    """What is found at the names of the directories beside the store must be someone's
+    that ``owners`` trusts: its owner could plant entries tasklock writes to. (One of
+    ours that is not a plain directory, a symlink say, is only never used: waiters
+    then poll.)"""
     for suffix in SIDE_DIRECTORIES:
         side = path + suffix
         try:
             status = os.lstat(side)
         except OSError:
             continue  # missing (made when needed) or unreadable (then unused)
-        problem = "is a symlink" if stat.S_ISLNK(status.st_mode) else owners.distrust(status)
+        problem = owners.distrust(status)
+        if problem and stat.S_ISLNK(status.st_mode):
+            problem = f"is a symlink of {owner_name(status.st_uid)}, whom the store does not trust"
         if problem:
             raise ConfigError(
                 f"{side} {problem}: refusing the store beside it (whoever controls that "
