@@ -159,8 +159,7 @@ class Supervisor:
         except Interrupted as stop:  # before the command started
             self._stop_acquiring()
             self.events.debug(f"{stop} (while acquiring {self.options.key!r})")
-            # A lease we were granted goes back, with little time for it: it may be the
-            # store that kept us waiting.
+            # A lease we were granted goes back, quickly: the store may be what kept us waiting.
             records = self.holding.records("signalled", None)
             self.holding.release_quietly(RELEASE_ON_SIGNAL_S, records, self._on_ledger_failed)
             return stop.exit_code
@@ -176,7 +175,7 @@ class Supervisor:
         options = self.options
         self.holding.set_io_timeout(options.schedule.io_timeout)
         self._acquiring = True
-        self._hold_with_processes()
+        self.holding.hold_with_processes(lambda: self._fork_guard().guard_pid)
         try:
             done_by = self._acquire()
         except Conflict as conflict:
@@ -194,17 +193,6 @@ class Supervisor:
             self._release_all("done-already", None)
             return options.done_exit_code
         return self._run_child()
-
-    def _hold_with_processes(self) -> None:
-        """Where a store can tell that a holder's processes are gone, fork the command's
-        guard first and have every acquire record it with this process: a holder killed
-        right after it is granted is then seen as gone by `release --force` at once."""
-        stores = [keeper.store for keeper in self.holding.in_order]
-        if not any(store.tells_dead_holders for store in stores):
-            return
-        guard = self._fork_guard()
-        for store in stores:
-            store.hold_with_processes(guard.guard_pid)
 
     def _acquire(self) -> RunRecord | None:
         """Take the leases, in key order, holding those taken while waiting for the next

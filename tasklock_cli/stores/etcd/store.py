@@ -310,10 +310,7 @@ class EtcdStore(Store):
         if keep_for > 0:
             # A broken lease (moved off our etcd lease) is let go at once instead.
             keep_s = ttl_seconds(keep_for, "keep-for time")
-            # (marked done: its command has ended, nothing runs under it any more)
-            done = _marked_done(held.value)
-            moved = _move_own_lease(self._client, self._keys, lease, held, keep_s, ledger, done)
-            released = moved > 0
+            released = _keep_done(self._client, self._keys, lease, held, keep_s, ledger) > 0
             released = released or _delete_as_owner(self._client, self._keys, lease, held, ledger)
         else:
             # Not a revoke of our lease: a break may have moved the key to another lease
@@ -371,16 +368,8 @@ class EtcdStore(Store):
     # -- forced release and breaking --------------------------------------------------
 
     def free_if_holder_gone(self, key: str, token: int) -> bool:
-        """Only a lease kept after its command ended (--hold-at-least: ``done`` in its slot
-        key's value, which a break keeps) is known to have nobody under it: its holder
-        has exited."""
-        slots, _, _ = _read_slots(self._client, self._keys, key)
-        for held in slots:
-            if held.token == token:
-                record = decode_value(unb64(held.kv.get("value")))
-                done = record is not None and record.get("done") is True
-                return done and bool(self.force_release(key, token))
-        return False
+        """Only a lease kept after its command ended (``_done``) has nobody under it."""
+        return _done(self._client, self._keys, key, token) and bool(self.force_release(key, token))
 
     def force_release(self, key: str, token: int | None = None) -> builtins.list[LeaseInfo]:
         return _revoke_slots(self._client, self._keys, key, token)
@@ -608,12 +597,29 @@ def _delete_as_owner(
     return bool(reply.get("succeeded"))
 
 
-def _marked_done(value: bytes) -> bytes:
-    """A slot key's value with ``done`` set (see ``free_if_holder_gone``)."""
-    record = decode_value(value)
-    if record is None:  # (not ours to rewrite: moved as it is)
-        return value
+def _keep_done(
+    client: EtcdClient, keys: EtcdKeys, lease: Lease, held: _Held, ttl_s: int, ledger: list[dict]
+) -> int:
+    """Keep our lease ``ttl_s`` after its command ended (--hold-at-least): moved to a new
+    etcd lease as ``_move_own_lease`` does, its slot key's value marked ``done`` (which a
+    break, moving the key as it is, keeps); the new lease's TTL, 0 when no longer ours."""
+    record = decode_value(held.value)
+    value = held.value if record is None else _json_done(record)
+    return _move_own_lease(client, keys, lease, held, ttl_s, ledger, value)
+
+
+def _json_done(record: dict[str, Any]) -> bytes:
     return json.dumps({**record, "done": True}, sort_keys=True).encode()
+
+
+def _done(client: EtcdClient, keys: EtcdKeys, key: str, token: int) -> bool:
+    """Is the live lease on ``key`` with fencing ``token`` one kept after its command ended
+    (``_keep_done``)? Nothing runs under it, and its holder has exited."""
+    for held in _read_slots(client, keys, key)[0]:
+        if held.token == token:
+            record = decode_value(unb64(held.kv.get("value")))
+            return record is not None and record.get("done") is True
+    return False
 
 
 def _move_own_lease(

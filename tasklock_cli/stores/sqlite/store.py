@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import sqlite3
@@ -248,16 +249,12 @@ class SQLiteStore(Store):
         self._clock = clock
         self._wall = wall_clock
         self._boot = current_boot_id()
-        #: What an acquire records of its holder's processes (``hold_with_processes``).
-        self._processes: dict = {}
-        self._processes_guard: int | None = None
-        # Whose directories beside the file to use: learnt when the file is first opened.
-        owners = Owners(file_mode)
+        self._processes: dict = {}  # what an acquire records (``hold_with_processes``)
+        owners = Owners(file_mode)  # whose directories beside the file to use (learnt at open)
         self._db = SQLiteConnection(self.path, create_parent, file_mode, owners)
-        self._wakeups = LocalWakeups(
-            paths.with_name_suffix(self.path, ".waiters"), file_mode, owners
-        )
-        self._alarms = BreakAlarms(paths.with_name_suffix(self.path, ".holders"), file_mode, owners)
+        beside = functools.partial(paths.with_name_suffix, self.path)
+        self._wakeups = LocalWakeups(beside(".waiters"), file_mode, owners)
+        self._alarms = BreakAlarms(beside(".holders"), file_mode, owners)
 
     @classmethod
     def from_url(cls, url: str) -> SQLiteStore:
@@ -465,14 +462,12 @@ class SQLiteStore(Store):
     def hold_with_processes(self, guard_pid: int) -> None:
         from tasklock_cli.stores.sqlite.processes import processes_of
 
-        pids = [os.getpid(), guard_pid]
-        self._processes = {"processes": processes_of(self._boot, pids)}
-        self._processes_guard = guard_pid
+        self._processes = {"processes": processes_of(self._boot, [os.getpid(), guard_pid])}
 
     def note_processes(self, lease: Lease, guard_pid: int) -> None:
         from tasklock_cli.stores.sqlite.processes import processes_of
 
-        if guard_pid == self._processes_guard:  # recorded by the acquire already
+        if self._processes:  # recorded by the acquire already (its guard is the one)
             return
         params = {
             **_lease_params(lease),
