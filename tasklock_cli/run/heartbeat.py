@@ -134,7 +134,6 @@ class Heartbeat:
         next_renewal = self.keeper.acquired_at + options.schedule.renew_interval
         if self._quiet_start(next_renewal):
             return
-        self._note_processes()
         while not self._until_renewal(next_renewal):
             # A renewal and what it finds are one step for stop_reports: one under way is
             # finished and reported first, and none begins once stopped.
@@ -185,7 +184,8 @@ class Heartbeat:
         wait_readable([self._stop_r], quiet_until - self.clock())
         return self.stopped.is_set()
 
-    def _note_processes(self) -> None:
+    def note_processes(self) -> None:
+        """Record this process and the guard with the lease (``Store.note_processes``)."""
         lease = self.keeper.lease
         if self.guard_pid is None or lease is None:
             return

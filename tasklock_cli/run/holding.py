@@ -76,16 +76,13 @@ class Holding:
         for keeper in self.in_order:
             keeper.store.set_io_timeout(seconds)
 
-    def hold_with_processes(self, fork_guard: Callable[[], int]) -> None:
-        """Where a store can tell that a holder's processes are gone, fork the command's
-        guard (``fork_guard``: its pid) before the leases are taken, and have every acquire
-        record it with this process: a holder killed right after it is granted is then
-        seen as gone by `release --force` at once."""
-        stores = [keeper.store for keeper in self.in_order]
-        if any(store.tells_dead_holders for store in stores):
-            guard_pid = fork_guard()
-            for store in stores:
-                store.hold_with_processes(guard_pid)
+    def note_processes(self, guard_pid: int) -> None:
+        """Record with every lease this process and the command's guard, before the
+        command starts, where the store can later tell they are gone: a holder killed at
+        any instant after its command started is seen as gone by `release --force`."""
+        for heartbeat in self.heartbeats:
+            heartbeat.guard_pid = guard_pid
+            heartbeat.note_processes()
 
     def start(self, guard_pid: int) -> None:
         for heartbeat in self.heartbeats:

@@ -175,7 +175,6 @@ class Supervisor:
         options = self.options
         self.holding.set_io_timeout(options.schedule.io_timeout)
         self._acquiring = True
-        self.holding.hold_with_processes(lambda: self._fork_guard().guard_pid)
         try:
             done_by = self._acquire()
         except Conflict as conflict:
@@ -256,6 +255,7 @@ class Supervisor:
                 return ExitCode.SIGNALLED + signum
             child = self._fork_guard()
             self._guard = None
+            self.holding.note_processes(child.guard_pid)  # before the command can start
             try:
                 child.start(lease_env(self.keeper, self.holding), terminal.fd)
             except TasklockError as exc:

@@ -228,16 +228,6 @@ class Store(ABC):
         """Who broke ``lease`` (``breaker(by)`` of its first break), for its holder's ledger
         record; None when it is not broken, or no longer on the store."""
 
-    #: Whether the store can tell a holder's processes are gone (``free_if_holder_gone``):
-    #: `run` then forks its command's guard before it acquires (``hold_with_processes``).
-    tells_dead_holders = False
-
-    def hold_with_processes(self, guard_pid: int) -> None:  # noqa: B027
-        """The processes that will hold the leases this client takes from now on (this
-        process and ``guard_pid``, its command's guard): a store that can tell later that
-        they are gone records them in the acquire itself, so that a holder killed at any
-        instant after it is granted is seen as gone. Nothing by default."""
-
     def note_processes(self, lease: Lease, guard_pid: int) -> None:  # noqa: B027
         """Record with the lease the processes its holder runs (this process and the guard
         of its command), where the store can later tell they are gone

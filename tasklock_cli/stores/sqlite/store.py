@@ -231,7 +231,6 @@ def _checked_parameters(url: str) -> dict[str, str]:
 
 class SQLiteStore(Store):
     signals_release = True  # among processes on this machine (see waiting and breaks)
-    tells_dead_holders = True  # on this machine (see processes)
 
     def __init__(
         self,
@@ -249,7 +248,6 @@ class SQLiteStore(Store):
         self._clock = clock
         self._wall = wall_clock
         self._boot = current_boot_id()
-        self._processes: dict = {}  # what an acquire records (``hold_with_processes``)
         owners = Owners(file_mode)  # whose directories beside the file to use (learnt at open)
         self._db = SQLiteConnection(self.path, create_parent, file_mode, owners)
         beside = functools.partial(paths.with_name_suffix, self.path)
@@ -286,7 +284,7 @@ class SQLiteStore(Store):
     def _acquire(
         self, key: str, ttl: float, holder: Holder, owner: str, limit: int, queue: bool, ask: Ask
     ) -> Lease | None:
-        recorded = json.dumps({**holder.to_dict(), "mode": ask.mode, **self._processes})
+        recorded = json.dumps({**holder.to_dict(), "mode": ask.mode})
         params = {
             **self._times(),
             "key": key,
@@ -459,16 +457,9 @@ class SQLiteStore(Store):
         rows = self._db.read(_BROKEN_BY, params)
         return breaker_of(rows[0][0]) if rows else None
 
-    def hold_with_processes(self, guard_pid: int) -> None:
-        from tasklock_cli.stores.sqlite.processes import processes_of
-
-        self._processes = {"processes": processes_of(self._boot, [os.getpid(), guard_pid])}
-
     def note_processes(self, lease: Lease, guard_pid: int) -> None:
         from tasklock_cli.stores.sqlite.processes import processes_of
 
-        if self._processes:  # recorded by the acquire already (its guard is the one)
-            return
         params = {
             **_lease_params(lease),
             "token": lease.fencing_token,
