@@ -100,6 +100,15 @@ _LIST = (
     " AND LEFT(`key`, LENGTH(%(prefix)s)) = %(prefix)s ORDER BY `key`, slot"
     f" LIMIT {LIST_PAGE}"
 )
+# A lease kept after its command ended (--hold-at-least) is marked done in its holder:
+# nothing runs under it, and its holder has exited (see free_if_holder_gone).
+_MARK_DONE = f"""UPDATE `{{table}}`
+   SET holder = JSON_SET(holder, '$.done', JSON_EXTRACT('true', '$'))
+ WHERE `key` = %(key)s AND slot = %(slot)s AND owner_token = %(owner)s
+   AND fencing_token = %(fence)s AND {_LIVE}"""
+_DONE = f"""SELECT 1 FROM `{{table}}`
+ WHERE `key` = %(key)s AND slot >= 0 AND fencing_token = %(token)s AND owner_token IS NOT NULL
+   AND {_LIVE} AND JSON_UNQUOTE(JSON_EXTRACT(holder, '$.done')) = 'true'"""
 _BROKEN_BY = """SELECT broken_by FROM `{table}`
  WHERE `key` = %(key)s AND slot = %(slot)s AND owner_token = %(broken)s
    AND fencing_token = %(fence)s"""
@@ -245,6 +254,8 @@ class MySQLStore(Store):
         # Not retried on an ambiguous failure: if the row was cleared and the reply lost,
         # a retry would report False although the release worked.
         (row,) = self._call("release", args, idempotent=False)
+        if keep_for > 0 and int(row[0]) == 1:  # (one more round trip, for these runs only)
+            self._rows(_MARK_DONE, _ours(lease))
         return int(row[0]) == 1
 
     def time_left(self, key: str, fencing_token: int) -> float | None:
@@ -319,6 +330,11 @@ class MySQLStore(Store):
         params = {**_ours(lease), "broken": BROKEN_OWNER_PREFIX + lease.owner_token}
         rows = self._rows(_BROKEN_BY, params)
         return breaker_of(rows[0][0]) if rows else None
+
+    def free_if_holder_gone(self, key: str, token: int) -> bool:
+        """Only a lease kept after its command ended (``_MARK_DONE``) has nobody under it."""
+        done = self._rows(_DONE, {"key": key, "token": token})
+        return bool(done) and bool(self.force_release(key, token))
 
     def force_release(self, key: str, token: int | None = None) -> builtins.list[LeaseInfo]:
         rows = self._call("force", (key, token), idempotent=False)

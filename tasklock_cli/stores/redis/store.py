@@ -323,17 +323,8 @@ class RedisStore(Store):
         return breaker_of(by)
 
     def free_if_holder_gone(self, key: str, token: int) -> bool:
-        """Only a lease kept after its command ended (--hold-at-least, marked ``done``) is
-        known to have nobody under it: its holder has exited."""
-        slots = [row[0] for row in self._slots(key) if row[1] == str(token).encode()]
-        if not slots:
-            return False
-        name = self._names.lease(key, int(slots[0]))
-        fields = ("fencing_token", "done")
-        held, done = self._conn.call(lambda c: c.hmget(name, fields), key)
-        if held != str(token).encode() or done != b"1":
-            return False
-        return bool(self.force_release(key, token))
+        """Only a lease kept after its command ended (``_done``) has nobody under it."""
+        return _done(self, key, token) and bool(self.force_release(key, token))
 
     def force_release(self, key: str, token: int | None = None) -> builtins.list[LeaseInfo]:
         return self._each_slot("force_release", key, token, [self._names.name(key, "wake")])
@@ -452,6 +443,18 @@ def _first_expiry(rows: list[list[Any]]) -> float:
     """Seconds until the first of these slots runs out (``RedisStore._slots``' rows)."""
     pttls = [int(row[6]) for row in rows if int(row[6]) >= 0]
     return min(pttls) / 1000 if pttls else math.inf
+
+
+def _done(store: RedisStore, key: str, token: int) -> bool:
+    """Is the live lease on ``key`` with fencing ``token`` one kept after its command ended
+    (--hold-at-least: ``done`` in its hash)? Nothing runs under it, and its holder has
+    exited."""
+    slots = [int(row[0]) for row in store._slots(key) if row[1] == str(token).encode()]
+    if not slots:
+        return False
+    name = store._names.lease(key, slots[0])
+    held, done = store._conn.call(lambda c: c.hmget(name, ("fencing_token", "done")), key)
+    return held == str(token).encode() and done == b"1"
 
 
 def _slots_covered(lease: Lease) -> int:
