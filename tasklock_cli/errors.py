@@ -63,6 +63,18 @@ class LimitMismatch(ConfigError):
         )
 
 
+class FencingExhausted(ConfigError):
+    """The key's fencing counter is at 2**63-1: no greater token can be issued, ever (a
+    store state that can never work, so a configuration error, not a conflict)."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        super().__init__(
+            f"the fencing counter of {key!r} has reached 2**63-1 on this store: no greater "
+            "token can be issued, so the key cannot be acquired again (use another key)"
+        )
+
+
 class Superseded(TasklockError):
     """A newer ``run --supersede`` of the key started waiting: this waiting run gives up."""
 

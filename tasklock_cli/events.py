@@ -75,7 +75,7 @@ class EventLog:
                 "ts": now_rfc3339(),
                 **fields,
             }
-            self._write(json_text(record, default=str))
+            self._write_json(record)
         elif self.verbosity >= _TEXT_LEVEL[event]:
             self._stop_spinner()
             if event == "waiting" and self._start_spinner(message):
@@ -90,7 +90,7 @@ class EventLog:
         self._stop_spinner()
         if self.log_format == "json":
             record = {"event": "error", "message": message, "ts": now_rfc3339()}
-            self._write(json_text(record))
+            self._write_json(record)
         else:
             self._write(f"tasklock: error: {message}")
 
@@ -101,7 +101,7 @@ class EventLog:
         self._stop_spinner()
         if self.log_format == "json":
             record = {"event": "warning", "message": message, "ts": now_rfc3339(), **fields}
-            self._write(json_text(record, default=str))
+            self._write_json(record)
         else:
             self._write(f"tasklock: warning: {message}")
 
@@ -133,10 +133,17 @@ class EventLog:
         if self.verbosity >= VERBOSE and self.log_format == "text":
             self._write(f"tasklock: {message}")
 
+    def _write_json(self, record: dict) -> None:
+        """One JSON line, escaped by ``json_text`` (``safe`` would make it invalid JSON)."""
+        self._write_line(json_text(record, default=str))
+
     def _write(self, line: str) -> None:
         """One line: a text message escaped whole (its key, note, holder may be anyone's)."""
+        self._write_line(safe(line))
+
+    def _write_line(self, line: str) -> None:
         try:
-            self.stream.write(safe(line) + "\n")
+            self.stream.write(line + "\n")
             self.stream.flush()
         except (OSError, ValueError):
             pass  # stderr closed or a broken pipe must never take the lock's safety with it

@@ -139,6 +139,7 @@ FAMILIES = (
     "tasklock_held",
     "tasklock_held_shared",
     "tasklock_waiting",
+    "tasklock_malformed_records",
 )
 
 
@@ -190,7 +191,9 @@ def test_metrics_from_the_ledger_and_the_live_leases(env, store_url):
         "tasklock_held",
         "tasklock_held_shared",
         "tasklock_waiting",
+        "tasklock_malformed_records",
     ]
+    assert got[("tasklock_malformed_records", "held")] == 0
     assert got[("tasklock_held_shared", "held")] == 0
 
 

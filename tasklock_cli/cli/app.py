@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import inspect
-import json
 import sys
 from collections.abc import Callable
 from dataclasses import fields
@@ -384,7 +383,7 @@ def sweep(
     with g.open_store() as store:
         removed = store.sweep(dry_run=dry_run)
     if as_json:
-        typer.echo(json.dumps({"would_remove" if dry_run else "removed": removed}))
+        typer.echo(json_text({"would_remove" if dry_run else "removed": removed}))
     else:
         verb = "would remove" if dry_run else "removed"
         typer.echo(f"{verb} {removed} expired lease{'' if removed == 1 else 's'}")
@@ -421,7 +420,7 @@ def release(
     from tasklock_cli.cli import render
 
     if as_json:
-        typer.echo(json.dumps(render.break_outcome_json(key, outcome)))
+        typer.echo(json_text(render.break_outcome_json(key, outcome)))
     else:
         typer.echo(render.break_outcome(key, token, outcome, timeout))
     raise typer.Exit(0 if outcome.freed else ExitCode.CONFLICT)

@@ -13,6 +13,8 @@ from tasklock_cli.stores.model import LeaseInfo
 from tasklock_cli.stores.model import RunRecord
 from tasklock_cli.stores.model import StoreCheck
 from tasklock_cli.stores.model import WaiterInfo
+from tasklock_cli.stores.rows import problems
+from tasklock_cli.stores.rows import shown
 from tasklock_cli.util.durations import format_duration
 from tasklock_cli.util.sanitize import json_text
 from tasklock_cli.util.sanitize import safe
@@ -64,11 +66,11 @@ def lease_table(leases: Iterable[LeaseInfo], waiting: dict[str, int]) -> None:
             fields = [
                 info.key,
                 h.host,
-                str(h.pid),
+                shown(info.malformed, "holder.pid", h.pid),
                 h.user,
-                str(info.fencing_token),
+                shown(info.malformed, "fencing_token", info.fencing_token),
                 rfc3339(info.expires_at),
-                "expired" if info.expired else "held",
+                "malformed" if info.malformed else "expired" if info.expired else "held",
                 h.note or "",
                 str(info.slot),
                 str(waiting.get(info.key, 0)),
@@ -96,15 +98,17 @@ def _rich_table(leases: list[LeaseInfo], waiting: dict[str, int]):
         slot = (f"{info.slot} of {info.limit}",) if slots else ()
         mode = (info.mode,) if modes else ()
         table.add_row(
-            _text(info.key),
-            *slot,
-            *mode,
-            _text(f"{h.user}@{h.host} pid {h.pid}"),
-            str(info.fencing_token),
-            relative(info.acquired_at),
-            _expiry(info),
-            str(waiting.get(info.key, 0)),
-            _text(h.note or ""),
+            *_cells(
+                info.key,
+                *slot,
+                *mode,
+                _holder_text(info.holder, info.malformed),
+                shown(info.malformed, "fencing_token", info.fencing_token),
+                relative(info.acquired_at),
+                _expiry(info),
+                str(waiting.get(info.key, 0)),
+                h.note or "",
+            ),
             style="dim" if info.expired else None,
         )
     return table
@@ -141,13 +145,13 @@ def history_table(key: str, runs: list[RunRecord]) -> None:
             fields = [
                 rfc3339(run.started_at),
                 rfc3339(run.ended_at) if run.ended_at else "",
-                str(run.fencing_token),
+                shown(run.malformed, "fencing_token", run.fencing_token),
                 str(run.slot),
-                run.outcome,
+                "malformed" if run.malformed else run.outcome,
                 "" if run.exit_code is None else str(run.exit_code),
                 run.detected_by or "",
                 h.host,
-                str(h.pid),
+                shown(run.malformed, "holder.pid", h.pid),
                 h.user,
                 h.note or "",
                 " ".join(h.command),
@@ -173,15 +177,17 @@ def _history_rich_table(key: str, runs: list[RunRecord]):
         took = (run.ended_at - run.started_at).total_seconds() if run.ended_at else None
         outcome = f"{run.outcome} ({run.detected_by})" if run.detected_by else run.outcome
         table.add_row(
-            f"{rfc3339(run.started_at)} ({relative(run.started_at)})",
-            format_duration(max(0.0, took)) if took is not None else "-",
-            str(run.fencing_token),
-            *((run.mode,) if modes else ()),
-            outcome,
-            "-" if run.exit_code is None else str(run.exit_code),
-            _text(f"{h.user}@{h.host} pid {h.pid}"),
-            _text(h.note or ""),
-            _text(" ".join(h.command)),
+            *_cells(
+                f"{rfc3339(run.started_at)} ({relative(run.started_at)})",
+                format_duration(max(0.0, took)) if took is not None else "-",
+                shown(run.malformed, "fencing_token", run.fencing_token),
+                *((run.mode,) if modes else ()),
+                outcome,
+                "-" if run.exit_code is None else str(run.exit_code),
+                _holder_text(h, run.malformed),
+                h.note or "",
+                " ".join(h.command),
+            ),
             style=None if run.outcome in ("succeeded", "done-already") else "red",
         )
     return table
@@ -212,7 +218,10 @@ def waiters_block(key: str, waiters: list[WaiterInfo], held: bool) -> None:
         h = waiter.holder
         since = f"since {rfc3339(waiter.since)} ({relative(waiter.since)})"
         note = f", note {h.note}" if h.note else ""
-        line = f"{h.host} pid {h.pid} (user {h.user}), {waiter.mode}, {since}{note}"
+        pid = shown(waiter.malformed, "holder.pid", h.pid)
+        line = f"{h.host} pid {pid} (user {h.user}), {waiter.mode}, {since}{note}"
+        if waiter.malformed:
+            line += f" (malformed: {problems(waiter.malformed)})"
         sys.stdout.write(f"{place:>9} {_one_line(line)}\n")
 
 
@@ -237,10 +246,11 @@ def _lease_block(info: LeaseInfo) -> None:
         ("key", info.key),
         *slot,
         *([("mode", info.mode)] if info.shared else []),
-        ("holder", f"{h.host} pid {h.pid} (user {h.user})"),
+        ("holder", f"{h.host} pid {shown(info.malformed, 'holder.pid', h.pid)} (user {h.user})"),
         ("command", " ".join(h.command)),
         ("note", h.note or "-"),
-        ("token", str(info.fencing_token)),
+        ("token", shown(info.malformed, "fencing_token", info.fencing_token)),
+        *([("malformed", problems(info.malformed))] if info.malformed else []),
         ("acquired", f"{rfc3339(info.acquired_at)} ({relative(info.acquired_at)})"),
         ("expires", f"{rfc3339(info.expires_at)} ({relative(info.expires_at)})"),
     ]
@@ -274,6 +284,17 @@ def _text(text: str):
     from rich.text import Text
 
     return Text(safe(text))
+
+
+def _holder_text(holder, malformed: tuple) -> str:
+    """Who holds (or held) a lease, in a table's cell; what was malformed about its row."""
+    text = f"{holder.user}@{holder.host} pid {shown(malformed, 'holder.pid', holder.pid)}"
+    return f"{text} (malformed: {problems(malformed)})" if malformed else text
+
+
+def _cells(*texts: str) -> list:
+    """A rich table row: every cell escaped and taken as text (a str would be markup)."""
+    return [_text(text) for text in texts]
 
 
 def break_outcome(key: str, token: int | None, outcome, timeout: float) -> str:

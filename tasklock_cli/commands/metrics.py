@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from tasklock_cli.stores.base import Store
 from tasklock_cli.stores.model import LEDGER_KEEP
 from tasklock_cli.stores.model import RunRecord
+from tasklock_cli.util.sanitize import safe
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,11 @@ LAST_DURATION = Family(
 HELD = Family("tasklock_held", "Live holders of the key's lease now.")
 HELD_SHARED = Family("tasklock_held_shared", "Live holders of the key in shared mode now.")
 WAITING = Family("tasklock_waiting", "Runs waiting for the key now (its queue's length).")
+MALFORMED = Family(
+    "tasklock_malformed_records",
+    "Records of the key on the store that could not be read (live leases and ledger runs; "
+    "release --force and sweep remove such leases).",
+)
 FAMILIES = (
     LAST_START,
     LAST_SUCCESS,
@@ -52,6 +58,7 @@ FAMILIES = (
     HELD,
     HELD_SHARED,
     WAITING,
+    MALFORMED,
 )
 
 
@@ -59,6 +66,17 @@ def escape_label_value(value: str) -> str:
     """A label value as the exposition format writes it: backslash, double quote and line
     feed escaped."""
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def key_labels(key: str) -> str:
+    """The labels of a key's samples: ``key="..."``, the key as it is when the sanitiser
+    leaves it alone; else escaped (its backslashes doubled too, so two keys never share a
+    label) and marked ``escaped="true"``: a key with control or bidi characters (forged
+    into the store, or a bidi override that ``run`` accepts) shows none of them raw."""
+    if safe(key) == key:
+        return f'key="{escape_label_value(key)}"'
+    escaped = safe(key.replace("\\", "\\\\"))
+    return f'key="{escape_label_value(escaped)}",escaped="true"'
 
 
 def escape_help(text: str) -> str:
@@ -81,13 +99,16 @@ def key_samples(
     success: RunRecord | None,
     waiting: int = 0,
     shared: int = 0,
+    malformed: int = 0,
 ) -> dict[Family, float]:
     """The samples of one key, from its runs (newest first), its live holders (``shared``
-    of them in shared mode), its newest success and its waiters."""
+    of them in shared mode), its newest success, its waiters and how many of its live
+    leases could not be read (``malformed``; its malformed runs are counted here)."""
     samples: dict[Family, float] = {
         HELD: float(held),
         HELD_SHARED: float(shared),
         WAITING: float(waiting),
+        MALFORMED: float(malformed + sum(1 for run in runs if run.malformed)),
     }
     ran = [run for run in runs if run.outcome != "done-already"]
     if ran:
@@ -107,9 +128,11 @@ def collect(store: Store, prefix: str = "") -> dict[str, dict[Family, float]]:
     waiters): its samples."""
     held: dict[str, int] = {}
     shared: dict[str, int] = {}
+    malformed: dict[str, int] = {}
     for info in store.list(prefix=prefix):
         held[info.key] = held.get(info.key, 0) + 1
         shared[info.key] = shared.get(info.key, 0) + info.shared
+        malformed[info.key] = malformed.get(info.key, 0) + bool(info.malformed)
     waiting = store.waiting_counts(prefix)
     keys = sorted(set(store.ledger_keys(prefix)) | set(held) | set(waiting))
     return {
@@ -119,6 +142,7 @@ def collect(store: Store, prefix: str = "") -> dict[str, dict[Family, float]]:
             store.last_success(key)[0],
             waiting.get(key, 0),
             shared.get(key, 0),
+            malformed.get(key, 0),
         )
         for key in keys
     }
@@ -131,5 +155,4 @@ def exposition(per_key: dict[str, dict[Family, float]]) -> Iterable[str]:
         yield f"# TYPE {family.name} gauge"
         for key, samples in per_key.items():
             if family in samples:
-                label = escape_label_value(key)
-                yield f'{family.name}{{key="{label}"}} {format_value(samples[family])}'
+                yield f"{family.name}{{{key_labels(key)}}} {format_value(samples[family])}"

@@ -33,8 +33,13 @@ class Conflict(TasklockError):
 
 
 def describe_holder(info: LeaseInfo) -> str:
-    holder = info.holder
-    return f"{holder.host} pid {holder.pid} (user {holder.user}, token {info.fencing_token})"
+    from tasklock_cli.stores.rows import shown
+
+    holder, bad = info.holder, info.malformed
+    pid = shown(bad, "holder.pid", holder.pid)
+    token = shown(bad, "fencing_token", info.fencing_token)
+    described = f"{holder.host} pid {pid} (user {holder.user}, token {token})"
+    return f"{described}, whose record on the store is malformed" if bad else described
 
 
 def describe_conflict(

@@ -10,6 +10,15 @@ from tasklock_cli.util.records import field
 from tasklock_cli.util.records import replace
 from tasklock_cli.util.times import rfc3339
 
+#: The greatest fencing token (a signed 64-bit integer: SQL's bigint): an acquire that would
+#: issue a greater one fails (``FencingExhausted``), and a token above it read from a
+#: store is malformed.
+MAX_FENCING_TOKEN = 2**63 - 1
+#: No tasklock ever puts a waiter's place further ahead than this (its waiter_ttl is a few
+#: seconds): a place that expires later than this from now was not written by a waiter
+#: (forged, or a clock gone wrong) and is dead -- ignored by the queue, removed by the next
+#: acquire of its key and by ``sweep`` -- so it cannot hold a free key up.
+WAITER_HORIZON_S = 60.0
 #: Rows per read of a listing (see ``Store.list``).
 LIST_PAGE = 1000
 #: A waiter wakes this long after the lease it waits on runs out, so it finds it expired.
@@ -61,14 +70,11 @@ class Holder:
         }
 
     @classmethod
-    def from_dict(cls, data: dict) -> Holder:
-        return cls(
-            host=str(data.get("host", "")),
-            pid=int(data.get("pid", 0)),
-            user=str(data.get("user", "")),
-            command=[str(part) for part in data.get("command", [])],
-            note=data.get("note"),
-        )
+    def from_dict(cls, data: object) -> Holder:
+        """The holder in ``data`` (placeholders for what cannot be read, see ``rows``)."""
+        from tasklock_cli.stores.rows import RowReader
+
+        return RowReader().holder(data)
 
 
 @dataclass(frozen=True)
@@ -109,13 +115,15 @@ class LeaseInfo:
     slot: int = 0
     limit: int = 1
     mode: str = EXCLUSIVE
+    #: What could not be read of the row: (field, why) pairs; empty for a good row.
+    malformed: tuple = ()
 
     @property
     def shared(self) -> bool:
         return self.mode == SHARED
 
     def to_json(self) -> dict:
-        return {
+        shown = {
             "key": self.key,
             "holder": {**self.holder.to_dict(), "mode": self.mode},
             "mode": self.mode,
@@ -126,6 +134,7 @@ class LeaseInfo:
             "slot": self.slot,
             "limit": self.limit,
         }
+        return with_malformed(shown, self.malformed)
 
 
 @dataclass(frozen=True)
@@ -135,9 +144,10 @@ class WaiterInfo:
     holder: Holder
     since: datetime
     mode: str = "exclusive"
+    malformed: tuple = ()
 
     def to_json(self) -> dict:
-        return {
+        shown = {
             "host": self.holder.host,
             "pid": self.holder.pid,
             "user": self.holder.user,
@@ -145,6 +155,7 @@ class WaiterInfo:
             "note": self.holder.note,
             "mode": self.mode,
         }
+        return with_malformed(shown, self.malformed, flat_holder=True)
 
 
 #: The run ledger keeps at least this many runs per key; a write trims older ones.
@@ -172,6 +183,7 @@ class RunRecord:
     #: Who broke the lease (``release --force``): {"host", "pid", "user"}; None otherwise.
     broken_by: dict | None = None
     mode: str = EXCLUSIVE
+    malformed: tuple = ()
 
     @property
     def shared(self) -> bool:
@@ -193,29 +205,19 @@ class RunRecord:
     def from_fields(
         cls,
         key: str,
-        fencing_token: int,
-        started_at: datetime,
-        ended_at: datetime | None,
-        data: dict,
+        fencing_token: object,
+        started_at: object,
+        ended_at: object,
+        data: object,
     ) -> RunRecord:
-        code = data.get("exit_code")
-        return cls(
-            key=key,
-            fencing_token=int(fencing_token),
-            holder=Holder.from_dict(data.get("holder") or {}),
-            started_at=started_at,
-            ended_at=ended_at,
-            exit_code=None if code is None else int(code),
-            outcome=str(data.get("outcome", "")),
-            detected_by=data.get("detected_by"),
-            slot=int(data.get("slot", 0)),
-            broken_by=breaker_of(data.get("broken_by")),
-            mode=SHARED if data.get("mode") == SHARED else EXCLUSIVE,
-        )
+        """A run of the ledger from its stored fields (see ``rows.run_record``)."""
+        from tasklock_cli.stores.rows import run_record
+
+        return run_record(key, fencing_token, started_at, ended_at, data)
 
     def to_json(self) -> dict:
         holder = self.holder
-        return {
+        shown = {
             "key": self.key,
             "fencing_token": self.fencing_token,
             "slot": self.slot,
@@ -232,6 +234,27 @@ class RunRecord:
             "broken_by": self.broken_by,
             "mode": self.mode,
         }
+        return with_malformed(shown, self.malformed, flat_holder=True)
+
+
+def with_malformed(shown: dict, malformed: tuple, flat_holder: bool = False) -> dict:
+    """A record's JSON, and when its row was malformed: its unreadable fields null and
+    ``"malformed": true`` with the ``"problems"`` (a good row's JSON is unchanged)."""
+    if not malformed:
+        return shown
+    for name, _why in malformed:
+        part, _, sub = name.partition(".")
+        if part == "holder":
+            names = [sub] if sub else ["host", "pid", "user", "command", "note"]
+            holder = shown if flat_holder else shown.get("holder", {})
+            for each in names:
+                if each in holder:
+                    holder[each] = None
+        elif part in shown:
+            shown[part] = None
+    shown["malformed"] = True
+    shown["problems"] = [f"{name}: {why}" for name, why in malformed]
+    return shown
 
 
 class Replacer(Holder):
@@ -266,9 +289,11 @@ def breaker_of(data: object) -> dict | None:
             return None
     if not isinstance(data, dict):
         return None
+    from tasklock_cli.stores.rows import as_integer
+
     by: dict = {
         "host": str(data.get("host", "")),
-        "pid": int(data.get("pid") or 0),
+        "pid": as_integer(data.get("pid")) or 0,
         "user": str(data.get("user", "")),
     }
     if data.get("replaced") is True:

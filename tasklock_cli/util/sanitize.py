@@ -6,6 +6,8 @@ cannot move the cursor, set the terminal's title or reorder what is shown. Marku
 renderer's business: rich output takes these strings as ``Text``, never as markup.
 
 Arguments that are not UTF-8 are recorded with ``recordable``: lossless, and valid UTF-8.
+JSON is written by ``json_text``: the same characters as ``\\u`` escapes, so it stays
+valid JSON (a ``\\x7f`` is not) and shows nothing raw.
 """
 
 from __future__ import annotations
@@ -50,14 +52,28 @@ def recordable(arg: str) -> str:
     return arg
 
 
+#: What ``json.dumps(..., ensure_ascii=False)`` leaves raw but no terminal or log may see:
+#: DEL, C1, the bidi controls, the line and paragraph separators and lone surrogates.
+_JSON_ESCAPED = None
+
+
+def _json_escaped():
+    global _JSON_ESCAPED
+    if _JSON_ESCAPED is None:
+        import re
+
+        formats = "".join(chr(code) for code in sorted(_ESCAPED_FORMAT))
+        _JSON_ESCAPED = re.compile(f"[\x7f-\x9f\ud800-\udfff{formats}]")
+    return _JSON_ESCAPED
+
+
 def json_text(value: object, **options) -> str:
-    """``json.dumps(value, ensure_ascii=False)``, or with every non-ASCII character escaped
-    when a lone surrogate (read back from a store) would make the text invalid UTF-8."""
+    """``json.dumps(value, ensure_ascii=False)`` with what ``safe`` escapes written as
+    ``\\uXXXX`` escapes too (json escapes C0 itself): valid JSON, valid UTF-8, and nothing
+    raw that could reach a terminal. (These characters only ever occur inside strings.)"""
     import json
 
     text = json.dumps(value, ensure_ascii=False, **options)
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return json.dumps(value, ensure_ascii=True, **options)
-    return text
+    if text.isascii():
+        return text
+    return _json_escaped().sub(lambda match: f"\\u{ord(match.group()):04x}", text)

@@ -67,6 +67,7 @@ from typing import Any
 from typing import NamedTuple
 
 from tasklock_cli.errors import ConfigError
+from tasklock_cli.stores import rows
 from tasklock_cli.stores.etcd.connection import b64
 from tasklock_cli.stores.etcd.connection import kvs_of
 from tasklock_cli.stores.etcd.connection import unb64
@@ -74,7 +75,6 @@ from tasklock_cli.stores.model import EXCLUSIVE
 from tasklock_cli.stores.model import SHARED
 from tasklock_cli.stores.model import Holder
 from tasklock_cli.stores.model import LeaseInfo
-from tasklock_cli.util.times import utc_from_timestamp
 
 #: Slot numbers in key names have this many digits (zero-padded: key order is slot order).
 SLOT_DIGITS = 10
@@ -204,7 +204,7 @@ class EtcdKeys:
         key = name.decode("utf-8", "replace")
         if not nul:
             record = decode_value(unb64(kv.get("value"))) or {}
-            return SlotKv(key, 0, int(record.get("limit", 1)), kv)
+            return SlotKv(key, 0, rows.as_integer(record.get("limit", 1)) or 1, kv)
         limit_text, _, slot_text = tail.partition(b"/")
         if not (limit_text.isdigit() and slot_text.isdigit()):
             raise self.foreign(unb64(kv["key"]), "lease")
@@ -218,19 +218,21 @@ class EtcdKeys:
         it ran out: -1)."""
         if remaining < 0:
             return None  # the lease ran out between the two reads
-        record = decode_value(unb64(held.kv.get("value")))
-        if record is None:
-            raise self.foreign(unb64(held.kv["key"]), "lease")
-        return LeaseInfo(
-            key=held.key,
-            holder=Holder.from_dict(record.get("holder", {})),
-            fencing_token=held.token,
-            acquired_at=utc_from_timestamp(int(record.get("acquired_at", 0)) / 1000),
-            expires_at=utc_from_timestamp(time.time() + remaining),
-            expired=False,  # a key that exists is live: etcd deletes it with its lease
-            slot=held.slot,
-            limit=held.limit,
-            mode=held.mode,
+        # A value that is not a lease record is a malformed row (see rows): shown as such.
+        # A key that exists is live: etcd deletes it with its lease.
+        record = decode_value(unb64(held.kv.get("value"))) or {}
+        holder, acquired = record.get("holder"), record.get("acquired_at")
+        return rows.lease_info(
+            held.key,
+            held.slot,
+            held.limit,
+            held.token,
+            acquired,
+            (time.time() + remaining) * 1000,
+            holder,
+            held.mode,
+            False,
+            per_second=1000,
         )
 
     def foreign(self, name: bytes, what: str) -> ConfigError:

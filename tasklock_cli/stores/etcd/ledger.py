@@ -13,7 +13,7 @@ from datetime import datetime
 from datetime import timezone
 from typing import Any
 
-from tasklock_cli.errors import ConfigError
+from tasklock_cli.stores import rows
 from tasklock_cli.stores.etcd.connection import EtcdClient
 from tasklock_cli.stores.etcd.connection import EtcdError
 from tasklock_cli.stores.etcd.connection import b64
@@ -100,25 +100,11 @@ class EtcdLedger:
         return self._run_records(key, reply.get("kvs", []))
 
     def _run_records(self, key: str, kvs: list[dict[str, Any]]) -> list[RunRecord]:
+        """The runs in ``kvs``, each read defensively (see rows): a record that cannot be read
+        is shown as malformed, and the others as they are."""
         records = []
         for kv in kvs:
-            try:
-                data = json.loads(unb64(kv.get("value")))
-                records.append(
-                    RunRecord.from_fields(
-                        key,
-                        int(data["fencing_token"]),
-                        utc_from_timestamp(int(data["started_at"]) / 1000),
-                        utc_from_timestamp(int(data["ended_at"]) / 1000),
-                        data,
-                    )
-                )
-            except (ValueError, TypeError, KeyError) as exc:
-                raise ConfigError(
-                    f"{self._client.display_url}: etcd key {unb64(kv['key'])!r} is not a "
-                    f"tasklock run record ({type(exc).__name__}: {exc}); another application "
-                    f"uses the prefix {self._keys.prefix!r}"
-                ) from None
+            records.append(rows.run_record_json(key, unb64(kv.get("value"))))
         return records
 
     def last_success(self, key: str) -> tuple[RunRecord | None, datetime]:

@@ -37,6 +37,7 @@ from typing import Any
 from typing import NamedTuple
 
 from tasklock_cli.errors import TasklockError
+from tasklock_cli.stores import rows
 from tasklock_cli.stores.etcd.connection import EtcdClient
 from tasklock_cli.stores.etcd.connection import EtcdError
 from tasklock_cli.stores.etcd.connection import Watch
@@ -55,7 +56,6 @@ from tasklock_cli.stores.model import SHARED
 from tasklock_cli.stores.model import Holder
 from tasklock_cli.stores.model import WaiterInfo
 from tasklock_cli.util.fds import wait_readable
-from tasklock_cli.util.times import utc_from_timestamp
 
 #: When the watch breaks, waiting falls back to reading the key this often.
 POLL_S = 0.1
@@ -460,12 +460,13 @@ def waiter_value(holder: Holder, sent: float) -> bytes:
 
 
 def _waiter_info(value: bytes, mode: str) -> WaiterInfo:
+    """A place's value (see ``waiter_value``), read defensively (see rows)."""
     try:
-        data = json.loads(value) if value else {}
+        data = json.loads(value) if value else None
     except ValueError:
-        data = {}
-    holder = Holder.from_dict(data.get("holder") or {})
-    return WaiterInfo(holder, utc_from_timestamp(int(data.get("since", 0)) / 1000), mode)
+        data = None
+    fields = data if isinstance(data, dict) else {}
+    return rows.waiter_info(fields.get("holder"), fields.get("since"), mode, per_second=1000)
 
 
 def _queue_key(rest: bytes) -> str | None:

@@ -20,6 +20,7 @@ from typing import TypeVar
 import psycopg
 import psycopg.errors as pgerr
 from psycopg.conninfo import conninfo_to_dict
+from psycopg.types.datetime import TimestamptzLoader
 
 from tasklock_cli.errors import ConfigError
 from tasklock_cli.errors import StoreUnavailable
@@ -36,6 +37,21 @@ DEFAULT_IO_TIMEOUT_S = 5.0
 SERIALIZATION_RETRIES = 5
 
 _T = TypeVar("_T")
+
+
+class _LenientTimestamptz(TimestamptzLoader):
+    """A ``timestamptz`` that Python cannot hold (``infinity``, after the year 9999) is read
+    as None, which the store's row parsing reports as malformed (see ``rows``), instead of
+    failing the whole statement: one forged row must not stop every listing."""
+
+    def load(self, data: Any) -> Any:
+        try:
+            return super().load(data)
+        except psycopg.DataError:
+            return None
+
+
+psycopg.adapters.register_loader("timestamptz", _LenientTimestamptz)
 
 # Every new connection's settings, sent with its first statement (``_open``). READ
 # COMMITTED whatever the server's or role's default: every lease statement re-checks the

@@ -13,13 +13,16 @@ from typing import Literal
 from urllib.parse import unquote
 
 import psycopg
+import psycopg.errors as pgerr
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
+from tasklock_cli.errors import FencingExhausted
 from tasklock_cli.errors import LimitMismatch
 from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.errors import Superseded
 from tasklock_cli.errors import TasklockError
+from tasklock_cli.stores import rows as rows_of
 from tasklock_cli.stores.base import Store
 from tasklock_cli.stores.model import BROKEN_OWNER_PREFIX
 from tasklock_cli.stores.model import LEDGER_KEEP
@@ -328,7 +331,10 @@ class PostgresStore(Store):
 
         def attempt(conn: psycopg.Connection) -> list:
             channel = self._schema.channel  # known once connected
-            return self._listening.acquire(conn, statement, {**params, "channel": channel})
+            try:
+                return self._listening.acquire(conn, statement, {**params, "channel": channel})
+            except pgerr.NumericValueOutOfRange:  # the counter at 2**63-1 has no next token
+                raise FencingExhausted(key) from None
 
         for _ in range(ACQUIRE_RACE_RETRIES):
             rows = self._db.run(attempt)
@@ -373,10 +379,7 @@ class PostgresStore(Store):
     def waiters(self, key: str) -> list[WaiterInfo]:
         statement = self._sql(WAITERS)
         rows = self._db.run(lambda conn: conn.execute(statement, {"key": key}).fetchall())
-        return [
-            WaiterInfo(Holder.from_dict(holder or {}), _utc(since), mode)
-            for holder, since, mode in rows
-        ]
+        return [rows_of.waiter_info(holder, since, mode) for holder, since, mode in rows]
 
     def waiting_counts(self, prefix: str = "") -> dict[str, int]:
         statement = self._sql(WAITING_COUNTS)
@@ -439,18 +442,14 @@ class PostgresStore(Store):
         statement = self._sql(_HISTORY)
         params = {"key": key, "limit": limit}
         rows = self._db.run(lambda conn: conn.execute(statement, params).fetchall())
-        return [
-            RunRecord.from_fields(key, token, _utc(started), _utc(ended), data or {})
-            for key, token, started, ended, data in rows
-        ]
+        return [rows_of.run_record(*row) for row in rows]
 
     def last_success(self, key: str) -> tuple[RunRecord | None, datetime]:
         statement = self._sql(_LAST_SUCCESS)
         now, *run = self._db.run(lambda conn: one_row(conn.execute(statement, {"key": key})))
         if run[0] is None:
             return None, _utc(now)
-        key, token, started, ended, data = run
-        return RunRecord.from_fields(key, token, _utc(started), _utc(ended), data or {}), _utc(now)
+        return rows_of.run_record(*run), _utc(now)
 
     def ledger_keys(self, prefix: str = "") -> list[str]:
         statement = self._sql(_LEDGER_KEYS)
@@ -632,15 +631,8 @@ def _freed(rows: list) -> int:
 
 
 def _info(row: tuple) -> LeaseInfo:
+    """A lease row, read defensively (see rows)."""
     key, slot, slot_limit, token, acquired_at, expires_at, holder, mode, live = row
-    return LeaseInfo(
-        key=key,
-        holder=Holder.from_dict(holder or {}),
-        fencing_token=int(token),
-        acquired_at=_utc(acquired_at),
-        expires_at=_utc(expires_at),
-        expired=not live,
-        slot=int(slot),
-        limit=int(slot_limit),
-        mode=mode,
+    return rows_of.lease_info(
+        key, slot, slot_limit, token, acquired_at, expires_at, holder, mode, not live
     )

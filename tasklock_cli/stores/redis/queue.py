@@ -27,11 +27,10 @@ from __future__ import annotations
 
 import json
 
-from tasklock_cli.stores.model import EXCLUSIVE
 from tasklock_cli.stores.model import SHARED
 from tasklock_cli.stores.model import Holder
 from tasklock_cli.stores.model import WaiterInfo
-from tasklock_cli.util.times import utc_from_timestamp
+from tasklock_cli.stores.rows import waiter_info as waiter_info_of
 
 #: How a place's record says its waiter is shared, or joined with ``--supersede``
 #: (``json.dumps``' own spelling of the pairs, which place_record adds).
@@ -218,16 +217,11 @@ def place_record(holder: Holder, mode: str, supersede: bool) -> str:
     return json.dumps(record)
 
 
-def _place_data(value: bytes) -> tuple[int, dict]:
-    """A place's value, 'expires_ms since_ms record': its since_ms and record."""
-    _expires, since, record = value.split(b" ", 2)
-    return int(since), json.loads(record)
-
-
 def waiter_info(value: bytes) -> WaiterInfo:
-    since, data = _place_data(value)
-    mode = SHARED if data.get("mode") == SHARED else EXCLUSIVE
-    return WaiterInfo(Holder.from_dict(data), utc_from_timestamp(since / 1000), mode)
+    """A place's value, 'expires_ms since_ms record', read defensively (see rows)."""
+    _expires, _, rest = value.partition(b" ")
+    since, _, record = rest.partition(b" ")
+    return waiter_info_of(record, since, None, per_second=1000)
 
 
 def place_mode(value: bytes) -> str:

@@ -171,6 +171,10 @@ if fence_type == 'string' then
   if not string.match(value, '^%d+$') then
     return redis.error_reply('WRONGTYPE fence non-integer string')
   end
+  -- (as text: Lua's numbers are doubles) no token after 2**63-1
+  if #value > 19 or (#value == 19 and value >= '9223372036854775807') then
+    return {'exhausted'}
+  end
 end
 local token, too_late = next_token(KEYS[2], epoch)
 if too_late then return too_late end

@@ -16,13 +16,14 @@ import redis
 import redis.exceptions as rexc
 
 from tasklock_cli.errors import ConfigError
+from tasklock_cli.errors import FencingExhausted
 from tasklock_cli.errors import LimitMismatch
 from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.errors import Superseded
 from tasklock_cli.errors import TasklockError
+from tasklock_cli.stores import rows
 from tasklock_cli.stores.base import Store
 from tasklock_cli.stores.model import BROKEN_OWNER_PREFIX
-from tasklock_cli.stores.model import EXCLUSIVE
 from tasklock_cli.stores.model import LEDGER_KEEP
 from tasklock_cli.stores.model import LIST_PAGE
 from tasklock_cli.stores.model import SHARED
@@ -67,17 +68,6 @@ def _record_json(record: RunRecord | None) -> str:
     started_ms = math.floor(record.started_at.timestamp() * 1000)
     return json.dumps(
         {"fencing_token": record.fencing_token, "started_at": started_ms, **record.fields()}
-    )
-
-
-def _run_record(key: str, member: bytes) -> RunRecord:
-    data = json.loads(member)
-    return RunRecord.from_fields(
-        key,
-        int(data["fencing_token"]),
-        utc_from_timestamp(int(data["started_at"]) / 1000),
-        utc_from_timestamp(int(data["ended_at"]) / 1000),
-        data,
     )
 
 
@@ -151,6 +141,8 @@ class RedisStore(Store):
             raise Superseded(key)
         if result[0] == b"limit":
             raise LimitMismatch(key, int(result[1]), limit)
+        if result[0] == b"exhausted":
+            raise FencingExhausted(key)
         token, acquired_ms, expires_ms, slot = (int(v) for v in result)
         acquired_at = utc_from_timestamp(acquired_ms / 1000)
         expires_at = utc_from_timestamp(expires_ms / 1000)
@@ -255,10 +247,7 @@ class RedisStore(Store):
         return (self._decoded(key, name, [member])[0] if member else None), now
 
     def _decoded(self, key: str, name: bytes, members: list[bytes]) -> list[RunRecord]:
-        try:
-            return [_run_record(key, member) for member in members]
-        except (ValueError, TypeError, KeyError) as exc:
-            raise self._conn.not_ours(name, "does not hold tasklock run records", exc) from None
+        return [rows.run_record_json(key, member) for member in members]
 
     def ledger_keys(self, prefix: str = "") -> list[str]:
         pattern = self._names.pattern(prefix, b"runs")
@@ -385,7 +374,7 @@ class RedisStore(Store):
             ahead, *places = self._queue(key, self._queue_place(key) or "")
             readers = all(place_mode(place) == SHARED for place in places[: int(ahead)])
             return None if readers else self.waiter_ttl
-        limit = max((int(row[5] or 1) for row in rows), default=1)
+        limit = max((rows.as_integer(row[5] or 1) or 1 for row in rows), default=1)
         if len(rows) < limit and len(exclusive) == len(rows):  # (shared ones keep us out)
             ahead = int(self._queue(key, self._queue_place(key) or "")[0])
             free = limit - len(rows) if rows else 1  # (a free key's limit: the next taker's)
@@ -432,11 +421,8 @@ class RedisStore(Store):
 
     def _record(self, key: str, name: bytes, slot: int, *row: Any) -> LeaseInfo:
         """The lease in slot ``slot`` from its (fencing_token, acquired_at, expires_at,
-        holder, limit, mode) fields."""
-        try:
-            return _lease_info(key, slot, *row)
-        except (ValueError, TypeError, AttributeError) as exc:
-            raise self._conn.not_ours(name, "is not a tasklock lease", exc) from None
+        holder, limit, mode) fields, read defensively (see rows)."""
+        return _lease_info(key, slot, *row)
 
 
 def _first_expiry(rows: list[list[Any]]) -> float:
@@ -473,16 +459,12 @@ def _lease_info(
     limit: Any,
     mode: Any = None,
 ) -> LeaseInfo:
-    return LeaseInfo(
-        key=key,
-        holder=Holder.from_dict(json.loads(holder)),
-        fencing_token=int(token),
-        acquired_at=utc_from_timestamp(int(acquired) / 1000),
-        expires_at=utc_from_timestamp(int(expires) / 1000),
-        expired=False,  # a lease key that exists is live: Redis drops it at its PX
-        slot=int(slot),
-        limit=int(limit or 1),  # a plain lock's hash (an older tasklock's too) has none
-        mode=SHARED if mode == SHARED.encode() else EXCLUSIVE,  # an exclusive one has none
+    # A lease key that exists is live (Redis drops it at its PX); a plain lock's hash (an
+    # older tasklock's too) has no limit, an exclusive one no mode. (READ_MANY's JSON
+    # has false for a missing field.)
+    mode = None if mode is False else mode
+    return rows.lease_info(
+        key, slot, limit or 1, token, acquired, expires, holder, mode, False, per_second=1000
     )
 
 

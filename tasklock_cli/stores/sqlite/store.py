@@ -12,15 +12,17 @@ from collections.abc import Iterator
 from datetime import datetime
 
 from tasklock_cli.errors import ConfigError
+from tasklock_cli.errors import FencingExhausted
 from tasklock_cli.errors import LimitMismatch
 from tasklock_cli.errors import Superseded
 from tasklock_cli.errors import TasklockError
 from tasklock_cli.errors import UsageError
+from tasklock_cli.stores import rows
 from tasklock_cli.stores.base import Store
 from tasklock_cli.stores.model import BROKEN_OWNER_PREFIX
-from tasklock_cli.stores.model import EXCLUSIVE
 from tasklock_cli.stores.model import LEDGER_KEEP
 from tasklock_cli.stores.model import LIST_PAGE
+from tasklock_cli.stores.model import MAX_FENCING_TOKEN
 from tasklock_cli.stores.model import SHARED
 from tasklock_cli.stores.model import Ask
 from tasklock_cli.stores.model import Holder
@@ -80,9 +82,14 @@ _EXPIRED_RANGES = (
 )
 _EXPIRED = "(" + " OR ".join(f"({part})" for part in _EXPIRED_RANGES) + ")"
 
+# A holder's field, NULL when the holder is not JSON (a malformed row, see rows: json_extract
+# would fail the whole statement).
+_HOLDER_FIELD = "CASE WHEN json_valid(holder) THEN json_extract(holder, '$.{}') END"
 # A lease's mode, kept in its holder (none: an exclusive lease, as an older tasklock
 # writes it; see schema).
-_SHARED_LEASE = "json_extract(holder, '$.mode') IS 'shared'"
+_SHARED_LEASE = f"{_HOLDER_FIELD.format('mode')} IS 'shared'"
+# The holder with a field set, or as it is when it is not JSON.
+_HOLDER_SET = "CASE WHEN json_valid(holder) THEN json_set(holder, '$.{}', {}) ELSE holder END"
 # The slot an acquire takes: its own again when it is a retry, else the lowest one with
 # no live lease (slot 0, or one just above a held slot), below :span (the limit; no bound
 # for a shared caller).
@@ -97,7 +104,14 @@ WHERE candidate < :span AND NOT EXISTS (
 _OTHER_MODE = f"""SELECT 1 FROM {TABLE}
 WHERE key = :key AND {_LIVE_ON_KEY} AND ({_SHARED_LEASE}) <> (:mode = 'shared')"""
 # Rows are only ever freed, never deleted: the highest token of a key's rows counts on.
-_NEXT_TOKEN = f"SELECT coalesce(max(fencing_token), 0) + 1 FROM {TABLE} WHERE key = :key"
+# A token that is not an integer is malformed and counts for nothing (taking its row
+# overwrites it). At the greatest token there is no next one: NULL, which the NOT NULL
+# column refuses (FencingExhausted), where SQLite would go on in floating point.
+_HIGHEST_TOKEN = f"""SELECT coalesce(max(CASE WHEN typeof(fencing_token) = 'integer'
+                                  THEN fencing_token END), 0) AS t
+FROM {TABLE} WHERE key = :key"""
+_NEXT_TOKEN = f"""SELECT CASE WHEN t < {MAX_FENCING_TOKEN} THEN t + 1 END
+FROM ({_HIGHEST_TOKEN})"""
 # A live lease of the key with another limit than asked (LimitMismatch).
 _OTHER_LIMIT = f"""SELECT slot_limit FROM {TABLE}
 WHERE key = :key AND slot_limit <> :limit AND {_LIVE_ON_KEY} LIMIT 1"""
@@ -146,7 +160,7 @@ _FORCE_RELEASE = f"{_FREE} WHERE {_MATCHING}"
 # (``done``: its command has ended; nothing runs under the lease any more)
 _RELEASE_LATER = f"""
 UPDATE {TABLE} SET expires_boot = :now + :keep, expires_at = :wall + :keep,
-                   holder = json_set(holder, '$.done', json('true'))
+                   holder = {_HOLDER_SET.format("done", "json('true')")}
 WHERE {_OWN_LEASE} AND {_LIVE_ON_KEY}
 """
 _INFO_COLUMNS = "key, slot, slot_limit, fencing_token, acquired_at, expires_at, holder"
@@ -156,16 +170,17 @@ _BREAK = f"""
 UPDATE {TABLE} SET
     owner_token = CASE WHEN {_ALREADY_BROKEN} THEN owner_token ELSE :prefix || owner_token END,
     holder = CASE WHEN {_ALREADY_BROKEN} THEN holder
-                  ELSE json_set(holder, '$.broken_by', json(:by)) END
+                  ELSE {_HOLDER_SET.format("broken_by", "json(:by)")} END
 WHERE {_MATCHING} AND {_LIVE_ON_KEY}
 RETURNING {_INFO_COLUMNS}, 1
 """
-_BROKEN_BY = f"""SELECT json_extract(holder, '$.broken_by') FROM {TABLE}
+_BROKEN_BY = f"""SELECT {_HOLDER_FIELD.format("broken_by")} FROM {TABLE}
 WHERE key = :key AND slot = :slot AND fencing_token = :token AND owner_token = :broken"""
 # The holder's processes, recorded with its lease (see processes.py).
-_NOTE_PROCESSES = f"""UPDATE {TABLE} SET holder = json_set(holder, '$.processes', json(:processes))
+_NOTE_PROCESSES = f"""UPDATE {TABLE}
+SET holder = {_HOLDER_SET.format("processes", "json(:processes)")}
 WHERE key = :key AND slot = :slot AND fencing_token = :token AND owner_token IN (:owner, :broken)"""
-_PROCESSES = f"""SELECT json_extract(holder, '$.processes'), json_extract(holder, '$.done')
+_PROCESSES = f"""SELECT {_HOLDER_FIELD.format("processes")}, {_HOLDER_FIELD.format("done")}
 FROM {TABLE} WHERE key = :key AND fencing_token = :token AND {_LIVE_ON_KEY}"""
 # Our lease is still ours, unbroken (expired or not: the renewal tells that).
 _INTACT = f"""SELECT 1 FROM {TABLE}
@@ -186,7 +201,8 @@ _RECORD_RUN = f"""INSERT INTO {RUNS_TABLE} (key, fencing_token, started_at, ende
 VALUES (:key, :token, :started, :wall, :data) ON CONFLICT DO NOTHING"""
 # The key's newest success (``--once-per``, ``metrics``); the trim never removes it.
 _NEWEST_SUCCESS = f"""FROM {RUNS_TABLE}
-WHERE key = :key AND json_extract(data, '$.outcome') = 'succeeded'
+WHERE key = :key
+  AND CASE WHEN json_valid(data) THEN json_extract(data, '$.outcome') END = 'succeeded'
 ORDER BY fencing_token DESC LIMIT 1"""
 _TRIM_RUNS = f"""DELETE FROM {RUNS_TABLE} WHERE key = :key AND fencing_token < (
     SELECT fencing_token FROM {RUNS_TABLE} WHERE key = :key
@@ -470,14 +486,12 @@ class SQLiteStore(Store):
             conn.execute(_NOTE_PROCESSES, params)
 
     def free_if_holder_gone(self, key: str, token: int) -> bool:
-        from tasklock_cli.stores.sqlite.processes import all_gone
-
         rows = self._db.read(_PROCESSES, {**self._times(), "key": key, "token": token})
         if not rows:
             return False
         processes, done = rows[0]
         # Kept after its command ended (--hold-at-least), or its processes are gone.
-        gone = bool(done) or (processes is not None and all_gone(json.loads(processes), self._boot))
+        gone = bool(done) or (processes is not None and _all_gone(processes, self._boot))
         return gone and bool(self.force_release(key, token))
 
     def force_release(self, key: str, token: int | None = None) -> builtins.list[LeaseInfo]:
@@ -586,6 +600,17 @@ def _record_run(conn: sqlite3.Connection, record: RunRecord, wall: float) -> Non
     conn.execute(_TRIM_RUNS, params)
 
 
+def _all_gone(processes: str, boot: str) -> bool:
+    """Whether the processes a holder recorded are all gone; False when the record cannot
+    be read (a malformed row: it is not known to be gone)."""
+    from tasklock_cli.stores.sqlite.processes import all_gone
+
+    try:
+        return all_gone(json.loads(processes), boot)
+    except (ValueError, TypeError, AttributeError, KeyError, IndexError):
+        return False
+
+
 def _drain(fd: int) -> None:
     with contextlib.suppress(OSError):
         while os.read(fd, 512):
@@ -597,19 +622,9 @@ def _lease_params(lease: Lease) -> dict:
 
 
 def _lease_info(row: tuple) -> LeaseInfo:
+    """A lease row (its mode is in its holder), read defensively (see rows)."""
     key, slot, limit, token, acquired_at, expires_at, holder, live = row
-    data = json.loads(holder or "{}")
-    return LeaseInfo(
-        key=key,
-        holder=Holder.from_dict(data),
-        fencing_token=int(token),
-        acquired_at=utc_from_timestamp(acquired_at or 0),
-        expires_at=utc_from_timestamp(expires_at or 0),
-        expired=not live,
-        slot=int(slot),
-        limit=int(limit),
-        mode=SHARED if data.get("mode") == SHARED else EXCLUSIVE,
-    )
+    return rows.lease_info(key, slot, limit, token, acquired_at, expires_at, holder, None, not live)
 
 
 def _head_run(conn: sqlite3.Connection, params: dict) -> list[str]:
@@ -635,7 +650,12 @@ class _Taking:
         if conn.execute(queue.TAKE_SUPERSEDED, params).fetchone() is not None:
             taking.left_superseded = True
             return taking
-        taking.row = conn.execute(_ACQUIRE, params).fetchone()
+        try:
+            taking.row = conn.execute(_ACQUIRE, params).fetchone()
+        except sqlite3.IntegrityError:  # no next token (see _NEXT_TOKEN)
+            if conn.execute(_NEXT_TOKEN, params).fetchone()[0] is None:
+                raise FencingExhausted(params["key"]) from None
+            raise
         if taking.row is None:
             other = conn.execute(_OTHER_LIMIT, params).fetchone()
             taking.other_limit = None if other is None else int(other[0])
@@ -654,10 +674,8 @@ class _Taking:
 
 
 def _waiter_info(holder: str, since: float, mode: str) -> WaiterInfo:
-    return WaiterInfo(Holder.from_dict(json.loads(holder)), utc_from_timestamp(since), mode)
+    return rows.waiter_info(holder, since, mode)
 
 
 def _run_record(key: str, token: int, started: float, ended: float, data: str) -> RunRecord:
-    return RunRecord.from_fields(
-        key, token, utc_from_timestamp(started), utc_from_timestamp(ended), json.loads(data)
-    )
+    return rows.run_record(key, token, started, ended, data)

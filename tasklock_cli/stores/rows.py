@@ -1,0 +1,264 @@
+"""Reading what a store returned, defensively: the one parser of every store's rows.
+
+Anyone who can write to the store can write anything into a row: a holder that is not
+JSON, a pid that is a string, a fencing token that is not an integer, a time in the year
+1e300. Such a row is *malformed*: it is read as far as it can be, each field it could not
+read gets a placeholder (``?``, 0, the epoch) and is named in the record's ``malformed``
+(pairs of field and why), and it never stops the rows around it from being read. Shown,
+its unreadable fields are ``?`` in text and null in JSON, and the record says
+``"malformed": true`` (see ``model``); ``metrics`` counts such records.
+
+What a store decides with a malformed row is its own statements' business (a slot whose
+row cannot be read stays taken until the row's expiry, or until ``release --force`` or
+``sweep`` removes it): this module only reads.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from datetime import timezone
+
+from tasklock_cli.stores.model import EXCLUSIVE
+from tasklock_cli.stores.model import MAX_FENCING_TOKEN
+from tasklock_cli.stores.model import MODES
+from tasklock_cli.stores.model import Holder
+from tasklock_cli.stores.model import LeaseInfo
+from tasklock_cli.stores.model import RunRecord
+from tasklock_cli.stores.model import WaiterInfo
+from tasklock_cli.stores.model import breaker_of
+
+#: The placeholder of a text field that could not be read.
+UNREADABLE = "?"
+#: The latest time a row may name: later ones (or none that Python can show) are malformed.
+_LATEST = datetime(9999, 12, 31, tzinfo=timezone.utc).timestamp()
+_EPOCH = datetime.fromtimestamp(0, tz=timezone.utc)
+#: A pid, slot or limit a row may hold (pids are 32-bit, limits at most 1000).
+_MAX_SMALL = 2**31 - 1
+
+
+class RowReader:
+    """Reads one row's fields, noting each one it could not read (``problems``)."""
+
+    def __init__(self) -> None:
+        self.problems: list[tuple[str, str]] = []
+
+    def note(self, name: str, why: str) -> None:
+        self.problems.append((name, why))
+
+    @property
+    def malformed(self) -> tuple[tuple[str, str], ...]:
+        return tuple(self.problems)
+
+    def integer(self, name: str, value: object, low: int = 0, high: int = _MAX_SMALL) -> int:
+        """An integer in [low, high]: an int, or its decimal digits as text or bytes."""
+        number = as_integer(value)
+        if number is None or not low <= number <= high:
+            self.note(name, f"{_shown(value)} is not an integer in [{low}, {high}]")
+            return 0
+        return number
+
+    def token(self, name: str, value: object) -> int:
+        """A fencing token: an integer in [1, 2**63-1] (0 when unreadable: never a token)."""
+        return self.integer(name, value, 1, MAX_FENCING_TOKEN)
+
+    def optional_integer(self, name: str, value: object, low: int, high: int) -> int | None:
+        return None if value is None else self.integer(name, value, low, high)
+
+    def text(self, name: str, value: object) -> str:
+        if isinstance(value, bytes):
+            return value.decode("utf-8", "surrogateescape")
+        if not isinstance(value, str):
+            self.note(name, f"{_shown(value)} is not text")
+            return UNREADABLE
+        return value
+
+    def optional_text(self, name: str, value: object) -> str | None:
+        return None if value is None else self.text(name, value)
+
+    def moment(self, name: str, value: object, per_second: int = 1) -> datetime:
+        """A time: a datetime, or seconds (``per_second``: its unit) since the epoch."""
+        if isinstance(value, datetime):
+            return value.astimezone(timezone.utc)
+        seconds = as_number(value)
+        if seconds is not None:
+            seconds /= per_second
+            if -_LATEST <= seconds <= _LATEST:
+                return datetime.fromtimestamp(seconds, tz=timezone.utc)
+        self.note(name, f"{_shown(value)} is not a time")
+        return _EPOCH
+
+    def mode(self, name: str, value: object) -> str:
+        """A lock mode; none is exclusive (an older tasklock writes none)."""
+        if value is None:
+            return EXCLUSIVE
+        mode = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+        if mode not in MODES:
+            self.note(name, f"{_shown(value)} is not a lock mode")
+            return EXCLUSIVE
+        return str(mode)
+
+    def json_object(self, name: str, value: object) -> dict:
+        """A JSON object, as the driver returned it (decoded or text); {} when it is not."""
+        if isinstance(value, (str, bytes, bytearray)):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                self.note(name, "is not JSON")
+                return {}
+        if not isinstance(value, dict):
+            self.note(name, f"{_shown(value)} is not a JSON object")
+            return {}
+        return value
+
+    def holder(self, data: object, name: str = "holder") -> Holder:
+        """A holder from its JSON object (decoded or text)."""
+        record = self.json_object(name, data) if not isinstance(data, dict) else data
+        if not record:
+            if not any(problem == name for problem, _ in self.problems):
+                self.note(name, "is empty")
+            return Holder(UNREADABLE, 0, UNREADABLE)
+        command = record.get("command", [])
+        if not isinstance(command, list) or not all(isinstance(part, str) for part in command):
+            self.note(f"{name}.command", f"{_shown(command)} is not a list of text")
+            command = []
+        return Holder(
+            host=self.text(f"{name}.host", record.get("host", "")),
+            pid=self.integer(f"{name}.pid", record.get("pid", 0)),
+            user=self.text(f"{name}.user", record.get("user", "")),
+            command=list(command),
+            note=self.optional_text(f"{name}.note", record.get("note")),
+        )
+
+
+def shown(malformed: tuple, name: str, value: object) -> str:
+    """A field of a record as text: ``?`` when its row's field could not be read."""
+    part = name.partition(".")[0]
+    if any(bad in (name, part) for bad, _ in malformed):
+        return UNREADABLE
+    return str(value)
+
+
+def problems(malformed: tuple) -> str:
+    """What was wrong with a malformed row, in words ('' for a good one)."""
+    return "; ".join(f"{name} {why}" for name, why in malformed)
+
+
+def as_integer(value: object) -> int | None:
+    """An int, or the decimal digits of one as text or bytes (no float, no bool)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, (bytes, str)):
+        digits = value.lstrip(b"-" if isinstance(value, bytes) else "-")
+        if digits.isdigit() and len(digits) <= 20 and digits.isascii():
+            return int(value)
+    return None
+
+
+def as_number(value: object) -> float | None:
+    """A finite int or float, or one as text or bytes."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (bytes, str)):
+        try:
+            value = float(value)
+        except ValueError:
+            return None
+    if isinstance(value, (int, float)):
+        number = float(value)
+        if number - number == 0:  # finite
+            return number
+    return None
+
+
+def _shown(value: object) -> str:
+    """A bad value, short, for a problem's description (escaped when printed)."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def lease_info(
+    key: str,
+    slot: object,
+    limit: object,
+    token: object,
+    acquired_at: object,
+    expires_at: object,
+    holder: object,
+    mode: object,
+    expired: bool,
+    per_second: int = 1,
+) -> LeaseInfo:
+    """A lease as an observer sees it, from a row's raw fields; ``holder``: its JSON
+    object (``mode`` in it too, where the store keeps it there: then pass None)."""
+    read = RowReader()
+    record = read.json_object("holder", holder)
+    if mode is None and "mode" in record:
+        mode = record["mode"]
+    return LeaseInfo(
+        key=read.text("key", key),
+        holder=read.holder(record),
+        fencing_token=read.token("fencing_token", token),
+        acquired_at=read.moment("acquired_at", acquired_at, per_second),
+        expires_at=read.moment("expires_at", expires_at, per_second),
+        expired=expired,
+        slot=read.integer("slot", slot),
+        limit=read.integer("limit", 1 if limit is None else limit, 1, _MAX_SMALL) or 1,
+        mode=read.mode("mode", mode),
+        malformed=read.malformed,
+    )
+
+
+def waiter_info(holder: object, since: object, mode: object, per_second: int = 1) -> WaiterInfo:
+    """A waiting run, from its place's raw fields (``mode`` in ``holder`` when None)."""
+    read = RowReader()
+    record = read.json_object("holder", holder)
+    if mode is None:
+        mode = record.get("mode")
+    return WaiterInfo(
+        holder=read.holder(record),
+        since=read.moment("since", since, per_second),
+        mode=read.mode("mode", mode),
+        malformed=read.malformed,
+    )
+
+
+def run_record(
+    key: str,
+    token: object,
+    started_at: object,
+    ended_at: object,
+    data: object,
+    per_second: int = 1,
+) -> RunRecord:
+    """A run of the ledger, from its raw fields (``data``: RunRecord.fields, as JSON)."""
+    read = RowReader()
+    fields = read.json_object("data", data)
+    return RunRecord(
+        key=read.text("key", key),
+        fencing_token=read.token("fencing_token", token),
+        holder=read.holder(fields.get("holder")),
+        started_at=read.moment("started_at", started_at, per_second),
+        ended_at=None if ended_at is None else read.moment("ended_at", ended_at, per_second),
+        exit_code=read.optional_integer("exit_code", fields.get("exit_code"), -255, 255),
+        outcome=read.text("outcome", fields.get("outcome", UNREADABLE)),
+        detected_by=read.optional_text("detected_by", fields.get("detected_by")),
+        slot=read.integer("slot", fields.get("slot", 0)),
+        broken_by=breaker_of(fields.get("broken_by")),
+        mode=read.mode("mode", fields.get("mode")),
+        malformed=read.malformed,
+    )
+
+
+def run_record_json(key: str, value: bytes) -> RunRecord:
+    """A run of a ledger that keeps each as one JSON object with its fencing token and
+    times (ms) in it (Redis, etcd)."""
+    try:
+        data = json.loads(value)
+    except ValueError:
+        data = value  # (reported: not JSON)
+    fields = data if isinstance(data, dict) else {}
+    token, started = fields.get("fencing_token"), fields.get("started_at")
+    return run_record(key, token, started, fields.get("ended_at"), data, per_second=1000)
