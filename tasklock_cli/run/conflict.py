@@ -38,8 +38,8 @@ def describe_holder(info: LeaseInfo) -> str:
     holder, bad = info.holder, info.malformed
     pid = shown(bad, "holder.pid", holder.pid)
     token = shown(bad, "fencing_token", info.fencing_token)
-    described = f"{holder.host} pid {pid} (user {holder.user}, token {token})"
-    return f"{described}, whose record on the store is malformed" if bad else described
+    malformed = ", a malformed record" if bad else ""
+    return f"{holder.host} pid {pid} (user {holder.user}, token {token}{malformed})"
 
 
 def describe_conflict(

@@ -13,6 +13,7 @@ is admitted when only shared places are ahead of it, an exclusive one when none 
 
 from __future__ import annotations
 
+from tasklock_cli.stores.model import WAITER_HORIZON_S
 from tasklock_cli.stores.postgres.epochs import EPOCH_CTES
 from tasklock_cli.stores.postgres.epochs import FIRST_TOKEN
 from tasklock_cli.stores.postgres.waiting import MAX_PAYLOAD_KEY_BYTES
@@ -27,9 +28,13 @@ PAYLOAD = (
     + " THEN {col} ELSE md5({col}) END"
 )
 _NEW_EXPIRY = "n.t + make_interval(secs => %(ttl)s::float8)"
+# A place runs out no later than this from now: a waiter's renewal never puts it further
+# (see model.WAITER_HORIZON_S); a later one was forged, and is dead.
+_HORIZON = f"make_interval(secs => {WAITER_HORIZON_S!r})"
 # The places of %(key)s that count (live, not superseded), as table alias {w}.
 _COUNTING = (
-    "{w}.key = %(key)s AND {w}.expires_at > clock_timestamp() AND NOT {w}.superseded {after}"
+    "{w}.key = %(key)s AND {w}.expires_at > clock_timestamp()"
+    f" AND {{w}}.expires_at <= clock_timestamp() + {_HORIZON} AND NOT {{w}}.superseded {{after}}"
 )
 # The places a change may admit, among those after %(seq)s (with ``after``; all without):
 # the first one, and when it is shared, every shared place after it up to the first
@@ -59,15 +64,20 @@ WITH gone AS (DELETE FROM {{waiters}} WHERE key = %(key)s AND seq = %(seq)s RETU
 admitted AS ({_ADMITTED_AFTER})
 SELECT pg_notify(%(channel)s, {_WAITER.format(seq="admitted.seq")}) FROM gone, admitted
 """
-WAITERS = """
-SELECT holder, since, mode FROM {waiters}
- WHERE key = %(key)s AND expires_at > clock_timestamp() AND NOT superseded ORDER BY seq
+WAITERS = f"""
+SELECT holder, since, mode FROM {{waiters}}
+ WHERE key = %(key)s AND expires_at > clock_timestamp()
+   AND expires_at <= clock_timestamp() + {_HORIZON} AND NOT superseded ORDER BY seq
 """
 # Places in queues that ran out (their waiters crashed) and no acquire of their key cleared.
-SWEEP_WAITERS = "DELETE FROM {waiters} WHERE expires_at <= clock_timestamp()"
-WAITING_COUNTS = """
-SELECT key, count(*) FROM {waiters}
- WHERE expires_at > clock_timestamp() AND NOT superseded
+SWEEP_WAITERS = (
+    "DELETE FROM {waiters} WHERE expires_at <= clock_timestamp()"
+    f" OR expires_at > clock_timestamp() + {_HORIZON}"
+)
+WAITING_COUNTS = f"""
+SELECT key, count(*) FROM {{waiters}}
+ WHERE expires_at > clock_timestamp() AND expires_at <= clock_timestamp() + {_HORIZON}
+   AND NOT superseded
    AND key >= %(prefix)s COLLATE "C" AND left(key, char_length(%(prefix)s)) = %(prefix)s
  GROUP BY key
 """
@@ -118,7 +128,8 @@ seen AS (
     SELECT slot FROM seen WHERE slot >= 0 AND owner_token = %(owner)s
 ), queued AS (
     SELECT w.seq, w.owner_token, w.mode FROM {waiters} AS w, n
-     WHERE w.key = %(key)s AND w.expires_at > n.t AND NOT w.superseded
+     WHERE w.key = %(key)s AND w.expires_at > n.t AND w.expires_at <= n.t + {_HORIZON}
+       AND NOT w.superseded
 ), gone AS (
     SELECT seq FROM {waiters} WHERE key = %(key)s AND owner_token = %(owner)s AND superseded
 ), place AS (
@@ -198,6 +209,7 @@ joined AS (
     UPDATE {waiters} AS w SET superseded = true FROM n
      WHERE %(supersede)s AND NOT EXISTS (SELECT FROM place) AND EXISTS (SELECT FROM joined)
        AND w.key = %(key)s AND w.supersede AND NOT w.superseded AND w.expires_at > n.t
+       AND w.expires_at <= n.t + {_HORIZON}
        AND w.owner_token <> %(owner)s
     RETURNING w.seq
 ), cleared_places AS (
@@ -206,7 +218,7 @@ joined AS (
        AND CASE WHEN w.owner_token = %(owner)s
                 THEN EXISTS (SELECT FROM claimed) OR EXISTS (SELECT FROM retried)
                      OR EXISTS (SELECT FROM gone) OR NOT %(queue)s
-                ELSE w.expires_at <= n.t END
+                ELSE w.expires_at <= n.t OR w.expires_at > n.t + {_HORIZON} END
     RETURNING 1
 ), admitted AS (
     SELECT seq FROM ({admitted}) AS a WHERE EXISTS (SELECT FROM gone)
@@ -246,7 +258,7 @@ ACQUIRE = (
     + _ACQUIRE_TAKE
     + _ACQUIRE_QUEUE.replace("{admitted}", ADMITTED_RUN)
     + _ACQUIRE_OUTCOME
-)
+).replace("{_HORIZON}", _HORIZON)
 
 # Whether the key is free for us (our place %(seq)s, NULL when we have none, and its
 # mode) or for how long it is not: seconds until the first live lease in our way runs out

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 
 from tasklock_cli.stores.model import SHARED
+from tasklock_cli.stores.model import WAITER_HORIZON_S
 from tasklock_cli.stores.model import Holder
 from tasklock_cli.stores.model import WaiterInfo
 from tasklock_cli.stores.rows import waiter_info as waiter_info_of
@@ -46,6 +47,12 @@ end
 local function place_expiry(value)
   return value and tonumber(string.match(value, '^(%d+) ')) or 0
 end
+-- A place is live until it runs out, and only while that is within the horizon a
+-- waiter's renewal could have put it (model.WAITER_HORIZON_S): a later one was forged.
+local function place_live(value, now)
+  local expires = place_expiry(value)
+  return expires > now and expires <= now + WAITER_HORIZON_MS
+end
 -- A place's mode (true: shared) and supersede flag, from its record (an older
 -- tasklock's has neither: exclusive, no supersede). Found as text (place_record writes
 -- them so): JSON escapes every quote inside a string, so no note or command can fake them.
@@ -59,7 +66,7 @@ local function live_queue(wake_name, now)
   local out = {}
   for _, owner in ipairs(redis.call('ZRANGE', q, 0, -1)) do
     local value = redis.call('HGET', w, owner)
-    if place_expiry(value) > now then
+    if place_live(value, now) then
       local shared, supersede = place_flags(value)
       out[#out + 1] = {owner, shared, supersede, value}
     else
@@ -94,7 +101,7 @@ local function join_queue(wake_name, owner, now, ttl, record, front)
   local q, w = queue_names(wake_name)
   local value = redis.call('HGET', w, owner)
   local since = now
-  local joined = not (redis.call('ZSCORE', q, owner) and place_expiry(value) > now)
+  local joined = not (redis.call('ZSCORE', q, owner) and place_live(value, now))
   if joined then
     local edge = front and 0 or -1
     local score = tonumber(redis.call('ZRANGE', q, edge, edge, 'WITHSCORES')[2]) or 0
@@ -183,8 +190,11 @@ local function wake(name, base, count, pushes)
   redis.call('PEXPIRE', name, WAKE_TOKEN_MS)
 end
 """
-QUEUE_LUA = _QUEUE_LUA.replace("SHARED_FLAG", repr(SHARED_FLAG)).replace(
-    "SUPERSEDE_FLAG", repr(SUPERSEDE_FLAG)
+_HORIZON_MS = str(int(WAITER_HORIZON_S * 1000))
+QUEUE_LUA = (
+    _QUEUE_LUA.replace("SHARED_FLAG", repr(SHARED_FLAG))
+    .replace("SUPERSEDE_FLAG", repr(SUPERSEDE_FLAG))
+    .replace("WAITER_HORIZON_MS", _HORIZON_MS)
 )
 
 # Read-only; KEYS[1] = wake; ARGV: our owner ('' = none) -> {how many live places are
@@ -196,14 +206,15 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local out = {-1}
 for _, owner in ipairs(redis.call('ZRANGE', base .. 'queue', 0, -1)) do
   local value = redis.call('HGET', base .. 'waiters', owner)
-  if value and (tonumber(string.match(value, '^(%d+) ')) or 0) > now then
+  local expires = value and tonumber(string.match(value, '^(%d+) ')) or 0
+  if expires > now and expires <= now + WAITER_HORIZON_MS then
     if owner == ARGV[1] then out[1] = #out - 1 end
     out[#out + 1] = value
   end
 end
 if out[1] < 0 then out[1] = #out - 1 end
 return out
-"""
+""".replace("WAITER_HORIZON_MS", _HORIZON_MS)
 
 
 def place_record(holder: Holder, mode: str, supersede: bool) -> str:

@@ -22,10 +22,15 @@ of it than slots are free (one: none ahead), as for ``--limit``.
 
 from __future__ import annotations
 
+from tasklock_cli.stores.model import WAITER_HORIZON_S
 from tasklock_cli.stores.sqlite.schema import WAITERS_TABLE
 
 _W = WAITERS_TABLE
-LIVE = "boot_id = :boot AND expires_boot > :now"
+# A place is live until it runs out, and only while it runs out within the horizon that a
+# waiter's renewal could have put it (a later one, or an expiry that is not a number, was
+# not written by a waiter: it is dead, and cleared as the dead are).
+_HORIZON = f"{WAITER_HORIZON_S!r}"
+LIVE = f"boot_id = :boot AND expires_boot > :now AND expires_boot <= :now + {_HORIZON}"
 # A place that counts: live and not superseded.
 _COUNTED = f"{LIVE} AND NOT superseded"
 CLEAR_DEAD = f"DELETE FROM {_W} WHERE key = :key AND NOT ({LIVE})"
@@ -64,7 +69,8 @@ LEAVE = f"DELETE FROM {_W} WHERE key = :key AND owner_token = :owner"
 WAKE_SET = f"""SELECT fifo FROM {_W} AS w WHERE key = :key AND {_COUNTED}
   AND NOT EXISTS (
     SELECT 1 FROM {_W} AS e
-    WHERE e.key = :key AND e.boot_id = :boot AND e.expires_boot > :now AND NOT e.superseded
+    WHERE e.key = :key AND e.boot_id = :boot AND e.expires_boot > :now
+      AND e.expires_boot <= :now + {_HORIZON} AND NOT e.superseded
       AND (e.place, e.seq) < (w.place, w.seq) AND (w.mode <> 'shared' OR e.mode <> 'shared'))
 ORDER BY place, seq"""
 WAITERS = f"""SELECT holder, since, mode FROM {_W}

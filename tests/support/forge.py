@@ -1,0 +1,250 @@
+"""Writing what no tasklock writes straight into a store: malformed lease rows, ledger
+records and waiter places, and fencing counters at their end -- as anyone who can write
+to the store could (SQL UPDATE/INSERT, Redis HSET, etcd put).
+
+A corruption is named once (``CORRUPTIONS``) and written in each store's own terms; a
+store whose types cannot hold it (PostgreSQL's bigint cannot hold ``'abc'``) gets the
+nearest thing it can hold, or None (the case does not exist there).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from typing import Any
+
+#: name -> (field, value) per store kind; field is "holder", "fencing_token" or
+#: "acquired_at"; a kind missing from a case cannot hold it.
+CORRUPTIONS: dict[str, dict[str, tuple[str, Any]]] = {
+    "holder-not-json": {
+        "sqlite": ("holder", "{not json"),
+        "postgres": ("holder", '"{not json"'),  # jsonb holds only JSON: a string, not an object
+        "redis": ("holder", "{not json"),
+        "etcd": ("holder", "{not json"),
+    },
+    "holder-null": {kind: ("holder", "null") for kind in ("sqlite", "postgres", "redis", "etcd")},
+    "pid-not-a-number": {
+        kind: ("holder", '{"host": "h", "pid": "abc", "user": "u"}')
+        for kind in ("sqlite", "postgres", "redis", "etcd")
+    },
+    "token-not-a-number": {"sqlite": ("fencing_token", "abc"), "redis": ("fencing_token", "abc")},
+    "acquired-in-year-1e300": {
+        "sqlite": ("acquired_at", 1e300),
+        "postgres": ("acquired_at", "infinity"),
+        "redis": ("acquired_at", "1e300"),
+        "etcd": ("acquired_at", 1e300),
+    },
+}
+
+
+def kind_of(url: str) -> str:
+    scheme = url.partition(":")[0]
+    return {"sqlite": "sqlite", "postgresql": "postgres", "redis": "redis", "etcd": "etcd"}[scheme]
+
+
+def corrupt_lease(url: str, key: str, case: str) -> bool:
+    """Write corruption ``case`` into the live lease of ``key`` (slot 0); False when the
+    store cannot hold it."""
+    kind = kind_of(url)
+    if kind not in CORRUPTIONS[case]:
+        return False
+    field, value = CORRUPTIONS[case][kind]
+    {"sqlite": _sqlite_lease, "postgres": _pg_lease, "redis": _redis_lease, "etcd": _etcd_lease}[
+        kind
+    ](url, key, field, value)
+    return True
+
+
+def _sqlite_path(url: str) -> str:
+    return url.removeprefix("sqlite://").partition("?")[0]
+
+
+def _sqlite(url: str, statement: str, params: tuple) -> None:
+    conn = sqlite3.connect(_sqlite_path(url))
+    try:
+        with conn:
+            conn.execute(statement, params)
+    finally:
+        conn.close()
+
+
+def _sqlite_lease(url: str, key: str, field: str, value: Any) -> None:
+    _sqlite(url, f"UPDATE tasklock_leases SET {field} = ? WHERE key = ? AND slot = 0", (value, key))
+
+
+def _pg(url: str, template: str, params: tuple, suffix: str = "") -> None:
+    from psycopg import sql
+
+    from tests.support.pg import _connect
+
+    conn, table = _connect(url)
+    try:
+        name = sql.Identifier(table + suffix)
+        conn.execute(sql.SQL(template).format(table=name), params)
+    finally:
+        conn.close()
+
+
+def _pg_lease(url: str, key: str, field: str, value: Any) -> None:
+    cast = {"holder": "jsonb", "acquired_at": "timestamptz"}.get(field, "bigint")
+    _pg(url, f"UPDATE {{table}} SET {field} = %s::{cast} WHERE key = %s AND slot = 0", (value, key))
+
+
+def _redis(url: str):
+    from tasklock_cli.stores.redis.keys import RedisKeys
+    from tests.support.redis_support import _client_for
+
+    client, prefix = _client_for(url)
+    return client, RedisKeys(prefix)
+
+
+def _redis_lease(url: str, key: str, field: str, value: Any) -> None:
+    client, names = _redis(url)
+    try:
+        client.hset(names.lease(key), field, value)
+    finally:
+        client.close()
+
+
+def _etcd_post(url: str, path: str, body: dict) -> dict:
+    from tasklock_cli.stores.etcd.connection import parse_url
+    from tests.support.etcd import post
+
+    host, port = parse_url(url).members[0]
+    return post(f"http://{host}:{port}", path, body)
+
+
+def _etcd_keys(url: str):
+    from tasklock_cli.stores.etcd.connection import parse_url
+    from tasklock_cli.stores.etcd.keys import EtcdKeys
+
+    return EtcdKeys(parse_url(url).prefix, url)
+
+
+def _etcd_rewrite(url: str, name: bytes, change) -> None:
+    """Put ``change(value)`` as the value of ``name``, keeping its lease."""
+    from tasklock_cli.stores.etcd.connection import b64
+    from tasklock_cli.stores.etcd.connection import unb64
+
+    [kv] = _etcd_post(url, "/v3/kv/range", {"key": b64(name)})["kvs"]
+    value = change(unb64(kv.get("value")))
+    body = {"key": b64(name), "value": b64(value), "ignore_lease": True}
+    _etcd_post(url, "/v3/kv/put", body)
+
+
+def _etcd_lease(url: str, key: str, field: str, value: Any) -> None:
+    def change(old: bytes) -> bytes:
+        record = json.loads(old)
+        record[field] = value
+        return json.dumps(record).encode()
+
+    _etcd_rewrite(url, _etcd_keys(url).lock_key(key), change)
+
+
+# -- the run ledger -------------------------------------------------------------------
+
+
+def corrupt_runs(url: str, key: str, data: str) -> None:
+    """Replace what the ledger keeps of every run of ``key`` with ``data`` (raw text)."""
+    kind = kind_of(url)
+    if kind == "sqlite":
+        _sqlite(url, "UPDATE tasklock_runs SET data = ? WHERE key = ?", (data, key))
+    elif kind == "postgres":
+        try:
+            json.loads(data)
+        except ValueError:
+            data = json.dumps(data)  # jsonb holds only JSON: a string, not an object
+        _pg(url, "UPDATE {table} SET data = %s::jsonb WHERE key = %s", (data, key), "_runs")
+    elif kind == "redis":
+        client, names = _redis(url)
+        try:
+            runs = names.name(key, "runs")
+            for index, (member, score) in enumerate(client.zrange(runs, 0, -1, withscores=True)):
+                client.zrem(runs, member)
+                client.zadd(runs, {data + " " * index: score})  # (members are unique)
+        finally:
+            client.close()
+    else:
+        from tasklock_cli.stores.etcd.connection import b64
+        from tasklock_cli.stores.etcd.connection import prefix_end
+
+        start = _etcd_keys(url).runs_prefix(key)
+        body = {"key": b64(start), "range_end": b64(prefix_end(start)), "keys_only": True}
+        for kv in _etcd_post(url, "/v3/kv/range", body).get("kvs", []):
+            _etcd_post(url, "/v3/kv/put", {"key": kv["key"], "value": b64(data.encode())})
+
+
+# -- fencing counters -----------------------------------------------------------------
+
+
+def set_counter(url: str, key: str, token: int) -> bool:
+    """Set ``key``'s fencing counter (the key must have been acquired once); False on
+    etcd, whose tokens are etcd's own revisions (nobody can set them)."""
+    kind = kind_of(url)
+    if kind == "sqlite":
+        _sqlite(url, "UPDATE tasklock_leases SET fencing_token = ? WHERE key = ?", (token, key))
+    elif kind == "postgres":
+        _pg(url, "UPDATE {table} SET fencing_token = %s WHERE key = %s", (token, key))
+    elif kind == "redis":
+        client, names = _redis(url)
+        try:
+            client.set(names.name(key, "fence"), token)
+        finally:
+            client.close()
+    else:
+        return False
+    return True
+
+
+# -- waiters --------------------------------------------------------------------------
+
+
+def forge_waiter(url: str, key: str, expires_in: float, holder: str | None = None) -> bool:
+    """A place in ``key``'s queue that no waiter keeps, running out ``expires_in`` seconds
+    from now; ``holder``: its holder as raw text (a good one by default). False on etcd,
+    whose places live on etcd leases (see the store's docs)."""
+    holder = holder or json.dumps({"host": "forged", "pid": 1, "user": "x", "command": []})
+    kind = kind_of(url)
+    owner = "f0" * 16
+    if kind == "sqlite":
+        from tasklock_cli.stores.sqlite.store import boot_clock
+        from tasklock_cli.stores.sqlite.store import current_boot_id
+
+        _sqlite(
+            url,
+            "INSERT INTO tasklock_waiters (key, owner_token, boot_id, expires_boot, since, holder)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            (key, owner, current_boot_id(), boot_clock() + expires_in, time.time(), holder),
+        )
+    elif kind == "postgres":
+        _pg(
+            url,
+            "INSERT INTO {table} (key, owner_token, holder, since, expires_at)"
+            " VALUES (%s, %s, %s::jsonb, clock_timestamp(),"
+            " clock_timestamp() + make_interval(secs => %s))",
+            (key, owner, _pg_json(holder), expires_in),
+            "_waiters",
+        )
+    elif kind == "redis":
+        client, names = _redis(url)
+        now_ms = int(time.time() * 1000)
+        place = f"{now_ms + int(expires_in * 1000)} {now_ms} {holder}"
+        try:
+            wake = names.name(key, "wake")
+            base = wake[: -len(b"wake")]
+            client.zadd(base + b"queue", {owner: 0})
+            client.hset(base + b"waiters", owner, place)
+        finally:
+            client.close()
+    else:
+        return False
+    return True
+
+
+def _pg_json(text: str) -> str:
+    try:
+        json.loads(text)
+    except ValueError:
+        return json.dumps(text)
+    return text
