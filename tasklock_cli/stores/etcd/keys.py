@@ -67,7 +67,7 @@ from typing import Any
 from typing import NamedTuple
 
 from tasklock_cli.errors import ConfigError
-from tasklock_cli.stores import rows
+from tasklock_cli.stores import rows as row_parsing
 from tasklock_cli.stores.etcd.connection import b64
 from tasklock_cli.stores.etcd.connection import kvs_of
 from tasklock_cli.stores.etcd.connection import unb64
@@ -204,7 +204,7 @@ class EtcdKeys:
         key = name.decode("utf-8", "replace")
         if not nul:
             record = decode_value(unb64(kv.get("value"))) or {}
-            return SlotKv(key, 0, rows.as_integer(record.get("limit", 1)) or 1, kv)
+            return SlotKv(key, 0, row_parsing.as_integer(record.get("limit", 1)) or 1, kv)
         limit_text, _, slot_text = tail.partition(b"/")
         if not (limit_text.isdigit() and slot_text.isdigit()):
             raise self.foreign(unb64(kv["key"]), "lease")
@@ -222,7 +222,7 @@ class EtcdKeys:
         # A key that exists is live: etcd deletes it with its lease.
         record = decode_value(unb64(held.kv.get("value"))) or {}
         holder, acquired = record.get("holder"), record.get("acquired_at")
-        return rows.lease_info(
+        return row_parsing.lease_info(
             held.key,
             held.slot,
             held.limit,

@@ -13,7 +13,7 @@ from datetime import datetime
 from datetime import timezone
 from typing import Any
 
-from tasklock_cli.stores import rows
+from tasklock_cli.stores import rows as row_parsing
 from tasklock_cli.stores.etcd.connection import EtcdClient
 from tasklock_cli.stores.etcd.connection import EtcdError
 from tasklock_cli.stores.etcd.connection import b64
@@ -104,7 +104,7 @@ class EtcdLedger:
         is shown as malformed, and the others as they are."""
         records = []
         for kv in kvs:
-            records.append(rows.run_record_json(key, unb64(kv.get("value"))))
+            records.append(row_parsing.run_record_json(key, unb64(kv.get("value"))))
         return records
 
     def last_success(self, key: str) -> tuple[RunRecord | None, datetime]:

@@ -37,7 +37,7 @@ from typing import Any
 from typing import NamedTuple
 
 from tasklock_cli.errors import TasklockError
-from tasklock_cli.stores import rows
+from tasklock_cli.stores import rows as row_parsing
 from tasklock_cli.stores.etcd.connection import EtcdClient
 from tasklock_cli.stores.etcd.connection import EtcdError
 from tasklock_cli.stores.etcd.connection import Watch
@@ -466,7 +466,7 @@ def _waiter_info(value: bytes, mode: str) -> WaiterInfo:
     except ValueError:
         data = None
     fields = data if isinstance(data, dict) else {}
-    return rows.waiter_info(fields.get("holder"), fields.get("since"), mode, per_second=1000)
+    return row_parsing.waiter_info(fields.get("holder"), fields.get("since"), mode, per_second=1000)
 
 
 def _queue_key(rest: bytes) -> str | None:

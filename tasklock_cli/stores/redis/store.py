@@ -21,7 +21,7 @@ from tasklock_cli.errors import LimitMismatch
 from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.errors import Superseded
 from tasklock_cli.errors import TasklockError
-from tasklock_cli.stores import rows
+from tasklock_cli.stores import rows as row_parsing
 from tasklock_cli.stores.base import Store
 from tasklock_cli.stores.model import BROKEN_OWNER_PREFIX
 from tasklock_cli.stores.model import LEDGER_KEEP
@@ -247,7 +247,7 @@ class RedisStore(Store):
         return (self._decoded(key, name, [member])[0] if member else None), now
 
     def _decoded(self, key: str, name: bytes, members: list[bytes]) -> list[RunRecord]:
-        return [rows.run_record_json(key, member) for member in members]
+        return [row_parsing.run_record_json(key, member) for member in members]
 
     def ledger_keys(self, prefix: str = "") -> list[str]:
         pattern = self._names.pattern(prefix, b"runs")
@@ -374,7 +374,7 @@ class RedisStore(Store):
             ahead, *places = self._queue(key, self._queue_place(key) or "")
             readers = all(place_mode(place) == SHARED for place in places[: int(ahead)])
             return None if readers else self.waiter_ttl
-        limit = max((rows.as_integer(row[5] or 1) or 1 for row in rows), default=1)
+        limit = max((row_parsing.as_integer(row[5] or 1) or 1 for row in rows), default=1)
         if len(rows) < limit and len(exclusive) == len(rows):  # (shared ones keep us out)
             ahead = int(self._queue(key, self._queue_place(key) or "")[0])
             free = limit - len(rows) if rows else 1  # (a free key's limit: the next taker's)
@@ -463,7 +463,7 @@ def _lease_info(
     # older tasklock's too) has no limit, an exclusive one no mode. (READ_MANY's JSON
     # has false for a missing field.)
     mode = None if mode is False else mode
-    return rows.lease_info(
+    return row_parsing.lease_info(
         key, slot, limit or 1, token, acquired, expires, holder, mode, False, per_second=1000
     )
 

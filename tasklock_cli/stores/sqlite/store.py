@@ -17,7 +17,7 @@ from tasklock_cli.errors import LimitMismatch
 from tasklock_cli.errors import Superseded
 from tasklock_cli.errors import TasklockError
 from tasklock_cli.errors import UsageError
-from tasklock_cli.stores import rows
+from tasklock_cli.stores import rows as row_parsing
 from tasklock_cli.stores.base import Store
 from tasklock_cli.stores.model import BROKEN_OWNER_PREFIX
 from tasklock_cli.stores.model import LEDGER_KEEP
@@ -624,7 +624,9 @@ def _lease_params(lease: Lease) -> dict:
 def _lease_info(row: tuple) -> LeaseInfo:
     """A lease row (its mode is in its holder), read defensively (see rows)."""
     key, slot, limit, token, acquired_at, expires_at, holder, live = row
-    return rows.lease_info(key, slot, limit, token, acquired_at, expires_at, holder, None, not live)
+    return row_parsing.lease_info(
+        key, slot, limit, token, acquired_at, expires_at, holder, None, not live
+    )
 
 
 def _head_run(conn: sqlite3.Connection, params: dict) -> list[str]:
@@ -674,8 +676,8 @@ class _Taking:
 
 
 def _waiter_info(holder: str, since: float, mode: str) -> WaiterInfo:
-    return rows.waiter_info(holder, since, mode)
+    return row_parsing.waiter_info(holder, since, mode)
 
 
 def _run_record(key: str, token: int, started: float, ended: float, data: str) -> RunRecord:
-    return rows.run_record(key, token, started, ended, data)
+    return row_parsing.run_record(key, token, started, ended, data)
