@@ -193,3 +193,19 @@ def test_history_on_a_terminal_never_shows_outcome_raw_nor_reads_it_as_markup(cl
     assert code == 0 and b"Traceback" not in output, output
     assert b"\x1b]0;owned" not in output and b"\x1b[5m" not in output and b"\x1b]8;" not in output
     assert b"\xe2\x80\xae" not in output and b"\\x1b]0;owned" in output
+
+
+@pytest.mark.parametrize("case", ["holder-null", "token-not-a-number"])
+def test_release_force_breaks_a_malformed_lease_with_the_same_lock_delay(env, store_url, case):
+    hold(store_url, "bad", ttl=3.0)
+    if not forge.corrupt_lease(store_url, "bad", case):
+        pytest.skip(f"{forge.kind_of(store_url)} cannot hold {case}")
+    released = tasklock("release", "bad", "--force", "--json", env=env)
+    no_traceback(released)
+    # Nobody answers for it (a row that cannot be read may still be a live holder's):
+    # the key frees when the lease runs out, as for a good row.
+    assert released.returncode == 75, released.stderr
+    outcome = json.loads(released.stdout)
+    assert outcome["freed"] is False and outcome["free_at"] is not None
+    ran = tasklock("run", "bad", "--wait", "10s", "--", "echo", "ran", env=env)
+    assert ran.returncode == 0 and ran.stdout == "ran\n", ran.stderr
