@@ -327,7 +327,7 @@ def make_version_5_file(path) -> None:
         conn.execute(
             f"INSERT INTO {WAITERS_TABLE} (key, owner_token, boot_id, expires_boot, since, holder)"
             " VALUES ('k', 'owner-waiting', ?, ?, 0, ?)",
-            (current_boot_id(), boot_clock() + 3600, holder),
+            (current_boot_id(), boot_clock() + 30, holder),  # (within WAITER_HORIZON_S)
         )
 
 
@@ -350,7 +350,7 @@ def test_a_version_5_file_gets_the_new_queue_columns_keeping_leases_and_waiters(
         conn.execute(
             f"INSERT INTO {WAITERS_TABLE} (key, owner_token, boot_id, expires_boot, since, holder)"
             " VALUES ('k', 'owner-v5', ?, ?, 0, ?)",
-            (current_boot_id(), boot_clock() + 3600, '{"host": "h", "pid": 5, "user": "u"}'),
+            (current_boot_id(), boot_clock() + 30, '{"host": "h", "pid": 5, "user": "u"}'),
         )
     assert version == SCHEMA_VERSION == 6
     assert {"supersede", "superseded", "place"} <= columns
