@@ -372,7 +372,7 @@ INSERT INTO {table} VALUES
      now(), now() + interval '30 s');
 INSERT INTO {table}_waiters (key, owner_token, holder, since, expires_at)
 VALUES ('held', 'owner-waiting', '{{"host": "old", "pid": 8, "user": "u"}}', now(),
-        now() + interval '1 hour');
+        now() + interval '30 s');
 """
 
 

@@ -69,13 +69,6 @@ class Holder:
             "note": self.note,
         }
 
-    @classmethod
-    def from_dict(cls, data: object) -> Holder:
-        """The holder in ``data`` (placeholders for what cannot be read, see ``rows``)."""
-        from tasklock_cli.stores.rows import RowReader
-
-        return RowReader().holder(data)
-
 
 @dataclass(frozen=True)
 class Lease:
@@ -201,20 +194,6 @@ class RunRecord:
             "mode": self.mode,
         }
 
-    @classmethod
-    def from_fields(
-        cls,
-        key: str,
-        fencing_token: object,
-        started_at: object,
-        ended_at: object,
-        data: object,
-    ) -> RunRecord:
-        """A run of the ledger from its stored fields (see ``rows.run_record``)."""
-        from tasklock_cli.stores.rows import run_record
-
-        return run_record(key, fencing_token, started_at, ended_at, data)
-
     def to_json(self) -> dict:
         holder = self.holder
         shown = {
@@ -277,6 +256,21 @@ def breaker(holder: Holder | None) -> dict | None:
     return by
 
 
+def as_integer(value: object) -> int | None:
+    """An int, or the decimal digits of one as text or bytes (no float, no bool)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        value = value.encode("ascii", "replace")
+    if isinstance(value, bytes):
+        digits = value[1:] if value.startswith(b"-") else value
+        if digits.isdigit() and len(digits) <= 20:
+            return int(value)
+    return None
+
+
 def breaker_of(data: object) -> dict | None:
     """``broken_by`` as a store returned it (a dict, or JSON text); None when none or
     not one."""
@@ -289,8 +283,6 @@ def breaker_of(data: object) -> dict | None:
             return None
     if not isinstance(data, dict):
         return None
-    from tasklock_cli.stores.rows import as_integer
-
     by: dict = {
         "host": str(data.get("host", "")),
         "pid": as_integer(data.get("pid")) or 0,

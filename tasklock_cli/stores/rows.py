@@ -26,6 +26,7 @@ from tasklock_cli.stores.model import Holder
 from tasklock_cli.stores.model import LeaseInfo
 from tasklock_cli.stores.model import RunRecord
 from tasklock_cli.stores.model import WaiterInfo
+from tasklock_cli.stores.model import as_integer
 from tasklock_cli.stores.model import breaker_of
 
 #: The placeholder of a text field that could not be read.
@@ -142,19 +143,6 @@ def shown(malformed: tuple, name: str, value: object) -> str:
 def problems(malformed: tuple) -> str:
     """What was wrong with a malformed row, in words ('' for a good one)."""
     return "; ".join(f"{name} {why}" for name, why in malformed)
-
-
-def as_integer(value: object) -> int | None:
-    """An int, or the decimal digits of one as text or bytes (no float, no bool)."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, (bytes, str)):
-        digits = value.lstrip(b"-" if isinstance(value, bytes) else "-")
-        if digits.isdigit() and len(digits) <= 20 and digits.isascii():
-            return int(value)
-    return None
 
 
 def as_number(value: object) -> float | None:
