@@ -39,8 +39,15 @@ CORRUPTIONS: dict[str, dict[str, tuple[str, Any]]] = {
 
 
 def kind_of(url: str) -> str:
+    """The store kind of ``url``; the test is skipped on a store this module cannot forge
+    rows into yet (MySQL: the store came after it)."""
     scheme = url.partition(":")[0]
-    return {"sqlite": "sqlite", "postgresql": "postgres", "redis": "redis", "etcd": "etcd"}[scheme]
+    kinds = {"sqlite": "sqlite", "postgresql": "postgres", "redis": "redis", "etcd": "etcd"}
+    if scheme not in kinds:
+        import pytest
+
+        pytest.skip(f"forging rows into {scheme} is not written yet (tests/support/forge.py)")
+    return kinds[scheme]
 
 
 def corrupt_lease(url: str, key: str, case: str) -> bool:

@@ -15,6 +15,7 @@ import pymysql
 from tasklock_cli.errors import LimitMismatch
 from tasklock_cli.errors import Superseded
 from tasklock_cli.errors import TasklockError
+from tasklock_cli.stores import rows as row_parsing
 from tasklock_cli.stores.base import Store
 from tasklock_cli.stores.model import BROKEN_OWNER_PREFIX
 from tasklock_cli.stores.model import LEDGER_KEEP
@@ -280,7 +281,7 @@ class MySQLStore(Store):
     def waiters(self, key: str) -> builtins.list[WaiterInfo]:
         rows = self._rows(WAITERS, {"key": key})
         return [
-            WaiterInfo(Holder.from_dict(json.loads(holder or "{}")), _utc(since), _text(mode))
+            row_parsing.waiter_info(_json_text(holder), _utc_or_none(since), _text(mode))
             for holder, since, mode in rows
         ]
 
@@ -427,22 +428,35 @@ def _naive(moment: datetime) -> datetime:
     return moment.astimezone(timezone.utc).replace(tzinfo=None)
 
 
+def _utc_or_none(moment: datetime | None) -> datetime | None:
+    """As ``_utc``, but None (malformed, see rows) for a time the server did not give."""
+    return None if moment is None else _utc(moment)
+
+
+def _json_text(value: object) -> object:
+    """A JSON column as text (the driver may give bytes), for rows to read."""
+    return value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else value
+
+
 def _run(row: tuple) -> RunRecord:
+    """A run of the ledger, read defensively (see rows)."""
     key, token, started, ended, data = row
-    fields = json.loads(data or "{}")
-    return RunRecord.from_fields(_text(key), token, _utc(started), _utc(ended), fields)
+    return row_parsing.run_record(
+        _text(key), token, _utc_or_none(started), _utc_or_none(ended), _json_text(data)
+    )
 
 
 def _info(row: tuple) -> LeaseInfo:
+    """A lease row, read defensively (see rows)."""
     key, slot, slot_limit, token, acquired_at, expires_at, holder, mode, live = row[:9]
-    return LeaseInfo(
-        key=_text(key),
-        holder=Holder.from_dict(json.loads(holder or "{}")),
-        fencing_token=int(token),
-        acquired_at=_utc(acquired_at),
-        expires_at=_utc(expires_at),
-        expired=not live,
-        slot=int(slot),
-        limit=int(slot_limit),
-        mode=_text(mode),
+    return row_parsing.lease_info(
+        _text(key),
+        slot,
+        slot_limit,
+        token,
+        _utc_or_none(acquired_at),
+        _utc_or_none(expires_at),
+        _json_text(holder),
+        _text(mode),
+        not live,
     )
