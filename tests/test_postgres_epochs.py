@@ -225,3 +225,29 @@ def test_the_acquire_that_starts_an_epoch_is_still_one_round_trip(pg_url, stores
         end_quarantine(pg_url)
         assert store.acquire("k", 5, HOLDER, owner()) is not None  # its first token
         assert proxy.round_trips - before == 2
+
+
+def test_a_retry_of_a_lease_that_ran_out_meets_the_quarantine(pg_url, stores):
+    """An acquire whose reply was lost, retried on the promoted standby after its lease ran
+    out there: the standby may lack who took the key since, so the retry is a new acquire
+    (quarantined), never the old lease brought back."""
+    store = open_pg(pg_url, stores)
+    me = owner()
+    assert store.acquire("k", 0.3, HOLDER, me) is not None  # (its reply "lost")
+    time.sleep(0.5)
+    play_failover(pg_url)
+    assert store.acquire("k", 5, HOLDER, me) is None
+    assert store.holders("k") == []
+    end_quarantine(pg_url)
+    assert store.acquire("k", 5, HOLDER, me).fencing_token >= epoch_row(pg_url)[0] << EPOCH_SHIFT
+
+
+def test_a_retry_of_a_live_lease_is_recognised_in_the_quarantine(pg_url, stores):
+    """A lease the promoted standby has, live: the retry gets it back (no one else can hold
+    the key meanwhile)."""
+    store = open_pg(pg_url, stores)
+    me = owner()
+    first = store.acquire("k", 30, HOLDER, me)
+    play_failover(pg_url)
+    again = store.acquire("k", 30, HOLDER, me)
+    assert again is not None and again.fencing_token == first.fencing_token

@@ -9,6 +9,8 @@ Each run is a client of its own, as each run is a process of its own.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from hypothesis import HealthCheck
 from hypothesis import given
@@ -21,6 +23,7 @@ from tasklock_cli.stores.model import EXCLUSIVE
 from tasklock_cli.stores.model import SHARED
 from tasklock_cli.stores.model import Holder
 from tests.support.contract import OTHER
+from tests.support.contract import short_ttl
 from tests.support.contract import token
 
 
@@ -167,6 +170,23 @@ def test_a_retried_shared_acquire_gets_the_same_lease(store, store_factory):
     again = reader.attempt(queue=False)
     assert (again.slot, again.fencing_token) == (first.slot, first.fencing_token)
     assert len(store.holders("k")) == 1
+
+
+def test_a_retried_shared_acquire_never_revives_a_lease_that_ran_out(store, store_factory):
+    """A reader whose acquire reply was lost retries after its lease ran out and a writer
+    took the key: the retry must not bring the reader's lease back beside the writer."""
+    short, past = short_ttl(store)
+    first = Run(store_factory(), 0, SHARED)
+    assert first.attempt(queue=False) is not None
+    reader = Run(store_factory(), 1, SHARED)
+    got = reader.client.acquire("k", short, _holder(1), reader.owner, mode=SHARED)
+    assert got is not None and got.slot == 1  # (its reply "lost": the reader never knew)
+    first.release()
+    time.sleep(past)
+    writer = Run(store_factory(), 2)
+    assert writer.attempt(queue=False) is not None
+    assert reader.attempt(queue=False) is None
+    assert _holding(store) == [(2, EXCLUSIVE)]
 
 
 # -- supersede and front ----------------------------------------------------------------------

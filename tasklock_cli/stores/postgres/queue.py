@@ -125,7 +125,10 @@ seen AS (
     SELECT s.slot, s.slot_limit, s.mode FROM seen AS s, n
      WHERE s.slot >= 0 AND s.owner_token IS NOT NULL AND s.expires_at > n.t
 ), mine AS (
-    SELECT slot FROM seen WHERE slot >= 0 AND owner_token = %(owner)s
+    -- our own lease, live: a retry after a lost reply. One that ran out is never revived
+    -- (another mode may hold the key since; a promoted standby's quarantine applies)
+    SELECT s.slot FROM seen AS s, n
+     WHERE s.slot >= 0 AND s.owner_token = %(owner)s AND s.expires_at > n.t
 ), queued AS (
     SELECT w.seq, w.owner_token, w.mode FROM {waiters} AS w, n
      WHERE w.key = %(key)s AND w.expires_at > n.t AND w.expires_at <= n.t + {_HORIZON}
@@ -183,6 +186,7 @@ counter AS (
     UPDATE {{table}} AS l SET holder = %(holder)s, expires_at = {_NEW_EXPIRY}
       FROM mine, n
      WHERE l.key = %(key)s AND l.slot = mine.slot AND l.owner_token = %(owner)s
+       AND l.expires_at > n.t
     RETURNING l.slot, l.slot_limit, l.fencing_token, l.acquired_at, l.expires_at, l.mode
 ),"""
 _ACQUIRE_QUEUE = """
