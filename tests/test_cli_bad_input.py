@@ -53,12 +53,12 @@ def test_an_empty_store_in_the_config_file_is_78_naming_file_and_line(cli_env, t
 
 def test_an_unusable_store_url_in_the_config_file_names_file_and_line(cli_env, tmp_path):
     config = tmp_path / "tasklock.toml"
-    config.write_text('# locks\nstore = "mysql://x"\n')
+    config.write_text('# locks\nstore = "mongodb://x"\n')
     result = tasklock("--config", str(config), "peek", "k", env=cli_env)
     assert result.returncode == 78
     line = one_error_line(result.stderr)
     assert f"{config}:2: setting 'store'" in line
-    assert "unknown store URL 'mysql://x'" in line
+    assert "unknown store URL 'mongodb://x'" in line
 
 
 def test_a_config_path_that_is_a_directory_says_so(cli_env, tmp_path):

@@ -192,7 +192,7 @@ def test_invalid_utf8_key_is_a_usage_error(env):
 
 
 def test_unknown_scheme_is_a_config_error(env):
-    result = tasklock("--store", "mysql://db/x", "list", env=env)
+    result = tasklock("--store", "mongodb://db/x", "list", env=env)
     assert result.returncode == 78
     assert "unknown store URL" in one_error_line(result.stderr)
 
@@ -237,7 +237,7 @@ def test_foreign_table_is_refused_and_untouched(env, tmp_path):
 
 
 def test_verbose_errors_show_a_traceback(env):
-    result = tasklock("-v", "--store", "mysql://x", "list", env=env)
+    result = tasklock("-v", "--store", "mongodb://x", "list", env=env)
     assert result.returncode == 78
     assert "Traceback" in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("tasklock: error: ")
