@@ -12,8 +12,10 @@ from __future__ import annotations
 import collections
 import contextlib
 import itertools
+import re
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -290,6 +292,24 @@ def test_unreachable_sentinels_are_69(cli_env):
     assert "no primary for service 'svc'" in line and "s3cret-pw" not in line
 
 
+def test_a_service_the_sentinels_do_not_know_is_78(cli_env):
+    """Every sentinel answers, none monitors the service: a wrong URL, not a store down."""
+    require_redis_server()
+    server = redis_support.PrivateRedis().start()
+    try:
+        with sentinels_for(server.port) as sentinels:
+            sentinels.wait_ready(replicas=0)
+            hosts = ",".join(f"127.0.0.1:{port}" for port in sentinels.ports)
+            url = f"redis+sentinel://:s3cret-pw@{hosts}/no-such-service"
+            done = tasklock("--store", url, "run", "k", "--", "true", env=cli_env)
+            assert done.returncode == 78, done.stderr
+            line = one_error_line(done.stderr)
+            assert "'no-such-service' is unknown to 3 of the 3 sentinels" in line
+            assert "s3cret-pw" not in line
+    finally:
+        server.stop()
+
+
 # -- failovers under the real executable, slow ---------------------------------------------
 
 TTL = "6s"
@@ -424,7 +444,8 @@ def test_failover_by_three_sentinels(tmp_path, cli_env):
         figures = failover_run(tmp_path, cli_env, url, pair, fail_over)
         doctor = tasklock("--store", url, "doctor", env=cli_env)
         assert f"name 127.0.0.1:{pair.replica.port} the primary" in doctor.stdout
-        assert "epoch 1" in doctor.stdout or "epoch " in doctor.stdout
+        epoch = re.search(r"epoch (\d+)", doctor.stdout)
+        assert epoch and int(epoch.group(1)) > 0, doctor.stdout  # (epoch 0: no failover seen)
     report.record("primary SIGKILLed, sentinels fail over", "redis+sentinel", **figures)
     assert figures["token_after"] > 2**60 > figures["token_before"]
 
@@ -478,3 +499,37 @@ def test_sentinel_soak_with_the_primary_killed_midway(tmp_path, cli_env):
         token_before=before[-1][2],
         token_after=after[0][2],
     )
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True, raises=AssertionError, reason="a paused old primary that resumes acks renewals"
+)
+def test_an_old_primary_that_resumes_after_the_promotion_cannot_outlast_the_quarantine():
+    """The old primary is paused (SIGSTOP) while the replica, which missed the holder's
+    acquire, is promoted and a first acquire there starts the quarantine; a renewal the holder
+    sends 3 s later reaches the old primary when it resumes, which still takes itself for the
+    primary and acknowledges it. The holder's deadline (send + TTL) must end before the new
+    primary grants the key to anyone else."""
+    require_redis_server()
+    with replicated_redis() as pair:
+        old_url, new_url = pair.primary.url(prefix="pz:"), pair.replica.url(prefix="pz:")
+        with open_store(old_url) as old, open_store(new_url) as new:
+            old.release(old.acquire("k", 30, HOLDER, owner()))
+            pair.wait_synced()
+            pair.cut_link()
+            lease = old.acquire("k", 30, HOLDER, owner())
+            pair.primary.pause()
+            pair.promote()
+            assert new.acquire("k", 30, OTHER, owner()) is None
+            time.sleep(3.0)
+            sent = time.monotonic()
+            renewal = threading.Thread(target=old.renew, args=(lease, 30))
+            renewal.start()
+            time.sleep(1.0)
+            pair.primary.resume()
+            renewal.join()
+            holder_deadline = sent + 30
+            while new.acquire("k", 30, OTHER, owner()) is None:
+                time.sleep(0.2)
+            assert time.monotonic() >= holder_deadline, "two holders at once"

@@ -35,6 +35,7 @@ from tasklock_cli.stores.redis.scripts import SCRIPTS
 from tasklock_cli.stores.redis.sentinel import SENTINEL_PARAMETERS
 from tasklock_cli.stores.redis.sentinel import SENTINEL_SCHEMES
 from tasklock_cli.stores.redis.sentinel import QuorumSentinel
+from tasklock_cli.stores.redis.sentinel import UnknownServiceError
 from tasklock_cli.stores.redis.sentinel import is_sentinel_url
 from tasklock_cli.stores.redis.sentinel import parse_sentinel_url
 from tasklock_cli.stores.redis.sentinel import sentinel_client
@@ -306,7 +307,7 @@ class RedisConnection:
         for attempt in (1, 2):
             try:
                 return operation(self._client)
-            except (rexc.AuthenticationError, rexc.AuthorizationError) as exc:
+            except (rexc.AuthenticationError, rexc.AuthorizationError, UnknownServiceError) as exc:
                 raise self.translate(exc, key) from None
             except rexc.ConnectionError as exc:
                 if attempt == 1 and not isinstance(exc, rexc.BusyLoadingError):
@@ -326,6 +327,8 @@ class RedisConnection:
                 f"{where}: Redis refused the credentials ({text}); "
                 "check the user name and password of the store URL"
             )
+        if isinstance(exc, UnknownServiceError):
+            return ConfigError(f"{where}: {text}")
         if isinstance(exc, rexc.ConnectionError | rexc.TimeoutError):
             return StoreUnavailable(f"{where}: {text}")
         if isinstance(exc, rexc.InvalidResponse):

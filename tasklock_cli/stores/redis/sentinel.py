@@ -35,6 +35,13 @@ SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
 DEFAULT_SENTINEL_PORT = 26379
 #: The URL parameters for the sentinels themselves (the rest are the data nodes').
 SENTINEL_PARAMETERS = ("sentinel_username", "sentinel_password")
+#: What a sentinel answers ``SENTINEL MASTER`` for a service it does not monitor.
+_NO_SUCH_SERVICE = "No such master with that name"
+
+
+class UnknownServiceError(MasterNotFoundError):
+    """A majority of the sentinels monitor no service of that name: the URL is wrong (78),
+    not the store down (69)."""
 
 
 def is_sentinel_url(url: str) -> bool:
@@ -119,11 +126,13 @@ class QuorumSentinel(Sentinel):
         needed = len(self.sentinels) // 2 + 1
         votes: Counter[tuple[str, int]] = Counter()
         problems: list[str] = []
+        unknown = 0
         for sentinel in self.sentinels:
             try:
                 state = sentinel.sentinel_master(service_name)
             except (rexc.ConnectionError, rexc.TimeoutError, rexc.ResponseError) as exc:
                 problems.append(f"{_address(sentinel)}: {exc}")
+                unknown += isinstance(exc, rexc.ResponseError) and _NO_SUCH_SERVICE in str(exc)
                 continue
             if not isinstance(state, dict) or not self.check_master_state(state, service_name):
                 problems.append(f"{_address(sentinel)}: sees the primary down")
@@ -132,6 +141,11 @@ class QuorumSentinel(Sentinel):
             votes[address] += 1
             if votes[address] >= needed:
                 return address
+        if unknown >= needed:
+            raise UnknownServiceError(
+                f"service {service_name!r} is unknown to {unknown} of the {len(self.sentinels)} "
+                "sentinels (the SERVICE in redis+sentinel://HOST:PORT,.../SERVICE)"
+            )
         named = ", ".join(f"{host}:{port} by {n}" for (host, port), n in votes.items())
         raise MasterNotFoundError(
             f"no primary for service {service_name!r} named by a majority ({needed} of "
