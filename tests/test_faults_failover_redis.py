@@ -194,6 +194,32 @@ def url_prefix(url: str) -> bytes:
     return url.rpartition("prefix=")[2].encode()
 
 
+def test_another_run_id_under_the_same_replid_is_a_restart(url, raw):
+    """A server may keep its replid across a restart (from its RDB file): the run_id,
+    new at each start, tells."""
+    with open_store(url) as store:
+        store.release(store.acquire("a", 10, HOLDER, owner()))
+        record = url_prefix(url) + b"{}:epoch"
+        assert raw.hget(record, "run_id") == raw.info("server")["run_id"].encode()
+        raw.hset(record, "run_id", "e" * 40)  # written by the server's previous life
+        assert store.acquire("a", 10, OTHER, owner()) is None
+        assert "primary changed" in store.holdup("a")
+        assert int(raw.hget(record, "epoch")) > 0
+        assert raw.hget(record, "run_id") == raw.info("server")["run_id"].encode()
+
+
+def test_a_record_without_a_run_id_gains_it_without_a_quarantine(url, raw):
+    """An older tasklock's record (no run_id): no change of primary."""
+    with open_store(url) as store:
+        store.release(store.acquire("a", 10, HOLDER, owner()))
+        record = url_prefix(url) + b"{}:epoch"
+        raw.hdel(record, "run_id")
+        lease = store.acquire("a", 10, OTHER, owner())
+        assert lease.fencing_token == 2
+        assert raw.hget(record, "run_id") == raw.info("server")["run_id"].encode()
+        assert raw.hget(record, "epoch") == b"0"
+
+
 def test_epochs_past_the_last_one_tokens_can_carry_are_refused(url, raw):
     with open_store(url) as store:
         store.release(store.acquire("a", 10, HOLDER, owner()))
@@ -213,6 +239,7 @@ def test_a_promoted_replica_without_the_record_starts_an_epoch():
     with replicated_redis() as pair:
         old_url = pair.primary.url(prefix="fresh:")
         pair.cut_link()
+        redis_support.known_namespace(old_url)  # (on the primary only)
         with open_store(old_url) as store:
             lost = store.acquire("k", 5, HOLDER, owner())
             assert lost.fencing_token == 1
@@ -220,15 +247,17 @@ def test_a_promoted_replica_without_the_record_starts_an_epoch():
         with open_store(pair.replica.url(prefix="fresh:")) as store:
             assert store.acquire("k", 5, OTHER, owner()) is None
             assert "primary changed" in store.holdup("k")
-        # A server that never took over from another: a missing record is a fresh namespace.
+        # A server that never took over from another, but started a moment ago: a restart
+        # without persistence may have lost the record, so it quarantines too.
         with open_store(pair.primary.url(prefix="other:")) as store:
-            assert store.acquire("k", 5, OTHER, owner()).fencing_token == 1
+            assert store.acquire("k", 5, OTHER, owner()) is None
+            assert "primary changed" in store.holdup("k")
 
 
 def test_a_promoted_replica_with_the_record_starts_an_epoch():
     require_redis_server()
     with replicated_redis() as pair:
-        with open_store(pair.primary.url(prefix="ns:")) as store:
+        with open_store(redis_support.known_namespace(pair.primary.url(prefix="ns:"))) as store:
             store.release(store.acquire("k", 5, HOLDER, owner()))
         pair.wait_synced()
         pair.cut_link()
@@ -243,7 +272,9 @@ def test_a_promoted_replica_with_the_record_starts_an_epoch():
 def test_wait_replicas_gives_the_lease_back_when_no_replica_confirms():
     require_redis_server()
     with replicated_redis() as pair:
-        confirmed = pair.primary.url(prefix="w:") + "&wait_replicas=1"
+        confirmed = (
+            redis_support.known_namespace(pair.primary.url(prefix="w:")) + "&wait_replicas=1"
+        )
         with open_store(confirmed) as store:
             lease = store.acquire("k", 5, HOLDER, owner())
             assert lease.fencing_token == 1
@@ -256,6 +287,47 @@ def test_wait_replicas_gives_the_lease_back_when_no_replica_confirms():
                 store.acquire("k", 5, HOLDER, owner())
             assert time.monotonic() - started < 2
             assert store.peek("k") is None  # given back
+
+
+def paused_promoted_resumed(pair) -> None:
+    """The old primary is SIGSTOPped, its replica promoted, then the old one resumes: it
+    still takes itself for the primary (nothing told it otherwise), without a replica."""
+    pair.primary.pause()
+    pair.promote()
+    pair.cut_link()
+    pair.primary.resume()
+
+
+def test_an_old_primary_that_resumes_acknowledges_renewals_without_wait_replicas():
+    """The documented limit (README, Store failover): without wait_replicas= (or the
+    servers' min-replicas-to-write), an old primary that comes back renews its holder's
+    lease beside the new primary, which grants the key once its quarantine ends."""
+    require_redis_server()
+    with replicated_redis() as pair:
+        old_url = redis_support.known_namespace(pair.primary.url(prefix="zombie:"))
+        with open_store(old_url) as old:
+            lease = old.acquire("k", 30, HOLDER, owner())
+            pair.wait_synced()
+            paused_promoted_resumed(pair)
+            assert old.renew(lease, 30).fencing_token == lease.fencing_token
+
+
+def test_wait_replicas_fails_renewals_no_replica_confirms():
+    """With wait_replicas=1 the same renewal fails (and is retried until the holder's
+    deadline, as any failed renewal): an old primary cut off from its replicas cannot
+    keep a holder alive. While a replica confirms, renewals succeed."""
+    require_redis_server()
+    with replicated_redis() as pair:
+        old_url = redis_support.known_namespace(pair.primary.url(prefix="zombie:"))
+        with open_store(old_url + "&wait_replicas=1") as old:
+            lease = old.acquire("k", 30, HOLDER, owner())
+            assert old.renew(lease, 30).fencing_token == lease.fencing_token
+            paused_promoted_resumed(pair)
+            old.set_io_timeout(1.0)
+            started = time.monotonic()
+            with pytest.raises(StoreUnavailable, match="confirmed the renewal of 'k'"):
+                old.renew(lease, 30)
+            assert time.monotonic() - started < 2  # WAIT's bound: half the I/O timeout
 
 
 # -- sentinel URLs: parsing and errors, fast ------------------------------------------------
@@ -410,7 +482,7 @@ def test_failover_to_an_endpoint_that_moves(primary, tmp_path, cli_env):
     quarantine the waiters would start beside it."""
     require_redis_server()
     with replicated_redis() as pair, TcpProxy("127.0.0.1", pair.primary.port) as endpoint:
-        url = endpoint.url_for(pair.primary.url(prefix="moving:"))
+        url = endpoint.url_for(redis_support.known_namespace(pair.primary.url(prefix="moving:")))
 
         def fail_over() -> None:
             if primary == "killed":
@@ -432,6 +504,7 @@ def test_failover_by_three_sentinels(tmp_path, cli_env):
     require_redis_server()
     with replicated_redis() as pair, sentinels_for(pair.primary.port) as sentinels:
         sentinels.wait_ready()
+        redis_support.known_namespace(pair.primary.url(prefix="sentinel:"))
         url = sentinels.url("sentinel:")
         doctor = tasklock("--store", url, "doctor", env=cli_env)
         assert f"name 127.0.0.1:{pair.primary.port} the primary" in doctor.stdout
@@ -461,6 +534,7 @@ def test_sentinel_soak_with_the_primary_killed_midway(tmp_path, cli_env):
     require_redis_server()
     with replicated_redis() as pair, sentinels_for(pair.primary.port) as sentinels:
         sentinels.wait_ready()
+        redis_support.known_namespace(pair.primary.url(prefix="soak:"))
         runs = Runs(tmp_path, {**cli_env, "TASKLOCK_STORE": sentinels.url("soak:")})
         codes: collections.Counter[int] = collections.Counter()
         started = time.monotonic()

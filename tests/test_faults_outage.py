@@ -24,10 +24,11 @@ def private_store(kind: str):
     """(url, take_down, bring_up) for a throwaway server of this kind."""
     services.require(kind)
     if kind == "redis":
+        from tests.support.redis_support import known_namespace
         from tests.support.redis_support import private_redis
 
         with private_redis() as server:
-            yield server.url(prefix="outage:"), server.pause, server.resume
+            yield known_namespace(server.url(prefix="outage:")), server.pause, server.resume
     else:
         from tests.support.pg import private_postgres
 

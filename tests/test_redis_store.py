@@ -90,6 +90,7 @@ def require_redis_server() -> None:
 def private():
     require_redis_server()
     with redis_support.private_redis() as server:
+        redis_support.known_namespace(server.url())  # (its default prefix's)
         yield server
 
 
@@ -119,6 +120,7 @@ def test_key_layout_is_a_hash_with_px_and_a_counter_without_ttl(redis_store, raw
     replid = raw.info("replication")["master_replid"]
     assert raw.hgetall(epoch_key) == {
         b"replid": replid.encode(),
+        b"run_id": raw.info("server")["run_id"].encode(),
         b"epoch": b"0",
         b"quarantine_until": b"0",
         b"max_ttl": b"30000",
@@ -906,25 +908,22 @@ def test_foreign_hash_without_our_fields_is_shown_malformed_not_crashed(redis_st
 # -- durability: what FLUSHALL and a restart without persistence do ------------------------
 
 
-def test_flushall_restarts_the_counter_so_tokens_repeat(private):
+def test_flushall_restarts_the_counter_so_tokens_repeat(redis_store, url):
     """Documented behaviour: tokens are only as durable as Redis's data.
 
-    After FLUSHALL (or a restart of a Redis without persistence) the counter starts again
-    at 1 and a token issued before is issued again; the old holder's renew is rejected.
+    After FLUSHALL on a server up for longer than the quarantine floor (here: the
+    namespace's keys deleted on the shared server) the counter starts again at 1 and a
+    token issued before is issued again; the old holder's renew is rejected.
     """
-    store = open_store(private.url())
-    try:
-        first = store.acquire("k", 30, HOLDER, token())
-        store.release(first)
-        second = store.acquire("k", 30, HOLDER, token())
-        assert (first.fencing_token, second.fencing_token) == (1, 2)
-        private.client().flushall()
-        with pytest.raises(LeaseLost):
-            store.renew(second, 30)
-        again = store.acquire("k", 30, OTHER, token())
-        assert again.fencing_token == 1  # repeats a token issued before the flush
-    finally:
-        store.close()
+    first = redis_store.acquire("k", 30, HOLDER, token())
+    redis_store.release(first)
+    second = redis_store.acquire("k", 30, HOLDER, token())
+    assert (first.fencing_token, second.fencing_token) == (1, 2)
+    assert redis_support.drop_namespace(url) > 0
+    with pytest.raises(LeaseLost):
+        redis_store.renew(second, 30)
+    again = redis_store.acquire("k", 30, OTHER, token())
+    assert again.fencing_token == 1  # repeats a token issued before the flush
 
 
 def test_server_killed_and_restarted_never_renews_silently(private):
@@ -942,6 +941,18 @@ def test_server_killed_and_restarted_never_renews_silently(private):
             store.renew(lease, 30)
         # The first call after the restart reconnected by itself.
         assert store.peek("k") is None
+        # The epoch record went with the data; a server up for less than the quarantine
+        # floor keeps new leases out until the floor after its start, and tokens jump.
+        client = private.client()
+        seconds, _ = client.time()
+        assert store.acquire("k", 30, OTHER, token()) is None
+        assert "primary changed" in store.holdup("k")
+        record = client.hgetall(b"tasklock-test:{}:epoch")
+        uptime = int(client.info("server")["uptime_in_seconds"])
+        left = int(record[b"quarantine_until"]) - seconds * 1000
+        assert 30_000 - uptime * 1000 <= left <= 34_000 - uptime * 1000
+        assert int(record[b"epoch"]) >= seconds
+        client.close()
     finally:
         store.close()
 
@@ -997,7 +1008,7 @@ def test_wrong_password_is_reported_without_the_password():
                 assert "wrong-Pa55word" not in checks["store"].detail
             finally:
                 store.close()
-        good = open_store(server.url())
+        good = open_store(redis_support.known_namespace(server.url()))
         try:
             assert good.acquire("k", 30, HOLDER, token()).fencing_token == 1
             assert "right-Secret-42" not in good.display_url
@@ -1182,6 +1193,7 @@ def test_unix_socket_urls_work(tmp_path):
         while not sock.exists() and time.monotonic() < deadline:
             time.sleep(0.02)
         store = open_store(f"unix://{sock}?db=0&prefix=unix-test:")
+        redis_support.known_namespace(server.url(prefix="unix-test:"))
         try:
             lease = store.acquire("k", 30, HOLDER, token())
             assert lease.fencing_token == 1

@@ -49,6 +49,22 @@ def drop_namespace(url: str) -> int:
     return removed
 
 
+def known_namespace(url: str) -> str:
+    """``url``, its namespace's epoch record written as this server's (epoch 0, no
+    quarantine): a namespace in use before the test. A server started a moment ago would
+    otherwise quarantine a namespace it has no record of (a restart may have lost it: see
+    tasklock_cli/stores/redis/epochs.py)."""
+    client, prefix = _client_for(url)
+    try:
+        replid = client.info("replication")["master_replid"]
+        run_id = client.info("server")["run_id"]
+        record = {"replid": replid, "run_id": run_id, "epoch": 0, "quarantine_until": 0}
+        client.hset(prefix.encode() + b"{}:epoch", mapping=record)
+    finally:
+        client.close()
+    return url
+
+
 def redis_server_available() -> bool:
     return os.access(REDIS_SERVER, os.X_OK) or shutil.which("redis-server") is not None
 

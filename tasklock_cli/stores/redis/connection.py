@@ -131,7 +131,7 @@ def split_url(url: str) -> tuple[str, str, list[str]]:
 
 def wait_replicas(url: str, text: str | None = None) -> int:
     """The URL's ``wait_replicas=N`` (0 when absent): how many replicas must confirm an
-    acquire's writes (Redis ``WAIT``) before it counts."""
+    acquire's or a renewal's writes (Redis ``WAIT``) before it counts."""
     if text is None:
         text = url_parameters(url).get("wait_replicas")
         if text is None:
@@ -203,7 +203,7 @@ class RedisConnection:
         self._url = url
         self.display_url = display_url
         self.names = names
-        #: How many replicas must confirm an acquire's writes (``wait_replicas=``).
+        #: How many replicas must confirm an acquire's or renewal's writes (``wait_replicas=``).
         self.wait_replicas = wait_replicas
         self._secrets = [s for s in split_url(url)[2] if s]
         self.sentinel_target = None

@@ -5,6 +5,7 @@ The namespace's epoch record is the hash ``P{}:epoch`` (no lock key is empty, so
 key's parts can have this name), never given a TTL:
 
 - ``replid``: the ``master_replid`` (``INFO replication``) of the primary it was written on;
+- ``run_id``: that server's ``run_id`` (``INFO server``), new at each start;
 - ``epoch``: 0 until the first change of primary, then ``max(previous + 1, TIME seconds)``;
 - ``quarantine_until``: Redis ``TIME`` in ms before which no acquire in the namespace
   succeeds (it answers as a held key does: the caller waits or conflicts);
@@ -12,10 +13,19 @@ key's parts can have this name), never given a TTL:
 
 A primary whose ``master_replid`` differs from the recorded one took over from another
 (a promoted replica gets a new replid and keeps the old one as ``master_replid2``), or
-restarted: leases and tokens the old one granted may be missing here. A missing record is
-a fresh namespace, unless ``master_replid2`` is set (this server took over from another
-primary since it started): the namespace's first acquire may then have been on the old
-primary, its record lost with it.
+restarted; one whose ``run_id`` differs restarted (a server may keep its replid across a
+restart, from its RDB file): leases and tokens the old one granted may be missing here. A
+record without ``run_id`` (an older tasklock's) gains it without a change.
+
+A missing record is a fresh namespace, unless ``master_replid2`` is set (this server took
+over from another primary since it started: the namespace's first acquire may have been
+on the old primary, its record lost with it), or the server started less than the
+quarantine floor (``DEFAULT_TTL_MS + QUARANTINE_MARGIN_MS``) ago: a restart without
+persistence loses the record, and a holder of the server's previous life may still run.
+That quarantine ends at the floor after the server's start (leases granted before the
+start end within the default TTL of it). A server without persistence that restarted
+longer ago than the floor before the namespace's next acquire cannot be told from a fresh
+one: tokens start again at 1 (README says so).
 """
 
 from __future__ import annotations
@@ -34,6 +44,7 @@ EPOCH_RECORD = b"{}:epoch"
 EPOCH_LUA = (
     """
 local NO_REPLID = string.rep('0', 40)
+local QUARANTINE_FLOOR = DEFAULT_TTL_MS + QUARANTINE_MARGIN_MS
 -- This server's replication ids: {current, the one before it (nil when none)}.
 local function replication_ids()
   local info = redis.call('INFO', 'replication')
@@ -42,25 +53,49 @@ local function replication_ids()
   if replid2 == NO_REPLID then replid2 = nil end
   return replid, replid2
 end
+-- This server's run id (new at each start; nil when INFO hides it) and the latest moment
+-- (ms) it can have started: uptime_in_seconds counts whole seconds of its clock.
+local function server_start(now)
+  local info = redis.call('INFO', 'server')
+  local uptime = tonumber(string.match(info, 'uptime_in_seconds:(%d+)')) or 0
+  return string.match(info, 'run_id:(%x+)'), now - math.max(uptime - 1, 0) * 1000
+end
+-- Whether the primary changed since the record was written, and until when a change
+-- keeps new leases out.
+local function primary_changed(rec, now)
+  local replid, replid2 = replication_ids()
+  local run_id, started = server_start(now)
+  local max_ttl = tonumber(rec[4]) or 0
+  local ends = now + math.max(max_ttl, DEFAULT_TTL_MS) + QUARANTINE_MARGIN_MS
+  local changed
+  if rec[1] then  -- another replid: a promoted replica; another run_id: a restart
+    changed = rec[1] ~= replid or (rec[5] ~= false and run_id ~= nil and rec[5] ~= run_id)
+  elseif replid2 ~= nil then  -- no record on a server that took over from another primary
+    changed = true
+  else  -- no record on a server that started a moment ago: a restart may have lost it
+    changed = started + QUARANTINE_FLOOR > now
+    ends = started + QUARANTINE_FLOOR
+  end
+  return changed, ends, replid, run_id
+end
 -- The namespace's epoch and quarantine end (ms) for an acquire of `ttl` ms, starting a new
 -- epoch when the primary changed; raises the recorded max_ttl to `ttl`.
 local function current_epoch(record, now, ttl)
-  local rec = redis.call('HMGET', record, 'replid', 'epoch', 'quarantine_until', 'max_ttl')
-  local replid, replid2 = replication_ids()
+  local rec = redis.call('HMGET', record, 'replid', 'epoch', 'quarantine_until', 'max_ttl',
+                         'run_id')
   local epoch = tonumber(rec[2]) or 0
   local quarantine_until = tonumber(rec[3]) or 0
-  local max_ttl = tonumber(rec[4]) or 0
-  local changed
-  if rec[1] then changed = rec[1] ~= replid else changed = replid2 ~= nil end
+  local changed, ends, replid, run_id = primary_changed(rec, now)
   if changed then
     epoch = math.max(epoch + 1, math.floor(now / 1000))
-    quarantine_until = now + math.max(max_ttl, DEFAULT_TTL_MS) + QUARANTINE_MARGIN_MS
+    quarantine_until = ends
     redis.call('HSET', record, 'replid', replid, 'epoch', ms(epoch),
                'quarantine_until', ms(quarantine_until))
   elseif not rec[1] then
     redis.call('HSET', record, 'replid', replid, 'epoch', '0', 'quarantine_until', '0')
   end
-  if ttl > max_ttl then redis.call('HSET', record, 'max_ttl', ms(ttl)) end
+  if run_id and rec[5] ~= run_id then redis.call('HSET', record, 'run_id', run_id) end
+  if ttl > (tonumber(rec[4]) or 0) then redis.call('HSET', record, 'max_ttl', ms(ttl)) end
   return epoch, quarantine_until
 end
 -- The next fencing token of the key whose counter is `fence`, as a decimal string (Lua's

@@ -175,7 +175,19 @@ class RedisStore(Store):
         keys = [self._names.lease(lease.key, lease.slot), self._names.name(lease.key, "limit")]
         args = [lease.owner_token, lease.fencing_token, _ttl_ms(ttl, "lease TTL")]
         args.append(_slots_covered(lease))
-        result = self._conn.script("renew", keys, args, lease.key)
+        if not self._conn.wait_replicas:
+            result = self._conn.script("renew", keys, args, lease.key)
+        else:
+            result, confirmed = self._conn.script_and_wait("renew", keys, args, lease.key)
+            if result is not None and confirmed < self._conn.wait_replicas:
+                # A primary cut off from its replicas (or one that a failover left behind
+                # and that still takes itself for the primary) must not keep a holder
+                # alive: the renewal failed, and the keeper retries it until its deadline.
+                raise StoreUnavailable(
+                    f"{self.display_url}: only {confirmed} of the {self._conn.wait_replicas} "
+                    f"replicas that wait_replicas= asks for confirmed the renewal of "
+                    f"{lease.key!r} in time"
+                )
         return lease.renewed_until(
             None if result is None else utc_from_timestamp(int(result) / 1000)
         )
