@@ -329,6 +329,35 @@ def test_wait_replicas_fails_renewals_no_replica_confirms():
             assert time.monotonic() - started < 2  # WAIT's bound: half the I/O timeout
 
 
+def test_doctor_warns_of_replicas_whose_old_primary_could_renew_on():
+    """Replicas, but neither wait_replicas= nor min-replicas-to-write >= 1: a warning that
+    says what to set; either of them silences it."""
+    require_redis_server()
+    with replicated_redis() as pair:
+        url = pair.primary.url(prefix="doc:")
+
+        def replication(query: str = "") -> object:
+            with open_store(url + query) as store:
+                return {check.name: check for check in store.doctor()}["replication"]
+
+        unconfirmed = replication()
+        assert unconfirmed.ok and unconfirmed.warning
+        assert "split brain" in unconfirmed.detail
+        assert "wait_replicas=N" in unconfirmed.detail
+        assert "min-replicas-to-write" in unconfirmed.detail
+        confirmed = replication("&wait_replicas=1")
+        assert confirmed.ok and not confirmed.warning
+        assert "acquire and renewal waits for 1" in confirmed.detail
+        assert not replication("&wait_replicas=2").ok  # more than are connected
+        client = pair.primary.client()
+        client.config_set("min-replicas-to-write", 1)
+        client.config_set("min-replicas-max-lag", 5)
+        client.close()
+        bounded = replication()
+        assert bounded.ok and not bounded.warning
+        assert "min-replicas-max-lag 5s" in bounded.detail
+
+
 # -- sentinel URLs: parsing and errors, fast ------------------------------------------------
 
 

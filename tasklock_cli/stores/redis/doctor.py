@@ -95,6 +95,13 @@ class _RedisDoctor:
             )
         replicas = int(info.get("connected_slaves", 0))
         wanted = self._conn.wait_replicas
+        if wanted > replicas:
+            return StoreCheck(
+                "replication",
+                False,
+                f"wait_replicas={wanted} but only {replicas} replicas are connected: every "
+                "acquire and renewal fails",
+            )
         if replicas == 0:
             return StoreCheck(
                 "replication",
@@ -104,27 +111,42 @@ class _RedisDoctor:
                 "+ 2 s, at least 32 s)",
                 warning=True,
             )
-        if wanted > replicas:
-            return StoreCheck(
-                "replication",
-                False,
-                f"wait_replicas={wanted} but only {replicas} replicas are connected: every "
-                "acquire fails (69)",
-            )
-        if wanted == 0:
+        if wanted > 0:
             return StoreCheck(
                 "replication",
                 True,
-                f"{replicas} replica(s), asynchronous and unconfirmed: a failover can lose the "
-                "last acquires; the failover quarantine keeps their holders apart from new "
-                "ones for TTLs up to the longest the replica knows of (at least 30 s); "
-                "wait_replicas=N confirms each acquire",
-                warning=True,
+                f"{replicas} replica(s); each acquire and renewal waits for {wanted} to "
+                "confirm (WAIT)",
+            )
+        return self._unconfirmed_replication(replicas, info)
+
+    def _unconfirmed_replication(self, replicas: int, info: dict[str, Any]) -> StoreCheck:
+        """Replicas without wait_replicas=: safe only while the servers refuse writes that
+        no replica takes (``min-replicas-to-write``; INFO shows ``min_slaves_good_slaves``
+        only when it is set, for when CONFIG is refused)."""
+        setting = self._conn.config_get("min-replicas-to-write")
+        at_least = _number(setting)
+        if setting is None and "min_slaves_good_slaves" in info:
+            at_least = 1
+        max_lag = self._conn.config_get("min-replicas-max-lag") or "?"
+        if at_least >= 1:
+            return StoreCheck(
+                "replication",
+                True,
+                f"{replicas} replica(s), asynchronous; min-replicas-to-write {setting or 'set'}, "
+                f"min-replicas-max-lag {max_lag}s: an old primary cut off from its replicas "
+                f"stops taking writes after {max_lag}s (keep that below the time a failover "
+                "takes to detect the failure)",
             )
         return StoreCheck(
             "replication",
             True,
-            f"{replicas} replica(s); each acquire waits for {wanted} to confirm (WAIT)",
+            f"{replicas} replica(s), asynchronous and unconfirmed: an old primary that comes "
+            "back after a failover (paused, partitioned) still renews its holders' leases "
+            "beside the new primary (split brain); set wait_replicas=N in the store URL "
+            "(every replica that can be promoted), or min-replicas-to-write >= 1 with "
+            "min-replicas-max-lag below the failover detection time on the servers",
+            warning=True,
         )
 
     def _check_epoch(self) -> StoreCheck:
@@ -238,6 +260,11 @@ class _RedisDoctor:
             return StoreCheck("clock", False, str(exc))
         offset = seconds + micros / 1_000_000 - (sent_wall + rtt / 2)
         return clock_check("Redis's", offset, rtt / 2, "expiry runs on Redis's clock")
+
+
+def _number(value: str | None) -> int:
+    """A numeric setting's value; 0 when unknown (CONFIG refused) or not a number."""
+    return int(value) if value is not None and value.isdigit() else 0
 
 
 def _replica_up(replica: dict[str, Any]) -> bool:
