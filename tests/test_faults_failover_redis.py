@@ -370,6 +370,9 @@ def test_doctor_warns_of_replicas_whose_old_primary_could_renew_on():
         "redis+sentinel://:s3cret-pw@127.0.0.1:1/svc?colour=blue",
         "redis+sentinel://:s3cret-pw@127.0.0.1:1/svc?wait_replicas=many",
         "rediss+sentinel://:s3cret-pw@127.0.0.1:1/svc/1/2",
+        "redis+sentinel://:s3cret-pw@[::1/svc",  # an unclosed IPv6 bracket
+        "redis+sentinel://:s3cret-pw@127.0.0.1:1,[::1/svc",
+        "redis+sentinel://:s3cret-pw@[::1]26379/svc",
     ],
 )
 def test_malformed_sentinel_urls_are_one_line_78_without_the_password(bad, cli_env):

@@ -105,8 +105,10 @@ def parse_sentinel_url(url: str, query_items: list[str]) -> SentinelTarget:
 def _host_port(url: str, item: str) -> tuple[str, int]:
     host, port = item, str(DEFAULT_SENTINEL_PORT)
     if item.startswith("["):  # [IPv6]:PORT
-        inside, _, rest = item[1:].partition("]")
-        host, port = inside, rest[1:] if rest.startswith(":") else port
+        inside, closed, rest = item[1:].partition("]")
+        if not closed or (rest and not rest.startswith(":")):
+            raise _bad(url, f"a sentinel must be HOST:PORT or [IPv6]:PORT (got {item!r})")
+        host, port = inside, rest[1:] if rest else port
     elif ":" in item:
         host, _, port = item.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
