@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import itertools
+import json
 import re
 import subprocess
 import sys
@@ -187,6 +188,52 @@ def test_a_waiter_in_quarantine_keeps_its_place_and_the_cli_names_the_reason(url
             waiting.kill()
     stderr = waiting.stderr.read()
     assert '"reason": "the Redis primary changed' in stderr, stderr
+
+
+def quarantine_for(raw, url: str, seconds: float) -> None:
+    """A failover quarantine in the URL's namespace, ending ``seconds`` from now."""
+    prefix = url.rpartition("prefix=")[2]
+    with open_store(url) as store:
+        store.release(store.acquire("warm", 10, HOLDER, owner()))
+        pretend_failover(raw, prefix)
+        assert store.acquire("warm", 10, HOLDER, owner()) is None  # the quarantine starts
+    until = redis_ms(raw) + int(seconds * 1000)
+    raw.hset(prefix.encode() + b"{}:epoch", "quarantine_until", until)
+
+
+def test_replace_waits_out_a_quarantine_even_without_wait(url, raw, cli_env):
+    """--replace waits at least until the old lease could have run out: under a
+    quarantine, a lease the old primary granted may still run, though none shows here."""
+    quarantine_for(raw, url, 3.0)
+    started = time.monotonic()
+    done = tasklock("run", "a", "--replace", "--", "true", env={**cli_env, "TASKLOCK_STORE": url})
+    assert done.returncode == 0, done.stderr
+    assert time.monotonic() - started >= 2.5
+
+
+def test_peek_list_and_release_name_a_quarantine(url, raw, cli_env):
+    env = {**cli_env, "TASKLOCK_STORE": url}
+    with open_store(url) as store:
+        lease = store.acquire("held", 30, HOLDER, owner())
+    quarantine_for(raw, url, 30.0)
+    free = tasklock("peek", "a", env=env)
+    assert free.returncode == 1
+    assert "a is free" in free.stdout
+    assert "tasklock: warning: the Redis primary changed" in free.stderr
+    assert "no new lease in this namespace for" in free.stderr
+    as_json = tasklock("peek", "a", "--json", env=env)
+    assert json.loads(as_json.stdout) == {"key": "a", "held": False, "waiters": []}
+    assert "primary changed" in as_json.stderr
+    listed = tasklock("list", env=env)
+    assert listed.stdout.startswith("held\t") and "primary changed" in listed.stderr
+    released = tasklock("release", "a", "--force", env=env)
+    assert released.returncode == 0 and "primary changed" in released.stderr
+    quiet = tasklock("-q", "peek", "a", env=env)
+    assert quiet.stderr == ""
+    end_quarantine(raw, url_prefix(url).decode())
+    assert "primary changed" not in tasklock("peek", "a", env=env).stderr
+    with open_store(url) as store:
+        store.release(lease)
 
 
 def url_prefix(url: str) -> bytes:

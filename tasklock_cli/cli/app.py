@@ -255,13 +255,22 @@ def peek(
     with g.open_store() as store:
         holders = store.holders(key)
         waiters = store.waiters(key)
+        quarantine = store.quarantine()
     if as_json:
         typer.echo(json_text(render.peek_json(key, holders, waiters)))
     else:
         if holders:
             render.lease_details(holders)
         render.waiters_block(key, waiters, held=bool(holders))
+    _warn_of_quarantine(g, quarantine)
     raise typer.Exit(0 if holders else 1)
+
+
+def _warn_of_quarantine(g: Globals, quarantine: str | None) -> None:
+    """A failover quarantine keeps every key from new holders, free ones too: a warning on
+    stderr (the JSON on stdout keeps the contract's shape)."""
+    if quarantine is not None:
+        g.events.warning(quarantine, quarantine=True)
 
 
 @app.command("list")
@@ -297,6 +306,7 @@ def list_leases(
             render.json_array(render.listing_json(leases, waiting))
         else:
             render.lease_table(leases, waiting)
+        _warn_of_quarantine(g, store.quarantine())
 
 
 @app.command()
@@ -417,12 +427,14 @@ def release(
     timeout = let_go_timeout()
     with g.open_store() as store:
         outcome = break_and_wait(store, key, token, timeout, by=current_holder([], None))
+        quarantine = store.quarantine()
     from tasklock_cli.cli import render
 
     if as_json:
         typer.echo(json_text(render.break_outcome_json(key, outcome)))
     else:
         typer.echo(render.break_outcome(key, token, outcome, timeout))
+    _warn_of_quarantine(g, quarantine)
     raise typer.Exit(0 if outcome.freed else ExitCode.CONFLICT)
 
 

@@ -107,13 +107,14 @@ class Waiter:
                 queue = self.wait > 0 or self.replace
                 if keeper.try_acquire(queue, supersede=self.supersede, front=self.replace):
                     return
-                broken_live = self._break_holders()
+                broken_live = self._break_holders() or self._quarantined()
             except StoreUnavailable:
                 if clock() + delay >= give_up_at:
                     raise
                 # a blip while waiting is retried like a conflict
             left = give_up_at - clock()
-            # --replace waits while a lease it broke is live, and tries once more after
+            # --replace waits while a lease it broke is live (or a failover quarantine keeps
+            # out every key: an old primary's lease may still run), and tries once more after
             replacing, broken_live_before = broken_live or broken_live_before, broken_live
             if left <= 0 and not replacing:
                 waited = self.wait if announced_at is not None else 0.0
@@ -146,6 +147,11 @@ class Waiter:
         if fresh and self.on_broken is not None:
             self.on_broken(fresh)
         return bool(live)
+
+    def _quarantined(self) -> bool:
+        """--replace: our last acquire met a failover quarantine (``Store.holdup``), which
+        keeps the key until every lease the old primary may have granted has run out."""
+        return self.replace and self.keeper.store.holdup(self.keeper.key) is not None
 
     def _wait_for_release(self, timeout: float) -> None:
         self._in_wait = True

@@ -136,6 +136,12 @@ class Store(ABC):
         None when nothing but its holders keep it."""
         return None
 
+    def quarantine(self) -> str | None:
+        """Why no key of the store can be had now although none may show held (a failover
+        quarantine under way), read from the store, for ``peek``, ``list`` and
+        ``release --force``; None when nothing but holders keep keys."""
+        return None
+
     def lease_age(self, lease: Lease) -> float:
         """How long ``lease``'s TTL had already run on the store when the acquire that
         returned it was sent (a store may attach a lease kept alive before: etcd); its

@@ -162,14 +162,21 @@ class RedisStore(Store):
         )
 
     def holdup(self, key: str) -> str | None:
-        left = self._quarantines.get(key, 0.0) - time.monotonic()
-        if left <= 0:
+        return _quarantine_text(self._quarantines.get(key, 0.0) - time.monotonic())
+
+    def quarantine(self) -> str | None:
+        name = self._names.epoch_record()
+
+        def read(client: redis.Redis) -> list[Any]:
+            pipe = client.pipeline(transaction=True)  # one round trip, one moment
+            pipe.hget(name, "quarantine_until")
+            pipe.time()
+            return pipe.execute()
+
+        until, (seconds, micros) = self._conn.call(read)
+        if until is None or not until.isdigit():
             return None
-        return (
-            f"the Redis primary changed (failover or restart): no new lease in this namespace "
-            f"for {left:.1f}s more, until every lease the old primary may have granted has run "
-            "out"
-        )
+        return _quarantine_text((int(until) - seconds * 1000 - micros // 1000) / 1000)
 
     def renew(self, lease: Lease, ttl: float) -> Lease:
         keys = [self._names.lease(lease.key, lease.slot), self._names.name(lease.key, "limit")]
@@ -435,6 +442,17 @@ class RedisStore(Store):
         """The lease in slot ``slot`` from its (fencing_token, acquired_at, expires_at,
         holder, limit, mode) fields, read defensively (see rows)."""
         return _lease_info(key, slot, *row)
+
+
+def _quarantine_text(left: float) -> str | None:
+    """What a failover quarantine with ``left`` seconds to run means; None when over."""
+    if left <= 0:
+        return None
+    return (
+        f"the Redis primary changed (failover or restart): no new lease in this namespace "
+        f"for {left:.1f}s more, until every lease the old primary may have granted has run "
+        "out"
+    )
 
 
 def _first_expiry(rows: list[list[Any]]) -> float:
