@@ -38,7 +38,7 @@ default ``tasklock:``)::
 
 And per namespace::
 
-    P{}:epoch      hash  the failover epoch record (see ``epochs``): replid, epoch,
+    P{}:epoch      hash  the failover epoch record (see ``epochs``): replid, run_id, epoch,
                          quarantine_until, max_ttl; never given a TTL
 
 A break marks a lease hash's owner ``broken:<owner>`` (see base) and PUBLISHes to
@@ -52,22 +52,34 @@ empty). Every mutation is one Lua script (EVALSHA, reloaded on NOSCRIPT) that ch
 owner token and takes its times from Redis's ``TIME``, never the client's clock.
 
 Durability: ``FLUSHALL``/``FLUSHDB`` or a restart without persistence empties the
-counters, and tokens issued before can be issued again. ``doctor`` warns about the settings
-that matter (AOF with ``appendfsync everysec|always``, ``maxmemory-policy noeviction``).
+counters, and tokens issued before can be issued again, unless the namespace's next
+acquire comes within the quarantine floor of the server's start (see ``epochs``). ``doctor``
+warns about the settings that matter (AOF with ``appendfsync everysec|always``,
+``maxmemory-policy noeviction``, replicas without ``wait_replicas=`` or
+``min-replicas-to-write``).
 
 Failover (``epochs``): a primary that lost the last writes -- a promoted replica, or a
-restarted primary -- has another ``master_replid`` than the one the namespace's epoch
-record names. The acquire script reads it (``INFO replication`` inside the script: still
-one round trip) and, on a change, starts epoch E = max(E_before + 1, TIME seconds), with a
-quarantine Q = max(max_ttl, 30 s) + 2 s during which no acquire in the namespace succeeds;
-tokens are max(counter + 1, E << 30). Why no two holders overlap:
+restarted primary -- has another ``master_replid`` (or ``run_id``) than the one the
+namespace's epoch record names. The acquire script reads them (``INFO`` inside the script:
+still one round trip) and, on a change, starts epoch E = max(E_before + 1, TIME seconds),
+with a quarantine Q = max(max_ttl, 30 s) + 2 s during which no acquire in the namespace
+succeeds; tokens are max(counter + 1, E << 30). Why no two holders overlap:
 
 - A holder H on the old primary runs only until its client-side deadline: its TTL counted
   from the *send* of its last acknowledged acquire or renewal (``LeaseKeeper``); its guard
   ends its tree before then when a renewal fails or is rejected.
-- That acknowledgement came from the old primary before it stopped serving, so before the
-  promotion, so before the first acquire on the new primary that notices the change; the
-  quarantine starts at that acquire. So H's deadline <= quarantine start + H's TTL.
+- Assumption: the old primary acknowledges nothing once the new one took over. It holds
+  with ``wait_replicas=N``, N = every replica that can be promoted: acquires and renewals
+  wait for N replicas (``WAIT``, pipelined with the script), one that fewer confirm counts
+  as failed, and after a promotion the old primary has fewer than N. It holds with the
+  servers' ``min-replicas-to-write`` >= 1 and ``min-replicas-max-lag`` below the failover's
+  detection time (the old primary refuses writes first). It does *not* hold otherwise: an
+  old primary that was paused or partitioned and comes back still takes itself for the
+  primary and acknowledges renewals, keeping H alive beside a new holder (split brain,
+  unbounded while it lasts; README says so, ``doctor`` warns).
+- Under that assumption, H's last acknowledgement came before the promotion, so before
+  the first acquire on the new primary that notices the change; the quarantine starts at
+  that acquire. So H's deadline <= quarantine start + H's TTL.
 - H's TTL <= the namespace's max_ttl as the new primary knows it, or <= 30 s: the
   quarantine, max(max_ttl, 30 s) + 2 s, so outlasts H's deadline (the 2 s cover the
   servers' clock rates and H's send time). Not covered: a TTL above both, first used in the
@@ -81,7 +93,9 @@ tokens are max(counter + 1, E << 30). Why no two holders overlap:
   primary missed E_old's start as well, from TIME, provided the two starts are more than a
   second apart on clocks in step.) E stays below 2^33: tokens <= 2^63 - 1.
 - A missing record is a fresh namespace unless ``master_replid2`` is set (the server took
-  over from another primary): then its first acquire starts an epoch too.
+  over from another primary), or the server started less than the quarantine floor
+  (32 s) ago (a restart without persistence may have lost the record): then its first
+  acquire starts an epoch too.
 
 Companions: ``scripts`` (the Lua), ``epochs`` (the failover rule), ``connection`` (URL,
 pool, errors), ``sentinel`` (Sentinel URLs), ``keys`` (names), ``queue`` (the waiters'

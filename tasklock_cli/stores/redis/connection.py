@@ -415,6 +415,21 @@ class RedisConnection:
 
         return self.call(run, key)
 
+    def confirmed_script(
+        self, name: str, keys: list[bytes], args: list[Any], key: str, what: str
+    ) -> Any:
+        """``script``; with ``wait_replicas``, through ``script_and_wait``, and
+        StoreUnavailable when it wrote (a result) that fewer replicas confirmed."""
+        if not self.wait_replicas:
+            return self.script(name, keys, args, key)
+        result, confirmed = self.script_and_wait(name, keys, args, key)
+        if result is not None and confirmed < self.wait_replicas:
+            raise StoreUnavailable(
+                f"{self.display_url}: only {confirmed} of the {self.wait_replicas} replicas "
+                f"that wait_replicas= asks for confirmed {what} of {key!r} in time"
+            )
+        return result
+
     def scrub(self, exc: object) -> str:
         return scrub(exc, self._secrets)
 

@@ -30,6 +30,14 @@ one: tokens start again at 1 (README says so).
 
 from __future__ import annotations
 
+from typing import Any
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import redis
+
+    from tasklock_cli.stores.redis.connection import RedisConnection
+
 #: The quarantine is never shorter than this (ms) plus the margin: the default ``--ttl``,
 #: for leases whose TTL no record this primary holds knows of.
 DEFAULT_TTL_MS = 30_000
@@ -129,3 +137,20 @@ local function decimal_less(a, b)
   return a < b
 end
 """
+
+
+def quarantine_left(conn: RedisConnection) -> float:
+    """Seconds left of the namespace's failover quarantine (0 or less: none), read from
+    its epoch record on Redis's clock."""
+    name = conn.names.epoch_record()
+
+    def read(client: redis.Redis) -> list[Any]:
+        pipe = client.pipeline(transaction=True)  # one round trip, one moment
+        pipe.hget(name, "quarantine_until")
+        pipe.time()
+        return pipe.execute()
+
+    until, (seconds, micros) = conn.call(read)
+    if until is None or not until.isdigit():
+        return 0.0
+    return (int(until) - seconds * 1000 - micros // 1000) / 1000

@@ -39,6 +39,7 @@ from tasklock_cli.stores.redis.breaks import open_break_subscription
 from tasklock_cli.stores.redis.connection import RedisConnection
 from tasklock_cli.stores.redis.connection import split_url
 from tasklock_cli.stores.redis.connection import wait_replicas
+from tasklock_cli.stores.redis.epochs import quarantine_left
 from tasklock_cli.stores.redis.keys import DEFAULT_PREFIX
 from tasklock_cli.stores.redis.keys import RedisKeys
 from tasklock_cli.stores.redis.queue import place_mode
@@ -165,36 +166,15 @@ class RedisStore(Store):
         return _quarantine_text(self._quarantines.get(key, 0.0) - time.monotonic())
 
     def quarantine(self) -> str | None:
-        name = self._names.epoch_record()
-
-        def read(client: redis.Redis) -> list[Any]:
-            pipe = client.pipeline(transaction=True)  # one round trip, one moment
-            pipe.hget(name, "quarantine_until")
-            pipe.time()
-            return pipe.execute()
-
-        until, (seconds, micros) = self._conn.call(read)
-        if until is None or not until.isdigit():
-            return None
-        return _quarantine_text((int(until) - seconds * 1000 - micros // 1000) / 1000)
+        return _quarantine_text(quarantine_left(self._conn))
 
     def renew(self, lease: Lease, ttl: float) -> Lease:
         keys = [self._names.lease(lease.key, lease.slot), self._names.name(lease.key, "limit")]
         args = [lease.owner_token, lease.fencing_token, _ttl_ms(ttl, "lease TTL")]
         args.append(_slots_covered(lease))
-        if not self._conn.wait_replicas:
-            result = self._conn.script("renew", keys, args, lease.key)
-        else:
-            result, confirmed = self._conn.script_and_wait("renew", keys, args, lease.key)
-            if result is not None and confirmed < self._conn.wait_replicas:
-                # A primary cut off from its replicas (or one that a failover left behind
-                # and that still takes itself for the primary) must not keep a holder
-                # alive: the renewal failed, and the keeper retries it until its deadline.
-                raise StoreUnavailable(
-                    f"{self.display_url}: only {confirmed} of the {self._conn.wait_replicas} "
-                    f"replicas that wait_replicas= asks for confirmed the renewal of "
-                    f"{lease.key!r} in time"
-                )
+        # (with wait_replicas=, a renewal fewer replicas confirm fails: an old primary cut
+        # off from its replicas, which a failover left behind, keeps no holder alive)
+        result = self._conn.confirmed_script("renew", keys, args, lease.key, "the renewal")
         return lease.renewed_until(
             None if result is None else utc_from_timestamp(int(result) / 1000)
         )
