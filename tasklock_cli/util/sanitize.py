@@ -1,13 +1,15 @@
-"""The one sanitiser for text that came from the store or another user (keys, notes, users,
-hosts, commands), used by every renderer and message: control characters (C0, DEL, C1),
-line and paragraph separators, bidi controls and lone surrogates (bytes that were not UTF-8)
-are shown as Python escapes (``\\x1b``, ``\\u202e``, ``\\udcff``), so another holder's note
-cannot move the cursor, set the terminal's title or reorder what is shown. Markup is the
-renderer's business: rich output takes these strings as ``Text``, never as markup.
+"""The one sanitiser for text that came from the store or another user: keys, notes, users,
+hosts, commands. Every renderer and message uses it.
 
-Arguments that are not UTF-8 are recorded with ``recordable``: lossless, and valid UTF-8.
-JSON is written by ``json_text``: the same characters as ``\\u`` escapes, so it stays
-valid JSON (a ``\\x7f`` is not) and shows nothing raw.
+- ``safe``: control characters (C0, DEL, C1), line and paragraph separators, bidi controls
+  and lone surrogates (bytes that were not UTF-8) are shown as Python escapes (``\\x1b``,
+  ``\\u202e``, ``\\udcff``). Another holder's note cannot move the cursor, set the terminal's
+  title or reorder what is shown.
+- Markup is the renderer's business: rich output takes these strings as ``Text``, never as
+  markup.
+- ``recordable``: arguments that are not UTF-8, recorded losslessly as valid UTF-8.
+- ``json_text``: JSON with the same characters as ``\\u`` escapes, so it stays valid JSON
+  (a raw ``\\x7f`` is not) and shows nothing raw.
 """
 
 from __future__ import annotations
