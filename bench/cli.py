@@ -50,6 +50,8 @@ from bench.stores import POSTGRES_BASE
 from bench.stores import REDIS_BASE
 from bench.stores import StoreKind
 from bench.stores import make_stores
+from bench.stores import mysql_connect
+from bench.stores import mysql_query
 
 
 def machine_info() -> dict[str, str]:
@@ -69,7 +71,7 @@ def versions() -> str:
     from importlib.metadata import version
 
     parts = []
-    for dist in ("tasklock", "typer", "click", "redis", "psycopg"):
+    for dist in ("tasklock", "typer", "click", "redis", "psycopg", "PyMySQL"):
         with contextlib.suppress(Exception):
             parts.append(f"{dist} {version(dist)}")
     return ", ".join(parts)
@@ -97,6 +99,12 @@ def server_versions(kinds: list[StoreKind]) -> str:
                     found.append(f"PostgreSQL {one_row(conn.execute('SHOW server_version'))[0]}")
             elif kind.name == "etcd":
                 found.append(f"etcd {kind.member().version()} (the bench's own member)")
+            elif kind.name == "mysql":
+                conn = mysql_connect()
+                try:
+                    found.append(f"MySQL/MariaDB {mysql_query(conn, 'SELECT VERSION()')[0][0]}")
+                finally:
+                    conn.close()
     with contextlib.suppress(Exception):
         etcdctl = subprocess.run(["etcdctl", "version"], capture_output=True, text=True)
         found.append(etcdctl.stdout.splitlines()[0])
@@ -166,7 +174,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--stores",
         default=",".join(ALL_STORES),
-        help="comma-separated subset of sqlite,redis,postgres,etcd",
+        help=f"comma-separated subset of {','.join(ALL_STORES)}",
     )
     parser.add_argument(
         "--markdown", metavar="FILE", help="also write the tables as Markdown to FILE"

@@ -128,6 +128,7 @@ RAW_LABELS = {
     "sqlite": "sqlite3 `SELECT 1`, same file",
     "redis": "redis-py `PING`",
     "postgres": "psycopg `SELECT 1`",
+    "mysql": "PyMySQL `SELECT 1`, autocommit",
     "etcd": "JSON gateway `kv/range` of one key, keep-alive HTTP",
 }
 
@@ -135,6 +136,7 @@ RAW_LABELS = {
 WRITE_LABELS = {
     "sqlite": "raw durable write (sqlite3 1-row `UPDATE`, scratch file)",
     "postgres": "raw durable write (psycopg 1-row `UPDATE`, autocommit)",
+    "mysql": "raw durable write (PyMySQL 1-row `UPDATE`, InnoDB, autocommit)",
     "etcd": "raw durable write (JSON gateway `kv/put` of one key)",
 }
 
@@ -223,13 +225,14 @@ def section_roundtrips(
     table.notes[:0] = [
         prose(
             """raw = the driver's cheapest round trip on its own connection in the same run:
-                sqlite3 `SELECT 1` on the same file, redis-py `PING`, psycopg `SELECT 1`
-                (autocommit). raw write = the cheapest durable write, also on its own
-                connection: `UPDATE scratch SET v = v + 1 WHERE k = 'a'`, one row, autocommit
-                (SQLite: a scratch file with the store connection's journal_mode and
-                synchronous; PostgreSQL: a scratch table in the same database, dropped after;
-                Redis has none). `÷ raw` / `÷ raw write` = this row's p50 over theirs: e.g. the
-                renew row's `÷ raw write` is renew / raw write."""
+                sqlite3 `SELECT 1` on the same file, redis-py `PING`, psycopg and PyMySQL
+                `SELECT 1` (autocommit). raw write = the cheapest durable write, also on its
+                own connection: `UPDATE scratch SET v = v + 1 WHERE k = 'a'`, one row,
+                autocommit (SQLite: a scratch file with the store connection's journal_mode
+                and synchronous; PostgreSQL, MySQL: a scratch table in the same database
+                (MySQL: InnoDB, the store's engine), dropped after; Redis has none). `÷ raw` /
+                `÷ raw write` = this row's p50 over theirs: e.g. the renew row's `÷ raw write`
+                is renew / raw write."""
         ),
         prose(
             """acquire and release are timed separately within acquire + release cycles on one
@@ -254,7 +257,7 @@ def section_roundtrips(
 
 
 #: The stores reached over TCP, whose round trips a proxy can count.
-NETWORK_STORES = ("redis", "postgres", "etcd")
+NETWORK_STORES = ("redis", "postgres", "etcd", "mysql")
 #: The issues' goals: etcd (issue 16) and PostgreSQL, one round trip per acquire and renew.
 ONE_ROUND_TRIP = {("etcd", "acquire"), ("etcd", "renew"), ("postgres", "acquire"),
                   ("postgres", "renew")}  # fmt: skip

@@ -60,7 +60,7 @@ def insert_leases(
 ) -> tuple[list[str], float, str]:
     """(inserted names, seconds, how): SQL batch on PostgreSQL (checked through the API,
     falling back to the API on any mismatch), the API elsewhere (SQLite: one process,
-    since its writers serialise anyway; Redis: four)."""
+    since its writers serialise anyway; Redis, MySQL: four)."""
     started = time.perf_counter()
     url = kind.url(namespace)
     with open_store(url) as store:
@@ -201,7 +201,8 @@ def section_scale(kinds: list[StoreKind], envs: Envs, budget: Budget) -> list[Ta
     table.notes += [
         prose(
             """Times in ms. Live leases (ttl 1 h) inserted through `store.acquire` (SQLite: one
-            process, its writers serialise anyway; Redis: 4 forked processes), bounded in time:
+            process, its writers serialise anyway; Redis, MySQL: 4 forked processes), bounded
+            in time:
             the row says how many made it. PostgreSQL: one `INSERT … SELECT unnest(…)` per
             10,000 rows shaped as `acquire` writes them, checked with `peek` (falls back to the
             API). peek: random keys, blocks of 50, the three targets in shuffled order; hits

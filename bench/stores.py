@@ -10,6 +10,7 @@ from collections.abc import Callable
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from bench.etcd_member import EtcdMember
 from bench.etcd_member import Gateway
@@ -17,10 +18,14 @@ from bench.etcd_member import b64
 from bench.harness import HOLDER
 from bench.harness import RUN_ID
 from tasklock_cli.stores import open_store
+from tasklock_cli.stores.registry import STORE_PACKAGES
 
 REDIS_BASE = "redis://127.0.0.1:6379/0"
 POSTGRES_BASE = "postgresql://127.0.0.1:5432/test"
-ALL_STORES = ("sqlite", "redis", "postgres", "etcd")
+MYSQL_BASE = "mysql://root@127.0.0.1:3306/test"
+#: PyMySQL's connect arguments for MYSQL_BASE (the bench's own raw connections).
+MYSQL_CONNECT = {"host": "127.0.0.1", "port": 3306, "user": "root", "database": "test"}
+ALL_STORES = ("sqlite", "redis", "postgres", "etcd", "mysql")
 RAW_WRITE = "UPDATE {table} SET v = v + 1 WHERE k = 'a'"
 #: The SQLite store's per-connection setting (not observable from another connection;
 #: journal_mode is, since WAL is kept in the file).
@@ -43,6 +48,8 @@ class StoreKind:
             return f"{REDIS_BASE}?prefix=tlbench:{RUN_ID}:{namespace}:"
         if self.name == "etcd":
             return self.member().url(f"{self.etcd_prefix(namespace)}")
+        if self.name == "mysql":
+            return f"{MYSQL_BASE}?table=tlbench_{RUN_ID}_{namespace}"
         return f"{POSTGRES_BASE}?table=tlbench_{RUN_ID}_{namespace}"
 
     def member(self) -> EtcdMember:
@@ -68,6 +75,9 @@ class StoreKind:
             gateway = Gateway(self.member().client_port)
             key = {"key": b64(f"{self.etcd_prefix(namespace)}ping".encode())}
             return (lambda: gateway.post("/v3/kv/range", key)), gateway.close
+        if self.name == "mysql":
+            conn = mysql_connect()
+            return (lambda: mysql_query(conn, "SELECT 1")), conn.close
         import psycopg
 
         pg = psycopg.connect(POSTGRES_BASE, autocommit=True)
@@ -88,6 +98,8 @@ class StoreKind:
             gateway = Gateway(self.member().client_port)
             put = {"key": b64(f"{self.etcd_prefix(namespace)}scratch".encode()), "value": "MQ=="}
             return (lambda: gateway.post("/v3/kv/put", put)), gateway.close, ""
+        if self.name == "mysql":
+            return self.mysql_write(namespace)
         import psycopg
 
         from tasklock_cli.stores.postgres.connection import one_row
@@ -106,6 +118,21 @@ class StoreKind:
 
         return (lambda: pg.execute(update)), close, setting
 
+    def mysql_write(self, namespace: str) -> tuple[Callable[[], object], Callable[[], None], str]:
+        """A one-row autocommit UPDATE of an InnoDB scratch table (the store's engine)."""
+        table = f"tlbench_{RUN_ID}_{namespace}_scratch"
+        conn = mysql_connect()
+        mysql_query(conn, f"CREATE TABLE {table} (k VARCHAR(8) PRIMARY KEY, v BIGINT NOT NULL)")
+        mysql_query(conn, f"INSERT INTO {table} VALUES ('a', 0)")
+        update = RAW_WRITE.format(table=table)
+
+        def close() -> None:
+            with contextlib.suppress(Exception):
+                mysql_query(conn, f"DROP TABLE IF EXISTS {table}")
+            conn.close()
+
+        return (lambda: mysql_query(conn, update)), close, ""
+
     def sqlite_write(self, namespace: str) -> tuple[Callable[[], object], Callable[[], None], str]:
         pragmas = sqlite_pragmas(self.workdir / "roundtrip.db")
         conn = sqlite3.connect(self.workdir / f"{namespace}-scratch.db", isolation_level=None)
@@ -122,6 +149,8 @@ class StoreKind:
                 _drop_redis_namespace()
             elif self.name == "postgres":
                 _drop_postgres_tables()
+            elif self.name == "mysql":
+                _drop_mysql_tables()
             elif self.name == "etcd" and self.etcd is not None:
                 self.etcd.stop()
 
@@ -167,13 +196,51 @@ def _drop_postgres_tables() -> None:
             )
 
 
-#: The store modules a `tasklock run` on each store imports (for the import floors).
-STORE_MODULES = {"sqlite": "sqlite", "redis": "redis", "postgres": "postgres", "etcd": "etcd"}
+def mysql_connect() -> Any:
+    """A raw PyMySQL autocommit connection to the bench's MySQL database."""
+    import pymysql
+
+    return pymysql.connect(**MYSQL_CONNECT, autocommit=True)
+
+
+def mysql_query(conn: Any, statement: str, args: object = None) -> list[tuple]:
+    with conn.cursor() as cursor:
+        cursor.execute(statement, args)
+        return list(cursor.fetchall())
+
+
+def _drop_mysql_tables() -> None:
+    """Every table the run made (the stores' and the scratch ones), and the stores'
+    procedures (named after their tables)."""
+    conn = mysql_connect()
+    try:
+        pattern = f"tlbench\\_{RUN_ID}\\_%"
+        routines = mysql_query(
+            conn,
+            "SELECT routine_name FROM information_schema.routines"
+            " WHERE routine_schema = DATABASE() AND routine_name LIKE %s",
+            (pattern,),
+        )
+        for (name,) in routines:
+            mysql_query(conn, f"DROP PROCEDURE IF EXISTS `{name}`")
+        tables = mysql_query(
+            conn,
+            "SELECT table_name FROM information_schema.tables"
+            " WHERE table_schema = DATABASE() AND table_name LIKE %s",
+            (pattern,),
+        )
+        for (name,) in tables:
+            mysql_query(conn, f"DROP TABLE IF EXISTS `{name}`")
+    finally:
+        conn.close()
 
 
 def floor_imports(kind: StoreKind) -> str:
-    """The modules a `tasklock run` on this store needs, as one import statement."""
-    store = f"tasklock_cli.stores.{STORE_MODULES[kind.name]}.store"  # (its package is lazy)
+    """The modules a `tasklock run` on this store needs, as one import statement: the store
+    module of its registry package (``tasklock_cli.stores.registry.STORE_PACKAGES``)."""
+    if kind.name not in STORE_PACKAGES:
+        raise ValueError(f"{kind.name} is not a store package ({', '.join(STORE_PACKAGES)})")
+    store = f"tasklock_cli.stores.{kind.name}.store"  # (its package is lazy)
     return f"import tasklock_cli.cli.entry, tasklock_cli.run.supervisor, {store}"
 
 
@@ -223,12 +290,27 @@ def drop_namespace(kind: StoreKind, namespace: str) -> None:
         _drop_redis_namespace(namespace)
     elif kind.name == "etcd":
         kind.member().drop_prefix(kind.etcd_prefix(namespace))
+    elif kind.name == "mysql":
+        _drop_mysql_namespace(namespace)
     else:
         import psycopg
 
         with psycopg.connect(POSTGRES_BASE, autocommit=True) as conn:
             for suffix in ("", "_runs", "_waiters"):  # the leases, the ledger, the queues
                 conn.execute(f"DROP TABLE IF EXISTS tlbench_{RUN_ID}_{namespace}{suffix}")
+
+
+def _drop_mysql_namespace(namespace: str) -> None:
+    """One store's tables and procedures (the names the mysql store gives them)."""
+    table = f"tlbench_{RUN_ID}_{namespace}"
+    conn = mysql_connect()
+    try:
+        for procedure in ("acquire", "release", "break", "force", "wake", "wake_queue"):
+            mysql_query(conn, f"DROP PROCEDURE IF EXISTS `{table}_{procedure}`")
+        for suffix in ("", "_runs", "_waiters"):
+            mysql_query(conn, f"DROP TABLE IF EXISTS `{table}{suffix}`")
+    finally:
+        conn.close()
 
 
 def redis_prefix(kind: StoreKind, namespace: str) -> str:

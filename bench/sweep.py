@@ -528,6 +528,14 @@ def sweep_rows(table: Table, kind: StoreKind, run: SweepRun) -> None:
         table.notes.append(f"{kind.name}: acquirer calls that failed (whole run): {shown}.")
 
 
+#: Why 5b has no MySQL row (yet): its fill writes each store's rows directly.
+MYSQL_SWEEP_SKIP = (
+    "not measured yet: the fill writes the store's rows directly (per store: SQLite, "
+    "PostgreSQL, Redis), and no MySQL fill is written; section 5 sweeps MySQL leases "
+    "inserted through the API"
+)
+
+
 def sweep_table(kinds: list[StoreKind], budget: Budget) -> Table:
     n = budget.sweep_leases
     table = Table(
@@ -541,6 +549,9 @@ def sweep_table(kinds: list[StoreKind], budget: Budget) -> Table:
             continue
         if kind.name == "etcd":
             table.skip(kind.name, "etcd revokes expired leases itself: there is nothing to sweep")
+            continue
+        if kind.name == "mysql":
+            table.skip(kind.name, MYSQL_SWEEP_SKIP)
             continue
         try:
             run = sweep_under_load(kind, budget)

@@ -81,3 +81,19 @@ def test_both_ways_the_interpreter_names_a_package_are_read(
     else:
         env["PYTHONDONTWRITEBYTECODE"] = "1"
     assert prove("row", argv, env, old_build).endswith(str(old_build.home / "tasklock_cli"))
+
+
+def test_every_registry_store_is_benched_and_its_floor_imports_its_store_module() -> None:
+    """The import floor is built from the registry: each store's floor imports its own store
+    module (and so its driver), and no store of the registry is missing from the bench."""
+    from bench.stores import ALL_STORES
+    from bench.stores import StoreKind
+    from bench.stores import floor_imports
+    from tasklock_cli.stores.registry import STORE_PACKAGES
+
+    assert set(ALL_STORES) == set(STORE_PACKAGES)
+    for name in STORE_PACKAGES:
+        statement = floor_imports(StoreKind(name, Path("/nonexistent")))
+        assert statement.endswith(f"tasklock_cli.stores.{name}.store")
+    with pytest.raises(ValueError, match="not a store package"):
+        floor_imports(StoreKind("mongodb", Path("/nonexistent")))
