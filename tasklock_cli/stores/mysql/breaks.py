@@ -12,10 +12,9 @@ hears is a hint, which the holder's renewal confirms."""
 
 from __future__ import annotations
 
-import pymysql
-
 from tasklock_cli.stores.model import Lease
 from tasklock_cli.stores.mysql.connection import MySQLConnection
+from tasklock_cli.stores.mysql.driver import pymysql
 from tasklock_cli.stores.mysql.queue import break_lock_name
 from tasklock_cli.stores.mysql.waiting import ServerSleep
 

@@ -14,13 +14,13 @@ import time
 from collections.abc import Callable
 from urllib.parse import unquote
 
-import pymysql
-from pymysql.charset import charset_by_name
-from pymysql.constants import CLIENT
-
 from tasklock_cli.errors import ConfigError
 from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.errors import TasklockError
+from tasklock_cli.stores.mysql.driver import CLIENT
+from tasklock_cli.stores.mysql.driver import charset_by_name
+from tasklock_cli.stores.mysql.driver import enable_ssl
+from tasklock_cli.stores.mysql.driver import pymysql
 from tasklock_cli.stores.mysql.schema import INSPECT
 from tasklock_cli.stores.mysql.schema import MySQLSchema
 from tasklock_cli.stores.urls import scrub
@@ -67,8 +67,18 @@ if TYPE_CHECKING:
 
 class _Connection(pymysql.connections.Connection):
     """PyMySQL's connection without its own SET NAMES round trip at connect (ours goes in
-    the set-up query with the other session settings), and without loading the system's
-    CA certificates for a TLS context that verifies nothing."""
+    the set-up query with the other session settings), without loading the system's CA
+    certificates for a TLS context that verifies nothing, and without loading ``ssl`` until
+    TLS is used (see ``driver``)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        if kwargs.get("ssl"):
+            enable_ssl()
+        super().__init__(**kwargs, defer_connect=True)
+        if not self.ssl:  # type: ignore[has-type]  # (PyMySQL's attribute, untyped)
+            # PyMySQL without ssl: its "preferred" TLS, made if the server offers TLS.
+            self.ssl, self._ssl_required, self.ctx = True, False, _PreferredTLS(self)
+        self.connect()
 
     def set_character_set(self, charset: str, collation: str | None = None) -> None:
         self.encoding = charset_by_name(charset).encoding
@@ -94,6 +104,19 @@ class _Connection(pymysql.connections.Connection):
         if "cert" in sslp:
             ctx.load_cert_chain(sslp["cert"], keyfile=sslp.get("key"))
         return ctx
+
+
+class _PreferredTLS:
+    """PyMySQL's "preferred" TLS context (used when the server offers TLS, else plain TCP),
+    made, and ``ssl`` loaded, only when the handshake wraps the socket."""
+
+    def __init__(self, connection: _Connection) -> None:
+        self._connection = connection
+
+    def wrap_socket(self, sock: Any, server_hostname: str | None = None) -> Any:
+        enable_ssl()
+        ctx = self._connection.ctx = self._connection._create_ssl_ctx({})
+        return ctx.wrap_socket(sock, server_hostname=server_hostname)
 
 
 def parse_url(url: str, display_url: str) -> tuple[dict[str, Any], str]:

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import time
 
-import pymysql
-
 from tasklock_cli.errors import TasklockError
 from tasklock_cli.stores.doctor import clock_check
 from tasklock_cli.stores.model import StoreCheck
+from tasklock_cli.stores.mysql.driver import pymysql
 from tasklock_cli.stores.mysql.schema import INSPECT
 from tasklock_cli.stores.mysql.schema import MySQLSchema
 

@@ -10,8 +10,6 @@ from collections.abc import Iterator
 from datetime import datetime
 from datetime import timezone
 
-import pymysql
-
 from tasklock_cli.errors import LimitMismatch
 from tasklock_cli.errors import Superseded
 from tasklock_cli.errors import TasklockError
@@ -33,6 +31,7 @@ from tasklock_cli.stores.model import prefix_upper_bound
 from tasklock_cli.stores.mysql.breaks import MySQLBreakWatches
 from tasklock_cli.stores.mysql.connection import MySQLConnection
 from tasklock_cli.stores.mysql.connection import parse_url
+from tasklock_cli.stores.mysql.driver import pymysql
 from tasklock_cli.stores.mysql.queue import LEAVE_QUEUE
 from tasklock_cli.stores.mysql.queue import SWEEP_WAITERS
 from tasklock_cli.stores.mysql.queue import TIME_UNTIL_FREE

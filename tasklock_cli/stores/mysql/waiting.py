@@ -20,10 +20,9 @@ import hashlib
 import threading
 import time
 
-import pymysql
-from pymysql.constants import COMMAND
-
 from tasklock_cli.stores.mysql.connection import MySQLConnection
+from tasklock_cli.stores.mysql.driver import COMMAND
+from tasklock_cli.stores.mysql.driver import pymysql
 from tasklock_cli.util.fds import wait_readable
 
 #: Longest sleep of a waiter's statement (its wake-up, where KILL is refused).

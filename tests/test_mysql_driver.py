@@ -1,0 +1,107 @@
+"""The MySQL store loads Python's ssl module (OpenSSL) only when a connection uses TLS.
+
+PyMySQL imports ssl when it is imported; the store imports it without (see
+``tasklock_cli.stores.mysql.driver``) and keeps PyMySQL's "preferred" TLS with a context made
+when the server offers TLS (``connection._PreferredTLS``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tasklock_cli.stores.mysql.connection import _Connection
+from tasklock_cli.stores.mysql.connection import _PreferredTLS
+from tests.support import mysql_support
+from tests.support import services
+
+#: Opens the store, makes one call, and says which TLS modules the process loaded.
+PROBE = """
+import sys
+from tasklock_cli.stores import open_store
+with open_store(sys.argv[1]) as store:
+    store.peek("k")
+import pymysql.connections
+print("ssl" in sys.modules, pymysql.connections.SSL_ENABLED)
+"""
+
+
+@pytest.fixture
+def my_url() -> Iterator[str]:
+    services.require("mysql")
+    url = services.mysql_url(table=f"tasklock_test_{uuid.uuid4().hex[:12]}")
+    yield url
+    mysql_support.drop_namespace(url)
+
+
+def probe(url: str, prelude: str = "") -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "TASKLOCK_"))}
+    done = subprocess.run(
+        [sys.executable, "-c", prelude + PROBE, url],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_a_store_without_tls_never_loads_ssl(my_url: str) -> None:
+    """This server offers no TLS and the URL asks for none (the test server's set-up)."""
+    assert probe(my_url) == "False False"
+
+
+def test_where_ssl_is_already_loaded_pymysql_has_it(my_url: str) -> None:
+    assert probe(my_url, "import ssl\n") == "True True"
+
+
+@pytest.fixture
+def server_context(tmp_path: Path) -> ssl.SSLContext:
+    """A TLS server context with a self-signed certificate (openssl)."""
+    if shutil.which("openssl") is None:
+        pytest.skip("no openssl command to make a certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=localhost", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    return context
+
+
+def test_preferred_tls_makes_its_context_when_the_handshake_wraps(
+    server_context: ssl.SSLContext,
+) -> None:
+    """A real TLS handshake through the lazy context: unverified, as PyMySQL's preferred
+    TLS is without a CA, and kept on the connection."""
+    connection = _Connection.__new__(_Connection)  # its TLS context only: no server needed
+    client, server = socket.socketpair()
+    answered: list[bytes] = []
+
+    def serve() -> None:
+        with server_context.wrap_socket(server, server_side=True) as tls:
+            answered.append(tls.recv(5))
+            tls.sendall(b"pong!")
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    with _PreferredTLS(connection).wrap_socket(client, server_hostname="localhost") as tls:
+        tls.sendall(b"ping!")
+        assert tls.recv(5) == b"pong!"
+    thread.join(10)
+    assert answered == [b"ping!"]
+    assert isinstance(connection.ctx, ssl.SSLContext)
+    assert connection.ctx.verify_mode == ssl.CERT_NONE
