@@ -172,14 +172,9 @@ def test_a_retried_shared_acquire_gets_the_same_lease(store, store_factory):
     assert len(store.holders("k")) == 1
 
 
-def test_a_retried_shared_acquire_never_revives_a_lease_that_ran_out(
-    store, store_factory, store_kind, request
-):
+def test_a_retried_shared_acquire_never_revives_a_lease_that_ran_out(store, store_factory):
     """A reader whose acquire reply was lost retries after its lease ran out and a writer
     took the key: the retry must not bring the reader's lease back beside the writer."""
-    if store_kind == "mysql":
-        reason = "the MySQL store's retry revives a lease that ran out (review-pg finding)"
-        request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
     short, past = short_ttl(store)
     first = Run(store_factory(), 0, SHARED)
     assert first.attempt(queue=False) is not None

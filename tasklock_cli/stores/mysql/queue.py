@@ -59,8 +59,11 @@ BEGIN
     ELSE
         SELECT slot, slot_limit, fencing_token, acquired_at, mode
           INTO v_slot, v_limit, v_token, v_acquired, v_mode
-          FROM `{{table}}` WHERE `key` = p_key AND slot >= 0 AND owner_token = p_owner LIMIT 1;
-        IF v_token IS NOT NULL THEN  -- ours already: a retry after a lost reply
+          FROM `{{table}}` WHERE `key` = p_key AND slot >= 0 AND owner_token = p_owner
+                            AND expires_at > v_now LIMIT 1 FOR UPDATE;
+        -- ours already and live: a retry after a lost reply. One that ran out is never
+        -- revived (another mode may hold the key since; a failover's quarantine applies)
+        IF v_token IS NOT NULL THEN
             SET v_expires = v_now + INTERVAL ROUND(p_ttl * 1000000) MICROSECOND;
             UPDATE `{{table}}` SET holder = p_holder, expires_at = v_expires
              WHERE `key` = p_key AND slot = v_slot AND owner_token = p_owner;
