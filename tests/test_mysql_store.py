@@ -18,6 +18,7 @@ from tasklock_cli.stores.model import Holder
 from tasklock_cli.stores.mysql.connection import DEFAULT_TABLE
 from tasklock_cli.stores.mysql.connection import parse_url
 from tasklock_cli.stores.mysql.store import MySQLStore
+from tests.support import forge
 from tests.support import mysql_support
 from tests.support import services
 
@@ -194,6 +195,31 @@ def test_rows_are_kept_after_release_sweep_and_force_release(my_url, stores):
     store.force_release("k")
     tokens.append(store.acquire("k", 30, HOLDER, token()).fencing_token)
     assert tokens == [1, 2, 3, 4]
+
+
+def test_forged_places_beyond_the_waiter_horizon_are_removed_by_sweep_and_the_next_acquire(
+    my_url, stores
+):
+    """A place that runs out later than any renewal could have put it is dead: uncounted,
+    and gone after ``sweep`` or the next acquire of its key (places within the horizon
+    stay)."""
+    store = open_my(my_url, stores)
+    assert store.acquire("k", 30, HOLDER, token()) is not None
+    _, table = parse_url(my_url, my_url)
+
+    def places() -> list[tuple]:
+        return admin(my_url, f"SELECT `key` FROM `{table}_waiters` ORDER BY `key`")
+
+    forge.forge_waiter(my_url, "k", expires_in=10**6)
+    forge.forge_waiter(my_url, "other", expires_in=10**6)
+    assert store.waiting_counts() == {} and store.waiters("k") == []
+    assert store.acquire("k", 30, HOLDER, token()) is None
+    assert places() == [(b"other",)]
+    store.sweep()
+    assert places() == []
+    forge.forge_waiter(my_url, "k", expires_in=30)
+    store.sweep()
+    assert places() == [(b"k",)] and store.waiting_counts() == {"k": 1}
 
 
 def test_sessions_run_read_committed_in_utc_whatever_the_server_default(my_url, stores):

@@ -4,7 +4,9 @@ to the store could (SQL UPDATE/INSERT, Redis HSET, etcd put).
 
 A corruption is named once (``CORRUPTIONS``) and written in each store's own terms; a
 store whose types cannot hold it (PostgreSQL's bigint cannot hold ``'abc'``) gets the
-nearest thing it can hold, or None (the case does not exist there).
+nearest thing it can hold, or None (the case does not exist there). MySQL's DATETIME
+cannot hold the year 1e300: it gets the zero date, which a session without strict
+``sql_mode`` writes (and a driver cannot read as a time).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import sqlite3
 import time
 from typing import Any
 
+_KINDS = ("sqlite", "postgres", "redis", "etcd", "mysql")
 #: name -> (field, value) per store kind; field is "holder", "fencing_token" or
 #: "acquired_at"; a kind missing from a case cannot hold it.
 CORRUPTIONS: dict[str, dict[str, tuple[str, Any]]] = {
@@ -22,32 +25,32 @@ CORRUPTIONS: dict[str, dict[str, tuple[str, Any]]] = {
         "postgres": ("holder", '"{not json"'),  # jsonb holds only JSON: a string, not an object
         "redis": ("holder", "{not json"),
         "etcd": ("holder", "{not json"),
+        "mysql": ("holder", "{not json"),
     },
-    "holder-null": {kind: ("holder", "null") for kind in ("sqlite", "postgres", "redis", "etcd")},
+    "holder-null": {kind: ("holder", "null") for kind in _KINDS},
     "pid-not-a-number": {
-        kind: ("holder", '{"host": "h", "pid": "abc", "user": "u"}')
-        for kind in ("sqlite", "postgres", "redis", "etcd")
+        kind: ("holder", '{"host": "h", "pid": "abc", "user": "u"}') for kind in _KINDS
     },
-    "token-not-a-number": {"sqlite": ("fencing_token", "abc"), "redis": ("fencing_token", "abc")},
+    "token-not-a-number": {
+        "sqlite": ("fencing_token", "abc"),
+        "redis": ("fencing_token", "abc"),
+        "mysql": ("fencing_token", -5),  # (a BIGINT: a token that no acquire issues)
+    },
     "acquired-in-year-1e300": {
         "sqlite": ("acquired_at", 1e300),
         "postgres": ("acquired_at", "infinity"),
         "redis": ("acquired_at", "1e300"),
         "etcd": ("acquired_at", 1e300),
+        "mysql": ("acquired_at", "0000-00-00 00:00:00"),
     },
 }
 
 
 def kind_of(url: str) -> str:
-    """The store kind of ``url``; the test is skipped on a store this module cannot forge
-    rows into yet (MySQL: the store came after it)."""
+    """The store kind of ``url``."""
     scheme = url.partition(":")[0]
-    kinds = {"sqlite": "sqlite", "postgresql": "postgres", "redis": "redis", "etcd": "etcd"}
-    if scheme not in kinds:
-        import pytest
-
-        pytest.skip(f"forging rows into {scheme} is not written yet (tests/support/forge.py)")
-    return kinds[scheme]
+    kinds = {"postgresql": "postgres", "mariadb": "mysql"}
+    return kinds.get(scheme, scheme)
 
 
 def corrupt_lease(url: str, key: str, case: str) -> bool:
@@ -57,9 +60,14 @@ def corrupt_lease(url: str, key: str, case: str) -> bool:
     if kind not in CORRUPTIONS[case]:
         return False
     field, value = CORRUPTIONS[case][kind]
-    {"sqlite": _sqlite_lease, "postgres": _pg_lease, "redis": _redis_lease, "etcd": _etcd_lease}[
-        kind
-    ](url, key, field, value)
+    writers = {
+        "sqlite": _sqlite_lease,
+        "postgres": _pg_lease,
+        "redis": _redis_lease,
+        "etcd": _etcd_lease,
+        "mysql": _mysql_lease,
+    }
+    writers[kind](url, key, field, value)
     return True
 
 
@@ -96,6 +104,22 @@ def _pg(url: str, template: str, params: tuple, suffix: str = "") -> None:
 def _pg_lease(url: str, key: str, field: str, value: Any) -> None:
     cast = {"holder": "jsonb", "acquired_at": "timestamptz"}.get(field, "bigint")
     _pg(url, f"UPDATE {{table}} SET {field} = %s::{cast} WHERE key = %s AND slot = 0", (value, key))
+
+
+def _mysql(url: str, template: str, params: tuple, suffix: str = "") -> None:
+    """Run ``template`` with ``{table}`` (plus ``suffix``), in a session without strict
+    ``sql_mode`` (so that it can write what tasklock's sessions refuse, as any client)."""
+    from tasklock_cli.stores.mysql.connection import parse_url
+    from tests.support.mysql_support import admin_connection
+
+    _, table = parse_url(url, url)
+    with admin_connection(url) as conn, conn.cursor() as cursor:
+        cursor.execute("SET SESSION sql_mode = '', SESSION time_zone = '+00:00'")
+        cursor.execute(template.replace("{table}", f"`{table}{suffix}`"), params)
+
+
+def _mysql_lease(url: str, key: str, field: str, value: Any) -> None:
+    _mysql(url, f"UPDATE {{table}} SET {field} = %s WHERE `key` = %s AND slot = 0", (value, key))
 
 
 def _redis(url: str):
@@ -163,6 +187,8 @@ def corrupt_runs(url: str, key: str, data: str) -> None:
         except ValueError:
             data = json.dumps(data)  # jsonb holds only JSON: a string, not an object
         _pg(url, "UPDATE {table} SET data = %s::jsonb WHERE key = %s", (data, key), "_runs")
+    elif kind == "mysql":
+        _mysql(url, "UPDATE {table} SET data = %s WHERE `key` = %s", (data, key), "_runs")
     elif kind == "redis":
         client, names = _redis(url)
         try:
@@ -193,6 +219,8 @@ def set_counter(url: str, key: str, token: int) -> bool:
         _sqlite(url, "UPDATE tasklock_leases SET fencing_token = ? WHERE key = ?", (token, key))
     elif kind == "postgres":
         _pg(url, "UPDATE {table} SET fencing_token = %s WHERE key = %s", (token, key))
+    elif kind == "mysql":
+        _mysql(url, "UPDATE {table} SET fencing_token = %s WHERE `key` = %s", (token, key))
     elif kind == "redis":
         client, names = _redis(url)
         try:
@@ -233,6 +261,15 @@ def forge_waiter(url: str, key: str, expires_in: float, holder: str | None = Non
             (key, owner, _pg_json(holder), expires_in),
             "_waiters",
         )
+    elif kind == "mysql":
+        _mysql(
+            url,
+            "INSERT INTO {table} (`key`, owner_token, holder, since, expires_at)"
+            " VALUES (%s, %s, %s, SYSDATE(6), SYSDATE(6) + INTERVAL %s SECOND)",
+            (key, owner, holder, expires_in),
+            "_waiters",
+        )
+        _mysql(url, "UPDATE {table} SET ord = seq WHERE owner_token = %s", (owner,), "_waiters")
     elif kind == "redis":
         client, names = _redis(url)
         now_ms = int(time.time() * 1000)

@@ -2,12 +2,12 @@
 leaves the caller's place in the key's queue, in one call) and its statements about the
 queues of waiters.
 
-A key's queue is its live places in ``<table>_waiters`` (``expires_at`` not passed, not
-``superseded``), served in ``ord`` order: ``ord`` is the place's ``seq`` (an
-AUTO_INCREMENT), or minus it for a place taken with ``front``, so those sort ahead of every
-other, the latest first. Each place keeps its mode: a shared waiter is admitted when only
-shared places are ahead of it, an exclusive one when none is (with ``limit`` N: fewer than
-the free slots).
+A key's queue is its live places in ``<table>_waiters`` (``expires_at`` neither passed nor
+beyond the waiter horizon, not ``superseded``), served in ``ord`` order: ``ord`` is the
+place's ``seq`` (an AUTO_INCREMENT), or minus it for a place taken with ``front``, so those
+sort ahead of every other, the latest first. Each place keeps its mode: a shared waiter
+is admitted when only shared places are ahead of it, an exclusive one when none is (with
+``limit`` N: fewer than the free slots).
 
 Acquirers of a key queue on its counter row (slot -1, never a lease): the procedure
 creates or locks it first, so everything it reads after that is the key's latest state
@@ -20,10 +20,19 @@ from __future__ import annotations
 
 import hashlib
 
+from tasklock_cli.stores.model import MAX_FENCING_TOKEN
+from tasklock_cli.stores.model import WAITER_HORIZON_S
+
 #: A place's ``ord`` when it has none in front: later than every place.
 _LAST = "9223372036854775807"
+#: A place runs out no later than this from now: a waiter's renewal never puts it further
+#: (see model.WAITER_HORIZON_S); a later one was forged, and is dead.
+_HORIZON = f"INTERVAL {int(WAITER_HORIZON_S * 1_000_000)} MICROSECOND"
+# The places that count (live, within the horizon), as of ``{now}``, table alias ``{w}``.
+_COUNTS = "{w}expires_at > {now} AND {w}expires_at <= {now} + " + _HORIZON
 
-# Outcome row: outcome ('taken', 'none', 'queued', 'mismatch', 'superseded'), slot,
+# Outcome row: outcome ('taken', 'none', 'queued', 'mismatch', 'superseded', 'exhausted':
+# the key's counter is at 2**63-1), slot,
 # slot_limit (the live holders' with 'mismatch'), fencing token, acquired_at, expires_at,
 # mode, the place's seq ('queued').
 ACQUIRE_BODY = f"""\
@@ -51,7 +60,8 @@ BEGIN
     INSERT INTO `{{table}}` (`key`, slot, slot_limit, fencing_token) VALUES (p_key, -1, 0, 0)
         ON DUPLICATE KEY UPDATE fencing_token = fencing_token;
     SET v_now = SYSDATE(6);
-    DELETE FROM `{{table}}_waiters` WHERE `key` = p_key AND expires_at <= v_now;
+    DELETE FROM `{{table}}_waiters`
+     WHERE `key` = p_key AND (expires_at <= v_now OR expires_at > v_now + {_HORIZON});
     IF EXISTS (SELECT 1 FROM `{{table}}_waiters`
                 WHERE `key` = p_key AND owner_token = p_owner AND superseded) THEN
         DELETE FROM `{{table}}_waiters` WHERE `key` = p_key AND owner_token = p_owner;
@@ -89,7 +99,12 @@ BEGIN
                            AND owner_token IS NOT NULL AND expires_at > v_now) DO
                     SET v_slot = v_slot + 1;
                 END WHILE;
-                SET v_token = 1 + (SELECT MAX(fencing_token) FROM `{{table}}` WHERE `key` = p_key);
+                SET v_token = (SELECT MAX(fencing_token) FROM `{{table}}` WHERE `key` = p_key);
+            END IF;
+            IF v_outcome = 'none' AND v_token >= {MAX_FENCING_TOKEN} THEN
+                SET v_outcome = 'exhausted', v_token = NULL;
+            ELSEIF v_outcome = 'none' AND v_token IS NOT NULL THEN
+                SET v_token = v_token + 1;
                 UPDATE `{{table}}` SET fencing_token = v_token WHERE `key` = p_key AND slot = -1;
                 SET v_acquired = v_now, v_limit = p_limit, v_mode = p_mode,
                     v_expires = v_now + INTERVAL ROUND(p_ttl * 1000000) MICROSECOND;
@@ -175,7 +190,7 @@ END"""
 # Wakes the places of p_key that may now be admitted (see ``waiting``): the head of the
 # queue, and when it is shared, the shared places after it up to the first exclusive one;
 # with p_superseded, the places marked superseded instead (their owners leave at once).
-WAKE_QUEUE_BODY = """\
+WAKE_QUEUE_BODY = f"""\
 BEGIN
     DECLARE v_done BOOLEAN DEFAULT FALSE;
     DECLARE v_first BOOLEAN DEFAULT TRUE;
@@ -183,8 +198,9 @@ BEGIN
     DECLARE v_mode VARCHAR(16);
     DECLARE v_id BIGINT;
     DECLARE v_places CURSOR FOR
-        SELECT seq, mode FROM `{table}_waiters`
-         WHERE `key` = p_key AND expires_at > SYSDATE(6) AND superseded = p_superseded
+        SELECT seq, mode FROM `{{table}}_waiters`
+         WHERE `key` = p_key AND {_COUNTS.format(w="", now="SYSDATE(6)")}
+           AND superseded = p_superseded
          ORDER BY ord;
     DECLARE CONTINUE HANDLER FOR NOT FOUND SET v_done = TRUE;
     DECLARE CONTINUE HANDLER FOR 1094, 1095 BEGIN END;  -- gone already; not ours to KILL
@@ -194,7 +210,7 @@ BEGIN
         IF v_done OR (NOT p_superseded AND NOT v_first AND v_mode <> 'shared') THEN
             LEAVE places;
         END IF;
-        SET v_id = IS_USED_LOCK(CONCAT('tl:', LEFT(SHA1(CONCAT(DATABASE(), '.{table}')), 32),
+        SET v_id = IS_USED_LOCK(CONCAT('tl:', LEFT(SHA1(CONCAT(DATABASE(), '.{{table}}')), 32),
                                        ':w', v_seq));
         IF v_id IS NOT NULL AND v_id <> CONNECTION_ID() THEN
             KILL QUERY v_id;
@@ -207,19 +223,21 @@ BEGIN
     CLOSE v_places;
 END"""
 
-WAITERS = """
-SELECT holder, since, mode FROM `{table}_waiters`
- WHERE `key` = %(key)s AND expires_at > SYSDATE(6) AND NOT superseded ORDER BY ord
+_LIVE_PLACE = _COUNTS.format(w="", now="SYSDATE(6)")
+WAITERS = f"""
+SELECT holder, since, mode FROM `{{table}}_waiters`
+ WHERE `key` = %(key)s AND {_LIVE_PLACE} AND NOT superseded ORDER BY ord
 """
-WAITING_COUNTS = """
-SELECT `key`, COUNT(*) FROM `{table}_waiters`
- WHERE expires_at > SYSDATE(6) AND NOT superseded
+WAITING_COUNTS = f"""
+SELECT `key`, COUNT(*) FROM `{{table}}_waiters`
+ WHERE {_LIVE_PLACE} AND NOT superseded
    AND `key` >= %(prefix)s AND LEFT(`key`, LENGTH(%(prefix)s)) = %(prefix)s
  GROUP BY `key`
 """
 LEAVE_QUEUE = "DELETE FROM `{table}_waiters` WHERE `key` = %(key)s AND owner_token = %(owner)s"
-# Places in queues that ran out (their waiters crashed) and no acquire of their key cleared.
-SWEEP_WAITERS = "DELETE FROM `{table}_waiters` WHERE expires_at <= SYSDATE(6)"
+# Places in queues that ran out (their waiters crashed) and no acquire of their key cleared,
+# and forged ones (beyond the horizon).
+SWEEP_WAITERS = f"DELETE FROM `{{table}}_waiters` WHERE NOT ({_LIVE_PLACE})"
 
 # For a waiter (its place's owner token %(owner)s, or none): the key's live leases and their
 # limit, seconds until the first of them runs out and until the first exclusive one does,
@@ -230,11 +248,13 @@ SELECT COUNT(*), MAX(slot_limit),
        TIMESTAMPDIFF(MICROSECOND, SYSDATE(6), MIN(expires_at)) / 1e6,
        TIMESTAMPDIFF(MICROSECOND, SYSDATE(6), MIN(IF(mode <> 'shared', expires_at, NULL))) / 1e6,
        (SELECT COUNT(*) FROM `{{table}}_waiters` AS w
-         WHERE w.`key` = %(key)s AND w.expires_at > SYSDATE(6) AND NOT w.superseded
+         WHERE w.`key` = %(key)s AND {_COUNTS.format(w="w.", now="SYSDATE(6)")}
+           AND NOT w.superseded
            AND w.ord < COALESCE((SELECT ord FROM `{{table}}_waiters`
                                   WHERE `key` = %(key)s AND owner_token = %(owner)s), {_LAST})),
        (SELECT COUNT(*) FROM `{{table}}_waiters` AS w
-         WHERE w.`key` = %(key)s AND w.expires_at > SYSDATE(6) AND NOT w.superseded
+         WHERE w.`key` = %(key)s AND {_COUNTS.format(w="w.", now="SYSDATE(6)")}
+           AND NOT w.superseded
            AND w.mode <> 'shared'
            AND w.ord < COALESCE((SELECT ord FROM `{{table}}_waiters`
                                   WHERE `key` = %(key)s AND owner_token = %(owner)s), {_LAST})),

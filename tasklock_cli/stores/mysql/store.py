@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from datetime import datetime
 from datetime import timezone
 
+from tasklock_cli.errors import FencingExhausted
 from tasklock_cli.errors import LimitMismatch
 from tasklock_cli.errors import Superseded
 from tasklock_cli.errors import TasklockError
@@ -219,6 +220,8 @@ class MySQLStore(Store):
             raise Superseded(key)
         if outcome == "mismatch":
             raise LimitMismatch(key, int(slot_limit), int(limit))
+        if outcome == "exhausted":
+            raise FencingExhausted(key)
         if outcome != "taken":
             return None
         return Lease(
@@ -427,9 +430,10 @@ def _naive(moment: datetime) -> datetime:
     return moment.astimezone(timezone.utc).replace(tzinfo=None)
 
 
-def _utc_or_none(moment: datetime | None) -> datetime | None:
-    """As ``_utc``, but None (malformed, see rows) for a time the server did not give."""
-    return None if moment is None else _utc(moment)
+def _utc_or_none(moment: object) -> object:
+    """As ``_utc`` for a DATETIME; anything else as it came, for rows to find malformed
+    (NULL, or the zero date, which the driver gives as text)."""
+    return _utc(moment) if isinstance(moment, datetime) else moment
 
 
 def _json_text(value: object) -> object:
