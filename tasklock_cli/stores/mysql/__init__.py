@@ -36,9 +36,22 @@ by the I/O timeout (``set_io_timeout``): socket timeouts on the client, and
 ``max_statement_time`` (MariaDB) or ``max_execution_time`` (MySQL) and
 ``innodb_lock_wait_timeout`` on the server.
 
+Failover epochs (``epochs``), as on PostgreSQL (whose package docstring has the argument):
+a promoted asynchronous replica may lack the last leases, renewals and tokens its primary
+granted. The acquire procedure reads the server's identity (``server_id``, host name and
+port; MySQL's ``server_uuid`` too) and compares it with the one the table's epoch row
+records; when they differ it starts a new epoch: no slot is taken in the table until
+``quarantine_until`` (max(the longest TTL recorded, 30 s) + 2 s from the first acquire on
+the new primary), and every token is at least ``epoch << 30``. A replica's ``server_id``
+differs from its primary's (replication stops when they are equal), so a promotion is
+always a change; a restart is not (InnoDB keeps what it committed, with
+``innodb_flush_log_at_trx_commit = 1``). Only rare acquires lock the epoch row (a change,
+a longer TTL than any before, a missing row); the others read it. A read-only server (a
+replica, which a user with READ ONLY ADMIN may write to) grants nothing.
+
 The parts: ``store`` (the class and its statements), ``queue`` (the acquire procedure and
-the queues), ``schema`` (tables, procedures, their creation), ``connection``, ``breaks``
-(break watches) and ``doctor``.
+the queues), ``epochs`` (the failover epoch row), ``schema`` (tables, procedures, their
+creation), ``connection``, ``breaks`` (break watches) and ``doctor``.
 """
 
 from __future__ import annotations

@@ -22,6 +22,9 @@ import hashlib
 
 from tasklock_cli.stores.model import MAX_FENCING_TOKEN
 from tasklock_cli.stores.model import WAITER_HORIZON_S
+from tasklock_cli.stores.mysql.epochs import EPOCH_STEPS
+from tasklock_cli.stores.mysql.epochs import FIRST_TOKEN
+from tasklock_cli.stores.mysql.epochs import MAX_EPOCH
 
 #: A place's ``ord`` when it has none in front: later than every place.
 _LAST = "9223372036854775807"
@@ -32,9 +35,10 @@ _HORIZON = f"INTERVAL {int(WAITER_HORIZON_S * 1_000_000)} MICROSECOND"
 _COUNTS = "{w}expires_at > {now} AND {w}expires_at <= {now} + " + _HORIZON
 
 # Outcome row: outcome ('taken', 'none', 'queued', 'mismatch', 'superseded', 'exhausted':
-# the key's counter is at 2**63-1), slot,
-# slot_limit (the live holders' with 'mismatch'), fencing token, acquired_at, expires_at,
-# mode, the place's seq ('queued').
+# the key's counter is at 2**63-1), slot, slot_limit (the live holders' with 'mismatch'),
+# fencing token, acquired_at, expires_at, mode, the place's seq ('queued'), and the
+# milliseconds left of a failover quarantine (see ``epochs``: no slot is taken meanwhile;
+# a retry keeps the live lease it has), NULL when none.
 ACQUIRE_BODY = f"""\
 BEGIN
     DECLARE v_now DATETIME(6);
@@ -54,12 +58,19 @@ BEGIN
     DECLARE v_ahead_exclusive INT;
     DECLARE v_bound INT;
     DECLARE v_superseding BOOLEAN DEFAULT FALSE;
+    DECLARE v_identity VARCHAR(400);
+    DECLARE v_era TEXT;
+    DECLARE v_epoch BIGINT;
+    DECLARE v_max_ttl DOUBLE;
+    DECLARE v_until DATETIME(6);
+    DECLARE v_quarantine BIGINT;
     DECLARE CONTINUE HANDLER FOR NOT FOUND BEGIN END;
     DECLARE EXIT HANDLER FOR SQLEXCEPTION BEGIN ROLLBACK; RESIGNAL; END;
     START TRANSACTION;
     INSERT INTO `{{table}}` (`key`, slot, slot_limit, fencing_token) VALUES (p_key, -1, 0, 0)
         ON DUPLICATE KEY UPDATE fencing_token = fencing_token;
     SET v_now = SYSDATE(6);
+{EPOCH_STEPS}
     DELETE FROM `{{table}}_waiters`
      WHERE `key` = p_key AND (expires_at <= v_now OR expires_at > v_now + {_HORIZON});
     IF EXISTS (SELECT 1 FROM `{{table}}_waiters`
@@ -91,6 +102,8 @@ BEGIN
              WHERE `key` = p_key AND NOT superseded AND ord < COALESCE(v_place, {_LAST});
             IF v_other_limit IS NOT NULL THEN
                 SET v_outcome = 'mismatch', v_limit = v_other_limit;
+            ELSEIF v_quarantine IS NOT NULL THEN
+                SET v_outcome = 'none';  -- nothing is taken until the quarantine ends
             ELSEIF (p_mode = 'shared' AND v_live_exclusive = 0 AND v_ahead_exclusive = 0)
                 OR (p_mode <> 'shared' AND v_ahead < p_limit - v_live) THEN
                 SET v_bound = IF(p_mode = 'shared', v_live, p_limit - 1), v_slot = 0;
@@ -101,10 +114,11 @@ BEGIN
                 END WHILE;
                 SET v_token = (SELECT MAX(fencing_token) FROM `{{table}}` WHERE `key` = p_key);
             END IF;
-            IF v_outcome = 'none' AND v_token >= {MAX_FENCING_TOKEN} THEN
+            IF v_outcome = 'none' AND v_token IS NOT NULL
+               AND (v_token >= {MAX_FENCING_TOKEN} OR v_epoch > {MAX_EPOCH}) THEN
                 SET v_outcome = 'exhausted', v_token = NULL;
             ELSEIF v_outcome = 'none' AND v_token IS NOT NULL THEN
-                SET v_token = v_token + 1;
+                SET v_token = GREATEST(v_token + 1, {FIRST_TOKEN});
                 UPDATE `{{table}}` SET fencing_token = v_token WHERE `key` = p_key AND slot = -1;
                 SET v_acquired = v_now, v_limit = p_limit, v_mode = p_mode,
                     v_expires = v_now + INTERVAL ROUND(p_ttl * 1000000) MICROSECOND;
@@ -147,7 +161,8 @@ BEGIN
     IF v_superseding THEN  -- the superseded leave at once; one that left may admit others
         CALL `{{table}}_wake_queue`(p_key, v_outcome <> 'superseded');
     END IF;
-    SELECT v_outcome, v_slot, v_limit, v_token, v_acquired, v_expires, v_mode, v_seq;
+    SELECT v_outcome, v_slot, v_limit, v_token, v_acquired, v_expires, v_mode, v_seq,
+           v_quarantine;
 END"""
 
 

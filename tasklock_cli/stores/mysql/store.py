@@ -136,6 +136,8 @@ class MySQLStore(Store):
         self._statements: dict[str, str] = {}
         self._place_seqs: dict[str, int] = {}  # key -> our place's seq in its queue
         self._seen: dict[str, tuple[int, int]] = {}  # key -> (live leases, counter) at a look
+        #: Keys whose last acquire met a failover quarantine: when it ends (monotonic).
+        self._quarantines: dict[str, float] = {}
         self._wake_line = WakeLine(self._db, table)
         self._break_watches = BreakWatches(
             MySQLBreakWatches(self._db, table).open,
@@ -209,8 +211,12 @@ class MySQLStore(Store):
             ask.front,
         )
         (row,) = self._call("acquire", args)
-        outcome, slot, slot_limit, token, acquired_at, expires_at, mode, seq = row
+        outcome, slot, slot_limit, token, acquired_at, expires_at, mode, seq, quarantine = row
         outcome = _text(outcome)
+        if quarantine is None:
+            self._quarantines.pop(key, None)
+        else:
+            self._quarantines[key] = time.monotonic() + max(0, int(quarantine)) / 1000
         self._note_queue_place(key, owner if outcome == "queued" else None)
         if outcome == "queued":
             self._place_seqs[key] = int(seq)
@@ -233,6 +239,16 @@ class MySQLStore(Store):
             slot=int(slot),
             limit=int(slot_limit),
             mode=_text(mode),
+        )
+
+    def holdup(self, key: str) -> str | None:
+        left = self._quarantines.get(key, 0.0) - time.monotonic()
+        if left <= 0:
+            return None
+        return (
+            "the MySQL primary changed (a failover, or another server behind the URL): no new "
+            f"lease in this table for {left:.1f}s more, until every lease the old primary may "
+            "have granted has run out"
         )
 
     def renew(self, lease: Lease, ttl: float) -> Lease:
@@ -359,6 +375,9 @@ class MySQLStore(Store):
         return True
 
     def _time_until_free(self, key: str) -> float | None:
+        quarantine_left = self._quarantines.get(key, 0.0) - time.monotonic()
+        if quarantine_left > 0:
+            return quarantine_left
         owner = self._queue_place(key) or ""
         (row,) = self._rows(TIME_UNTIL_FREE, {"key": key, "owner": owner})
         live, limit, first_left, exclusive_left, ahead, exclusive_ahead, mode, counter = row
