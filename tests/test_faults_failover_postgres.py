@@ -31,6 +31,7 @@ from tests.support.cli import wait_until
 from tests.support.pg import PrivatePostgres
 from tests.support.pg import pg_bin_dir
 from tests.support.pg import private_postgres_unavailable
+from tests.support.pg_replication import Backup
 from tests.support.pg_replication import ReplicatedPostgres
 from tests.support.pg_replication import replicated_postgres
 from tests.support.pg_replication import template_data
@@ -283,3 +284,45 @@ def test_the_pair_helper_mutes_the_link(template):
         assert pair.standby is not None
         with pair.standby.connection() as conn:
             assert conn.execute("SELECT count(*) FROM t").fetchone()[0] == 0
+
+
+def test_a_backup_started_by_crash_recovery_starts_an_epoch(template, cli_env, tmp_path):
+    """A base backup (``pg_basebackup -X stream``) started as it is, no ``recovery.signal``:
+    crash recovery, then a primary on the same system identifier and timeline, without the
+    tokens issued after the backup. Its new start is a new epoch: quarantined, then tokens
+    above all of them (before, it issued 3 again after 6)."""
+    table = "restored"
+    primary = PrivatePostgres(template=template).start()
+    backup: Backup | None = None
+    try:
+        runs = Runs(primary.url_for(table), cli_env, tmp_path)
+        for n in range(2):
+            assert runs.run(f"before-backup-{n}", 0).returncode == 0
+        backup = Backup(primary, primary.port)
+        for n in range(4):
+            assert runs.run(f"after-backup-{n}", 0).returncode == 0
+        primary.stop()
+        backup.start()
+        runs.env["TASKLOCK_STORE"] = backup.url_for(table)
+        refused = runs.run("refused", 0)
+        epoch, quarantine = epoch_row(backup, table)
+        with backup.connection() as conn:
+            conn.execute(f"UPDATE {table} SET expires_at = now() WHERE key = '' AND slot = -2")
+        assert runs.run("restored", 0).returncode == 0
+    finally:
+        for server in (backup, primary):
+            if server is not None:
+                server.destroy()
+
+    tokens = {name: token for _, _, token, name in runs.spans()}
+    assert sorted(tokens.values())[:6] == [1, 2, 3, 4, 5, 6], tokens
+    assert refused.returncode == 75 and "restarted" in refused.stderr, refused.stderr
+    assert "refused" not in tokens
+    assert epoch > 0 and tokens["restored"] == epoch << 30
+    report.record(
+        "backup started by crash recovery",
+        "postgres",
+        quarantine_s=quarantine,
+        tokens_before=sorted(tokens.values())[:6],
+        token_after=tokens["restored"],
+    )

@@ -22,6 +22,8 @@ from tests.support import services
 
 HOLDER = Holder(host="h", pid=1, user="u", command=["job"], note=None)
 OLD_PRIMARY = "1:1"  # an identity no server here has
+#: The server's start as the epoch row records it: microseconds since 1970, as text.
+STARTED = "floor(extract(epoch FROM pg_postmaster_start_time()) * 1000000)::bigint::text"
 
 
 def owner() -> str:
@@ -78,6 +80,36 @@ def play_failover(url: str, identity: str = OLD_PRIMARY) -> None:
             " WHERE key = '' AND slot = -2",
             [identity],
         )
+
+
+def server_started(url: str) -> str:
+    with pg.admin_connection(url) as conn:
+        return conn.execute(f"SELECT {STARTED}").fetchone()[0]
+
+
+def epoch_field(url: str, name: str) -> object:
+    table = split_table(url)[1]
+    with pg.admin_connection(url) as conn:
+        row = conn.execute(
+            f"SELECT holder ->> %s FROM {table} WHERE key = '' AND slot = -2", [name]
+        ).fetchone()
+    return row[0]
+
+
+def set_epoch_field(url: str, name: str, value: str) -> None:
+    table = split_table(url)[1]
+    with pg.admin_connection(url) as conn:
+        conn.execute(
+            f"UPDATE {table} SET holder = holder || jsonb_build_object(%s::text, %s::text)"
+            " WHERE key = '' AND slot = -2",
+            [name, value],
+        )
+
+
+def delete_epoch_row(url: str) -> None:
+    table = split_table(url)[1]
+    with pg.admin_connection(url) as conn:
+        conn.execute(f"DELETE FROM {table} WHERE key = '' AND slot = -2")
 
 
 def end_quarantine(url: str, after: float = 0.0) -> None:
@@ -172,14 +204,101 @@ def test_racing_acquires_start_one_epoch(pg_url, stores):
     assert epoch_row(pg_url)[2] == OLD_PRIMARY  # one epoch: a second would name this server
 
 
-def test_a_table_from_before_epochs_gets_its_row_at_epoch_0(pg_url, stores):
+def test_a_used_table_without_its_epoch_row_starts_an_epoch(pg_url, stores):
+    """A table from before epochs, or a standby that missed the write of its row (and was
+    promoted), or one restored to before it: the row cannot be told lost from never written,
+    so its first acquire quarantines the table and tokens jump past every one in it."""
+    store = open_pg(pg_url, stores)
+    store.release(store.acquire("k", 5, HOLDER, owner()))
+    delete_epoch_row(pg_url)
+    before = time.time()
+    assert store.acquire("k", 5, HOLDER, owner()) is None
+    assert "primary changed" in store.holdup("k")
+    epoch, identity, previous, _, length, left = epoch_row(pg_url)
+    assert (identity, previous, length) == (server_identity(pg_url), "missing", 32)
+    assert 30 < left <= 32
+    assert int(before) - 2 <= epoch <= time.time() + 2
+    end_quarantine(pg_url)
+    assert store.acquire("k", 5, HOLDER, owner()).fencing_token == epoch << EPOCH_SHIFT
+
+
+def test_a_used_table_without_its_row_starts_above_the_epoch_of_its_tokens(pg_url, stores):
+    store = open_pg(pg_url, stores)
+    store.release(store.acquire("k", 5, HOLDER, owner()))
+    ahead = int(time.time()) + 100_000
+    table = split_table(pg_url)[1]
+    with pg.admin_connection(pg_url) as conn:  # a token of a later epoch than the clock
+        conn.execute(f"UPDATE {table} SET fencing_token = %s WHERE key = 'k'", [ahead << 30])
+    delete_epoch_row(pg_url)
+    assert store.acquire("k", 5, HOLDER, owner()) is None
+    assert epoch_row(pg_url)[0] == ahead + 1
+
+
+def test_an_unused_table_without_its_epoch_row_gets_it_at_epoch_0(pg_url, stores):
+    """Created by a tasklock before epochs and never used: nothing to lose, no quarantine."""
+    store = open_pg(pg_url, stores)
+    store.init_schema()
+    delete_epoch_row(pg_url)
+    assert store.acquire("k", 5, HOLDER, owner()).fencing_token == 1
+    assert epoch_row(pg_url)[:3] == (0, server_identity(pg_url), None)
+
+
+def test_init_on_a_used_table_without_its_row_leaves_the_epoch_to_the_acquire(pg_url, stores):
+    store = open_pg(pg_url, stores)
+    store.release(store.acquire("k", 5, HOLDER, owner()))
+    delete_epoch_row(pg_url)
+    with pg.admin_connection(pg_url) as conn:  # what a DBA runs from init --print-sql
+        conn.execute(store.schema_sql())
+    assert epoch_row(pg_url) is None
+    assert store.acquire("k", 5, HOLDER, owner()) is None
+
+
+def test_a_restart_starts_an_epoch(pg_url, stores):
+    """A restart, or a backup or disk snapshot started by crash recovery, keeps the system
+    identifier and the timeline; its start time differs (played here by an older one)."""
+    store = open_pg(pg_url, stores)
+    survived = store.acquire("k", 10, HOLDER, owner())
+    earlier = str(int(server_started(pg_url)) - 60_000_000)
+    set_epoch_field(pg_url, "started", earlier)
+    assert store.acquire("j", 5, HOLDER, owner()) is None
+    assert "restarted" in store.holdup("j")
+    epoch, identity, previous, _, length, _ = epoch_row(pg_url)
+    assert (identity, previous, length) == (server_identity(pg_url), identity, 32)
+    assert epoch_field(pg_url, "started") == server_started(pg_url)
+    assert epoch_field(pg_url, "previous_started") == earlier
+    checks = {check.name: check for check in store.doctor()}
+    assert "the server restarted, or a backup or snapshot" in checks["epoch"].detail
+    assert store.renew(survived, 10).fencing_token == survived.fencing_token
+    end_quarantine(pg_url)
+    assert store.acquire("j", 5, HOLDER, owner()).fencing_token == epoch << EPOCH_SHIFT
+
+
+def test_a_row_without_a_start_takes_this_one_without_an_epoch(pg_url, stores):
+    """A row written by a tasklock before start times: no quarantine for the upgrade."""
     store = open_pg(pg_url, stores)
     store.release(store.acquire("k", 5, HOLDER, owner()))
     table = split_table(pg_url)[1]
     with pg.admin_connection(pg_url) as conn:
-        conn.execute(f"DELETE FROM {table} WHERE key = '' AND slot = -2")
+        conn.execute(f"UPDATE {table} SET holder = holder - 'started' WHERE key = '' AND slot = -2")
     assert store.acquire("k", 5, HOLDER, owner()).fencing_token == 2
-    assert epoch_row(pg_url)[:3] == (0, server_identity(pg_url), None)
+    assert epoch_row(pg_url)[0] == 0
+    assert epoch_field(pg_url, "started") == server_started(pg_url)
+
+
+def test_an_operator_forces_a_new_epoch(pg_url, stores):
+    """The statement README gives for a table restored by hand (the server kept running)."""
+    store = open_pg(pg_url, stores)
+    store.release(store.acquire("k", 5, HOLDER, owner()))
+    table = split_table(pg_url)[1]
+    with pg.admin_connection(pg_url) as conn:
+        conn.execute(
+            f'UPDATE {table} SET holder = holder || \'{{"identity": "new-epoch"}}\''
+            " WHERE key = '' AND slot = -2"
+        )
+    assert store.acquire("k", 5, HOLDER, owner()) is None
+    assert epoch_row(pg_url)[2] == "new-epoch"
+    checks = {check.name: check for check in store.doctor()}
+    assert "an operator asked for a new epoch" in checks["epoch"].detail
 
 
 def test_a_waiter_sleeps_out_the_quarantine(pg_url, stores):

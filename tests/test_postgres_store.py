@@ -26,6 +26,7 @@ from tasklock_cli.stores.postgres.store import PostgresStore
 from tasklock_cli.stores.postgres.store import split_table
 from tests.support import pg
 from tests.support import services
+from tests.support.cli import tasklock
 
 HOLDER = Holder(host="h", pid=1, user="u", command=["job"], note=None)
 
@@ -282,20 +283,33 @@ def make_table_before_slots(url: str) -> str:
     return table
 
 
+def end_upgrade_quarantine(url: str, table: str) -> int:
+    """End the quarantine the first acquire in a table from before epochs began (it cannot
+    tell a lost epoch row from none: see test_postgres_epochs); the epoch's first token."""
+    with pg.admin_connection(url) as conn:
+        (epoch,) = conn.execute(
+            f"UPDATE {table} SET expires_at = clock_timestamp()"
+            " WHERE key = '' AND slot = -2 RETURNING fencing_token"
+        ).fetchone()
+    return epoch << 30
+
+
 def test_a_table_from_before_semaphores_is_migrated_and_its_leases_kept(pg_url, stores):
     table = make_table_before_slots(pg_url)
     store = open_pg(pg_url, stores)
     (held,) = store.holders("held")
     assert (held.slot, held.limit, held.fencing_token, held.holder.host) == (0, 1, 41, "old")
+    assert store.acquire("freed", 30, HOLDER, token()) is None  # the upgrade's quarantine
+    first = end_upgrade_quarantine(pg_url, table)
     assert store.acquire("held", 30, HOLDER, token()) is None  # still live
     with pytest.raises(LimitMismatch):
         store.acquire("held", 30, HOLDER, token(), limit=2)
     old_lease = Lease("held", "owner-held", 41, held.acquired_at, held.expires_at)
     assert store.renew(old_lease, 30).fencing_token == 41  # its owner still renews it
     assert store.release(old_lease) is True
-    assert store.acquire("held", 30, HOLDER, token()).fencing_token == 42
-    assert store.acquire("freed", 30, HOLDER, token(), limit=2).fencing_token == 8
-    assert store.acquire("freed", 30, HOLDER, token(), limit=2).fencing_token == 9
+    assert store.acquire("held", 30, HOLDER, token()).fencing_token == first
+    assert store.acquire("freed", 30, HOLDER, token(), limit=2).fencing_token == first
+    assert store.acquire("freed", 30, HOLDER, token(), limit=2).fencing_token == first + 1
     with pg.admin_connection(pg_url) as conn:
         (primary_key,) = conn.execute(
             "SELECT pg_get_constraintdef(oid) FROM pg_constraint"
@@ -317,20 +331,24 @@ def test_print_sql_migrates_a_table_from_before_semaphores_too(pg_url, stores):
         rows = conn.execute(
             f"SELECT key, slot, slot_limit, fencing_token FROM {table} ORDER BY key"
         ).fetchall()
-    # (and the failover epoch row: epoch 0, no change to existing tokens)
-    assert rows == [("", -2, 0, 0), ("freed", 0, 1, 7), ("held", 0, 1, 41)]
-    assert store.acquire("freed", 30, HOLDER, token(), limit=3).fencing_token == 8
+    # (no epoch row in a used table: its first acquire starts an epoch)
+    assert rows == [("freed", 0, 1, 7), ("held", 0, 1, 41)]
+    assert store.acquire("freed", 30, HOLDER, token(), limit=3) is None
+    first = end_upgrade_quarantine(pg_url, table)
+    assert store.acquire("freed", 30, HOLDER, token(), limit=3).fencing_token == first
     assert [info.fencing_token for info in store.holders("held")] == [41]
 
 
 def test_racing_clients_migrate_a_table_from_before_semaphores_once(pg_url, stores):
-    make_table_before_slots(pg_url)
+    table = make_table_before_slots(pg_url)
     clients = [open_pg(pg_url, stores) for _ in range(6)]
-    leases, errors = first_uses_at_once(
+    quarantined, errors = first_uses_at_once(
         clients, lambda _, client: client.acquire("freed", 30, HOLDER, token(), limit=6)
     )
-    assert errors == []
-    assert sorted(lease.fencing_token for lease in leases) == [8, 9, 10, 11, 12, 13]
+    assert errors == [] and quarantined == [None] * 6
+    first = end_upgrade_quarantine(pg_url, table)
+    leases = [client.acquire("freed", 30, HOLDER, token(), limit=6) for client in clients]
+    assert sorted(lease.fencing_token for lease in leases) == [first + n for n in range(6)]
     assert [info.slot for info in clients[0].holders("freed")] == [0, 1, 2, 3, 4, 5]
 
 
@@ -416,6 +434,8 @@ def test_tables_from_before_lock_modes_are_migrated_and_their_leases_stay_exclus
             " now() + interval '30 s')"
         )
     assert [info.mode for info in store.holders("old")] == [EXCLUSIVE]
+    assert store.acquire("free", 30, HOLDER, token()) is None  # the upgrade's quarantine
+    end_upgrade_quarantine(pg_url, table)
     assert store.acquire("old", 30, HOLDER, token(), mode=SHARED) is None
     assert store.acquire("held", 30, HOLDER, token(), mode=SHARED) is None
     old_lease = Lease("held", "owner-held", 41, held.acquired_at, held.expires_at)
@@ -438,12 +458,14 @@ def test_print_sql_migrates_tables_from_before_lock_modes_too(pg_url, stores):
 
 
 def test_racing_clients_migrate_tables_from_before_lock_modes_once(pg_url, stores):
-    make_tables_before_modes(pg_url)
+    table = make_tables_before_modes(pg_url)
     clients = [open_pg(pg_url, stores) for _ in range(6)]
-    leases, errors = first_uses_at_once(
+    quarantined, errors = first_uses_at_once(
         clients, lambda _, client: client.acquire("free", 30, HOLDER, token(), mode=SHARED)
     )
-    assert errors == []
+    assert errors == [] and quarantined == [None] * 6
+    end_upgrade_quarantine(pg_url, table)
+    leases = [client.acquire("free", 30, HOLDER, token(), mode=SHARED) for client in clients]
     assert sorted(lease.slot for lease in leases) == [0, 1, 2, 3, 4, 5]
 
 
@@ -777,10 +799,49 @@ def test_server_restart_while_a_lease_is_held(private_server):
                 renewed = store.renew(lease, 30)
             assert renewed.fencing_token == lease.fencing_token
             assert store.release(lease) is True
+            # A restart is a new epoch (a backup or snapshot started looks the same): no new
+            # lease until the old ones could have run out, then tokens above them all.
+            assert store.acquire("k", 30, HOLDER, token()) is None
+            assert "restarted" in (store.holdup("k") or "")
+            with server.connection() as conn:
+                (epoch,) = conn.execute(
+                    "UPDATE leases SET expires_at = clock_timestamp()"
+                    " WHERE key = '' AND slot = -2 RETURNING fencing_token"
+                ).fetchone()
             nxt = store.acquire("k", 30, HOLDER, token())
-            assert nxt.fencing_token == lease.fencing_token + 1
+            assert nxt.fencing_token == epoch << 30 > lease.fencing_token
         finally:
             store.close()
+
+
+def test_a_server_refusing_an_identity_function_is_one_line_78(private_server, cli_env):
+    """A role without EXECUTE on pg_walfile_name (as on managed services that refuse it):
+    every command that reaches the table says so in one line, exit 78; doctor fails its
+    epoch check alone."""
+    with private_server() as server:
+        with server.connection() as conn:
+            conn.execute("CREATE ROLE limited LOGIN")
+            conn.execute("GRANT CREATE ON SCHEMA public TO limited")
+            conn.execute("REVOKE EXECUTE ON FUNCTION pg_walfile_name(pg_lsn) FROM PUBLIC")
+        url = f"postgresql://limited@127.0.0.1:{server.port}/postgres?table=leases"
+        env = {**cli_env, "TASKLOCK_STORE": url}
+        results = [tasklock(*args, env=env) for args in (["run", "k", "--", "true"], ["init"])]
+        with server.connection() as conn:
+            conn.execute("GRANT EXECUTE ON FUNCTION pg_walfile_name(pg_lsn) TO limited")
+        assert tasklock("run", "k", "--", "true", env=env).returncode == 0
+        with server.connection() as conn:
+            conn.execute("REVOKE EXECUTE ON FUNCTION pg_walfile_name(pg_lsn) FROM limited")
+        results.append(tasklock("run", "k", "--", "true", env=env))
+        doctor = tasklock("doctor", env=env)
+    for result in results:
+        assert result.returncode == 78, result.stderr
+        lines = result.stderr.splitlines()
+        assert len(lines) == 1 and lines[0].startswith("tasklock: error: "), result.stderr
+        assert "the server refuses pg_walfile_name() (permission denied" in lines[0]
+        assert "PostgreSQL 10 or later" in lines[0] and "may not use table" not in lines[0]
+    failing = [line for line in doctor.stdout.splitlines() if line.startswith("fail")]
+    assert [line.split()[1] for line in failing] == ["epoch"], doctor.stdout
+    assert "refuses pg_walfile_name()" in failing[0]
 
 
 def test_a_hung_server_fails_within_the_io_timeout_then_recovers(private_server):

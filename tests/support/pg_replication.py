@@ -25,13 +25,19 @@ from tests.support.proxy import TcpProxy
 STANDBY_NAME = "standby1"
 
 
-class Standby(PrivatePostgres):
-    """A standby of ``primary``, its data made by ``pg_basebackup -R`` from ``port`` (the
-    replication link's proxy): ``primary_conninfo`` names that port too."""
+class Backup(PrivatePostgres):
+    """A base backup of ``primary`` (``pg_basebackup -X stream`` from ``port``), started as
+    it is: crash recovery replays the WAL it holds and it runs as a primary, on the same
+    system identifier and timeline (what a restored backup or disk snapshot does)."""
 
-    def __init__(self, primary: PrivatePostgres, port: int) -> None:
+    #: More pg_basebackup options (a standby's ``-R``).
+    extra_options: tuple[str, ...] = ()
+
+    def __init__(
+        self, primary: PrivatePostgres, port: int, settings: dict[str, str] | None = None
+    ) -> None:
         self._source = (primary, port)
-        super().__init__(settings={"cluster_name": STANDBY_NAME, "hot_standby": "on"})
+        super().__init__(settings=settings)
 
     def _make_data(self) -> None:
         primary, port = self._source
@@ -40,7 +46,7 @@ class Standby(PrivatePostgres):
                 str(self.bin_dir / "pg_basebackup"),
                 "-D",
                 str(self.data),
-                "-R",
+                *self.extra_options,
                 "-h",
                 "127.0.0.1",
                 "-p",
@@ -54,6 +60,18 @@ class Standby(PrivatePostgres):
                 "--no-sync",
             ],
             timeout=120,
+        )
+
+
+class Standby(Backup):
+    """A standby of ``primary``, its data made by ``pg_basebackup -R`` from ``port`` (the
+    replication link's proxy): ``primary_conninfo`` names that port too."""
+
+    extra_options = ("-R",)
+
+    def __init__(self, primary: PrivatePostgres, port: int) -> None:
+        super().__init__(
+            primary, port, settings={"cluster_name": STANDBY_NAME, "hot_standby": "on"}
         )
 
     def promote(self) -> None:

@@ -67,7 +67,8 @@ renewals and tokens its primary granted. The table's epoch row records the serve
 written on; the acquire statement compares it with the server it runs on and, when they
 differ, starts a new epoch: no lease is granted in the table until ``quarantine_until``,
 and every token is at least ``epoch << 30``. The server's identity is its system
-identifier and its current WAL timeline, ``SYSTEM:TIMELINE``, because:
+identifier and its current WAL timeline, ``SYSTEM:TIMELINE``, with the time it last
+started beside it (``pg_postmaster_start_time()``), because:
 
 - the timeline changes at promotion (and at a point-in-time restore), and the one in the
   name of the current WAL file (``pg_walfile_name(pg_current_wal_lsn())``) is the new one
@@ -77,9 +78,17 @@ identifier and its current WAL timeline, ``SYSTEM:TIMELINE``, because:
   timeline 2 (measured on PostgreSQL 15);
 - the system identifier (``pg_control_system()``) is shared by a physical standby and its
   primary, and tells another cluster behind the same host name (a ``pg_upgrade``, a copy);
-- both are public, cost about 4 µs per statement, and are read in the acquire statement
-  itself (one round trip per acquire, as before). On a standby they are not read (the WAL
-  functions raise there; the statement's write fails as read-only, as it always did).
+- neither changes when a base backup or a disk snapshot is started as it is (crash
+  recovery, no ``recovery.signal``): it runs on, on the same timeline, without the writes
+  made after it was taken (measured: tokens up to 6, then 3 again). Its start time is new,
+  so every start is a new epoch: a plain restart too, which quarantines once (as a
+  restarted Redis, whose replication id changes). An old primary started again after a
+  failover starts its own epoch the same way;
+- all are public (PostgreSQL 10 or later), and are read in the acquire statement itself
+  (one round trip per acquire, as before): the start time costs about 0.2 µs. On a standby
+  they are not read (the WAL functions raise there; the statement's write fails as
+  read-only, as it always did). A server that refuses one (no EXECUTE, a managed service)
+  is a configuration error naming it.
 
 Why no second holder runs while a holder of the old primary may still run:
 
@@ -107,10 +116,13 @@ Why no second holder runs while a holder of the old primary may still run:
 - H's next renewal on S matches no row: LeaseLost, its tree ends, exit 70 (about 1.3 s
   after the promotion in the failover test, with ``--ttl 6s``).
 
-Why tokens never go back: a key issues fewer than 2**30 tokens in an epoch, so every token
-of epoch e is below (e + 1) << 30 <= e' << 30, with e' = max(e + 1, the server's clock in
-seconds); epoch 0 (a table that never saw a change) keeps the tokens it always had. Tokens
-stay below 2**63 while the clock is below 2**33 s (the year 2242).
+Why tokens never go back: the tokens of epoch e count up from ``e << 30``, and the next
+epoch is e' = max(e + 1, the server's clock in seconds), so they stay below its first,
+``e' << 30``, while the key issues fewer than (e' - e) * 2**30 tokens in epoch e: never
+fewer than 2**30, and about 2**30 more for every second between the two epochs' starts
+(epoch 0, a table that never saw a change, keeps the tokens it always had, and its next
+epoch is the clock). Tokens stay below 2**63 while the clock is below 2**33 s (the year
+2242).
 
 A synchronous standby (``synchronous_commit`` on, ``synchronous_standby_names`` naming it)
 has every lease its primary granted, so its holders run on; the quarantine still applies
@@ -121,8 +133,11 @@ locally, with a warning), a role with ``synchronous_commit = local``.
 
 The epoch row is written with the table (``tasklock init`` or first use), in one
 transaction; a table created within the replication lag before a failover is missing on
-the new primary, which creates it afresh: tokens start over. A table from before epochs
-gets its row, at epoch 0, from its first acquire.
+the new primary, which creates it afresh: tokens start over. An acquire that finds no
+epoch row in a table holding other rows (from before epochs; or a standby that missed the
+row's first write, promoted; or a table restored to before it) cannot tell a lost row
+from one never written: it starts a new epoch, above the epoch of every token in the
+table, with a quarantine of 32 s (Redis does the same when ``master_replid2`` is set).
 
 The parts live beside this module, which keeps the lease statements and the store
 interface: ``queue`` (the acquire statement and the queues), ``connection`` (the

@@ -25,6 +25,8 @@ from psycopg.types.datetime import TimestamptzLoader
 from tasklock_cli.errors import ConfigError
 from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.errors import TasklockError
+from tasklock_cli.stores.postgres.epochs import refusal
+from tasklock_cli.stores.postgres.epochs import refused_function
 from tasklock_cli.stores.postgres.schema import INSPECT
 from tasklock_cli.stores.postgres.schema import UNSET
 from tasklock_cli.stores.postgres.schema import PgSchema
@@ -379,6 +381,9 @@ class PgConnection:
                 f"{where}: connected to a read-only server ({text}); "
                 "add target_session_attrs=read-write to the URL for failover setups"
             )
+        refused = refused_function(exc)
+        if refused is not None:
+            return ConfigError(f"{where}: {refusal(refused, text)}")
         if isinstance(exc, pgerr.InsufficientPrivilege):
             return ConfigError(f"{where}: the database user may not use table {table} ({text})")
         if isinstance(exc, pgerr.UndefinedTable):

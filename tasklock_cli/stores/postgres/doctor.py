@@ -6,6 +6,7 @@ created)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -18,10 +19,14 @@ from tasklock_cli.stores.doctor import clock_check
 from tasklock_cli.stores.doctor import warning
 from tasklock_cli.stores.model import StoreCheck
 from tasklock_cli.stores.postgres.connection import one_row
-from tasklock_cli.stores.postgres.epochs import DOCTOR
 from tasklock_cli.stores.postgres.epochs import EPOCH_ROW
+from tasklock_cli.stores.postgres.epochs import REPLICATION
+from tasklock_cli.stores.postgres.epochs import SERVER_IDENTITY
+from tasklock_cli.stores.postgres.epochs import describe_change
 from tasklock_cli.stores.postgres.epochs import describe_identity
 from tasklock_cli.stores.postgres.epochs import quarantine_length
+from tasklock_cli.stores.postgres.epochs import refusal
+from tasklock_cli.stores.postgres.epochs import refused_function
 from tasklock_cli.stores.postgres.schema import PgSchema
 
 TYPE_CHECKING = False
@@ -33,7 +38,7 @@ def store_checks(store: PostgresStore) -> list[StoreCheck]:
     db, schema = store._db, store._schema  # the package's own parts
     checks = [StoreCheck("store", True, db.display_url)]
     try:
-        found = db.run(lambda conn: _probe(conn, schema), ensure_schema=False)
+        found = db.run(lambda conn: _probe(conn, schema, db.scrub), ensure_schema=False)
     except TasklockError as exc:
         checks.append(StoreCheck("reachable", False, str(exc)))
         return checks
@@ -52,9 +57,12 @@ def store_checks(store: PostgresStore) -> list[StoreCheck]:
     checks.append(StoreCheck("schema", ok, detail))
     if not found["standby"]:
         epoch = found["epoch"]
-        length = quarantine_length(epoch[3] if epoch else None)
+        length = quarantine_length(epoch[5] if epoch else None)
         checks.append(_replication_check(found["replication"], length, _host_count(db)))
-        checks.append(_epoch_check(found["identity"], epoch, length))
+        if found["refused"]:
+            checks.append(StoreCheck("epoch", False, found["refused"]))
+        else:
+            checks.append(_epoch_check(found["identity"], found["started"], epoch, length))
     offset, elapsed = found["clock"]
     checks.append(
         clock_check("the server's", offset, elapsed / 2, "the server's clock decides expiry")
@@ -62,17 +70,30 @@ def store_checks(store: PostgresStore) -> list[StoreCheck]:
     return checks
 
 
-def _probe(conn: psycopg.Connection, schema: PgSchema) -> dict[str, Any]:
-    started = time.perf_counter()
+def _probe(
+    conn: psycopg.Connection, schema: PgSchema, scrub: Callable[[str], str]
+) -> dict[str, Any]:
+    sent = time.perf_counter()
     conn.execute("SELECT 1").fetchone()
-    rtt = time.perf_counter() - started
+    rtt = time.perf_counter() - sent
     version, standby = one_row(
         conn.execute("SELECT current_setting('server_version'), pg_is_in_recovery()")
     )
     described = schema.describe(conn)
-    identity, replication, epoch = None, None, None
+    identity: object = None
+    server_started: object = None
+    replication: list | None = None
+    epoch: tuple | None = None
+    refused: str | None = None
     if not standby:
-        identity, *replication = one_row(conn.execute(DOCTOR))
+        replication = list(one_row(conn.execute(REPLICATION)))
+        try:
+            identity, server_started = one_row(conn.execute(SERVER_IDENTITY))
+        except psycopg.Error as exc:
+            name = refused_function(exc)
+            if name is None:
+                raise
+            refused = refusal(name, scrub(str(exc)))
         if described[0]:  # a tasklock table, or none yet
             try:
                 epoch = conn.execute(sql.SQL(EPOCH_ROW).format(table=schema.table)).fetchone()
@@ -85,6 +106,8 @@ def _probe(conn: psycopg.Connection, schema: PgSchema) -> dict[str, Any]:
         "schema": described,
         "clock": _clock_offset(conn),
         "identity": identity,
+        "started": server_started,
+        "refused": refused,
         "replication": replication,
         "epoch": epoch,
     }
@@ -159,28 +182,31 @@ def _replication_check(replication: list, length: float, hosts: int) -> StoreChe
     )
 
 
-def _epoch_check(identity: object, epoch: tuple | None, length: float) -> StoreCheck:
-    here = describe_identity(identity)
+def _epoch_check(
+    identity: object, started: object, epoch: tuple | None, length: float
+) -> StoreCheck:
+    here = describe_identity(identity, started)
     if epoch is None:
         return StoreCheck("epoch", True, f"none recorded yet (the first acquire records {here})")
-    number, recorded, previous, _, quarantine_left = epoch
-    if recorded != identity:
+    number, recorded, recorded_start, previous, previous_start, _, quarantine_left = epoch
+    if recorded != identity or recorded_start not in (started, None):
         return warning(
             "epoch",
-            f"epoch {number} was recorded on {describe_identity(recorded)}, this primary is "
-            f"{here}: the next acquire starts a new epoch and a quarantine of {length:g}s",
+            f"epoch {number} was recorded on {describe_identity(recorded, recorded_start)}, "
+            f"this primary is {here}: the next acquire starts a new epoch and a quarantine "
+            f"of {length:g}s",
         )
     if quarantine_left is not None and quarantine_left > 0:
         return warning(
             "epoch",
-            f"epoch {number} began when the primary changed from "
-            f"{describe_identity(previous)} to {here}: no new lease for "
-            f"{quarantine_left:.1f}s more",
+            f"epoch {number} began when {describe_change(previous, previous_start, identity)}: "
+            f"no new lease for {quarantine_left:.1f}s more",
         )
     return StoreCheck(
         "epoch",
         True,
-        f"epoch {number} on {here}; a change of primary starts a quarantine of {length:g}s",
+        f"epoch {number} on {here}; a change of primary or a restart starts a quarantine of "
+        f"{length:g}s",
     )
 
 

@@ -1,26 +1,39 @@
-"""Failover epochs: the acquire statement's check that the server is still the primary
-whose writes the table's rows were made under, and the fencing tokens of a new epoch
-(the argument is in the package's docstring).
+"""Failover epochs: the acquire statement's check that the server is still the primary,
+and the same run of it, whose writes the table's rows were made under; and the fencing
+tokens of a new epoch (the argument is in the package's docstring).
 
 The table's epoch row is a reserved row of the lease table (key ``''``, which no lock
 has, slot ``EPOCH_SLOT``; no owner, so no listing, sweep or older tasklock sees it):
 
 - ``holder->>'identity'``: the server it was written on, ``SYSTEM:TIMELINE`` (see
-  ``IDENTITY``);
-- ``fencing_token``: the epoch, 0 until the first change of primary, then
+  ``IDENTITY``), and ``holder->>'started'``: when that server last started (see
+  ``STARTED``);
+- ``fencing_token``: the epoch, 0 until the first change of primary or restart, then
   ``max(previous + 1, the server's clock in whole seconds)``;
 - ``expires_at``: ``quarantine_until``, before which no acquire in the table succeeds
   (it answers as a held key does: the caller waits or conflicts);
 - ``holder->>'max_ttl'``: the longest lease TTL (s) an acquire in the table has asked for;
-- ``acquired_at``: when the epoch began; ``holder->>'previous'``: the identity before it.
+- ``acquired_at``: when the epoch began; ``holder->>'previous'`` and
+  ``holder->>'previous_started'``: the identity and start before it (``previous`` is
+  ``MISSING_ROW`` when the epoch began because a used table had no row).
 
 The row is created with the table (one transaction, so a standby that has the table has
-the row); an acquire creates it, at epoch 0, on a table from before epochs.
+the row). An acquire that finds no row creates it: at epoch 0 in a table that holds no
+other row, else (a table from before epochs, or one rolled back to before its row was
+written: the two cannot be told apart) as a new epoch, with a quarantine. An operator
+forces a new epoch by setting ``identity`` to ``NEW_EPOCH`` (see README).
+
+The start time is kept apart from the identity so that a tasklock from before it (which
+compares the identity alone, and keeps the row's other fields when it writes) shares the
+table without starting epochs back and forth; a row without it takes this server's start
+as its own, without a new epoch.
 """
 
 from __future__ import annotations
 
 import re
+from datetime import datetime
+from datetime import timezone
 
 #: The epoch row's key and slot (no lock key is empty; slot -1 is a key's counter).
 EPOCH_KEY = ""
@@ -43,28 +56,70 @@ IDENTITY = """CASE WHEN pg_is_in_recovery() THEN NULL
      ELSE (SELECT system_identifier::text FROM pg_control_system()) || ':'
           || ('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::integer
      END"""
+#: When the server last started, in microseconds since 1970 (as text; the same on every
+#: client, whatever its TimeZone): a backup or disk snapshot started by crash recovery
+#: keeps the system identifier and the timeline, but it is a new start.
+STARTED = "floor(extract(epoch FROM pg_postmaster_start_time()) * 1000000)::bigint::text"
+#: The functions the identity needs (PostgreSQL 10 or later), named when a server refuses one.
+IDENTITY_FUNCTIONS = (
+    "pg_walfile_name",
+    "pg_current_wal_lsn",
+    "pg_control_system",
+    "pg_postmaster_start_time",
+)
+#: ``previous`` of an epoch begun because a used table had no epoch row.
+MISSING_ROW = "missing"
+#: The ``identity`` an operator writes to have the next acquire start a new epoch.
+NEW_EPOCH = "new-epoch"
 
 _MAX_TTL = "coalesce((e.holder ->> 'max_ttl')::float8, 0)"
-_SAME = "e.holder ->> 'identity' = excluded.holder ->> 'identity'"
+# The row was written by this server in this run of it. A row without a start (from a
+# tasklock before it) is taken as this run's: its start is recorded, no epoch begins.
+_SAME = (
+    "(e.holder ->> 'identity' = excluded.holder ->> 'identity'"
+    " AND coalesce(e.holder ->> 'started', excluded.holder ->> 'started')"
+    " = excluded.holder ->> 'started')"
+)
+_QUARANTINE = (
+    f"make_interval(secs => greatest({_MAX_TTL}, {DEFAULT_TTL_S}) + {QUARANTINE_MARGIN_S})"
+)
+# When the row is missing: the highest token in the table, NULL when it holds no lease or
+# counter (never used). NULL too when the row is there, and then ``used`` is never scanned.
+_USED = "(SELECT token FROM used WHERE NOT EXISTS (SELECT FROM era))"
 # The acquire statement's look at the epoch (after ``n``, its clock reading; %(ttl)s is the
-# TTL asked). ``epoch_written`` writes the row only when the identity differs from the one
-# recorded (a new epoch: quarantine from now) or the TTL is longer than any before; it
-# decides on the row's latest version, so racing acquires start one epoch. ``epoch`` is
-# the table's epoch as it stands: as written, else as seen when that was current. It is
-# empty when the row changed since this statement's snapshot (another acquire started an
-# epoch first): the outcome is then 'lost', and the caller runs the statement again.
+# TTL asked). ``epoch_written`` writes the row only when the server's identity or start
+# differs from the one recorded (a new epoch: quarantine from now), when the row has no
+# start yet, or when the TTL is longer than any before; it decides on the row's latest
+# version, so racing acquires start one epoch. ``epoch`` is the table's epoch as it
+# stands: as written, else as seen when that was current. It is empty when the row changed
+# since this statement's snapshot (another acquire started an epoch first): the outcome
+# is then 'lost', and the caller runs the statement again.
 EPOCH_CTES = f"""
-here AS (SELECT {IDENTITY} AS identity
+here AS (SELECT {IDENTITY} AS identity, {STARTED} AS started
 ), era AS (
     SELECT fencing_token AS epoch, holder ->> 'identity' AS identity,
+           holder ->> 'started' AS started,
            expires_at AS quarantine_until, (holder ->> 'max_ttl')::float8 AS max_ttl
       FROM {{table}} WHERE key = '{EPOCH_KEY}' AND slot = {EPOCH_SLOT}
+), used AS (
+    SELECT max(fencing_token) AS token FROM {{table}} WHERE slot <> {EPOCH_SLOT}
 ), epoch_written AS (
-    INSERT INTO {{table}} AS e (key, slot, slot_limit, fencing_token, holder, acquired_at)
-    SELECT '{EPOCH_KEY}', {EPOCH_SLOT}, 0, 0,
-           jsonb_build_object('identity', here.identity, 'max_ttl', %(ttl)s::float8), n.t
+    INSERT INTO {{table}} AS e (key, slot, slot_limit, fencing_token, holder, acquired_at,
+                                expires_at)
+    SELECT '{EPOCH_KEY}', {EPOCH_SLOT}, 0,
+           CASE WHEN {_USED} IS NULL THEN 0
+                ELSE greatest(({_USED} >> {EPOCH_SHIFT}) + 1,
+                              floor(extract(epoch FROM n.t))::bigint) END,
+           jsonb_build_object('identity', here.identity, 'started', here.started,
+                              'max_ttl', %(ttl)s::float8)
+           || CASE WHEN {_USED} IS NULL THEN jsonb_build_object()
+                   ELSE jsonb_build_object('previous', '{MISSING_ROW}') END,
+           n.t,
+           CASE WHEN {_USED} IS NOT NULL
+                THEN n.t + make_interval(secs => {DEFAULT_TTL_S} + {QUARANTINE_MARGIN_S}) END
       FROM here, n
      WHERE NOT EXISTS (SELECT FROM era WHERE era.identity = here.identity
+                                         AND era.started = here.started
                                          AND era.max_ttl >= %(ttl)s::float8)
     ON CONFLICT (key, slot) DO UPDATE SET
         fencing_token = CASE WHEN {_SAME} THEN e.fencing_token
@@ -73,70 +128,119 @@ here AS (SELECT {IDENTITY} AS identity
                         END,
         acquired_at = CASE WHEN {_SAME} THEN e.acquired_at ELSE excluded.acquired_at END,
         expires_at = CASE WHEN {_SAME} THEN e.expires_at
-                          ELSE excluded.acquired_at + make_interval(
-                              secs => greatest({_MAX_TTL}, {DEFAULT_TTL_S}) + {QUARANTINE_MARGIN_S})
-                     END,
+                          ELSE excluded.acquired_at + {_QUARANTINE} END,
         holder = e.holder || jsonb_build_object(
                      'identity', excluded.holder -> 'identity',
+                     'started', excluded.holder -> 'started',
                      'max_ttl', greatest({_MAX_TTL}, %(ttl)s::float8))
                  || CASE WHEN {_SAME} THEN jsonb_build_object()
-                         ELSE jsonb_build_object('previous', e.holder -> 'identity') END
+                         ELSE jsonb_build_object('previous', e.holder -> 'identity',
+                                                 'previous_started', e.holder -> 'started')
+                    END
      WHERE e.holder ->> 'identity' IS DISTINCT FROM excluded.holder ->> 'identity'
+        OR e.holder ->> 'started' IS DISTINCT FROM excluded.holder ->> 'started'
         OR {_MAX_TTL} < %(ttl)s::float8
     RETURNING fencing_token AS epoch, expires_at AS quarantine_until
 ), epoch AS (
     SELECT epoch, quarantine_until FROM epoch_written
     UNION ALL
     SELECT era.epoch, era.quarantine_until FROM era, here
-     WHERE era.identity = here.identity AND NOT EXISTS (SELECT FROM epoch_written)
+     WHERE era.identity = here.identity AND era.started = here.started
+       AND NOT EXISTS (SELECT FROM epoch_written)
 ), quarantine AS (
     SELECT quarantine_until FROM epoch, n WHERE quarantine_until > n.t
 ),"""
 #: The least token of the statement's epoch (``epoch`` has at most one row).
 FIRST_TOKEN = f"(SELECT epoch << {EPOCH_SHIFT} FROM epoch)"
 
-# The epoch row of a new table, written with it (DDL; ``{table}`` is formatted in).
+# The epoch row of a new table, written with it (DDL; ``{table}`` is formatted in). A table
+# that holds rows already (from before epochs) gets its row from its next acquire, which
+# starts a new epoch (the row may have been lost).
 EPOCH_ROW_DDL = f"""
 INSERT INTO {{table}} (key, slot, slot_limit, fencing_token, holder, acquired_at)
-SELECT '{EPOCH_KEY}', {EPOCH_SLOT}, 0, 0, jsonb_build_object('identity', {IDENTITY}),
-       clock_timestamp()
- WHERE NOT pg_is_in_recovery()
+SELECT '{EPOCH_KEY}', {EPOCH_SLOT}, 0, 0,
+       jsonb_build_object('identity', {IDENTITY}, 'started', {STARTED}), clock_timestamp()
+ WHERE NOT pg_is_in_recovery() AND NOT EXISTS (SELECT FROM {{table}})
 ON CONFLICT DO NOTHING;
 """
 
-# ``doctor``: this server's identity, the epoch row (NULLs when none; %s: the table, as
-# to_regclass reads it), the seconds of quarantine left, the replication settings and the
-# standbys streaming from this server (name, state, sync state: NULL for roles without
-# pg_read_all_stats).
-DOCTOR = f"""
-SELECT {IDENTITY}, current_setting('synchronous_commit'),
-       current_setting('synchronous_standby_names'),
+# ``doctor``: this server's identity and start; the replication settings and the standbys
+# streaming from this server (name, state, sync state: NULL for roles without
+# pg_read_all_stats); the table's epoch row with the seconds of quarantine left.
+SERVER_IDENTITY = f"SELECT {IDENTITY}, {STARTED}"
+REPLICATION = """
+SELECT current_setting('synchronous_commit'), current_setting('synchronous_standby_names'),
        (SELECT coalesce(json_agg(json_build_array(application_name, state, sync_state)
                                  ORDER BY application_name), '[]'::json)
           FROM pg_stat_replication)
 """
 EPOCH_ROW = f"""
-SELECT fencing_token, holder ->> 'identity', holder ->> 'previous',
-       (holder ->> 'max_ttl')::float8,
+SELECT fencing_token, holder ->> 'identity', holder ->> 'started', holder ->> 'previous',
+       holder ->> 'previous_started', (holder ->> 'max_ttl')::float8,
        extract(epoch FROM expires_at - clock_timestamp())::float8
   FROM {{table}} WHERE key = '{EPOCH_KEY}' AND slot = {EPOCH_SLOT}
 """
 
 _IDENTITY_TEXT = re.compile(r"(\d{1,20}):(\d{1,10})")
+_STARTED_TEXT = re.compile(r"\d{1,17}")
 
 
-def describe_identity(identity: object) -> str:
-    """``SYSTEM:TIMELINE`` as words (the row is the table's: anything else is shown as
-    unrecognised, never as it is)."""
+def describe_identity(identity: object, started: object = None) -> str:
+    """``SYSTEM:TIMELINE`` (and the start) as words (the row is the table's: anything else is
+    shown as unrecognised, never as it is)."""
     found = _IDENTITY_TEXT.fullmatch(identity) if isinstance(identity, str) else None
     if found is None:
         return "an unrecognised server"
-    return f"system {found[1]} timeline {found[2]}"
+    start = describe_start(started)
+    return f"system {found[1]} timeline {found[2]}" + (f" started {start}" if start else "")
 
 
-def timeline_of(identity: object) -> str | None:
-    found = _IDENTITY_TEXT.fullmatch(identity) if isinstance(identity, str) else None
-    return found[2] if found else None
+def describe_start(started: object) -> str | None:
+    """The recorded start (microseconds since 1970, as text) as RFC 3339 UTC, else None."""
+    if not isinstance(started, str) or not _STARTED_TEXT.fullmatch(started):
+        return None
+    try:
+        moment = datetime.fromtimestamp(int(started) // 1_000_000, tz=timezone.utc)
+    except (OverflowError, OSError, ValueError):
+        return None
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def describe_change(previous: object, previous_started: object, identity: object) -> str:
+    """Why the epoch began, as the end of "epoch N began when ..."."""
+    if previous == MISSING_ROW:
+        return "the table was found without its epoch row (from before epochs, or restored)"
+    if previous == NEW_EPOCH:
+        return "an operator asked for a new epoch"
+    if previous == identity and _IDENTITY_TEXT.fullmatch(str(identity)):
+        since = describe_start(previous_started)
+        return "the server restarted, or a backup or snapshot of it was started" + (
+            f" (it had started {since})" if since else ""
+        )
+    before, now = describe_identity(previous), describe_identity(identity)
+    return f"the primary changed from {before} to {now}"
+
+
+#: SQLSTATEs of a server that will not run a function: no privilege, not supported (managed
+#: services), no such function (before PostgreSQL 10).
+_REFUSALS = ("42501", "0A000", "42883")
+
+
+def refused_function(exc: BaseException) -> str | None:
+    """The identity's function that the server refused to run in ``exc``, else None."""
+    if getattr(exc, "sqlstate", None) not in _REFUSALS:
+        return None
+    text = str(exc)
+    return next((name for name in IDENTITY_FUNCTIONS if name in text), None)
+
+
+def refusal(name: str, text: str) -> str:
+    """The one line that says the server refused ``name`` (``text``: the server's words)."""
+    return (
+        f"the server refuses {name}() ({text}); tasklock reads the server's identity with it "
+        "to notice a failover or a restart: it needs PostgreSQL 10 or later, with EXECUTE on "
+        f"{name} for this user"
+    )
 
 
 def quarantine_length(max_ttl: float | None) -> float:

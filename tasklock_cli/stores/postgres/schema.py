@@ -15,6 +15,7 @@ from psycopg import sql
 
 from tasklock_cli.errors import ConfigError
 from tasklock_cli.stores.postgres.epochs import EPOCH_ROW_DDL
+from tasklock_cli.stores.postgres.epochs import refused_function
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_$]{0,62}")
 
@@ -272,6 +273,8 @@ class PgSchema:
         except (pgerr.UniqueViolation, pgerr.DuplicateTable, pgerr.DuplicateObject):
             pass  # someone without our advisory lock created it at the same moment
         except (pgerr.InsufficientPrivilege, pgerr.InvalidSchemaName) as exc:
+            if refused_function(exc):
+                raise  # the epoch row's identity, not the table: said as such by the caller
             raise ConfigError(
                 f"{self._display_url}: table {self.table_name} is missing and cannot be "
                 f"created ({self._scrub(str(exc))}); have a DBA run the output of "

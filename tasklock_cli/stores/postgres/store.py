@@ -371,7 +371,8 @@ class PostgresStore(Store):
         if left <= 0:
             return None
         return (
-            "the PostgreSQL primary changed (a failover, or a new timeline): no new lease in "
+            "the PostgreSQL primary changed or restarted (a failover, a restart, a restored "
+            "backup): no new lease in "
             f"this table for {left:.1f}s more, until every lease the old primary may have "
             "granted has run out"
         )
