@@ -453,6 +453,7 @@ EXAMPLE_MARKERS = {
     "alert: NightlyJobNotSucceeded": "test_prometheus_recipe",
     "locks.db?mode=0660": "test_sharing_a_store_recipe",
     '"deploy:production" --replace': "test_replace_example_cancels_the_running_deploy",
+    '{"identity": "new-epoch"}': "test_forcing_a_new_epoch_example",
     "db:reporting --shared": "test_readers_and_a_migration_example",
     "app:staging --also db:staging": "test_two_resources_example",
 }
@@ -933,6 +934,31 @@ def test_fencing_examples_against_postgresql(shell_env, tmp_path):
             assert query(f"SELECT fencing_token FROM {table}") == "1000"
     finally:
         query(f"DROP SCHEMA {schema} CASCADE")
+
+
+def test_forcing_a_new_epoch_example(shell_env, tmp_path):
+    """README's statement for a table restored by hand: the next run meets a quarantine."""
+    services.require("postgres")
+    import uuid
+
+    from tests.support import pg
+    from tests.support.cli import tasklock
+
+    table = f"doc_epoch_{uuid.uuid4().hex[:10]}"
+    url = services.postgres_url(table=table)
+    env = {**shell_env, "TASKLOCK_STORE": url}
+    (statement,) = example('{"identity": "new-epoch"}', "readme")
+    try:
+        assert tasklock("run", "k", "--", "true", env=env).returncode == 0
+        with pg.admin_connection(url) as conn:
+            conn.execute(statement.replace("tasklock_leases", table))
+        held_off = tasklock("run", "k", "--", "true", env=env)
+        assert held_off.returncode == 75, held_off.stderr
+        assert "primary changed" in held_off.stderr
+        doctor = tasklock("doctor", env=env)
+        assert "an operator asked for a new epoch" in doctor.stdout, doctor.stdout
+    finally:
+        pg.drop_namespace(url)
 
 
 def test_inspection_examples_run(shell_env, tmp_path):

@@ -136,8 +136,9 @@ def _replication_check(replication: list, length: float, hosts: int) -> StoreChe
     if sync_commit == "off":
         return warning(
             "replication",
-            "synchronous_commit is off: a crash of the server can lose the last leases and "
-            "tokens, and a restart (on the same timeline) starts no new epoch",
+            "synchronous_commit is off: a crash can lose the last leases and tokens, and "
+            "after the crash of one server process PostgreSQL reinitialises without a new "
+            "start, so no new epoch covers them",
         )
     if not standbys:
         if hosts > 1:
