@@ -326,3 +326,45 @@ def test_a_backup_started_by_crash_recovery_starts_an_epoch(template, cli_env, t
         tokens_before=sorted(tokens.values())[:6],
         token_after=tokens["restored"],
     )
+
+
+def test_a_standby_that_missed_the_epoch_rows_first_write(template, cli_env, tmp_path):
+    """A table from before epochs (no epoch row) gets its row from its first acquire; the
+    standby misses that write and is promoted. Finding a used table without a row, it
+    starts an epoch of its own: quarantined, then tokens above every token of the old
+    primary (before, it wrote epoch 0 and issued the old primary's tokens again)."""
+    table = "upgraded"
+    with replicated_postgres(template) as pair:
+        runs = Runs(pair.url_for(table), cli_env, tmp_path)
+        assert runs.run("before-epochs", 0).returncode == 0
+        with pair.primary.connection() as conn:  # as a tasklock before epochs left it
+            conn.execute(f"DELETE FROM {table} WHERE key = '' AND slot = -2")
+        pair.wait_replayed()
+        pair.mute_link()
+        upgrade = runs.run("upgrade-quarantined", 0)  # the first acquire with epochs
+        with pair.primary.connection() as conn:  # its quarantine over: as if 33 s had passed
+            conn.execute(
+                f"UPDATE {table} SET fencing_token = fencing_token - 33, expires_at = now()"
+                " WHERE key = '' AND slot = -2"
+            )
+        assert runs.run("on-old-primary", 0).returncode == 0
+        pair.kill_primary()
+        pair.promote()
+        refused = runs.run("refused", 0)
+        epoch, quarantine = epoch_row(pair.standby, table)  # type: ignore[arg-type]
+        with pair.standby.connection() as conn:  # type: ignore[union-attr]
+            conn.execute(f"UPDATE {table} SET expires_at = now() WHERE key = '' AND slot = -2")
+        assert runs.run("after-promotion", 0).returncode == 0
+
+    tokens = {name: token for _, _, token, name in runs.spans()}
+    assert upgrade.returncode == 75 and "upgrade-quarantined" not in tokens, upgrade.stderr
+    assert refused.returncode == 75 and "primary changed" in refused.stderr, refused.stderr
+    assert "refused" not in tokens
+    assert tokens["before-epochs"] == 1 < tokens["on-old-primary"] < tokens["after-promotion"]
+    assert tokens["after-promotion"] == epoch << 30 and quarantine == 32.0
+    report.record(
+        "standby missed the epoch row of a table from before epochs",
+        "postgres",
+        quarantine_s=quarantine,
+        tokens=[tokens["before-epochs"], tokens["on-old-primary"], tokens["after-promotion"]],
+    )

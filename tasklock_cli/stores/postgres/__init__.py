@@ -121,8 +121,11 @@ epoch is e' = max(e + 1, the server's clock in seconds), so they stay below its 
 ``e' << 30``, while the key issues fewer than (e' - e) * 2**30 tokens in epoch e: never
 fewer than 2**30, and about 2**30 more for every second between the two epochs' starts
 (epoch 0, a table that never saw a change, keeps the tokens it always had, and its next
-epoch is the clock). Tokens stay below 2**63 while the clock is below 2**33 s (the year
-2242).
+epoch is the clock). A promoted standby may have missed the start of the old primary's last
+epoch e (its row still says an earlier one): that epoch issued its first token only after
+its quarantine, at least 32 s after it began at its clock reading e, so the standby's new
+epoch (the clock, later still) is above e as long as the two servers' clocks are less than
+30 s apart. Tokens stay below 2**63 while the clock is below 2**33 s (the year 2242).
 
 A synchronous standby (``synchronous_commit`` on, ``synchronous_standby_names`` naming it)
 has every lease its primary granted, so its holders run on; the quarantine still applies
