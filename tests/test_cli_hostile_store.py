@@ -9,10 +9,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
+from datetime import datetime
 
 import pytest
 
 from tasklock_cli.stores import open_store
+from tasklock_cli.stores.model import UNREADABLE_EXPIRY_FLOOR_S
+from tasklock_cli.stores.model import UNREADABLE_EXPIRY_MARGIN_S
 from tasklock_cli.stores.model import Holder
 from tests.support import forge
 from tests.support.cli import one_error_line
@@ -99,6 +103,74 @@ def test_malformed_ledger_records_are_shown_and_counted(env, store_url, data):
     assert metrics.returncode == 0, metrics.stderr
     assert 'tasklock_malformed_records{key="job"} 2\n' in metrics.stdout
     assert tasklock("run", "job", "--once-per", "1h", "--", "true", env=env).returncode == 0
+
+
+# -- leases whose expiry cannot be read ----------------------------------------------
+
+HELD_S = 10.0
+#: The expiry an unreadable one gets, from now, when no TTL above the floor was granted.
+BOUND_S = UNREADABLE_EXPIRY_FLOOR_S + UNREADABLE_EXPIRY_MARGIN_S
+
+
+def seconds_until(shown: str) -> float:
+    return datetime.fromisoformat(shown.replace("Z", "+00:00")).timestamp() - time.time()
+
+
+def no_expiry(env: dict, store_url: str, key: str, case: str) -> None:
+    """``key`` held (TTL 10 s), then its expiry made unreadable: shown as malformed."""
+    hold(store_url, key, ttl=HELD_S)
+    if not forge.corrupt_expiry(store_url, key, case):
+        pytest.skip("etcd: a lease's expiry is its etcd lease's TTL")
+    [shown] = json.loads(tasklock("list", "--json", env=env).stdout)
+    assert shown["key"] == key and shown["malformed"] is True, shown
+    assert shown["expires_at"] is None and shown["expired"] is False
+
+
+def assert_bounded(env: dict, key: str, bound: float) -> str:
+    """``key``'s lease now runs out within ``bound`` seconds, a good row; its expiry."""
+    peeked = json.loads(tasklock("peek", key, "--json", env=env).stdout)
+    assert peeked["held"] is True and "malformed" not in peeked, peeked
+    assert bound - 5 < seconds_until(peeked["expires_at"]) <= bound + 1, peeked
+    return peeked["expires_at"]
+
+
+@pytest.mark.parametrize("case", forge.EXPIRY_CORRUPTIONS)
+def test_release_force_gives_an_unreadable_expiry_the_longest_a_holder_could_have(
+    env, store_url, case
+):
+    no_expiry(env, store_url, "bad", case)
+    released = tasklock("release", "bad", "--force", "--json", env=env)
+    no_traceback(released)
+    # Nobody let go: the lease stays, broken, until the longest TTL granted (10 s, under
+    # the floor) could have run out from now; free_at says when. (Redis's PX, when it is
+    # still there, is the lease's expiry: its expires_at is told it.)
+    assert released.returncode == 75, released.stderr
+    outcome = json.loads(released.stdout)
+    assert outcome["freed"] is False and outcome["broken"] == [1]
+    bound = HELD_S if forge.keeps_ttl(store_url, case) else BOUND_S
+    assert assert_bounded(env, "bad", bound) == outcome["free_at"]
+    assert tasklock("run", "bad", "--", "true", env=env).returncode == 75
+
+
+@pytest.mark.parametrize("case", forge.EXPIRY_CORRUPTIONS)
+def test_sweep_gives_an_unreadable_expiry_the_longest_ttl_granted(env, store_url, case):
+    hold(store_url, "long", ttl=45.0)  # the longest TTL granted: above the floor
+    hold(store_url, "bad", ttl=HELD_S)
+    if not forge.corrupt_expiry(store_url, "bad", case):
+        pytest.skip("etcd: a lease's expiry is its etcd lease's TTL")
+    swept = tasklock("sweep", env=env)
+    assert swept.returncode == 0, swept.stderr
+    kept = forge.keeps_ttl(store_url, case)
+    assert_bounded(env, "bad", HELD_S if kept else 45.0 + UNREADABLE_EXPIRY_MARGIN_S)
+    assert tasklock("run", "bad", "--", "true", env=env).returncode == 75
+
+
+@pytest.mark.slow
+def test_a_lease_whose_expiry_cannot_be_read_frees_once_its_bound_has_passed(env, store_url):
+    no_expiry(env, store_url, "bad", "expiry-none")
+    assert tasklock("sweep", env=env).returncode == 0
+    ran = tasklock("run", "bad", "--wait", f"{BOUND_S + 10}s", "--", "echo", "ran", env=env)
+    assert ran.returncode == 0 and ran.stdout == "ran\n", ran.stderr
 
 
 # -- fencing tokens at their end ------------------------------------------------------

@@ -19,6 +19,16 @@ MAX_FENCING_TOKEN = 2**63 - 1
 #: (forged, or a clock gone wrong) and is dead -- ignored by the queue, removed by the next
 #: acquire of its key and by ``sweep`` -- so it cannot hold a free key up.
 WAITER_HORIZON_S = 60.0
+#: A lease whose expiry cannot be read (none, not a time, or no TTL on a store whose TTLs
+#: decide) was not written so by any holder: a tasklock's every acquire and renewal writes
+#: one. Its holder, if it has one, renewed last before now with at most the longest TTL the
+#: store has granted, so its lease is valid until at most now + that: ``sweep`` and
+#: ``release --force`` give such a lease the expiry now + ``unreadable_expiry_bound``, and
+#: it runs out then as any lease does (a live holder's next renewal rewrites it). The floor
+#: covers a store that records no longest TTL yet (an older tasklock's default --ttl); the
+#: margin, a holder's send time and the clocks of two servers.
+UNREADABLE_EXPIRY_FLOOR_S = 30.0
+UNREADABLE_EXPIRY_MARGIN_S = 2.0
 #: Rows per read of a listing (see ``Store.list``).
 LIST_PAGE = 1000
 #: A waiter wakes this long after the lease it waits on runs out, so it finds it expired.
@@ -314,3 +324,9 @@ def prefix_upper_bound(prefix: str) -> str | None:
         if last <= 0x10FFFF:
             return "".join(chars) + chr(last)
     return None
+
+
+def unreadable_expiry_bound(longest_ttl: float | None) -> float:
+    """How long from now a lease whose expiry cannot be read may still be valid, given the
+    longest TTL its store has granted (None: not recorded); see UNREADABLE_EXPIRY_FLOOR_S."""
+    return max(longest_ttl or 0.0, UNREADABLE_EXPIRY_FLOOR_S) + UNREADABLE_EXPIRY_MARGIN_S

@@ -10,7 +10,8 @@ its unreadable fields are ``?`` in text and null in JSON, and the record says
 
 What a store decides with a malformed row is its own statements' business (a slot whose
 row cannot be read stays taken until the row's expiry, or until ``release --force`` or
-``sweep`` removes it): this module only reads.
+``sweep`` removes it; a row whose expiry cannot be read gets the longest a holder's lease
+could have, ``model.unreadable_expiry_bound``): this module only reads.
 """
 
 from __future__ import annotations

@@ -173,6 +173,48 @@ def _etcd_lease(url: str, key: str, field: str, value: Any) -> None:
     _etcd_rewrite(url, _etcd_keys(url).lock_key(key), change)
 
 
+# -- lease expiries ------------------------------------------------------------------
+
+#: name -> what each store kind gets: an expiry that is not a time, or none at all.
+EXPIRY_CORRUPTIONS = ("expiry-not-a-time", "expiry-none")
+
+
+def keeps_ttl(url: str, case: str) -> bool:
+    """Whether ``corrupt_expiry`` leaves the store's own TTL in place (Redis's PX, when only
+    ``expires_at`` is made text): the lease then still runs out at its time."""
+    return kind_of(url) == "redis" and case == "expiry-not-a-time"
+
+
+def corrupt_expiry(url: str, key: str, case: str) -> bool:
+    """Make the expiry of ``key``'s live lease (slot 0) unreadable: SQLite's boot-clock
+    expiry as text or NULL; PostgreSQL's as ``infinity`` or NULL; Redis's ``expires_at``
+    as text (its PX kept), or no ``expires_at`` and no PX. False on etcd (a lease's expiry
+    is its etcd lease's TTL)."""
+    kind = kind_of(url)
+    missing = case == "expiry-none"
+    if kind == "sqlite":
+        value = None if missing else "abc"
+        statement = "UPDATE tasklock_leases SET expires_boot = ? WHERE key = ? AND slot = 0"
+        _sqlite(url, statement, (value, key))
+    elif kind == "postgres":
+        value = None if missing else "infinity"
+        statement = "UPDATE {table} SET expires_at = %s::timestamptz WHERE key = %s AND slot = 0"
+        _pg(url, statement, (value, key))
+    elif kind == "redis":
+        client, names = _redis(url)
+        try:
+            if missing:
+                client.hdel(names.lease(key), "expires_at")
+                client.persist(names.lease(key))
+            else:
+                client.hset(names.lease(key), "expires_at", "abc")
+        finally:
+            client.close()
+    else:
+        return False
+    return True
+
+
 # -- the run ledger -------------------------------------------------------------------
 
 

@@ -24,6 +24,11 @@ lock modes (its leases and places become exclusive, as an older tasklock's stay)
 The table also holds its failover epoch row (key ``''``, slot -2, never a lease: see
 ``epochs``).
 
+A lease whose ``expires_at`` cannot be read (NULL, ``infinity``, after the year 9999: no
+tasklock writes one) is never judged expired; ``sweep`` and ``release --force`` give it
+``clock_timestamp()`` + ``model.unreadable_expiry_bound`` of the epoch row's max_ttl, past
+which no holder's lease can be valid (its last renewal was before now, for at most that).
+
 Rows are never deleted: release, sweep and force release clear the owner, so the per-key
 fencing counter survives them. Every lease statement is a single autocommit statement
 timed with ``clock_timestamp()`` on the server, under READ COMMITTED (forced per

@@ -27,6 +27,8 @@ from tasklock_cli.stores.base import Store
 from tasklock_cli.stores.model import BROKEN_OWNER_PREFIX
 from tasklock_cli.stores.model import LEDGER_KEEP
 from tasklock_cli.stores.model import LIST_PAGE
+from tasklock_cli.stores.model import UNREADABLE_EXPIRY_FLOOR_S
+from tasklock_cli.stores.model import UNREADABLE_EXPIRY_MARGIN_S
 from tasklock_cli.stores.model import SHARED
 from tasklock_cli.stores.model import Ask
 from tasklock_cli.stores.model import Holder
@@ -41,6 +43,8 @@ from tasklock_cli.stores.postgres.breaks import PgBreakListeners
 from tasklock_cli.stores.postgres.connection import Overrun
 from tasklock_cli.stores.postgres.connection import PgConnection
 from tasklock_cli.stores.postgres.connection import one_row
+from tasklock_cli.stores.postgres.epochs import EPOCH_KEY
+from tasklock_cli.stores.postgres.epochs import EPOCH_SLOT
 from tasklock_cli.stores.postgres.queue import ACQUIRE
 from tasklock_cli.stores.postgres.queue import COUNTER_SLOT
 from tasklock_cli.stores.postgres.queue import LEAVE_QUEUE
@@ -199,10 +203,29 @@ _BROKEN_BY = """SELECT holder -> 'broken_by' FROM {table}
    AND fencing_token = %(fence)s"""
 # Our lease is still ours, unbroken (expired or not: the renewal tells that).
 _INTACT = f"SELECT 1 FROM {{table}} WHERE {_OURS}"
-_SELECT = f"SELECT {_INFO_COLUMNS}, expires_at > clock_timestamp() AS live FROM {{table}}"
+# A lease whose expiry cannot be read: none, or one Python cannot hold (``infinity``,
+# after the year 9999). No tasklock writes one; it is never judged expired (it may be a
+# live holder's), and sweep and release --force give it the longest expiry a holder's
+# lease could have (model.UNREADABLE_EXPIRY_FLOOR_S; the table's longest TTL is the epoch
+# row's). A live lease, for every listing, is one that has not run out or is such a one.
+_UNREADABLE_EXPIRY = (
+    "owner_token IS NOT NULL"
+    " AND (expires_at IS NULL OR expires_at >= '10000-01-01 00:00:00Z'::timestamptz)"
+)
+_NOT_RUN_OUT = "(expires_at > clock_timestamp() OR expires_at IS NULL)"
+_LONGEST_TTL = f"""(SELECT CASE WHEN jsonb_typeof(holder -> 'max_ttl') = 'number'
+                   THEN (holder ->> 'max_ttl')::float8 END
+     FROM {{table}} WHERE key = '{EPOCH_KEY}' AND slot = {EPOCH_SLOT})"""
+_BOUND_EXPIRY = f"""
+UPDATE {{table}} SET expires_at = clock_timestamp() + make_interval(secs => least(1e9,
+           greatest(coalesce({_LONGEST_TTL}, 0), {UNREADABLE_EXPIRY_FLOOR_S}))
+           + {UNREADABLE_EXPIRY_MARGIN_S})
+ WHERE {_UNREADABLE_EXPIRY} {{live}}
+"""
+_OF_KEY = "AND key = %(key)s"
+_SELECT = f"SELECT {_INFO_COLUMNS}, {_NOT_RUN_OUT} AS live FROM {{table}}"
 _HOLDERS = (
-    _SELECT + " WHERE key = %(key)s AND owner_token IS NOT NULL"
-    " AND expires_at > clock_timestamp() ORDER BY slot"
+    _SELECT + f" WHERE key = %(key)s AND owner_token IS NOT NULL AND {_NOT_RUN_OUT} ORDER BY slot"
 )
 # Literal prefix match (no LIKE wildcards); the range bound lets the primary key help.
 _LIST = (
@@ -463,7 +486,7 @@ class PostgresStore(Store):
         return [_info(row) for row in rows]
 
     def list(self, prefix: str = "", include_expired: bool = False) -> Iterator[LeaseInfo]:
-        live = "" if include_expired else "AND expires_at > clock_timestamp()"
+        live = "" if include_expired else f"AND {_NOT_RUN_OUT}"
         upper = prefix_upper_bound(prefix)
         statement = self._sql(_LIST, live, _UPPER if upper is not None else "")
         # Keys are never empty, and slots are never below the counter's.
@@ -482,6 +505,8 @@ class PostgresStore(Store):
         statement = self._sql(_SWEEP)
         dead_places = self._sql(SWEEP_WAITERS)  # (not counted: no leases)
         self._db.run(lambda conn: conn.execute(dead_places))
+        bound = self._sql(_BOUND_EXPIRY)
+        self._db.run(lambda conn: conn.execute(bound))
 
         after: tuple[str, int] = ("", COUNTER_SLOT)  # keys are never empty
 
@@ -504,6 +529,7 @@ class PostgresStore(Store):
         self, key: str, token: int | None = None, by: Holder | None = None
     ) -> builtins.list[LeaseInfo]:
         statement = self._sql(_BREAK)
+        bound = self._sql(_BOUND_EXPIRY, _OF_KEY)
         params = {
             "key": key,
             "token": token,
@@ -513,6 +539,7 @@ class PostgresStore(Store):
 
         def run(conn: psycopg.Connection) -> list[tuple]:
             channel = self._breaks.channel(key)  # known once connected
+            conn.execute(bound, params)
             return conn.execute(statement, {**params, "break_channel": channel}).fetchall()
 
         rows = self._db.run(run)  # idempotent: a broken lease is found again and told again

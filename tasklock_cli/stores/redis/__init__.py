@@ -46,6 +46,11 @@ A break marks a lease hash's owner ``broken:<owner>`` (see base) and PUBLISHes t
 subscribed to on a connection of its own; a forced release deletes the hash, wakes a
 waiter and PUBLISHes the same.
 
+A lease hash without a PX (no tasklock writes one: it would never run out) is given one by
+``release --force`` (before breaking it) and ``sweep``: the longest a holder's lease could
+still be valid, ``model.unreadable_expiry_bound`` of the epoch record's max_ttl; and an
+``expires_at`` that is not a time is written from the PX (scripts' ``bound_expiry``).
+
 ``K`` is stored exactly (no hashing, no truncation). The ``{...}`` hash tag keeps a lease
 and its counter in one Redis Cluster slot (except for keys starting with ``}``, whose tag is
 empty). Every mutation is one Lua script (EVALSHA, reloaded on NOSCRIPT) that checks the

@@ -23,10 +23,16 @@ from __future__ import annotations
 
 from tasklock_cli.stores.model import BROKEN_OWNER_PREFIX
 from tasklock_cli.stores.model import LEDGER_KEEP
+from tasklock_cli.stores.model import UNREADABLE_EXPIRY_FLOOR_S
+from tasklock_cli.stores.model import UNREADABLE_EXPIRY_MARGIN_S
 from tasklock_cli.stores.redis.epochs import DECIMAL_LUA
 from tasklock_cli.stores.redis.epochs import EPOCH_LUA
 from tasklock_cli.stores.redis.queue import QUEUE_LUA
 from tasklock_cli.stores.redis.queue import WAITERS
+
+def ms_of(seconds: float) -> str:
+    return str(round(seconds * 1000))
+
 
 #: How long a release's wake-up waits for a waiter that is between its look and its BLPOP.
 WAKE_TOKEN_MS = 5_000
@@ -300,15 +306,44 @@ for slot = 0, count - 1 do
 end
 """
 
-# KEYS[2] = limit; ARGV: fencing_token ('' = any), the holders' break channel without the
-# token, who breaks them (JSON) -> per broken slot, its hash as a flat list (ordered by
-# slot; empty: none matched). The first break's breaker stays.
+# A lease hash whose expiry cannot be read: no PX (a tasklock's lease always has one), or
+# an ``expires_at`` that is not a time. Without a PX it gets the longest a holder's lease
+# could still be valid (model.UNREADABLE_EXPIRY_FLOOR_S; ``record``: the namespace's epoch
+# record, whose max_ttl is the longest TTL granted); its ``expires_at`` then tells its PX.
+# -> 1 when it changed the hash, else 0.
+_BOUND_EXPIRY = (
+    """
+local function bound_expiry(name, record)
+  local pttl = redis.call('PTTL', name)
+  if pttl == -2 then return 0 end
+  local expires = tonumber(redis.call('HGET', name, 'expires_at'))
+  if pttl >= 0 and expires and expires >= 0 and expires <= LATEST_MS then return 0 end
+  if pttl == -1 then
+    local longest = tonumber(redis.call('HGET', record, 'max_ttl')) or 0
+    if not (longest >= 0) then longest = 0 end
+    pttl = math.floor(math.min(math.max(longest, FLOOR_MS), 1e12) + MARGIN_MS)
+    redis.call('PEXPIRE', name, pttl)
+  end
+  redis.call('HSET', name, 'expires_at', ms(now_ms() + pttl))
+  return 1
+end
+""".replace("LATEST_MS", "253402300799999")
+    .replace("FLOOR_MS", ms_of(UNREADABLE_EXPIRY_FLOOR_S))
+    .replace("MARGIN_MS", ms_of(UNREADABLE_EXPIRY_MARGIN_S))
+)
+
+# KEYS[2] = limit, KEYS[3] = the epoch record; ARGV: fencing_token ('' = any), the holders'
+# break channel without the token, who breaks them (JSON) -> per broken slot, its hash as
+# a flat list (ordered by slot; empty: none matched). The first break's breaker stays; a
+# slot whose expiry cannot be read gets a bounded one first (``bound_expiry``).
 BREAK = (
     _PRELUDE
     + _MATCHING_SLOTS
+    + _BOUND_EXPIRY
     + """
 local out = {}
 for _, slot in ipairs(matching) do
+  bound_expiry(slot[2], KEYS[3])
   local owner = redis.call('HGET', slot[2], 'owner')
   if not is_broken(owner) then  -- (HSET keeps the TTL: the expiry is not extended)
     redis.call('HSET', slot[2], 'owner', BROKEN .. owner, 'broken_by', ARGV[3])
@@ -317,6 +352,22 @@ for _, slot in ipairs(matching) do
   out[#out + 1] = redis.call('HGETALL', slot[2])
 end
 return out
+"""
+)
+
+# KEYS[1] = the epoch record, then lease hashes (slots of any key): ``bound_expiry`` on
+# each (``sweep``) -> how many it changed
+BOUND_EXPIRIES = (
+    _PRELUDE  # (its check of KEYS[1]: the epoch record is a hash too)
+    + _BOUND_EXPIRY
+    + """
+local changed = 0
+for i = 2, #KEYS do
+  if redis.call('TYPE', KEYS[i])['ok'] == 'hash' then
+    changed = changed + bound_expiry(KEYS[i], KEYS[1])
+  end
+end
+return changed
 """
 )
 
@@ -430,6 +481,7 @@ SCRIPTS = {
     "release": RELEASE,
     "force_release": FORCE_RELEASE,
     "break": BREAK,
+    "bound_expiries": BOUND_EXPIRIES,
     "intact": INTACT,
     "pass_on": PASS_ON,
     "slots": SLOTS,

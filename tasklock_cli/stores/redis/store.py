@@ -57,6 +57,8 @@ if TYPE_CHECKING:
     import builtins
 
 SCAN_COUNT = 10_000
+#: Lease hashes per script call of a sweep.
+SWEEP_BATCH = 500
 #: A lease hash's fields as ``_record`` takes them (READ_MANY's order).
 _LEASE_FIELDS = ("fencing_token", "acquired_at", "expires_at", "holder", "limit", "mode")
 
@@ -291,15 +293,24 @@ class RedisStore(Store):
 
     def sweep(self, dry_run: bool = False) -> int:
         # Expired leases vanish by themselves (PX) and there is no index to prune; counters
-        # are never touched. Still check that the store answers, so `sweep` reports an
-        # unreachable store instead of claiming success.
-        self._conn.call(lambda c: c.ping())
+        # are never touched. A lease hash whose expiry cannot be read (no PX: it would never
+        # vanish) gets a bounded one (scripts.BOUND_EXPIRIES), and then vanishes as others
+        # do. (The SCAN also tells an unreachable store, instead of claiming success.)
+        pattern = self._names.pattern("", b"lease*")
+        scanned = self._conn.call(lambda c: self._scan(c, pattern))
+        names = [name for name in scanned if self._names.slot_of(name) is not None]
+        if not dry_run:
+            record = self._names.epoch_record()
+            for start in range(0, len(names), SWEEP_BATCH):
+                batch = [record, *names[start : start + SWEEP_BATCH]]
+                self._conn.script("bound_expiries", batch, [], None)
         return 0
 
     def break_lease(
         self, key: str, token: int | None = None, by: Holder | None = None
     ) -> builtins.list[LeaseInfo]:
-        return self._each_slot("break", key, token, [], [json.dumps(breaker(by))])
+        more_keys = [self._names.epoch_record()]
+        return self._each_slot("break", key, token, more_keys, [json.dumps(breaker(by))])
 
     def broken_by(self, lease: Lease) -> dict | None:
         name = self._names.lease(lease.key, lease.slot)
@@ -472,7 +483,10 @@ def _lease_info(
     # A lease key that exists is live (Redis drops it at its PX); a plain lock's hash (an
     # older tasklock's too) has no limit, an exclusive one no mode. (READ_MANY's JSON
     # has false for a missing field.)
-    mode = None if mode is False else mode
+    token, acquired, expires, holder, limit, mode = (
+        None if value is False else value
+        for value in (token, acquired, expires, holder, limit, mode)
+    )
     return row_parsing.lease_info(
         key, slot, limit or 1, token, acquired, expires, holder, mode, False, per_second=1000
     )

@@ -17,6 +17,12 @@ queue, and the shared run at the head) through their FIFOs in ``<file>.waiters/`
 in their rows (see waiting and breaks); waiters also look again when the lease runs out.
 A break or forced release tells the lease's holder through its FIFO in ``<file>.holders/``.
 A broken lease keeps its row, its owner token prefixed with ``broken:`` (see base).
+
+The row of key ``''`` (no lock key is empty; never a lease: no owner) keeps in its holder
+the longest TTL an acquire has asked for (``max_ttl``). A lease whose expiry cannot be read
+(no boot, an expiry that is NULL or not a number) is never judged expired; ``sweep`` and
+``release --force`` give it now + ``model.unreadable_expiry_bound(max_ttl)``, past which
+no holder's lease can be valid (its last renewal was before now, for at most max_ttl).
 """
 
 from __future__ import annotations

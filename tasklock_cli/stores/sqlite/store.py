@@ -33,6 +33,7 @@ from tasklock_cli.stores.model import WaiterInfo
 from tasklock_cli.stores.model import breaker
 from tasklock_cli.stores.model import breaker_of
 from tasklock_cli.stores.model import prefix_upper_bound
+from tasklock_cli.stores.model import unreadable_expiry_bound
 from tasklock_cli.stores.sqlite import queue
 from tasklock_cli.stores.sqlite.breaks import BreakAlarms
 from tasklock_cli.stores.sqlite.connection import SQLiteConnection
@@ -81,6 +82,26 @@ _EXPIRED_RANGES = (
     "owner_token IS NOT NULL AND boot_id > :boot",
 )
 _EXPIRED = "(" + " OR ".join(f"({part})" for part in _EXPIRED_RANGES) + ")"
+# A lease whose expiry cannot be read: no boot, or in this boot no expiry, or one that is
+# not a number or lies further ahead than any boot lasts (text and blobs sort after every
+# number: both are index ranges). No tasklock writes one; it is never judged expired (it
+# may be a live holder's), and sweep and release --force give it a bounded expiry (see
+# model.UNREADABLE_EXPIRY_FLOOR_S).
+_FAR_S = 1e10
+_UNREADABLE_EXPIRY = f"""owner_token IS NOT NULL AND (boot_id IS NULL OR (boot_id = :boot
+    AND (expires_boot IS NULL OR expires_boot > :now + {_FAR_S})))"""
+_BOUND_EXPIRY = f"""UPDATE {TABLE} SET boot_id = :boot, expires_boot = :now + :bound,
+                   expires_at = :wall + :bound
+WHERE {_UNREADABLE_EXPIRY}"""
+# The store's record of the longest TTL an acquire has asked for: the holder of the row of
+# key '' (no lock key is empty), which is never a lease (no owner).
+_LONGEST_TTL_FIELD = "CASE WHEN json_valid(holder) THEN json_extract(holder, '$.max_ttl') END"
+_LONGEST_TTL = f"SELECT {_LONGEST_TTL_FIELD} FROM {TABLE} WHERE key = '' AND slot = 0"
+_RAISE_LONGEST_TTL = f"""INSERT INTO {TABLE} (key, slot, slot_limit, fencing_token, holder)
+VALUES ('', 0, 1, 0, json_object('max_ttl', :ttl))
+ON CONFLICT (key, slot) DO UPDATE SET holder = excluded.holder
+WHERE owner_token IS NULL AND NOT coalesce(
+    typeof({_LONGEST_TTL_FIELD}) IN ('integer', 'real') AND {_LONGEST_TTL_FIELD} >= :ttl, 0)"""
 
 # A holder's field, NULL when the holder is not JSON (a malformed row, see rows: json_extract
 # would fail the whole statement).
@@ -163,7 +184,11 @@ UPDATE {TABLE} SET expires_boot = :now + :keep, expires_at = :wall + :keep,
                    holder = {_HOLDER_SET.format("done", "json('true')")}
 WHERE {_OWN_LEASE} AND {_LIVE_ON_KEY}
 """
-_INFO_COLUMNS = "key, slot, slot_limit, fencing_token, acquired_at, expires_at, holder"
+# (a lease whose expiry cannot be read shows what it has: not a time, so malformed)
+_INFO_COLUMNS = f"""key, slot, slot_limit, fencing_token, acquired_at,
+    CASE WHEN boot_id IS NOT NULL AND expires_boot <= :now + {_FAR_S} THEN expires_at
+         ELSE 'boot ' || quote(boot_id) || ', expires_boot ' || quote(expires_boot) END,
+    holder"""
 _ALREADY_BROKEN = "substr(owner_token, 1, length(:prefix)) = :prefix"
 # (the first break's breaker stays: SET sees the row as it was)
 _BREAK = f"""
@@ -191,7 +216,7 @@ _FULLNESS = f"""SELECT count(*), max(slot_limit), min(expires_boot) - :now,
        min(CASE WHEN NOT ({_SHARED_LEASE}) THEN expires_boot END) - :now,
        coalesce(sum({_SHARED_LEASE}), 0)
 FROM {TABLE} WHERE key = :key AND {_LIVE_ON_KEY}"""
-_SELECT = f"SELECT {_INFO_COLUMNS}, ({_LIVE}) AS live FROM {TABLE}"
+_SELECT = f"SELECT {_INFO_COLUMNS}, ({_LIVE} OR {_UNREADABLE_EXPIRY}) AS live FROM {TABLE}"
 # Seconds left of the live, unbroken lease with a fencing token.
 _TIME_LEFT = f"""SELECT expires_boot - :now FROM {TABLE}
 WHERE key = :key AND fencing_token = :token AND {_LIVE_ON_KEY}
@@ -392,7 +417,8 @@ class SQLiteStore(Store):
         return [row[0] for row in rows]
 
     def holders(self, key: str) -> list[LeaseInfo]:
-        sql = f"{_SELECT} WHERE key = :key AND {_LIVE_ON_KEY} ORDER BY slot"
+        live = f"({_LIVE_ON_KEY} OR {_UNREADABLE_EXPIRY})"
+        sql = f"{_SELECT} WHERE key = :key AND {live} ORDER BY slot"
         return [_lease_info(row) for row in self._db.read(sql, {**self._times(), "key": key})]
 
     def waiters(self, key: str) -> list[WaiterInfo]:
@@ -404,7 +430,8 @@ class SQLiteStore(Store):
         return {key: int(count) for key, count in self._db.read(queue.WAITING_COUNTS, params)}
 
     def list(self, prefix: str = "", include_expired: bool = False) -> Iterator[LeaseInfo]:
-        condition = "owner_token IS NOT NULL" if include_expired else _LIVE
+        live = f"(({_LIVE}) OR ({_UNREADABLE_EXPIRY}))"
+        condition = "owner_token IS NOT NULL" if include_expired else live
         upper = prefix_upper_bound(prefix)
         bounded = " AND key < :upper" if upper is not None else ""
         sql = (
@@ -429,6 +456,7 @@ class SQLiteStore(Store):
         # collect every expired row first).
         with self._db.write() as conn:  # dead places in queues (not counted: no leases)
             conn.execute(queue.SWEEP, self._times())
+            _bound_unreadable_expiries(conn, self._times())
         removed = 0
         for expired in _EXPIRED_RANGES:
             victims = f"SELECT key, slot FROM {TABLE} WHERE {expired} LIMIT {SWEEP_BATCH}"
@@ -457,6 +485,7 @@ class SQLiteStore(Store):
             "by": json.dumps(breaker(by)),
         }
         with self._db.write() as conn:
+            _bound_unreadable_expiries(conn, params)
             rows = conn.execute(_BREAK, params).fetchall()
         broken = sorted((_lease_info(row) for row in rows), key=lambda info: info.slot)
         for info in broken:
@@ -611,6 +640,15 @@ def _all_gone(processes: str, boot: str) -> bool:
         return False
 
 
+def _bound_unreadable_expiries(conn: sqlite3.Connection, params: dict) -> None:
+    """Give every lease whose expiry cannot be read (of ``params["key"]``'s, when given)
+    the longest expiry a holder's lease can have from now (model.unreadable_expiry_bound)."""
+    row = conn.execute(_LONGEST_TTL).fetchone()
+    bound = unreadable_expiry_bound(row_parsing.as_number(row[0]) if row else None)
+    where = " AND key = :key" if "key" in params else ""
+    conn.execute(_BOUND_EXPIRY + where, {**params, "bound": bound})
+
+
 def _drain(fd: int) -> None:
     with contextlib.suppress(OSError):
         while os.read(fd, 512):
@@ -661,6 +699,8 @@ class _Taking:
         if taking.row is None:
             other = conn.execute(_OTHER_LIMIT, params).fetchone()
             taking.other_limit = None if other is None else int(other[0])
+        if taking.row is not None:
+            conn.execute(_RAISE_LONGEST_TTL, params)
         if taking.row is not None or taking.other_limit is not None or not queue_up:
             conn.execute(queue.LEAVE, params)
             return taking
