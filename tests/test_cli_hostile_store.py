@@ -173,6 +173,52 @@ def test_a_lease_whose_expiry_cannot_be_read_frees_once_its_bound_has_passed(env
     assert ran.returncode == 0 and ran.stdout == "ran\n", ran.stderr
 
 
+# -- SQLite text that is not UTF-8 ----------------------------------------------------
+
+
+def test_sqlite_text_that_is_not_utf8_is_malformed_and_stops_nothing_else(cli_env, sqlite_url):
+    env = {**cli_env, "TASKLOCK_STORE": sqlite_url}
+    for key in ("good", "ran"):
+        assert tasklock("run", key, "--", "true", env=env).returncode == 0
+    for key in ("good", "k", "h"):
+        hold(sqlite_url, key)
+    bad = "CAST(? AS TEXT)"  # (bytes bind as a blob; as text they are not UTF-8)
+    forge._sqlite(
+        sqlite_url, f"UPDATE tasklock_leases SET key = {bad} WHERE key = 'k'", (b"k\xff",)
+    )
+    forge._sqlite(
+        sqlite_url, f"UPDATE tasklock_leases SET holder = {bad} WHERE key = 'h'", (b"{\xff",)
+    )
+    forge._sqlite(
+        sqlite_url, f"UPDATE tasklock_runs SET data = {bad} WHERE key = 'ran'", (b"\xfe",)
+    )
+    assert forge.forge_waiter(sqlite_url, "good", expires_in=30)
+    forge._sqlite(sqlite_url, f"UPDATE tasklock_waiters SET holder = {bad}", (b"\xff",))
+
+    listed = tasklock("list", "--json", env=env)
+    assert listed.returncode == 0, listed.stderr
+    entries = json.loads(listed.stdout)
+    assert [entry.get("malformed", False) for entry in entries] == [False, True, True]
+    assert entries[0]["key"] == "good" and entries[0]["waiting"] == 1
+    assert {problem for entry in entries[1:] for problem in entry["problems"]} == {
+        "key: is not UTF-8",
+        "holder: is not UTF-8",
+    }
+    peeked = tasklock("peek", "good", "--json", env=env)
+    assert peeked.returncode == 0, peeked.stderr
+    [waiter] = json.loads(peeked.stdout)["waiters"]
+    assert waiter["malformed"] is True
+    history = tasklock("history", "ran", "--json", env=env)
+    assert history.returncode == 0, history.stderr
+    [run] = json.loads(history.stdout)
+    assert run["malformed"] is True and run["problems"][0] == "data: is not UTF-8"
+    metrics = tasklock("metrics", env=env)
+    assert metrics.returncode == 0, metrics.stderr
+    assert 'tasklock_malformed_records{key="ran"} 1\n' in metrics.stdout
+    assert 'tasklock_held{key="good"} 1\n' in metrics.stdout
+    assert tasklock("run", "other", "--", "true", env=env).returncode == 0
+
+
 # -- fencing tokens at their end ------------------------------------------------------
 
 

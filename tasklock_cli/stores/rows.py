@@ -39,6 +39,20 @@ _EPOCH = datetime.fromtimestamp(0, tz=timezone.utc)
 _MAX_SMALL = 2**31 - 1
 
 
+class NotUtf8(str):
+    """Text a store returned that was not valid UTF-8, its bad bytes as ``\\xNN``: read as
+    malformed (see ``lenient_text``)."""
+
+
+def lenient_text(data: bytes) -> str:
+    """Text from a driver's bytes (SQLite's ``text_factory``): valid UTF-8 as it is, else a
+    NotUtf8, so one bad row is malformed instead of failing the whole statement."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return NotUtf8(data.decode("utf-8", "backslashreplace"))
+
+
 class RowReader:
     """Reads one row's fields, noting each one it could not read (``problems``)."""
 
@@ -68,6 +82,9 @@ class RowReader:
         return None if value is None else self.integer(name, value, low, high)
 
     def text(self, name: str, value: object) -> str:
+        if isinstance(value, NotUtf8):
+            self.note(name, "is not UTF-8")
+            return value
         if isinstance(value, bytes):
             return value.decode("utf-8", "surrogateescape")
         if not isinstance(value, str):
@@ -102,6 +119,9 @@ class RowReader:
 
     def json_object(self, name: str, value: object) -> dict:
         """A JSON object, as the driver returned it (decoded or text); {} when it is not."""
+        if isinstance(value, NotUtf8):
+            self.note(name, "is not UTF-8")
+            return {}
         if isinstance(value, (str, bytes, bytearray)):
             try:
                 value = json.loads(value)

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 from tasklock_cli.errors import ConfigError
 from tasklock_cli.errors import StoreUnavailable
+from tasklock_cli.stores.rows import lenient_text
 from tasklock_cli.stores.sqlite import files
 from tasklock_cli.stores.sqlite.entries import PRIVATE_MODE
 from tasklock_cli.stores.sqlite.entries import Owners
@@ -108,9 +109,11 @@ class SQLiteConnection:
 
     @contextlib.contextmanager
     def write(self) -> Iterator[sqlite3.Connection]:
-        """A write transaction (BEGIN IMMEDIATE), committed when the block ends."""
+        """A write transaction (BEGIN IMMEDIATE), committed when the block ends. Text that
+        is not UTF-8 is read leniently (``rows.lenient_text``): the few a write returns."""
         with self._lock:
             conn = self._connection()
+            conn.text_factory = lenient_text
             try:
                 when_not_busy(lambda: conn.execute("BEGIN IMMEDIATE"))
                 try:
@@ -121,13 +124,26 @@ class SQLiteConnection:
                 when_not_busy(lambda: conn.execute("COMMIT"))
             except sqlite3.Error as exc:
                 raise self._translate(exc) from exc
+            finally:
+                conn.text_factory = str
 
     def read(self, sql: str, params: dict) -> list[tuple[Any, ...]]:
-        """The rows of a query, as plain tuples (no row_factory)."""
+        """The rows of a query, as plain tuples (no row_factory). Text that is not UTF-8
+        (someone else wrote it) fails the query, which is read again leniently (rows'
+        ``lenient_text``: a Python call per text value, so only then)."""
         try:
             with self._lock:
                 conn = self._connection()
-                return when_not_busy(lambda: conn.execute(sql, params).fetchall())
+                try:
+                    return when_not_busy(lambda: conn.execute(sql, params).fetchall())
+                except sqlite3.OperationalError as exc:
+                    if "decode" not in str(exc):
+                        raise
+                conn.text_factory = lenient_text
+                try:
+                    return when_not_busy(lambda: conn.execute(sql, params).fetchall())
+                finally:
+                    conn.text_factory = str
         except sqlite3.Error as exc:
             raise self._translate(exc) from exc
 
