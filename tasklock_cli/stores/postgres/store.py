@@ -27,9 +27,9 @@ from tasklock_cli.stores.base import Store
 from tasklock_cli.stores.model import BROKEN_OWNER_PREFIX
 from tasklock_cli.stores.model import LEDGER_KEEP
 from tasklock_cli.stores.model import LIST_PAGE
+from tasklock_cli.stores.model import SHARED
 from tasklock_cli.stores.model import UNREADABLE_EXPIRY_FLOOR_S
 from tasklock_cli.stores.model import UNREADABLE_EXPIRY_MARGIN_S
-from tasklock_cli.stores.model import SHARED
 from tasklock_cli.stores.model import Ask
 from tasklock_cli.stores.model import Holder
 from tasklock_cli.stores.model import Lease

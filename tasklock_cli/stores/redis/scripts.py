@@ -30,6 +30,7 @@ from tasklock_cli.stores.redis.epochs import EPOCH_LUA
 from tasklock_cli.stores.redis.queue import QUEUE_LUA
 from tasklock_cli.stores.redis.queue import WAITERS
 
+
 def ms_of(seconds: float) -> str:
     return str(round(seconds * 1000))
 
