@@ -184,7 +184,11 @@ UPDATE {TABLE} SET expires_boot = :now + :keep, expires_at = :wall + :keep,
                    holder = {_HOLDER_SET.format("done", "json('true')")}
 WHERE {_OWN_LEASE} AND {_LIVE_ON_KEY}
 """
-# (a lease whose expiry cannot be read shows what it has: not a time, so malformed)
+# The columns of a lease as observers see it. A lease whose expiry cannot be read shows
+# what it has instead: not a time, so malformed. (Not in a RETURNING clause: SQLite 3.40
+# compares a REAL column holding an integral value wrongly there; the break bounds such
+# expiries first, so its rows need no such check.)
+_RETURNED_COLUMNS = "key, slot, slot_limit, fencing_token, acquired_at, expires_at, holder"
 _INFO_COLUMNS = f"""key, slot, slot_limit, fencing_token, acquired_at,
     CASE WHEN boot_id IS NOT NULL AND expires_boot <= :now + {_FAR_S} THEN expires_at
          ELSE 'boot ' || quote(boot_id) || ', expires_boot ' || quote(expires_boot) END,
@@ -197,7 +201,7 @@ UPDATE {TABLE} SET
     holder = CASE WHEN {_ALREADY_BROKEN} THEN holder
                   ELSE {_HOLDER_SET.format("broken_by", "json(:by)")} END
 WHERE {_MATCHING} AND {_LIVE_ON_KEY}
-RETURNING {_INFO_COLUMNS}, 1
+RETURNING {_RETURNED_COLUMNS}, 1
 """
 _BROKEN_BY = f"""SELECT {_HOLDER_FIELD.format("broken_by")} FROM {TABLE}
 WHERE key = :key AND slot = :slot AND fencing_token = :token AND owner_token = :broken"""
