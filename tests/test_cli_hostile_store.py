@@ -241,18 +241,34 @@ def test_the_fencing_counter_ends_with_a_clean_error_not_a_float(env, store_url)
 
 def test_a_forged_waiter_that_no_renewal_could_have_made_holds_nobody_up(env, store_url):
     assert tasklock("init", env=env).returncode == 0
-    if not forge.forge_waiter(store_url, "k", expires_in=10**6):
-        pytest.skip("etcd's waiter places live on etcd leases (see the store's docs)")
+    assert forge.forge_waiter(store_url, "k", expires_in=10**6)
     peeked = json.loads(tasklock("peek", "k", "--json", env=env).stdout)
     assert peeked["waiters"] == []
     ran = tasklock("run", "k", "--", "echo", "ran", env=env)
     assert ran.returncode == 0 and ran.stdout == "ran\n", ran.stderr
 
 
+def test_an_etcd_waiter_place_on_no_lease_holds_nobody_up_and_sweep_removes_it(cli_env, tmp_path):
+    from tests.conftest import store_url_for
+    from tests.support import services
+
+    services.require("etcd")
+    url = store_url_for("etcd", tmp_path)
+    env = {**cli_env, "TASKLOCK_STORE": url}
+    for key in ("k", "s"):
+        assert forge.forge_waiter(url, key, expires_in=30, on_lease=False)
+    assert json.loads(tasklock("peek", "k", "--json", env=env).stdout)["waiters"] == []
+    ran = tasklock("run", "k", "--", "echo", "ran", env=env)
+    assert ran.returncode == 0 and ran.stdout == "ran\n", ran.stderr
+    assert tasklock("sweep", env=env).returncode == 0
+    with open_store(url) as store:  # the other key's place is gone too
+        assert forge.etcd_queue_names(url) == []
+        assert store.waiters("s") == []
+
+
 def test_a_waiter_place_with_a_malformed_holder_is_shown_as_malformed(env, store_url):
     hold(store_url, "k")
-    if not forge.forge_waiter(store_url, "k", expires_in=30, holder="{not json"):
-        pytest.skip("etcd's waiter places live on etcd leases (see the store's docs)")
+    assert forge.forge_waiter(store_url, "k", expires_in=30, holder="{not json")
     peeked = tasklock("peek", "k", "--json", env=env)
     no_traceback(peeked)
     [waiter] = json.loads(peeked.stdout)["waiters"]

@@ -277,10 +277,13 @@ def set_counter(url: str, key: str, token: int) -> bool:
 # -- waiters --------------------------------------------------------------------------
 
 
-def forge_waiter(url: str, key: str, expires_in: float, holder: str | None = None) -> bool:
+def forge_waiter(
+    url: str, key: str, expires_in: float, holder: str | None = None, on_lease: bool = True
+) -> bool:
     """A place in ``key``'s queue that no waiter keeps, running out ``expires_in`` seconds
-    from now; ``holder``: its holder as raw text (a good one by default). False on etcd,
-    whose places live on etcd leases (see the store's docs)."""
+    from now; ``holder``: its holder as raw text (a good one by default). On etcd the place
+    is on an etcd lease of that TTL, named as a waiter's place on it is (or, without
+    ``on_lease``, on none: it never runs out)."""
     holder = holder or json.dumps({"host": "forged", "pid": 1, "user": "x", "command": []})
     kind = kind_of(url)
     owner = "f0" * 16
@@ -324,8 +327,24 @@ def forge_waiter(url: str, key: str, expires_in: float, holder: str | None = Non
         finally:
             client.close()
     else:
-        return False
+        _etcd_waiter(url, key, expires_in, holder, on_lease)
     return True
+
+
+def _etcd_waiter(url: str, key: str, expires_in: float, holder: str, on_lease: bool) -> None:
+    from tasklock_cli.stores.etcd.connection import b64
+    from tasklock_cli.stores.etcd.connection import new_lease_id
+    from tasklock_cli.stores.etcd.keys import place_class
+
+    lease = new_lease_id()
+    entry = _etcd_keys(url).queue_entry(key, lease, place_class(False, "exclusive", False))
+    value = f'{{"holder": {holder}, "since": {int(time.time() * 1000)}}}'.encode()
+    body: dict = {"key": b64(entry), "value": b64(value)}
+    if on_lease:
+        grant = {"ID": str(lease), "TTL": str(max(1, round(expires_in)))}
+        _etcd_post(url, "/v3/lease/grant", grant)
+        body["lease"] = str(lease)
+    _etcd_post(url, "/v3/kv/put", body)
 
 
 def _pg_json(text: str) -> str:
@@ -334,3 +353,14 @@ def _pg_json(text: str) -> str:
     except ValueError:
         return json.dumps(text)
     return text
+
+
+def etcd_queue_names(url: str) -> list[bytes]:
+    """Every place in every queue of the etcd store at ``url``."""
+    from tasklock_cli.stores.etcd.connection import b64
+    from tasklock_cli.stores.etcd.connection import prefix_end
+    from tasklock_cli.stores.etcd.connection import unb64
+
+    everything = _etcd_keys(url).queue_prefix("")[: -len(b"0:/")]
+    body = {"key": b64(everything), "range_end": b64(prefix_end(everything)), "keys_only": True}
+    return [unb64(kv["key"]) for kv in _etcd_post(url, "/v3/kv/range", body).get("kvs", [])]

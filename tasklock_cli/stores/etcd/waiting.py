@@ -23,6 +23,15 @@ reads show its place gone and the marker newer than its place; a waiter tries at
 every waiter_ttl/3), not by a wake-up of its own (that would take a second watch stream).
 Edge: the marker lives on the newest supersede waiter's lease, so a superseded run that
 comes back only after that run's client closed finds no marker and joins again as new.
+
+Dead places: a tasklock's place is on the waiter lease its name ends with, granted for a
+few seconds. A place on no lease or on another one, or on a lease granted for longer than
+``WAITER_HORIZON_S``, was not put there by a waiter (someone else's put): it is dead --
+ignored by the queue, and deleted by the next refused acquire or wait that finds it ahead
+(then the acquire tries again) and by ``sweep``, so it cannot hold a free key up. A txn
+cannot compare a lease's TTL, so the acquire's guard still counts it: the check comes after
+a refused acquire, from the queue that acquire's txn read (no round trip while no place
+needs one), plus one ``timetolive`` per lease this process has not seen before.
 """
 
 from __future__ import annotations
@@ -53,6 +62,7 @@ from tasklock_cli.stores.etcd.keys import place_class
 from tasklock_cli.stores.etcd.keys import range_op
 from tasklock_cli.stores.model import EXCLUSIVE
 from tasklock_cli.stores.model import SHARED
+from tasklock_cli.stores.model import WAITER_HORIZON_S
 from tasklock_cli.stores.model import Holder
 from tasklock_cli.stores.model import WaiterInfo
 from tasklock_cli.util.fds import wait_readable
@@ -121,6 +131,8 @@ class WaiterQueue:
         # key -> (value, mode, front, supersede) of the place to take when joining
         self._wanted: dict[str, tuple[bytes, str, bool, bool]] = {}
         self._lock = threading.Lock()
+        # waiter lease id -> whether it was granted for longer than any waiter asks
+        self._too_long: dict[int, bool] = {}
 
     @property
     def ttl_s(self) -> int:
@@ -164,6 +176,7 @@ class WaiterQueue:
         """What ``reads`` says of a ``mode`` caller: our place SUPERSEDED (a newer supersede
         run joined after it) or GONE (it lapsed), someone AHEAD that keeps us out, or CLEAR."""
         queue_kvs, marker_kvs = (kvs_of(response) for response in responses)
+        queue_kvs = self.live_places(queue_kvs, delete=True)
         placed = _ordered(self._keys.queue_prefix(key), queue_kvs)
         place = self.place(key)
         if place is not None and not any(
@@ -178,7 +191,7 @@ class WaiterQueue:
         """The places in ``key``'s queue, in the order they are served."""
         queue = self._keys.queue_prefix(key)
         body = {"key": b64(queue), "range_end": b64(prefix_end(queue))}
-        kvs = self._client.call(("/v3/kv/range", body))[0].get("kvs", [])
+        kvs = self.live_places(self._client.call(("/v3/kv/range", body))[0].get("kvs", []))
         return [
             _waiter_info(unb64(queued.kv.get("value")), queued.mode)
             for queued in _ordered(queue, kvs)
@@ -190,11 +203,46 @@ class WaiterQueue:
         body = {"key": b64(everything), "range_end": b64(prefix_end(everything))}
         reply = self._client.call(("/v3/kv/range", {**body, "keys_only": True}))[0]
         counts: dict[str, int] = {}
-        for kv in reply.get("kvs", []):
+        for kv in self.live_places(reply.get("kvs", [])):
             key = _queue_key(unb64(kv["key"])[len(everything) :])
             if key is not None and key.startswith(prefix):
                 counts[key] = counts.get(key, 0) + 1
         return dict(sorted(counts.items()))
+
+    def live_places(self, kvs: list[dict[str, Any]], delete: bool = False) -> list[dict[str, Any]]:
+        """The places among ``kvs`` (a queue's, as read) that are not dead (see the
+        module's docstring); with ``delete``, the dead ones are deleted."""
+        # (a place's lease is its name's, and that lease is known: it may be live)
+        placed = [(kv, _lease_if_its_own(kv)) for kv in kvs]
+        unknown = {lease for _, lease in placed if lease is not None} - set(self._too_long)
+        if unknown:
+            self._learn_leases(sorted(unknown))
+        live, dead = [], []
+        for kv, lease in placed:
+            if lease is not None and not self._too_long.get(lease, False):
+                live.append(kv)
+            else:
+                dead.append(kv["key"])
+        if delete and dead:
+            deletes = [("/v3/kv/deleterange", {"key": name}) for name in dead]
+            with contextlib.suppress(TasklockError):
+                self._client.call(*deletes)
+        return live
+
+    def sweep(self) -> int:
+        """Delete the dead places of every key's queue; how many."""
+        everything = self._keys.queue_prefix("")[: -len(b"0:/")]
+        body = {"key": b64(everything), "range_end": b64(prefix_end(everything))}
+        kvs = self._client.call(("/v3/kv/range", {**body, "keys_only": True}))[0].get("kvs", [])
+        return len(kvs) - len(self.live_places(kvs, delete=True))
+
+    def _learn_leases(self, lease_ids: list[int]) -> None:
+        """Whether each lease was granted for longer than any waiter asks (a gone lease's
+        places are gone with it: not dead)."""
+        asks = [("/v3/lease/timetolive", {"ID": str(lease_id)}) for lease_id in lease_ids]
+        for lease_id, reply in zip(lease_ids, self._client.call(*asks), strict=True):
+            granted = int(reply.get("grantedTTL", 0))
+            self._too_long[lease_id] = granted > WAITER_HORIZON_S
 
     def join(self, key: str, value: bytes, mode: str, front: bool, supersede: bool) -> None:
         """Take a place in ``key``'s queue, with ``value``, when we have none (with
@@ -386,13 +434,24 @@ class WaiterQueue:
         queue = self._keys.queue_prefix(key)
         body = {"key": b64(queue), "range_end": b64(prefix_end(queue)), "keys_only": True}
         reply = self._client.call(("/v3/kv/range", body))[0]
-        placed = _ordered(queue, reply.get("kvs", []))
+        placed = _ordered(queue, self.live_places(reply.get("kvs", []), delete=True))
         if not any(queued.name == entry for queued in placed):
             return None, False
         ahead = _ahead(placed, entry)
         if self.mode_of(key) == SHARED:  # only an exclusive place ahead keeps it out
             ahead = [queued for queued in ahead if queued.mode == EXCLUSIVE]
         return (ahead[-1].name if ahead else None), True
+
+
+def _lease_if_its_own(kv: dict[str, Any]) -> int | None:
+    """The lease of a place (as read) when it is the waiter lease its name ends with
+    (``keys.queue_entry``), else None (a place no waiter put)."""
+    tail = unb64(kv["key"]).rpartition(b"/")[2]
+    try:
+        named = int(tail, 16) if len(tail) == 16 else None
+    except ValueError:
+        return None
+    return named if named is not None and int(kv.get("lease", 0)) == named else None
 
 
 def _none_in(start: bytes) -> dict[str, Any]:
