@@ -131,15 +131,17 @@ def test_wait_for_break_wakes_promptly_times_out_and_heeds_wake_fd(clients):
 
     def breaker() -> None:
         time.sleep(0.2)
-        broke_at.append(time.monotonic())
         ops.break_lease("k")
+        broke_at.append(time.monotonic())  # once etcd has committed the break
 
     thread = threading.Thread(target=breaker)
     thread.start()
     assert holder.wait_for_break(lease, 5) is True
-    woke = time.monotonic() - broke_at[0]
+    woke_at = time.monotonic()
     thread.join()
-    assert woke < 0.05, woke  # the break's own round trips are in it
+    # Heard within 50 ms of the break's commit (its own round trips, which a loaded disk
+    # makes slow, are not the watch's latency); a watch may hear it before the reply.
+    assert woke_at - broke_at[0] < 0.05, woke_at - broke_at[0]
     assert holder.wait_for_break(lease, 5) is True  # a break before the call is seen
 
 

@@ -102,3 +102,22 @@ def test_a_guard_whose_command_never_starts_is_ended(tmp_path):
     assert not marker.exists()
     with pytest.raises(ChildProcessError):
         os.waitpid(child.guard_pid, os.WNOHANG)  # collected
+
+
+def test_the_start_order_carries_the_first_backstop():
+    """A wrapper stopped right after the start, before any other order, still bounds its
+    command: the guard has its deadline before the command runs, and kills the tree at it."""
+    import select
+    import time
+
+    from tasklock_cli.proc.process import Child
+
+    child = Child(["sleep", "30"])
+    started = time.monotonic()
+    child.start({"PATH": os.environ["PATH"]}, backstop_in=0.3)
+    while not child.tree_empty and time.monotonic() - started < 5:
+        select.select([child], [], [], 0.1)
+        child.poll()
+    assert child.backstop_fired
+    assert child.tree_empty
+    assert 0.3 <= time.monotonic() - started < 2.0

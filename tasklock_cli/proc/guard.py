@@ -154,8 +154,8 @@ class _Guard:
             self._sleep(wake_r)
 
     def _await_start(self) -> tuple[dict[bytes, bytes], int | None] | None:
-        """The command's environment and terminal, once the wrapper says start; None when
-        its end of the socket closed first."""
+        """The command's environment and terminal, once the wrapper says start (which also
+        sets the first backstop); None when its end of the socket closed first."""
         environ = bytearray()
         while True:
             try:
@@ -168,9 +168,11 @@ class _Guard:
                 break
             elif not order:
                 return None
-        _, terminal, last_piece = order.split(b" ", 2)
+        _, terminal, backstop, last_piece = order.split(b" ", 3)
         environ += last_piece
         terminal_fd = int(terminal)
+        # Before the command runs: a wrapper stopped right after the start still bounds it.
+        self.backstop_at = float(backstop)
         pairs = (item.partition(b"=") for item in bytes(environ).split(b"\0") if item)
         env = {name: value for name, _, value in pairs}
         return env, None if terminal_fd < 0 else terminal_fd

@@ -5,6 +5,7 @@ from __future__ import annotations
 import _socket  # not socket: its enums and selectors cost ~2 ms per start
 import contextlib
 import functools
+import math
 import os
 import signal
 import subprocess
@@ -111,11 +112,17 @@ class Child:
             for piece in pieces:
                 self._sock.send(ENV_ORDER + piece)
 
-    def start(self, env: dict[str, str], terminal_fd: int | None = None) -> None:
+    def start(
+        self, env: dict[str, str], terminal_fd: int | None = None, backstop_in: float = math.inf
+    ) -> None:
         """Have the guard start the command with the environment preloaded and ``env``
-        over it (exactly that: nothing else); returns once the command runs."""
+        over it (exactly that: nothing else); returns once the command runs. The guard kills
+        the tree by itself ``backstop_in`` seconds from now (see ``set_backstop``), a
+        deadline it has before the command starts."""
         pieces = environ_pieces(env)
-        start = START_ORDER + f"{-1 if terminal_fd is None else terminal_fd} ".encode()
+        terminal = -1 if terminal_fd is None else terminal_fd
+        backstop_at = clocks.monotonic() + max(0.0, backstop_in)
+        start = START_ORDER + f"{terminal} {backstop_at!r} ".encode()
         with contextlib.suppress(OSError):  # the guard is gone: _started says so
             for piece in pieces[:-1]:
                 self._sock.send(ENV_ORDER + piece)

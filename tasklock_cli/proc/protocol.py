@@ -2,7 +2,8 @@
 socket pair between the wrapper (``process.Child``) and its guard (``guard``).
 
 - Wrapper to guard, before the command starts: ``env BYTES``..., then ``start TERMINAL_FD
-  BYTES`` (the environment's last part; TERMINAL_FD -1 for none).
+  CLOCK BYTES`` (TERMINAL_FD -1 for none; CLOCK the first backstop, so the command never
+  runs without one; BYTES the environment's last part).
 - Wrapper to guard, while it runs: ``group SIG`` | ``tree SIG`` | ``backstop CLOCK``.
 - Guard to wrapper: ``started PID`` | ``error CODE MESSAGE`` | ``stopped SIG`` |
   ``exited STATUS ORPHANS CLOCK`` | ``backstop`` | ``empty``.

@@ -257,12 +257,11 @@ class Supervisor:
             self._guard = None
             self.holding.note_processes(child.guard_pid)  # before the command can start
             try:
-                child.start(lease_env(self.keeper, self.holding), terminal.fd)
+                child.start(lease_env(self.keeper, self.holding), terminal.fd, self._backstop_in())
             except TasklockError as exc:
                 self._release_all("failed", exc.exit_code)
                 raise
             self.child = child
-            child.set_backstop(self._backstop_in())
             for signum in self.state.pending_signals:  # came while it was being started
                 self._forward(child, signum)
             self.state.pending_signals.clear()

@@ -426,15 +426,7 @@ class EtcdStore(Store):
             self._freed.add(key)
 
     def _wait_after_trouble(self, key: str, deadline: float, wake_fd: int | None) -> None:
-        """Poll the key until a slot is free, keeping our place meanwhile (a plain waiter's
-        wait can outlast its waiter lease: QUIET_LOOK_CEILING_S)."""
-
-        def free_now() -> bool:
-            self._queue.keep_if_due()
-            slots = _read_slots(self._client, self._keys, key)[0]
-            return has_free_slot(slots, self._queue.mode_of(key))
-
-        poll_until(deadline, wake_fd, free_now)
+        _poll_for_a_free_slot(self._client, self._keys, self._queue, key, deadline, wake_fd)
 
     def stop_waiting(self, key: str) -> None:
         self._queue.leave(key)
@@ -460,6 +452,25 @@ class EtcdStore(Store):
 
 
 # -- reading slots ----------------------------------------------------------------------
+
+
+def _poll_for_a_free_slot(
+    client: EtcdClient,
+    keys: EtcdKeys,
+    queue: WaiterQueue,
+    key: str,
+    deadline: float,
+    wake_fd: int | None,
+) -> None:
+    """Poll ``key`` until a slot is free (the watch failed), keeping our place meanwhile:
+    a plain waiter's wait can outlast its waiter lease (QUIET_LOOK_CEILING_S)."""
+
+    def free_now() -> bool:
+        queue.keep_if_due()
+        slots = _read_slots(client, keys, key)[0]
+        return has_free_slot(slots, queue.mode_of(key))
+
+    poll_until(deadline, wake_fd, free_now)
 
 
 def _lease_request(

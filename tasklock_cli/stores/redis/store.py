@@ -232,7 +232,7 @@ class RedisStore(Store):
         members = cast(
             "list[bytes]", self._conn.call(lambda c: c.zrevrange(name, 0, limit - 1), key)
         )
-        return self._decoded(key, name, members)
+        return [row_parsing.run_record_json(key, member) for member in members]
 
     def last_success(self, key: str) -> tuple[RunRecord | None, datetime]:
         name = self._names.name(key, "success")
@@ -245,21 +245,17 @@ class RedisStore(Store):
 
         member, (seconds, micros) = self._conn.call(read, key)
         now = utc_from_timestamp(seconds + micros / 1_000_000)  # Redis's clock, as in TIME
-        return (self._decoded(key, name, [member])[0] if member else None), now
-
-    def _decoded(self, key: str, name: bytes, members: list[bytes]) -> list[RunRecord]:
-        return [row_parsing.run_record_json(key, member) for member in members]
+        return (row_parsing.run_record_json(key, member) if member else None), now
 
     def ledger_keys(self, prefix: str = "") -> list[str]:
         pattern = self._names.pattern(prefix, b"runs")
-        names = set(self._conn.call(lambda c: self._scan(c, pattern)))
+        names = set(self._conn.call(lambda c: _scan(c, pattern)))
         start, end = len(self._names.prefix_b) + 1, -len(b"}:runs")
         keys = {name[start:end].decode("utf-8", "replace") for name in names}
         return sorted(key for key in keys if key.startswith(prefix))
 
     def holders(self, key: str) -> list[LeaseInfo]:
-        name = self._names.lease(key)
-        return [self._record(key, name, row[0], *row[1:6], row[8]) for row in self._slots(key)]
+        return [_slot_info(key, row) for row in self._slots(key)]
 
     def list(self, prefix: str = "", include_expired: bool = False) -> Iterator[LeaseInfo]:
         # Redis frees expired keys itself: include_expired can only ever show live leases.
@@ -268,7 +264,7 @@ class RedisStore(Store):
         pattern = self._names.pattern(prefix, b"lease*")
         # SCAN returns names in no order: collect them (names only), sort by key and slot,
         # then read and yield the leases page by page.
-        scanned = self._conn.call(lambda c: self._scan(c, pattern))
+        scanned = self._conn.call(lambda c: _scan(c, pattern))
         slots = {name: self._names.slot_of(name) for name in scanned}
         found = sorted((where, name) for name, where in slots.items() if where is not None)
         return self._read_pages([(name, *where) for where, name in found], prefix)
@@ -280,16 +276,12 @@ class RedisStore(Store):
             batch = names[start : start + LIST_PAGE]
             # (ignore: mypy cannot infer a lambda with a default, which binds the loop's batch)
             rows = self._conn.call(lambda c, batch=batch: _fetch(self._conn, c, batch))  # type: ignore[misc]
-            for (name, key, slot), row in zip(batch, rows, strict=True):
+            for (_, key, slot), row in zip(batch, rows, strict=True):
                 if row is None or not key.startswith(prefix):
                     continue  # expired between SCAN and the read
                 if isinstance(row, str):
                     raise self._conn.foreign_key_error(f"WRONGTYPE lease {row}", key)
-                yield self._record(key, name, slot, *row)
-
-    @staticmethod
-    def _scan(client: redis.Redis, pattern: bytes) -> builtins.list[bytes]:
-        return list(client.scan_iter(match=pattern, count=SCAN_COUNT))
+                yield _lease_info(key, slot, *row)
 
     def sweep(self, dry_run: bool = False) -> int:
         # Expired leases vanish by themselves (PX) and there is no index to prune; counters
@@ -297,7 +289,7 @@ class RedisStore(Store):
         # vanish) gets a bounded one (scripts.BOUND_EXPIRIES), and then vanishes as others
         # do. (The SCAN also tells an unreachable store, instead of claiming success.)
         pattern = self._names.pattern("", b"lease*")
-        scanned = self._conn.call(lambda c: self._scan(c, pattern))
+        scanned = self._conn.call(lambda c: _scan(c, pattern))
         names = [name for name in scanned if self._names.slot_of(name) is not None]
         if not dry_run:
             record = self._names.epoch_record()
@@ -356,7 +348,7 @@ class RedisStore(Store):
 
     def waiting_counts(self, prefix: str = "") -> dict[str, int]:
         names = self._conn.call(
-            lambda client: self._scan(client, self._names.pattern(prefix, b"waiters")), None
+            lambda client: _scan(client, self._names.pattern(prefix, b"waiters")), None
         )
         counts: dict[str, int] = {}
         for name in sorted(set(names)):
@@ -427,12 +419,7 @@ class RedisStore(Store):
     def _info(self, key: str, name: bytes, data: dict[bytes, bytes]) -> LeaseInfo:
         fields = (b"fencing_token", b"acquired_at", b"expires_at", b"holder", b"limit", b"mode")
         slot = int(data.get(b"slot") or 0)
-        return self._record(key, name, slot, *(data.get(field) for field in fields))
-
-    def _record(self, key: str, name: bytes, slot: int, *row: Any) -> LeaseInfo:
-        """The lease in slot ``slot`` from its (fencing_token, acquired_at, expires_at,
-        holder, limit, mode) fields, read defensively (see rows)."""
-        return _lease_info(key, slot, *row)
+        return _lease_info(key, slot, *(data.get(field) for field in fields))
 
 
 def _quarantine_text(left: float) -> str | None:
@@ -468,6 +455,12 @@ def _slots_covered(lease: Lease) -> int:
     """How many slots the key's limit record must cover while ``lease`` is live: its
     limit, or for a shared lease, its slot's and those below."""
     return lease.slot + 1 if lease.mode == SHARED else lease.limit
+
+
+def _slot_info(key: str, row: list[Any]) -> LeaseInfo:
+    """A lease from a row of the ``slots`` script (see ``RedisStore._slots``)."""
+    slot, token, acquired, expires, holder, limit, _pttl, _broken, mode = row
+    return _lease_info(key, slot, token, acquired, expires, holder, limit, mode)
 
 
 def _lease_info(
@@ -518,3 +511,7 @@ def _fetch(
         else:
             rows.append(None if all(v is None for v in result) else result)
     return rows
+
+
+def _scan(client: redis.Redis, pattern: bytes) -> list[bytes]:
+    return list(client.scan_iter(match=pattern, count=SCAN_COUNT))
