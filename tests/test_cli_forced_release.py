@@ -10,6 +10,7 @@ import os
 import signal
 import socket
 import sqlite3
+import subprocess
 import sys
 import threading
 import time
@@ -150,6 +151,29 @@ def test_a_local_holder_killed_as_its_command_starts_is_freed_at_once(cli_env, t
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(command, signal.SIGKILL)
+
+
+def test_a_local_holder_killed_before_it_started_anything_is_freed_at_once(cli_env, tmp_path):
+    """A holder SIGKILLed right after its acquire, before it forked its guard: it recorded
+    itself with the acquire, so `release --force` sees it gone and frees the key at once."""
+    url = f"sqlite:///{tmp_path / 'locks.db'}"
+    acquire_then_stop = (
+        "import os, signal, socket, sys\n"
+        "from tasklock_cli.stores import open_store\n"
+        "from tasklock_cli.stores.model import Holder\n"
+        "holder = Holder(host=socket.gethostname(), pid=os.getpid(), user='u')\n"
+        "assert open_store(sys.argv[1]).acquire('k', 30, holder, 'owner') is not None\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    holder = subprocess.run([sys.executable, "-c", acquire_then_stop, url], cwd=Path.cwd())
+    assert holder.returncode == -signal.SIGKILL
+    assert peek(url, "k") is not None
+    env = {**cli_env, "TASKLOCK_STORE": url, LET_GO_TIMEOUT_ENV: "2"}
+    started = time.monotonic()
+    result = tasklock("release", "k", "--force", env=env)
+    assert result.returncode == 0, result.stderr
+    assert time.monotonic() - started < 1.5  # the executable's start-up; not the let-go wait
+    assert peek(url, "k") is None
 
 
 def test_a_lease_kept_by_hold_at_least_is_freed_at_once(env, store_url):

@@ -44,7 +44,9 @@ def all_gone(recorded: dict, boot: str) -> bool:
         if recorded.get("boot") != boot or recorded.get("pidns") != pid_namespace():
             return False
         pids = [(int(pid), int(started)) for pid, started in recorded["pids"]]
-        if len(pids) < 2:  # the holder and its guard, or it cannot be told
+        # The holder alone (recorded with its acquire) or with its guard (recorded before
+        # its command can start): none of them running means no command runs either.
+        if not pids:
             return False
         return all(start_time(pid) != started for pid, started in pids)
     except (OSError, ValueError, TypeError, KeyError, AttributeError):

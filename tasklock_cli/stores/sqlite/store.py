@@ -329,7 +329,9 @@ class SQLiteStore(Store):
     def _acquire(
         self, key: str, ttl: float, holder: Holder, owner: str, limit: int, queue: bool, ask: Ask
     ) -> Lease | None:
-        recorded = json.dumps({**holder.to_dict(), "mode": ask.mode})
+        recorded = json.dumps(
+            {**holder.to_dict(), "mode": ask.mode, **_own_processes(self._boot, holder)}
+        )
         params = {
             **self._times(),
             "key": key,
@@ -725,3 +727,14 @@ def _waiter_info(holder: str, since: float, mode: str) -> WaiterInfo:
 
 def _run_record(key: str, token: int, started: float, ended: float, data: str) -> RunRecord:
     return row_parsing.run_record(key, token, started, ended, data)
+
+
+def _own_processes(boot: str, holder: Holder) -> dict:
+    """A holder that is this process records itself with its acquire, so that it is seen
+    as gone from the first instant (its guard is added before its command can start:
+    ``note_processes``); a holder named for another process records nothing."""
+    if holder.pid != os.getpid():
+        return {}
+    from tasklock_cli.stores.sqlite.processes import processes_of
+
+    return {"processes": processes_of(boot, [holder.pid])}
