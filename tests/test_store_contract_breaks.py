@@ -176,7 +176,10 @@ def test_processes_of_another_boot_are_never_taken_for_gone():
     assert all_gone(here, "this-boot") is True
     assert all_gone({**here, "boot": "another-boot"}, "this-boot") is False
     assert all_gone({**here, "pidns": pid_namespace() + 1}, "this-boot") is False
-    assert all_gone({**here, "pids": gone[:1]}, "this-boot") is False  # the guard unknown
+    # The holder alone, recorded with its acquire: its command cannot start before its guard
+    # is recorded too, so none of them running means nothing runs.
+    assert all_gone({**here, "pids": gone[:1]}, "this-boot") is True
+    assert all_gone({**here, "pids": []}, "this-boot") is False  # nothing to tell by
     assert all_gone({**here, "pids": "junk"}, "this-boot") is False
 
 
