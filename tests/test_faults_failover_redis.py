@@ -25,8 +25,8 @@ import pytest
 
 from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.stores import open_store
+from tasklock_cli.stores.failover import EPOCH_SHIFT
 from tasklock_cli.stores.model import Holder
-from tasklock_cli.stores.redis.epochs import EPOCH_SHIFT
 from tests.support import redis_support
 from tests.support import report
 from tests.support import services

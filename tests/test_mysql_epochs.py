@@ -13,9 +13,9 @@ from urllib.parse import urlsplit
 import pytest
 
 from tasklock_cli.stores import open_store
+from tasklock_cli.stores.failover import EPOCH_SHIFT
 from tasklock_cli.stores.model import Holder
 from tasklock_cli.stores.mysql.connection import parse_url
-from tasklock_cli.stores.mysql.epochs import EPOCH_SHIFT
 from tasklock_cli.stores.mysql.store import MySQLStore
 from tests.support import mysql_support
 from tests.support import services

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 import pytest
 
 from tasklock_cli.stores import open_store
+from tasklock_cli.stores.failover import EPOCH_SHIFT
 from tasklock_cli.stores.model import Holder
-from tasklock_cli.stores.postgres.epochs import EPOCH_SHIFT
 from tasklock_cli.stores.postgres.epochs import IDENTITY
 from tasklock_cli.stores.postgres.store import PostgresStore
 from tasklock_cli.stores.postgres.store import split_table

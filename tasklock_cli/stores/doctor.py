@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 from tasklock_cli.stores.model import StoreCheck
 
 #: A store clock further than this from ours is worth a warning (times shown look off).
@@ -24,3 +27,18 @@ def clock_check(whose: str, offset: float, uncertainty: float, decides: str) -> 
 
 def warning(name: str, detail: str) -> StoreCheck:
     return StoreCheck(name, True, detail, warning=True)
+
+
+def closest_clock_offset(read_clock: Callable[[], float]) -> tuple[float, float]:
+    """(the store's clock - ours, round trip) in seconds: of three readings of the store's
+    clock (seconds since 1970, from ``read_clock``), the one with the shortest round trip."""
+    best: tuple[float, float] | None = None
+    for _ in range(3):
+        before, started = time.time(), time.perf_counter()
+        server = read_clock()
+        elapsed = time.perf_counter() - started
+        offset = server - (before + elapsed / 2)
+        if best is None or elapsed < best[1]:
+            best = (offset, elapsed)
+    assert best is not None
+    return best

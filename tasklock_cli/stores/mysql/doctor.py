@@ -9,13 +9,15 @@ import time
 
 from tasklock_cli.errors import TasklockError
 from tasklock_cli.stores.doctor import clock_check
+from tasklock_cli.stores.doctor import closest_clock_offset
 from tasklock_cli.stores.doctor import warning
+from tasklock_cli.stores.failover import after_failover
+from tasklock_cli.stores.failover import quarantine_length
 from tasklock_cli.stores.model import StoreCheck
 from tasklock_cli.stores.mysql.driver import pymysql
 from tasklock_cli.stores.mysql.epochs import EPOCH_ROW
 from tasklock_cli.stores.mysql.epochs import SERVER
 from tasklock_cli.stores.mysql.epochs import describe_identity
-from tasklock_cli.stores.mysql.epochs import quarantine_length
 from tasklock_cli.stores.mysql.schema import INSPECT
 from tasklock_cli.stores.mysql.schema import MySQLSchema
 
@@ -74,7 +76,7 @@ def _probe(conn: pymysql.connections.Connection, schema: MySQLSchema) -> dict[st
             "rtt": rtt,
             "server": (_server(version), bool(read_only)),
             "schema": described,
-            "clock": _clock_offset(cursor),
+            "clock": closest_clock_offset(lambda: _server_clock(cursor)),
             "identity": _identity(cursor, version),
             "replication": _replication(cursor),
             "epoch": epoch,
@@ -126,15 +128,9 @@ def _replication(cursor: Any) -> dict[str, Any]:
     }
 
 
-_AFTER_FAILOVER = (
-    "after a failover, no new lease in the table for {length:g}s (the longest TTL granted, "
-    "at least 30s, + 2s), then tokens above every earlier one"
-)
-
-
 def _replication_check(found: dict[str, Any], length: float) -> StoreCheck:
     """What a crash of this server, or a failover to its replicas, keeps."""
-    after = _AFTER_FAILOVER.format(length=length)
+    after = after_failover(length)
     if found["flush"] != 1:
         return warning(
             "replication",
@@ -211,17 +207,6 @@ def _server(version: str) -> str:
     )
 
 
-def _clock_offset(cursor: Any) -> tuple[float, float]:
-    """(server clock - ours, round trip) in seconds: the sample of three with the shortest
-    round trip."""
-    best: tuple[float, float] | None = None
-    for _ in range(3):
-        before, started = time.time(), time.perf_counter()
-        cursor.execute("SELECT UNIX_TIMESTAMP(SYSDATE(6))")
-        server = cursor.fetchone()[0]
-        elapsed = time.perf_counter() - started
-        offset = float(server) - (before + elapsed / 2)
-        if best is None or elapsed < best[1]:
-            best = (offset, elapsed)
-    assert best is not None
-    return best
+def _server_clock(cursor: Any) -> float:
+    cursor.execute("SELECT UNIX_TIMESTAMP(SYSDATE(6))")
+    return float(cursor.fetchone()[0])

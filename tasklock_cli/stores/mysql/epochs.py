@@ -1,6 +1,7 @@
 """Failover epochs on MySQL/MariaDB: the acquire procedure's check that the server is still
 the primary whose writes the table's rows were made under, and the fencing tokens of a
-new epoch (the argument is in the package's docstring).
+new epoch (the argument is in the package's docstring; the design the stores share, in
+``stores.failover``).
 
 The table's epoch row is a reserved row of the lease table (key ``''``, which no lock
 has, slot ``EPOCH_SLOT``; no owner, so no listing, sweep or older tasklock sees it):
@@ -23,23 +24,15 @@ from __future__ import annotations
 
 import re
 
-from tasklock_cli.stores.model import MAX_FENCING_TOKEN
+from tasklock_cli.stores.failover import DEFAULT_TTL_S
+from tasklock_cli.stores.failover import EPOCH_SHIFT
+from tasklock_cli.stores.failover import QUARANTINE_MARGIN_S
 
 #: The epoch row's key and slot (no lock key is empty; slot -1 is a key's counter).
 EPOCH_KEY = ""
 EPOCH_SLOT = -2
-#: Tokens of epoch ``e`` start at ``e << EPOCH_SHIFT``.
-EPOCH_SHIFT = 30
-#: The greatest epoch whose first token is a token (``e << EPOCH_SHIFT`` <= 2**63-1).
-MAX_EPOCH = MAX_FENCING_TOKEN >> EPOCH_SHIFT
-#: The quarantine is never shorter than this (s) plus the margin: the default ``--ttl``,
-#: for leases whose TTL the new primary's row does not know of.
-DEFAULT_TTL_S = 30.0
 #: A longest TTL recorded above this (s) is read as this (a row someone else wrote).
 LONGEST_TTL_S = 1e9
-#: Added to the quarantine (s): a holder's send time before the server's clock, the
-#: clocks of two servers.
-QUARANTINE_MARGIN_S = 2.0
 
 #: The server as an epoch knows it, ``SERVER_ID:HOSTNAME:PORT`` (and ``:SERVER_UUID`` on
 #: MySQL). A replica's ``server_id`` differs from its primary's (both MySQL and MariaDB
@@ -147,8 +140,3 @@ def describe_identity(identity: object) -> str:
     if found is None:
         return "an unrecognised server"
     return f"server_id {found[1]} on {found[2]}:{found[3]}"
-
-
-def quarantine_length(max_ttl: float | None) -> float:
-    """How long a new epoch's quarantine lasts, given the longest TTL recorded."""
-    return max(max_ttl or 0.0, DEFAULT_TTL_S) + QUARANTINE_MARGIN_S

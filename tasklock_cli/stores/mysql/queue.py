@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import hashlib
 
+from tasklock_cli.stores.failover import MAX_EPOCH
 from tasklock_cli.stores.model import MAX_FENCING_TOKEN
 from tasklock_cli.stores.model import WAITER_HORIZON_S
 from tasklock_cli.stores.mysql.epochs import EPOCH_STEPS
 from tasklock_cli.stores.mysql.epochs import FIRST_TOKEN
-from tasklock_cli.stores.mysql.epochs import MAX_EPOCH
 
 #: A place's ``ord`` when it has none in front: later than every place.
 _LAST = "9223372036854775807"

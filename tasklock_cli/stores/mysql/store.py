@@ -16,6 +16,8 @@ from tasklock_cli.errors import Superseded
 from tasklock_cli.errors import TasklockError
 from tasklock_cli.stores import rows as row_parsing
 from tasklock_cli.stores.base import Store
+from tasklock_cli.stores.failover import Quarantines
+from tasklock_cli.stores.failover import quarantine_text
 from tasklock_cli.stores.model import BROKEN_OWNER_PREFIX
 from tasklock_cli.stores.model import LEDGER_KEEP
 from tasklock_cli.stores.model import LIST_PAGE
@@ -136,8 +138,7 @@ class MySQLStore(Store):
         self._statements: dict[str, str] = {}
         self._place_seqs: dict[str, int] = {}  # key -> our place's seq in its queue
         self._seen: dict[str, tuple[int, int]] = {}  # key -> (live leases, counter) at a look
-        #: Keys whose last acquire met a failover quarantine: when it ends (monotonic).
-        self._quarantines: dict[str, float] = {}
+        self._quarantines = Quarantines()  # the failover quarantines our acquires met
         self._wake_line = WakeLine(self._db, table)
         self._break_watches = BreakWatches(
             MySQLBreakWatches(self._db, table).open,
@@ -213,10 +214,7 @@ class MySQLStore(Store):
         (row,) = self._call("acquire", args)
         outcome, slot, slot_limit, token, acquired_at, expires_at, mode, seq, quarantine = row
         outcome = _text(outcome)
-        if quarantine is None:
-            self._quarantines.pop(key, None)
-        else:
-            self._quarantines[key] = time.monotonic() + max(0, int(quarantine)) / 1000
+        self._quarantines.met(key, None if quarantine is None else int(quarantine))
         self._note_queue_place(key, owner if outcome == "queued" else None)
         if outcome == "queued":
             self._place_seqs[key] = int(seq)
@@ -242,13 +240,10 @@ class MySQLStore(Store):
         )
 
     def holdup(self, key: str) -> str | None:
-        left = self._quarantines.get(key, 0.0) - time.monotonic()
-        if left <= 0:
-            return None
-        return (
-            "the MySQL primary changed (a failover, or another server behind the URL): no new "
-            f"lease in this table for {left:.1f}s more, until every lease the old primary may "
-            "have granted has run out"
+        return quarantine_text(
+            "the MySQL primary changed (a failover, or another server behind the URL)",
+            "table",
+            self._quarantines.left(key),
         )
 
     def renew(self, lease: Lease, ttl: float) -> Lease:
@@ -375,7 +370,7 @@ class MySQLStore(Store):
         return True
 
     def _time_until_free(self, key: str) -> float | None:
-        quarantine_left = self._quarantines.get(key, 0.0) - time.monotonic()
+        quarantine_left = self._quarantines.left(key)
         if quarantine_left > 0:
             return quarantine_left
         owner = self._queue_place(key) or ""

@@ -16,7 +16,10 @@ from psycopg.conninfo import conninfo_to_dict
 
 from tasklock_cli.errors import TasklockError
 from tasklock_cli.stores.doctor import clock_check
+from tasklock_cli.stores.doctor import closest_clock_offset
 from tasklock_cli.stores.doctor import warning
+from tasklock_cli.stores.failover import after_failover
+from tasklock_cli.stores.failover import quarantine_length
 from tasklock_cli.stores.model import StoreCheck
 from tasklock_cli.stores.postgres.connection import one_row
 from tasklock_cli.stores.postgres.epochs import EPOCH_ROW
@@ -24,7 +27,6 @@ from tasklock_cli.stores.postgres.epochs import REPLICATION
 from tasklock_cli.stores.postgres.epochs import SERVER_IDENTITY
 from tasklock_cli.stores.postgres.epochs import describe_change
 from tasklock_cli.stores.postgres.epochs import describe_identity
-from tasklock_cli.stores.postgres.epochs import quarantine_length
 from tasklock_cli.stores.postgres.epochs import refusal
 from tasklock_cli.stores.postgres.epochs import refused_function
 from tasklock_cli.stores.postgres.schema import PgSchema
@@ -104,7 +106,7 @@ def _probe(
         "version": version,
         "standby": standby,
         "schema": described,
-        "clock": _clock_offset(conn),
+        "clock": closest_clock_offset(lambda: _server_clock(conn)),
         "identity": identity,
         "started": server_started,
         "refused": refused,
@@ -121,16 +123,10 @@ def _host_count(db: Any) -> int:
     return max(1, len(str(hosts).split(",")))
 
 
-_AFTER_FAILOVER = (
-    "after a failover, no new lease in the table for {length:g}s (the longest TTL granted, "
-    "at least 30s, + 2s), then tokens above every earlier one"
-)
-
-
 def _replication_check(replication: list, length: float, hosts: int) -> StoreCheck:
     """What a failover to the standbys streaming from this primary keeps."""
     sync_commit, sync_names, standbys = replication
-    after = _AFTER_FAILOVER.format(length=length)
+    after = after_failover(length)
     names = [str(name) for name, _, _ in standbys]
     states = {state for _, _, state in standbys}
     if sync_commit == "off":
@@ -211,17 +207,5 @@ def _epoch_check(
     )
 
 
-def _clock_offset(conn: psycopg.Connection) -> tuple[float, float]:
-    """(server clock - ours, round trip) in seconds: the sample of three with the shortest
-    round trip."""
-    best: tuple[float, float] | None = None
-    for _ in range(3):
-        before, started = time.time(), time.perf_counter()
-        query = "SELECT extract(epoch FROM clock_timestamp())::float8"
-        server = one_row(conn.execute(query))[0]
-        elapsed = time.perf_counter() - started
-        offset = float(server) - (before + elapsed / 2)
-        if best is None or elapsed < best[1]:
-            best = (offset, elapsed)
-    assert best is not None
-    return best
+def _server_clock(conn: psycopg.Connection) -> float:
+    return float(one_row(conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8"))[0])

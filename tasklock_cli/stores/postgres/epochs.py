@@ -1,6 +1,7 @@
 """Failover epochs: the acquire statement's check that the server is still the primary,
 and the same run of it, whose writes the table's rows were made under; and the fencing
-tokens of a new epoch (the argument is in the package's docstring).
+tokens of a new epoch (the argument is in the package's docstring; the design the stores
+share, in ``stores.failover``).
 
 The table's epoch row is a reserved row of the lease table (key ``''``, which no lock
 has, slot ``EPOCH_SLOT``; no owner, so no listing, sweep or older tasklock sees it):
@@ -35,17 +36,13 @@ import re
 from datetime import datetime
 from datetime import timezone
 
+from tasklock_cli.stores.failover import DEFAULT_TTL_S
+from tasklock_cli.stores.failover import EPOCH_SHIFT
+from tasklock_cli.stores.failover import QUARANTINE_MARGIN_S
+
 #: The epoch row's key and slot (no lock key is empty; slot -1 is a key's counter).
 EPOCH_KEY = ""
 EPOCH_SLOT = -2
-#: Tokens of epoch ``e`` start at ``e << EPOCH_SHIFT``.
-EPOCH_SHIFT = 30
-#: The quarantine is never shorter than this (s) plus the margin: the default ``--ttl``,
-#: for leases whose TTL the new primary's row does not know of.
-DEFAULT_TTL_S = 30.0
-#: Added to the quarantine (s): a holder's send time before the server's clock, the
-#: clocks of two servers.
-QUARANTINE_MARGIN_S = 2.0
 
 #: The server as an epoch knows it: its system identifier (``initdb``'s; a physical
 #: standby shares it) and the timeline it writes WAL on now, ``SYSTEM:TIMELINE``. The
@@ -241,8 +238,3 @@ def refusal(name: str, text: str) -> str:
         "to notice a failover or a restart: it needs PostgreSQL 10 or later, with EXECUTE on "
         f"{name} for this user"
     )
-
-
-def quarantine_length(max_ttl: float | None) -> float:
-    """How long a new epoch's quarantine lasts, given the longest TTL recorded."""
-    return max(max_ttl or 0.0, DEFAULT_TTL_S) + QUARANTINE_MARGIN_S

@@ -24,6 +24,8 @@ from tasklock_cli.errors import Superseded
 from tasklock_cli.errors import TasklockError
 from tasklock_cli.stores import rows as rows_of
 from tasklock_cli.stores.base import Store
+from tasklock_cli.stores.failover import Quarantines
+from tasklock_cli.stores.failover import quarantine_text
 from tasklock_cli.stores.model import BROKEN_OWNER_PREFIX
 from tasklock_cli.stores.model import LEDGER_KEEP
 from tasklock_cli.stores.model import LIST_PAGE
@@ -296,8 +298,7 @@ class PostgresStore(Store):
         self.runs_table_name = self._schema.runs_table_name
         self._statements: dict[tuple[str, str, str], sql.Composed] = {}
         self._listening = PgListening(self._db, self._schema)
-        #: Keys whose last acquire met a failover quarantine: when it ends (monotonic).
-        self._quarantines: dict[str, float] = {}
+        self._quarantines = Quarantines()  # the failover quarantines our acquires met
         self._breaks = PgBreakListeners(self._db, self._schema, self._sql(_INTACT))
         self._break_watches = BreakWatches(
             self._breaks.open, (psycopg.Error, Overrun, OSError, TasklockError)
@@ -362,7 +363,8 @@ class PostgresStore(Store):
         for _ in range(ACQUIRE_RACE_RETRIES):
             rows = self._db.run(attempt)
             self._note_place(key, owner, rows)
-            self._note_quarantine(key, rows)
+            left_ms = next((row[3] for row in rows if row[0] == "quarantine"), None)
+            self._quarantines.met(key, None if left_ms is None else int(left_ms))
             outcome = _outcome(key, owner, limit, rows)
             if outcome != "lost":
                 return outcome
@@ -381,23 +383,12 @@ class PostgresStore(Store):
             self._listening.places[key] = int(seq)
             self._note_queue_place(key, owner_token)
 
-    def _note_quarantine(self, key: str, rows: list) -> None:
-        """When the failover quarantine our acquire of ``key`` met ends (monotonic)."""
-        left_ms = next((row[3] for row in rows if row[0] == "quarantine"), None)
-        if left_ms is None:
-            self._quarantines.pop(key, None)
-        else:
-            self._quarantines[key] = time.monotonic() + max(0, int(left_ms)) / 1000
-
     def holdup(self, key: str) -> str | None:
-        left = self._quarantines.get(key, 0.0) - time.monotonic()
-        if left <= 0:
-            return None
-        return (
+        return quarantine_text(
             "the PostgreSQL primary changed or restarted (a failover, a restart, a restored "
-            "backup): no new lease in "
-            f"this table for {left:.1f}s more, until every lease the old primary may have "
-            "granted has run out"
+            "backup)",
+            "table",
+            self._quarantines.left(key),
         )
 
     def waiters(self, key: str) -> list[WaiterInfo]:
@@ -593,7 +584,7 @@ class PostgresStore(Store):
         return True
 
     def _time_until_free(self, key: str) -> float | None:
-        quarantine_left = self._quarantines.get(key, 0.0) - time.monotonic()
+        quarantine_left = self._quarantines.left(key)
         if quarantine_left > 0:
             return quarantine_left
         statement = self._sql(TIME_UNTIL_FREE)
@@ -632,7 +623,7 @@ def _outcome(key: str, owner: str, limit: int, rows: list) -> Lease | Literal["l
     if "superseded" in outcomes:
         raise Superseded(key)
     outcomes.pop("queued", None)
-    outcomes.pop("quarantine", None)  # (``_note_quarantine``)
+    outcomes.pop("quarantine", None)  # (noted by ``_acquire``)
     if not outcomes:
         return None
     outcome, slot, slot_limit, token, acquired_at, expires_at, mode = next(iter(outcomes.values()))

@@ -1,5 +1,6 @@
 """Failover epochs: the acquire script's check that Redis's primary is still the one whose
-writes the namespace's records were made under, and the fencing tokens of a new epoch.
+writes the namespace's records were made under, and the fencing tokens of a new epoch (the
+design the stores share is in ``stores.failover``).
 
 The namespace's epoch record is the hash ``P{}:epoch`` (no lock key is empty, so no lock
 key's parts can have this name), never given a TTL:
@@ -32,19 +33,20 @@ from __future__ import annotations
 
 from typing import Any
 
+from tasklock_cli.stores.failover import DEFAULT_TTL_S
+from tasklock_cli.stores.failover import EPOCH_SHIFT
+from tasklock_cli.stores.failover import MAX_EPOCH
+from tasklock_cli.stores.failover import QUARANTINE_MARGIN_S
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import redis
 
     from tasklock_cli.stores.redis.connection import RedisConnection
 
-#: The quarantine is never shorter than this (ms) plus the margin: the default ``--ttl``,
-#: for leases whose TTL no record this primary holds knows of.
-DEFAULT_TTL_MS = 30_000
-#: Added to the quarantine (ms): clocks of two Redis servers, and a holder's send time.
-QUARANTINE_MARGIN_MS = 2_000
-#: Tokens of epoch ``e`` start at ``e << EPOCH_SHIFT``.
-EPOCH_SHIFT = 30
+#: ``stores.failover``'s quarantine floor and margin in ms, Redis ``TIME``'s unit here.
+DEFAULT_TTL_MS = round(DEFAULT_TTL_S * 1000)
+QUARANTINE_MARGIN_MS = round(QUARANTINE_MARGIN_S * 1000)
 #: The role of the epoch record in ``RedisKeys.name``-like terms: ``P{}:epoch``.
 EPOCH_RECORD = b"{}:epoch"
 
@@ -126,7 +128,7 @@ end
 """.replace("DEFAULT_TTL_MS", str(DEFAULT_TTL_MS))
     .replace("QUARANTINE_MARGIN_MS", str(QUARANTINE_MARGIN_MS))
     .replace("EPOCH_BASE", str(2**EPOCH_SHIFT))
-    .replace("EPOCH_LIMIT", str(2 ** (63 - EPOCH_SHIFT)))
+    .replace("EPOCH_LIMIT", str(MAX_EPOCH + 1))
 )
 
 #: Lua for every script's prelude: compare two decimal strings of non-negative integers

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import time
 from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
@@ -23,6 +22,8 @@ from tasklock_cli.errors import Superseded
 from tasklock_cli.errors import TasklockError
 from tasklock_cli.stores import rows as row_parsing
 from tasklock_cli.stores.base import Store
+from tasklock_cli.stores.failover import Quarantines
+from tasklock_cli.stores.failover import quarantine_text
 from tasklock_cli.stores.model import BROKEN_OWNER_PREFIX
 from tasklock_cli.stores.model import LEDGER_KEEP
 from tasklock_cli.stores.model import LIST_PAGE
@@ -99,8 +100,7 @@ class RedisStore(Store):
         self._wake_lists = RedisWakeLists(self._conn)
         #: The mode of our last acquire of each key, for its wait (see _time_until_free).
         self._place_modes: dict[str, str] = {}
-        #: Keys whose last acquire met a failover quarantine: when it ends (monotonic).
-        self._quarantines: dict[str, float] = {}
+        self._quarantines = Quarantines()  # the failover quarantines our acquires met
         self._break_watches = BreakWatches(
             lambda lease: open_break_subscription(self._conn, lease), WAITING_TROUBLE
         )
@@ -134,11 +134,9 @@ class RedisStore(Store):
         waiting = result is None and queue
         self._note_queue_place(key, owner if waiting else None)
         self._place_modes[key] = ask.mode
-        self._quarantines.pop(key, None)
-        if result is None:
-            return None
-        if result[0] == b"quarantine":
-            self._quarantines[key] = time.monotonic() + int(result[1]) / 1000
+        quarantined = result is not None and result[0] == b"quarantine"
+        self._quarantines.met(key, int(result[1]) if quarantined else None)
+        if result is None or quarantined:
             return None
         if result[0] == b"superseded":
             raise Superseded(key)
@@ -165,7 +163,7 @@ class RedisStore(Store):
         )
 
     def holdup(self, key: str) -> str | None:
-        return _quarantine_text(self._quarantines.get(key, 0.0) - time.monotonic())
+        return _quarantine_text(self._quarantines.left(key))
 
     def quarantine(self) -> str | None:
         return _quarantine_text(quarantine_left(self._conn))
@@ -365,7 +363,7 @@ class RedisStore(Store):
     def _time_until_free(self, key: str) -> float | None:
         """None while a slot is free for us (see Store); else the PTTL of the first live
         slot to run out that keeps us out (nobody pushes a wake-up for an expiry)."""
-        quarantine_left = self._quarantines.get(key, 0.0) - time.monotonic()
+        quarantine_left = self._quarantines.left(key)
         if quarantine_left > 0:
             return quarantine_left
         rows = self._slots(key)
@@ -424,13 +422,7 @@ class RedisStore(Store):
 
 def _quarantine_text(left: float) -> str | None:
     """What a failover quarantine with ``left`` seconds to run means; None when over."""
-    if left <= 0:
-        return None
-    return (
-        f"the Redis primary changed (failover or restart): no new lease in this namespace "
-        f"for {left:.1f}s more, until every lease the old primary may have granted has run "
-        "out"
-    )
+    return quarantine_text("the Redis primary changed (failover or restart)", "namespace", left)
 
 
 def _first_expiry(rows: list[list[Any]]) -> float:

@@ -1,0 +1,71 @@
+"""Failover epochs, the design the PostgreSQL, Redis and MySQL stores share (each writes it
+in its own SQL or Lua; the argument is in the PostgreSQL package's docstring).
+
+- A store records the server its primary was; an acquire that finds another (or, where
+  the store can tell, a restart) starts a new epoch, ``max(previous + 1, the server's
+  clock in whole seconds)``.
+- A new epoch's quarantine keeps every key from new holders for ``quarantine_length``:
+  the longest TTL recorded (at least the default ``--ttl``) plus a margin, so every lease
+  the old primary may have granted has run out before a new one is granted.
+- A key's next fencing token is ``max(counter + 1, epoch << EPOCH_SHIFT)``, below 2**63.
+"""
+
+from __future__ import annotations
+
+import time
+
+from tasklock_cli.stores.model import MAX_FENCING_TOKEN
+
+#: Tokens of epoch ``e`` start at ``e << EPOCH_SHIFT``.
+EPOCH_SHIFT = 30
+#: The greatest epoch whose first token is a token (``e << EPOCH_SHIFT`` <= 2**63-1).
+MAX_EPOCH = MAX_FENCING_TOKEN >> EPOCH_SHIFT
+#: The quarantine is never shorter than this (s) plus the margin: the default ``--ttl``,
+#: for leases whose TTL the new primary's record does not know of.
+DEFAULT_TTL_S = 30.0
+#: Added to the quarantine (s): a holder's send time before the server's clock, the
+#: clocks of two servers.
+QUARANTINE_MARGIN_S = 2.0
+
+
+def quarantine_length(max_ttl: float | None) -> float:
+    """How long a new epoch's quarantine lasts (s), given the longest TTL recorded (s)."""
+    return max(max_ttl or 0.0, DEFAULT_TTL_S) + QUARANTINE_MARGIN_S
+
+
+def quarantine_text(change: str, scope: str, left: float) -> str | None:
+    """What a quarantine with ``left`` seconds to run means, None when over: ``change`` says
+    what happened to the primary, ``scope`` what the quarantine covers ("table")."""
+    if left <= 0:
+        return None
+    return (
+        f"{change}: no new lease in this {scope} for {left:.1f}s more, until every lease "
+        "the old primary may have granted has run out"
+    )
+
+
+class Quarantines:
+    """The keys whose last acquire met a quarantine, and when it ends (monotonic)."""
+
+    def __init__(self) -> None:
+        self._ends: dict[str, float] = {}
+
+    def met(self, key: str, left_ms: int | None) -> None:
+        """Our acquire of ``key`` met a quarantine with ``left_ms`` ms to run, or none (None)."""
+        if left_ms is None:
+            self._ends.pop(key, None)
+        else:
+            self._ends[key] = time.monotonic() + max(0, left_ms) / 1000
+
+    def left(self, key: str) -> float:
+        """Seconds left of the quarantine our last acquire of ``key`` met (0 or less: none)."""
+        return self._ends.get(key, 0.0) - time.monotonic()
+
+
+def after_failover(length: float) -> str:
+    """What a failover costs, for ``doctor``: ``length``, the quarantine's (s)."""
+    return (
+        f"after a failover, no new lease in the table for {length:g}s (the longest TTL "
+        f"granted, at least {DEFAULT_TTL_S:g}s, + {QUARANTINE_MARGIN_S:g}s), then tokens "
+        "above every earlier one"
+    )
