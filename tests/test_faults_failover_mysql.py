@@ -8,7 +8,7 @@ holder's lease could no longer be valid (the quarantine), and the tokens after t
 failover are above every token before it.
 
 Each run's command writes a marker file (its token, its start, then a line every 20 ms),
-so overlaps are measured, not assumed (the machinery is the PostgreSQL failover test's).
+so overlaps are measured, not assumed (see tests/support/failover.py).
 """
 
 from __future__ import annotations
@@ -19,22 +19,18 @@ from collections.abc import Iterator
 import pytest
 
 from tests.support import report
-from tests.support.cli import json_events
 from tests.support.cli import tasklock
 from tests.support.cli import wait_until
+from tests.support.failover import KEY
+from tests.support.failover import Runs
+from tests.support.failover import assert_lost_holder_fenced
 from tests.support.mysql_replication import PrivateMariaDB
 from tests.support.mysql_replication import ReplicatedMariaDB
 from tests.support.mysql_replication import private_mariadb_unavailable
 from tests.support.mysql_replication import replicated_mariadb
 from tests.support.services import in_ci
-from tests.test_faults_failover_postgres import EXIT_CODES
-from tests.test_faults_failover_postgres import KEY
-from tests.test_faults_failover_postgres import Runs
-from tests.test_faults_failover_postgres import assert_one_at_a_time
 
 pytestmark = pytest.mark.slow
-
-EPOCH_SHIFT = 30
 
 
 @pytest.fixture
@@ -93,39 +89,14 @@ def test_async_replica_promoted_without_the_holders_writes(pair, cli_env, tmp_pa
     finished = runs.finish()
     epoch, quarantine = epoch_row(pair.replica, table)
 
-    codes = {name: code for name, (code, _) in finished.items()}
-    codes["refused"] = refused.returncode
-    codes["on-replica"] = on_replica.returncode
-    assert set(codes.values()) <= EXIT_CODES, codes
-    expected = {"holder": 70, "waiter": 0, "late-waiter": 0, "refused": 75, "on-replica": 69}
-    assert codes == expected, finished
+    others = {"on-replica": (on_replica.returncode, 69)}
+    figures = assert_lost_holder_fenced(
+        runs, finished, refused, epoch, quarantine, (killed_at, promoted_at), others
+    )
     assert "read-only" in on_replica.stderr, on_replica.stderr
-    assert "primary changed" in refused.stderr, refused.stderr
     assert replication.startswith("warn") and "1 replica(s) (server_id 2), asynchronous" in (
         replication
     ), replication
     assert epoch_line.startswith("warn"), epoch_line
     assert "changed from server_id 1 on" in epoch_line and "to server_id 2 on" in epoch_line
-    waiting = [e for e in json_events(finished["late-waiter"][1]) if e["event"] == "waiting"]
-    assert "primary changed" in waiting[0]["reason"], waiting
-    lost = [e for e in json_events(finished["holder"][1]) if e["event"] == "lost"]
-    assert [e["detected_by"] for e in lost] in (["rejected"], ["unreachable"]), lost
-    spans = assert_one_at_a_time(runs)
-    tokens = {name: token for _, _, token, name in spans}
-    assert tokens["warm-up"] == 1 and tokens["holder"] == 2  # the replica never saw 2
-    assert epoch > 0 and tokens["waiter"] >= epoch << EPOCH_SHIFT
-    assert tokens["late-waiter"] >= epoch << EPOCH_SHIFT
-    assert "refused" not in tokens  # its command never ran
-    assert 32.0 <= quarantine < 33.0  # max(longest TTL 6 s, 30 s) + 2 s
-    holder_end = runs.marks("holder")[-1][2]
-    first_after = min(spans[2][0], spans[3][0])
-    report.record(
-        "async replica promoted, holder's writes lost",
-        "mysql",
-        quarantine_s=quarantine,
-        tokens_before=[tokens["warm-up"], tokens["holder"]],
-        tokens_after=sorted([tokens["waiter"], tokens["late-waiter"]]),
-        kill_to_next_run_s=first_after - killed_at,
-        holder_ran_after_promotion_s=holder_end - promoted_at,
-        exit_codes=sorted(codes.values()),
-    )
+    report.record("async replica promoted, holder's writes lost", "mysql", **figures)

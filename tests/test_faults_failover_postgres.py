@@ -8,15 +8,12 @@ the holder's lease could no longer be valid (the quarantine), and the tokens aft
 failover are above every token before it. Sync: the holder's lease survives the promotion
 and it runs to the end; the waiter runs after it.
 
-Each run's command writes a marker file (its token, its start, then a line every 20 ms), so
-overlaps are measured, not assumed.
+Each run's command writes a marker file (see tests/support/failover.py), so overlaps are
+measured, not assumed.
 """
 
 from __future__ import annotations
 
-import itertools
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,9 +22,11 @@ import pytest
 
 from tests.support import report
 from tests.support.cli import json_events
-from tests.support.cli import start
-from tests.support.cli import tasklock
 from tests.support.cli import wait_until
+from tests.support.failover import KEY
+from tests.support.failover import Runs
+from tests.support.failover import assert_lost_holder_fenced
+from tests.support.failover import assert_one_at_a_time
 from tests.support.pg import PrivatePostgres
 from tests.support.pg import pg_bin_dir
 from tests.support.pg import private_postgres_unavailable
@@ -38,24 +37,6 @@ from tests.support.pg_replication import template_data
 from tests.support.services import in_ci
 
 pytestmark = pytest.mark.slow
-
-KEY = "nightly"
-TTL = "6s"
-EXIT_CODES = {0, 69, 70, 75}
-MARKER = """\
-import os, sys, time
-path, seconds = sys.argv[1], float(sys.argv[2])
-token = os.environ["TASKLOCK_FENCING_TOKEN"]
-def note(what):
-    with open(path, "a") as out:
-        out.write(f"{what} {token} {time.time():.6f}\\n")
-note("start")
-end = time.monotonic() + seconds
-while time.monotonic() < end:
-    note("alive")
-    time.sleep(0.02)
-note("end")
-"""
 
 
 def _unavailable() -> str | None:
@@ -78,77 +59,6 @@ def template() -> Iterator[Path]:
         yield server.data
     finally:
         server.destroy()
-
-
-class Runs:
-    """`tasklock run` processes, each running MARKER into a marker file of its own."""
-
-    def __init__(self, url: str, env: dict[str, str], tmp_path: Path) -> None:
-        self.env = {**env, "TASKLOCK_STORE": url}
-        self.dir = tmp_path
-        self.script = tmp_path / "marker.py"
-        self.script.write_text(MARKER)
-        self.started: dict[str, subprocess.Popen] = {}
-
-    def command(self, name: str, seconds: float) -> list[str]:
-        return [sys.executable, str(self.script), str(self.dir / f"{name}.marks"), str(seconds)]
-
-    def start(self, name: str, seconds: float, *options: str) -> subprocess.Popen:
-        args = ["--log-format", "json", "run", KEY, "--ttl", TTL, "--grace", "1s", *options]
-        process = start(*args, "--", *self.command(name, seconds), env=self.env)
-        self.started[name] = process
-        return process
-
-    def run(self, name: str, seconds: float, *options: str) -> subprocess.CompletedProcess:
-        """A run to its end, in text mode (its conflict message is on stderr)."""
-        args = ["run", KEY, "--ttl", TTL, *options]
-        return tasklock(*args, "--", *self.command(name, seconds), env=self.env, timeout=120)
-
-    def doctor(self, check: str) -> str:
-        """``doctor``'s line about ``check``, as printed (``ok``/``warn``/``fail`` first)."""
-        result = tasklock("doctor", env=self.env, timeout=60)
-        lines = [line for line in result.stdout.splitlines() if line.split()[1:2] == [check]]
-        assert len(lines) == 1, result.stdout + result.stderr
-        return lines[0]
-
-    def marks(self, name: str) -> list[tuple[str, int, float]]:
-        path = self.dir / f"{name}.marks"
-        if not path.exists():
-            return []
-        rows = [line.split() for line in path.read_text().splitlines()]
-        return [(what, int(token), float(at)) for what, token, at in rows]
-
-    def started_file(self, name: str) -> bool:
-        return bool(self.marks(name))
-
-    def spans(self) -> list[tuple[float, float, int, str]]:
-        """(first mark, last mark, token, name) of every run whose command ran, by start."""
-        found = []
-        for path in self.dir.glob("*.marks"):
-            marks = self.marks(path.stem)
-            found.append((marks[0][2], marks[-1][2], marks[0][1], path.stem))
-        return sorted(found)
-
-    def finish(self, timeout: float = 120) -> dict[str, tuple[int, str]]:
-        """name -> (exit code, stderr) of every started run."""
-        finished = {}
-        for name, process in self.started.items():
-            _, stderr = process.communicate(timeout=timeout)
-            finished[name] = (process.returncode, stderr)
-        return finished
-
-
-def assert_one_at_a_time(runs: Runs) -> list[tuple[float, float, int, str]]:
-    """No two commands ran at once; tokens strictly increase in start order."""
-    spans = runs.spans()
-    for before, after in itertools.pairwise(spans):
-        (_, earlier_end, earlier_token, earlier), (later_start, _, later_token, later) = (
-            before,
-            after,
-        )
-        assert later_start > earlier_end, f"{later} started while {earlier} still ran: {spans}"
-        assert later_token > earlier_token, f"{later} got token {later_token}: {spans}"
-    return spans
 
 
 def epoch_row(server: PrivatePostgres, table: str) -> tuple[int, float]:
@@ -202,35 +112,11 @@ def test_async_standby_promoted_without_the_holders_writes(template, cli_env, tm
         finished = runs.finish()
         epoch, quarantine = epoch_row(pair.standby, table)  # type: ignore[arg-type]
 
-    codes = {name: code for name, (code, _) in finished.items()}
-    codes["refused"] = refused.returncode
-    assert set(codes.values()) <= EXIT_CODES, codes
-    assert codes == {"holder": 70, "waiter": 0, "late-waiter": 0, "refused": 75}, finished
-    assert "primary changed" in refused.stderr, refused.stderr
+    moments = (killed_at, promoted_at)
+    figures = assert_lost_holder_fenced(runs, finished, refused, epoch, quarantine, moments)
     assert replication.startswith("warn") and "not synchronous: standby1 (async)" in replication
     assert epoch_line.startswith("warn") and "timeline 1 to system" in epoch_line, epoch_line
-    waiting = [e for e in json_events(finished["late-waiter"][1]) if e["event"] == "waiting"]
-    assert "primary changed" in waiting[0]["reason"], waiting
-    lost = [e for e in json_events(finished["holder"][1]) if e["event"] == "lost"]
-    assert [e["detected_by"] for e in lost] in (["rejected"], ["unreachable"]), lost
-    spans = assert_one_at_a_time(runs)
-    tokens = {name: token for _, _, token, name in spans}
-    assert tokens["warm-up"] == 1 and tokens["holder"] == 2  # the standby never saw 2
-    assert epoch > 0 and tokens["waiter"] >= epoch << 30 and tokens["late-waiter"] >= epoch << 30
-    assert "refused" not in tokens  # its command never ran
-    assert 32.0 <= quarantine < 33.0  # max(longest TTL 6 s, 30 s) + 2 s
-    holder_end = runs.marks("holder")[-1][2]
-    first_after = min(spans[2][0], spans[3][0])
-    report.record(
-        "async standby promoted, holder's writes lost",
-        "postgres",
-        quarantine_s=quarantine,
-        tokens_before=[tokens["warm-up"], tokens["holder"]],
-        tokens_after=sorted([tokens["waiter"], tokens["late-waiter"]]),
-        kill_to_next_run_s=first_after - killed_at,
-        holder_ran_after_promotion_s=holder_end - promoted_at,
-        exit_codes=sorted(codes.values()),
-    )
+    report.record("async standby promoted, holder's writes lost", "postgres", **figures)
 
 
 def test_sync_standby_promoted_keeps_the_holder(template, cli_env, tmp_path):

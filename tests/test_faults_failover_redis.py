@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import itertools
 import json
 import re
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -34,13 +31,15 @@ from tests.support.cli import one_error_line
 from tests.support.cli import start
 from tests.support.cli import tasklock
 from tests.support.cli import wait_until
+from tests.support.failover import EXIT_CODES
+from tests.support.failover import Runs
+from tests.support.failover import assert_one_at_a_time
 from tests.support.proxy import TcpProxy
 from tests.support.redis_failover import replicated_redis
 from tests.support.redis_failover import sentinels_for
 
 HOLDER = Holder(host="host-a", pid=4242, user="alice", command=["./job.sh"], note=None)
 OTHER = Holder(host="host-b", pid=99, user="bob", command=["true"], note=None)
-ALLOWED_EXITS = {0, 69, 70, 75}
 
 
 def owner() -> str:
@@ -462,85 +461,30 @@ def test_a_service_the_sentinels_do_not_know_is_78(cli_env):
 
 # -- failovers under the real executable, slow ---------------------------------------------
 
-TTL = "6s"
-MARKER = """
-import os, sys, time
-path, seconds = sys.argv[1], float(sys.argv[2])
-token = os.environ["TASKLOCK_FENCING_TOKEN"]
-end = time.time() + seconds
-with open(path, "a") as out:
-    while True:
-        out.write(f"{token} {time.time():.6f}\\n")
-        out.flush()
-        if time.time() >= end:
-            break
-        time.sleep(0.05)
-"""
-
-
-class Runs:
-    """``tasklock run`` processes whose commands write ``token time`` lines to a marker file
-    each (every 50 ms while they run): what ran when, with which token."""
-
-    def __init__(self, tmp_path: Path, env: dict[str, str]) -> None:
-        self.dir = tmp_path / "markers"
-        self.dir.mkdir()
-        self.script = tmp_path / "marker.py"
-        self.script.write_text(MARKER)
-        self.env = env
-        self.count = 0
-
-    def start(self, key: str, seconds: float, *options: str) -> subprocess.Popen:
-        self.count += 1
-        marker = self.dir / f"run-{self.count:04d}"
-        command = [sys.executable, str(self.script), str(marker), str(seconds)]
-        args = ("--log-format", "json", "run", key, "--ttl", TTL, *options, "--", *command)
-        process = start(*args, env=self.env, stdout=subprocess.DEVNULL)
-        process.marker = marker  # type: ignore[attr-defined]
-        return process
-
-    def intervals(self) -> list[tuple[float, float, int]]:
-        """(first, last, token) of every command that ran, in start order."""
-        spans = []
-        for marker in self.dir.iterdir():
-            lines = [line.split() for line in marker.read_text().splitlines() if line]
-            if lines:
-                times = [float(t) for _, t in lines]
-                spans.append((min(times), max(times), int(lines[0][0])))
-        return sorted(spans)
-
-
-def assert_safe(spans: list[tuple[float, float, int]]) -> None:
-    """No two commands overlapped; tokens strictly increase in start order."""
-    for (_, end, token), (begin, _, later) in itertools.pairwise(spans):
-        assert end < begin, f"overlap: token {token} ran until {end}, token {later} from {begin}"
-        assert token < later, f"token {later} started after token {token}"
-
 
 def failover_run(tmp_path, cli_env, url: str, pair, fail_over, waiters: int = 3) -> dict:
     """Warm up (the replica learns the namespace), cut the link, start a holder, fail over
     with ``fail_over()``, start waiters; check safety; return the figures."""
-    runs = Runs(tmp_path, {**cli_env, "TASKLOCK_STORE": url})
-    warm = runs.start("k", 0.1)
+    runs = Runs(url, cli_env, tmp_path, key="k", options=())
+    warm = runs.start("warm-up", 0.1)
     assert warm.wait(timeout=30) == 0, warm.stderr.read()
     pair.wait_synced()
     pair.cut_link()
-    holder = runs.start("k", 60)
-    wait_until(lambda: holder.marker.exists() and holder.marker.read_text(), 15)
+    holder = runs.start("holder", 60)
+    wait_until(lambda: runs.started_file("holder"), 15)
     killed_at = time.time()
     fail_over()
     queued = []
-    for _ in range(waiters):
-        queued.append(runs.start("k", 0.5, "--wait", "120s"))
+    for n in range(waiters):
+        queued.append(runs.start(f"waiter-{n}", 0.5, "--wait", "120s"))
         time.sleep(0.2)
     codes = [process.wait(timeout=150) for process in [holder, *queued]]
     stderr = {process.pid: process.stderr.read() for process in [holder, *queued]}
-    assert set(codes) <= ALLOWED_EXITS, stderr
+    assert set(codes) <= EXIT_CODES, stderr
     assert codes[0] == 70, stderr[holder.pid]  # its lease did not survive: it ended its tree
     assert codes[1:] == [0] * waiters, stderr
-    spans = runs.intervals()
+    spans = assert_one_at_a_time(runs)
     assert len(spans) == 2 + waiters
-    assert_safe(spans)
     holder_end = spans[1][1]
     first_after = spans[2][0]
     return {
@@ -613,7 +557,7 @@ def test_sentinel_soak_with_the_primary_killed_midway(tmp_path, cli_env):
     with replicated_redis() as pair, sentinels_for(pair.primary.port) as sentinels:
         sentinels.wait_ready()
         redis_support.known_namespace(pair.primary.url(prefix="soak:"))
-        runs = Runs(tmp_path, {**cli_env, "TASKLOCK_STORE": sentinels.url("soak:")})
+        runs = Runs(sentinels.url("soak:"), cli_env, tmp_path, key="k", options=())
         codes: collections.Counter[int] = collections.Counter()
         started = time.monotonic()
         killed_at = None
@@ -623,16 +567,15 @@ def test_sentinel_soak_with_the_primary_killed_midway(tmp_path, cli_env):
                 codes[process.returncode] += 1
                 live.remove(process)
             while time.monotonic() - started < SOAK_S and len(live) < 4:
-                live.append(runs.start("k", 0.2, "--wait", "5s"))
+                live.append(runs.start(f"run-{len(runs.started):04d}", 0.2, "--wait", "5s"))
             if killed_at is None and time.monotonic() - started >= SOAK_KILL_AT_S:
                 pair.cut_link()
                 time.sleep(0.3)  # a few acquires the replica never receives
                 pair.primary.kill()
                 killed_at = time.time()
             time.sleep(0.05)
-        spans = runs.intervals()
-    assert set(codes) <= ALLOWED_EXITS, codes
-    assert_safe(spans)
+    assert set(codes) <= EXIT_CODES, codes
+    spans = assert_one_at_a_time(runs)
     # The new primary's runs are those of the new epoch (a run the old primary granted may
     # still start a moment after the kill).
     after = [span for span in spans if span[2] >= 1 << 60]
@@ -666,27 +609,26 @@ def test_with_wait_replicas_an_old_primary_that_resumes_keeps_no_holder_alive(tm
     with replicated_redis() as pair:
         old_url = redis_support.known_namespace(pair.primary.url(prefix="pz:"))
         # (the waiter's URL asks for no replica: the promoted server has none here)
-        runs = Runs(tmp_path, {**cli_env, "TASKLOCK_STORE": old_url + "&wait_replicas=1"})
-        holder = runs.start("k", 60)
-        wait_until(lambda: holder.marker.exists() and holder.marker.read_text(), 15)
+        runs = Runs(old_url + "&wait_replicas=1", cli_env, tmp_path, key="k", options=())
+        holder = runs.start("holder", 60)
+        wait_until(lambda: runs.started_file("holder"), 15)
         pair.wait_synced()
         paused_at = time.time()
         pair.primary.pause()
         pair.promote()
         pair.cut_link()
         runs.env = {**cli_env, "TASKLOCK_STORE": pair.replica.url(prefix="pz:")}
-        waiter = runs.start("k", 0.5, "--wait", "120s")
+        waiter = runs.start("waiter", 0.5, "--wait", "120s")
         promoted = pair.replica.client()
         wait_until(lambda: promoted.hget(b"pz:{}:epoch", "epoch") != b"0", 15)  # quarantined
         promoted.close()
         pair.primary.resume()
         codes = [holder.wait(timeout=150), waiter.wait(timeout=150)]
         stderr = [holder.stderr.read(), waiter.stderr.read()]
-        spans = runs.intervals()
     assert codes == [70, 0], stderr
     assert '"detected_by": "unreachable"' in stderr[0], stderr[0]
+    spans = assert_one_at_a_time(runs)
     assert len(spans) == 2
-    assert_safe(spans)
     assert spans[1][2] > 2**60 > spans[0][2]
     report.record(
         "old primary paused, replica promoted, old primary resumed; wait_replicas=1",

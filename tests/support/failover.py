@@ -1,0 +1,168 @@
+"""Failover tests' runs under the real `tasklock` (PostgreSQL, MySQL, Redis): each run's
+command writes a marker file (its token, its start, then a line every 20 ms, its end), so
+overlaps are measured, not assumed."""
+
+from __future__ import annotations
+
+import itertools
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.support.cli import json_events
+from tests.support.cli import start
+from tests.support.cli import tasklock
+
+KEY = "nightly"
+TTL = "6s"
+#: What a run may exit with across a failover: done, store unavailable, lease lost, conflict.
+EXIT_CODES = {0, 69, 70, 75}
+MARKER = """\
+import os, sys, time
+path, seconds = sys.argv[1], float(sys.argv[2])
+token = os.environ["TASKLOCK_FENCING_TOKEN"]
+def note(what):
+    with open(path, "a") as out:
+        out.write(f"{what} {token} {time.time():.6f}\\n")
+note("start")
+end = time.monotonic() + seconds
+while time.monotonic() < end:
+    note("alive")
+    time.sleep(0.02)
+note("end")
+"""
+
+#: (first mark, last mark, token, name) of a run whose command ran.
+Span = tuple[float, float, int, str]
+
+
+class Runs:
+    """`tasklock run` processes on ``key``, each running MARKER into a marker file named
+    after the run; ``options`` go on every `run` that ``start`` starts."""
+
+    def __init__(
+        self,
+        url: str,
+        env: dict[str, str],
+        tmp_path: Path,
+        *,
+        key: str = KEY,
+        options: tuple[str, ...] = ("--grace", "1s"),
+    ) -> None:
+        self.env = {**env, "TASKLOCK_STORE": url}
+        self.key = key
+        self.options = options
+        self.dir = tmp_path / "marks"
+        self.dir.mkdir()
+        self.script = tmp_path / "marker.py"
+        self.script.write_text(MARKER)
+        self.started: dict[str, subprocess.Popen] = {}
+
+    def command(self, name: str, seconds: float) -> list[str]:
+        return [sys.executable, str(self.script), str(self.dir / f"{name}.marks"), str(seconds)]
+
+    def start(self, name: str, seconds: float, *options: str) -> subprocess.Popen:
+        """A run in the background, with JSON events on its stderr."""
+        args = ["--log-format", "json", "run", self.key, "--ttl", TTL, *self.options, *options]
+        command = self.command(name, seconds)
+        process = start(*args, "--", *command, env=self.env, stdout=subprocess.DEVNULL)
+        self.started[name] = process
+        return process
+
+    def run(self, name: str, seconds: float, *options: str) -> subprocess.CompletedProcess:
+        """A run to its end, in text mode (its conflict message is on stderr)."""
+        args = ["run", self.key, "--ttl", TTL, *options]
+        return tasklock(*args, "--", *self.command(name, seconds), env=self.env, timeout=120)
+
+    def doctor(self, check: str) -> str:
+        """``doctor``'s line about ``check``, as printed (``ok``/``warn``/``fail`` first)."""
+        result = tasklock("doctor", env=self.env, timeout=60)
+        lines = [line for line in result.stdout.splitlines() if line.split()[1:2] == [check]]
+        assert len(lines) == 1, result.stdout + result.stderr
+        return lines[0]
+
+    def marks(self, name: str) -> list[tuple[str, int, float]]:
+        path = self.dir / f"{name}.marks"
+        if not path.exists():
+            return []
+        rows = [line.split() for line in path.read_text().splitlines()]
+        return [(what, int(token), float(at)) for what, token, at in rows]
+
+    def started_file(self, name: str) -> bool:
+        return bool(self.marks(name))
+
+    def spans(self) -> list[Span]:
+        """Every run whose command ran, by start."""
+        found = []
+        for path in self.dir.glob("*.marks"):
+            marks = self.marks(path.stem)
+            if marks:
+                found.append((marks[0][2], marks[-1][2], marks[0][1], path.stem))
+        return sorted(found)
+
+    def finish(self, timeout: float = 120) -> dict[str, tuple[int, str]]:
+        """name -> (exit code, stderr) of every started run."""
+        finished = {}
+        for name, process in self.started.items():
+            _, stderr = process.communicate(timeout=timeout)
+            finished[name] = (process.returncode, stderr)
+        return finished
+
+
+def assert_one_at_a_time(runs: Runs) -> list[Span]:
+    """No two commands ran at once; tokens strictly increase in start order."""
+    spans = runs.spans()
+    for before, after in itertools.pairwise(spans):
+        (_, earlier_end, earlier_token, earlier), (later_start, _, later_token, later) = (
+            before,
+            after,
+        )
+        assert later_start > earlier_end, f"{later} started while {earlier} still ran: {spans}"
+        assert later_token > earlier_token, f"{later} got token {later_token}: {spans}"
+    return spans
+
+
+def assert_lost_holder_fenced(
+    runs: Runs,
+    finished: dict[str, tuple[int, str]],
+    refused: subprocess.CompletedProcess,
+    epoch: int,
+    quarantine: float,
+    moments: tuple[float, float],
+    others: dict[str, tuple[int, int]] | None = None,
+) -> dict[str, object]:
+    """The asynchronous failover's outcome: the promoted server never heard of the holder's
+    lease (token 2, after the warm-up's 1); the holder lost it (70); ``refused``, run after
+    the promotion, was kept out by the quarantine (75), and the waiter and the late waiter
+    ran one at a time after it with tokens of the new ``epoch``. ``moments``: when the
+    primary was killed and when the other server was promoted; ``others``: more runs,
+    name -> (exit code, the one expected). Returns the figures for the report."""
+    codes = {name: code for name, (code, _) in finished.items()}
+    codes["refused"] = refused.returncode
+    codes.update({name: code for name, (code, _) in (others or {}).items()})
+    expected = {"holder": 70, "waiter": 0, "late-waiter": 0, "refused": 75}
+    expected.update({name: code for name, (_, code) in (others or {}).items()})
+    assert set(codes.values()) <= EXIT_CODES, codes
+    assert codes == expected, finished
+    assert "primary changed" in refused.stderr, refused.stderr
+    waiting = [e for e in json_events(finished["late-waiter"][1]) if e["event"] == "waiting"]
+    assert "primary changed" in waiting[0]["reason"], waiting
+    lost = [e for e in json_events(finished["holder"][1]) if e["event"] == "lost"]
+    assert [e["detected_by"] for e in lost] in (["rejected"], ["unreachable"]), lost
+    spans = assert_one_at_a_time(runs)
+    tokens = {name: token for _, _, token, name in spans}
+    assert tokens["warm-up"] == 1 and tokens["holder"] == 2  # the promoted one never saw 2
+    assert epoch > 0 and tokens["waiter"] >= epoch << 30 and tokens["late-waiter"] >= epoch << 30
+    assert "refused" not in tokens  # its command never ran
+    assert 32.0 <= quarantine < 33.0  # max(longest TTL 6 s, 30 s) + 2 s
+    killed_at, promoted_at = moments
+    holder_end = runs.marks("holder")[-1][2]
+    first_after = min(spans[2][0], spans[3][0])
+    return {
+        "quarantine_s": quarantine,
+        "tokens_before": [tokens["warm-up"], tokens["holder"]],
+        "tokens_after": sorted([tokens["waiter"], tokens["late-waiter"]]),
+        "kill_to_next_run_s": first_after - killed_at,
+        "holder_ran_after_promotion_s": holder_end - promoted_at,
+        "exit_codes": sorted(codes.values()),
+    }
