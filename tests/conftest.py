@@ -60,6 +60,25 @@ def network_store_url(request, tmp_path) -> Iterator[str]:
     services.cleanup(request.param, url)
 
 
+def _fresh_namespace(kind: str, tmp_path) -> Iterator[str]:
+    services.require(kind)
+    url = store_url_for(kind, tmp_path)
+    yield url
+    services.cleanup(kind, url)
+
+
+@pytest.fixture
+def pg_url(tmp_path) -> Iterator[str]:
+    """A fresh table on the shared PostgreSQL server."""
+    yield from _fresh_namespace("postgres", tmp_path)
+
+
+@pytest.fixture
+def my_url(tmp_path) -> Iterator[str]:
+    """A fresh table (and its procedures) on the shared MySQL/MariaDB server."""
+    yield from _fresh_namespace("mysql", tmp_path)
+
+
 @pytest.fixture
 def store_factory(store_url) -> Iterator[Callable[[], Store]]:
     """Opens further clients (own connections) on the same namespace."""

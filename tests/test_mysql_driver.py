@@ -14,16 +14,12 @@ import ssl
 import subprocess
 import sys
 import threading
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tasklock_cli.stores.mysql.connection import _Connection
 from tasklock_cli.stores.mysql.connection import _PreferredTLS
-from tests.support import mysql_support
-from tests.support import services
 
 #: Opens the store, makes one call, and says which TLS modules the process loaded.
 PROBE = """
@@ -34,14 +30,6 @@ with open_store(sys.argv[1]) as store:
 import pymysql.connections
 print("ssl" in sys.modules, pymysql.connections.SSL_ENABLED)
 """
-
-
-@pytest.fixture
-def my_url() -> Iterator[str]:
-    services.require("mysql")
-    url = services.mysql_url(table=f"tasklock_test_{uuid.uuid4().hex[:12]}")
-    yield url
-    mysql_support.drop_namespace(url)
 
 
 def probe(url: str, prelude: str = "") -> str:

@@ -21,6 +21,7 @@ from tasklock_cli.stores.mysql.store import MySQLStore
 from tests.support import forge
 from tests.support import mysql_support
 from tests.support import services
+from tests.support.mysql_support import open_my
 
 HOLDER = Holder(host="h", pid=1, user="u", command=["job"], note=None)
 
@@ -30,26 +31,11 @@ def token() -> str:
 
 
 @pytest.fixture
-def my_url() -> Iterator[str]:
-    services.require("mysql")
-    url = services.mysql_url(table=f"tasklock_test_{uuid.uuid4().hex[:12]}")
-    yield url
-    mysql_support.drop_namespace(url)
-
-
-@pytest.fixture
 def stores(my_url) -> Iterator[list[MySQLStore]]:
     opened: list[MySQLStore] = []
     yield opened
     for store in opened:
         store.close()
-
-
-def open_my(url: str, opened: list[MySQLStore]) -> MySQLStore:
-    store = open_store(url)
-    assert isinstance(store, MySQLStore)
-    opened.append(store)
-    return store
 
 
 def admin(url: str, statement: str, args: tuple = ()) -> list[tuple]:

@@ -16,7 +16,6 @@ from tasklock_cli.errors import LeaseLost
 from tasklock_cli.errors import LimitMismatch
 from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.errors import Superseded
-from tasklock_cli.stores import open_store
 from tasklock_cli.stores.model import EXCLUSIVE
 from tasklock_cli.stores.model import SHARED
 from tasklock_cli.stores.model import Holder
@@ -27,6 +26,7 @@ from tasklock_cli.stores.postgres.store import split_table
 from tests.support import pg
 from tests.support import services
 from tests.support.cli import tasklock
+from tests.support.pg import open_pg
 
 HOLDER = Holder(host="h", pid=1, user="u", command=["job"], note=None)
 
@@ -40,26 +40,11 @@ def fresh_table() -> str:
 
 
 @pytest.fixture
-def pg_url() -> Iterator[str]:
-    services.require("postgres")
-    url = services.postgres_url(table=fresh_table())
-    yield url
-    pg.drop_namespace(url)
-
-
-@pytest.fixture
 def stores(pg_url) -> Iterator[list[PostgresStore]]:
     opened: list[PostgresStore] = []
     yield opened
     for store in opened:
         store.close()
-
-
-def open_pg(url: str, opened: list[PostgresStore]) -> PostgresStore:
-    store = open_store(url)
-    assert isinstance(store, PostgresStore)
-    opened.append(store)
-    return store
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """Test helpers for the MySQL/MariaDB store: an admin connection, and dropping what a
-test's table name left behind (its three tables and its procedures)."""
+test's table name left behind (its three tables and its procedures), opening a store."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ from collections.abc import Iterator
 
 import pymysql
 
+from tasklock_cli.stores import open_store
 from tasklock_cli.stores.mysql.connection import parse_url
 from tasklock_cli.stores.mysql.schema import PROCEDURES
+from tasklock_cli.stores.mysql.store import MySQLStore
 
 
 @contextlib.contextmanager
@@ -29,3 +31,11 @@ def drop_namespace(url: str) -> None:
             cursor.execute(f"DROP PROCEDURE IF EXISTS `{table}_{proc}`")
         for suffix in ("", "_runs", "_waiters"):
             cursor.execute(f"DROP TABLE IF EXISTS `{table}{suffix}`")
+
+
+def open_my(url: str, opened: list[MySQLStore]) -> MySQLStore:
+    """A MySQL store on ``url``, added to ``opened`` (which the test closes)."""
+    store = open_store(url)
+    assert isinstance(store, MySQLStore)
+    opened.append(store)
+    return store

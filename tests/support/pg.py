@@ -1,4 +1,5 @@
-"""PostgreSQL helpers for tests: drop a test's table, and private throwaway servers.
+"""PostgreSQL helpers for tests: open a store, drop a test's table, and private throwaway
+servers.
 
 ``PrivatePostgres`` runs its own ``postgres`` (initdb into a temporary directory, a free
 port on 127.0.0.1) so that fault tests can stop, restart, pause or password-protect a
@@ -24,6 +25,10 @@ from typing import Any
 
 from tests.support.ports import free_port
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from tasklock_cli.stores.postgres.store import PostgresStore
+
 PG_BIN_ENV = "TASKLOCK_TEST_PG_BIN"
 
 
@@ -34,6 +39,17 @@ def _connect(url: str) -> tuple[Any, str]:
 
     clean, table = split_table(url)
     return psycopg.connect(clean, autocommit=True, connect_timeout=5), table
+
+
+def open_pg(url: str, opened: list[PostgresStore]) -> PostgresStore:
+    """A PostgreSQL store on ``url``, added to ``opened`` (which the test closes)."""
+    from tasklock_cli.stores import open_store
+    from tasklock_cli.stores.postgres.store import PostgresStore
+
+    store = open_store(url)
+    assert isinstance(store, PostgresStore)
+    opened.append(store)
+    return store
 
 
 def admin_connection(url: str) -> Any:

@@ -1,0 +1,199 @@
+"""Failover epochs on one server, the cases PostgreSQL and MySQL/MariaDB share: a change of
+primary is played by rewriting the identity recorded in the table's epoch row (each store's
+own cases are in test_postgres_epochs.py and test_mysql_epochs.py; the real promotions in
+test_faults_failover_*.py)."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from urllib.parse import urlsplit
+
+import pytest
+
+from tasklock_cli.stores import open_store
+from tasklock_cli.stores.base import Store
+from tasklock_cli.stores.failover import EPOCH_SHIFT
+from tasklock_cli.stores.model import Holder
+from tests.conftest import store_url_for
+from tests.support import services
+from tests.support.epochs import default_port
+from tests.support.epochs import end_quarantine
+from tests.support.epochs import epoch_row
+from tests.support.epochs import old_primary
+from tests.support.epochs import play_failover
+from tests.support.epochs import primary_changed
+from tests.support.epochs import server_identity
+from tests.support.epochs import set_epoch
+from tests.support.epochs import with_epoch_row
+from tests.support.proxy import TcpProxy
+
+HOLDER = Holder(host="h", pid=1, user="u", command=["job"], note=None)
+
+
+def owner() -> str:
+    return uuid.uuid4().hex
+
+
+@pytest.fixture(params=["postgres", "mysql"])
+def url(request, tmp_path) -> Iterator[str]:
+    services.require(request.param)
+    fresh = store_url_for(request.param, tmp_path)
+    yield fresh
+    services.cleanup(request.param, fresh)
+
+
+@pytest.fixture
+def stores(url) -> Iterator[list[Store]]:
+    opened: list[Store] = []
+    yield opened
+    for store in opened:
+        store.close()
+
+
+def open_one(url: str, opened: list[Store]) -> Store:
+    store = open_store(url)
+    opened.append(store)
+    return store
+
+
+def test_a_changed_primary_starts_an_epoch_and_quarantines_every_key(url, stores):
+    store, other = open_one(url, stores), open_one(url, stores)
+    survived = store.acquire("k", 10, HOLDER, owner())
+    store.release(store.acquire("j", 20, HOLDER, owner()))
+    play_failover(url)
+    before = time.time()
+
+    assert other.acquire("free", 5, HOLDER, owner()) is None
+    assert primary_changed(url) in other.holdup("free")
+    assert other.acquire("j", 5, HOLDER, owner(), queue=True) is None  # a waiter too
+    epoch, identity, previous, max_ttl, length, left = epoch_row(url)
+    assert (identity, previous, max_ttl) == (server_identity(url), old_primary(url), 20)
+    assert int(before) - 2 <= epoch <= time.time() + 2  # the server's clock, in seconds
+    assert length == 32  # max(longest TTL 20 s, 30 s) + 2 s
+    assert 30 < left <= 32
+    assert store.renew(survived, 10).fencing_token == survived.fencing_token  # it survived
+
+    end_quarantine(url)
+    lease = other.acquire("free", 5, HOLDER, owner())
+    assert lease.fencing_token == epoch << EPOCH_SHIFT
+    assert lease.fencing_token < 2**63 - 1
+    other.release(lease)
+    assert other.acquire("free", 5, HOLDER, owner()).fencing_token == lease.fencing_token + 1
+    assert other.holdup("free") is None
+    other.stop_waiting("j")
+    later = store.acquire("j", 5, HOLDER, owner())
+    assert later.fencing_token == epoch << EPOCH_SHIFT  # every key starts above the epoch's
+
+
+def test_the_quarantine_covers_the_longest_ttl_granted(url, stores):
+    store = open_one(url, stores)
+    store.release(store.acquire("k", 45, HOLDER, owner()))
+    store.release(store.acquire("k", 10, HOLDER, owner()))
+    play_failover(url)
+    assert store.acquire("k", 5, HOLDER, owner()) is None
+    assert epoch_row(url)[3:5] == (45, 47)
+
+
+def test_an_epoch_is_one_more_than_the_last_when_the_clock_is_behind_it(url, stores):
+    store = open_one(url, stores)
+    with_epoch_row(store, url)
+    ahead = int(time.time()) + 100_000
+    set_epoch(url, ahead)
+    play_failover(url)
+    assert store.acquire("k", 5, HOLDER, owner()) is None
+    assert epoch_row(url)[0] == ahead + 1
+
+
+def test_racing_acquires_start_one_epoch(url, stores):
+    clients = [open_one(url, stores) for _ in range(6)]
+    with_epoch_row(clients[0], url)
+    for client in clients:
+        client.init_schema()
+    play_failover(url)
+    results: list[object] = []
+    go = threading.Barrier(len(clients))
+
+    def acquire(client: Store, key: str) -> None:
+        go.wait()
+        results.append(client.acquire(key, 5, HOLDER, owner()))
+
+    threads = [
+        threading.Thread(target=acquire, args=(client, f"k{n}")) for n, client in enumerate(clients)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results == [None] * len(clients)  # all quarantined
+    assert epoch_row(url)[2] == old_primary(url)  # one epoch: a second would name this server
+
+
+def test_a_waiter_sleeps_out_the_quarantine(url, stores):
+    store = open_one(url, stores)
+    with_epoch_row(store, url)
+    play_failover(url)
+    me = owner()
+    assert store.acquire("k", 5, HOLDER, me, queue=True) is None
+    end_quarantine(url, after=1.0)
+    assert store.acquire("k", 5, HOLDER, me, queue=True) is None
+    assert 0.5 < store._time_until_free("k") <= 1.0
+    started = time.monotonic()
+    store.wait_for_release("k", 5)
+    assert 0.5 < time.monotonic() - started < 2.0
+    assert store.acquire("k", 5, HOLDER, me, queue=True) is not None
+
+
+def test_nothing_shows_the_epoch_row(url, stores):
+    store = open_one(url, stores)
+    store.release(store.acquire("k", 5, HOLDER, owner()))
+    play_failover(url)
+    store.acquire("k", 5, HOLDER, owner())
+    assert list(store.list(include_expired=True)) == []
+    assert store.sweep(dry_run=True) == 0 and store.sweep() == 0
+    assert store.waiting_counts() == {} and store.ledger_keys() == []
+    assert store.force_release("") == [] and store.break_lease("") == []
+    assert epoch_row(url)[2] == old_primary(url)  # and sweep left it alone
+
+
+def test_the_acquire_that_starts_an_epoch_is_still_one_round_trip(url, stores):
+    """The identity, the epoch row and its new epoch are read and written by the acquire
+    (statement or procedure) itself."""
+    parts = urlsplit(url)
+    with TcpProxy(parts.hostname or "127.0.0.1", parts.port or default_port(url)) as proxy:
+        store = open_one(proxy.url_for(url), stores)
+        store.release(store.acquire("k", 5, HOLDER, owner()))  # connected, table made
+        play_failover(url)
+        before = proxy.round_trips
+        assert store.acquire("k", 5, HOLDER, owner()) is None  # starts the epoch
+        end_quarantine(url)
+        assert store.acquire("k", 5, HOLDER, owner()) is not None  # its first token
+        assert proxy.round_trips - before == 2
+
+
+def test_a_retry_of_a_lease_that_ran_out_meets_the_quarantine(url, stores):
+    """An acquire whose reply was lost, retried on the promoted server after its lease ran
+    out there: the server may lack who took the key since, so the retry is a new acquire
+    (quarantined), never the old lease brought back."""
+    store = open_one(url, stores)
+    me = owner()
+    assert store.acquire("k", 0.3, HOLDER, me) is not None  # (its reply "lost")
+    time.sleep(0.5)
+    play_failover(url)
+    assert store.acquire("k", 5, HOLDER, me) is None
+    assert store.holders("k") == []
+    end_quarantine(url)
+    assert store.acquire("k", 5, HOLDER, me).fencing_token >= epoch_row(url)[0] << EPOCH_SHIFT
+
+
+def test_a_retry_of_a_live_lease_is_recognised_in_the_quarantine(url, stores):
+    """A lease the promoted server has, live: the retry gets it back (no one else can hold
+    the key meanwhile)."""
+    store = open_one(url, stores)
+    me = owner()
+    first = store.acquire("k", 30, HOLDER, me)
+    play_failover(url)
+    again = store.acquire("k", 30, HOLDER, me)
+    assert again is not None and again.fencing_token == first.fencing_token
