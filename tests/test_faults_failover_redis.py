@@ -37,6 +37,7 @@ from tests.support.failover import assert_one_at_a_time
 from tests.support.proxy import TcpProxy
 from tests.support.redis_failover import replicated_redis
 from tests.support.redis_failover import sentinels_for
+from tests.support.redis_support import require_redis_server
 
 HOLDER = Holder(host="host-a", pid=4242, user="alice", command=["./job.sh"], note=None)
 OTHER = Holder(host="host-b", pid=99, user="bob", command=["true"], note=None)
@@ -44,15 +45,6 @@ OTHER = Holder(host="host-b", pid=99, user="bob", command=["true"], note=None)
 
 def owner() -> str:
     return uuid.uuid4().hex
-
-
-def require_redis_server() -> None:
-    services.require("redis")
-    if not redis_support.redis_server_available():
-        reason = f"no redis-server binary at {redis_support.REDIS_SERVER}"
-        if services.in_ci():
-            pytest.fail(f"CI=true but {reason}")
-        pytest.skip(reason)
 
 
 @pytest.fixture

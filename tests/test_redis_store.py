@@ -26,6 +26,7 @@ from tests.support import redis_support
 from tests.support import services
 from tests.support.ports import free_port
 from tests.support.proxy import TcpProxy
+from tests.support.redis_support import require_redis_server
 
 HOLDER = Holder(host="host-a", pid=4242, user="alice", command=["./job.sh"], note="n")
 OTHER = Holder(host="host-b", pid=99, user="bob", command=["true"], note=None)
@@ -75,15 +76,6 @@ def raw(url):
 @pytest.fixture
 def prefix(redis_store) -> bytes:
     return redis_store.prefix.encode()
-
-
-def require_redis_server() -> None:
-    services.require("redis")
-    if not redis_support.redis_server_available():
-        reason = f"no redis-server binary at {redis_support.REDIS_SERVER}"
-        if services.in_ci():
-            pytest.fail(f"CI=true but {reason}")
-        pytest.skip(reason)
 
 
 @pytest.fixture

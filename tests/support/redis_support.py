@@ -13,6 +13,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
+from tests.support import services
 from tests.support.ports import free_port
 
 REDIS_SERVER = os.environ.get("TASKLOCK_TEST_REDIS_SERVER", "/usr/bin/redis-server")
@@ -67,6 +70,16 @@ def known_namespace(url: str) -> str:
 
 def redis_server_available() -> bool:
     return os.access(REDIS_SERVER, os.X_OK) or shutil.which("redis-server") is not None
+
+
+def require_redis_server() -> None:
+    """The shared Redis, and a redis-server binary for private ones: else skip (fail in CI)."""
+    services.require("redis")
+    if not redis_server_available():
+        reason = f"no redis-server binary at {REDIS_SERVER}"
+        if services.in_ci():
+            pytest.fail(f"CI=true but {reason}")
+        pytest.skip(reason)
 
 
 class PrivateRedis:
