@@ -154,7 +154,7 @@ _SERVER_MODULES = (
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark ``quick`` (``pytest -m quick``: the edit-test loop) every test that runs on the
     SQLite store or on none, needs no server, and is not marked slow; then spread the
-    stress tests over the run."""
+    stress and waiting tests over the run."""
     for item in items:
         if item.get_closest_marker("slow"):
             continue
@@ -172,19 +172,27 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def _spread_the_stress(items: list[pytest.Item]) -> None:
-    """Give each CPU-bound stress test (``stress`` marker) a share of the run of its own,
-    placed further into each share: pytest-xdist's worksteal hands each worker a contiguous
-    share, so the stress tests run one after another, each beside the other workers' tests,
-    and none is left to run alone at the end of the run."""
-    stress = [item for item in items if item.get_closest_marker("stress")]
-    rest = [item for item in items if not item.get_closest_marker("stress")]
-    if not stress:
+    """Give each CPU-bound stress test (``stress`` marker) and each test that waits out a
+    store's clock (``waits``) a share of the run of its own. pytest-xdist's worksteal hands
+    each worker a contiguous share: unspread, the stress tests would run one after another
+    each beside the other workers' tests, and the waiting ones (neighbours in a few
+    modules) would queue up on one worker. A stress test goes further into each share, so
+    none is left to run alone at the end; a waiting one goes first, so the other workers'
+    tests run while it waits."""
+    _spread(items, "stress", staggered=True)
+    _spread(items, "waits", staggered=False)
+
+
+def _spread(items: list[pytest.Item], marker: str, staggered: bool) -> None:
+    chosen = [item for item in items if item.get_closest_marker(marker)]
+    rest = [item for item in items if not item.get_closest_marker(marker)]
+    if not chosen:
         return
-    share = -(-len(rest) // len(stress))
+    share = -(-len(rest) // len(chosen))
     items[:] = []
-    for index, item in enumerate(stress):
+    for index, item in enumerate(chosen):
         mine = rest[index * share : (index + 1) * share]
-        at = index * len(mine) // len(stress)
+        at = index * len(mine) // len(chosen) if staggered else 0
         items.extend([*mine[:at], item, *mine[at:]])
 
 

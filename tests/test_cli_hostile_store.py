@@ -166,6 +166,7 @@ def test_sweep_gives_an_unreadable_expiry_the_longest_ttl_granted(env, store_url
 
 
 @pytest.mark.slow
+@pytest.mark.waits
 def test_a_lease_whose_expiry_cannot_be_read_frees_once_its_bound_has_passed(env, store_url):
     no_expiry(env, store_url, "bad", "expiry-none")
     assert tasklock("sweep", env=env).returncode == 0

@@ -30,7 +30,7 @@ from tests.support.mysql_replication import private_mariadb_unavailable
 from tests.support.mysql_replication import replicated_mariadb
 from tests.support.services import in_ci
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.waits]
 
 
 @pytest.fixture

@@ -36,7 +36,7 @@ from tests.support.pg_replication import replicated_postgres
 from tests.support.pg_replication import template_data
 from tests.support.services import in_ci
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.waits]
 
 
 def _unavailable() -> str | None:
@@ -126,7 +126,10 @@ def test_sync_standby_promoted_keeps_the_holder(template, cli_env, tmp_path):
         warm_up = runs.run("warm-up", 0)
         assert warm_up.returncode == 0, warm_up.stderr
         replication = runs.doctor("replication")
-        runs.start("holder", 6)
+        # A TTL that outlasts the kill, the promotion and the reconnection on a loaded machine
+        # (the holder must renew on the new primary before its deadline), and a command that
+        # runs through two renewals.
+        runs.start("holder", 10, "--ttl", "15s")
         wait_until(lambda: runs.started_file("holder"), timeout=20)
         runs.start("waiter", 1, "--wait", "120s")
         time.sleep(0.5)

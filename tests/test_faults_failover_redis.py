@@ -488,6 +488,7 @@ def failover_run(tmp_path, cli_env, url: str, pair, fail_over, waiters: int = 3)
 
 
 @pytest.mark.slow
+@pytest.mark.waits
 @pytest.mark.parametrize("primary", ["killed", "hung"])
 def test_failover_to_an_endpoint_that_moves(primary, tmp_path, cli_env):
     """``killed``: SIGKILL, so the holder's connections are reset and it finds out at once;
@@ -514,6 +515,7 @@ def test_failover_to_an_endpoint_that_moves(primary, tmp_path, cli_env):
 
 
 @pytest.mark.slow
+@pytest.mark.waits
 def test_failover_by_three_sentinels(tmp_path, cli_env):
     require_redis_server()
     with replicated_redis() as pair, sentinels_for(pair.primary.port) as sentinels:
@@ -542,6 +544,7 @@ SOAK_KILL_AT_S = 10.0
 
 
 @pytest.mark.slow
+@pytest.mark.waits
 def test_sentinel_soak_with_the_primary_killed_midway(tmp_path, cli_env):
     """Four loops run short commands on one key for a minute; the primary is SIGKILLed
     after 10 s (the replica behind: its link was cut just before)."""
@@ -589,6 +592,7 @@ def test_sentinel_soak_with_the_primary_killed_midway(tmp_path, cli_env):
 
 
 @pytest.mark.slow
+@pytest.mark.waits
 def test_with_wait_replicas_an_old_primary_that_resumes_keeps_no_holder_alive(tmp_path, cli_env):
     """The old primary is paused (SIGSTOP) while its replica, which has the holder's lease,
     is promoted and a waiter's first acquire there starts the quarantine; then the old one

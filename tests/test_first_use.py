@@ -190,6 +190,7 @@ def test_giving_up_after_a_wait_says_how_long_and_that_one_holder_held_throughou
 
 
 @pytest.mark.slow
+@pytest.mark.waits
 def test_a_long_wait_repeats_the_waiting_event_every_30s(env, held):
     started = time.monotonic()
     result = tasklock("--log-format", "json", "run", "k", "--wait", "32s", "--", "true", env=env)
