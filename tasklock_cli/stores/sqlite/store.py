@@ -729,12 +729,21 @@ def _run_record(key: str, token: int, started: float, ended: float, data: str) -
     return row_parsing.run_record(key, token, started, ended, data)
 
 
+#: This process as ``_own_processes`` records it, per (boot, pid): the same for every
+#: acquire of the process (a waiter's retries included), read from /proc once.
+_OWN_PROCESSES: dict[tuple[str, int], dict] = {}
+
+
 def _own_processes(boot: str, holder: Holder) -> dict:
     """A holder that is this process records itself with its acquire, so that it is seen
     as gone from the first instant (its guard is added before its command can start:
     ``note_processes``); a holder named for another process records nothing."""
     if holder.pid != os.getpid():
         return {}
-    from tasklock_cli.stores.sqlite.processes import processes_of
+    recorded = _OWN_PROCESSES.get((boot, holder.pid))
+    if recorded is None:
+        from tasklock_cli.stores.sqlite.processes import processes_of
 
-    return {"processes": processes_of(boot, [holder.pid])}
+        recorded = {"processes": processes_of(boot, [holder.pid])}
+        _OWN_PROCESSES[(boot, holder.pid)] = recorded
+    return recorded
