@@ -98,13 +98,13 @@ def test_only_the_drivers_import_errors_become_config_errors():
     from tasklock_cli.stores import _driver_needed
     from tasklock_cli.stores.registry import store_package
 
-    redis_driver = store_package("redis").DRIVER
+    redis = store_package("redis")
 
     own = ImportError("cannot import name 'Gone' from 'tasklock_cli.stores.base'")
     own.name = "tasklock_cli.stores.base"
-    with pytest.raises(ImportError) as raised, _driver_needed(redis_driver, "redis"):
+    with pytest.raises(ImportError) as raised, _driver_needed(redis):
         raise own
     assert raised.value is own
     too_old = r"\(No module named 'redis.backoff'\): pip install 'redis>=5'"
-    with pytest.raises(ConfigError, match=too_old), _driver_needed(redis_driver, "redis"):
+    with pytest.raises(ConfigError, match=too_old), _driver_needed(redis):
         raise ModuleNotFoundError("No module named 'redis.backoff'", name="redis.backoff")

@@ -16,6 +16,11 @@ from tasklock_cli.stores.urls import sqlite_url  # noqa: F401 - the package's na
 from tasklock_cli.stores.urls import url_scheme
 from tasklock_cli.stores.urls import url_syntax_problem
 
+#: typing costs ~2 ms per start: its names are for the type checker only.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from types import ModuleType
+
 
 def open_store(url: str) -> Store:
     """The store ``url`` names, from the registry: its package reads the URL (a malformed
@@ -28,24 +33,23 @@ def open_store(url: str) -> Store:
     problem = getattr(package, "url_problem", url_syntax_problem)(url)
     if problem:
         raise ConfigError(f"malformed store URL {redact_url(url)!r}: {problem}")
-    if package.DRIVER is None:
+    with _driver_needed(package):
         store_class = getattr(package, package.__all__[0])
-    else:
-        with _driver_needed(package.DRIVER, package.TITLE):
-            store_class = getattr(package, package.__all__[0])
     return store_class.from_url(url)
 
 
 @contextmanager
-def _driver_needed(driver: Driver, store: str) -> Iterator[None]:
-    """Turn the driver's ImportError into one line naming the package to install; an
-    ImportError of anything else (our own modules included) stays a bug with its traceback."""
+def _driver_needed(package: ModuleType) -> Iterator[None]:
+    """Turn the ImportError of the store package's driver (``DRIVER``) into one line naming
+    the package to install; an ImportError of anything else (our own modules included, or
+    of a store without a driver) stays a bug with its traceback."""
+    driver: Driver | None = package.DRIVER
     try:
         yield
     except ImportError as exc:
-        if not _raised_by(exc, driver.package):
+        if driver is None or not _raised_by(exc, driver.package):
             raise
-        message = f"the {store} store needs the {driver.package} driver"
+        message = f"the {package.TITLE} store needs the {driver.package} driver"
         if exc.name != driver.package:  # installed but broken or too old: say what failed
             message += f" ({str(exc).splitlines()[0] if str(exc) else exc.name})"
         raise ConfigError(f"{message}: pip install '{driver.install}'") from exc
