@@ -98,22 +98,33 @@ def test_a_plain_run_ignores_the_window_and_counts_for_it(env, tmp_path):
 
 
 def test_the_next_window_runs_again(env, tmp_path):
-    marker = tmp_path / "runs"
-    time.sleep(2 - time.time() % 2 + 0.05)  # at the start of a 2 s window
-    window = time.time() // 2
-    first = tasklock("run", "job", "--once-per", "2s", "--", *counting(marker), env=env)
-    second = tasklock("run", "job", "--once-per", "2s", "--", *counting(marker), env=env)
-    assert time.time() // 2 == window, "both runs must fall in one window (machine too slow?)"
-    assert (first.returncode, second.returncode, runs_of(marker)) == (0, 0, 1)
-
+    key, marker = two_runs_in_one_2s_window(env, tmp_path)
     time.sleep(2 - time.time() % 2 + 0.05)  # the next window
-    third = tasklock("run", "job", "--once-per", "2s", "--", *counting(marker), env=env)
+    third = tasklock("run", key, "--once-per", "2s", "--", *counting(marker), env=env)
     assert (third.returncode, runs_of(marker)) == (0, 2)
-    assert [r["outcome"] for r in history("job", env)] == [
+    assert [r["outcome"] for r in history(key, env)] == [
         "succeeded",
         "done-already",
         "succeeded",
     ]
+
+
+def two_runs_in_one_2s_window(env: dict[str, str], tmp_path: Path) -> tuple[str, Path]:
+    """Run ``--once-per 2s`` twice in one window: the first runs, the second does not.
+
+    A loaded machine can push the second run into the next window; that attempt proves
+    nothing either way, so it is made again on a fresh key (at most four times).
+    """
+    for attempt in range(4):
+        key, marker = f"job-{attempt}", tmp_path / f"runs-{attempt}"
+        time.sleep(2 - time.time() % 2 + 0.05)  # at the start of a 2 s window
+        window = time.time() // 2
+        first = tasklock("run", key, "--once-per", "2s", "--", *counting(marker), env=env)
+        second = tasklock("run", key, "--once-per", "2s", "--", *counting(marker), env=env)
+        if time.time() // 2 == window:
+            assert (first.returncode, second.returncode, runs_of(marker)) == (0, 0, 1)
+            return key, marker
+    pytest.fail("no two runs fell in one 2 s window in four attempts (machine too slow?)")
 
 
 def test_two_concurrent_runs_waiting_for_the_lock_run_the_command_once(env, tmp_path):
