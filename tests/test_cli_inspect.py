@@ -266,11 +266,16 @@ def test_list_watch_refreshes_until_interrupted(env, holder):
     # watcher the default disposition, as at a terminal, whoever runs the tests.
     restore_sigint = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731
     watcher = start("list", "--watch", "--interval", "200ms", env=env, preexec_fn=restore_sigint)
-    time.sleep(1.5)
+    seen, deadline = "", time.monotonic() + 20  # however slowly a loaded machine starts it
+    while seen.count("jobs:held") < 3 and time.monotonic() < deadline:
+        line = watcher.stdout.readline()
+        if not line:
+            break
+        seen += line
     watcher.send_signal(signal.SIGINT)
     out, _ = watcher.communicate(timeout=10)
     assert watcher.returncode == 0
-    listings = [block for block in out.split("\n\n") if block.strip()]
+    listings = [block for block in (seen + out).split("\n\n") if block.strip()]
     assert len(listings) >= 3
     assert all(block.split("\t")[0] == "jobs:held" for block in listings)
     assert tasklock("list", "--watch", "--json", env=env).returncode == 2
