@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import threading
@@ -276,12 +277,12 @@ def other_user_url(my_url) -> Iterator[str]:
     """``my_url`` as a second database user without CONNECTION ADMIN: its KILLs of our
     connections are refused."""
     kwargs, _ = parse_url(my_url, my_url)
-    user = "tasklock_test_other"
-    host = kwargs["host"]
+    user, host = f"tasklock_test_other_{os.getpid()}", kwargs["host"]  # one per worker
     admin(my_url, f"CREATE USER IF NOT EXISTS '{user}'@'{host}' IDENTIFIED BY 'other-pw'")
     admin(my_url, f"GRANT ALL ON `{kwargs['database']}`.* TO '{user}'@'{host}'")
     netloc = my_url.split("://", 1)[1].split("@", 1)[1]
     yield f"mysql://{user}:other-pw@{netloc}"
+    admin(my_url, f"DROP USER IF EXISTS '{user}'@'{host}'")  # leave the server as we found it
 
 
 def test_a_break_by_another_user_is_heard_at_the_holders_next_look(my_url, other_user_url, stores):
