@@ -33,10 +33,11 @@ def quarantine_length(max_ttl: float | None) -> float:
     return max(max_ttl or 0.0, DEFAULT_TTL_S) + QUARANTINE_MARGIN_S
 
 
-def quarantine_text(change: str, scope: str, left: float) -> str | None:
-    """What a quarantine with ``left`` seconds to run means, None when over: ``change`` says
-    what happened to the primary, ``scope`` what the quarantine covers ("table")."""
-    if left <= 0:
+def quarantine_text(change: str, scope: str, left: float | None) -> str | None:
+    """What a quarantine with ``left`` seconds to run means, None when over or when none was
+    recorded (``left`` None): ``change`` says what happened to the primary, ``scope`` what
+    the quarantine covers ("table")."""
+    if left is None or left <= 0:
         return None
     return (
         f"{change}: no new lease in this {scope} for {left:.1f}s more, until every lease "

@@ -116,13 +116,17 @@ EPOCH_STEPS = f"""\
 #: The first token of the procedure's epoch (0 for epoch 0: the counter decides).
 FIRST_TOKEN = f"COALESCE(v_epoch, 0) << {EPOCH_SHIFT}"
 
+_QUARANTINE_LEFT = "TIMESTAMPDIFF(MICROSECOND, SYSDATE(6), expires_at) / 1e6"
 # ``doctor``: the epoch row (no row when none), and the seconds of quarantine left.
 EPOCH_ROW = f"""
 SELECT fencing_token, {_FIELD.format(name="identity")}, {_FIELD.format(name="previous")},
-       {_MAX_TTL.format(longest=LONGEST_TTL_S)},
-       TIMESTAMPDIFF(MICROSECOND, SYSDATE(6), expires_at) / 1e6
+       {_MAX_TTL.format(longest=LONGEST_TTL_S)}, {_QUARANTINE_LEFT}
   FROM `{{table}}` WHERE {_ROW}
 """
+#: ``Store.quarantine``: the seconds of quarantine left on the server's clock, as the
+#: acquire procedure compares them (no row, or NULL: none recorded; 0 or less: over). A
+#: read only: the epoch starts with an acquire, never here.
+QUARANTINE_LEFT = f"SELECT {_QUARANTINE_LEFT} FROM `{{table}}` WHERE {_ROW}"
 # ``doctor``: this server's identity (without MySQL's uuid: see IDENTITY) and what decides
 # whether its leases survive it.
 SERVER = """

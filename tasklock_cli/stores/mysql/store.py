@@ -35,6 +35,7 @@ from tasklock_cli.stores.mysql.breaks import MySQLBreakWatches
 from tasklock_cli.stores.mysql.connection import MySQLConnection
 from tasklock_cli.stores.mysql.connection import parse_url
 from tasklock_cli.stores.mysql.driver import pymysql
+from tasklock_cli.stores.mysql.epochs import QUARANTINE_LEFT
 from tasklock_cli.stores.mysql.queue import LEAVE_QUEUE
 from tasklock_cli.stores.mysql.queue import SWEEP_WAITERS
 from tasklock_cli.stores.mysql.queue import TIME_UNTIL_FREE
@@ -240,11 +241,12 @@ class MySQLStore(Store):
         )
 
     def holdup(self, key: str) -> str | None:
-        return quarantine_text(
-            "the MySQL primary changed (a failover, or another server behind the URL)",
-            "table",
-            self._quarantines.left(key),
-        )
+        return _quarantine_text(self._quarantines.left(key))
+
+    def quarantine(self) -> str | None:
+        rows = self._rows(QUARANTINE_LEFT)
+        left = rows[0][0] if rows else None
+        return _quarantine_text(None if left is None else float(left))
 
     def renew(self, lease: Lease, ttl: float) -> Lease:
         params = {**_ours(lease), "micros": round(float(ttl) * 1e6)}
@@ -420,6 +422,13 @@ class MySQLStore(Store):
         self._break_watches.close()
         self._wake_line.close()
         self._db.close()
+
+
+def _quarantine_text(left: float | None) -> str | None:
+    """What a failover quarantine with ``left`` seconds to run means; None when over."""
+    return quarantine_text(
+        "the MySQL primary changed (a failover, or another server behind the URL)", "table", left
+    )
 
 
 def _ours(lease: Lease) -> dict[str, Any]:

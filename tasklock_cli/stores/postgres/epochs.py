@@ -171,11 +171,17 @@ SELECT current_setting('synchronous_commit'), current_setting('synchronous_stand
                                  ORDER BY application_name), '[]'::json)
           FROM pg_stat_replication)
 """
+_QUARANTINE_LEFT = "extract(epoch FROM expires_at - clock_timestamp())::float8"
 EPOCH_ROW = f"""
 SELECT fencing_token, holder ->> 'identity', holder ->> 'started', holder ->> 'previous',
-       holder ->> 'previous_started', (holder ->> 'max_ttl')::float8,
-       extract(epoch FROM expires_at - clock_timestamp())::float8
+       holder ->> 'previous_started', (holder ->> 'max_ttl')::float8, {_QUARANTINE_LEFT}
   FROM {{table}} WHERE key = '{EPOCH_KEY}' AND slot = {EPOCH_SLOT}
+"""
+#: ``Store.quarantine``: the seconds of quarantine left on the server's clock, as the
+#: acquire compares them (no row, or NULL: none recorded; 0 or less: over). A read only:
+#: the epoch starts with an acquire, never here.
+QUARANTINE_LEFT = f"""
+SELECT {_QUARANTINE_LEFT} FROM {{table}} WHERE key = '{EPOCH_KEY}' AND slot = {EPOCH_SLOT}
 """
 
 _IDENTITY_TEXT = re.compile(r"(\d{1,20}):(\d{1,10})")

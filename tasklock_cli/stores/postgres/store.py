@@ -47,6 +47,7 @@ from tasklock_cli.stores.postgres.connection import PgConnection
 from tasklock_cli.stores.postgres.connection import one_row
 from tasklock_cli.stores.postgres.epochs import EPOCH_KEY
 from tasklock_cli.stores.postgres.epochs import EPOCH_SLOT
+from tasklock_cli.stores.postgres.epochs import QUARANTINE_LEFT
 from tasklock_cli.stores.postgres.queue import ACQUIRE
 from tasklock_cli.stores.postgres.queue import COUNTER_SLOT
 from tasklock_cli.stores.postgres.queue import LEAVE_QUEUE
@@ -384,12 +385,12 @@ class PostgresStore(Store):
             self._note_queue_place(key, owner_token)
 
     def holdup(self, key: str) -> str | None:
-        return quarantine_text(
-            "the PostgreSQL primary changed or restarted (a failover, a restart, a restored "
-            "backup)",
-            "table",
-            self._quarantines.left(key),
-        )
+        return _quarantine_text(self._quarantines.left(key))
+
+    def quarantine(self) -> str | None:
+        statement = self._sql(QUARANTINE_LEFT)
+        row = self._db.run(lambda conn: conn.execute(statement).fetchone())
+        return _quarantine_text(None if row is None else row[0])
 
     def waiters(self, key: str) -> list[WaiterInfo]:
         statement = self._sql(WAITERS)
@@ -614,6 +615,15 @@ class PostgresStore(Store):
                 self.stop_waiting(key)
         self._break_watches.close()
         self._db.close()
+
+
+def _quarantine_text(left: float | None) -> str | None:
+    """What a failover quarantine with ``left`` seconds to run means; None when over."""
+    return quarantine_text(
+        "the PostgreSQL primary changed or restarted (a failover, a restart, a restored backup)",
+        "table",
+        left,
+    )
 
 
 def _outcome(key: str, owner: str, limit: int, rows: list) -> Lease | Literal["lost"] | None:
