@@ -5,6 +5,7 @@ test_faults_failover_*.py)."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 import uuid
@@ -13,6 +14,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.stores import open_store
 from tasklock_cli.stores.base import Store
 from tasklock_cli.stores.failover import EPOCH_SHIFT
@@ -28,6 +30,8 @@ from tests.support.epochs import primary_changed
 from tests.support.epochs import server_identity
 from tests.support.epochs import set_epoch
 from tests.support.epochs import with_epoch_row
+from tests.support.failover import assert_inspections_quiet
+from tests.support.failover import assert_inspections_warn
 from tests.support.proxy import TcpProxy
 
 HOLDER = Holder(host="h", pid=1, user="u", command=["job"], note=None)
@@ -197,3 +201,45 @@ def test_a_retry_of_a_live_lease_is_recognised_in_the_quarantine(url, stores):
     play_failover(url)
     again = store.acquire("k", 30, HOLDER, me)
     assert again is not None and again.fencing_token == first.fencing_token
+
+
+def test_peek_list_and_release_warn_of_a_quarantine_only_while_it_lasts(url, stores, cli_env):
+    """A quarantine keeps free keys from new holders too: the real executable's ``peek``,
+    ``list`` and ``release --force`` say so on stderr (the JSON keeps its shape)."""
+    env = {**cli_env, "TASKLOCK_STORE": url}
+    store = open_one(url, stores)
+    store.acquire("held", 30, HOLDER, owner())
+    assert_inspections_quiet(env, primary_changed(url))  # epoch 0: no quarantine recorded
+    play_failover(url)
+    assert store.acquire("warm", 5, HOLDER, owner()) is None  # the quarantine starts
+    assert_inspections_warn(env, primary_changed(url), "table")
+    end_quarantine(url)  # over: the row still records its end, in the past
+    assert_inspections_quiet(env, primary_changed(url))
+
+
+def test_reading_the_quarantine_starts_no_epoch(url, stores):
+    """Only an acquire starts an epoch: ``quarantine()`` on a server that is not the one
+    recorded reads the row and leaves it as it was."""
+    store = open_one(url, stores)
+    with_epoch_row(store, url)
+    play_failover(url)
+    before = epoch_row(url)
+    assert before[:2] == (0, old_primary(url))
+    assert store.quarantine() is None
+    assert epoch_row(url) == before
+    assert store.acquire("k", 5, HOLDER, owner()) is None  # the acquire starts it
+    text = store.quarantine()
+    assert text is not None and text.startswith(primary_changed(url))
+    left = float(re.search(r"for (\d+\.\d)s more", text)[1])
+    assert 30 < left <= 32  # max(longest TTL 5 s, 30 s) + 2 s, read from the row
+
+
+def test_a_failed_quarantine_read_is_the_store_unavailable(url, stores):
+    """As on Redis: ``quarantine()`` raises the store's error (``peek`` then exits 69)."""
+    parts = urlsplit(url)
+    with TcpProxy(parts.hostname or "127.0.0.1", parts.port or default_port(url)) as proxy:
+        store = open_one(proxy.url_for(url), stores)
+        assert store.holders("k") == []  # connected, table made
+        proxy.close()
+        with pytest.raises(StoreUnavailable):
+            store.quarantine()

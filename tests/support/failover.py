@@ -5,6 +5,7 @@ overlaps are measured, not assumed."""
 from __future__ import annotations
 
 import itertools
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -166,3 +167,32 @@ def assert_lost_holder_fenced(
         "holder_ran_after_promotion_s": holder_end - promoted_at,
         "exit_codes": sorted(codes.values()),
     }
+
+
+#: The inspections that warn of a quarantine: on a free key ``a``, and ``list``.
+INSPECTIONS = (("peek", "a"), ("peek", "a", "--json"), ("list",), ("release", "a", "--force"))
+
+
+def assert_inspections_warn(env: dict[str, str], change: str, scope: str) -> None:
+    """A quarantine under way in the store of ``env`` (whose key ``held`` is held): the real
+    ``peek``, ``list`` and ``release --force`` say on stderr that ``change`` keeps the
+    ``scope`` from new holders; their stdout is as ever; ``-q`` silences the warning."""
+    free = tasklock("peek", "a", env=env)
+    assert free.returncode == 1 and "a is free" in free.stdout
+    assert f"tasklock: warning: {change}" in free.stderr, free.stderr
+    assert f"no new lease in this {scope} for" in free.stderr
+    as_json = tasklock("peek", "a", "--json", env=env)
+    assert json.loads(as_json.stdout) == {"key": "a", "held": False, "waiters": []}
+    assert change in as_json.stderr
+    listed = tasklock("list", env=env)
+    assert listed.stdout.startswith("held\t") and change in listed.stderr
+    released = tasklock("release", "a", "--force", env=env)
+    assert released.returncode == 0 and change in released.stderr
+    assert tasklock("-q", "peek", "a", env=env).stderr == ""
+
+
+def assert_inspections_quiet(env: dict[str, str], change: str) -> None:
+    """No quarantine under way: no inspection names ``change``."""
+    for command in INSPECTIONS:
+        done = tasklock(*command, env=env)
+        assert change not in done.stderr, (command, done.stderr)
