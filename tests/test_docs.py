@@ -568,7 +568,7 @@ def test_once_per_cron_example_runs_once_per_window(shell_env, tmp_path):
     command = commands.pop().replace("/opt/reports/run.sh", str(job))
     assert "--once-per 1h" in command
     left_of_the_hour = 3600 - time.time() % 3600
-    if left_of_the_hour < 3:  # both runs in one window
+    if left_of_the_hour < 20:  # both runs in one window, however loaded the machine
         time.sleep(left_of_the_hour + 0.05)
     first = sh(command, shell_env, tmp_path)
     second = sh(command, shell_env, tmp_path)  # another host, or a later try this hour
