@@ -135,6 +135,19 @@ def cli_trial(argv: list[str], env: dict[str, str], clients: int, runs: int) -> 
     return elapsed
 
 
+def cli_trials(
+    cmds: dict[str, tuple[list[str], dict[str, str]]], reps: int, seed: int, clients: int, runs: int
+) -> dict[str, list[float]]:
+    """Each command's trial times (``cli_trial``): ``reps`` rounds, the commands in another
+    order each round (shuffled from ``seed``: the same orders in every bench run)."""
+    times: dict[str, list[float]] = {label: [] for label in cmds}
+    rng = random.Random(seed)
+    for _ in range(reps):
+        for label in rng.sample(list(cmds), len(cmds)):
+            times[label].append(cli_trial(*cmds[label], clients, runs))
+    return times
+
+
 def cli_commands(
     kinds: list[StoreKind], envs: Envs, workdir: Path
 ) -> dict[str, tuple[list[str], dict[str, str]]]:
@@ -165,11 +178,7 @@ def section_cli_contention(
     )  # fmt: skip
     started = time.monotonic()
     cmds = cli_commands(kinds, envs, workdir)
-    times: dict[str, list[float]] = {label: [] for label in cmds}
-    rng = random.Random(4)
-    for _ in range(budget.contention_reps):
-        for label in rng.sample(list(cmds), len(cmds)):
-            times[label].append(cli_trial(*cmds[label], clients, runs))
+    times = cli_trials(cmds, budget.contention_reps, 4, clients, runs)
     rate = {label: clients * runs / median(t) for label, t in times.items()}
     for kind in kinds:
         if kind.reason is not None:
@@ -257,11 +266,7 @@ def section_cli_limit(kinds: list[StoreKind], envs: Envs, budget: Budget, workdi
         table.seconds = time.monotonic() - started
         return table
     cmds = limit_commands(kinds, envs, workdir)
-    times: dict[str, list[float]] = {label: [] for label in cmds}
-    rng = random.Random(5)
-    for _ in range(budget.contention_reps):
-        for label in rng.sample(list(cmds), len(cmds)):
-            times[label].append(cli_trial(*cmds[label], clients, runs))
+    times = cli_trials(cmds, budget.contention_reps, 5, clients, runs)
     for kind in kinds:
         if kind.reason is not None:
             table.skip(kind.name, kind.reason)

@@ -17,12 +17,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from dataclasses import field
 from pathlib import Path
+from typing import TYPE_CHECKING
 from typing import Any
 
 from bench.builds import Build
 from bench.builds import neutral_cwd
 from bench.install import interpreter_and_tasklock
 from tasklock_cli.stores.model import Holder
+
+if TYPE_CHECKING:
+    from multiprocessing.process import BaseProcess
 
 #: The interpreter of the floors and the `tasklock` timed: those of the private install
 #: (bench/install.py) unless --dev-install.
@@ -221,10 +225,16 @@ def gather(target: Callable[..., None], args_per_worker: list[tuple], timeout: f
         return [out.get(timeout=timeout) for _ in workers]
     finally:
         for worker in workers:
-            worker.join(timeout=10)
-            if worker.is_alive():
-                worker.kill()
-                worker.join()
+            join_or_kill(worker, 10)
+
+
+def join_or_kill(worker: BaseProcess, timeout: float) -> None:
+    """Join a forked ``multiprocessing`` process, killing it if it has not ended within
+    ``timeout`` seconds."""
+    worker.join(timeout=timeout)
+    if worker.is_alive():
+        worker.kill()
+        worker.join()
 
 
 def timed_run(argv: list[str], env: dict[str, str]) -> float:

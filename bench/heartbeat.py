@@ -26,6 +26,7 @@ from bench.harness import Budget
 from bench.harness import Envs
 from bench.harness import Table
 from bench.harness import fmt
+from bench.harness import join_or_kill
 from bench.harness import proc_cpu
 from bench.harness import proc_sample
 from bench.harness import prose
@@ -329,10 +330,7 @@ def hold_many(kind: StoreKind, budget: Budget) -> HeldRun:
         ours.send("stop")
         run.stats = receive(60 + count * 0.1)
     finally:
-        proc.join(timeout=30)
-        if proc.is_alive():
-            proc.kill()
-            proc.join()
+        join_or_kill(proc, 30)
         drop_namespace(kind, "hb_many")
     return run
 

@@ -25,6 +25,7 @@ from bench.harness import RUN_ID
 from bench.harness import Budget
 from bench.harness import Table
 from bench.harness import fmt
+from bench.harness import join_or_kill
 from bench.harness import median
 from bench.harness import ms
 from bench.harness import p99
@@ -388,10 +389,7 @@ def sweep_under_load(kind: StoreKind, budget: Budget) -> SweepRun:
         run.log = out.get(timeout=120)
     finally:
         stop.set()
-        proc.join(timeout=10)
-        if proc.is_alive():
-            proc.kill()
-            proc.join()
+        join_or_kill(proc, 10)
         drop_namespace(kind, "sweep")
     return run
 
