@@ -9,7 +9,6 @@ import os
 import threading
 
 from tasklock_cli.stores.sqlite import entries
-from tasklock_cli.util import paths
 
 #: typing costs ~2 ms per start: its names are for the type checker only.
 TYPE_CHECKING = False
@@ -17,7 +16,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 
-class BreakAlarms:
+class BreakAlarms(entries.KeyDirectories):
     """The FIFOs through which this process's held leases hear of a break, one per lease
     (key and fencing token) whose holder waits for one. A FIFO is kept from the first wait
     until the lease is released, so a break between two waits is still there to be read:
@@ -29,10 +28,7 @@ class BreakAlarms:
         file_mode: int = entries.PRIVATE_MODE,
         owners: entries.Owners | None = None,
     ) -> None:
-        """``owners``: whose directories to use (the store's, once it is open)."""
-        self.directory = paths.normal(directory)
-        self.file_mode = file_mode
-        self.owners = owners or entries.Owners(file_mode)
+        super().__init__(directory, file_mode, owners)
         self._lock = threading.Lock()
         #: (key, token) -> (the key's directory fd, the FIFO's fd)
         self._fifos: dict[tuple[str, int], tuple[int, int]] = {}
@@ -45,7 +41,7 @@ class BreakAlarms:
             known = self._fifos.get((key, token))
             if known is not None:
                 return known[1], False
-            dir_fd = entries.open_key_dir(self.directory, key, self.owners, create=True)
+            dir_fd = self.key_dir(key, create=True)
             if dir_fd is None:
                 return None, True
             try:
@@ -76,7 +72,7 @@ class BreakAlarms:
         entries.remove(str(token), dir_fd)
         os.close(dir_fd)
         os.close(fd)
-        entries.remove_key_dir(self.directory, key, self.owners)
+        self.remove_key_dir(key)
 
     def _remove_dead(self, dir_fd: int) -> None:
         """Remove the key's FIFOs whose holders died without releasing (no reader)."""
@@ -93,7 +89,7 @@ class BreakAlarms:
     def alarm(self, key: str, token: int) -> None:
         """Tell the holder of ``key``'s lease with ``token`` that it is broken, if it waits
         for that (else it finds out when it starts to). Never raises."""
-        dir_fd = entries.open_key_dir(self.directory, key, self.owners, create=False)
+        dir_fd = self.key_dir(key, create=False)
         if dir_fd is None:
             return
         try:

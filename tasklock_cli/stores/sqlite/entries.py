@@ -28,6 +28,13 @@ except ImportError:  # pragma: no cover - the module's name from 3.12 on
     except ImportError:
         from hashlib import sha256 as _sha256
 
+from tasklock_cli.util import paths
+
+#: typing costs ~2 ms per start: its names are for the type checker only.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from pathlib import Path
+
 #: The mode of a private store's files; a group-shared store's is 0o660 (``?mode=0660``).
 PRIVATE_MODE = 0o600
 _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -104,6 +111,30 @@ class Owners:
         if group is not None and status.st_gid == group and is_member(status.st_uid, group):
             return None
         return f"belongs to {owner_name(status.st_uid)}, whom this store does not trust"
+
+
+class KeyDirectories:
+    """Each key's directory under ``directory`` (``X.db.waiters/``, ``X.db.holders/``), as
+    ``owners`` trust them, and the mode of the entries made in them (``file_mode``)."""
+
+    def __init__(
+        self,
+        directory: str | Path,
+        file_mode: int = PRIVATE_MODE,
+        owners: Owners | None = None,
+    ) -> None:
+        """``owners``: whose directories to use (the store's, once it is open)."""
+        self.directory = paths.normal(directory)
+        self.file_mode = file_mode
+        self.owners = owners or Owners(file_mode)
+
+    def key_dir(self, key: str, create: bool) -> int | None:
+        """An fd of ``key``'s directory, or None (see ``open_key_dir``)."""
+        return open_key_dir(self.directory, key, self.owners, create)
+
+    def remove_key_dir(self, key: str) -> None:
+        """Remove ``key``'s directory when it is empty (else leave it)."""
+        remove_key_dir(self.directory, key, self.owners)
 
 
 def owner_name(uid: int) -> str:
@@ -231,9 +262,7 @@ def make_fifo(making: str, final: str, dir_fd: int, file_mode: int) -> int:
     fd: int | None = None
     try:
         os.mkfifo(making, PRIVATE_MODE, dir_fd=dir_fd)
-        fd = os.open(
-            making, os.O_RDWR | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd
-        )
+        fd = os.open(making, _READ_FIFO, dir_fd=dir_fd)
         if not stat.S_ISFIFO(os.fstat(fd).st_mode):  # replaced between the two calls
             raise OSError(errno.EEXIST, "not the FIFO we made", making)
         os.fchmod(fd, file_mode)

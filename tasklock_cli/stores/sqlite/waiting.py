@@ -24,30 +24,17 @@ import errno
 import os
 
 from tasklock_cli.stores.sqlite import entries
-from tasklock_cli.util import paths
 from tasklock_cli.util.fds import wait_readable
 
-#: typing costs ~2 ms per start: its names are for the type checker only.
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from pathlib import Path
 
+class LocalWakeups(entries.KeyDirectories):
+    """Our place among the waiters of a key (one at a time), and the wake-ups of others."""
 
-class LocalWakeups:
-    def __init__(
-        self,
-        directory: str | Path,
-        file_mode: int = entries.PRIVATE_MODE,
-        owners: entries.Owners | None = None,
-    ) -> None:
-        """``owners``: whose directories to use (the store's, once it is open)."""
-        self.directory = paths.normal(directory)
-        self.file_mode = file_mode
-        self.owners = owners or entries.Owners(file_mode)
-        self._key: str | None = None
-        self._name: str | None = None
-        self._dir_fd: int | None = None
-        self._fd: int | None = None
+    # Set on the instance by ``register``, back to None by ``leave``.
+    _key: str | None = None
+    _name: str | None = None
+    _dir_fd: int | None = None
+    _fd: int | None = None
 
     @property
     def key(self) -> str | None:
@@ -66,7 +53,7 @@ class LocalWakeups:
             return True
         self.leave()
         for _ in range(3):  # again if the key's empty directory is removed meanwhile
-            dir_fd = entries.open_key_dir(self.directory, key, self.owners, create=True)
+            dir_fd = self.key_dir(key, create=True)
             if dir_fd is None:
                 return False
             unique = entries.make_unique()
@@ -78,7 +65,7 @@ class LocalWakeups:
                 os.close(dir_fd)
                 if isinstance(exc, FileNotFoundError):
                     continue
-                entries.remove_key_dir(self.directory, key, self.owners)
+                self.remove_key_dir(key)
                 if isinstance(exc, OSError):
                     return False
                 raise
@@ -115,7 +102,7 @@ class LocalWakeups:
 
     def tidy(self, key: str) -> None:
         """Remove ``key``'s directory if it is empty (no waiter's FIFO in it)."""
-        entries.remove_key_dir(self.directory, key, self.owners)
+        self.remove_key_dir(key)
 
     def give_up(self, key: str, first: list[str] | None = None) -> None:
         """Leave ``key``'s queue and wake the next waiters (``first``: the run at the head
@@ -142,7 +129,7 @@ class LocalWakeups:
         of them is there and ``fallback``, the longest-waiting live one. Never raises."""
         if not run and not fallback:
             return
-        dir_fd = entries.open_key_dir(self.directory, key, self.owners, create=False)
+        dir_fd = self.key_dir(key, create=False)
         if dir_fd is None:
             return
         try:
