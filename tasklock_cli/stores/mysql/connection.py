@@ -333,9 +333,7 @@ class MySQLConnection:
                         conflicts += 1
                         if conflicts > CONFLICT_RETRIES:
                             raise self._translate(exc) from None
-                        time.sleep(
-                            (0.001 + int.from_bytes(os.urandom(2), "big") / 16384_000) * conflicts
-                        )
+                        time.sleep(_jitter() * conflicts)
                     elif code in _TABLE_MISSING and not recreated:
                         self._schema_ok, self.inspected, recreated = False, (), True
                     elif self._broken(exc) and stale and not reconnected and idempotent:

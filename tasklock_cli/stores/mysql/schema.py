@@ -161,15 +161,19 @@ BEGIN
     SELECT v_freed;
 END"""
 
-# (SET sees the row as it was before it: the first break's breaker stays)
-_BREAK = f"""\
-CREATE PROCEDURE `{{table}}_break`(IN p_key VARBINARY(512), IN p_token BIGINT, IN p_by TEXT)
-{_HEAD}
+#: The head and start of a procedure that changes leases in one transaction at one time
+#: (``v_now``, the server's clock at its start).
+_BEGIN_AT_NOW = f"""{_HEAD}
 BEGIN
     DECLARE v_now DATETIME(6);
     {_ROLLBACK_ON_ERROR}
     START TRANSACTION;
-    SET v_now = SYSDATE(6);
+    SET v_now = SYSDATE(6);"""
+
+# (SET sees the row as it was before it: the first break's breaker stays)
+_BREAK = f"""\
+CREATE PROCEDURE `{{table}}_break`(IN p_key VARBINARY(512), IN p_token BIGINT, IN p_by TEXT)
+{_BEGIN_AT_NOW}
     UPDATE `{{table}}`
        SET broken_by = IF({_BROKEN}, broken_by, p_by),
            owner_token = IF({_BROKEN}, owner_token, CONCAT('{BROKEN_OWNER_PREFIX}', owner_token))
@@ -183,12 +187,7 @@ END"""
 # The leases as they were freed are the procedure's result (read under their row locks).
 _FORCE = f"""\
 CREATE PROCEDURE `{{table}}_force`(IN p_key VARBINARY(512), IN p_token BIGINT)
-{_HEAD}
-BEGIN
-    DECLARE v_now DATETIME(6);
-    {_ROLLBACK_ON_ERROR}
-    START TRANSACTION;
-    SET v_now = SYSDATE(6);
+{_BEGIN_AT_NOW}
     SELECT {INFO_COLUMNS}, expires_at > v_now FROM `{{table}}` WHERE {_MATCHING}
      ORDER BY slot FOR UPDATE;
     UPDATE `{{table}}` SET {_CLEARED} WHERE {_MATCHING};
