@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import time
 
-from tasklock_cli.errors import TasklockError
-from tasklock_cli.stores.doctor import clock_check
 from tasklock_cli.stores.doctor import closest_clock_offset
+from tasklock_cli.stores.doctor import reachable_checks
+from tasklock_cli.stores.doctor import server_clock_check
 from tasklock_cli.stores.doctor import warning
 from tasklock_cli.stores.failover import after_failover
 from tasklock_cli.stores.failover import quarantine_length
@@ -30,31 +30,24 @@ if TYPE_CHECKING:
 
 def store_checks(store: MySQLStore) -> list[StoreCheck]:
     db, schema = store._db, store._schema  # the package's own parts
-    checks = [StoreCheck("store", True, db.display_url)]
-    try:
-        found = db.run(lambda conn: _probe(conn, schema), ensure_schema=False)
-    except TasklockError as exc:
-        checks.append(StoreCheck("reachable", False, str(exc)))
+    checks, found = reachable_checks(
+        db.display_url, lambda: db.run(lambda conn: _probe(conn, schema), ensure_schema=False)
+    )
+    if found is None:
         return checks
-    rtt_ms = found["rtt"] * 1000
-    checks.append(StoreCheck("reachable", True, f"SELECT 1 round trip {rtt_ms:.1f} ms"))
     version, read_only = found["server"]
     if read_only:
         detail = f"{version} is read-only (read_only = ON: a replica?); no lease is taken here"
         checks.append(StoreCheck("server", False, detail))
     else:
         checks.append(StoreCheck("server", True, version))
-    ok, detail = found["schema"]
-    checks.append(StoreCheck("schema", ok, detail))
+    checks.append(StoreCheck("schema", *found["schema"]))
     if not read_only:
         epoch = found["epoch"]
         length = quarantine_length(epoch[3] if epoch else None)
         checks.append(_replication_check(found["replication"], length))
         checks.append(_epoch_check(found["identity"], epoch, length))
-    offset, elapsed = found["clock"]
-    checks.append(
-        clock_check("the server's", offset, elapsed / 2, "the server's clock decides expiry")
-    )
+    checks.append(server_clock_check(*found["clock"]))
     return checks
 
 

@@ -14,9 +14,9 @@ import psycopg.errors as pgerr
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
-from tasklock_cli.errors import TasklockError
-from tasklock_cli.stores.doctor import clock_check
 from tasklock_cli.stores.doctor import closest_clock_offset
+from tasklock_cli.stores.doctor import reachable_checks
+from tasklock_cli.stores.doctor import server_clock_check
 from tasklock_cli.stores.doctor import warning
 from tasklock_cli.stores.failover import after_failover
 from tasklock_cli.stores.failover import quarantine_length
@@ -38,14 +38,12 @@ if TYPE_CHECKING:
 
 def store_checks(store: PostgresStore) -> list[StoreCheck]:
     db, schema = store._db, store._schema  # the package's own parts
-    checks = [StoreCheck("store", True, db.display_url)]
-    try:
-        found = db.run(lambda conn: _probe(conn, schema, db.scrub), ensure_schema=False)
-    except TasklockError as exc:
-        checks.append(StoreCheck("reachable", False, str(exc)))
+    checks, found = reachable_checks(
+        db.display_url,
+        lambda: db.run(lambda conn: _probe(conn, schema, db.scrub), ensure_schema=False),
+    )
+    if found is None:
         return checks
-    rtt_ms = found["rtt"] * 1000
-    checks.append(StoreCheck("reachable", True, f"SELECT 1 round trip {rtt_ms:.1f} ms"))
     version = found["version"]
     if found["standby"]:
         detail = (
@@ -55,8 +53,7 @@ def store_checks(store: PostgresStore) -> list[StoreCheck]:
         checks.append(StoreCheck("server", False, detail))
     else:
         checks.append(StoreCheck("server", True, f"PostgreSQL {version} (primary)"))
-    ok, detail = found["schema"]
-    checks.append(StoreCheck("schema", ok, detail))
+    checks.append(StoreCheck("schema", *found["schema"]))
     if not found["standby"]:
         epoch = found["epoch"]
         length = quarantine_length(epoch[5] if epoch else None)
@@ -65,10 +62,7 @@ def store_checks(store: PostgresStore) -> list[StoreCheck]:
             checks.append(StoreCheck("epoch", False, found["refused"]))
         else:
             checks.append(_epoch_check(found["identity"], found["started"], epoch, length))
-    offset, elapsed = found["clock"]
-    checks.append(
-        clock_check("the server's", offset, elapsed / 2, "the server's clock decides expiry")
-    )
+    checks.append(server_clock_check(*found["clock"]))
     return checks
 
 
