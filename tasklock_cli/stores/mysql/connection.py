@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import threading
 import time
 from collections.abc import Callable
 from urllib.parse import unquote
@@ -23,12 +22,11 @@ from tasklock_cli.stores.mysql.driver import enable_ssl
 from tasklock_cli.stores.mysql.driver import pymysql
 from tasklock_cli.stores.mysql.schema import INSPECT
 from tasklock_cli.stores.mysql.schema import MySQLSchema
-from tasklock_cli.stores.urls import scrub
+from tasklock_cli.stores.sql import SqlConnection
 from tasklock_cli.stores.urls import split_url
 from tasklock_cli.stores.urls import unknown_parameter
 from tasklock_cli.stores.urls import url_passwords
 
-DEFAULT_IO_TIMEOUT_S = 5.0
 DEFAULT_PORT = 3306
 DEFAULT_TABLE = "tasklock_leases"
 #: Deadlocks (1213) and lock wait timeouts (1205) are retried this often.
@@ -167,33 +165,21 @@ def _port(text: str, display_url: str) -> int:
     return int(text)
 
 
-class MySQLConnection:
+class MySQLConnection(SqlConnection):
     """The store's one connection, used under ``lock`` through ``run``."""
 
+    current: pymysql.connections.Connection | None
+
     def __init__(self, url: str, display_url: str, schema: MySQLSchema, kwargs: dict) -> None:
-        self.display_url = display_url
+        super().__init__(display_url, url_passwords(url) | {kwargs["password"]} - {""})
         self.schema = schema
         self._kwargs = kwargs
-        self._secrets = sorted(url_passwords(url) | {kwargs["password"]} - {""}, key=len)
-        self.io_timeout = DEFAULT_IO_TIMEOUT_S
-        self.lock = threading.RLock()
-        self.current: pymysql.connections.Connection | None = None
         self.mariadb = True
         self.inspected: tuple = ()
-        self._applied_timeout: float | None = None
-        self._schema_ok = False
 
     @property
     def database(self) -> str:
         return self._kwargs["database"]
-
-    def scrub(self, text: str) -> str:
-        return " ".join(scrub(text, self._secrets).split())
-
-    def set_io_timeout(self, seconds: float) -> None:
-        if math.isfinite(seconds) and seconds > 0:
-            with self.lock:
-                self.io_timeout = seconds  # applied to the connection on its next use
 
     def connect(self) -> pymysql.connections.Connection:
         """A new autocommit connection, close-on-exec (Python's sockets are), set up (the
@@ -294,17 +280,6 @@ class MySQLConnection:
             finally:
                 with contextlib.suppress(pymysql.err.MySQLError):
                     cursor.execute("DO RELEASE_LOCK(%s)", (self.schema.lock_name(),))
-
-    def drop(self) -> None:
-        conn, self.current = self.current, None
-        self._schema_ok = False
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                conn.close()
-
-    def close(self) -> None:
-        with self.lock:
-            self.drop()
 
     def run(
         self,

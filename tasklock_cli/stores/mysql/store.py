@@ -15,7 +15,6 @@ from tasklock_cli.errors import LimitMismatch
 from tasklock_cli.errors import Superseded
 from tasklock_cli.errors import TasklockError
 from tasklock_cli.stores import rows as row_parsing
-from tasklock_cli.stores.base import Store
 from tasklock_cli.stores.failover import Quarantines
 from tasklock_cli.stores.failover import quarantine_text
 from tasklock_cli.stores.model import BROKEN_OWNER_PREFIX
@@ -45,6 +44,7 @@ from tasklock_cli.stores.mysql.schema import INFO_COLUMNS
 from tasklock_cli.stores.mysql.schema import MySQLSchema
 from tasklock_cli.stores.mysql.waiting import PLACELESS_LOOK_S
 from tasklock_cli.stores.mysql.waiting import WakeLine
+from tasklock_cli.stores.sql import SqlStore
 from tasklock_cli.stores.urls import redact_url
 from tasklock_cli.stores.watches import BreakWatches
 from tasklock_cli.util.fds import fd_readable
@@ -123,11 +123,13 @@ _SWEEP = f"""UPDATE `{{table}}`
  LIMIT {SWEEP_BATCH}"""
 
 
-class MySQLStore(Store):
+class MySQLStore(SqlStore):
     #: A release wakes the waiters it may admit (see ``waiting``); the others look again
     #: every ``WAITER_SLEEP_S`` (reads only).
     signals_release = True
     concurrent_release = True
+    _db: MySQLConnection
+    _schema: MySQLSchema
 
     def __init__(self, url: str, display_url: str | None = None) -> None:
         super().__init__()
@@ -185,15 +187,6 @@ class MySQLStore(Store):
                 return rows
 
         return self._db.run(run, idempotent=idempotent)
-
-    def set_io_timeout(self, seconds: float) -> None:
-        self._db.set_io_timeout(seconds)
-
-    def init_schema(self) -> None:
-        self._db.run(lambda conn: None)
-
-    def schema_sql(self) -> str:
-        return self._schema.schema_sql()
 
     # -- the interface --------------------------------------------------------------
 

@@ -31,11 +31,10 @@ from tasklock_cli.stores.postgres.schema import INSPECT
 from tasklock_cli.stores.postgres.schema import UNSET
 from tasklock_cli.stores.postgres.schema import PgSchema
 from tasklock_cli.stores.postgres.schema import Unset
-from tasklock_cli.stores.urls import scrub
+from tasklock_cli.stores.sql import SqlConnection
 from tasklock_cli.stores.urls import unknown_parameter
 from tasklock_cli.stores.urls import url_passwords
 
-DEFAULT_IO_TIMEOUT_S = 5.0
 SERIALIZATION_RETRIES = 5
 
 _T = TypeVar("_T")
@@ -162,17 +161,18 @@ class Watchdog:
                 self._deadline = None
 
 
-class PgConnection:
+class PgConnection(SqlConnection):
     """The store's one connection (``current``), used under ``lock`` through ``run``.
 
     ``on_new_session`` callbacks are told when the session ends (dropped, or replaced by
     a new one): what the server kept for it -- LISTENs, advisory locks -- is gone."""
 
+    current: psycopg.Connection | None
+
     def __init__(self, conninfo: str, display_url: str, schema: PgSchema) -> None:
+        super().__init__(display_url, url_passwords(conninfo))
         self._conninfo = conninfo
-        self.display_url = display_url
         self._schema = schema
-        self._secrets = sorted(url_passwords(conninfo), key=len, reverse=True)
         try:
             params = conninfo_to_dict(conninfo)
         except psycopg.Error as exc:
@@ -191,22 +191,8 @@ class PgConnection:
         if password and password not in self._secrets:
             self._secrets.insert(0, password)
         self._user_params = {k for k, v in params.items() if v is not None}
-        self.io_timeout = DEFAULT_IO_TIMEOUT_S
-        self.lock = threading.RLock()
         self._watchdog = Watchdog()
-        self.current: psycopg.Connection | None = None
-        self._applied_timeout: float | None = None
-        self._schema_ok = False
         self.on_new_session: list[Callable[[], None]] = []
-
-    def scrub(self, text: str) -> str:
-        return " ".join(scrub(text, self._secrets).split())  # libpq's messages span lines
-
-    def set_io_timeout(self, seconds: float) -> None:
-        if not math.isfinite(seconds) or seconds <= 0:
-            return
-        with self.lock:
-            self.io_timeout = seconds  # applied to the connection on its next use
 
     def connect_kwargs(self) -> dict[str, Any]:
         io = self.io_timeout
@@ -294,20 +280,12 @@ class PgConnection:
         return conn
 
     def _session_ended(self) -> None:
-        self._schema_ok = False
+        super()._session_ended()
         for forget in self.on_new_session:
             forget()
 
-    def drop(self) -> None:
-        conn, self.current = self.current, None
-        self._session_ended()
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                conn.close()
-
     def close(self) -> None:
-        with self.lock:
-            self.drop()
+        super().close()
         self._watchdog.stop()
 
     def run(

@@ -23,7 +23,6 @@ from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.errors import Superseded
 from tasklock_cli.errors import TasklockError
 from tasklock_cli.stores import rows as rows_of
-from tasklock_cli.stores.base import Store
 from tasklock_cli.stores.failover import Quarantines
 from tasklock_cli.stores.failover import quarantine_text
 from tasklock_cli.stores.model import BROKEN_OWNER_PREFIX
@@ -59,6 +58,7 @@ from tasklock_cli.stores.postgres.queue import WAITING_COUNTS
 from tasklock_cli.stores.postgres.queue import WAKE_CTES
 from tasklock_cli.stores.postgres.schema import PgSchema
 from tasklock_cli.stores.postgres.waiting import PgListening
+from tasklock_cli.stores.sql import SqlStore
 from tasklock_cli.stores.urls import redact_url
 from tasklock_cli.stores.watches import BreakWatches
 
@@ -285,10 +285,12 @@ def _utc(moment: datetime | None) -> datetime:
     return moment.astimezone(timezone.utc) if moment is not None else _EPOCH
 
 
-class PostgresStore(Store):
+class PostgresStore(SqlStore):
     signals_release = True
     #: Trouble while waiting: the wait sleeps out its time, the next acquire reports it.
     waiting_trouble = (TasklockError,)
+    _db: PgConnection
+    _schema: PgSchema
 
     def __init__(self, conninfo: str, table: str = DEFAULT_TABLE, display_url: str = "") -> None:
         super().__init__()
@@ -324,15 +326,6 @@ class PostgresStore(Store):
             )
             self._statements[(template, live, upper)] = statement
         return statement
-
-    def set_io_timeout(self, seconds: float) -> None:
-        self._db.set_io_timeout(seconds)
-
-    def init_schema(self) -> None:
-        self._db.run(lambda conn: None)
-
-    def schema_sql(self) -> str:
-        return self._schema.schema_sql()
 
     # -- the interface --------------------------------------------------------------
 
