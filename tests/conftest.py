@@ -6,8 +6,10 @@ import os
 import sys
 import uuid
 from collections.abc import Callable
+from collections.abc import Generator
 from collections.abc import Iterator
 
+import pluggy
 import pytest
 
 from tasklock_cli.stores import open_store
@@ -156,7 +158,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     SQLite store or on none, needs no server, and is not marked slow; then spread the
     stress and waiting tests over the run."""
     for item in items:
-        if item.get_closest_marker("slow"):
+        if not isinstance(item, pytest.Function) or item.get_closest_marker("slow"):
             continue
         if item.module.__name__.rpartition(".")[2].startswith(_SERVER_MODULES):
             continue
@@ -197,7 +199,9 @@ def _spread(items: list[pytest.Item], marker: str, staggered: bool) -> None:
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo
+) -> Generator[None, pluggy.Result[pytest.TestReport], None]:
     """A test's recorded figures travel in its report (see tests/support/report.py)."""
     outcome = yield
     if call.when == "call":
@@ -215,6 +219,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
     for name, value in report.user_properties:
         if name == figures_report.PROPERTY:
+            assert isinstance(value, tuple)  # (scenario, store, figures): see makereport
             figures_report.keep(*value)
 
 

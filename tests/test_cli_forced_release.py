@@ -27,6 +27,7 @@ from tests.support import report
 from tests.support.cli import json_events
 from tests.support.cli import lost_by
 from tests.support.cli import peek
+from tests.support.cli import piped
 from tests.support.cli import start
 from tests.support.cli import tasklock
 from tests.support.cli import wait_for_holder
@@ -136,7 +137,7 @@ def test_a_local_holder_killed_as_its_command_starts_is_freed_at_once(cli_env, t
     env = {**cli_env, "TASKLOCK_STORE": f"sqlite:///{db}", LET_GO_TIMEOUT_ENV: "2"}
     show = 'echo "$PPID $$"; exec sleep 30'  # its parent is the guard
     first = start("run", "k", "--ttl", "30s", "--", "sh", "-c", show, env=env)
-    guard, command = (int(pid) for pid in first.stdout.readline().split())
+    guard, command = (int(pid) for pid in piped(first.stdout).readline().split())
     try:
         time.sleep(delay_ms / 1000)
         for pid in (first.pid, guard):
@@ -248,6 +249,9 @@ def _forger(store_url: str, key: str, token: int):
     store = open_store(store_url)
     if store_url.startswith("sqlite"):
         from tasklock_cli.stores.sqlite.entries import key_dir_name
+        from tasklock_cli.stores.sqlite.store import SQLiteStore
+
+        assert isinstance(store, SQLiteStore)
 
         fifo = f"{store.path}.holders/{key_dir_name(key)}/{token}"
 
@@ -265,17 +269,26 @@ def _forger(store_url: str, key: str, token: int):
 
         return send, store
     if store_url.startswith("redis"):
+        from tasklock_cli.stores.redis.store import RedisStore
+
+        assert isinstance(store, RedisStore)
         channel = store._names.break_channel(key, token)
         return (lambda: store._conn.client.publish(channel, "1")), store
     if store_url.startswith("postgres"):
+        from tasklock_cli.stores.postgres.store import PostgresStore
+
+        assert isinstance(store, PostgresStore)
         store.peek(key)  # learns the table's oid, which names the channel
-        channel = store._breaks.channel(key)
+        pg_channel = store._breaks.channel(key)
         notify = "SELECT pg_notify(%s, %s)"
         return (
-            lambda: store._db.run(lambda conn: conn.execute(notify, (channel, str(token))))
+            lambda: store._db.run(lambda conn: conn.execute(notify, (pg_channel, str(token))))
         ), store
     if store_url.startswith("mysql"):  # a KILL QUERY of the holder's break watch
         from tasklock_cli.stores.mysql.queue import break_lock_name
+        from tasklock_cli.stores.mysql.store import MySQLStore
+
+        assert isinstance(store, MySQLStore)
 
         name = break_lock_name(store._db.database, store.table_name, key, token)
         kill = "SELECT IS_USED_LOCK(%s)"
@@ -300,7 +313,7 @@ def test_a_forged_break_notification_changes_nothing(env, store_url):
         "sh", "-c", "echo $TASKLOCK_FENCING_TOKEN; sleep 3",
         env=env,
     )  # fmt: skip
-    token = int(holder.stdout.readline())
+    token = int(piped(holder.stdout).readline())
     send, store = _forger(store_url, "k", token)
     sent = 0
     stop = threading.Event()

@@ -15,6 +15,7 @@ from tasklock_cli.stores.model import Holder
 from tests.support.cli import json_events
 from tests.support.cli import one_error_line
 from tests.support.cli import tasklock
+from tests.support.contract import granted
 
 HOLDER = Holder(host="elsewhere", pid=4242, user="alice", command=["./job.sh"], note="held")
 PEEK_SELF = ["sh", "-c", "tasklock peek k --json"]  # the child looks at its own lease
@@ -100,7 +101,7 @@ def test_run_flags_are_taken_before_the_double_dash_only(env, sqlite_url):
     assert result.stdout == "--store x -v -q\n"
     assert result.stderr == ""  # neither -v nor -q was taken by tasklock
     with open_store(sqlite_url) as store:
-        assert store.acquire("k", 5, HOLDER, uuid.uuid4().hex).fencing_token == 2
+        assert granted(store.acquire("k", 5, HOLDER, uuid.uuid4().hex)).fencing_token == 2
 
 
 def test_a_note_that_looks_like_an_option_is_the_note(env):

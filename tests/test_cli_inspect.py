@@ -11,6 +11,7 @@ import pytest
 
 from tests.support.cli import one_error_line
 from tests.support.cli import peek
+from tests.support.cli import piped
 from tests.support.cli import start
 from tests.support.cli import tasklock
 from tests.support.cli import wait_for_holder
@@ -268,7 +269,7 @@ def test_list_watch_refreshes_until_interrupted(env, holder):
     watcher = start("list", "--watch", "--interval", "200ms", env=env, preexec_fn=restore_sigint)
     seen, deadline = "", time.monotonic() + 20  # however slowly a loaded machine starts it
     while seen.count("jobs:held") < 3 and time.monotonic() < deadline:
-        line = watcher.stdout.readline()
+        line = piped(watcher.stdout).readline()
         if not line:
             break
         seen += line

@@ -17,6 +17,7 @@ from tasklock_cli.stores.model import RunRecord
 from tests.support.cli import start
 from tests.support.cli import tasklock
 from tests.support.cli import wait_for_holder
+from tests.support.contract import granted
 
 HOLDER = Holder(host="cron-host", pid=7, user="cron", command=["./report.sh"])
 
@@ -230,7 +231,7 @@ def test_the_last_success_outlives_the_trim_of_many_later_runs(env, store_url):
     (succeeded,) = json.loads(tasklock("history", "cron", "--json", env=env).stdout)
     with open_store(store_url) as store:
         for number in range(LEDGER_KEEP + 3):
-            lease = store.acquire("cron", 30, HOLDER, f"owner-{number}")
+            lease = granted(store.acquire("cron", 30, HOLDER, f"owner-{number}"))
             token, started = lease.fencing_token, lease.acquired_at
             done = RunRecord("cron", token, HOLDER, started, None, "done-already")
             assert store.release(lease, record=done) is True

@@ -10,6 +10,7 @@ import time
 from tasklock_cli.stores import open_store
 from tests.support.cli import json_events
 from tests.support.cli import lost_by
+from tests.support.cli import piped
 from tests.support.cli import start
 from tests.support.cli import tasklock
 from tests.support.cli import wait_for_holder
@@ -142,7 +143,7 @@ def test_also_in_opposite_orders_never_deadlocks_nor_overlaps(env, tmp_path):
         command = ["sh", "-c", LOGGED, str(log), f"run{n}"]
         runs.append(start("run", first, "--also", second, "--wait", "120", "--", *command, env=env))
     codes = [run.wait(timeout=180) for run in runs]
-    assert codes == [0] * 8, [run.stderr.read() for run in runs]
+    assert codes == [0] * 8, [piped(run.stderr).read() for run in runs]
     assert len(log.read_text().splitlines()) == 16
     assert _overlaps(log.read_text()) == []
 

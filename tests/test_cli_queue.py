@@ -39,7 +39,7 @@ def _start_waiters(env, url: str, key: str, count: int, order: str, note: str = 
         runs.append(
             start("run", key, "--wait", "60", "--note", f"{note}{n}", "--", *command, env=env)
         )
-        wait_until(lambda n=n: _queue_length(url, key) == n + 1, timeout=20)
+        wait_until(lambda: _queue_length(url, key) == len(runs), timeout=20)
     return runs
 
 

@@ -17,6 +17,7 @@ from tests.support.cli import json_events
 from tests.support.cli import lost_by
 from tests.support.cli import one_error_line
 from tests.support.cli import peek
+from tests.support.cli import piped
 from tests.support.cli import start
 from tests.support.cli import tasklock
 from tests.support.cli import wait_for_holder
@@ -222,12 +223,13 @@ def test_a_signal_while_waiting_stops_the_wait_and_leaves_the_queue(
     try:
         wait_for_holder(sqlite_url, "k")
         waiter = start("--log-format", "json", "run", "k", "--wait", "inf", "--", "true", env=env)
-        assert json.loads(waiter.stderr.readline())["event"] == "waiting"
+        assert json.loads(piped(waiter.stderr).readline())["event"] == "waiting"
         waiter.send_signal(getattr(signal, f"SIG{signame}"))
         assert waiter.wait(timeout=10) == 128 + getattr(signal, f"SIG{signame}")
-        assert waiter.stderr.read() == ""  # no traceback, no error line
+        assert piped(waiter.stderr).read() == ""  # no traceback, no error line
         assert list((tmp_path / "locks.db.waiters").glob("*")) == []  # no FIFO left
-        assert peek(sqlite_url, "k").holder.pid == holder.pid
+        held = peek(sqlite_url, "k")
+        assert held is not None and held.holder.pid == holder.pid
     finally:
         holder.terminate()
         holder.wait()
@@ -244,7 +246,7 @@ def test_a_hand_off_leaves_no_wake_up_entry_behind(env, sqlite_url, tmp_path):
     try:
         wait_for_holder(sqlite_url, "k")
         waiter = start("--log-format", "json", "run", "k", "--wait", "inf", "--", "true", env=env)
-        assert json.loads(waiter.stderr.readline())["event"] == "waiting"
+        assert json.loads(piped(waiter.stderr).readline())["event"] == "waiting"
         wait_until(lambda: list(holders.glob("*/*")) and list(waiters.glob("*/*")), timeout=10)
         go.touch()
         assert holder.wait(timeout=10) == 0

@@ -14,6 +14,7 @@ import pytest
 
 from tests.support.cli import json_events
 from tests.support.cli import one_error_line
+from tests.support.cli import piped
 from tests.support.cli import start
 from tests.support.cli import tasklock
 from tests.support.cli import wait_until
@@ -53,8 +54,8 @@ class Holders:
         (self.workdir / "stop").touch()
         codes = [run.wait(timeout=30) for run in self.runs]
         for run in self.runs:
-            run.stdout.close()
-            run.stderr.close()
+            piped(run.stdout).close()
+            piped(run.stderr).close()
         return codes
 
 

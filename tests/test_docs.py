@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import typer
+from typer.core import TyperGroup
 
 import tasklock_cli.cli.app
 from tests.support import services
@@ -29,10 +30,12 @@ COMPLETION_FILES = ("tasklock.bash", "_tasklock", "tasklock.fish")
 def cli_options() -> dict[str, set[str]]:
     """{command name ("" for the global options): every option string it accepts}."""
     group = typer.main.get_command(tasklock_cli.cli.app.app)
+    assert isinstance(group, TyperGroup)  # the app has subcommands
     ctx = group.context_class(group, info_name="tasklock", **group.context_settings)
     found = {"": _option_strings(group, ctx)}
     for name in group.list_commands(ctx):
         command = group.get_command(ctx, name)
+        assert command is not None, name
         sub = command.context_class(command, info_name=name, parent=ctx, **command.context_settings)
         found[name] = _option_strings(command, sub)
     return found
@@ -527,6 +530,13 @@ def test_first_example_runs(shell_env, tmp_path):
     assert result.stdout == "" or "invoices:nightly" not in result.stdout  # released already
 
 
+def _first_group(pattern: str, text: str) -> str:
+    """Group 1 of ``pattern``'s first match in ``text``: the test fails where none is."""
+    match = re.search(pattern, text)
+    assert match, f"{pattern!r} not in {text!r}"
+    return match.group(1)
+
+
 def _cron_command(block: str) -> tuple[str, str]:
     """(schedule, command) of a crontab example, its lines joined as cron needs them."""
     line = block.replace("\\\n", " ").strip().splitlines()[0]
@@ -543,7 +553,7 @@ def test_cron_examples_run_once_per_schedule(shell_env, tmp_path):
         assert schedule == "*/5 * * * *"
         # the key names the schedule, and the hold is shorter than its interval
         assert re.search(r"run (\S+):5min ", command), command
-        assert re.search(r"--hold-at-least (\d+)m ", command).group(1) < "5"
+        assert _first_group(r"--hold-at-least (\d+)m ", command) < "5"
         commands.add(re.sub(r"^TASKLOCK_STORE=\S+ ", "", command))
     assert len(commands) == 1, commands  # both say the same
     job = stub(tmp_path / "run.sh")
@@ -582,7 +592,8 @@ def test_systemd_units(shell_env, tmp_path):
 
     def parse(marker: str) -> configparser.ConfigParser:
         units = configparser.ConfigParser(strict=False, interpolation=None)
-        units.optionxform = str
+        # keep the keys' case, as configparser's docs say; typeshed declares optionxform a method
+        units.optionxform = str  # type: ignore[method-assign,assignment]
         units.read_string(example(marker, "readme")[0])
         return units
 
@@ -631,7 +642,7 @@ def test_kubernetes_cronjob(shell_env, tmp_path):
     import json
 
     block = example("kind: CronJob", "readme")[0]
-    command = json.loads(re.search(r"command: (\[.*\])", block).group(1))
+    command = json.loads(_first_group(r"command: (\[.*\])", block))
     parsed = _yaml(block)
     if parsed is not None:
         spec = parsed["spec"]
@@ -641,7 +652,7 @@ def test_kubernetes_cronjob(shell_env, tmp_path):
         assert pod["restartPolicy"] == "Never"
         grace_period = pod["terminationGracePeriodSeconds"]
     else:
-        grace_period = int(re.search(r"terminationGracePeriodSeconds: (\d+)", block).group(1))
+        grace_period = int(_first_group(r"terminationGracePeriodSeconds: (\d+)", block))
     assert grace_period > parse_seconds(command[command.index("--grace") + 1])
     assert re.search(r'schedule: "\*/15 ', block) and "reports:15min" in command
     job = stub(tmp_path / "run-reports")
@@ -833,22 +844,22 @@ def test_peek_queue_example_matches_real_output(shell_env, tmp_path, sqlite_url)
     runs = []
     try:
         wait_for_holder(sqlite_url, "deploy:prod")
-        for note in ("commit 5e1f", "commit 77aa"):
-            runs.append(
-                start(
-                    "run",
-                    "deploy:prod",
-                    "--wait",
-                    "1m",
-                    "--note",
-                    note,
-                    "--",
-                    "true",
-                    env=shell_env,
+        with open_store(sqlite_url) as store:
+            for note in ("commit 5e1f", "commit 77aa"):
+                runs.append(
+                    start(
+                        "run",
+                        "deploy:prod",
+                        "--wait",
+                        "1m",
+                        "--note",
+                        note,
+                        "--",
+                        "true",
+                        env=shell_env,
+                    )
                 )
-            )
-            with open_store(sqlite_url) as store:
-                wait_until(lambda store=store: len(store.waiters("deploy:prod")) == len(runs))
+                wait_until(lambda: len(store.waiters("deploy:prod")) == len(runs))
         real = sh("tasklock peek deploy:prod", shell_env, tmp_path).stdout.splitlines()
     finally:
         for process in (holder, *runs):
@@ -1051,7 +1062,7 @@ def test_prometheus_recipe(shell_env, tmp_path):
     assert success in samples
 
     (rule,) = example("alert: NightlyJobNotSucceeded", "readme")
-    expr = re.search(r"expr: (.*)", rule).group(1)
+    expr = _first_group(r"expr: (.*)", rule)
     assert expr == (
         'time() - tasklock_last_success_timestamp_seconds{key="invoices:nightly"} > 26 * 3600'
     )

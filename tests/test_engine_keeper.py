@@ -11,6 +11,7 @@ import pytest
 from tasklock_cli.run.keeper import LeaseKeeper
 from tasklock_cli.run.options import RunOptions
 from tasklock_cli.stores.sqlite.store import SQLiteStore
+from tests.support.contract import granted
 from tests.support.engine import HOLDER
 from tests.support.engine import FakeClock
 from tests.support.engine import SlowStore
@@ -74,7 +75,7 @@ def test_loss_grace_leaves_room_for_retries(ttl, renew, grace, loss_grace):
     assert 0 < options.schedule.safety_margin <= 1.0
 
 
-def test_stopping_the_reports_waits_for_a_renewal_under_way_and_starts_none(tmp_path):
+def test_stopping_the_reports_waits_for_a_renewal_under_way_and_starts_none(tmp_path, monkeypatch):
     """The wrapper stops its heartbeat's reports before it releases (and, where the store
     allows, releases before the thread has ended). A renewal already under way is finished
     and what it finds is reported first (a lease broken meanwhile is still a loss); none
@@ -97,7 +98,7 @@ def test_stopping_the_reports_waits_for_a_renewal_under_way_and_starts_none(tmp_
         answer.wait(5)
         raise LeaseLost("broken by an operator")
 
-    store.renew = renew
+    monkeypatch.setattr(store, "renew", renew)
     reports: list[tuple] = []
     heartbeat = Heartbeat(
         keeper,
@@ -137,6 +138,7 @@ def test_sqlite_expiry_ignores_the_wall_clock(tmp_path):
     lease = honest.acquire("k", 30, HOLDER, "owner-a")
     assert lease is not None
     assert skewed_ahead.acquire("k", 30, HOLDER, "owner-b") is None
-    short = skewed_behind.acquire("short", 0.2, HOLDER, "owner-c")
+    short = granted(skewed_behind.acquire("short", 0.2, HOLDER, "owner-c"))
     time.sleep(0.3)
-    assert honest.acquire("short", 30, HOLDER, "owner-d").fencing_token > short.fencing_token
+    later = granted(honest.acquire("short", 30, HOLDER, "owner-d"))
+    assert later.fencing_token > short.fencing_token

@@ -18,6 +18,8 @@ from tasklock_cli.run.waiter import SIGNALLED_POLL_CEILING_S
 from tasklock_cli.run.waiter import WAITING_EVENT_EVERY_S
 from tasklock_cli.run.waiter import Waiter
 from tasklock_cli.stores.model import Holder
+from tasklock_cli.stores.model import LeaseInfo
+from tests.support.contract import granted
 from tests.support.engine import HOLDER
 from tests.support.engine import FakeClock
 from tests.support.engine import PlaceKeepingSlowStore
@@ -36,7 +38,7 @@ def test_waiter_backs_off_to_a_ceiling_and_gives_up_at_the_wait(tmp_path, clock)
     holder = LeaseKeeper(store, "k", 3600.0, HOLDER, clock)
     assert holder.try_acquire()
     waiter_keeper = LeaseKeeper(store, "k", 10.0, HOLDER, clock)
-    announced = []
+    announced: list[LeaseInfo] = []
     started = clock()
     with pytest.raises(Conflict) as conflict:
         Waiter(waiter_keeper, 2.0, on_waiting=announced.append, rng=lambda: 0.5).acquire()
@@ -97,7 +99,7 @@ def test_waiter_gets_the_lease_once_it_expires_on_the_store_clock(tmp_path, cloc
     assert first.try_acquire()
     second = LeaseKeeper(store, "k", 1.0, HOLDER, clock)
     Waiter(second, math.inf).acquire()
-    assert second.fencing_token == first.fencing_token + 1
+    assert second.fencing_token == granted(first.lease).fencing_token + 1
     assert clock() >= first.deadline
     assert store.stopped_waiting == []  # the acquire itself ended the wait
 
@@ -140,7 +142,9 @@ def test_a_long_wait_repeats_the_waiting_announcement_naming_the_holder(tmp_path
     assert conflict.value.waited == 100.0
 
 
-def test_giving_up_names_the_holder_at_the_end_and_the_one_the_wait_began_with(tmp_path, clock):
+def test_giving_up_names_the_holder_at_the_end_and_the_one_the_wait_began_with(
+    tmp_path, clock, monkeypatch
+):
     store = SlowStore(tmp_path / "db", clock)
     first = LeaseKeeper(store, "k", 1.0, HOLDER, clock)
     assert first.try_acquire()
@@ -156,7 +160,7 @@ def test_giving_up_names_the_holder_at_the_end_and_the_one_the_wait_began_with(t
         if clock() > first.deadline and second.lease is None:
             assert second.try_acquire(queue=True)
 
-    store.wait_for_release = wait_then_let_second_take_over
+    monkeypatch.setattr(store, "wait_for_release", wait_then_let_second_take_over)
     with pytest.raises(Conflict) as conflict:
         waiter.acquire()
     assert str(conflict.value) == (
@@ -181,13 +185,13 @@ def test_replace_waits_past_the_wait_while_the_lease_it_broke_is_live(tmp_path, 
     holder = LeaseKeeper(store, "k", 30.0, HOLDER, clock)
     assert holder.try_acquire()
     replacer = LeaseKeeper(store, "k", 10.0, Holder("h2", 2, "v"), clock)
-    broken = []
+    broken: list[LeaseInfo] = []
     Waiter(replacer, 0.0, rng=lambda: 0.5, replace=True, on_broken=broken.extend).acquire()
     assert [info.fencing_token for info in broken] == [holder.fencing_token]
-    assert replacer.fencing_token > holder.fencing_token
+    assert granted(replacer.lease).fencing_token > granted(holder.lease).fencing_token
     # the holder never let go: the replacer got the key once the lease ran out, not sooner
     assert 30.0 <= clock() - holder.acquired_at <= 30.0 + POLL_CEILING_S * 2
-    assert store.broken_by(holder.lease) is None  # freed by expiry, no longer on the store
+    assert store.broken_by(granted(holder.lease)) is None  # freed by expiry, no longer on the store
 
 
 def test_replace_breaks_in_its_own_name_and_marks_it(tmp_path, clock):
@@ -197,7 +201,12 @@ def test_replace_breaks_in_its_own_name_and_marks_it(tmp_path, clock):
     replacer = LeaseKeeper(store, "k", 10.0, Holder("h2", 2, "v"), clock)
     waiter = Waiter(replacer, 0.0, replace=True)
     assert waiter._break_holders() is True
-    assert store.broken_by(holder.lease) == {"host": "h2", "pid": 2, "user": "v", "replaced": True}
+    assert store.broken_by(granted(holder.lease)) == {
+        "host": "h2",
+        "pid": 2,
+        "user": "v",
+        "replaced": True,
+    }
     assert holder.release() is True
     assert waiter._break_holders() is False
 

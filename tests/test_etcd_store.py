@@ -30,6 +30,7 @@ from tasklock_cli.stores.model import EXCLUSIVE
 from tasklock_cli.stores.model import SHARED
 from tasklock_cli.stores.model import Holder
 from tests.support import services
+from tests.support.contract import granted
 
 HOLDER = Holder(host="h", pid=1, user="u", command=["true"])
 
@@ -73,10 +74,15 @@ def url() -> Iterator[str]:
     services.cleanup("etcd", url)
 
 
+def open_etcd(url: str) -> EtcdStore:
+    store = open_store(url)
+    assert isinstance(store, EtcdStore)
+    return store
+
+
 @pytest.fixture
 def clients(url) -> Iterator[tuple[EtcdStore, EtcdStore]]:
-    a, b = open_store(url), open_store(url)
-    assert isinstance(a, EtcdStore)
+    a, b = open_etcd(url), open_etcd(url)
     yield a, b
     a.close()
     b.close()
@@ -330,10 +336,10 @@ def _waits(client: EtcdStore, key: str, seconds: float, woken: dict, name: str):
 def test_a_release_wakes_the_run_of_shared_waiters_at_the_head_and_no_one_else(url):
     """Queue: shared, shared, exclusive. The release wakes both shared waiters (they are
     admitted together); the exclusive one watches the shared place ahead of it."""
-    clients = [open_store(url) for _ in range(4)]
+    clients = [open_etcd(url) for _ in range(4)]
     try:
         writer, *waiters = clients
-        lease = writer.acquire("k", 30, HOLDER, "writer")
+        lease = granted(writer.acquire("k", 30, HOLDER, "writer"))
         modes = (SHARED, SHARED, EXCLUSIVE)
         for n, (client, mode) in enumerate(zip(waiters, modes, strict=True)):
             assert client.acquire("k", 30, HOLDER, f"w{n}", queue=True, mode=mode) is None
@@ -356,10 +362,10 @@ def test_a_release_wakes_the_run_of_shared_waiters_at_the_head_and_no_one_else(u
 
 
 def test_front_places_go_newest_first_and_supersede_across_modes(url):
-    clients = [open_store(url) for _ in range(6)]
+    clients = [open_etcd(url) for _ in range(6)]
     try:
         holder, plain, first, second, older, newer = clients
-        lease = holder.acquire("k", 30, HOLDER, "holder")
+        lease = granted(holder.acquire("k", 30, HOLDER, "holder"))
 
         def joins(client: EtcdStore, pid: int, **queueing) -> None:
             who = Holder("h", pid, "u")
@@ -399,7 +405,7 @@ def test_a_woken_waiters_acquire_attaches_its_fresh_spare_lease_without_a_keepal
     from tasklock_cli.util import clock as clocks
 
     holder, waiter = clients
-    held = holder.acquire("k", 30, HOLDER, "holder")
+    held = granted(holder.acquire("k", 30, HOLDER, "holder"))
     keeper = LeaseKeeper(waiter, "k", 30, HOLDER)
     assert keeper.try_acquire(queue=True) is False  # grants the spare lease
     exchanges = count_exchanges(monkeypatch)
@@ -410,10 +416,10 @@ def test_a_woken_waiters_acquire_attaches_its_fresh_spare_lease_without_a_keepal
     before = clocks.monotonic()
     assert keeper.try_acquire(queue=True) is True
     assert exchanges == [1]  # the txn alone
-    assert keeper.lease.fencing_token > held.fencing_token
+    assert granted(keeper.lease).fencing_token > held.fencing_token
     # the deadline counts from the spare's keepalive, at least 0.2 s before the acquire
     assert before + 30 - SPARE_FRESH_S <= keeper.deadline <= before + 30 - 0.2
-    left = waiter.time_left("k", keeper.lease.fencing_token)
+    left = waiter.time_left("k", granted(keeper.lease).fencing_token)
     assert left is not None and left >= keeper.remaining() - 1  # etcd: whole seconds
 
     # a spare kept alive longer ago than SPARE_FRESH_S is kept alive by the acquire

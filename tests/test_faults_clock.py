@@ -39,9 +39,11 @@ def libfaketime() -> str | None:
 
 def skewed(offset: str, env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
     """Run under a wall clock moved by ``offset``; monotonic clocks stay true."""
+    library = libfaketime()
+    assert library is not None  # the network_url fixture skips the test without it
     return [], {
         **env,
-        "LD_PRELOAD": libfaketime(),
+        "LD_PRELOAD": library,
         "FAKETIME": offset,
         "FAKETIME_DONT_FAKE_MONOTONIC": "1",
     }

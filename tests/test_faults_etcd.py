@@ -67,6 +67,7 @@ def test_a_member_restarted_within_the_ttl_leaves_the_holder_running(cluster_of,
     )  # fmt: skip
     wait_until(lambda: log.exists())
     before = peek(url, "k")
+    assert before is not None
     cluster.kill(0)
     time.sleep(1.0)
     cluster.start(0)

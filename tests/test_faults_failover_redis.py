@@ -23,13 +23,16 @@ from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.stores import open_store
 from tasklock_cli.stores.failover import EPOCH_SHIFT
 from tasklock_cli.stores.model import Holder
+from tasklock_cli.stores.model import StoreCheck
 from tests.support import redis_support
 from tests.support import report
 from tests.support import services
 from tests.support.cli import one_error_line
+from tests.support.cli import piped
 from tests.support.cli import start
 from tests.support.cli import tasklock
 from tests.support.cli import wait_until
+from tests.support.contract import granted
 from tests.support.failover import EXIT_CODES
 from tests.support.failover import Runs
 from tests.support.failover import assert_inspections_quiet
@@ -38,6 +41,7 @@ from tests.support.failover import assert_one_at_a_time
 from tests.support.proxy import TcpProxy
 from tests.support.redis_failover import replicated_redis
 from tests.support.redis_failover import sentinels_for
+from tests.support.redis_support import opened_redis
 from tests.support.redis_support import require_redis_server
 
 HOLDER = Holder(host="host-a", pid=4242, user="alice", command=["./job.sh"], note=None)
@@ -81,12 +85,12 @@ def end_quarantine(raw, prefix: str) -> None:
 
 
 def test_a_changed_primary_quarantines_the_namespace_then_tokens_jump(url, raw):
-    with open_store(url) as store:
+    with opened_redis(url) as store:
         prefix = store.prefix
-        first = store.acquire("a", 10, HOLDER, owner())
+        first = granted(store.acquire("a", 10, HOLDER, owner()))
         assert first.fencing_token == 1
         assert store.release(first)
-        survivor = store.acquire("b", 45, HOLDER, owner())  # its lease "survived" the failover
+        survivor = granted(store.acquire("b", 45, HOLDER, owner()))  # "survives" the failover
 
         pretend_failover(raw, prefix)
         before = redis_ms(raw)
@@ -96,20 +100,20 @@ def test_a_changed_primary_quarantines_the_namespace_then_tokens_jump(url, raw):
         assert abs(epoch - before // 1000) <= 1
         # the longest TTL granted (45 s) plus the 2 s margin
         assert 46_000 <= int(record[b"quarantine_until"]) - before <= 47_500
-        assert "primary changed" in store.holdup("a")
+        assert "primary changed" in (store.holdup("a") or "")
         assert store.acquire("c", 10, OTHER, owner()) is None  # every key of the namespace
         assert store.renew(survivor, 45).fencing_token == survivor.fencing_token
 
         end_quarantine(raw, prefix)
         base = epoch << EPOCH_SHIFT
-        jumped = store.acquire("a", 10, OTHER, owner())
+        jumped = granted(store.acquire("a", 10, OTHER, owner()))
         assert jumped.fencing_token == base > 2**53  # past a double's exact integers
         assert store.holdup("a") is None
-        assert store.acquire("c", 10, OTHER, owner()).fencing_token == base
+        assert granted(store.acquire("c", 10, OTHER, owner())).fencing_token == base
         assert store.release(jumped)
-        again = store.acquire("a", 10, OTHER, owner())
+        again = granted(store.acquire("a", 10, OTHER, owner()))
         assert again.fencing_token == base + 1  # exact: Lua's doubles never touch it
-        assert store.time_left("a", base + 1) > 9
+        assert (store.time_left("a", base + 1) or 0) > 9
         assert store.renew(again, 10).fencing_token == base + 1
         assert store.release(again)
         assert store.release(survivor)
@@ -118,14 +122,14 @@ def test_a_changed_primary_quarantines_the_namespace_then_tokens_jump(url, raw):
 def test_the_ledger_keeps_each_token_of_an_epoch_once(url, raw):
     from tasklock_cli.stores.model import RunRecord
 
-    with open_store(url) as store:
-        store.release(store.acquire("a", 10, HOLDER, owner()))
+    with opened_redis(url) as store:
+        store.release(granted(store.acquire("a", 10, HOLDER, owner())))
         pretend_failover(raw, store.prefix)
         assert store.acquire("a", 10, HOLDER, owner()) is None
         end_quarantine(raw, store.prefix)
         tokens = []
         for _ in range(3):
-            lease = store.acquire("a", 10, HOLDER, owner())
+            lease = granted(store.acquire("a", 10, HOLDER, owner()))
             record = RunRecord("a", lease.fencing_token, HOLDER, lease.acquired_at, 0, "succeeded")
             assert store.release(lease, record=record)
             assert store.release(lease, record=record) is False  # a retry writes no second
@@ -133,26 +137,27 @@ def test_the_ledger_keeps_each_token_of_an_epoch_once(url, raw):
         assert tokens == [tokens[0], tokens[0] + 1, tokens[0] + 2]
         assert [r.fencing_token for r in store.history("a")] == tokens[::-1]
         success, _ = store.last_success("a")
+        assert success is not None
         assert success.fencing_token == tokens[-1]
 
 
 def test_two_changes_within_a_second_still_raise_the_epoch(url, raw):
-    with open_store(url) as store:
-        store.release(store.acquire("a", 10, HOLDER, owner()))
+    with opened_redis(url) as store:
+        store.release(granted(store.acquire("a", 10, HOLDER, owner())))
         tokens = []
         for _ in range(2):
             pretend_failover(raw, store.prefix)
             assert store.acquire("a", 10, HOLDER, owner()) is None
             end_quarantine(raw, store.prefix)
-            lease = store.acquire("a", 10, HOLDER, owner())
+            lease = granted(store.acquire("a", 10, HOLDER, owner()))
             tokens.append(lease.fencing_token)
             store.release(lease)
         assert tokens[1] >= tokens[0] + (1 << EPOCH_SHIFT)
 
 
 def test_the_quarantine_is_never_shorter_than_the_default_ttl(url, raw):
-    with open_store(url) as store:
-        store.release(store.acquire("a", 1, HOLDER, owner()))
+    with opened_redis(url) as store:
+        store.release(granted(store.acquire("a", 1, HOLDER, owner())))
         pretend_failover(raw, store.prefix)
         before = redis_ms(raw)
         assert store.acquire("a", 1, HOLDER, owner()) is None
@@ -161,8 +166,8 @@ def test_the_quarantine_is_never_shorter_than_the_default_ttl(url, raw):
 
 
 def test_a_waiter_in_quarantine_keeps_its_place_and_the_cli_names_the_reason(url, raw, cli_env):
-    with open_store(url) as store:
-        store.release(store.acquire("a", 10, HOLDER, owner()))
+    with opened_redis(url) as store:
+        store.release(granted(store.acquire("a", 10, HOLDER, owner())))
         pretend_failover(raw, store.prefix)
     env = {**cli_env, "TASKLOCK_STORE": url}
     done = tasklock("--log-format", "json", "run", "a", "--", "true", env=env)
@@ -178,7 +183,7 @@ def test_a_waiter_in_quarantine_keeps_its_place_and_the_cli_names_the_reason(url
     finally:
         with contextlib.suppress(ProcessLookupError):
             waiting.kill()
-    stderr = waiting.stderr.read()
+    stderr = piped(waiting.stderr).read()
     assert '"reason": "the Redis primary changed' in stderr, stderr
 
 
@@ -186,7 +191,7 @@ def quarantine_for(raw, url: str, seconds: float) -> None:
     """A failover quarantine in the URL's namespace, ending ``seconds`` from now."""
     prefix = url.rpartition("prefix=")[2]
     with open_store(url) as store:
-        store.release(store.acquire("warm", 10, HOLDER, owner()))
+        store.release(granted(store.acquire("warm", 10, HOLDER, owner())))
         pretend_failover(raw, prefix)
         assert store.acquire("warm", 10, HOLDER, owner()) is None  # the quarantine starts
     until = redis_ms(raw) + int(seconds * 1000)
@@ -206,7 +211,7 @@ def test_replace_waits_out_a_quarantine_even_without_wait(url, raw, cli_env):
 def test_peek_list_and_release_name_a_quarantine(url, raw, cli_env):
     env = {**cli_env, "TASKLOCK_STORE": url}
     with open_store(url) as store:
-        lease = store.acquire("held", 30, HOLDER, owner())
+        lease = granted(store.acquire("held", 30, HOLDER, owner()))
     quarantine_for(raw, url, 30.0)
     assert_inspections_warn(env, "the Redis primary changed", "namespace")
     end_quarantine(raw, url_prefix(url).decode())
@@ -223,12 +228,12 @@ def test_another_run_id_under_the_same_replid_is_a_restart(url, raw):
     """A server may keep its replid across a restart (from its RDB file): the run_id,
     new at each start, tells."""
     with open_store(url) as store:
-        store.release(store.acquire("a", 10, HOLDER, owner()))
+        store.release(granted(store.acquire("a", 10, HOLDER, owner())))
         record = url_prefix(url) + b"{}:epoch"
         assert raw.hget(record, "run_id") == raw.info("server")["run_id"].encode()
         raw.hset(record, "run_id", "e" * 40)  # written by the server's previous life
         assert store.acquire("a", 10, OTHER, owner()) is None
-        assert "primary changed" in store.holdup("a")
+        assert "primary changed" in (store.holdup("a") or "")
         assert int(raw.hget(record, "epoch")) > 0
         assert raw.hget(record, "run_id") == raw.info("server")["run_id"].encode()
 
@@ -236,18 +241,18 @@ def test_another_run_id_under_the_same_replid_is_a_restart(url, raw):
 def test_a_record_without_a_run_id_gains_it_without_a_quarantine(url, raw):
     """An older tasklock's record (no run_id): no change of primary."""
     with open_store(url) as store:
-        store.release(store.acquire("a", 10, HOLDER, owner()))
+        store.release(granted(store.acquire("a", 10, HOLDER, owner())))
         record = url_prefix(url) + b"{}:epoch"
         raw.hdel(record, "run_id")
-        lease = store.acquire("a", 10, OTHER, owner())
+        lease = granted(store.acquire("a", 10, OTHER, owner()))
         assert lease.fencing_token == 2
         assert raw.hget(record, "run_id") == raw.info("server")["run_id"].encode()
         assert raw.hget(record, "epoch") == b"0"
 
 
 def test_epochs_past_the_last_one_tokens_can_carry_are_refused(url, raw):
-    with open_store(url) as store:
-        store.release(store.acquire("a", 10, HOLDER, owner()))
+    with opened_redis(url) as store:
+        store.release(granted(store.acquire("a", 10, HOLDER, owner())))
         raw.hset(store.prefix.encode() + b"{}:epoch", "epoch", 2 ** (63 - EPOCH_SHIFT) - 1)
         pretend_failover(raw, store.prefix)
         assert store.acquire("a", 10, HOLDER, owner()) is None
@@ -266,24 +271,24 @@ def test_a_promoted_replica_without_the_record_starts_an_epoch():
         pair.cut_link()
         redis_support.known_namespace(old_url)  # (on the primary only)
         with open_store(old_url) as store:
-            lost = store.acquire("k", 5, HOLDER, owner())
+            lost = granted(store.acquire("k", 5, HOLDER, owner()))
             assert lost.fencing_token == 1
         pair.promote()
         with open_store(pair.replica.url(prefix="fresh:")) as store:
             assert store.acquire("k", 5, OTHER, owner()) is None
-            assert "primary changed" in store.holdup("k")
+            assert "primary changed" in (store.holdup("k") or "")
         # A server that never took over from another, but started a moment ago: a restart
         # without persistence may have lost the record, so it quarantines too.
         with open_store(pair.primary.url(prefix="other:")) as store:
             assert store.acquire("k", 5, OTHER, owner()) is None
-            assert "primary changed" in store.holdup("k")
+            assert "primary changed" in (store.holdup("k") or "")
 
 
 def test_a_promoted_replica_with_the_record_starts_an_epoch():
     require_redis_server()
     with replicated_redis() as pair:
         with open_store(redis_support.known_namespace(pair.primary.url(prefix="ns:"))) as store:
-            store.release(store.acquire("k", 5, HOLDER, owner()))
+            store.release(granted(store.acquire("k", 5, HOLDER, owner())))
         pair.wait_synced()
         pair.cut_link()
         pair.primary.kill()
@@ -301,7 +306,7 @@ def test_wait_replicas_gives_the_lease_back_when_no_replica_confirms():
             redis_support.known_namespace(pair.primary.url(prefix="w:")) + "&wait_replicas=1"
         )
         with open_store(confirmed) as store:
-            lease = store.acquire("k", 5, HOLDER, owner())
+            lease = granted(store.acquire("k", 5, HOLDER, owner()))
             assert lease.fencing_token == 1
             store.release(lease)
             pair.cut_link()
@@ -331,7 +336,7 @@ def test_an_old_primary_that_resumes_acknowledges_renewals_without_wait_replicas
     with replicated_redis() as pair:
         old_url = redis_support.known_namespace(pair.primary.url(prefix="zombie:"))
         with open_store(old_url) as old:
-            lease = old.acquire("k", 30, HOLDER, owner())
+            lease = granted(old.acquire("k", 30, HOLDER, owner()))
             pair.wait_synced()
             paused_promoted_resumed(pair)
             assert old.renew(lease, 30).fencing_token == lease.fencing_token
@@ -345,7 +350,7 @@ def test_wait_replicas_fails_renewals_no_replica_confirms():
     with replicated_redis() as pair:
         old_url = redis_support.known_namespace(pair.primary.url(prefix="zombie:"))
         with open_store(old_url + "&wait_replicas=1") as old:
-            lease = old.acquire("k", 30, HOLDER, owner())
+            lease = granted(old.acquire("k", 30, HOLDER, owner()))
             assert old.renew(lease, 30).fencing_token == lease.fencing_token
             paused_promoted_resumed(pair)
             old.set_io_timeout(1.0)
@@ -362,7 +367,7 @@ def test_doctor_warns_of_replicas_whose_old_primary_could_renew_on():
     with replicated_redis() as pair:
         url = pair.primary.url(prefix="doc:")
 
-        def replication(query: str = "") -> object:
+        def replication(query: str = "") -> StoreCheck:
             with open_store(url + query) as store:
                 return {check.name: check for check in store.doctor()}["replication"]
 
@@ -447,7 +452,7 @@ def failover_run(tmp_path, cli_env, url: str, pair, fail_over, waiters: int = 3)
     with ``fail_over()``, start waiters; check safety; return the figures."""
     runs = Runs(url, cli_env, tmp_path, key="k", options=())
     warm = runs.start("warm-up", 0.1)
-    assert warm.wait(timeout=30) == 0, warm.stderr.read()
+    assert warm.wait(timeout=30) == 0, piped(warm.stderr).read()
     pair.wait_synced()
     pair.cut_link()
     holder = runs.start("holder", 60)
@@ -459,7 +464,7 @@ def failover_run(tmp_path, cli_env, url: str, pair, fail_over, waiters: int = 3)
         queued.append(runs.start(f"waiter-{n}", 0.5, "--wait", "120s"))
         time.sleep(0.2)
     codes = [process.wait(timeout=150) for process in [holder, *queued]]
-    stderr = {process.pid: process.stderr.read() for process in [holder, *queued]}
+    stderr = {process.pid: piped(process.stderr).read() for process in [holder, *queued]}
     assert set(codes) <= EXIT_CODES, stderr
     assert codes[0] == 70, stderr[holder.pid]  # its lease did not survive: it ended its tree
     assert codes[1:] == [0] * waiters, stderr
@@ -558,6 +563,7 @@ def test_sentinel_soak_with_the_primary_killed_midway(tmp_path, cli_env):
                 killed_at = time.time()
             time.sleep(0.05)
     assert set(codes) <= EXIT_CODES, codes
+    assert killed_at is not None, "the soak ended before the primary was killed"
     spans = assert_one_at_a_time(runs)
     # The new primary's runs are those of the new epoch (a run the old primary granted may
     # still start a moment after the kill).
@@ -608,7 +614,7 @@ def test_with_wait_replicas_an_old_primary_that_resumes_keeps_no_holder_alive(tm
         promoted.close()
         pair.primary.resume()
         codes = [holder.wait(timeout=150), waiter.wait(timeout=150)]
-        stderr = [holder.stderr.read(), waiter.stderr.read()]
+        stderr = [piped(holder.stderr).read(), piped(waiter.stderr).read()]
     assert codes == [70, 0], stderr
     assert '"detected_by": "unreachable"' in stderr[0], stderr[0]
     spans = assert_one_at_a_time(runs)

@@ -56,6 +56,7 @@ def test_short_outage_lease_survives(kind, cli_env, tmp_path):
         )
         wait_until(ready.exists)
         before = peek(url, "k")
+        assert before is not None
         take_down()
         time.sleep(1.2)
         bring_up()

@@ -48,6 +48,7 @@ def test_partitioned_holder_is_dead_before_the_next_holder_starts(
         )
         wait_until(ready.exists)
         old_info = peek(url, "k")
+        assert old_info is not None
         tree = procs.command_tree(old.pid)
         assert len(tree) >= 3  # sh and its two sleeps
 

@@ -154,7 +154,7 @@ def test_store_blacked_out_while_a_queue_waits(network_store_url, cli_env, tmp_p
                 command = [*python, "job", f"w{n}", str(log), str(marker), str(JOB_S)]
                 waiters.append(start(*wait, *command, env=waiter_env))
                 runs.append(waiters[-1])
-                wait_until(lambda n=n: len(_waiting_pids(url)) == n + 1, timeout=30)
+                wait_until(lambda: len(_waiting_pids(url)) == len(waiters), timeout=30)
             arrival = [waiter.pid for waiter in waiters]
             before = _peek_json(direct)
             assert before["held"] is True and before["fencing_token"] == held.fencing_token

@@ -92,6 +92,7 @@ def test_paused_holder_is_fenced_and_killed_on_resume(env, store_url, tmp_path):
     )
     wait_until(ready.exists)
     old = peek(store_url, "k")
+    assert old is not None
     child_pgids = procs.other_groups_in_session(wrapper.pid)
     idle = tmp_path / "ready.idle"
     while True:  # pause it between two guarded writes, never in the middle of one

@@ -19,8 +19,8 @@ MAX_CLASS_LINES = 350
 MAX_FUNCTION_LINES = 60
 
 
-def _definitions() -> list[tuple[str, ast.AST]]:
-    found = []
+def _definitions() -> list[tuple[str, ast.stmt]]:
+    found: list[tuple[str, ast.stmt]] = []
     for path in sorted(PACKAGE.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -28,7 +28,8 @@ def _definitions() -> list[tuple[str, ast.AST]]:
     return found
 
 
-def _lines(node: ast.AST) -> int:
+def _lines(node: ast.stmt) -> int:
+    assert node.end_lineno is not None  # ast.parse sets it
     return node.end_lineno - node.lineno + 1
 
 
@@ -85,16 +86,18 @@ def test_a_store_package_names_its_class_without_importing_the_driver(store):
 def _imported_modules(path: Path, modules: set[str]) -> set[str]:
     """The package's modules ``path`` imports, at any depth (a function's own imports too),
     leaving out what only the type checker reads (``if TYPE_CHECKING:``)."""
-    found = set()
-    pending = list(ast.parse(path.read_text()).body)
+    found: set[str] = set()
+    pending: list[ast.AST] = list(ast.parse(path.read_text()).body)
     while pending:
         node = pending.pop()
         if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
             continue
-        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tasklock_cli"):
-            for alias in node.names:
-                submodule = f"{node.module}.{alias.name}"
-                found.add(submodule if submodule in modules else node.module)
+        if isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if module.startswith("tasklock_cli"):
+                for alias in node.names:
+                    submodule = f"{module}.{alias.name}"
+                    found.add(submodule if submodule in modules else module)
         elif isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         pending.extend(ast.iter_child_nodes(node))

@@ -12,6 +12,7 @@ import pytest
 
 from tasklock_cli.stores.sqlite.entries import key_dir_name
 from tasklock_cli.stores.sqlite.waiting import LocalWakeups
+from tests.support.cli import piped
 from tests.support.cli import wait_until
 
 
@@ -92,7 +93,7 @@ def test_a_wake_up_written_while_giving_up_reaches_the_next_waiter(tmp_path, mon
         tmp_path / "w" / key_dir_name("k") / first._name, os.O_WRONLY | os.O_NONBLOCK
     )
     real_close, first_fd = os.close, first._fd
-    written = []
+    written: list[int] = []
 
     def write_just_before_the_close(fd):
         if fd == first_fd and not written:  # (the number may be reused after the close)
@@ -133,7 +134,7 @@ def test_a_killed_waiters_fifo_is_removed_and_the_next_waiter_woken(tmp_path):
         "time.sleep(60)\n"
     )
     dead = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    assert dead.stdout.readline().strip() == "ready"
+    assert piped(dead.stdout).readline().strip() == "ready"
     time.sleep(0.01)  # the next waiter's FIFO is younger
     alive = LocalWakeups(directory)
     assert alive.register("k")

@@ -28,6 +28,7 @@ from tasklock_cli.stores.model import Holder
 from tasklock_cli.stores.sqlite.entries import key_dir_name
 from tests.support.cli import executable
 from tests.support.cli import one_error_line
+from tests.support.cli import piped
 from tests.support.cli import start
 from tests.support.cli import tasklock
 from tests.support.cli import wait_for_holder
@@ -268,7 +269,7 @@ def test_a_group_shared_store_works_for_a_second_user_under_umask_022(cli_env, s
         finally:
             holder.terminate()
             holder.wait()
-        assert waiter.wait(timeout=30) == 0, waiter.stderr.read()
+        assert waiter.wait(timeout=30) == 0, piped(waiter.stderr).read()
         doctor = as_nobody(["tasklock", "doctor"], theirs, groups=(group,))
         assert doctor.returncode == 0, doctor.stdout
         assert "ok    permissions  shared with group users" in doctor.stdout

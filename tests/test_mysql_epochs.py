@@ -11,6 +11,7 @@ import pytest
 
 from tasklock_cli.stores.model import Holder
 from tasklock_cli.stores.mysql.store import MySQLStore
+from tests.support.contract import granted
 from tests.support.epochs import admin
 from tests.support.epochs import epoch_row
 from tests.support.epochs import play_failover
@@ -34,7 +35,7 @@ def stores(my_url) -> Iterator[list[MySQLStore]]:
 
 def test_the_first_acquire_records_its_server_at_epoch_0(my_url, stores):
     store = open_my(my_url, stores)
-    lease = store.acquire("k", 5, HOLDER, owner())
+    lease = granted(store.acquire("k", 5, HOLDER, owner()))
     assert lease.fencing_token == 1  # epoch 0: tokens as before epochs
     assert epoch_row(my_url)[:4] == (0, server_identity(my_url), None, 5)
     assert store.holdup("k") is None
@@ -42,15 +43,15 @@ def test_the_first_acquire_records_its_server_at_epoch_0(my_url, stores):
 
 def test_a_table_without_its_epoch_row_gets_it_at_epoch_0(my_url, stores):
     store = open_my(my_url, stores)
-    store.release(store.acquire("k", 5, HOLDER, owner()))
+    store.release(granted(store.acquire("k", 5, HOLDER, owner())))
     admin(my_url, "DELETE FROM {table} WHERE `key` = '' AND slot = -2")
-    assert store.acquire("k", 5, HOLDER, owner()).fencing_token == 2
+    assert granted(store.acquire("k", 5, HOLDER, owner())).fencing_token == 2
     assert epoch_row(my_url)[:3] == (0, server_identity(my_url), None)
 
 
 def test_an_epoch_row_someone_else_wrote_starts_an_epoch_not_an_error(my_url, stores):
     store = open_my(my_url, stores)
-    store.release(store.acquire("k", 5, HOLDER, owner()))
+    store.release(granted(store.acquire("k", 5, HOLDER, owner())))
     admin(my_url, "UPDATE {table} SET holder = '{not json' WHERE `key` = '' AND slot = -2")
     assert store.acquire("k", 5, HOLDER, owner()) is None
     _, identity, previous, max_ttl, length, _ = epoch_row(my_url)

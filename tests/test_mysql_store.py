@@ -22,6 +22,7 @@ from tasklock_cli.stores.mysql.store import MySQLStore
 from tests.support import forge
 from tests.support import mysql_support
 from tests.support import services
+from tests.support.contract import granted
 from tests.support.mysql_support import open_my
 
 HOLDER = Holder(host="h", pid=1, user="u", command=["job"], note=None)
@@ -122,7 +123,7 @@ def test_racing_first_use_creates_the_schema_once_without_errors(my_url, stores)
 
     def first_use(client: MySQLStore) -> None:
         try:
-            lease = client.acquire(f"k{id(client)}", 30, HOLDER, token())
+            lease = granted(client.acquire(f"k{id(client)}", 30, HOLDER, token()))
             tokens.append(lease.fencing_token)
         except BaseException as exc:
             errors.append(exc)
@@ -155,7 +156,7 @@ def test_print_sql_creates_what_the_store_uses(my_url, stores):
     )
     assert procedures == [(6,)]
     store = open_my(my_url, stores)
-    assert store.acquire("k", 30, HOLDER, token()).fencing_token == 1
+    assert granted(store.acquire("k", 30, HOLDER, token())).fencing_token == 1
 
 
 def test_a_foreign_table_with_the_same_name_is_refused_and_left_untouched(my_url, stores):
@@ -170,17 +171,17 @@ def test_a_foreign_table_with_the_same_name_is_refused_and_left_untouched(my_url
 def test_rows_are_kept_after_release_sweep_and_force_release(my_url, stores):
     store = open_my(my_url, stores)
     tokens = []
-    lease = store.acquire("k", 30, HOLDER, token())
+    lease = granted(store.acquire("k", 30, HOLDER, token()))
     tokens.append(lease.fencing_token)
     store.release(lease)
-    lease = store.acquire("k", 0.05, HOLDER, token())
+    lease = granted(store.acquire("k", 0.05, HOLDER, token()))
     tokens.append(lease.fencing_token)
     time.sleep(0.1)
     assert store.sweep() == 1
-    lease = store.acquire("k", 30, HOLDER, token())
+    lease = granted(store.acquire("k", 30, HOLDER, token()))
     tokens.append(lease.fencing_token)
     store.force_release("k")
-    tokens.append(store.acquire("k", 30, HOLDER, token()).fencing_token)
+    tokens.append(granted(store.acquire("k", 30, HOLDER, token())).fencing_token)
     assert tokens == [1, 2, 3, 4]
 
 
@@ -289,7 +290,7 @@ def test_a_break_by_another_user_is_heard_at_the_holders_next_look(my_url, other
     from tasklock_cli.stores.mysql.breaks import BREAK_LOOK_S
 
     holder = open_my(my_url, stores)
-    lease = holder.acquire("k", 30, HOLDER, token())
+    lease = granted(holder.acquire("k", 30, HOLDER, token()))
     assert holder.wait_for_break(lease, 0.01) is False  # the watch sleeps from now on
     other = open_my(other_user_url, stores)
     (broken,) = other.break_lease("k")  # its KILL is refused: no error
@@ -303,7 +304,7 @@ def test_a_release_by_another_user_is_seen_at_the_waiters_next_look(my_url, othe
     from tasklock_cli.stores.mysql.waiting import WAITER_SLEEP_S
 
     other = open_my(other_user_url, stores)
-    lease = other.acquire("k", 30, HOLDER, token())
+    lease = granted(other.acquire("k", 30, HOLDER, token()))
     waiter, owner = open_my(my_url, stores), token()
     assert waiter.acquire("k", 30, HOLDER, owner, queue=True) is None
     threading.Timer(0.3, lambda: other.release(lease)).start()

@@ -9,6 +9,7 @@ import uuid
 from collections.abc import Callable
 from collections.abc import Iterator
 
+import psycopg
 import pytest
 
 from tasklock_cli.errors import ConfigError
@@ -26,6 +27,8 @@ from tasklock_cli.stores.postgres.store import split_table
 from tests.support import pg
 from tests.support import services
 from tests.support.cli import tasklock
+from tests.support.contract import granted
+from tests.support.contract import waiting_thread
 from tests.support.pg import open_pg
 
 HOLDER = Holder(host="h", pid=1, user="u", command=["job"], note=None)
@@ -55,6 +58,13 @@ def private_server():
             pytest.fail(f"CI=true but no private PostgreSQL can be started: {reason}")
         pytest.skip(reason)
     return pg.private_postgres
+
+
+def connection_of(store: PostgresStore) -> psycopg.Connection:
+    """The store's connection, which its first call opened."""
+    conn = store._db.current
+    assert conn is not None, "the store has opened no connection yet"
+    return conn
 
 
 def table_exists(url: str, name: str) -> bool:
@@ -118,7 +128,8 @@ def test_schema_qualified_table(stores):
         assert lease is not None
         assert table_exists(base, f"{schema}.leases")
         assert not table_exists(base, "leases")
-        assert store.peek("k").fencing_token == lease.fencing_token
+        info = store.peek("k")
+        assert info is not None and info.fencing_token == lease.fencing_token
     finally:
         for store in stores:
             store.close()
@@ -233,7 +244,7 @@ def test_a_view_with_the_same_name_is_refused(pg_url, stores):
 def test_rows_are_kept_after_release_sweep_and_force_release(pg_url, stores):
     store = open_pg(pg_url, stores)
     table = split_table(pg_url)[1]
-    lease = store.acquire("k", 30, HOLDER, token())
+    lease = granted(store.acquire("k", 30, HOLDER, token()))
     store.release(lease)
     with pg.admin_connection(pg_url) as conn:
         rows = conn.execute(
@@ -292,9 +303,9 @@ def test_a_table_from_before_semaphores_is_migrated_and_its_leases_kept(pg_url, 
     old_lease = Lease("held", "owner-held", 41, held.acquired_at, held.expires_at)
     assert store.renew(old_lease, 30).fencing_token == 41  # its owner still renews it
     assert store.release(old_lease) is True
-    assert store.acquire("held", 30, HOLDER, token()).fencing_token == first
-    assert store.acquire("freed", 30, HOLDER, token(), limit=2).fencing_token == first
-    assert store.acquire("freed", 30, HOLDER, token(), limit=2).fencing_token == first + 1
+    assert granted(store.acquire("held", 30, HOLDER, token())).fencing_token == first
+    assert granted(store.acquire("freed", 30, HOLDER, token(), limit=2)).fencing_token == first
+    assert granted(store.acquire("freed", 30, HOLDER, token(), limit=2)).fencing_token == first + 1
     with pg.admin_connection(pg_url) as conn:
         (primary_key,) = conn.execute(
             "SELECT pg_get_constraintdef(oid) FROM pg_constraint"
@@ -320,7 +331,7 @@ def test_print_sql_migrates_a_table_from_before_semaphores_too(pg_url, stores):
     assert rows == [("freed", 0, 1, 7), ("held", 0, 1, 41)]
     assert store.acquire("freed", 30, HOLDER, token(), limit=3) is None
     first = end_upgrade_quarantine(pg_url, table)
-    assert store.acquire("freed", 30, HOLDER, token(), limit=3).fencing_token == first
+    assert granted(store.acquire("freed", 30, HOLDER, token(), limit=3)).fencing_token == first
     assert [info.fencing_token for info in store.holders("held")] == [41]
 
 
@@ -332,7 +343,7 @@ def test_racing_clients_migrate_a_table_from_before_semaphores_once(pg_url, stor
     )
     assert errors == [] and quarantined == [None] * 6
     first = end_upgrade_quarantine(pg_url, table)
-    leases = [client.acquire("freed", 30, HOLDER, token(), limit=6) for client in clients]
+    leases = [granted(client.acquire("freed", 30, HOLDER, token(), limit=6)) for client in clients]
     assert sorted(lease.fencing_token for lease in leases) == [first + n for n in range(6)]
     assert [info.slot for info in clients[0].holders("freed")] == [0, 1, 2, 3, 4, 5]
 
@@ -450,7 +461,9 @@ def test_racing_clients_migrate_tables_from_before_lock_modes_once(pg_url, store
     )
     assert errors == [] and quarantined == [None] * 6
     end_upgrade_quarantine(pg_url, table)
-    leases = [client.acquire("free", 30, HOLDER, token(), mode=SHARED) for client in clients]
+    leases = [
+        granted(client.acquire("free", 30, HOLDER, token(), mode=SHARED)) for client in clients
+    ]
     assert sorted(lease.slot for lease in leases) == [0, 1, 2, 3, 4, 5]
 
 
@@ -465,13 +478,14 @@ def test_sweep_works_in_batches_and_keeps_counters(pg_url, stores):
             " now() - interval '1 hour', now() - interval '1 minute'"
             " FROM generate_series(1, 2500) AS g"
         )
-    live = store.acquire("live", 30, HOLDER, token())
+    live = granted(store.acquire("live", 30, HOLDER, token()))
     assert store.sweep(dry_run=True) == 2500
     assert open_pg(pg_url, stores).sweep() == 2500  # a first call on a new connection
     assert store.sweep() == 0
     assert [i.key for i in store.list(include_expired=True)] == ["live"]
-    assert store.peek("live").fencing_token == live.fencing_token
-    again = store.acquire("k1", 30, HOLDER, token())
+    info = store.peek("live")
+    assert info is not None and info.fencing_token == live.fencing_token
+    again = granted(store.acquire("k1", 30, HOLDER, token()))
     assert again.fencing_token == 8
 
 
@@ -491,7 +505,7 @@ def test_heavy_contention_never_two_holders_and_tokens_strictly_increase(pg_url,
     clients = [open_pg(pg_url, stores) for _ in range(16)]
     clients[0].init_schema()
     guard = threading.Lock()
-    state = {"holder": None}
+    state: dict[str, int | None] = {"holder": None}
     tokens: list[int] = []
     problems: list[str] = []
     errors: list[BaseException] = []
@@ -579,8 +593,8 @@ def test_heavy_contention_on_slots_never_shares_a_slot_and_never_repeats_a_token
 def test_same_owner_retry_after_lost_reply_is_idempotent(pg_url, stores):
     a, b = open_pg(pg_url, stores), open_pg(pg_url, stores)
     owner = token()
-    first = a.acquire("k", 30, HOLDER, owner)
-    again = b.acquire("k", 30, HOLDER, owner)  # another connection, same owner token
+    first = granted(a.acquire("k", 30, HOLDER, owner))
+    again = granted(b.acquire("k", 30, HOLDER, owner))  # another connection, same owner token
     assert again.fencing_token == first.fencing_token
     assert again.acquired_at == first.acquired_at
 
@@ -590,11 +604,10 @@ def test_same_owner_retry_after_lost_reply_is_idempotent(pg_url, stores):
 
 def test_the_next_waiter_takes_its_turn_when_the_first_waiter_goes_away(pg_url, stores):
     holder, first, second = (open_pg(pg_url, stores) for _ in range(3))
-    lease = holder.acquire("k", 30, HOLDER, token())
+    lease = granted(holder.acquire("k", 30, HOLDER, token()))
     first.wait_for_release("k", 0.2)  # times out, still first in line for "k"
     woke: list[float] = []
-    thread = threading.Thread(target=lambda: (second.wait_for_release("k", 5), woke.append(1)))
-    thread.start()
+    thread = waiting_thread(second, "k", 5, woke)
     time.sleep(0.3)
     assert not woke, "the second waiter woke while the first one still had its turn"
     first.close()  # e.g. a waiter killed: its session, and its turn, end with it
@@ -607,7 +620,7 @@ def test_the_next_waiter_takes_its_turn_when_the_first_waiter_goes_away(pg_url, 
 
 def test_a_waiter_that_gets_the_lease_gives_its_turn_to_the_next(pg_url, stores):
     holder, first, second = (open_pg(pg_url, stores) for _ in range(3))
-    lease = holder.acquire("k", 30, HOLDER, token())
+    lease = granted(holder.acquire("k", 30, HOLDER, token()))
     first.wait_for_release("k", 0.2)
     holder.release(lease)
     mine = first.acquire("k", 30, HOLDER, token())
@@ -615,7 +628,7 @@ def test_a_waiter_that_gets_the_lease_gives_its_turn_to_the_next(pg_url, stores)
     with pg.admin_connection(pg_url) as conn:
         (turns_held,) = conn.execute(
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND pid = %s",
-            [first._db.current.info.backend_pid],
+            [connection_of(first).info.backend_pid],
         ).fetchone()
     assert turns_held == 0
     started = time.monotonic()
@@ -631,7 +644,7 @@ def test_a_waiter_does_not_take_a_lease_still_being_acquired_for_free(pg_url, st
     that commits: the next waiter's look at the lease must wait for the commit instead of
     reading the lease as free from the snapshot before it."""
     holder, waiter = (open_pg(pg_url, stores) for _ in range(2))
-    assert holder.release(holder.acquire("k", 30, HOLDER, token())) is True  # free now
+    assert holder.release(granted(holder.acquire("k", 30, HOLDER, token()))) is True  # free now
     _, table = split_table(pg_url)
     with pg.admin_connection(pg_url) as in_flight:
         in_flight.autocommit = False
@@ -681,7 +694,7 @@ def test_connection_forces_read_committed_even_if_the_role_says_serializable(sto
     try:
         store = open_pg(url, stores)
         store.init_schema()
-        level = store._db.current.execute("SHOW default_transaction_isolation").fetchone()[0]
+        [(level,)] = connection_of(store).execute("SHOW default_transaction_isolation").fetchall()
         assert level == "read committed"
         assert store.acquire("k", 30, HOLDER, token()) is not None
     finally:
@@ -693,8 +706,8 @@ def test_connection_forces_read_committed_even_if_the_role_says_serializable(sto
 
 def test_terminated_backend_reconnects(pg_url, stores):
     store = open_pg(pg_url, stores)
-    lease = store.acquire("k", 30, HOLDER, token())
-    pid = store._db.current.info.backend_pid
+    lease = granted(store.acquire("k", 30, HOLDER, token()))
+    pid = connection_of(store).info.backend_pid
     with pg.admin_connection(pg_url) as admin:
         assert admin.execute("SELECT pg_terminate_backend(%s)", [pid]).fetchone()[0]
     time.sleep(0.1)
@@ -703,14 +716,14 @@ def test_terminated_backend_reconnects(pg_url, stores):
     except StoreUnavailable:
         renewed = store.renew(lease, 30)
     assert renewed.fencing_token == lease.fencing_token
-    assert store._db.current.info.backend_pid != pid
+    assert connection_of(store).info.backend_pid != pid
     assert store.release(lease) is True
 
 
 def test_connections_are_close_on_exec(pg_url, stores):
     store = open_pg(pg_url, stores)
     store.peek("k")
-    flags = fcntl.fcntl(store._db.current.fileno(), fcntl.F_GETFD)
+    flags = fcntl.fcntl(connection_of(store).fileno(), fcntl.F_GETFD)
     assert flags & fcntl.FD_CLOEXEC
 
 
@@ -768,7 +781,7 @@ def test_server_restart_while_a_lease_is_held(private_server):
         store = PostgresStore.from_url(server.url_for(table="leases"))
         store.set_io_timeout(1)
         try:
-            lease = store.acquire("k", 30, HOLDER, token())
+            lease = granted(store.acquire("k", 30, HOLDER, token()))
             server.stop("fast")
             started = time.monotonic()
             with pytest.raises(StoreUnavailable):
@@ -793,7 +806,7 @@ def test_server_restart_while_a_lease_is_held(private_server):
                     "UPDATE leases SET expires_at = clock_timestamp()"
                     " WHERE key = '' AND slot = -2 RETURNING fencing_token"
                 ).fetchone()
-            nxt = store.acquire("k", 30, HOLDER, token())
+            nxt = granted(store.acquire("k", 30, HOLDER, token()))
             assert nxt.fencing_token == epoch << 30 > lease.fencing_token
         finally:
             store.close()
@@ -834,8 +847,8 @@ def test_a_hung_server_fails_within_the_io_timeout_then_recovers(private_server)
         store = PostgresStore.from_url(server.url_for(table="leases"))
         store.set_io_timeout(1)
         try:
-            lease = store.acquire("k", 30, HOLDER, token())
-            pid = store._db.current.info.backend_pid
+            lease = granted(store.acquire("k", 30, HOLDER, token()))
+            pid = connection_of(store).info.backend_pid
             server.pause_backend(pid)
             started = time.monotonic()
             with pytest.raises(StoreUnavailable, match="no answer"):
@@ -879,17 +892,14 @@ def waiting_in_threads(clients: list[PostgresStore], key: str = "k") -> list[flo
     time each one woke (in the order they woke)."""
     woke: list[float] = []
     for client in clients:
-        threading.Thread(
-            target=lambda c=client: (c.wait_for_release(key, 5), woke.append(time.monotonic())),
-            daemon=True,
-        ).start()
+        waiting_thread(client, key, 5, woke)
     time.sleep(0.4)
     return woke
 
 
 def test_a_release_wakes_the_run_of_shared_waiters_at_the_head_and_no_one_else(pg_url, stores):
     holder, s1, s2, e3, s4 = (open_pg(pg_url, stores) for _ in range(5))
-    lease = holder.acquire("k", 30, HOLDER, token())
+    lease = granted(holder.acquire("k", 30, HOLDER, token()))
     for client, mode in ((s1, SHARED), (s2, SHARED), (e3, EXCLUSIVE), (s4, SHARED)):
         assert client.acquire("k", 30, HOLDER, token(), queue=True, mode=mode) is None
     woke = waiting_in_threads([s1, s2, e3, s4])

@@ -19,14 +19,15 @@ def test_without_a_terminal_the_command_gets_its_own_group_the_env_and_no_descri
     recorder = fp.register(["job", "--flag"])
     process = spawn_command(["job", "--flag"], {b"ONLY": b"this"})
     (call,) = recorder.calls
+    kwargs = call.kwargs  # (before `is` narrows call to the Popen that spawn_command returns)
     assert process is call
-    assert call.kwargs["env"] == {b"ONLY": b"this"}  # exactly: nothing of ours added
-    assert call.kwargs["close_fds"] is True
+    assert kwargs["env"] == {b"ONLY": b"this"}  # exactly: nothing of ours added
+    assert kwargs["close_fds"] is True
     if sys.version_info >= (3, 11):
-        assert call.kwargs["process_group"] == 0
-        assert "preexec_fn" not in call.kwargs  # so subprocess may use vfork
+        assert kwargs["process_group"] == 0
+        assert "preexec_fn" not in kwargs  # so subprocess may use vfork
     else:
-        assert call.kwargs["preexec_fn"] is os.setpgrp
+        assert kwargs["preexec_fn"] is os.setpgrp
 
 
 def test_on_a_terminal_the_command_takes_it_in_the_child_before_exec(fp):

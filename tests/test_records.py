@@ -51,7 +51,7 @@ def test_same_behaviour_as_a_dataclass(frozen):
     with pytest.raises(TypeError):
         our_cls()
     assert [f.name for f in dataclasses.fields(ours)] == ["x", "y", "tags"]
-    assert dataclasses.is_dataclass(ours)
+    assert dataclasses.is_dataclass(ours) and not isinstance(ours, type)  # an instance
     assert dataclasses.replace(ours, y=5) == our_cls(1, 5)
     assert records.replace(ours, y=5) == our_cls(1, 5)
     assert dataclasses.asdict(ours) == dataclasses.asdict(real)

@@ -22,8 +22,11 @@ from tasklock_cli.stores import open_store
 from tasklock_cli.stores.model import EXCLUSIVE
 from tasklock_cli.stores.model import SHARED
 from tasklock_cli.stores.model import Holder
+from tasklock_cli.stores.redis.store import RedisStore
 from tests.support import redis_support
 from tests.support import services
+from tests.support.contract import granted
+from tests.support.contract import waiting_thread
 from tests.support.ports import free_port
 from tests.support.proxy import TcpProxy
 from tests.support.redis_support import require_redis_server
@@ -383,8 +386,7 @@ def test_a_shared_waiter_is_woken_when_the_writer_ahead_leaves(url, opened, othe
     opened.append(waiter)
     assert waiter.acquire("rw", 30, HOLDER, token(), queue=True, mode=SHARED) is None
     woke: list[float] = []
-    thread = threading.Thread(target=lambda: (waiter.wait_for_release("rw", 5), woke.append(1)))
-    thread.start()
+    thread = waiting_thread(waiter, "rw", 5, woke)
     time.sleep(0.3)
     assert not woke  # behind the writer, though only a reader holds the key
     writer.stop_waiting("rw")
@@ -452,7 +454,7 @@ def test_mode_operations_take_one_round_trip_each(url):
     with TcpProxy("127.0.0.1", urlsplit(url).port or 6379) as proxy:
         store = open_store(proxy.url_for(url))
         try:
-            store.release(store.acquire("warm-up", 30, HOLDER, token()))  # scripts loaded
+            store.release(granted(store.acquire("warm-up", 30, HOLDER, token())))  # scripts loaded
             counted: dict[str, int] = {}
 
             def count(name: str, owner: str, **options):
@@ -559,7 +561,7 @@ def test_list_uses_scan_never_keys(redis_store, monkeypatch):
 
     for key in ["b", "a", "c"]:
         redis_store.acquire(key, 30, HOLDER, token())
-    scans = []
+    scans: list[bytes | None] = []
     original_scan = redis.Redis.scan
 
     def spy_scan(self, *args, **kwargs):
@@ -574,7 +576,7 @@ def test_list_uses_scan_never_keys(redis_store, monkeypatch):
     assert [i.key for i in redis_store.list()] == ["a", "b", "c"]
     assert [i.key for i in redis_store.list(prefix="b")] == ["b"]
     assert scans and all(match is not None for match in scans)
-    assert scans[-1].endswith(b"{b*}:lease*")  # every slot's hash: :lease and :lease:N
+    assert (scans[-1] or b"").endswith(b"{b*}:lease*")  # every slot's hash: :lease and :lease:N
 
 
 def test_list_ignores_foreign_keys_and_other_namespaces(redis_store, raw, prefix, url):
@@ -835,13 +837,13 @@ def test_script_flush_is_survived(private):
     redis_store, other = open_store(private.url()), open_store(private.url())
     raw = private.client()
     try:
-        lease = redis_store.acquire("k", 30, HOLDER, token())
+        lease = granted(redis_store.acquire("k", 30, HOLDER, token()))
         raw.script_flush()
         renewed = redis_store.renew(lease, 30)
         raw.script_flush()
         assert redis_store.release(renewed) is True
         raw.script_flush()
-        assert other.acquire("k", 30, OTHER, token()).fencing_token == 2
+        assert granted(other.acquire("k", 30, OTHER, token())).fencing_token == 2
         raw.script_flush()
         (freed,) = redis_store.force_release("k")
         assert freed.holder == OTHER
@@ -922,7 +924,7 @@ def test_server_killed_and_restarted_never_renews_silently(private):
     store = open_store(private.url())
     store.set_io_timeout(1)
     try:
-        lease = store.acquire("k", 30, HOLDER, token())
+        lease = granted(store.acquire("k", 30, HOLDER, token()))
         private.kill()
         started = time.monotonic()
         with pytest.raises(StoreUnavailable):
@@ -938,7 +940,7 @@ def test_server_killed_and_restarted_never_renews_silently(private):
         client = private.client()
         seconds, _ = client.time()
         assert store.acquire("k", 30, OTHER, token()) is None
-        assert "primary changed" in store.holdup("k")
+        assert "primary changed" in (store.holdup("k") or "")
         record = client.hgetall(b"tasklock-test:{}:epoch")
         uptime = int(client.info("server")["uptime_in_seconds"])
         left = int(record[b"quarantine_until"]) - seconds * 1000
@@ -953,7 +955,7 @@ def test_paused_server_times_out_within_the_io_timeout(private):
     store = open_store(private.url())
     store.set_io_timeout(0.5)
     try:
-        lease = store.acquire("k", 30, HOLDER, token())
+        lease = granted(store.acquire("k", 30, HOLDER, token()))
         private.pause()
         started = time.monotonic()
         with pytest.raises(StoreUnavailable):
@@ -969,7 +971,7 @@ def test_paused_server_times_out_within_the_io_timeout(private):
 def test_idle_connection_closed_by_server_is_reconnected(private):
     store = open_store(private.url())
     try:
-        lease = store.acquire("k", 30, HOLDER, token())
+        lease = granted(store.acquire("k", 30, HOLDER, token()))
         private.client().client_kill_filter(_type="normal", skipme=True)
         assert store.renew(lease, 30).fencing_token == lease.fencing_token
     finally:
@@ -1002,7 +1004,7 @@ def test_wrong_password_is_reported_without_the_password():
                 store.close()
         good = open_store(redis_support.known_namespace(server.url()))
         try:
-            assert good.acquire("k", 30, HOLDER, token()).fencing_token == 1
+            assert granted(good.acquire("k", 30, HOLDER, token())).fencing_token == 1
             assert "right-Secret-42" not in good.display_url
         finally:
             good.close()
@@ -1042,6 +1044,7 @@ def test_prefix_is_taken_from_the_url_and_defaults_to_tasklock():
     default = open_store("redis://127.0.0.1:6379/0")
     custom = open_store("redis://127.0.0.1:6379/0?prefix=team%20a:&socket_timeout=3")
     try:
+        assert isinstance(default, RedisStore) and isinstance(custom, RedisStore)
         assert default.prefix == "tasklock:"
         assert custom.prefix == "team a:"
         assert custom.display_url == "redis://127.0.0.1:6379/0?prefix=team%20a:&socket_timeout=3"
@@ -1058,10 +1061,12 @@ def test_set_io_timeout_applies_to_new_connections(redis_store, url):
     # A timeout in the URL does not defeat the supervisor's bound.
     overridden = open_store(url + "&socket_timeout=60&protocol=3")
     try:
+        assert isinstance(overridden, RedisStore)
         overridden.set_io_timeout(1.5)
         kwargs = overridden._conn.client.connection_pool.connection_kwargs
         assert kwargs["socket_timeout"] == 1.5 and kwargs["protocol"] == 2
-        assert overridden.peek("k").fencing_token == 1
+        info = overridden.peek("k")
+        assert info is not None and info.fencing_token == 1
     finally:
         overridden.close()
 
@@ -1187,9 +1192,10 @@ def test_unix_socket_urls_work(tmp_path):
         store = open_store(f"unix://{sock}?db=0&prefix=unix-test:")
         redis_support.known_namespace(server.url(prefix="unix-test:"))
         try:
-            lease = store.acquire("k", 30, HOLDER, token())
+            lease = granted(store.acquire("k", 30, HOLDER, token()))
             assert lease.fencing_token == 1
-            assert store.peek("k").holder == HOLDER
+            info = store.peek("k")
+            assert info is not None and info.holder == HOLDER
             assert [i.key for i in store.list()] == ["k"]
             releaser = threading.Timer(0.1, lambda: store.release(lease))
             releaser.start()
@@ -1211,7 +1217,7 @@ def test_a_semaphores_operations_take_one_round_trip_each(url):
     with TcpProxy("127.0.0.1", urlsplit(url).port or 6379) as proxy:
         store = open_store(proxy.url_for(url))
         try:
-            store.release(store.acquire("warm-up", 30, HOLDER, token()))  # scripts loaded
+            store.release(granted(store.acquire("warm-up", 30, HOLDER, token())))  # scripts loaded
             counted: dict[str, int] = {}
 
             def count(name: str, operation):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from collections.abc import Iterator
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 import psycopg
@@ -20,9 +21,11 @@ from tasklock_cli.stores.model import Holder
 from tasklock_cli.stores.model import Lease
 from tasklock_cli.stores.model import RunRecord
 from tasklock_cli.stores.postgres.store import split_table
+from tests.support.contract import granted
 from tests.support.proxy import TcpProxy
 
 HOLDER = Holder(host="h", pid=1, user="u", command=["true"])
+T = TypeVar("T")
 
 
 @pytest.fixture
@@ -36,7 +39,7 @@ def proxied(network_store_url) -> Iterator[tuple[Store, TcpProxy]]:
             store.close()
 
 
-def round_trips(proxy: TcpProxy, operation: Callable[[], object]) -> tuple[int, object]:
+def round_trips(proxy: TcpProxy, operation: Callable[[], T]) -> tuple[int, T]:
     before = proxy.round_trips
     result = operation()
     return proxy.round_trips - before, result
@@ -135,7 +138,7 @@ def test_a_new_connection_costs_its_handshake_and_one_round_trip_of_set_up(netwo
     CLIENT SETINFO or a health-check PING; MySQL: the session settings and the look at the
     schema, together; etcd without auth: none) and the acquire."""
     with open_store(network_store_url) as warm_up:  # the table exists, the script is loaded
-        warm_up.release(warm_up.acquire("first", 30, HOLDER, "warm-up"))
+        warm_up.release(granted(warm_up.acquire("first", 30, HOLDER, "warm-up")))
     parts = urlsplit(network_store_url)
     with TcpProxy(parts.hostname or "127.0.0.1", parts.port or 0) as proxy:
         if network_store_url.startswith("postgres"):

@@ -19,6 +19,7 @@ from tasklock_cli.stores.sqlite.store import WAITERS_TABLE
 from tasklock_cli.stores.sqlite.store import SQLiteStore
 from tasklock_cli.stores.sqlite.store import boot_clock
 from tasklock_cli.stores.sqlite.store import current_boot_id
+from tests.support.contract import granted
 
 HOLDER = Holder(host="h", pid=1, user="u", command=["true"])
 
@@ -168,9 +169,9 @@ def test_a_version_3_file_is_rebuilt_keeping_live_leases_and_fencing_counters(tm
     old_lease = Lease("live", "owner-live", 7, live.acquired_at, live.expires_at)
     assert store.renew(old_lease, 30).fencing_token == 7  # its holder keeps renewing it
     assert store.release(old_lease) is True
-    after_live = store.acquire("live", 30, HOLDER, "owner-next", limit=2)
+    after_live = granted(store.acquire("live", 30, HOLDER, "owner-next", limit=2))
     assert (after_live.slot, after_live.fencing_token) == (0, 8)
-    after_freed = store.acquire("freed", 30, HOLDER, "owner-freed")
+    after_freed = granted(store.acquire("freed", 30, HOLDER, "owner-freed"))
     assert (after_freed.slot, after_freed.fencing_token) == (0, 6)
 
     with sqlite3.connect(path) as conn:
@@ -375,7 +376,7 @@ def _woken(waiter: SQLiteStore) -> bool:
 def test_a_release_wakes_the_shared_run_at_the_head_and_no_more(tmp_path):
     path = tmp_path / "locks.db"
     store = SQLiteStore(path)
-    lease = store.acquire("k", 30, HOLDER, "owner-writer")
+    lease = granted(store.acquire("k", 30, HOLDER, "owner-writer"))
     modes = ("shared", "shared", "exclusive", "shared")
     waiters = [_waiting_with_a_fifo(path, f"owner-{n}", mode=m) for n, m in enumerate(modes)]
     assert store.release(lease) is True
@@ -387,7 +388,7 @@ def test_a_release_wakes_the_shared_run_at_the_head_and_no_more(tmp_path):
 def test_a_release_wakes_only_an_exclusive_head(tmp_path):
     path = tmp_path / "locks.db"
     store = SQLiteStore(path)
-    lease = store.acquire("k", 30, HOLDER, "owner-writer")
+    lease = granted(store.acquire("k", 30, HOLDER, "owner-writer"))
     waiters = [_waiting_with_a_fifo(path, f"owner-{n}") for n in range(2)]
     front = _waiting_with_a_fifo(path, "owner-front", front=True)
     assert store.release(lease) is True

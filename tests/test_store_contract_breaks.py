@@ -20,6 +20,7 @@ from tasklock_cli.stores.model import breaker
 from tests.support.cli import wait_until
 from tests.support.contract import HOLDER
 from tests.support.contract import OTHER
+from tests.support.contract import granted
 from tests.support.contract import short_ttl
 from tests.support.contract import token
 
@@ -147,12 +148,12 @@ def test_a_local_holder_whose_processes_are_gone_is_freed_at_once(sqlite_url):
     from tasklock_cli.stores import open_store
 
     with open_store(sqlite_url) as holder_store, open_store(sqlite_url) as ops:
-        lease = holder_store.acquire("k", 30, HOLDER, token())
+        lease = granted(holder_store.acquire("k", 30, HOLDER, token()))
         holder_store.note_processes(lease, os.getpid())  # this process: alive
         ops.break_lease("k", None, BREAKER)
         assert ops.free_if_holder_gone("k", lease.fencing_token) is False
 
-        dead = holder_store.acquire("d", 30, HOLDER, token())
+        dead = granted(holder_store.acquire("d", 30, HOLDER, token()))
         pid = os.fork()
         if pid == 0:  # a holder that records itself and a guard, then ends
             with open_store(sqlite_url) as store:

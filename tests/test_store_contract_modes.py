@@ -22,7 +22,9 @@ from tasklock_cli.errors import Superseded
 from tasklock_cli.stores.model import EXCLUSIVE
 from tasklock_cli.stores.model import SHARED
 from tasklock_cli.stores.model import Holder
+from tasklock_cli.stores.model import Lease
 from tests.support.contract import OTHER
+from tests.support.contract import granted
 from tests.support.contract import short_ttl
 from tests.support.contract import token
 
@@ -38,7 +40,7 @@ class Run:
         self.client, self.n, self.mode, self.key = client, n, mode, key
         self.queueing = queueing
         self.owner = token()
-        self.lease = None
+        self.lease: Lease | None = None
 
     def attempt(self, queue: bool = True):
         got = self.client.acquire(
@@ -156,8 +158,9 @@ def test_breaking_and_forcing_reach_every_shared_holder(store, store_factory):
     runs = [Run(store_factory(), n, SHARED) for n in range(2)]
     for run in runs:
         assert run.attempt(queue=False) is not None
-    broken = store.break_lease("k", runs[1].lease.fencing_token, OTHER)
-    assert [info.fencing_token for info in broken] == [runs[1].lease.fencing_token]
+    second = granted(runs[1].lease)
+    broken = store.break_lease("k", second.fencing_token, OTHER)
+    assert [info.fencing_token for info in broken] == [second.fencing_token]
     assert runs[0].client.renew(runs[0].lease, 30) is not None
     assert len(store.force_release("k")) == 2
     assert store.holders("k") == []
@@ -282,10 +285,11 @@ def test_admission_invariants_over_random_arrivals_and_releases(store, store_fac
         else:
             waiting.append(Run(store_factory(), n, SHARED if step == "shared" else EXCLUSIVE, key))
         for run in list(waiting):  # everyone tries, in arrival order
-            if run.attempt() is None:
+            lease = run.attempt()
+            if lease is None:
                 continue
-            assert run.lease.fencing_token > last_token
-            last_token = run.lease.fencing_token
+            assert lease.fencing_token > last_token
+            last_token = lease.fencing_token
             ahead = waiting[: waiting.index(run)]
             assert not ahead or (run.mode == SHARED and all(o.mode == SHARED for o in ahead))
             waiting.remove(run)

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from tasklock_cli.errors import LeaseLost
 from tasklock_cli.errors import LimitMismatch
+from tasklock_cli.stores.model import Lease
 from tasklock_cli.stores.model import RunRecord
 from tests.support.contract import HOLDER
 from tests.support.contract import OTHER
@@ -331,7 +332,7 @@ def test_slot_and_token_invariants_hold_for_any_sequence(store, limit, steps):
     holders in distinct slots below the limit, each new token above all before it, and a
     conflict only when every slot is held."""
     key = f"pool-{token()}"
-    held: dict[int, object] = {}  # slot -> lease
+    held: dict[int, Lease] = {}  # slot -> lease
     issued: list[int] = []
     for action, pick in steps:
         if action == "acquire":

@@ -14,6 +14,7 @@ from tests.support.contract import HOLDER
 from tests.support.contract import OTHER
 from tests.support.contract import short_ttl
 from tests.support.contract import token
+from tests.support.contract import waiting_thread
 
 #: A woken waiter returns within this of the release that woke it.
 WOKEN_WITHIN_S = 0.5
@@ -107,8 +108,7 @@ def test_the_next_waiter_is_woken_once_the_first_goes_away(store, store_factory)
     lease = holder.acquire("k", 30, OTHER, token())
     first.wait_for_release("k", 0.2)  # times out, still queued for "k"
     woke: list[float] = []
-    thread = threading.Thread(target=lambda: (second.wait_for_release("k", 10), woke.append(1)))
-    thread.start()
+    thread = waiting_thread(second, "k", 10, woke)
     time.sleep(0.3)
     first.close()
     time.sleep(0.3)

@@ -20,6 +20,7 @@ import pytest
 
 from tests.support.cli import executable
 from tests.support.cli import one_error_line
+from tests.support.cli import piped
 from tests.support.cli import start
 from tests.support.cli import tasklock
 from tests.support.cli import wait_for_holder
@@ -211,7 +212,7 @@ def _swap_while_made(directory: Path, victim: Path, args: list[str], env: dict):
         command = _under_strace_delaying_mkdir(directory, args, env)
         result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
         assert swapper.wait(timeout=30) == 0
-        assert swapper.stdout.read().strip() == "swapped"  # the race was run
+        assert piped(swapper.stdout).read().strip() == "swapped"  # the race was run
     finally:
         if swapper.poll() is None:
             swapper.kill()

@@ -97,7 +97,7 @@ def _run_in_pty_then_signal(
     args: list[str], env: dict[str, str], when: bytes, signum: int, timeout: float = 20
 ) -> tuple[int, bytes]:
     """Run under a new pseudo-terminal; send ``signum`` to tasklock once ``when`` appeared."""
-    signalled = []
+    signalled: list[bool] = []
 
     def signal_when_shown(pid: int, output: bytes, _master: int) -> None:
         if not signalled and when in output:

@@ -9,6 +9,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import IO
 
 from tasklock_cli.stores import open_store
 from tasklock_cli.stores.model import LeaseInfo
@@ -35,6 +36,13 @@ def start(*args: str, env: dict[str, str], **kwargs) -> subprocess.Popen:
     kwargs.setdefault("stdout", subprocess.PIPE)
     kwargs.setdefault("stderr", subprocess.PIPE)
     return subprocess.Popen([executable(), *args], env=env, text=True, **kwargs)
+
+
+def piped(stream: IO[str] | None) -> IO[str]:
+    """A process's stdout or stderr pipe (``start`` opens both): typed optional, None where
+    the process was started without ``PIPE`` for it."""
+    assert stream is not None, "no pipe: the process was started with its own stream"
+    return stream
 
 
 def wait_until(predicate: Callable[[], object], timeout: float = 10, interval: float = 0.02):

@@ -1,10 +1,14 @@
-"""What the store contract's cases share: two holders, owner tokens, a short lease."""
+"""What the store tests share: two holders, owner tokens, a short lease, a granted acquire,
+a waiter in a thread."""
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 
 from tasklock_cli.stores.model import Holder
+from tasklock_cli.stores.model import Lease
 
 HOLDER = Holder(
     host="host-a", pid=4242, user="alice", command=["./job.sh", "--all"], note="nightly"
@@ -25,3 +29,23 @@ def short_ttl(store) -> tuple[float, float]:
 
 def token() -> str:
     return uuid.uuid4().hex
+
+
+def granted(lease: Lease | None) -> Lease:
+    """The lease of an acquire the test needs granted (``Store.acquire`` returns None for a
+    refusal): fails the test there, instead of an AttributeError on None further on."""
+    assert lease is not None, "the acquire was refused"
+    return lease
+
+
+def waiting_thread(waiter, key: str, timeout: float, woke: list[float]) -> threading.Thread:
+    """A started thread in which ``waiter`` waits for ``key`` (``wait_for_release``), then
+    adds the monotonic time it woke to ``woke``."""
+
+    def wait() -> None:
+        waiter.wait_for_release(key, timeout)
+        woke.append(time.monotonic())
+
+    thread = threading.Thread(target=wait, daemon=True)
+    thread.start()
+    return thread

@@ -11,6 +11,7 @@ from tasklock_cli.stores.model import Holder
 from tasklock_cli.stores.postgres.epochs import IDENTITY
 from tasklock_cli.stores.postgres.store import split_table
 from tests.support import pg
+from tests.support.contract import granted
 
 #: The epoch row: no lock key is empty; slot -2.
 _ROW = "key = '' AND slot = -2"
@@ -56,8 +57,16 @@ def _pg(url: str, statement: str, args: tuple = ()) -> list[tuple]:
         return cursor.fetchall() if cursor.description else []
 
 
-def epoch_row(url: str) -> tuple | None:
-    """(epoch, identity, previous, max_ttl, quarantine length s, quarantine left s)."""
+def epoch_row(url: str) -> tuple:
+    """(epoch, identity, previous, max_ttl, quarantine length s, quarantine left s): fails
+    the test when the table has no epoch row."""
+    row = find_epoch_row(url)
+    assert row is not None, "the table has no epoch row"
+    return row
+
+
+def find_epoch_row(url: str) -> tuple | None:
+    """``epoch_row``, or None when the table has none."""
     if not is_mysql(url):
         rows = _pg(
             url,
@@ -140,6 +149,6 @@ def with_epoch_row(store: Store, url: str) -> None:
     """The table with its epoch row at epoch 0: PostgreSQL writes it with the table, MySQL
     with the first lease."""
     if is_mysql(url):
-        store.release(store.acquire("other", 5, _HOLDER, uuid.uuid4().hex))
+        store.release(granted(store.acquire("other", 5, _HOLDER, uuid.uuid4().hex)))
     else:
         store.init_schema()

@@ -18,6 +18,10 @@ import pytest
 from tests.support import services
 from tests.support.ports import free_port
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from tasklock_cli.stores.redis.store import RedisStore
+
 REDIS_SERVER = os.environ.get("TASKLOCK_TEST_REDIS_SERVER", "/usr/bin/redis-server")
 
 
@@ -28,6 +32,17 @@ def _client_for(url: str):
 
     clean, prefix, _ = split_url(url)
     return redis.Redis.from_url(clean, socket_timeout=5, socket_connect_timeout=5), prefix
+
+
+@contextlib.contextmanager
+def opened_redis(url: str) -> Iterator[RedisStore]:
+    """``open_store(url)``, the Redis store it is (its ``prefix`` and the like), closed after."""
+    from tasklock_cli.stores import open_store
+    from tasklock_cli.stores.redis.store import RedisStore
+
+    with open_store(url) as store:
+        assert isinstance(store, RedisStore)
+        yield store
 
 
 def drop_namespace(url: str) -> int:
