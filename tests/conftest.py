@@ -56,10 +56,7 @@ def store_url(store_kind, tmp_path) -> Iterator[str]:
 @pytest.fixture(params=NETWORK_STORE_KINDS)
 def network_store_url(request, tmp_path) -> Iterator[str]:
     """A fresh namespace on a store reached over TCP (what a proxy can cut off)."""
-    services.require(request.param)
-    url = store_url_for(request.param, tmp_path)
-    yield url
-    services.cleanup(request.param, url)
+    yield from _fresh_namespace(request.param, tmp_path)
 
 
 def _fresh_namespace(kind: str, tmp_path) -> Iterator[str]:
@@ -82,18 +79,42 @@ def my_url(tmp_path) -> Iterator[str]:
 
 
 @pytest.fixture
-def store_factory(store_url) -> Iterator[Callable[[], Store]]:
-    """Opens further clients (own connections) on the same namespace."""
+def redis_url(tmp_path) -> Iterator[str]:
+    """A fresh namespace (key prefix) on the shared Redis server."""
+    yield from _fresh_namespace("redis", tmp_path)
+
+
+@pytest.fixture
+def raw_redis(redis_url):
+    """A plain redis-py client on the shared Redis server, for what a test reads or writes
+    in ``redis_url``'s namespace itself."""
+    from tests.support import redis_support
+
+    client, _ = redis_support._client_for(redis_url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def opened_stores() -> Iterator[list[Store]]:
+    """The stores a test opens itself: each closed when the test ends, before the fixtures
+    named ahead of this one (its namespace) are torn down."""
     opened: list[Store] = []
+    yield opened
+    for store in opened:
+        store.close()
+
+
+@pytest.fixture
+def store_factory(store_url, opened_stores) -> Callable[[], Store]:
+    """Opens further clients (own connections) on the same namespace."""
 
     def open_client() -> Store:
         client = open_store(store_url)
-        opened.append(client)
+        opened_stores.append(client)
         return client
 
-    yield open_client
-    for client in opened:
-        client.close()
+    return open_client
 
 
 @pytest.fixture

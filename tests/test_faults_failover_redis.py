@@ -14,8 +14,6 @@ import contextlib
 import re
 import subprocess
 import time
-import uuid
-from collections.abc import Iterator
 
 import pytest
 
@@ -26,13 +24,13 @@ from tasklock_cli.stores.model import Holder
 from tasklock_cli.stores.model import StoreCheck
 from tests.support import redis_support
 from tests.support import report
-from tests.support import services
 from tests.support.cli import one_error_line
 from tests.support.cli import piped
 from tests.support.cli import start
 from tests.support.cli import tasklock
 from tests.support.cli import wait_until
 from tests.support.contract import granted
+from tests.support.contract import token
 from tests.support.failover import EXIT_CODES
 from tests.support.failover import Runs
 from tests.support.failover import assert_inspections_quiet
@@ -46,25 +44,6 @@ from tests.support.redis_support import require_redis_server
 
 HOLDER = Holder(host="host-a", pid=4242, user="alice", command=["./job.sh"], note=None)
 OTHER = Holder(host="host-b", pid=99, user="bob", command=["true"], note=None)
-
-
-def owner() -> str:
-    return uuid.uuid4().hex
-
-
-@pytest.fixture
-def url() -> Iterator[str]:
-    services.require("redis")
-    namespace = services.redis_url(prefix=f"tasklock-failover-{uuid.uuid4().hex[:12]}:")
-    yield namespace
-    redis_support.drop_namespace(namespace)
-
-
-@pytest.fixture
-def raw(url):
-    client, _ = redis_support._client_for(url)
-    yield client
-    client.close()
 
 
 def redis_ms(raw) -> int:
@@ -84,34 +63,34 @@ def end_quarantine(raw, prefix: str) -> None:
 # -- the epoch rule, fast ---------------------------------------------------------------
 
 
-def test_a_changed_primary_quarantines_the_namespace_then_tokens_jump(url, raw):
-    with opened_redis(url) as store:
+def test_a_changed_primary_quarantines_the_namespace_then_tokens_jump(redis_url, raw_redis):
+    with opened_redis(redis_url) as store:
         prefix = store.prefix
-        first = granted(store.acquire("a", 10, HOLDER, owner()))
+        first = granted(store.acquire("a", 10, HOLDER, token()))
         assert first.fencing_token == 1
         assert store.release(first)
-        survivor = granted(store.acquire("b", 45, HOLDER, owner()))  # "survives" the failover
+        survivor = granted(store.acquire("b", 45, HOLDER, token()))  # "survives" the failover
 
-        pretend_failover(raw, prefix)
-        before = redis_ms(raw)
-        assert store.acquire("a", 10, OTHER, owner()) is None
-        record = raw.hgetall(prefix.encode() + b"{}:epoch")
+        pretend_failover(raw_redis, prefix)
+        before = redis_ms(raw_redis)
+        assert store.acquire("a", 10, OTHER, token()) is None
+        record = raw_redis.hgetall(prefix.encode() + b"{}:epoch")
         epoch = int(record[b"epoch"])
         assert abs(epoch - before // 1000) <= 1
         # the longest TTL granted (45 s) plus the 2 s margin
         assert 46_000 <= int(record[b"quarantine_until"]) - before <= 47_500
         assert "primary changed" in (store.holdup("a") or "")
-        assert store.acquire("c", 10, OTHER, owner()) is None  # every key of the namespace
+        assert store.acquire("c", 10, OTHER, token()) is None  # every key of the namespace
         assert store.renew(survivor, 45).fencing_token == survivor.fencing_token
 
-        end_quarantine(raw, prefix)
+        end_quarantine(raw_redis, prefix)
         base = epoch << EPOCH_SHIFT
-        jumped = granted(store.acquire("a", 10, OTHER, owner()))
+        jumped = granted(store.acquire("a", 10, OTHER, token()))
         assert jumped.fencing_token == base > 2**53  # past a double's exact integers
         assert store.holdup("a") is None
-        assert granted(store.acquire("c", 10, OTHER, owner())).fencing_token == base
+        assert granted(store.acquire("c", 10, OTHER, token())).fencing_token == base
         assert store.release(jumped)
-        again = granted(store.acquire("a", 10, OTHER, owner()))
+        again = granted(store.acquire("a", 10, OTHER, token()))
         assert again.fencing_token == base + 1  # exact: Lua's doubles never touch it
         assert (store.time_left("a", base + 1) or 0) > 9
         assert store.renew(again, 10).fencing_token == base + 1
@@ -119,17 +98,17 @@ def test_a_changed_primary_quarantines_the_namespace_then_tokens_jump(url, raw):
         assert store.release(survivor)
 
 
-def test_the_ledger_keeps_each_token_of_an_epoch_once(url, raw):
+def test_the_ledger_keeps_each_token_of_an_epoch_once(redis_url, raw_redis):
     from tasklock_cli.stores.model import RunRecord
 
-    with opened_redis(url) as store:
-        store.release(granted(store.acquire("a", 10, HOLDER, owner())))
-        pretend_failover(raw, store.prefix)
-        assert store.acquire("a", 10, HOLDER, owner()) is None
-        end_quarantine(raw, store.prefix)
+    with opened_redis(redis_url) as store:
+        store.release(granted(store.acquire("a", 10, HOLDER, token())))
+        pretend_failover(raw_redis, store.prefix)
+        assert store.acquire("a", 10, HOLDER, token()) is None
+        end_quarantine(raw_redis, store.prefix)
         tokens = []
         for _ in range(3):
-            lease = granted(store.acquire("a", 10, HOLDER, owner()))
+            lease = granted(store.acquire("a", 10, HOLDER, token()))
             record = RunRecord("a", lease.fencing_token, HOLDER, lease.acquired_at, 0, "succeeded")
             assert store.release(lease, record=record)
             assert store.release(lease, record=record) is False  # a retry writes no second
@@ -141,44 +120,46 @@ def test_the_ledger_keeps_each_token_of_an_epoch_once(url, raw):
         assert success.fencing_token == tokens[-1]
 
 
-def test_two_changes_within_a_second_still_raise_the_epoch(url, raw):
-    with opened_redis(url) as store:
-        store.release(granted(store.acquire("a", 10, HOLDER, owner())))
+def test_two_changes_within_a_second_still_raise_the_epoch(redis_url, raw_redis):
+    with opened_redis(redis_url) as store:
+        store.release(granted(store.acquire("a", 10, HOLDER, token())))
         tokens = []
         for _ in range(2):
-            pretend_failover(raw, store.prefix)
-            assert store.acquire("a", 10, HOLDER, owner()) is None
-            end_quarantine(raw, store.prefix)
-            lease = granted(store.acquire("a", 10, HOLDER, owner()))
+            pretend_failover(raw_redis, store.prefix)
+            assert store.acquire("a", 10, HOLDER, token()) is None
+            end_quarantine(raw_redis, store.prefix)
+            lease = granted(store.acquire("a", 10, HOLDER, token()))
             tokens.append(lease.fencing_token)
             store.release(lease)
         assert tokens[1] >= tokens[0] + (1 << EPOCH_SHIFT)
 
 
-def test_the_quarantine_is_never_shorter_than_the_default_ttl(url, raw):
-    with opened_redis(url) as store:
-        store.release(granted(store.acquire("a", 1, HOLDER, owner())))
-        pretend_failover(raw, store.prefix)
-        before = redis_ms(raw)
-        assert store.acquire("a", 1, HOLDER, owner()) is None
-        until = int(raw.hget(store.prefix.encode() + b"{}:epoch", "quarantine_until"))
+def test_the_quarantine_is_never_shorter_than_the_default_ttl(redis_url, raw_redis):
+    with opened_redis(redis_url) as store:
+        store.release(granted(store.acquire("a", 1, HOLDER, token())))
+        pretend_failover(raw_redis, store.prefix)
+        before = redis_ms(raw_redis)
+        assert store.acquire("a", 1, HOLDER, token()) is None
+        until = int(raw_redis.hget(store.prefix.encode() + b"{}:epoch", "quarantine_until"))
         assert 31_500 <= until - before <= 32_500
 
 
-def test_a_waiter_in_quarantine_keeps_its_place_and_the_cli_names_the_reason(url, raw, cli_env):
-    with opened_redis(url) as store:
-        store.release(granted(store.acquire("a", 10, HOLDER, owner())))
-        pretend_failover(raw, store.prefix)
-    env = {**cli_env, "TASKLOCK_STORE": url}
+def test_a_waiter_in_quarantine_keeps_its_place_and_the_cli_names_the_reason(
+    redis_url, raw_redis, cli_env
+):
+    with opened_redis(redis_url) as store:
+        store.release(granted(store.acquire("a", 10, HOLDER, token())))
+        pretend_failover(raw_redis, store.prefix)
+    env = {**cli_env, "TASKLOCK_STORE": redis_url}
     done = tasklock("--log-format", "json", "run", "a", "--", "true", env=env)
     assert done.returncode == 75, done.stderr
     assert "primary changed" in done.stderr
     waiting = start("--log-format", "json", "run", "a", "--wait", "30s", "--", "true", env=env)
     try:
-        wait_until(lambda: raw.zcard(url_prefix(url) + b"{a}:queue") == 1, 10)
-        with open_store(url) as store:
+        wait_until(lambda: raw_redis.zcard(url_prefix(redis_url) + b"{a}:queue") == 1, 10)
+        with open_store(redis_url) as store:
             assert len(store.waiters("a")) == 1
-        end_quarantine(raw, url.rpartition("prefix=")[2])
+        end_quarantine(raw_redis, redis_url.rpartition("prefix=")[2])
         assert waiting.wait(timeout=20) == 0
     finally:
         with contextlib.suppress(ProcessLookupError):
@@ -191,32 +172,34 @@ def quarantine_for(raw, url: str, seconds: float) -> None:
     """A failover quarantine in the URL's namespace, ending ``seconds`` from now."""
     prefix = url.rpartition("prefix=")[2]
     with open_store(url) as store:
-        store.release(granted(store.acquire("warm", 10, HOLDER, owner())))
+        store.release(granted(store.acquire("warm", 10, HOLDER, token())))
         pretend_failover(raw, prefix)
-        assert store.acquire("warm", 10, HOLDER, owner()) is None  # the quarantine starts
+        assert store.acquire("warm", 10, HOLDER, token()) is None  # the quarantine starts
     until = redis_ms(raw) + int(seconds * 1000)
     raw.hset(prefix.encode() + b"{}:epoch", "quarantine_until", until)
 
 
-def test_replace_waits_out_a_quarantine_even_without_wait(url, raw, cli_env):
+def test_replace_waits_out_a_quarantine_even_without_wait(redis_url, raw_redis, cli_env):
     """--replace waits at least until the old lease could have run out: under a
     quarantine, a lease the old primary granted may still run, though none shows here."""
-    quarantine_for(raw, url, 3.0)
+    quarantine_for(raw_redis, redis_url, 3.0)
     started = time.monotonic()
-    done = tasklock("run", "a", "--replace", "--", "true", env={**cli_env, "TASKLOCK_STORE": url})
+    done = tasklock(
+        "run", "a", "--replace", "--", "true", env={**cli_env, "TASKLOCK_STORE": redis_url}
+    )
     assert done.returncode == 0, done.stderr
     assert time.monotonic() - started >= 2.5
 
 
-def test_peek_list_and_release_name_a_quarantine(url, raw, cli_env):
-    env = {**cli_env, "TASKLOCK_STORE": url}
-    with open_store(url) as store:
-        lease = granted(store.acquire("held", 30, HOLDER, owner()))
-    quarantine_for(raw, url, 30.0)
+def test_peek_list_and_release_name_a_quarantine(redis_url, raw_redis, cli_env):
+    env = {**cli_env, "TASKLOCK_STORE": redis_url}
+    with open_store(redis_url) as store:
+        lease = granted(store.acquire("held", 30, HOLDER, token()))
+    quarantine_for(raw_redis, redis_url, 30.0)
     assert_inspections_warn(env, "the Redis primary changed", "namespace")
-    end_quarantine(raw, url_prefix(url).decode())
+    end_quarantine(raw_redis, url_prefix(redis_url).decode())
     assert_inspections_quiet(env, "primary changed")
-    with open_store(url) as store:
+    with open_store(redis_url) as store:
         store.release(lease)
 
 
@@ -224,42 +207,42 @@ def url_prefix(url: str) -> bytes:
     return url.rpartition("prefix=")[2].encode()
 
 
-def test_another_run_id_under_the_same_replid_is_a_restart(url, raw):
+def test_another_run_id_under_the_same_replid_is_a_restart(redis_url, raw_redis):
     """A server may keep its replid across a restart (from its RDB file): the run_id,
     new at each start, tells."""
-    with open_store(url) as store:
-        store.release(granted(store.acquire("a", 10, HOLDER, owner())))
-        record = url_prefix(url) + b"{}:epoch"
-        assert raw.hget(record, "run_id") == raw.info("server")["run_id"].encode()
-        raw.hset(record, "run_id", "e" * 40)  # written by the server's previous life
-        assert store.acquire("a", 10, OTHER, owner()) is None
+    with open_store(redis_url) as store:
+        store.release(granted(store.acquire("a", 10, HOLDER, token())))
+        record = url_prefix(redis_url) + b"{}:epoch"
+        assert raw_redis.hget(record, "run_id") == raw_redis.info("server")["run_id"].encode()
+        raw_redis.hset(record, "run_id", "e" * 40)  # written by the server's previous life
+        assert store.acquire("a", 10, OTHER, token()) is None
         assert "primary changed" in (store.holdup("a") or "")
-        assert int(raw.hget(record, "epoch")) > 0
-        assert raw.hget(record, "run_id") == raw.info("server")["run_id"].encode()
+        assert int(raw_redis.hget(record, "epoch")) > 0
+        assert raw_redis.hget(record, "run_id") == raw_redis.info("server")["run_id"].encode()
 
 
-def test_a_record_without_a_run_id_gains_it_without_a_quarantine(url, raw):
+def test_a_record_without_a_run_id_gains_it_without_a_quarantine(redis_url, raw_redis):
     """An older tasklock's record (no run_id): no change of primary."""
-    with open_store(url) as store:
-        store.release(granted(store.acquire("a", 10, HOLDER, owner())))
-        record = url_prefix(url) + b"{}:epoch"
-        raw.hdel(record, "run_id")
-        lease = granted(store.acquire("a", 10, OTHER, owner()))
+    with open_store(redis_url) as store:
+        store.release(granted(store.acquire("a", 10, HOLDER, token())))
+        record = url_prefix(redis_url) + b"{}:epoch"
+        raw_redis.hdel(record, "run_id")
+        lease = granted(store.acquire("a", 10, OTHER, token()))
         assert lease.fencing_token == 2
-        assert raw.hget(record, "run_id") == raw.info("server")["run_id"].encode()
-        assert raw.hget(record, "epoch") == b"0"
+        assert raw_redis.hget(record, "run_id") == raw_redis.info("server")["run_id"].encode()
+        assert raw_redis.hget(record, "epoch") == b"0"
 
 
-def test_epochs_past_the_last_one_tokens_can_carry_are_refused(url, raw):
-    with opened_redis(url) as store:
-        store.release(granted(store.acquire("a", 10, HOLDER, owner())))
-        raw.hset(store.prefix.encode() + b"{}:epoch", "epoch", 2 ** (63 - EPOCH_SHIFT) - 1)
-        pretend_failover(raw, store.prefix)
-        assert store.acquire("a", 10, HOLDER, owner()) is None
-        end_quarantine(raw, store.prefix)
+def test_epochs_past_the_last_one_tokens_can_carry_are_refused(redis_url, raw_redis):
+    with opened_redis(redis_url) as store:
+        store.release(granted(store.acquire("a", 10, HOLDER, token())))
+        raw_redis.hset(store.prefix.encode() + b"{}:epoch", "epoch", 2 ** (63 - EPOCH_SHIFT) - 1)
+        pretend_failover(raw_redis, store.prefix)
+        assert store.acquire("a", 10, HOLDER, token()) is None
+        end_quarantine(raw_redis, store.prefix)
         with pytest.raises(StoreUnavailable, match="EPOCH"):
-            store.acquire("a", 10, HOLDER, owner())
-        assert raw.get(store.prefix.encode() + b"{a}:fence") == b"1"
+            store.acquire("a", 10, HOLDER, token())
+        assert raw_redis.get(store.prefix.encode() + b"{a}:fence") == b"1"
 
 
 def test_a_promoted_replica_without_the_record_starts_an_epoch():
@@ -271,16 +254,16 @@ def test_a_promoted_replica_without_the_record_starts_an_epoch():
         pair.cut_link()
         redis_support.known_namespace(old_url)  # (on the primary only)
         with open_store(old_url) as store:
-            lost = granted(store.acquire("k", 5, HOLDER, owner()))
+            lost = granted(store.acquire("k", 5, HOLDER, token()))
             assert lost.fencing_token == 1
         pair.promote()
         with open_store(pair.replica.url(prefix="fresh:")) as store:
-            assert store.acquire("k", 5, OTHER, owner()) is None
+            assert store.acquire("k", 5, OTHER, token()) is None
             assert "primary changed" in (store.holdup("k") or "")
         # A server that never took over from another, but started a moment ago: a restart
         # without persistence may have lost the record, so it quarantines too.
         with open_store(pair.primary.url(prefix="other:")) as store:
-            assert store.acquire("k", 5, OTHER, owner()) is None
+            assert store.acquire("k", 5, OTHER, token()) is None
             assert "primary changed" in (store.holdup("k") or "")
 
 
@@ -288,13 +271,13 @@ def test_a_promoted_replica_with_the_record_starts_an_epoch():
     require_redis_server()
     with replicated_redis() as pair:
         with open_store(redis_support.known_namespace(pair.primary.url(prefix="ns:"))) as store:
-            store.release(granted(store.acquire("k", 5, HOLDER, owner())))
+            store.release(granted(store.acquire("k", 5, HOLDER, token())))
         pair.wait_synced()
         pair.cut_link()
         pair.primary.kill()
         pair.promote()
         with open_store(pair.replica.url(prefix="ns:")) as store:
-            assert store.acquire("k", 5, OTHER, owner()) is None
+            assert store.acquire("k", 5, OTHER, token()) is None
             record = pair.replica.client().hgetall(b"ns:{}:epoch")
             assert int(record[b"epoch"]) > 0
 
@@ -306,7 +289,7 @@ def test_wait_replicas_gives_the_lease_back_when_no_replica_confirms():
             redis_support.known_namespace(pair.primary.url(prefix="w:")) + "&wait_replicas=1"
         )
         with open_store(confirmed) as store:
-            lease = granted(store.acquire("k", 5, HOLDER, owner()))
+            lease = granted(store.acquire("k", 5, HOLDER, token()))
             assert lease.fencing_token == 1
             store.release(lease)
             pair.cut_link()
@@ -314,7 +297,7 @@ def test_wait_replicas_gives_the_lease_back_when_no_replica_confirms():
             store.set_io_timeout(1.0)
             started = time.monotonic()
             with pytest.raises(StoreUnavailable, match="only 0 of the 1 replicas"):
-                store.acquire("k", 5, HOLDER, owner())
+                store.acquire("k", 5, HOLDER, token())
             assert time.monotonic() - started < 2
             assert store.peek("k") is None  # given back
 
@@ -336,7 +319,7 @@ def test_an_old_primary_that_resumes_acknowledges_renewals_without_wait_replicas
     with replicated_redis() as pair:
         old_url = redis_support.known_namespace(pair.primary.url(prefix="zombie:"))
         with open_store(old_url) as old:
-            lease = granted(old.acquire("k", 30, HOLDER, owner()))
+            lease = granted(old.acquire("k", 30, HOLDER, token()))
             pair.wait_synced()
             paused_promoted_resumed(pair)
             assert old.renew(lease, 30).fencing_token == lease.fencing_token
@@ -350,7 +333,7 @@ def test_wait_replicas_fails_renewals_no_replica_confirms():
     with replicated_redis() as pair:
         old_url = redis_support.known_namespace(pair.primary.url(prefix="zombie:"))
         with open_store(old_url + "&wait_replicas=1") as old:
-            lease = granted(old.acquire("k", 30, HOLDER, owner()))
+            lease = granted(old.acquire("k", 30, HOLDER, token()))
             assert old.renew(lease, 30).fencing_token == lease.fencing_token
             paused_promoted_resumed(pair)
             old.set_io_timeout(1.0)

@@ -11,6 +11,7 @@ import pytest
 from tests.support import report
 from tests.support import services
 from tests.support.cli import json_events
+from tests.support.cli import json_run
 from tests.support.cli import lost_by
 from tests.support.cli import peek
 from tests.support.cli import start
@@ -42,16 +43,7 @@ def test_short_outage_lease_survives(kind, cli_env, tmp_path):
     ready = tmp_path / "ready"
     with private_store(kind) as (url, take_down, bring_up):
         wrapper = start(
-            "--log-format",
-            "json",
-            "run",
-            "k",
-            "--ttl",
-            f"{TTL}s",
-            "--",
-            "sh",
-            "-c",
-            f"touch {ready}; sleep 7",
+            *json_run("k", "--ttl", f"{TTL}s", command=["sh", "-c", f"touch {ready}; sleep 7"]),
             env={**cli_env, "TASKLOCK_STORE": url},
         )
         wait_until(ready.exists)
@@ -76,19 +68,9 @@ def test_short_outage_lease_survives(kind, cli_env, tmp_path):
 def test_long_outage_terminates_before_the_lease_runs_out(kind, cli_env, tmp_path):
     ready, log = tmp_path / "ready", tmp_path / "log"
     with private_store(kind) as (url, take_down, bring_up):
+        script = f"touch {ready}; while :; do date +%s.%N >> {log}; sleep 0.02; done"
         wrapper = start(
-            "--log-format",
-            "json",
-            "run",
-            "k",
-            "--ttl",
-            f"{TTL}s",
-            "--grace",
-            "1s",
-            "--",
-            "sh",
-            "-c",
-            f"touch {ready}; while :; do date +%s.%N >> {log}; sleep 0.02; done",
+            *json_run("k", "--ttl", f"{TTL}s", "--grace", "1s", command=["sh", "-c", script]),
             env={**cli_env, "TASKLOCK_STORE": url},
         )
         wait_until(ready.exists)
@@ -129,21 +111,10 @@ def test_a_pending_kill_never_waits_past_the_deadline(cli_env, tmp_path):
     forward to the local deadline instead of waiting out the grace."""
     ready, log = tmp_path / "ready", tmp_path / "log"
     with private_store("redis") as (url, take_down, bring_up):
+        script = f"trap '' TERM; touch {ready}; while :; do date +%s.%N >> {log}; sleep 0.02; done"
+        options = ("--ttl", "3s", "--max-lifetime", "1s", "--grace", "60s")
         wrapper = start(
-            "--log-format",
-            "json",
-            "run",
-            "k",
-            "--ttl",
-            "3s",
-            "--max-lifetime",
-            "1s",
-            "--grace",
-            "60s",
-            "--",
-            "sh",
-            "-c",
-            f"trap '' TERM; touch {ready}; while :; do date +%s.%N >> {log}; sleep 0.02; done",
+            *json_run("k", *options, command=["sh", "-c", script]),
             env={**cli_env, "TASKLOCK_STORE": url},
         )
         wait_until(ready.exists)

@@ -15,6 +15,7 @@ import pytest
 from tests.support import procs
 from tests.support import report
 from tests.support.cli import json_events
+from tests.support.cli import json_run
 from tests.support.cli import peek
 from tests.support.cli import start
 from tests.support.cli import tasklock
@@ -31,19 +32,9 @@ def test_partitioned_holder_is_dead_before_the_next_holder_starts(
     host, port = parts.hostname or "127.0.0.1", parts.port
     ready = tmp_path / "ready"
     with TcpProxy(host, port) as proxy:
+        script = f"sleep 300 & sleep 300 & touch {ready}; wait"
         old = start(
-            "--log-format",
-            "json",
-            "run",
-            "k",
-            "--ttl",
-            "3s",
-            "--grace",
-            "1s",
-            "--",
-            "sh",
-            "-c",
-            f"sleep 300 & sleep 300 & touch {ready}; wait",
+            *json_run("k", "--ttl", "3s", "--grace", "1s", command=["sh", "-c", script]),
             env={**cli_env, "TASKLOCK_STORE": proxy.url_for(url)},
         )
         wait_until(ready.exists)
@@ -62,16 +53,7 @@ def test_partitioned_holder_is_dead_before_the_next_holder_starts(
             '[ -n "$s" ] && [ "$s" != Z ] && echo "overlap $p"; done; true'
         )
         new = tasklock(
-            "--log-format",
-            "json",
-            "run",
-            "k",
-            "--wait",
-            "30s",
-            "--",
-            "sh",
-            "-c",
-            checker,
+            *json_run("k", "--wait", "30s", command=["sh", "-c", checker]),
             env={**cli_env, "TASKLOCK_STORE": url, "OLD_TREE": " ".join(map(str, tree))},
         )
         acquired_after = time.monotonic() - partitioned_at

@@ -14,6 +14,7 @@ import pytest
 from tests.support import procs
 from tests.support import report
 from tests.support.cli import json_events
+from tests.support.cli import json_run
 from tests.support.cli import lost_by
 from tests.support.cli import peek
 from tests.support.cli import start
@@ -73,20 +74,9 @@ def test_paused_holder_is_fenced_and_killed_on_resume(env, store_url, tmp_path):
     db.execute("CREATE TABLE guarded (id INTEGER PRIMARY KEY, token INTEGER)")
     db.execute("INSERT INTO guarded VALUES (1, 0)")
     ready, log = tmp_path / "ready", tmp_path / "log"
+    writer = [sys.executable, "-c", GUARDED_WRITER, str(guard), str(ready), str(log)]
     wrapper = start(
-        "--log-format",
-        "json",
-        "run",
-        "k",
-        "--ttl",
-        "1500ms",
-        "--",
-        sys.executable,
-        "-c",
-        GUARDED_WRITER,
-        str(guard),
-        str(ready),
-        str(log),
+        *json_run("k", "--ttl", "1500ms", command=writer),
         env=env,
         start_new_session=True,
     )
@@ -105,19 +95,13 @@ def test_paused_holder_is_fenced_and_killed_on_resume(env, store_url, tmp_path):
             os.killpg(pgid, signal.SIGCONT)
     try:
         time.sleep(2.5)
-        new = tasklock(
-            "--log-format",
-            "json",
-            "run",
-            "k",
-            "--",
-            sys.executable,
-            "-c",
+        guarded_write = (
             "import os, sqlite3, sys; t = int(os.environ['TASKLOCK_FENCING_TOKEN']);"
             "sqlite3.connect(sys.argv[1], isolation_level=None).execute("
-            "'UPDATE guarded SET token = ? WHERE id = 1 AND token <= ?', (t, t))",
-            str(guard),
-            env=env,
+            "'UPDATE guarded SET token = ? WHERE id = 1 AND token <= ?', (t, t))"
+        )
+        new = tasklock(
+            *json_run("k", command=[sys.executable, "-c", guarded_write, str(guard)]), env=env
         )
         assert new.returncode == 0, new.stderr
         new_token = json_events(new.stderr)[0]["fencing_token"]

@@ -4,14 +4,12 @@ test_faults_failover_mysql.py)."""
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
-
 import pytest
 
+from tasklock_cli.stores.base import Store
 from tasklock_cli.stores.model import Holder
-from tasklock_cli.stores.mysql.store import MySQLStore
 from tests.support.contract import granted
+from tests.support.contract import token
 from tests.support.epochs import admin
 from tests.support.epochs import epoch_row
 from tests.support.epochs import play_failover
@@ -21,21 +19,15 @@ from tests.support.mysql_support import open_my
 HOLDER = Holder(host="h", pid=1, user="u", command=["job"], note=None)
 
 
-def owner() -> str:
-    return uuid.uuid4().hex
-
-
 @pytest.fixture
-def stores(my_url) -> Iterator[list[MySQLStore]]:
-    opened: list[MySQLStore] = []
-    yield opened
-    for store in opened:
-        store.close()
+def stores(my_url, opened_stores) -> list[Store]:
+    """The stores a test opens (open_my): closed before its table is dropped."""
+    return opened_stores
 
 
 def test_the_first_acquire_records_its_server_at_epoch_0(my_url, stores):
     store = open_my(my_url, stores)
-    lease = granted(store.acquire("k", 5, HOLDER, owner()))
+    lease = granted(store.acquire("k", 5, HOLDER, token()))
     assert lease.fencing_token == 1  # epoch 0: tokens as before epochs
     assert epoch_row(my_url)[:4] == (0, server_identity(my_url), None, 5)
     assert store.holdup("k") is None
@@ -43,17 +35,17 @@ def test_the_first_acquire_records_its_server_at_epoch_0(my_url, stores):
 
 def test_a_table_without_its_epoch_row_gets_it_at_epoch_0(my_url, stores):
     store = open_my(my_url, stores)
-    store.release(granted(store.acquire("k", 5, HOLDER, owner())))
+    store.release(granted(store.acquire("k", 5, HOLDER, token())))
     admin(my_url, "DELETE FROM {table} WHERE `key` = '' AND slot = -2")
-    assert granted(store.acquire("k", 5, HOLDER, owner())).fencing_token == 2
+    assert granted(store.acquire("k", 5, HOLDER, token())).fencing_token == 2
     assert epoch_row(my_url)[:3] == (0, server_identity(my_url), None)
 
 
 def test_an_epoch_row_someone_else_wrote_starts_an_epoch_not_an_error(my_url, stores):
     store = open_my(my_url, stores)
-    store.release(granted(store.acquire("k", 5, HOLDER, owner())))
+    store.release(granted(store.acquire("k", 5, HOLDER, token())))
     admin(my_url, "UPDATE {table} SET holder = '{not json' WHERE `key` = '' AND slot = -2")
-    assert store.acquire("k", 5, HOLDER, owner()) is None
+    assert store.acquire("k", 5, HOLDER, token()) is None
     _, identity, previous, max_ttl, length, _ = epoch_row(my_url)
     assert (identity, previous, max_ttl, length) == (server_identity(my_url), None, 5, 32)
     admin(
@@ -62,4 +54,4 @@ def test_an_epoch_row_someone_else_wrote_starts_an_epoch_not_an_error(my_url, st
         " WHERE `key` = '' AND slot = -2",
     )
     play_failover(my_url)
-    assert store.acquire("k", 5, HOLDER, owner()) is None  # (a long quarantine, no error)
+    assert store.acquire("k", 5, HOLDER, token()) is None  # (a long quarantine, no error)

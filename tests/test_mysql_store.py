@@ -7,7 +7,6 @@ import shutil
 import subprocess
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -15,6 +14,7 @@ import pytest
 from tasklock_cli.errors import ConfigError
 from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.stores import open_store
+from tasklock_cli.stores.base import Store
 from tasklock_cli.stores.model import Holder
 from tasklock_cli.stores.mysql.connection import DEFAULT_TABLE
 from tasklock_cli.stores.mysql.connection import parse_url
@@ -23,21 +23,17 @@ from tests.support import forge
 from tests.support import mysql_support
 from tests.support import services
 from tests.support.contract import granted
+from tests.support.contract import in_threads
+from tests.support.contract import token
 from tests.support.mysql_support import open_my
 
 HOLDER = Holder(host="h", pid=1, user="u", command=["job"], note=None)
 
 
-def token() -> str:
-    return uuid.uuid4().hex
-
-
 @pytest.fixture
-def stores(my_url) -> Iterator[list[MySQLStore]]:
-    opened: list[MySQLStore] = []
-    yield opened
-    for store in opened:
-        store.close()
+def stores(my_url, opened_stores) -> list[Store]:
+    """The stores a test opens (open_my): closed before its table is dropped."""
+    return opened_stores
 
 
 def admin(url: str, statement: str, args: tuple = ()) -> list[tuple]:
@@ -128,11 +124,7 @@ def test_racing_first_use_creates_the_schema_once_without_errors(my_url, stores)
         except BaseException as exc:
             errors.append(exc)
 
-    threads = [threading.Thread(target=first_use, args=(client,)) for client in clients]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    in_threads(first_use, [(client,) for client in clients])
     assert errors == []
     assert tokens == [1] * 6
 
@@ -261,11 +253,7 @@ def test_heavy_contention_never_two_holders_and_tokens_strictly_increase(my_url,
                 holding.remove(lease.owner_token)
             assert client.release(lease) is True
 
-    threads = [threading.Thread(target=worker, args=(client,)) for client in clients]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    in_threads(worker, [(client,) for client in clients])
     assert problems == []
     assert seen == sorted(seen) and len(set(seen)) == len(seen) and seen
 

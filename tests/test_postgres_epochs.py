@@ -6,17 +6,16 @@ test_faults_failover_postgres.py)."""
 from __future__ import annotations
 
 import time
-import uuid
-from collections.abc import Iterator
 
 import pytest
 
+from tasklock_cli.stores.base import Store
 from tasklock_cli.stores.failover import EPOCH_SHIFT
 from tasklock_cli.stores.model import Holder
-from tasklock_cli.stores.postgres.store import PostgresStore
 from tasklock_cli.stores.postgres.store import split_table
 from tests.support import pg
 from tests.support.contract import granted
+from tests.support.contract import token
 from tests.support.epochs import end_quarantine
 from tests.support.epochs import epoch_row
 from tests.support.epochs import find_epoch_row
@@ -28,16 +27,10 @@ HOLDER = Holder(host="h", pid=1, user="u", command=["job"], note=None)
 STARTED = "floor(extract(epoch FROM pg_postmaster_start_time()) * 1000000)::bigint::text"
 
 
-def owner() -> str:
-    return uuid.uuid4().hex
-
-
 @pytest.fixture
-def stores(pg_url) -> Iterator[list[PostgresStore]]:
-    opened: list[PostgresStore] = []
-    yield opened
-    for store in opened:
-        store.close()
+def stores(pg_url, opened_stores) -> list[Store]:
+    """The stores a test opens (open_pg): closed before its table is dropped."""
+    return opened_stores
 
 
 def server_started(url: str) -> str:
@@ -74,7 +67,7 @@ def test_a_new_table_records_its_server_at_epoch_0(pg_url, stores):
     store = open_pg(pg_url, stores)
     store.init_schema()
     assert epoch_row(pg_url)[:3] == (0, server_identity(pg_url), None)
-    lease = granted(store.acquire("k", 5, HOLDER, owner()))
+    lease = granted(store.acquire("k", 5, HOLDER, token()))
     assert lease.fencing_token == 1  # epoch 0: tokens as before epochs
     assert epoch_row(pg_url)[3] == 5  # the longest TTL asked so far
 
@@ -84,28 +77,28 @@ def test_a_used_table_without_its_epoch_row_starts_an_epoch(pg_url, stores):
     promoted), or one restored to before it: the row cannot be told lost from never written,
     so its first acquire quarantines the table and tokens jump past every one in it."""
     store = open_pg(pg_url, stores)
-    store.release(granted(store.acquire("k", 5, HOLDER, owner())))
+    store.release(granted(store.acquire("k", 5, HOLDER, token())))
     delete_epoch_row(pg_url)
     before = time.time()
-    assert store.acquire("k", 5, HOLDER, owner()) is None
+    assert store.acquire("k", 5, HOLDER, token()) is None
     assert "primary changed" in (store.holdup("k") or "")
     epoch, identity, previous, _, length, left = epoch_row(pg_url)
     assert (identity, previous, length) == (server_identity(pg_url), "missing", 32)
     assert 30 < left <= 32
     assert int(before) - 2 <= epoch <= time.time() + 2
     end_quarantine(pg_url)
-    assert granted(store.acquire("k", 5, HOLDER, owner())).fencing_token == epoch << EPOCH_SHIFT
+    assert granted(store.acquire("k", 5, HOLDER, token())).fencing_token == epoch << EPOCH_SHIFT
 
 
 def test_a_used_table_without_its_row_starts_above_the_epoch_of_its_tokens(pg_url, stores):
     store = open_pg(pg_url, stores)
-    store.release(granted(store.acquire("k", 5, HOLDER, owner())))
+    store.release(granted(store.acquire("k", 5, HOLDER, token())))
     ahead = int(time.time()) + 100_000
     table = split_table(pg_url)[1]
     with pg.admin_connection(pg_url) as conn:  # a token of a later epoch than the clock
         conn.execute(f"UPDATE {table} SET fencing_token = %s WHERE key = 'k'", [ahead << 30])
     delete_epoch_row(pg_url)
-    assert store.acquire("k", 5, HOLDER, owner()) is None
+    assert store.acquire("k", 5, HOLDER, token()) is None
     assert epoch_row(pg_url)[0] == ahead + 1
 
 
@@ -114,28 +107,28 @@ def test_an_unused_table_without_its_epoch_row_gets_it_at_epoch_0(pg_url, stores
     store = open_pg(pg_url, stores)
     store.init_schema()
     delete_epoch_row(pg_url)
-    assert granted(store.acquire("k", 5, HOLDER, owner())).fencing_token == 1
+    assert granted(store.acquire("k", 5, HOLDER, token())).fencing_token == 1
     assert epoch_row(pg_url)[:3] == (0, server_identity(pg_url), None)
 
 
 def test_init_on_a_used_table_without_its_row_leaves_the_epoch_to_the_acquire(pg_url, stores):
     store = open_pg(pg_url, stores)
-    store.release(granted(store.acquire("k", 5, HOLDER, owner())))
+    store.release(granted(store.acquire("k", 5, HOLDER, token())))
     delete_epoch_row(pg_url)
     with pg.admin_connection(pg_url) as conn:  # what a DBA runs from init --print-sql
         conn.execute(store.schema_sql())
     assert find_epoch_row(pg_url) is None
-    assert store.acquire("k", 5, HOLDER, owner()) is None
+    assert store.acquire("k", 5, HOLDER, token()) is None
 
 
 def test_a_restart_starts_an_epoch(pg_url, stores):
     """A restart, or a backup or disk snapshot started by crash recovery, keeps the system
     identifier and the timeline; its start time differs (played here by an older one)."""
     store = open_pg(pg_url, stores)
-    survived = granted(store.acquire("k", 10, HOLDER, owner()))
+    survived = granted(store.acquire("k", 10, HOLDER, token()))
     earlier = str(int(server_started(pg_url)) - 60_000_000)
     set_epoch_field(pg_url, "started", earlier)
-    assert store.acquire("j", 5, HOLDER, owner()) is None
+    assert store.acquire("j", 5, HOLDER, token()) is None
     assert "restarted" in (store.holdup("j") or "")
     epoch, identity, previous, _, length, _ = epoch_row(pg_url)
     assert (identity, previous, length) == (server_identity(pg_url), identity, 32)
@@ -145,17 +138,17 @@ def test_a_restart_starts_an_epoch(pg_url, stores):
     assert "the server restarted, or a backup or snapshot" in checks["epoch"].detail
     assert store.renew(survived, 10).fencing_token == survived.fencing_token
     end_quarantine(pg_url)
-    assert granted(store.acquire("j", 5, HOLDER, owner())).fencing_token == epoch << EPOCH_SHIFT
+    assert granted(store.acquire("j", 5, HOLDER, token())).fencing_token == epoch << EPOCH_SHIFT
 
 
 def test_a_row_without_a_start_takes_this_one_without_an_epoch(pg_url, stores):
     """A row written by a tasklock before start times: no quarantine for the upgrade."""
     store = open_pg(pg_url, stores)
-    store.release(granted(store.acquire("k", 5, HOLDER, owner())))
+    store.release(granted(store.acquire("k", 5, HOLDER, token())))
     table = split_table(pg_url)[1]
     with pg.admin_connection(pg_url) as conn:
         conn.execute(f"UPDATE {table} SET holder = holder - 'started' WHERE key = '' AND slot = -2")
-    assert granted(store.acquire("k", 5, HOLDER, owner())).fencing_token == 2
+    assert granted(store.acquire("k", 5, HOLDER, token())).fencing_token == 2
     assert epoch_row(pg_url)[0] == 0
     assert epoch_field(pg_url, "started") == server_started(pg_url)
 
@@ -163,14 +156,14 @@ def test_a_row_without_a_start_takes_this_one_without_an_epoch(pg_url, stores):
 def test_an_operator_forces_a_new_epoch(pg_url, stores):
     """The statement README gives for a table restored by hand (the server kept running)."""
     store = open_pg(pg_url, stores)
-    store.release(granted(store.acquire("k", 5, HOLDER, owner())))
+    store.release(granted(store.acquire("k", 5, HOLDER, token())))
     table = split_table(pg_url)[1]
     with pg.admin_connection(pg_url) as conn:
         conn.execute(
             f'UPDATE {table} SET holder = holder || \'{{"identity": "new-epoch"}}\''
             " WHERE key = '' AND slot = -2"
         )
-    assert store.acquire("k", 5, HOLDER, owner()) is None
+    assert store.acquire("k", 5, HOLDER, token()) is None
     assert epoch_row(pg_url)[2] == "new-epoch"
     checks = {check.name: check for check in store.doctor()}
     assert "an operator asked for a new epoch" in checks["epoch"].detail

@@ -7,7 +7,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from collections.abc import Iterator
 
 import psycopg
 import pytest
@@ -17,6 +16,7 @@ from tasklock_cli.errors import LeaseLost
 from tasklock_cli.errors import LimitMismatch
 from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.errors import Superseded
+from tasklock_cli.stores.base import Store
 from tasklock_cli.stores.model import EXCLUSIVE
 from tasklock_cli.stores.model import SHARED
 from tasklock_cli.stores.model import Holder
@@ -28,14 +28,12 @@ from tests.support import pg
 from tests.support import services
 from tests.support.cli import tasklock
 from tests.support.contract import granted
+from tests.support.contract import in_threads
+from tests.support.contract import token
 from tests.support.contract import waiting_thread
 from tests.support.pg import open_pg
 
 HOLDER = Holder(host="h", pid=1, user="u", command=["job"], note=None)
-
-
-def token() -> str:
-    return uuid.uuid4().hex
 
 
 def fresh_table() -> str:
@@ -43,11 +41,9 @@ def fresh_table() -> str:
 
 
 @pytest.fixture
-def stores(pg_url) -> Iterator[list[PostgresStore]]:
-    opened: list[PostgresStore] = []
-    yield opened
-    for store in opened:
-        store.close()
+def stores(pg_url, opened_stores) -> list[Store]:
+    """The stores a test opens (open_pg): closed before its table is dropped."""
+    return opened_stores
 
 
 @pytest.fixture
@@ -191,11 +187,7 @@ def first_uses_at_once(
         except BaseException as exc:
             errors.append(exc)
 
-    threads = [threading.Thread(target=first_use, args=pair) for pair in enumerate(clients)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    in_threads(first_use, enumerate(clients))
     return results, errors
 
 
@@ -533,11 +525,7 @@ def test_heavy_contention_never_two_holders_and_tokens_strictly_increase(pg_url,
         except BaseException as exc:
             errors.append(exc)
 
-    threads = [threading.Thread(target=worker, args=pair) for pair in enumerate(clients)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    in_threads(worker, enumerate(clients))
     assert errors == [] and problems == []
     assert len(tokens) >= 16
     assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens)
@@ -580,11 +568,7 @@ def test_heavy_contention_on_slots_never_shares_a_slot_and_never_repeats_a_token
         except BaseException as exc:
             errors.append(exc)
 
-    threads = [threading.Thread(target=worker, args=(client,)) for client in clients]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    in_threads(worker, [(client,) for client in clients])
     assert errors == [] and problems == []
     assert len(tokens) >= 12
     assert len(set(tokens)) == len(tokens)

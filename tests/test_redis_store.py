@@ -8,7 +8,6 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from urllib.parse import urlsplit
 
 import pytest
@@ -19,6 +18,7 @@ from tasklock_cli.errors import LimitMismatch
 from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.errors import Superseded
 from tasklock_cli.stores import open_store
+from tasklock_cli.stores.base import Store
 from tasklock_cli.stores.model import EXCLUSIVE
 from tasklock_cli.stores.model import SHARED
 from tasklock_cli.stores.model import Holder
@@ -26,6 +26,8 @@ from tasklock_cli.stores.redis.store import RedisStore
 from tests.support import redis_support
 from tests.support import services
 from tests.support.contract import granted
+from tests.support.contract import in_threads
+from tests.support.contract import token
 from tests.support.contract import waiting_thread
 from tests.support.ports import free_port
 from tests.support.proxy import TcpProxy
@@ -35,45 +37,24 @@ HOLDER = Holder(host="host-a", pid=4242, user="alice", command=["./job.sh"], not
 OTHER = Holder(host="host-b", pid=99, user="bob", command=["true"], note=None)
 
 
-def token() -> str:
-    return uuid.uuid4().hex
+@pytest.fixture
+def opened(redis_url, opened_stores) -> list[Store]:
+    """The stores a test opens on the shared Redis: closed before its namespace is dropped."""
+    return opened_stores
 
 
 @pytest.fixture
-def url() -> Iterator[str]:
-    services.require("redis")
-    namespace = services.redis_url(prefix=f"tasklock-test-{uuid.uuid4().hex[:12]}:")
-    yield namespace
-    redis_support.drop_namespace(namespace)
-
-
-@pytest.fixture
-def opened(url) -> Iterator[list]:
-    stores: list = []
-    yield stores
-    for store in stores:
-        store.close()
-
-
-@pytest.fixture
-def redis_store(url, opened):
-    redis_store = open_store(url)
+def redis_store(redis_url, opened):
+    redis_store = open_store(redis_url)
     opened.append(redis_store)
     return redis_store
 
 
 @pytest.fixture
-def other(url, opened):
-    store = open_store(url)
+def other(redis_url, opened):
+    store = open_store(redis_url)
     opened.append(store)
     return store
-
-
-@pytest.fixture
-def raw(url):
-    client, _ = redis_support._client_for(url)
-    yield client
-    client.close()
 
 
 @pytest.fixture
@@ -92,63 +73,67 @@ def private():
 # -- key layout ---------------------------------------------------------------------
 
 
-def test_key_layout_is_a_hash_with_px_and_a_counter_without_ttl(redis_store, raw, prefix):
+def test_key_layout_is_a_hash_with_px_and_a_counter_without_ttl(redis_store, raw_redis, prefix):
     owner = token()
     lease = redis_store.acquire("jobs:a", 30, HOLDER, owner)
     lease_key = prefix + b"{jobs:a}:lease"
     fence_key = prefix + b"{jobs:a}:fence"
 
-    assert raw.type(lease_key) == b"hash"
-    data = raw.hgetall(lease_key)
+    assert raw_redis.type(lease_key) == b"hash"
+    data = raw_redis.hgetall(lease_key)
     assert set(data) == {b"owner", b"fencing_token", b"holder", b"acquired_at", b"expires_at"}
     assert data[b"owner"] == owner.encode()
     assert int(data[b"fencing_token"]) == lease.fencing_token == 1
     assert int(data[b"acquired_at"]) == int(lease.acquired_at.timestamp() * 1000)
     assert int(data[b"expires_at"]) - int(data[b"acquired_at"]) == 30_000
-    assert 29_000 < raw.pttl(lease_key) <= 30_000
+    assert 29_000 < raw_redis.pttl(lease_key) <= 30_000
 
-    assert raw.type(fence_key) == b"string"
-    assert raw.get(fence_key) == b"1"
-    assert raw.ttl(fence_key) == -1  # present and persistent (a missing key would be -2)
+    assert raw_redis.type(fence_key) == b"string"
+    assert raw_redis.get(fence_key) == b"1"
+    assert raw_redis.ttl(fence_key) == -1  # present and persistent (a missing key would be -2)
     # The namespace's failover epoch record: this primary's replid, epoch 0, the TTL asked.
     epoch_key = prefix + b"{}:epoch"
-    replid = raw.info("replication")["master_replid"]
-    assert raw.hgetall(epoch_key) == {
+    replid = raw_redis.info("replication")["master_replid"]
+    assert raw_redis.hgetall(epoch_key) == {
         b"replid": replid.encode(),
-        b"run_id": raw.info("server")["run_id"].encode(),
+        b"run_id": raw_redis.info("server")["run_id"].encode(),
         b"epoch": b"0",
         b"quarantine_until": b"0",
         b"max_ttl": b"30000",
     }
-    assert raw.ttl(epoch_key) == -1
+    assert raw_redis.ttl(epoch_key) == -1
     # Nothing else in the namespace.
-    assert sorted(raw.scan_iter(match=prefix + b"*")) == sorted([lease_key, fence_key, epoch_key])
+    assert sorted(raw_redis.scan_iter(match=prefix + b"*")) == sorted(
+        [lease_key, fence_key, epoch_key]
+    )
 
 
-def test_times_come_from_the_redis_clock(redis_store, raw):
-    seconds, micros = raw.time()
+def test_times_come_from_the_redis_clock(redis_store, raw_redis):
+    seconds, micros = raw_redis.time()
     lease = redis_store.acquire("k", 30, HOLDER, token())
     redis_now = seconds + micros / 1e6
     assert abs(lease.acquired_at.timestamp() - redis_now) < 1
 
 
-def test_renew_sets_px_and_expires_at(redis_store, raw, prefix):
+def test_renew_sets_px_and_expires_at(redis_store, raw_redis, prefix):
     lease = redis_store.acquire("k", 2, HOLDER, token())
     renewed = redis_store.renew(lease, 60)
     lease_key = prefix + b"{k}:lease"
-    assert 59_000 < raw.pttl(lease_key) <= 60_000
-    assert int(raw.hget(lease_key, "expires_at")) == int(renewed.expires_at.timestamp() * 1000)
+    assert 59_000 < raw_redis.pttl(lease_key) <= 60_000
+    assert int(raw_redis.hget(lease_key, "expires_at")) == int(
+        renewed.expires_at.timestamp() * 1000
+    )
     assert renewed.fencing_token == lease.fencing_token
 
 
-def test_idempotent_acquire_refreshes_px_and_keeps_token(redis_store, raw, prefix):
+def test_idempotent_acquire_refreshes_px_and_keeps_token(redis_store, raw_redis, prefix):
     owner = token()
     first = redis_store.acquire("k", 2, HOLDER, owner)
     again = redis_store.acquire("k", 60, HOLDER, owner)
     assert again.fencing_token == first.fencing_token
     assert again.acquired_at == first.acquired_at
-    assert 59_000 < raw.pttl(prefix + b"{k}:lease") <= 60_000
-    assert raw.get(prefix + b"{k}:fence") == b"1"
+    assert 59_000 < raw_redis.pttl(prefix + b"{k}:lease") <= 60_000
+    assert raw_redis.get(prefix + b"{k}:fence") == b"1"
 
 
 def test_renew_checks_the_fencing_token_too(redis_store):
@@ -162,54 +147,60 @@ def test_renew_checks_the_fencing_token_too(redis_store):
     assert redis_store.peek("k").fencing_token == lease.fencing_token
 
 
-def test_release_with_keep_for_sets_px(redis_store, raw, prefix):
+def test_release_with_keep_for_sets_px(redis_store, raw_redis, prefix):
     lease = redis_store.acquire("k", 30, HOLDER, token())
     assert redis_store.release(lease, keep_for=5) is True
-    assert 4_000 < raw.pttl(prefix + b"{k}:lease") <= 5_000
+    assert 4_000 < raw_redis.pttl(prefix + b"{k}:lease") <= 5_000
 
 
 # -- semaphore slots ---------------------------------------------------------------------
 
 
-def test_semaphore_slots_are_hashes_beside_slot_zero_sharing_one_counter(redis_store, raw, prefix):
+def test_semaphore_slots_are_hashes_beside_slot_zero_sharing_one_counter(
+    redis_store, raw_redis, prefix
+):
     short = redis_store.acquire("pool", 2, HOLDER, token(), limit=3)
     long = redis_store.acquire("pool", 60, OTHER, token(), limit=3)
     slot0, slot1 = prefix + b"{pool}:lease", prefix + b"{pool}:lease:1"
     limit_key, fence_key = prefix + b"{pool}:limit", prefix + b"{pool}:fence"
     assert (short.slot, long.slot) == (0, 1)
-    assert raw.hget(slot0, "slot") == b"0" and raw.hget(slot1, "slot") == b"1"
-    assert raw.hget(slot0, "limit") == raw.hget(slot1, "limit") == b"3"
-    assert int(raw.hget(slot1, "fencing_token")) == long.fencing_token == 2
-    assert 59_000 < raw.pttl(slot1) <= 60_000
-    assert raw.get(fence_key) == b"2" and raw.ttl(fence_key) == -1
+    assert raw_redis.hget(slot0, "slot") == b"0" and raw_redis.hget(slot1, "slot") == b"1"
+    assert raw_redis.hget(slot0, "limit") == raw_redis.hget(slot1, "limit") == b"3"
+    assert int(raw_redis.hget(slot1, "fencing_token")) == long.fencing_token == 2
+    assert 59_000 < raw_redis.pttl(slot1) <= 60_000
+    assert raw_redis.get(fence_key) == b"2" and raw_redis.ttl(fence_key) == -1
     # The limit outlives the last live slot: at least as long as the longest PX.
-    assert raw.get(limit_key) == b"3" and raw.pttl(limit_key) >= raw.pttl(slot1) - 50
-    assert sorted(raw.scan_iter(match=prefix + b"*")) == sorted(
+    assert (
+        raw_redis.get(limit_key) == b"3" and raw_redis.pttl(limit_key) >= raw_redis.pttl(slot1) - 50
+    )
+    assert sorted(raw_redis.scan_iter(match=prefix + b"*")) == sorted(
         [slot0, slot1, limit_key, fence_key, prefix + b"{}:epoch"]
     )
     renewed = redis_store.renew(long, 120)
-    assert 119_000 < raw.pttl(limit_key) <= 120_000
+    assert 119_000 < raw_redis.pttl(limit_key) <= 120_000
     assert redis_store.release(short) is True
-    assert raw.exists(limit_key) == 1  # slot 1 still held
+    assert raw_redis.exists(limit_key) == 1  # slot 1 still held
     assert redis_store.release(renewed) is True
-    assert raw.exists(slot0, slot1, limit_key) == 0
-    _assert_counter(raw, prefix, "pool", 2)
+    assert raw_redis.exists(slot0, slot1, limit_key) == 0
+    _assert_counter(raw_redis, prefix, "pool", 2)
 
 
-def test_a_plain_lock_keeps_its_layout_of_old(redis_store, raw, prefix):
+def test_a_plain_lock_keeps_its_layout_of_old(redis_store, raw_redis, prefix):
     redis_store.acquire("k", 30, HOLDER, token())
-    data = raw.hgetall(prefix + b"{k}:lease")
+    data = raw_redis.hgetall(prefix + b"{k}:lease")
     assert b"slot" not in data and b"limit" not in data
-    assert raw.exists(prefix + b"{k}:limit") == 0
+    assert raw_redis.exists(prefix + b"{k}:limit") == 0
 
 
-def test_a_lease_written_before_semaphores_is_slot_zero_of_limit_one(redis_store, raw, prefix):
+def test_a_lease_written_before_semaphores_is_slot_zero_of_limit_one(
+    redis_store, raw_redis, prefix
+):
     """What the previous version left in Redis: the lease hash without slot and limit
     fields, and the counter. Nothing to migrate: it reads as slot 0 of limit 1 and the
     counter counts on."""
     lease_key, fence_key = prefix + b"{old}:lease", prefix + b"{old}:fence"
-    seconds, _ = raw.time()
-    raw.hset(
+    seconds, _ = raw_redis.time()
+    raw_redis.hset(
         lease_key,
         mapping={
             "owner": "0123abcd",
@@ -219,8 +210,8 @@ def test_a_lease_written_before_semaphores_is_slot_zero_of_limit_one(redis_store
             "expires_at": (seconds + 30) * 1000,
         },
     )
-    raw.pexpire(lease_key, 30_000)
-    raw.set(fence_key, 41)
+    raw_redis.pexpire(lease_key, 30_000)
+    raw_redis.set(fence_key, 41)
     (info,) = redis_store.holders("old")
     assert (info.slot, info.limit, info.fencing_token, info.holder) == (0, 1, 41, OTHER)
     with pytest.raises(LimitMismatch) as caught:
@@ -245,13 +236,15 @@ def test_live_slots_above_the_asked_limit_are_a_mismatch(redis_store, other):
     assert other.acquire("pool", 30, OTHER, token(), limit=5).slot == 0
 
 
-def test_a_limit_left_by_expired_slots_is_no_mismatch_and_goes(redis_store, other, raw, prefix):
+def test_a_limit_left_by_expired_slots_is_no_mismatch_and_goes(
+    redis_store, other, raw_redis, prefix
+):
     redis_store.acquire("pool", 0.2, HOLDER, token(), limit=4)
     time.sleep(0.35)
-    raw.set(prefix + b"{pool}:limit", b"4", px=60_000)  # as if it had outlived its slots
+    raw_redis.set(prefix + b"{pool}:limit", b"4", px=60_000)  # as if it had outlived its slots
     plain = other.acquire("pool", 30, OTHER, token())
     assert (plain.slot, plain.limit) == (0, 1)
-    assert raw.exists(prefix + b"{pool}:limit") == 0
+    assert raw_redis.exists(prefix + b"{pool}:limit") == 0
     assert [(i.slot, i.limit) for i in other.holders("pool")] == [(0, 1)]
 
 
@@ -266,12 +259,12 @@ def test_slot_names_never_read_as_other_keys(redis_store):
     assert [i.slot for i in redis_store.holders("x}:lease")] == [0]
 
 
-def test_releases_of_two_slots_wake_two_waiters(url, opened, other, raw, prefix):
+def test_releases_of_two_slots_wake_two_waiters(redis_url, opened, other, raw_redis, prefix):
     leases = [other.acquire("pool", 30, OTHER, token(), limit=2) for _ in range(2)]
     woke: list[float] = []
 
     def wait() -> None:
-        waiter = open_store(url)
+        waiter = open_store(redis_url)
         opened.append(waiter)
         waiter.wait_for_release("pool", 3)
         woke.append(time.monotonic())
@@ -285,28 +278,30 @@ def test_releases_of_two_slots_wake_two_waiters(url, opened, other, raw, prefix)
     for thread in threads:
         thread.join()
     assert len(woke) == 2 and all(at - released < 0.5 for at in woke), woke
-    assert raw.llen(prefix + b"{pool}:wake") == 0
+    assert raw_redis.llen(prefix + b"{pool}:wake") == 0
 
 
-def test_the_wake_list_never_holds_more_wake_ups_than_free_slots(redis_store, raw, prefix):
+def test_the_wake_list_never_holds_more_wake_ups_than_free_slots(redis_store, raw_redis, prefix):
     leases = [redis_store.acquire("pool", 30, HOLDER, token(), limit=3) for _ in range(3)]
     wake_key = prefix + b"{pool}:wake"
     for freed, lease in enumerate(leases, start=1):
         assert redis_store.release(lease) is True
-        assert raw.llen(wake_key) == freed
+        assert raw_redis.llen(wake_key) == freed
     redis_store.acquire("pool", 30, HOLDER, token(), limit=3)
-    assert raw.llen(wake_key) == 2  # one taken by that acquire
+    assert raw_redis.llen(wake_key) == 2  # one taken by that acquire
     redis_store.acquire("pool", 30, HOLDER, token(), limit=3)
     redis_store.acquire("pool", 30, HOLDER, token(), limit=3)
-    assert raw.exists(wake_key) == 0  # full again: no false wake-ups
+    assert raw_redis.exists(wake_key) == 0  # full again: no false wake-ups
     assert [i.slot for i in redis_store.force_release("pool")] == [0, 1, 2]
-    assert raw.llen(wake_key) == 3
+    assert raw_redis.llen(wake_key) == 3
 
 
 # -- lock modes and the queue's deploy rules ------------------------------------------------
 
 
-def test_shared_slots_are_marked_and_the_limit_record_covers_them(redis_store, other, raw, prefix):
+def test_shared_slots_are_marked_and_the_limit_record_covers_them(
+    redis_store, other, raw_redis, prefix
+):
     """What an older tasklock reads: a shared hash is slot N of limit 1 (no limit field),
     and P{K}:limit, which it takes for the key's limit, covers every live shared slot, so
     its plain acquire (refused while any of those slots is live) never joins readers."""
@@ -314,25 +309,28 @@ def test_shared_slots_are_marked_and_the_limit_record_covers_them(redis_store, o
     assert [lease.slot for lease in leases] == [0, 1, 2]
     names = [prefix + b"{rw}:lease", prefix + b"{rw}:lease:1", prefix + b"{rw}:lease:2"]
     for slot, name in enumerate(names):
-        data = raw.hgetall(name)
+        data = raw_redis.hgetall(name)
         assert data[b"mode"] == b"shared" and int(data[b"slot"]) == slot
         assert b"limit" not in data
     limit_key = prefix + b"{rw}:limit"
     assert other.release(leases[0]) is True
-    assert raw.get(limit_key) == b"3" and raw.pttl(limit_key) >= raw.pttl(names[2]) - 50
+    assert (
+        raw_redis.get(limit_key) == b"3"
+        and raw_redis.pttl(limit_key) >= raw_redis.pttl(names[2]) - 50
+    )
     assert redis_store.acquire("rw", 30, HOLDER, token()) is None
     renewed = other.renew(leases[2], 120)
-    assert renewed.mode == SHARED and 119_000 < raw.pttl(limit_key) <= 120_000
+    assert renewed.mode == SHARED and 119_000 < raw_redis.pttl(limit_key) <= 120_000
     lowest = other.acquire("rw", 30, OTHER, token(), mode=SHARED)
     assert lowest.slot == 0  # the lowest free slot
     assert all(other.release(lease) for lease in (*leases[1:], lowest))
-    assert raw.exists(limit_key) == 0
+    assert raw_redis.exists(limit_key) == 0
 
 
-def test_an_older_tasklocks_place_and_lease_read_as_exclusive(redis_store, raw, prefix):
+def test_an_older_tasklocks_place_and_lease_read_as_exclusive(redis_store, raw_redis, prefix):
     """No mode anywhere is exclusive: a lease hash of old holds shared runs out, and a
     place of old is an exclusive waiter ahead of them."""
-    raw.hset(
+    raw_redis.hset(
         prefix + b"{old}:lease",
         mapping={
             "owner": "o",
@@ -342,47 +340,51 @@ def test_an_older_tasklocks_place_and_lease_read_as_exclusive(redis_store, raw, 
             "expires_at": "2",
         },
     )
-    raw.pexpire(prefix + b"{old}:lease", 500)
+    raw_redis.pexpire(prefix + b"{old}:lease", 500)
     assert redis_store.holders("old")[0].mode == EXCLUSIVE
     assert redis_store.acquire("old", 30, HOLDER, token(), mode=SHARED) is None
-    expires = int(raw.time()[0]) * 1000 + 30_000
-    raw.zadd(prefix + b"{old}:queue", {"old-waiter": 1})
+    expires = int(raw_redis.time()[0]) * 1000 + 30_000
+    raw_redis.zadd(prefix + b"{old}:queue", {"old-waiter": 1})
     value = f"{expires} 1 {json.dumps(OTHER.to_dict())}"
-    raw.hset(prefix + b"{old}:waiters", "old-waiter", value)
+    raw_redis.hset(prefix + b"{old}:waiters", "old-waiter", value)
     time.sleep(0.6)  # the old lease runs out: the old waiter, ahead, keeps the readers out
     assert [w.mode for w in redis_store.waiters("old")] == [EXCLUSIVE]
     assert redis_store.acquire("old", 30, HOLDER, token(), mode=SHARED) is None
 
 
-def test_a_release_wakes_the_run_of_shared_waiters_at_the_head(redis_store, other, raw, prefix):
+def test_a_release_wakes_the_run_of_shared_waiters_at_the_head(
+    redis_store, other, raw_redis, prefix
+):
     writer = other.acquire("rw", 30, OTHER, token())
     owners = [token() for _ in range(4)]
     modes = (SHARED, SHARED, EXCLUSIVE, SHARED)
     for owner, mode in zip(owners, modes, strict=True):
         assert redis_store.acquire("rw", 30, HOLDER, owner, queue=True, mode=mode) is None
     assert other.release(writer) is True
-    woken = [raw.llen(prefix + b"{rw}:wake:" + owner.encode()) for owner in owners]
+    woken = [raw_redis.llen(prefix + b"{rw}:wake:" + owner.encode()) for owner in owners]
     assert woken == [1, 1, 0, 0]
-    assert raw.llen(prefix + b"{rw}:wake") == 0
+    assert raw_redis.llen(prefix + b"{rw}:wake") == 0
 
 
-def test_a_waiting_writer_is_woken_only_when_the_last_reader_goes(redis_store, other, raw, prefix):
+def test_a_waiting_writer_is_woken_only_when_the_last_reader_goes(
+    redis_store, other, raw_redis, prefix
+):
     readers = [other.acquire("rw", 30, OTHER, token(), mode=SHARED) for _ in range(2)]
     writer = token()
     assert redis_store.acquire("rw", 30, HOLDER, writer, queue=True) is None
     wake_key = prefix + b"{rw}:wake:" + writer.encode()
     assert other.release(readers[1]) is True
-    assert raw.llen(wake_key) == 0  # a reader still holds it: no false wake-up
+    assert raw_redis.llen(wake_key) == 0  # a reader still holds it: no false wake-up
     assert other.release(readers[0]) is True
-    assert raw.llen(wake_key) == 1
+    assert raw_redis.llen(wake_key) == 1
 
 
-def test_a_shared_waiter_is_woken_when_the_writer_ahead_leaves(url, opened, other):
+def test_a_shared_waiter_is_woken_when_the_writer_ahead_leaves(redis_url, opened, other):
     reader = other.acquire("rw", 30, OTHER, token(), mode=SHARED)
-    writer = open_store(url)
+    writer = open_store(redis_url)
     opened.append(writer)
     assert writer.acquire("rw", 30, HOLDER, token(), queue=True) is None
-    waiter = open_store(url)
+    waiter = open_store(redis_url)
     opened.append(waiter)
     assert waiter.acquire("rw", 30, HOLDER, token(), queue=True, mode=SHARED) is None
     woke: list[float] = []
@@ -397,23 +399,23 @@ def test_a_shared_waiter_is_woken_when_the_writer_ahead_leaves(url, opened, othe
 
 
 def test_superseding_wakes_the_superseded_and_its_marker_tells_once(
-    url, opened, redis_store, other, raw, prefix
+    redis_url, opened, redis_store, other, raw_redis, prefix
 ):
     holder = other.acquire("dep", 30, OTHER, token())
     older, newer = token(), token()
     assert redis_store.acquire("dep", 30, HOLDER, older, queue=True, supersede=True) is None
-    record = json.loads(raw.hget(prefix + b"{dep}:waiters", older).split(b" ", 2)[2])
+    record = json.loads(raw_redis.hget(prefix + b"{dep}:waiters", older).split(b" ", 2)[2])
     assert record["supersede"] is True and "mode" not in record
-    late = open_store(url)
+    late = open_store(redis_url)
     opened.append(late)
     assert late.acquire("dep", 30, OTHER, newer, queue=True, supersede=True) is None
-    assert raw.llen(prefix + b"{dep}:wake:" + older.encode()) == 1
-    assert raw.hexists(prefix + b"{dep}:superseded", older)
-    assert raw.zrange(prefix + b"{dep}:queue", 0, -1) == [newer.encode()]
+    assert raw_redis.llen(prefix + b"{dep}:wake:" + older.encode()) == 1
+    assert raw_redis.hexists(prefix + b"{dep}:superseded", older)
+    assert raw_redis.zrange(prefix + b"{dep}:queue", 0, -1) == [newer.encode()]
     assert other.release(holder) is True
     with pytest.raises(Superseded):
         redis_store.acquire("dep", 30, HOLDER, older, queue=True, supersede=True)
-    assert not raw.hexists(prefix + b"{dep}:superseded", older)
+    assert not raw_redis.hexists(prefix + b"{dep}:superseded", older)
     assert redis_store._queue_place("dep") is None
     # told once: a new attempt is a newcomer, behind the newer run (which it supersedes)
     assert redis_store.acquire("dep", 30, HOLDER, older, queue=True, supersede=True) is None
@@ -421,7 +423,7 @@ def test_superseding_wakes_the_superseded_and_its_marker_tells_once(
         late.acquire("dep", 30, OTHER, newer, queue=True, supersede=True)
 
 
-def test_a_note_cannot_fake_a_places_mode_or_supersede_flag(redis_store, other, raw, prefix):
+def test_a_note_cannot_fake_a_places_mode_or_supersede_flag(redis_store, other, raw_redis, prefix):
     """The scripts find the flags as text in a place's record: JSON escapes the quotes of
     a note that spells them."""
     holder = other.acquire("dep", 30, OTHER, token())
@@ -431,28 +433,28 @@ def test_a_note_cannot_fake_a_places_mode_or_supersede_flag(redis_store, other, 
     assert other.acquire("dep", 30, OTHER, reader, queue=True, supersede=True) is None
     assert [w.mode for w in redis_store.waiters("dep")] == [EXCLUSIVE, EXCLUSIVE]
     assert other.release(holder) is True
-    assert raw.llen(prefix + b"{dep}:wake:" + writer.encode()) == 1  # the head alone
-    assert raw.llen(prefix + b"{dep}:wake:" + reader.encode()) == 0
+    assert raw_redis.llen(prefix + b"{dep}:wake:" + writer.encode()) == 1  # the head alone
+    assert raw_redis.llen(prefix + b"{dep}:wake:" + reader.encode()) == 0
     assert redis_store.acquire("dep", 30, sly, writer, queue=True) is not None  # not superseded
 
 
-def test_front_places_take_scores_below_the_queue(redis_store, other, raw, prefix):
+def test_front_places_take_scores_below_the_queue(redis_store, other, raw_redis, prefix):
     holder = other.acquire("dep", 30, OTHER, token())
     first, front = token(), token()
     assert redis_store.acquire("dep", 30, HOLDER, first, queue=True) is None
     assert redis_store.acquire("dep", 30, HOLDER, front, queue=True, front=True) is None
-    queue = raw.zrange(prefix + b"{dep}:queue", 0, -1, withscores=True)
+    queue = raw_redis.zrange(prefix + b"{dep}:queue", 0, -1, withscores=True)
     assert queue == [(front.encode(), 0.0), (first.encode(), 1.0)]
     assert other.release(holder) is True
-    assert raw.llen(prefix + b"{dep}:wake:" + front.encode()) == 1
-    assert raw.llen(prefix + b"{dep}:wake:" + first.encode()) == 0
+    assert raw_redis.llen(prefix + b"{dep}:wake:" + front.encode()) == 1
+    assert raw_redis.llen(prefix + b"{dep}:wake:" + first.encode()) == 0
 
 
-def test_mode_operations_take_one_round_trip_each(url):
+def test_mode_operations_take_one_round_trip_each(redis_url):
     """A shared acquire, a --supersede --replace join, a join that supersedes, and the
     superseded run's Superseded: one script each."""
-    with TcpProxy("127.0.0.1", urlsplit(url).port or 6379) as proxy:
-        store = open_store(proxy.url_for(url))
+    with TcpProxy("127.0.0.1", urlsplit(redis_url).port or 6379) as proxy:
+        store = open_store(proxy.url_for(redis_url))
         try:
             store.release(granted(store.acquire("warm-up", 30, HOLDER, token())))  # scripts loaded
             counted: dict[str, int] = {}
@@ -485,34 +487,36 @@ def _assert_counter(raw, prefix: bytes, key: str, value: int) -> None:
     assert raw.ttl(fence_key) == -1
 
 
-def test_counter_survives_release_force_release_expiry_and_sweep(redis_store, other, raw, prefix):
+def test_counter_survives_release_force_release_expiry_and_sweep(
+    redis_store, other, raw_redis, prefix
+):
     lease_key = prefix + b"{k}:lease"
 
     lease = redis_store.acquire("k", 30, HOLDER, token())
     assert redis_store.release(lease) is True
-    assert raw.exists(lease_key) == 0
-    _assert_counter(raw, prefix, "k", 1)
+    assert raw_redis.exists(lease_key) == 0
+    _assert_counter(raw_redis, prefix, "k", 1)
 
     redis_store.acquire("k", 30, HOLDER, token())
     (freed,) = other.force_release("k")
     assert freed.fencing_token == 2
-    assert raw.exists(lease_key) == 0
-    _assert_counter(raw, prefix, "k", 2)
+    assert raw_redis.exists(lease_key) == 0
+    _assert_counter(raw_redis, prefix, "k", 2)
 
     redis_store.acquire("k", 0.2, HOLDER, token())
     time.sleep(0.4)
-    assert raw.exists(lease_key) == 0
-    _assert_counter(raw, prefix, "k", 3)
+    assert raw_redis.exists(lease_key) == 0
+    _assert_counter(raw_redis, prefix, "k", 3)
 
     assert other.sweep() == 0
     assert other.sweep(dry_run=True) == 0
-    _assert_counter(raw, prefix, "k", 3)
+    _assert_counter(raw_redis, prefix, "k", 3)
 
     assert redis_store.acquire("k", 30, HOLDER, token()).fencing_token == 4
 
 
 def test_force_release_returns_the_broken_lease_and_keeps_the_counter(
-    redis_store, other, raw, prefix
+    redis_store, other, raw_redis, prefix
 ):
     lease = redis_store.acquire("k", 30, HOLDER, token())
     (broken,) = other.force_release("k")
@@ -520,7 +524,7 @@ def test_force_release_returns_the_broken_lease_and_keeps_the_counter(
     assert broken.fencing_token == lease.fencing_token
     assert broken.expires_at == lease.expires_at
     assert other.force_release("k") == []
-    _assert_counter(raw, prefix, "k", 1)
+    _assert_counter(raw_redis, prefix, "k", 1)
 
 
 # -- unusual keys and list ------------------------------------------------------------
@@ -528,12 +532,12 @@ def test_force_release_returns_the_broken_lease_and_keeps_the_counter(
 GLOBBY = ["a", "a*", "a?", "a[b]", "a[^b]", "a\\*", "{a}", "a}", "}a", "a{", "ab", "b*", "{}"]
 
 
-def test_glob_and_hash_tag_keys_do_not_collide(redis_store, raw, prefix):
+def test_glob_and_hash_tag_keys_do_not_collide(redis_store, raw_redis, prefix):
     leases = {key: redis_store.acquire(key, 30, HOLDER, token()) for key in GLOBBY}
     assert all(lease is not None and lease.fencing_token == 1 for lease in leases.values())
     for key in GLOBBY:
         assert redis_store.peek(key).key == key
-        _assert_counter(raw, prefix, key, 1)
+        _assert_counter(raw_redis, prefix, key, 1)
     assert [i.key for i in redis_store.list()] == sorted(GLOBBY)
     assert [i.key for i in redis_store.list(prefix="a*")] == ["a*"]
     assert [i.key for i in redis_store.list(prefix="a?")] == ["a?"]
@@ -579,16 +583,18 @@ def test_list_uses_scan_never_keys(redis_store, monkeypatch):
     assert (scans[-1] or b"").endswith(b"{b*}:lease*")  # every slot's hash: :lease and :lease:N
 
 
-def test_list_ignores_foreign_keys_and_other_namespaces(redis_store, raw, prefix, url):
+def test_list_ignores_foreign_keys_and_other_namespaces(redis_store, raw_redis, prefix, redis_url):
     redis_store.acquire("mine", 30, HOLDER, token())
-    raw.set(prefix + b"unrelated", b"x")  # not in our layout: never matched by list
-    neighbour = open_store(url.replace(redis_store.prefix, redis_store.prefix + "x"))
+    raw_redis.set(prefix + b"unrelated", b"x")  # not in our layout: never matched by list
+    neighbour = open_store(redis_url.replace(redis_store.prefix, redis_store.prefix + "x"))
     try:
         neighbour.acquire("theirs", 30, HOLDER, token())
         assert [i.key for i in redis_store.list()] == ["mine"]
         assert [i.key for i in neighbour.list()] == ["theirs"]
     finally:
-        redis_support.drop_namespace(url.replace(redis_store.prefix, redis_store.prefix + "x"))
+        redis_support.drop_namespace(
+            redis_url.replace(redis_store.prefix, redis_store.prefix + "x")
+        )
         neighbour.close()
 
 
@@ -611,7 +617,7 @@ def _scanned_names(monkeypatch) -> list[bytes]:
 GLOB_PREFIX = "a[b]*?\\^{"  # every MATCH metacharacter, and a hash-tag brace
 
 
-def test_list_prefix_scans_only_the_prefix(redis_store, raw, prefix, monkeypatch):
+def test_list_prefix_scans_only_the_prefix(redis_store, raw_redis, prefix, monkeypatch):
     """SCAN MATCH covers the prefix alone: 20,000 leases outside it never reach the client,
     not even those an unescaped pattern would match."""
     inside = [GLOB_PREFIX + "1", GLOB_PREFIX + "2", GLOB_PREFIX]
@@ -619,7 +625,7 @@ def test_list_prefix_scans_only_the_prefix(redis_store, raw, prefix, monkeypatch
     for key in inside + look_alikes:
         assert redis_store.acquire(key, 60, HOLDER, token()) is not None
     outside = [f"outside:{i:05d}" for i in range(20_000)]
-    pipe = raw.pipeline(transaction=False)
+    pipe = raw_redis.pipeline(transaction=False)
     for key in outside:  # lease-shaped hashes, written in bulk
         pipe.hset(prefix + b"{" + key.encode() + b"}:lease", "fencing_token", 1)
     pipe.execute()
@@ -651,12 +657,14 @@ def test_a_namespace_with_glob_characters_lists_only_its_own(opened):
         redis_support.drop_namespace(theirs_url)
 
 
-def test_ten_thousand_leases_are_listed_correctly(redis_store, url, opened, prefix):
+def test_ten_thousand_leases_are_listed_correctly(redis_store, redis_url, opened, prefix):
     from concurrent.futures import ThreadPoolExecutor
 
     count = 10_000
     keys = [f"bulk:{i:05d}" for i in range(count)]
-    clients = [open_store(url) for _ in range(4)]  # the acquires in 4 streams: it waits on I/O
+    clients = [
+        open_store(redis_url) for _ in range(4)
+    ]  # the acquires in 4 streams: it waits on I/O
     opened.extend(clients)
 
     def acquire_every_fourth(n: int) -> None:
@@ -714,12 +722,12 @@ def test_wait_for_release_honours_its_timeout_and_can_repeat(redis_store, other)
     assert time.monotonic() - started < 1.5
 
 
-def test_each_release_wakes_one_waiter_the_longest_waiting_first(url, opened, other):
+def test_each_release_wakes_one_waiter_the_longest_waiting_first(redis_url, opened, other):
     lease = other.acquire("k", 30, OTHER, token())
     woke: dict[int, float] = {}
 
     def wait(n: int) -> None:
-        waiter = open_store(url)
+        waiter = open_store(redis_url)
         opened.append(waiter)
         waiter.wait_for_release("k", 2.5)
         woke[n] = time.monotonic()
@@ -760,12 +768,12 @@ class _CutShort(BaseException):
 
 
 def test_closing_a_store_whose_wait_was_cut_short_passes_the_wake_up_on(
-    url, redis_store, other, raw, prefix
+    redis_url, redis_store, other, raw_redis, prefix
 ):
     """Its BLPOP may have taken the release's wake-up just before the signal: while the key
     is free, the close leaves one for the next waiter."""
     lease = other.acquire("k", 30, HOLDER, token())
-    quitter = open_store(url)
+    quitter = open_store(redis_url)
 
     def cut_short(*_):
         raise _CutShort
@@ -780,40 +788,44 @@ def test_closing_a_store_whose_wait_was_cut_short_passes_the_wake_up_on(
         signal.signal(signal.SIGALRM, previous)
     assert other.release(lease) is True
     wake_key = prefix + b"{k}:wake"
-    assert raw.lpop(wake_key) == b"1"  # as if the quitter's BLPOP had taken it
+    assert raw_redis.lpop(wake_key) == b"1"  # as if the quitter's BLPOP had taken it
     quitter.close()
-    assert raw.llen(wake_key) == 1  # passed on
+    assert raw_redis.llen(wake_key) == 1  # passed on
 
 
-def test_closing_a_store_after_an_ordinary_wait_leaves_no_wake_up(redis_store, other, raw, prefix):
+def test_closing_a_store_after_an_ordinary_wait_leaves_no_wake_up(
+    redis_store, other, raw_redis, prefix
+):
     lease = other.acquire("k", 30, HOLDER, token())
     redis_store.wait_for_release("k", 0.1)
     assert other.release(lease) is True
-    raw.delete(prefix + b"{k}:wake")
+    raw_redis.delete(prefix + b"{k}:wake")
     redis_store.close()
-    assert raw.llen(prefix + b"{k}:wake") == 0
+    assert raw_redis.llen(prefix + b"{k}:wake") == 0
 
 
-def test_a_wake_up_left_unclaimed_is_dropped_by_the_next_acquire(redis_store, other, raw, prefix):
+def test_a_wake_up_left_unclaimed_is_dropped_by_the_next_acquire(
+    redis_store, other, raw_redis, prefix
+):
     lease = other.acquire("k", 30, OTHER, token())
     assert other.release(lease) is True
     wake_key = prefix + b"{k}:wake"
-    assert raw.llen(wake_key) == 1 and 0 < raw.pttl(wake_key) <= 5_000
+    assert raw_redis.llen(wake_key) == 1 and 0 < raw_redis.pttl(wake_key) <= 5_000
     other.acquire("k", 30, OTHER, token())
-    assert raw.exists(wake_key) == 0
+    assert raw_redis.exists(wake_key) == 0
     started = time.monotonic()
     redis_store.wait_for_release("k", 0.4)  # held again: nothing may wake us early
     assert time.monotonic() - started >= 0.35
 
 
-def test_foreign_key_at_the_wake_list_is_a_clear_error(redis_store, raw, prefix):
+def test_foreign_key_at_the_wake_list_is_a_clear_error(redis_store, raw_redis, prefix):
     wake_key = prefix + b"{bad}:wake"
-    raw.set(wake_key, b"someone else's")
+    raw_redis.set(wake_key, b"someone else's")
     with pytest.raises(ConfigError) as caught:
         redis_store.acquire("bad", 30, HOLDER, token())
     assert repr(wake_key.decode()) in str(caught.value) and "string" in str(caught.value)
-    assert raw.get(wake_key) == b"someone else's"
-    assert raw.exists(prefix + b"{bad}:lease", prefix + b"{bad}:fence") == 0
+    assert raw_redis.get(wake_key) == b"someone else's"
+    assert raw_redis.exists(prefix + b"{bad}:lease", prefix + b"{bad}:fence") == 0
 
 
 def test_wait_for_release_on_a_dead_store_just_times_out(private):
@@ -852,10 +864,10 @@ def test_script_flush_is_survived(private):
         other.close()
 
 
-def test_foreign_string_at_a_lease_key_is_a_clear_error(redis_store, raw, prefix):
+def test_foreign_string_at_a_lease_key_is_a_clear_error(redis_store, raw_redis, prefix):
     good = redis_store.acquire("good", 30, HOLDER, token())
     lease_key = prefix + b"{bad}:lease"
-    raw.set(lease_key, b"someone else's")
+    raw_redis.set(lease_key, b"someone else's")
     for attempt in (
         lambda: redis_store.acquire("bad", 30, HOLDER, token()),
         lambda: redis_store.peek("bad"),
@@ -867,33 +879,35 @@ def test_foreign_string_at_a_lease_key_is_a_clear_error(redis_store, raw, prefix
         assert repr(lease_key.decode()) in str(caught.value)
         assert "string" in str(caught.value)
     # Nothing was touched: the foreign key, no counter created, our other lease intact.
-    assert raw.get(lease_key) == b"someone else's" and raw.ttl(lease_key) == -1
-    assert raw.exists(prefix + b"{bad}:fence") == 0
+    assert raw_redis.get(lease_key) == b"someone else's" and raw_redis.ttl(lease_key) == -1
+    assert raw_redis.exists(prefix + b"{bad}:fence") == 0
     assert redis_store.peek("good").fencing_token == good.fencing_token
     assert redis_store.renew(good, 30).fencing_token == good.fencing_token
 
 
-def test_foreign_counter_is_a_clear_error(redis_store, raw, prefix):
+def test_foreign_counter_is_a_clear_error(redis_store, raw_redis, prefix):
     fence_key = prefix + b"{bad}:fence"
     for value in (b"not a number", None):
-        raw.delete(fence_key)
+        raw_redis.delete(fence_key)
         if value is None:
-            raw.rpush(fence_key, b"x")
+            raw_redis.rpush(fence_key, b"x")
         else:
-            raw.set(fence_key, value)
+            raw_redis.set(fence_key, value)
         with pytest.raises(ConfigError) as caught:
             redis_store.acquire("bad", 30, HOLDER, token())
         assert repr(fence_key.decode()) in str(caught.value)
-        assert raw.exists(prefix + b"{bad}:lease") == 0
+        assert raw_redis.exists(prefix + b"{bad}:lease") == 0
 
 
-def test_foreign_hash_without_our_fields_is_shown_malformed_not_crashed(redis_store, raw, prefix):
-    raw.hset(prefix + b"{bad}:lease", mapping={b"color": b"blue"})
+def test_foreign_hash_without_our_fields_is_shown_malformed_not_crashed(
+    redis_store, raw_redis, prefix
+):
+    raw_redis.hset(prefix + b"{bad}:lease", mapping={b"color": b"blue"})
     shown = redis_store.peek("bad")
     assert shown is not None and "fencing_token" in dict(shown.malformed)
     [listed] = redis_store.list()
     assert listed.key == "bad" and listed.malformed
-    raw.hset(prefix + b"{bad}:lease", mapping={b"holder": b"\xff\xfe not utf-8"})
+    raw_redis.hset(prefix + b"{bad}:lease", mapping={b"holder": b"\xff\xfe not utf-8"})
     [listed] = redis_store.list()
     assert ("holder", "is not JSON") in listed.malformed
     assert redis_store.acquire("bad", 30, HOLDER, token()) is None  # held by "someone"
@@ -902,7 +916,7 @@ def test_foreign_hash_without_our_fields_is_shown_malformed_not_crashed(redis_st
 # -- durability: what FLUSHALL and a restart without persistence do ------------------------
 
 
-def test_flushall_restarts_the_counter_so_tokens_repeat(redis_store, url):
+def test_flushall_restarts_the_counter_so_tokens_repeat(redis_store, redis_url):
     """Documented behaviour: tokens are only as durable as Redis's data.
 
     After FLUSHALL on a server up for longer than the quarantine floor (here: the
@@ -913,7 +927,7 @@ def test_flushall_restarts_the_counter_so_tokens_repeat(redis_store, url):
     redis_store.release(first)
     second = redis_store.acquire("k", 30, HOLDER, token())
     assert (first.fencing_token, second.fencing_token) == (1, 2)
-    assert redis_support.drop_namespace(url) > 0
+    assert redis_support.drop_namespace(redis_url) > 0
     with pytest.raises(LeaseLost):
         redis_store.renew(second, 30)
     again = redis_store.acquire("k", 30, OTHER, token())
@@ -1053,13 +1067,13 @@ def test_prefix_is_taken_from_the_url_and_defaults_to_tasklock():
         custom.close()
 
 
-def test_set_io_timeout_applies_to_new_connections(redis_store, url):
+def test_set_io_timeout_applies_to_new_connections(redis_store, redis_url):
     redis_store.set_io_timeout(1.5)
     kwargs = redis_store._conn.client.connection_pool.connection_kwargs
     assert kwargs["socket_timeout"] == 1.5 and kwargs["socket_connect_timeout"] == 1.5
     assert redis_store.acquire("k", 30, HOLDER, token()) is not None
     # A timeout in the URL does not defeat the supervisor's bound.
-    overridden = open_store(url + "&socket_timeout=60&protocol=3")
+    overridden = open_store(redis_url + "&socket_timeout=60&protocol=3")
     try:
         assert isinstance(overridden, RedisStore)
         overridden.set_io_timeout(1.5)
@@ -1086,11 +1100,7 @@ def test_more_threads_than_pooled_connections_wait_for_one(redis_store):
         except BaseException as exc:  # collected: a thread's failure must fail the test
             errors.append(exc)
 
-    threads = [threading.Thread(target=renew, args=(lease,)) for lease in leases]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    in_threads(renew, [(lease,) for lease in leases])
     assert errors == []
 
 
@@ -1170,15 +1180,15 @@ def test_doctor_when_config_is_disabled():
 # -- test support ---------------------------------------------------------------------------
 
 
-def test_drop_namespace_removes_only_that_prefix(redis_store, raw, prefix, url):
+def test_drop_namespace_removes_only_that_prefix(redis_store, raw_redis, prefix, redis_url):
     redis_store.acquire("k", 30, HOLDER, token())
-    raw.set(prefix[:-1] + b"-neighbour", b"keep")
+    raw_redis.set(prefix[:-1] + b"-neighbour", b"keep")
     try:
-        assert redis_support.drop_namespace(url) == 3  # lease, counter, epoch record
-        assert list(raw.scan_iter(match=prefix + b"*")) == []
-        assert raw.get(prefix[:-1] + b"-neighbour") == b"keep"
+        assert redis_support.drop_namespace(redis_url) == 3  # lease, counter, epoch record
+        assert list(raw_redis.scan_iter(match=prefix + b"*")) == []
+        assert raw_redis.get(prefix[:-1] + b"-neighbour") == b"keep"
     finally:
-        raw.delete(prefix[:-1] + b"-neighbour")
+        raw_redis.delete(prefix[:-1] + b"-neighbour")
 
 
 def test_unix_socket_urls_work(tmp_path):
@@ -1211,11 +1221,11 @@ def test_unix_socket_urls_work(tmp_path):
             store.close()
 
 
-def test_a_semaphores_operations_take_one_round_trip_each(url):
+def test_a_semaphores_operations_take_one_round_trip_each(redis_url):
     """Slots change nothing of the one round trip: acquire (also into slot 2, also when
     every slot is held or the limit does not match), renew, release, holders."""
-    with TcpProxy("127.0.0.1", urlsplit(url).port or 6379) as proxy:
-        store = open_store(proxy.url_for(url))
+    with TcpProxy("127.0.0.1", urlsplit(redis_url).port or 6379) as proxy:
+        store = open_store(proxy.url_for(redis_url))
         try:
             store.release(granted(store.acquire("warm-up", 30, HOLDER, token())))  # scripts loaded
             counted: dict[str, int] = {}

@@ -19,9 +19,9 @@ from tasklock_cli.stores import open_store
 from tasklock_cli.stores.base import Store
 from tasklock_cli.stores.model import Holder
 from tasklock_cli.stores.model import Lease
-from tasklock_cli.stores.model import RunRecord
 from tasklock_cli.stores.postgres.store import split_table
 from tests.support.contract import granted
+from tests.support.contract import run_record
 from tests.support.proxy import TcpProxy
 
 HOLDER = Holder(host="h", pid=1, user="u", command=["true"])
@@ -81,7 +81,7 @@ def test_once_per_reads_the_last_success_in_one_round_trip_and_the_release_keeps
     count_each_operation(store, proxy, "owner-warm-up")
     store.last_success("k")
     lease = store.acquire("k", 30, HOLDER, "owner-once")
-    record = RunRecord("k", lease.fencing_token, HOLDER, lease.acquired_at, 0, "succeeded")
+    record = run_record(lease, HOLDER)
     trips, released = round_trips(proxy, lambda: store.release(lease, record=record))
     assert (trips, released) == (1, True)
     trips, (success, _) = round_trips(proxy, lambda: store.last_success("k"))

@@ -20,10 +20,12 @@ from tasklock_cli.stores.sqlite.store import SQLiteStore
 from tasklock_cli.stores.sqlite.store import boot_clock
 from tasklock_cli.stores.sqlite.store import current_boot_id
 from tests.support.contract import granted
+from tests.support.contract import in_threads
 
 HOLDER = Holder(host="h", pid=1, user="u", command=["true"])
 
-VERSION_1_SCHEMA = f"""
+# The leases table as versions 1 to 3 made it: one row per key, its fencing counter in that row.
+LEASES_BEFORE_SLOTS = f"""
 CREATE TABLE {TABLE} (
     key           TEXT PRIMARY KEY,
     fencing_token INTEGER NOT NULL,
@@ -34,23 +36,15 @@ CREATE TABLE {TABLE} (
     expires_at    REAL,
     holder        TEXT
 ) WITHOUT ROWID;
+"""
+
+VERSION_1_SCHEMA = f"""{LEASES_BEFORE_SLOTS}
 CREATE INDEX {TABLE}_held ON {TABLE} (expires_boot) WHERE owner_token IS NOT NULL;
 PRAGMA user_version = 1;
 """
 
 
-# What version 3 made: one row per key, its fencing counter in that row.
-VERSION_3_SCHEMA = f"""
-CREATE TABLE {TABLE} (
-    key           TEXT PRIMARY KEY,
-    fencing_token INTEGER NOT NULL,
-    owner_token   TEXT,
-    boot_id       TEXT,
-    expires_boot  REAL,
-    acquired_at   REAL,
-    expires_at    REAL,
-    holder        TEXT
-) WITHOUT ROWID;
+VERSION_3_SCHEMA = f"""{LEASES_BEFORE_SLOTS}
 CREATE INDEX {TABLE}_expiry ON {TABLE} (boot_id, expires_boot)
     WHERE owner_token IS NOT NULL;
 CREATE TABLE tasklock_runs (
@@ -201,11 +195,7 @@ def test_two_processes_opening_a_version_3_file_at_once_both_use_it(tmp_path):
         finally:
             store.close()
 
-    threads = [threading.Thread(target=open_at_once) for _ in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    in_threads(open_at_once, [()] * 6)
     assert errors == []
     with sqlite3.connect(path) as conn:
         rows = conn.execute(f"SELECT key, slot, slot_limit, fencing_token FROM {TABLE}").fetchall()
@@ -226,11 +216,7 @@ def test_one_store_is_safe_to_share_between_threads(tmp_path):
         except BaseException as exc:  # collected: a thread's failure must fail the test
             errors.append(exc)
 
-    threads = [threading.Thread(target=hold_and_renew, args=(n,)) for n in range(16)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    in_threads(hold_and_renew, [(n,) for n in range(16)])
     assert errors == []
     assert list(store.list()) == []
 

@@ -15,9 +15,10 @@ import pytest
 from tasklock_cli.errors import LeaseLost
 from tasklock_cli.stores.model import LEDGER_KEEP
 from tasklock_cli.stores.model import Holder
-from tasklock_cli.stores.model import RunRecord
 from tests.support.contract import HOLDER
 from tests.support.contract import OTHER
+from tests.support.contract import in_threads
+from tests.support.contract import run_record
 from tests.support.contract import short_ttl
 from tests.support.contract import token
 
@@ -281,11 +282,7 @@ def test_concurrent_acquirers_exactly_one_wins(store_factory):
         barrier.wait()
         results.append(client.acquire("hot", 30, HOLDER, token()))
 
-    threads = [threading.Thread(target=race, args=(c,)) for c in clients]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    in_threads(race, [(c,) for c in clients])
     winners = [r for r in results if r is not None]
     assert len(results) == 8 and len(winners) == 1
 
@@ -595,18 +592,6 @@ def test_wait_for_release_returns_promptly_when_the_wake_fd_is_written(
 
 
 # -- the run ledger ----------------------------------------------------------------------
-
-
-def run_record(lease, holder=HOLDER, exit_code=0, outcome="succeeded", detected_by=None):
-    return RunRecord(
-        key=lease.key,
-        fencing_token=lease.fencing_token,
-        holder=holder,
-        started_at=lease.acquired_at,
-        exit_code=exit_code,
-        outcome=outcome,
-        detected_by=detected_by,
-    )
 
 
 def test_a_release_writes_the_run_into_the_ledger(store, store_factory):

@@ -15,12 +15,12 @@ import pytest
 
 from tasklock_cli.errors import LeaseLost
 from tasklock_cli.stores.model import Holder
-from tasklock_cli.stores.model import RunRecord
 from tasklock_cli.stores.model import breaker
 from tests.support.cli import wait_until
 from tests.support.contract import HOLDER
 from tests.support.contract import OTHER
 from tests.support.contract import granted
+from tests.support.contract import run_record
 from tests.support.contract import short_ttl
 from tests.support.contract import token
 
@@ -79,11 +79,8 @@ def test_the_lease_keeps_who_broke_it(store, store_factory):
             "user": "carol",
         }
     )
-    record = RunRecord(
-        key="k",
-        fencing_token=lease.fencing_token,
-        holder=HOLDER,
-        started_at=lease.acquired_at,
+    record = run_record(
+        lease,
         exit_code=None,
         outcome="lost",
         detected_by="rejected",
@@ -100,15 +97,7 @@ def test_a_break_without_a_breaker_and_a_run_not_broken_record_none(store, store
     lease = store.acquire("k", 30, HOLDER, token())
     store_factory().break_lease("k")
     assert store.broken_by(lease) is None
-    record = RunRecord(
-        key="k",
-        fencing_token=lease.fencing_token,
-        holder=HOLDER,
-        started_at=lease.acquired_at,
-        exit_code=0,
-        outcome="succeeded",
-    )
-    store.release(lease, record=record)
+    store.release(lease, record=run_record(lease))
     (run,) = store.history("k")
     assert run.broken_by is None and run.to_json()["broken_by"] is None
 

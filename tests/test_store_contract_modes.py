@@ -12,9 +12,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from hypothesis import HealthCheck
 from hypothesis import given
-from hypothesis import settings
 from hypothesis import strategies as st
 
 from tasklock_cli.errors import LimitMismatch
@@ -25,6 +23,7 @@ from tasklock_cli.stores.model import Holder
 from tasklock_cli.stores.model import Lease
 from tests.support.contract import OTHER
 from tests.support.contract import granted
+from tests.support.contract import on_the_store
 from tests.support.contract import short_ttl
 from tests.support.contract import token
 
@@ -265,11 +264,7 @@ STEPS = st.lists(
 )
 
 
-@settings(
-    max_examples=8,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+@on_the_store(max_examples=8)
 @given(steps=STEPS)
 def test_admission_invariants_over_random_arrivals_and_releases(store, store_factory, steps):
     """Never an exclusive holder beside anyone; admission in arrival order up to the

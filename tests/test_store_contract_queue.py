@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import time
 
-from hypothesis import HealthCheck
 from hypothesis import given
-from hypothesis import settings
 from hypothesis import strategies as st
 
 from tasklock_cli.stores.model import Holder
 from tests.support.contract import OTHER
+from tests.support.contract import on_the_store
 from tests.support.contract import token
 
 #: A short waiter lease for the cases where a place must run out (etcd: whole seconds).
@@ -153,11 +152,7 @@ def test_waiting_counts_per_key_and_prefix(store, store_factory):
 EVENTS = st.lists(st.sampled_from(["arrive", "give-up", "crash"]), min_size=1, max_size=6)
 
 
-@settings(
-    max_examples=5,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+@on_the_store(max_examples=5)
 @given(events=EVENTS, picks=st.lists(st.integers(0, 5), min_size=6, max_size=6))
 def test_the_queue_keeps_arrival_order_through_give_ups_and_crashes(
     store, store_factory, events, picks

@@ -12,17 +12,17 @@ import threading
 import time
 
 import pytest
-from hypothesis import HealthCheck
 from hypothesis import given
-from hypothesis import settings
 from hypothesis import strategies as st
 
 from tasklock_cli.errors import LeaseLost
 from tasklock_cli.errors import LimitMismatch
 from tasklock_cli.stores.model import Lease
-from tasklock_cli.stores.model import RunRecord
 from tests.support.contract import HOLDER
 from tests.support.contract import OTHER
+from tests.support.contract import in_threads
+from tests.support.contract import on_the_store
+from tests.support.contract import run_record
 from tests.support.contract import short_ttl
 from tests.support.contract import token
 
@@ -243,16 +243,7 @@ def test_time_left_finds_the_slot_by_its_token(store, store_factory):
 def test_a_slots_run_goes_into_the_ledger_with_its_slot(store):
     leases = fill(store, "pool", 2)
     lease = leases[1]
-    record = RunRecord(
-        key="pool",
-        fencing_token=lease.fencing_token,
-        holder=HOLDER,
-        started_at=lease.acquired_at,
-        exit_code=0,
-        outcome="succeeded",
-        slot=lease.slot,
-    )
-    assert store.release(lease, record=record) is True
+    assert store.release(lease, record=run_record(lease)) is True
     (run,) = store.history("pool")
     assert (run.slot, run.fencing_token) == (1, lease.fencing_token)
 
@@ -297,11 +288,7 @@ def test_racing_clients_never_hold_more_slots_than_the_limit(store, store_factor
         with lock:
             got.append(lease)
 
-    threads = [threading.Thread(target=race, args=(client,)) for client in clients]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    in_threads(race, [(client,) for client in clients])
     winners = [lease for lease in got if lease is not None]
     assert len(winners) == 4
     assert sorted(lease.slot for lease in winners) == [0, 1, 2, 3]
@@ -321,11 +308,7 @@ _steps = st.lists(
 )
 
 
-@settings(
-    max_examples=12,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+@on_the_store(max_examples=12)
 @given(limit=st.integers(1, 4), steps=_steps)
 def test_slot_and_token_invariants_hold_for_any_sequence(store, limit, steps):
     """Whatever mix of acquires, releases and forced releases: at most ``limit`` live

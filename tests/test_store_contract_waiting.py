@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 from tests.support.contract import HOLDER
 from tests.support.contract import OTHER
@@ -20,10 +21,20 @@ from tests.support.contract import waiting_thread
 WOKEN_WITHIN_S = 0.5
 
 
-def _wait_timed(waiter, key: str, timeout: float) -> float:
+def _wait_timed(
+    waiter, key: str, timeout: float, meanwhile: tuple[float, Callable[[], object]] | None = None
+) -> float:
+    """How long ``waiter.wait_for_release(key, timeout)`` took; ``meanwhile`` (seconds,
+    action): the action is run in a timer that many seconds into the wait."""
+    timer = threading.Timer(*meanwhile) if meanwhile else None
+    if timer:
+        timer.start()
     started = time.monotonic()
     waiter.wait_for_release(key, timeout)
-    return time.monotonic() - started
+    waited = time.monotonic() - started
+    if timer:
+        timer.join()
+    return waited
 
 
 def test_a_release_by_another_client_wakes_the_waiter(store, store_factory):
@@ -50,10 +61,7 @@ def test_a_release_by_another_client_wakes_the_waiter(store, store_factory):
 def test_a_forced_release_wakes_the_waiter(store, store_factory):
     store_factory().acquire("k", 30, OTHER, token())
     admin = store_factory()
-    timer = threading.Timer(0.3, lambda: admin.force_release("k"))
-    timer.start()
-    waited = _wait_timed(store, "k", 10)
-    timer.join()
+    waited = _wait_timed(store, "k", 10, meanwhile=(0.3, lambda: admin.force_release("k")))
     assert waited < 0.3 + WOKEN_WITHIN_S, waited
 
 
@@ -83,10 +91,7 @@ def test_a_wait_honours_its_timeout_and_can_be_repeated(store, store_factory):
     lease = holder.acquire("k", 30, OTHER, token())
     for _ in range(3):  # each wait leaves the store ready for the next
         assert 0.15 < _wait_timed(store, "k", 0.2) < 1.5
-    timer = threading.Timer(0.2, lambda: holder.release(lease))
-    timer.start()
-    waited = _wait_timed(store, "k", 10)
-    timer.join()
+    waited = _wait_timed(store, "k", 10, meanwhile=(0.2, lambda: holder.release(lease)))
     assert waited < 0.2 + WOKEN_WITHIN_S, waited
 
 
@@ -94,10 +99,7 @@ def test_a_release_of_another_key_does_not_end_the_wait(store, store_factory):
     holder = store_factory()
     holder.acquire("k", 30, OTHER, token())
     bystander = holder.acquire("other", 30, OTHER, token())
-    timer = threading.Timer(0.1, lambda: holder.release(bystander))
-    timer.start()
-    waited = _wait_timed(store, "k", 0.8)
-    timer.join()
+    waited = _wait_timed(store, "k", 0.8, meanwhile=(0.1, lambda: holder.release(bystander)))
     assert waited >= 0.75, waited
 
 
@@ -137,8 +139,5 @@ def test_stop_waiting_then_waiting_again_works(store, store_factory):
     lease = holder.acquire("k", 30, OTHER, token())
     store.wait_for_release("k", 0.1)
     store.stop_waiting("k")
-    timer = threading.Timer(0.2, lambda: holder.release(lease))
-    timer.start()
-    waited = _wait_timed(store, "k", 10)
-    timer.join()
+    waited = _wait_timed(store, "k", 10, meanwhile=(0.2, lambda: holder.release(lease)))
     assert waited < 0.2 + WOKEN_WITHIN_S, waited

@@ -8,7 +8,6 @@ from __future__ import annotations
 import re
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from urllib.parse import urlsplit
 
@@ -22,6 +21,8 @@ from tasklock_cli.stores.model import Holder
 from tests.conftest import store_url_for
 from tests.support import services
 from tests.support.contract import granted
+from tests.support.contract import in_threads
+from tests.support.contract import token
 from tests.support.epochs import default_port
 from tests.support.epochs import end_quarantine
 from tests.support.epochs import epoch_row
@@ -38,10 +39,6 @@ from tests.support.proxy import TcpProxy
 HOLDER = Holder(host="h", pid=1, user="u", command=["job"], note=None)
 
 
-def owner() -> str:
-    return uuid.uuid4().hex
-
-
 @pytest.fixture(params=["postgres", "mysql"])
 def url(request, tmp_path) -> Iterator[str]:
     services.require(request.param)
@@ -51,11 +48,9 @@ def url(request, tmp_path) -> Iterator[str]:
 
 
 @pytest.fixture
-def stores(url) -> Iterator[list[Store]]:
-    opened: list[Store] = []
-    yield opened
-    for store in opened:
-        store.close()
+def stores(url, opened_stores) -> list[Store]:
+    """The stores a test opens (open_one): closed before its table is dropped."""
+    return opened_stores
 
 
 def open_one(url: str, opened: list[Store]) -> Store:
@@ -66,14 +61,14 @@ def open_one(url: str, opened: list[Store]) -> Store:
 
 def test_a_changed_primary_starts_an_epoch_and_quarantines_every_key(url, stores):
     store, other = open_one(url, stores), open_one(url, stores)
-    survived = granted(store.acquire("k", 10, HOLDER, owner()))
-    store.release(granted(store.acquire("j", 20, HOLDER, owner())))
+    survived = granted(store.acquire("k", 10, HOLDER, token()))
+    store.release(granted(store.acquire("j", 20, HOLDER, token())))
     play_failover(url)
     before = time.time()
 
-    assert other.acquire("free", 5, HOLDER, owner()) is None
+    assert other.acquire("free", 5, HOLDER, token()) is None
     assert primary_changed(url) in (other.holdup("free") or "")
-    assert other.acquire("j", 5, HOLDER, owner(), queue=True) is None  # a waiter too
+    assert other.acquire("j", 5, HOLDER, token(), queue=True) is None  # a waiter too
     epoch, identity, previous, max_ttl, length, left = epoch_row(url)
     assert (identity, previous, max_ttl) == (server_identity(url), old_primary(url), 20)
     assert int(before) - 2 <= epoch <= time.time() + 2  # the server's clock, in seconds
@@ -82,25 +77,25 @@ def test_a_changed_primary_starts_an_epoch_and_quarantines_every_key(url, stores
     assert store.renew(survived, 10).fencing_token == survived.fencing_token  # it survived
 
     end_quarantine(url)
-    lease = granted(other.acquire("free", 5, HOLDER, owner()))
+    lease = granted(other.acquire("free", 5, HOLDER, token()))
     assert lease.fencing_token == epoch << EPOCH_SHIFT
     assert lease.fencing_token < 2**63 - 1
     other.release(lease)
     assert (
-        granted(other.acquire("free", 5, HOLDER, owner())).fencing_token == lease.fencing_token + 1
+        granted(other.acquire("free", 5, HOLDER, token())).fencing_token == lease.fencing_token + 1
     )
     assert other.holdup("free") is None
     other.stop_waiting("j")
-    later = granted(store.acquire("j", 5, HOLDER, owner()))
+    later = granted(store.acquire("j", 5, HOLDER, token()))
     assert later.fencing_token == epoch << EPOCH_SHIFT  # every key starts above the epoch's
 
 
 def test_the_quarantine_covers_the_longest_ttl_granted(url, stores):
     store = open_one(url, stores)
-    store.release(granted(store.acquire("k", 45, HOLDER, owner())))
-    store.release(granted(store.acquire("k", 10, HOLDER, owner())))
+    store.release(granted(store.acquire("k", 45, HOLDER, token())))
+    store.release(granted(store.acquire("k", 10, HOLDER, token())))
     play_failover(url)
-    assert store.acquire("k", 5, HOLDER, owner()) is None
+    assert store.acquire("k", 5, HOLDER, token()) is None
     assert epoch_row(url)[3:5] == (45, 47)
 
 
@@ -110,7 +105,7 @@ def test_an_epoch_is_one_more_than_the_last_when_the_clock_is_behind_it(url, sto
     ahead = int(time.time()) + 100_000
     set_epoch(url, ahead)
     play_failover(url)
-    assert store.acquire("k", 5, HOLDER, owner()) is None
+    assert store.acquire("k", 5, HOLDER, token()) is None
     assert epoch_row(url)[0] == ahead + 1
 
 
@@ -125,15 +120,9 @@ def test_racing_acquires_start_one_epoch(url, stores):
 
     def acquire(client: Store, key: str) -> None:
         go.wait()
-        results.append(client.acquire(key, 5, HOLDER, owner()))
+        results.append(client.acquire(key, 5, HOLDER, token()))
 
-    threads = [
-        threading.Thread(target=acquire, args=(client, f"k{n}")) for n, client in enumerate(clients)
-    ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    in_threads(acquire, [(client, f"k{n}") for n, client in enumerate(clients)])
     assert results == [None] * len(clients)  # all quarantined
     assert epoch_row(url)[2] == old_primary(url)  # one epoch: a second would name this server
 
@@ -142,7 +131,7 @@ def test_a_waiter_sleeps_out_the_quarantine(url, stores):
     store = open_one(url, stores)
     with_epoch_row(store, url)
     play_failover(url)
-    me = owner()
+    me = token()
     assert store.acquire("k", 5, HOLDER, me, queue=True) is None
     end_quarantine(url, after=1.0)
     assert store.acquire("k", 5, HOLDER, me, queue=True) is None
@@ -155,9 +144,9 @@ def test_a_waiter_sleeps_out_the_quarantine(url, stores):
 
 def test_nothing_shows_the_epoch_row(url, stores):
     store = open_one(url, stores)
-    store.release(granted(store.acquire("k", 5, HOLDER, owner())))
+    store.release(granted(store.acquire("k", 5, HOLDER, token())))
     play_failover(url)
-    store.acquire("k", 5, HOLDER, owner())
+    store.acquire("k", 5, HOLDER, token())
     assert list(store.list(include_expired=True)) == []
     assert store.sweep(dry_run=True) == 0 and store.sweep() == 0
     assert store.waiting_counts() == {} and store.ledger_keys() == []
@@ -171,12 +160,12 @@ def test_the_acquire_that_starts_an_epoch_is_still_one_round_trip(url, stores):
     parts = urlsplit(url)
     with TcpProxy(parts.hostname or "127.0.0.1", parts.port or default_port(url)) as proxy:
         store = open_one(proxy.url_for(url), stores)
-        store.release(granted(store.acquire("k", 5, HOLDER, owner())))  # connected, table made
+        store.release(granted(store.acquire("k", 5, HOLDER, token())))  # connected, table made
         play_failover(url)
         before = proxy.round_trips
-        assert store.acquire("k", 5, HOLDER, owner()) is None  # starts the epoch
+        assert store.acquire("k", 5, HOLDER, token()) is None  # starts the epoch
         end_quarantine(url)
-        assert store.acquire("k", 5, HOLDER, owner()) is not None  # its first token
+        assert store.acquire("k", 5, HOLDER, token()) is not None  # its first token
         assert proxy.round_trips - before == 2
 
 
@@ -185,7 +174,7 @@ def test_a_retry_of_a_lease_that_ran_out_meets_the_quarantine(url, stores):
     out there: the server may lack who took the key since, so the retry is a new acquire
     (quarantined), never the old lease brought back."""
     store = open_one(url, stores)
-    me = owner()
+    me = token()
     assert store.acquire("k", 0.3, HOLDER, me) is not None  # (its reply "lost")
     time.sleep(0.5)
     play_failover(url)
@@ -201,7 +190,7 @@ def test_a_retry_of_a_live_lease_is_recognised_in_the_quarantine(url, stores):
     """A lease the promoted server has, live: the retry gets it back (no one else can hold
     the key meanwhile)."""
     store = open_one(url, stores)
-    me = owner()
+    me = token()
     first = granted(store.acquire("k", 30, HOLDER, me))
     play_failover(url)
     again = store.acquire("k", 30, HOLDER, me)
@@ -213,10 +202,10 @@ def test_peek_list_and_release_warn_of_a_quarantine_only_while_it_lasts(url, sto
     ``list`` and ``release --force`` say so on stderr (the JSON keeps its shape)."""
     env = {**cli_env, "TASKLOCK_STORE": url}
     store = open_one(url, stores)
-    store.acquire("held", 30, HOLDER, owner())
+    store.acquire("held", 30, HOLDER, token())
     assert_inspections_quiet(env, primary_changed(url))  # epoch 0: no quarantine recorded
     play_failover(url)
-    assert store.acquire("warm", 5, HOLDER, owner()) is None  # the quarantine starts
+    assert store.acquire("warm", 5, HOLDER, token()) is None  # the quarantine starts
     assert_inspections_warn(env, primary_changed(url), "table")
     end_quarantine(url)  # over: the row still records its end, in the past
     assert_inspections_quiet(env, primary_changed(url))
@@ -232,7 +221,7 @@ def test_reading_the_quarantine_starts_no_epoch(url, stores):
     assert before[:2] == (0, old_primary(url))
     assert store.quarantine() is None
     assert epoch_row(url) == before
-    assert store.acquire("k", 5, HOLDER, owner()) is None  # the acquire starts it
+    assert store.acquire("k", 5, HOLDER, token()) is None  # the acquire starts it
     text = store.quarantine()
     assert text is not None and text.startswith(primary_changed(url))
     more = re.search(r"for (\d+\.\d)s more", text)

@@ -38,6 +38,12 @@ def start(*args: str, env: dict[str, str], **kwargs) -> subprocess.Popen:
     return subprocess.Popen([executable(), *args], env=env, text=True, **kwargs)
 
 
+def json_run(key: str, *options: str, command: list[str]) -> list[str]:
+    """The arguments of ``tasklock --log-format json run KEY OPTIONS -- COMMAND``, for
+    ``start`` or ``tasklock``: the run's events are JSON lines on stderr (``json_events``)."""
+    return ["--log-format", "json", "run", key, *options, "--", *command]
+
+
 def piped(stream: IO[str] | None) -> IO[str]:
     """A process's stdout or stderr pipe (``start`` opens both): typed optional, None where
     the process was started without ``PIPE`` for it."""

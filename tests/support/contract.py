@@ -1,14 +1,21 @@
 """What the store tests share: two holders, owner tokens, a short lease, a granted acquire,
-a waiter in a thread."""
+a run's ledger record, a waiter in a thread, calls raced in threads, hypothesis settings for
+a store."""
 
 from __future__ import annotations
 
 import threading
 import time
 import uuid
+from collections.abc import Callable
+from collections.abc import Iterable
+
+from hypothesis import HealthCheck
+from hypothesis import settings
 
 from tasklock_cli.stores.model import Holder
 from tasklock_cli.stores.model import Lease
+from tasklock_cli.stores.model import RunRecord
 
 HOLDER = Holder(
     host="host-a", pid=4242, user="alice", command=["./job.sh", "--all"], note="nightly"
@@ -38,6 +45,29 @@ def granted(lease: Lease | None) -> Lease:
     return lease
 
 
+def run_record(
+    lease: Lease,
+    holder: Holder = HOLDER,
+    exit_code: int | None = 0,
+    outcome: str = "succeeded",
+    detected_by: str | None = None,
+    broken_by: dict | None = None,
+) -> RunRecord:
+    """The ledger record that ``tasklock run`` releases ``lease`` with (the lease's key,
+    token, slot and start): a success unless told otherwise."""
+    return RunRecord(
+        key=lease.key,
+        fencing_token=lease.fencing_token,
+        holder=holder,
+        started_at=lease.acquired_at,
+        exit_code=exit_code,
+        outcome=outcome,
+        detected_by=detected_by,
+        slot=lease.slot,
+        broken_by=broken_by,
+    )
+
+
 def waiting_thread(waiter, key: str, timeout: float, woke: list[float]) -> threading.Thread:
     """A started thread in which ``waiter`` waits for ``key`` (``wait_for_release``), then
     adds the monotonic time it woke to ``woke``."""
@@ -49,3 +79,24 @@ def waiting_thread(waiter, key: str, timeout: float, woke: list[float]) -> threa
     thread = threading.Thread(target=wait, daemon=True)
     thread.start()
     return thread
+
+
+def in_threads(target: Callable[..., object], arguments: Iterable[tuple]) -> None:
+    """``target(*args)`` for each ``args`` of ``arguments``, each in a thread of its own, all
+    started before the first is joined; returns once every one has ended."""
+    threads = [threading.Thread(target=target, args=args) for args in arguments]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
+def on_the_store(max_examples: int) -> settings:
+    """Hypothesis settings for a property test on the ``store`` fixture: few examples (each
+    makes round trips to a real server), no deadline, and the one store (a function-scoped
+    fixture) shared by every example, each on keys of its own."""
+    return settings(
+        max_examples=max_examples,
+        deadline=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    )

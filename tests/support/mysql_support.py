@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pymysql
 
 from tasklock_cli.stores import open_store
+from tasklock_cli.stores.base import Store
 from tasklock_cli.stores.mysql.connection import parse_url
 from tasklock_cli.stores.mysql.schema import PROCEDURES
 from tasklock_cli.stores.mysql.store import MySQLStore
@@ -33,7 +34,7 @@ def drop_namespace(url: str) -> None:
             cursor.execute(f"DROP TABLE IF EXISTS `{table}{suffix}`")
 
 
-def open_my(url: str, opened: list[MySQLStore]) -> MySQLStore:
+def open_my(url: str, opened: list[Store]) -> MySQLStore:
     """A MySQL store on ``url``, added to ``opened`` (which the test closes)."""
     store = open_store(url)
     assert isinstance(store, MySQLStore)

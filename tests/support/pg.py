@@ -27,6 +27,7 @@ from tests.support.ports import free_port
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from tasklock_cli.stores.base import Store
     from tasklock_cli.stores.postgres.store import PostgresStore
 
 PG_BIN_ENV = "TASKLOCK_TEST_PG_BIN"
@@ -41,7 +42,7 @@ def _connect(url: str) -> tuple[Any, str]:
     return psycopg.connect(clean, autocommit=True, connect_timeout=5), table
 
 
-def open_pg(url: str, opened: list[PostgresStore]) -> PostgresStore:
+def open_pg(url: str, opened: list[Store]) -> PostgresStore:
     """A PostgreSQL store on ``url``, added to ``opened`` (which the test closes)."""
     from tasklock_cli.stores import open_store
     from tasklock_cli.stores.postgres.store import PostgresStore
@@ -176,8 +177,8 @@ class PrivatePostgres:
                 os.lchown(path, self._run_as["user"], self._run_as["group"])
 
     def run_as_server_user(self, args: list[str], timeout: float = 60) -> str:
-        """Run a PostgreSQL tool (``pg_ctl``, ``pg_basebackup``) as the server's OS user;
-        its output (RuntimeError when it fails)."""
+        """Run a PostgreSQL tool (``initdb``, ``pg_ctl``, ``pg_basebackup``) as the server's
+        OS user; its output (RuntimeError when it fails)."""
         result = subprocess.run(
             args,
             cwd=self.dir,
@@ -212,18 +213,7 @@ class PrivatePostgres:
             args += ["--auth-host=scram-sha-256", f"--pwfile={pwfile}"]
         else:
             args += ["--auth-host=trust"]
-        result = subprocess.run(
-            args,
-            cwd=self.dir,
-            env=self._env(),
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-            **self._run_as,
-        )
-        if result.returncode != 0:
-            raise RuntimeError(f"initdb failed ({result.returncode}): {result.stderr[-2000:]}")
+        self.run_as_server_user(args, timeout=120)
 
     @property
     def url(self) -> str:
