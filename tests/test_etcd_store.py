@@ -118,36 +118,38 @@ def test_force_release_with_a_token_frees_only_that_lease(clients):
         holder.renew(lease, 30)
 
 
-def test_wait_for_break_wakes_promptly_times_out_and_heeds_wake_fd(clients):
+def test_wait_for_break_wakes_promptly_times_out_and_heeds_wake_fd(clients, monkeypatch):
     holder, ops = clients
     lease = holder.acquire("k", 30, HOLDER, "owner")
     started = time.monotonic()
     assert holder.wait_for_break(lease, 0.2) is False
-    assert 0.2 <= time.monotonic() - started < 0.5
+    assert 0.2 <= time.monotonic() - started < 2.0  # its timeout, not the 5 s I/O timeout
     read_end, write_end = os.pipe()
     try:
         os.write(write_end, b"x")
         started = time.monotonic()
         assert holder.wait_for_break(lease, 5, read_end) is False
-        assert time.monotonic() - started < 0.1
+        assert time.monotonic() - started < 2.0  # the wake fd, not the 5 s timeout
     finally:
         os.close(read_end)
         os.close(write_end)
-    broke_at: list[float] = []
 
     def breaker() -> None:
         time.sleep(0.2)
         ops.break_lease("k")
-        broke_at.append(time.monotonic())  # once etcd has committed the break
 
+    looks: list[bytes] = []
+    real_range = holder._client.range
+    monkeypatch.setattr(
+        holder._client, "range", lambda name: looks.append(name) or real_range(name)
+    )
     thread = threading.Thread(target=breaker)
     thread.start()
     assert holder.wait_for_break(lease, 5) is True
-    woke_at = time.monotonic()
     thread.join()
-    # Heard within 50 ms of the break's commit (its own round trips, which a loaded disk
-    # makes slow, are not the watch's latency); a watch may hear it before the reply.
-    assert woke_at - broke_at[0] < 0.05, woke_at - broke_at[0]
+    # Heard through the watch: one look at the key as it opened, no polling after it (a
+    # poll every 0.1 s and a loaded machine's scheduler delay it alike: counted, not timed).
+    assert len(looks) == 1, looks
     assert holder.wait_for_break(lease, 5) is True  # a break before the call is seen
 
 
