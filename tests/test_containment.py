@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -138,12 +139,16 @@ def test_an_orphan_ignoring_sigterm_is_killed_after_grace(env, tmp_path):
     seconds = f"300.{os.getpid()}{time.monotonic_ns() % 10**6}"  # this test's own sleep
     orphan = f'trap "" TERM; touch {ready}; sleep {seconds}'
     job = f"(trap '' TERM; setsid sh -c '{orphan}' &) ; exit 0"
-    started = time.monotonic()
-    result = tasklock("run", "k", "--grace", "600ms", "--", "sh", "-c", job, env=env)
-    took = time.monotonic() - started
+    result = tasklock(
+        "--log-format", "json", "run", "k", "--grace", "600ms", "--", "sh", "-c", job, env=env
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert ready.exists()
-    assert 0.6 <= took < 5, took
+    at = {e["event"]: datetime.fromisoformat(e["ts"][:-1]) for e in json_events(result.stderr)}
+    took = (at["orphans-terminated"] - at["acquired"]).total_seconds()
+    # its grace, from the acquire on (the executable's start-up, which a loaded machine
+    # makes long, left out): not the default grace of 5 s
+    assert 0.6 <= took < 3, took
     sleeping = f"sleep\x00{seconds}\x00"
     assert not [p for p in procs.processes() if p.state != "Z" and _cmdline(p.pid) == sleeping]
 
@@ -228,7 +233,7 @@ def test_a_signal_cuts_a_store_call_blocked_on_the_network_short(
         took = time.monotonic() - sent
         assert wrapper.returncode == 128 + signum
         assert "ran" not in out
-        assert took < 0.2, took
+        assert took < 0.2, took  # the contract's 200 ms itself: not widened for load
         proxy.heal()
     assert peek(network_store_url, "k") is None
     report.record(
@@ -255,7 +260,7 @@ def test_a_forced_release_stops_the_holder_long_before_its_next_renewal(env, sto
     assert result.returncode == 0, result.stderr
     assert procs.still_running(tree) == []  # nothing of the old holder runs by now
     assert "the holder let go after" in result.stdout, result.stdout
-    assert took < 3.0, took  # far under the 10 s to the next renewal (CLI start included)
+    assert took < 5.0, took  # not the next renewal, 10 s away (CLI start included)
     _, stderr = wrapper.communicate(timeout=15)
     assert wrapper.returncode == 70
     assert lost_by(stderr) == ["rejected"]
