@@ -68,7 +68,7 @@ def test_a_paused_holder_keeps_the_key_until_its_tree_is_gone(env, store_url, tm
         assert result.returncode == 75, result.stderr
         out = json.loads(result.stdout)
         assert (out["freed"], len(out["broken"])) == (False, 1)
-        assert LET_GO_S <= took < LET_GO_S + 3
+        assert LET_GO_S <= took < LET_GO_S + 5  # its let-go wait, not the 10 s default one
         free_at = datetime.fromisoformat(out["free_at"].replace("Z", "+00:00")).timestamp()
         looked_at = time.time()
         if looked_at < free_at - EXPIRY_TOLERANCE_S:  # a loaded machine can take till then
@@ -122,7 +122,7 @@ def test_a_killed_local_holder_is_freed_at_once(cli_env, tmp_path):
     took = time.monotonic() - started
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["freed"] is True
-    assert took < 1.5  # the executable's start-up included; not the 30 s ttl
+    assert took < 5  # the executable's start-up included; not the 10 s let-go wait
     assert peek(f"sqlite:///{db}", "k") is None
     assert procs.still_running(tree) == []
     report.record("killed holder, release --force", "sqlite", release_s=took)
@@ -134,7 +134,7 @@ def test_a_local_holder_killed_as_its_command_starts_is_freed_at_once(cli_env, t
     heartbeat's first step): the holder's processes were recorded with the acquire, so
     `release --force` sees them gone and frees the key at once."""
     db = tmp_path / "locks.db"
-    env = {**cli_env, "TASKLOCK_STORE": f"sqlite:///{db}", LET_GO_TIMEOUT_ENV: "2"}
+    env = {**cli_env, "TASKLOCK_STORE": f"sqlite:///{db}", LET_GO_TIMEOUT_ENV: "10"}
     show = 'echo "$PPID $$"; exec sleep 30'  # its parent is the guard
     first = start("run", "k", "--ttl", "30s", "--", "sh", "-c", show, env=env)
     guard, command = (int(pid) for pid in piped(first.stdout).readline().split())
@@ -147,7 +147,7 @@ def test_a_local_holder_killed_as_its_command_starts_is_freed_at_once(cli_env, t
         result = tasklock("release", "k", "--force", env=env)
         took = time.monotonic() - started
         assert result.returncode == 0, result.stderr
-        assert took < 1.5  # the executable's start-up included; not the let-go wait
+        assert took < 5  # the executable's start-up included; not the 10 s let-go wait
         assert peek(f"sqlite:///{db}", "k") is None
     finally:
         with contextlib.suppress(ProcessLookupError):
@@ -169,11 +169,11 @@ def test_a_local_holder_killed_before_it_started_anything_is_freed_at_once(cli_e
     holder = subprocess.run([sys.executable, "-c", acquire_then_stop, url], cwd=Path.cwd())
     assert holder.returncode == -signal.SIGKILL
     assert peek(url, "k") is not None
-    env = {**cli_env, "TASKLOCK_STORE": url, LET_GO_TIMEOUT_ENV: "2"}
+    env = {**cli_env, "TASKLOCK_STORE": url, LET_GO_TIMEOUT_ENV: "10"}
     started = time.monotonic()
     result = tasklock("release", "k", "--force", env=env)
     assert result.returncode == 0, result.stderr
-    assert time.monotonic() - started < 1.5  # the executable's start-up; not the let-go wait
+    assert time.monotonic() - started < 5  # the executable's start-up; not the 10 s let-go wait
     assert peek(url, "k") is None
 
 
@@ -190,7 +190,7 @@ def test_a_lease_kept_by_hold_at_least_is_freed_at_once(env, store_url):
     took = time.monotonic() - started
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["freed"] is True
-    assert took < 3  # the executable's start-up included; not the 10 s let-go wait
+    assert took < 5  # the executable's start-up included; not the 10 s let-go wait
     assert peek(store_url, "k") is None
     (record,) = json.loads(tasklock("history", "k", "--json", env=env).stdout)
     assert (record["outcome"], record["exit_code"]) == ("failed", 3)

@@ -620,7 +620,7 @@ def test_a_waiter_that_gets_the_lease_gives_its_turn_to_the_next(pg_url, stores)
     timer.start()
     second.wait_for_release("k", 5)
     timer.join()
-    assert 0.25 < time.monotonic() - started < 1.0
+    assert 0.25 < time.monotonic() - started < 2.5  # the release, not the wait's 5 s end
 
 
 def test_a_waiter_does_not_take_a_lease_still_being_acquired_for_free(pg_url, stores):

@@ -703,7 +703,7 @@ def test_wait_for_release_wakes_on_release_from_another_client(redis_store, othe
     woke = time.monotonic()
     thread.join()
     assert woke - started < 2, "waited (close to) the full timeout: no wake-up"
-    assert released_at and woke - released_at[0] < 0.1
+    assert released_at and woke - released_at[0] < 1.0  # the release, not the 5 s timeout
     assert redis_store.acquire("k", 30, HOLDER, token()) is not None
 
 
@@ -712,7 +712,7 @@ def test_wait_for_release_honours_its_timeout_and_can_repeat(redis_store, other)
     for _ in range(3):  # each wait leaves the connection clean for the next
         started = time.monotonic()
         redis_store.wait_for_release("k", 0.2)
-        assert 0.15 < time.monotonic() - started < 1
+        assert 0.15 < time.monotonic() - started < 2  # its timeout, not the 5 s I/O one
     other.acquire("j", 30, OTHER, token())
     timer = threading.Timer(0.2, lambda: other.release(lease))
     timer.start()

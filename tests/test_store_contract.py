@@ -299,11 +299,16 @@ def test_doctor_reports_the_store_reachable(store):
     assert checks["reachable"].ok
 
 
-def test_each_release_wakes_one_waiter_and_the_others_wait_their_turn(store, store_factory):
+def test_each_release_wakes_one_waiter_and_the_others_wait_their_turn(
+    store, store_factory, monkeypatch
+):
     """Stores that signal releases wake one waiter per release (the head of the queue), not
     the whole crowd."""
     if not store.signals_release:
         pytest.skip("this store's waiters poll: there are no wake-ups to count")
+    # A missed wake-up must show as the deadline, not as MySQL's own look every 0.25 s,
+    # which a loaded machine's delays cannot be told from.
+    monkeypatch.setattr("tasklock_cli.stores.mysql.waiting.WAITER_SLEEP_S", 10.0)
     lease = store.acquire("k", 30, OTHER, token())
     assert lease is not None
     deadline = time.monotonic() + 3.0
@@ -338,7 +343,7 @@ def test_each_release_wakes_one_waiter_and_the_others_wait_their_turn(store, sto
 
     assert len(acquired) == 3, (acquired, released)
     gaps = [at - free for at, free in zip(sorted(acquired), sorted(released)[:3], strict=True)]
-    assert max(gaps) < 0.15, gaps
+    assert max(gaps) < 1.0, gaps  # woken by the release: not woken, it waits to the deadline
     assert woken_for_nothing == []
 
 
@@ -370,7 +375,9 @@ def test_a_waiter_that_gives_up_leaves_the_queue_to_the_others(store, store_fact
     released = time.monotonic()
     assert store.release(lease) is True
     thread.join()
-    assert acquired and acquired[0] - released < 0.15, (acquired, released)
+    # woken by the release (not woken, it waits to its 3 s deadline; on MySQL it looks
+    # again every 0.1 s, having no place in the queue)
+    assert acquired and acquired[0] - released < 1.0, (acquired, released)
     assert quitter.peek("k") is not None  # the quitter's store still works
 
 

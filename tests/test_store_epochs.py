@@ -138,7 +138,7 @@ def test_a_waiter_sleeps_out_the_quarantine(url, stores):
     assert 0.5 < (store._time_until_free("k") or 0) <= 1.0
     started = time.monotonic()
     store.wait_for_release("k", 5)
-    assert 0.5 < time.monotonic() - started < 2.0
+    assert 0.5 < time.monotonic() - started < 3.0  # the quarantine's end, not the wait's 5 s
     assert store.acquire("k", 5, HOLDER, me, queue=True) is not None
 
 
