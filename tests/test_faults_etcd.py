@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tasklock_cli.stores import open_store
 from tests.support import etcd
 from tests.support import report
 from tests.support import services
@@ -101,7 +102,8 @@ def test_the_leader_killed_under_a_running_holder_changes_nothing_for_it(
         "--log-format", "json", "run", "k", "--wait", "60s", "--", *stamped_job(second_log, 0),
         env=env,
     )  # fmt: skip
-    time.sleep(0.5)  # the second is waiting
+    with open_store(url) as store:
+        wait_until(lambda: store.waiters("k"), timeout=20)  # the second is waiting
     assert cluster.leader() == leader
     cluster.kill(leader)
     killed_at = time.time()

@@ -73,7 +73,7 @@ def test_async_replica_promoted_without_the_holders_writes(pair, cli_env, tmp_pa
     runs.start("holder", 120)
     wait_until(lambda: runs.started_file("holder"), timeout=20)
     runs.start("waiter", 1, "--wait", "120s")
-    time.sleep(0.5)  # the waiter queues behind the holder on the old primary
+    wait_until(runs.waiting, timeout=20)  # it queues behind the holder on the old primary
     assert holders_on(pair.primary, table) == [2]
     assert holders_on(pair.replica, table) == []
     on_replica = tasklock(

@@ -102,7 +102,7 @@ def test_async_standby_promoted_without_the_holders_writes(template, cli_env, tm
         runs.start("holder", 120)
         wait_until(lambda: runs.started_file("holder"), timeout=20)
         runs.start("waiter", 1, "--wait", "120s")
-        time.sleep(0.5)  # the waiter queues behind the holder on the old primary
+        wait_until(runs.waiting, timeout=20)  # it queues behind the holder on the old primary
         assert holders_on(pair.primary, table) == [2]
         assert holders_on(pair.standby, table) == []  # type: ignore[arg-type]
         killed_at, promoted_at = kill_and_promote(pair)
@@ -132,8 +132,9 @@ def test_sync_standby_promoted_keeps_the_holder(template, cli_env, tmp_path):
         runs.start("holder", 10, "--ttl", "15s")
         wait_until(lambda: runs.started_file("holder"), timeout=20)
         runs.start("waiter", 1, "--wait", "120s")
-        time.sleep(0.5)
-        assert holders_on(pair.standby, table) == [2]  # type: ignore[arg-type]
+        wait_until(runs.waiting, timeout=20)
+        # the holder's commit waited for the standby's flush; its replay may come later
+        wait_until(lambda: holders_on(pair.standby, table) == [2], timeout=20)  # type: ignore[arg-type]
         killed_at, promoted_at = kill_and_promote(pair)
         finished = runs.finish()
         epoch, quarantine = epoch_row(pair.standby, table)  # type: ignore[arg-type]

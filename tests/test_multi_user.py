@@ -181,11 +181,14 @@ def test_planted_symlinks_and_files_beside_the_store_are_never_written(
     )
     assert planted.returncode == 0, planted.stderr
     env = {**cli_env, "TASKLOCK_STORE": url}
+    key_dir = db.with_name("locks.db.waiters") / key_dir_name("k")
+    planted_names = set(os.listdir(key_dir))
     holder = start("run", "k", "--", "sleep", "30", env=env)
     try:
         wait_for_holder(url, "k")
         waiter = start("run", "k", "--wait", "30s", "--", "true", env=env)
-        time.sleep(0.3)  # it registers in the waiters' directory
+        # it registers in the waiters' directory: its FIFO, made as new.*, then renamed
+        wait_until(lambda: {n for n in os.listdir(key_dir) if n[:4] != "new."} - planted_names)
         released = tasklock("release", "k", "--force", env=env)
         assert released.returncode == 0, released.stderr
         assert waiter.wait(timeout=30) == 0

@@ -92,6 +92,11 @@ class Runs:
     def started_file(self, name: str) -> bool:
         return bool(self.marks(name))
 
+    def waiting(self) -> list[dict]:
+        """The runs waiting for the key, as `peek --json` lists them."""
+        peeked = tasklock("peek", self.key, "--json", env=self.env, timeout=60)
+        return json.loads(peeked.stdout).get("waiters", []) if peeked.stdout else []
+
     def spans(self) -> list[Span]:
         """Every run whose command ran, by start."""
         found = []
