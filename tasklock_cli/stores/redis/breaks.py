@@ -1,11 +1,16 @@
-"""The Redis store's break watches: a holder waiting for a break SUBSCRIBEs to its lease's
-break channel on a connection of its own (made at its first wait, kept until release),
-then looks at the lease once (``BreakWatches`` in base.py runs them).
+"""The Redis store's break watches (``BreakWatches`` in base.py runs them).
 
-Pub/sub rather than a per-lease list to BLPOP: the holder selects on the subscription's
-socket together with ``wake_fd`` and can stop at any moment, with no blocked command to
-cancel and nothing left on the server; a message published before the subscription is not
-needed, as the look after subscribing sees the break.
+A holder waiting for a break SUBSCRIBEs to its lease's break channel.
+It does so on a connection of its own, made at its first wait and kept until release.
+Then it looks at the lease once.
+
+Why pub/sub rather than a per-lease list to BLPOP:
+
+- The holder selects on the subscription's socket together with ``wake_fd``.
+- So it can stop at any moment.
+- There is no blocked command to cancel, and nothing is left on the server.
+- A message published before the subscription is not needed.
+  The look after subscribing sees the break.
 """
 
 from __future__ import annotations

@@ -177,15 +177,21 @@ def _url_parameters(scheme: str) -> frozenset[str]:
 
 
 def _set_up_lean(connection: redis.connection.AbstractConnection) -> None:
-    """The connection's handshake without what costs a round trip each on every new
-    connection, i.e. on every ``tasklock run``: the health-check PING redis-py would first
-    send on a socket that has only just connected, and CLIENT SETINFO LIB-NAME / LIB-VER
-    (the client name, ``tasklock``, is kept). The handshake reads these attributes in
-    every redis-py release (``driver_info`` in newer ones, ``lib_name``/``lib_version``
-    in older ones), unlike the constructor options, whose ``None`` some releases ignore."""
-    # (ignores: redis-py infers next_health_check's type from its 0 and assigns it floats
-    # itself; lib_name and lib_version are older releases' attributes, and driver_info newer
-    # ones': unused-ignore, since which is wrong depends on the redis-py installed)
+    """The connection's handshake, without two steps that each cost a round trip.
+
+    Each new connection pays them, which means every ``tasklock run`` does.
+    Left out:
+
+    - the health-check PING that redis-py would first send on a socket that has only just
+      connected;
+    - CLIENT SETINFO LIB-NAME / LIB-VER (the client name, ``tasklock``, is kept).
+
+    The handshake reads these attributes in every redis-py release.
+    Newer ones read ``driver_info``; older ones read ``lib_name``/``lib_version``.
+    The constructor options are not used instead: some releases ignore their ``None``."""
+    # Why the ignores: redis-py infers next_health_check's type from its 0, and assigns it
+    # floats itself. lib_name and lib_version are older releases' attributes; driver_info is
+    # newer ones'. Which is wrong depends on the redis-py installed, hence unused-ignore.
     connection.next_health_check = time.monotonic() + HEALTH_CHECK_INTERVAL_S  # type: ignore[assignment, unused-ignore]
     connection.driver_info = None  # type: ignore[attr-defined, unused-ignore]
     connection.lib_name = connection.lib_version = None  # type: ignore[attr-defined, unused-ignore]

@@ -1,32 +1,48 @@
-"""Failover epochs: the acquire script's check that Redis's primary is still the one whose
-writes the namespace's records were made under, and the fencing tokens of a new epoch (the
-design the stores share is in ``stores.failover``).
+"""Failover epochs on Redis, for the acquire script.
 
-The namespace's epoch record is the hash ``P{}:epoch`` (no lock key is empty, so no lock
-key's parts can have this name), never given a TTL:
+The acquire script checks that Redis's primary is still the one under whose writes the
+namespace's records were made.
+It also computes the fencing tokens of a new epoch.
+The design the stores share is in ``stores.failover``.
 
-- ``replid``: the ``master_replid`` (``INFO replication``) of the primary it was written on;
-- ``run_id``: that server's ``run_id`` (``INFO server``), new at each start;
-- ``epoch``: 0 until the first change of primary, then ``max(previous + 1, TIME seconds)``;
+The namespace's epoch record is the hash ``P{}:epoch``.
+No lock key is empty, so no lock key's parts can have this name.
+The record is never given a TTL.
+Its fields:
+
+- ``replid``: the ``master_replid`` (``INFO replication``) of the primary it was written on.
+- ``run_id``: that server's ``run_id`` (``INFO server``), new at each start.
+- ``epoch``: 0 until the first change of primary, then ``max(previous + 1, TIME seconds)``.
 - ``quarantine_until``: Redis ``TIME`` in ms before which no acquire in the namespace
-  succeeds (it answers as a held key does: the caller waits or conflicts);
+  succeeds.
+  Such an acquire answers as a held key does: the caller waits or conflicts.
 - ``max_ttl``: the longest lease TTL (ms) an acquire in the namespace has asked for.
 
-A primary whose ``master_replid`` differs from the recorded one took over from another
-(a promoted replica gets a new replid and keeps the old one as ``master_replid2``), or
-restarted; one whose ``run_id`` differs restarted (a server may keep its replid across a
-restart, from its RDB file): leases and tokens the old one granted may be missing here. A
-record without ``run_id`` (an older tasklock's) gains it without a change.
+When the primary changed, leases and tokens the old one granted may be missing here:
 
-A missing record is a fresh namespace, unless ``master_replid2`` is set (this server took
-over from another primary since it started: the namespace's first acquire may have been
-on the old primary, its record lost with it), or the server started less than the
-quarantine floor (``DEFAULT_TTL_MS + QUARANTINE_MARGIN_MS``) ago: a restart without
-persistence loses the record, and a holder of the server's previous life may still run.
-That quarantine ends at the floor after the server's start (leases granted before the
-start end within the default TTL of it). A server without persistence that restarted
-longer ago than the floor before the namespace's next acquire cannot be told from a fresh
-one: tokens start again at 1 (README says so).
+- A primary whose ``master_replid`` differs from the recorded one took over from another,
+  or restarted.
+  A promoted replica gets a new replid and keeps the old one as ``master_replid2``.
+- A primary whose ``run_id`` differs restarted.
+  A server may keep its replid across a restart, from its RDB file.
+- A record without ``run_id`` (an older tasklock's) gains it without a change.
+
+A missing record is a fresh namespace, with two exceptions:
+
+- ``master_replid2`` is set.
+  This server took over from another primary since it started.
+  The namespace's first acquire may have been on the old primary, and its record was lost
+  with it.
+- The server started less than the quarantine floor
+  (``DEFAULT_TTL_MS + QUARANTINE_MARGIN_MS``) ago.
+  A restart without persistence loses the record.
+  A holder of the server's previous life may still run.
+  That quarantine ends at the floor after the server's start.
+  Leases granted before the start end within the default TTL of it.
+
+A server without persistence may have restarted longer ago than the floor before the
+namespace's next acquire.
+It cannot be told from a fresh one, and tokens start again at 1 (README says so).
 """
 
 from __future__ import annotations

@@ -1,26 +1,38 @@
-"""The Redis store's queue of waiters: its Lua (part of every script's prelude, see
-``scripts``), and a place's record as Python writes and reads it.
+"""The Redis store's queue of waiters.
+
+This module holds the queue's Lua, which is part of every script's prelude (see
+``scripts``).
+It also holds a place's record as Python writes and reads it.
 
 Per lock key ``K`` (named after its wake list ``P{K}:wake``)::
 
-    P{K}:queue       zset  owner -> order: a caller joins at the end (the last score + 1)
-                           or, with ``front``, ahead of everyone (the first score - 1);
-                           keeping a place keeps its score
-    P{K}:waiters     hash  owner -> 'expires_ms since_ms record' of its place; ``record``
-                           is the waiter's holder as JSON with, when not the default,
-                           ``"mode": "shared"`` and ``"supersede": true``. An older tasklock
-                           reads the holder and ignores both, and counts every place as
-                           one ahead of it: for its callers, all exclusive, that is the rule
-    P{K}:superseded  hash  owner -> expires_ms: the places a newer ``--supersede`` waiter
-                           took out of the queue; their owners' next acquire raises
-                           ``Superseded``. Out of the queue, they hold up nobody, older
-                           tasklocks included
+    P{K}:queue       zset  owner -> order.
+    P{K}:waiters     hash  owner -> 'expires_ms since_ms record' of its place.
+    P{K}:superseded  hash  owner -> expires_ms of a place a newer waiter took out.
 
-Admission (``head_run``): a shared place when every place ahead of it is shared and no
-exclusive lease is live; an exclusive one when fewer places are ahead of it than slots are
-free (none while a shared lease is live). A release wakes every place it may admit, each
-on its own wake list ``P{K}:wake:<owner>``: the head, or the run of shared places at the
-head -- never the whole queue.
+The keys in detail:
+
+- ``P{K}:queue``: a caller joins at the end (the last score + 1).
+  With ``front`` it joins ahead of everyone (the first score - 1).
+  Keeping a place keeps its score.
+- ``P{K}:waiters``: ``record`` is the waiter's holder as JSON.
+  When not the default, it adds ``"mode": "shared"`` and ``"supersede": true``.
+  An older tasklock reads the holder and ignores both.
+  It counts every place as one ahead of it.
+  For its callers, all exclusive, that is the rule.
+- ``P{K}:superseded``: the places a newer ``--supersede`` waiter took out of the queue.
+  Their owners' next acquire raises ``Superseded``.
+  Out of the queue, they hold up nobody, older tasklocks included.
+
+Admission (``head_run``):
+
+- A shared place is admitted when every place ahead of it is shared and no exclusive lease
+  is live.
+- An exclusive place is admitted when fewer places are ahead of it than slots are free.
+  None is free while a shared lease is live.
+
+A release wakes every place it may admit, each on its own wake list ``P{K}:wake:<owner>``.
+That is the head, or the run of shared places at the head; never the whole queue.
 """
 
 from __future__ import annotations

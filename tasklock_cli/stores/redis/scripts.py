@@ -1,22 +1,32 @@
 """The Redis store's Lua scripts: every mutation, and the reads that must see one moment.
 
-Each script is one EVALSHA; times come from Redis's ``TIME``, never the client's clock.
-Types are checked first so that a foreign key under the prefix is reported (as
-"WRONGTYPE lease|fence|wake|limit <type>") before anything is written.
+Each script is one EVALSHA.
+Times come from Redis's ``TIME``, never the client's clock.
+Types are checked first, before anything is written.
+So a foreign key under the prefix is reported, as "WRONGTYPE lease|fence|wake|limit <type>".
 
-Slots: slot 0 is the key's lease hash (``P{K}:lease``, as before semaphores), slot ``n``
-the hash ``P{K}:lease:n`` (a name no lock key's parts can have: theirs end in a role, these
-in a digit); the scripts build a slot's name from slot 0's. A plain lock's hash has no
-``slot`` or ``limit`` field (slot 0 of limit 1, also for an older tasklock's leases); a
-semaphore's hashes have both. ``P{K}:limit`` holds the semaphore's limit, with a PX at
-least as late as the last expiry of its live slots: it tells how many slots to look at,
-which the liveness of the slots themselves then decides.
+Slots:
 
-Shared holders (``run --shared``) are slots of limit 1 whose hashes add ``mode`` = shared
-and ``slot``; each takes the lowest slot no live lease holds, unbounded, and
-``P{K}:limit`` then covers one past the highest (``cover_slots``), so every reader of the
-key's slots -- an older tasklock's too, which takes it for a limit -- sees them all. An
-exclusive lease of limit 1 is taken only when no slot at all is live.
+- Slot 0 is the key's lease hash (``P{K}:lease``, as before semaphores).
+- Slot ``n`` is the hash ``P{K}:lease:n``.
+  No lock key's parts can have this name: theirs end in a role, these in a digit.
+- The scripts build a slot's name from slot 0's.
+- A plain lock's hash has no ``slot`` or ``limit`` field.
+  It is slot 0 of limit 1; so are an older tasklock's leases.
+- A semaphore's hashes have both fields.
+- ``P{K}:limit`` holds the semaphore's limit.
+  Its PX is at least as late as the last expiry of its live slots.
+  It tells how many slots to look at.
+  The liveness of the slots themselves then decides.
+
+Shared holders (``run --shared``):
+
+- They are slots of limit 1 whose hashes add ``mode`` = shared and ``slot``.
+- Each takes the lowest slot no live lease holds, unbounded.
+- ``P{K}:limit`` then covers one past the highest (``cover_slots``).
+  So every reader of the key's slots sees them all.
+  That includes an older tasklock, which takes it for a limit.
+- An exclusive lease of limit 1 is taken only when no slot at all is live.
 """
 
 from __future__ import annotations
@@ -101,15 +111,19 @@ end
 )
 
 # KEYS[2] = fence, KEYS[3] = wake, KEYS[4] = limit, KEYS[5] = the namespace's epoch record
-# (see ``epochs``); ARGV: owner, ttl_ms, holder_json, limit,
-# queue ('1' or ''), waiter_ttl_ms, mode ('shared' or '': exclusive), supersede ('1' or ''),
-# front ('1' or ''), the place's record (see ``queue``).
-# -> {fencing_token (a decimal string), acquired_at_ms, expires_at_ms, slot}, nil when every
-# slot is held (or the free ones go to waiters ahead of us: first come, first served),
-# {'quarantine', ms left} while a change of primary keeps every key from new holders (it
-# queues as nil does), {'limit', held} when
-# a live holder uses another limit, or {'superseded'} when a newer --supersede waiter took
-# our place (we leave the queue). With queue, nil joins the queue or keeps our place.
+# (see ``epochs``).
+# ARGV: owner, ttl_ms, holder_json, limit, queue ('1' or ''), waiter_ttl_ms,
+# mode ('shared' or '': exclusive), supersede ('1' or ''), front ('1' or ''),
+# the place's record (see ``queue``).
+# Returns:
+# - {fencing_token (a decimal string), acquired_at_ms, expires_at_ms, slot} when taken;
+# - nil when every slot is held, or the free ones go to waiters ahead of us (first come,
+#   first served);
+# - {'quarantine', ms left} while a change of primary keeps every key from new holders
+#   (it queues as nil does);
+# - {'limit', held} when a live holder uses another limit;
+# - {'superseded'} when a newer --supersede waiter took our place (we leave the queue).
+# With queue, nil joins the queue or keeps our place.
 # A shared caller (limit 1) looks one slot past those recorded: there is always one free.
 ACQUIRE = (
     _PRELUDE
@@ -227,11 +241,15 @@ return now + ttl
 )
 
 # KEYS[1] = the lease's slot hash, KEYS[2] = wake, KEYS[3] = runs, KEYS[4] = success,
-# KEYS[5] = limit, KEYS[6] = slot 0's hash; ARGV: owner, fencing_token, keep_ms (0 = delete
-# now), the run's record as JSON without ended_at ('' = none), '1' when the run succeeded
-# (it then becomes the key's newest success, unless a newer one is there), the slots the
-# limit record must cover (as RENEW's) -> 1 released (or kept for keep_ms), 0 no lease at
-# all, -1 someone else's lease.
+# KEYS[5] = limit, KEYS[6] = slot 0's hash.
+# ARGV:
+# - owner, fencing_token;
+# - keep_ms (0 = delete now);
+# - the run's record as JSON without ended_at ('' = none);
+# - '1' when the run succeeded: it then becomes the key's newest success, unless a newer
+#   one is there;
+# - the slots the limit record must cover (as RENEW's).
+# Returns 1 released (or kept for keep_ms), 0 no lease at all, -1 someone else's lease.
 # Our broken lease is ours to release too, and is never kept. The record goes into the
 # ledger whatever the lease's state (once per token), ended_at from Redis's clock.
 RELEASE = (

@@ -1,13 +1,17 @@
-"""The Redis store's wake-up primitive: each key's wake list, which a release pushes onto
-and a waiter BLPOPs (``RedisStore`` keeps the look at the key; base.py the skeleton).
+"""The Redis store's wake-up primitive: each key's wake list.
 
-A release between the look and the BLPOP leaves its wake-up in the list, so it is not
-missed; each release wakes one waiter, so N waiters do not all rush at the store when one
-of them can win: the head of the key's queue, on a wake list of its own
-(``P{K}:wake:<owner>``), or each of the run of shared waiters at its head, when the key
-has a queue (see ``queue``). A BLPOP cut short by
-a signal may have taken a wake-up with it: it is marked while under way, and ``close``
-passes such a wake-up on.
+A release pushes onto the wake list, and a waiter BLPOPs it.
+``RedisStore`` keeps the look at the key; base.py keeps the skeleton.
+
+- A release between the look and the BLPOP leaves its wake-up in the list, so it is not
+  missed.
+- Each release wakes one waiter, so N waiters do not all rush at the store when one of them
+  can win.
+- When the key has a queue (see ``queue``), the waiter woken is its head, on a wake list of
+  its own (``P{K}:wake:<owner>``).
+  Or it is each of the run of shared waiters at its head.
+- A BLPOP cut short by a signal may have taken a wake-up with it.
+  So it is marked while under way, and ``close`` passes such a wake-up on.
 """
 
 from __future__ import annotations
