@@ -1,7 +1,9 @@
-"""How a PostgreSQL holder hears that its lease was broken: a break or forced release
-``pg_notify``s the key's break channel with the fencing token as payload, in its
-statement; the holder LISTENs on it on a connection of its own (one per lease, kept until
-its release; see ``BreakWatches``), which it selects on."""
+"""How a PostgreSQL holder hears that its lease was broken.
+
+- A break or forced release ``pg_notify``s the key's break channel, in its statement.
+- The payload is the fencing token.
+- The holder LISTENs on the channel on a connection of its own, which it selects on.
+- There is one such connection per lease, kept until its release (see ``BreakWatches``)."""
 
 from __future__ import annotations
 

@@ -297,10 +297,13 @@ class PgConnection(SqlConnection):
     ) -> _T:
         """Run ``operation`` on the connection, mapping every failure to a tasklock error.
 
-        Retried here: serialization failures and deadlocks (a few times), a table that
-        vanished (recreated once), and a connection found broken when reused (once, on a
-        new connection) -- for non-idempotent statements only when the server said it
-        had not run the statement (it was shutting down or terminated the session).
+        Retried here:
+
+        - serialization failures and deadlocks, a few times;
+        - a table that vanished, recreated once;
+        - a connection found broken when reused, once, on a new connection.
+          For non-idempotent statements, only when the server said it had not run the
+          statement: it was shutting down, or it terminated the session.
         """
         with self.lock:
             conflicts = 0

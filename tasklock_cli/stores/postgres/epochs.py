@@ -1,33 +1,48 @@
-"""Failover epochs: the acquire statement's check that the server is still the primary,
-and the same run of it, whose writes the table's rows were made under; and the fencing
-tokens of a new epoch (the argument is in the package's docstring; the design the stores
-share, in ``stores.failover``).
+"""Failover epochs on PostgreSQL.
 
-The table's epoch row is a reserved row of the lease table (key ``''``, which no lock
-has, slot ``EPOCH_SLOT``; no owner, so no listing, sweep or older tasklock sees it):
+The acquire statement checks that the server is still the primary.
+It also checks that it is the same run of the server, under whose writes the table's rows
+were made.
+And it computes the fencing tokens of a new epoch.
+The argument is in the package's docstring.
+The design the stores share is in ``stores.failover``.
+
+The table's epoch row is a reserved row of the lease table.
+Its key is ``''``, which no lock has, and its slot is ``EPOCH_SLOT``.
+It has no owner, so no listing, sweep or older tasklock sees it.
+Its fields:
 
 - ``holder->>'identity'``: the server it was written on, ``SYSTEM:TIMELINE`` (see
-  ``IDENTITY``), and ``holder->>'started'``: when that server last started (see
-  ``STARTED``);
-- ``fencing_token``: the epoch, 0 until the first change of primary or restart, then
-  ``max(previous + 1, the server's clock in whole seconds)``;
-- ``expires_at``: ``quarantine_until``, before which no acquire in the table succeeds
-  (it answers as a held key does: the caller waits or conflicts);
-- ``holder->>'max_ttl'``: the longest lease TTL (s) an acquire in the table has asked for;
-- ``acquired_at``: when the epoch began; ``holder->>'previous'`` and
-  ``holder->>'previous_started'``: the identity and start before it (``previous`` is
-  ``MISSING_ROW`` when the epoch began because a used table had no row).
+  ``IDENTITY``).
+- ``holder->>'started'``: when that server last started (see ``STARTED``).
+- ``fencing_token``: the epoch.
+  It is 0 until the first change of primary or restart.
+  Then it is ``max(previous + 1, the server's clock in whole seconds)``.
+- ``expires_at``: ``quarantine_until``, before which no acquire in the table succeeds.
+  Such an acquire answers as a held key does: the caller waits or conflicts.
+- ``holder->>'max_ttl'``: the longest lease TTL (s) an acquire in the table has asked for.
+- ``acquired_at``: when the epoch began.
+- ``holder->>'previous'`` and ``holder->>'previous_started'``: the identity and start
+  before it.
+  ``previous`` is ``MISSING_ROW`` when the epoch began because a used table had no row.
 
-The row is created with the table (one transaction, so a standby that has the table has
-the row). An acquire that finds no row creates it: at epoch 0 in a table that holds no
-other row, else (a table from before epochs, or one rolled back to before its row was
-written: the two cannot be told apart) as a new epoch, with a quarantine. An operator
-forces a new epoch by setting ``identity`` to ``NEW_EPOCH`` (see README).
+The row is created with the table, in one transaction.
+So a standby that has the table has the row.
 
-The start time is kept apart from the identity so that a tasklock from before it (which
-compares the identity alone, and keeps the row's other fields when it writes) shares the
-table without starting epochs back and forth; a row without it takes this server's start
-as its own, without a new epoch.
+An acquire that finds no row creates it:
+
+- at epoch 0, in a table that holds no other row;
+- else as a new epoch, with a quarantine.
+  The table is then from before epochs, or rolled back to before its row was written.
+  The two cannot be told apart.
+
+An operator forces a new epoch by setting ``identity`` to ``NEW_EPOCH`` (see README).
+
+The start time is kept apart from the identity, for a tasklock from before it.
+Such a tasklock compares the identity alone.
+It keeps the row's other fields when it writes.
+So it shares the table without starting epochs back and forth.
+A row without a start time takes this server's start as its own, without a new epoch.
 """
 
 from __future__ import annotations
@@ -53,9 +68,10 @@ IDENTITY = """CASE WHEN pg_is_in_recovery() THEN NULL
      ELSE (SELECT system_identifier::text FROM pg_control_system()) || ':'
           || ('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::integer
      END"""
-#: When the server last started, in microseconds since 1970 (as text; the same on every
-#: client, whatever its TimeZone): a backup or disk snapshot started by crash recovery
-#: keeps the system identifier and the timeline, but it is a new start.
+#: When the server last started, in microseconds since 1970.
+#: It is text, the same on every client, whatever its TimeZone.
+#: A backup or disk snapshot started by crash recovery keeps the system identifier and the
+#: timeline, but it is a new start.
 STARTED = "floor(extract(epoch FROM pg_postmaster_start_time()) * 1000000)::bigint::text"
 #: The functions the identity needs (PostgreSQL 10 or later), named when a server refuses one.
 IDENTITY_FUNCTIONS = (
@@ -83,14 +99,18 @@ _QUARANTINE = (
 # When the row is missing: the highest token in the table, NULL when it holds no lease or
 # counter (never used). NULL too when the row is there, and then ``used`` is never scanned.
 _USED = "(SELECT token FROM used WHERE NOT EXISTS (SELECT FROM era))"
-# The acquire statement's look at the epoch (after ``n``, its clock reading; %(ttl)s is the
-# TTL asked). ``epoch_written`` writes the row only when the server's identity or start
-# differs from the one recorded (a new epoch: quarantine from now), when the row has no
-# start yet, or when the TTL is longer than any before; it decides on the row's latest
-# version, so racing acquires start one epoch. ``epoch`` is the table's epoch as it
-# stands: as written, else as seen when that was current. It is empty when the row changed
-# since this statement's snapshot (another acquire started an epoch first): the outcome
-# is then 'lost', and the caller runs the statement again.
+# The acquire statement's look at the epoch.
+# It comes after ``n``, its clock reading; %(ttl)s is the TTL asked.
+# ``epoch_written`` writes the row only:
+# - when the server's identity or start differs from the one recorded
+#   (a new epoch: quarantine from now);
+# - when the row has no start yet;
+# - when the TTL is longer than any before.
+# It decides on the row's latest version, so racing acquires start one epoch.
+# ``epoch`` is the table's epoch as it stands: as written, else as seen when that was current.
+# It is empty when the row changed since this statement's snapshot.
+# That happens when another acquire started an epoch first.
+# The outcome is then 'lost', and the caller runs the statement again.
 EPOCH_CTES = f"""
 here AS (SELECT {IDENTITY} AS identity, {STARTED} AS started
 ), era AS (

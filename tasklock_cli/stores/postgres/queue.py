@@ -1,15 +1,25 @@
-"""The PostgreSQL store's statements about the queues of waiters: the acquire statement
-(which takes a slot or joins, keeps or leaves the caller's place, one statement), the
-wake-ups of the waiters a change may admit, the waiter's look at the key and the
-listings of the queues.
+"""The PostgreSQL store's statements about the queues of waiters.
 
-A key's queue is its live places in ``<table>_waiters`` (``expires_at`` not passed, not
-``superseded``), served in ``seq`` order. A place taken with ``front`` gets a negative
-``seq`` (minus a fresh number of the table's sequence), so it sorts ahead of every place
-there -- the latest such place first -- and an older tasklock sharing the table (which
-orders by ``seq`` alone) sees the same order. Each place keeps its mode: a shared waiter
-is admitted when only shared places are ahead of it, an exclusive one when none is (with
-``limit`` N: fewer than the free slots)."""
+- The acquire statement: one statement takes a slot, or joins, keeps or leaves the
+  caller's place.
+- The wake-ups of the waiters a change may admit.
+- The waiter's look at the key.
+- The listings of the queues.
+
+A key's queue is its live places in ``<table>_waiters``, served in ``seq`` order.
+A live place's ``expires_at`` has not passed, and it is not ``superseded``.
+
+A place taken with ``front`` gets a negative ``seq``: minus a fresh number of the table's
+sequence.
+So it sorts ahead of every place there, the latest such place first.
+An older tasklock sharing the table orders by ``seq`` alone, and so sees the same order.
+
+Each place keeps its mode:
+
+- a shared waiter is admitted when only shared places are ahead of it;
+- an exclusive one when none is.
+  With ``limit`` N, an exclusive one is admitted when fewer places are ahead of it than
+  slots are free."""
 
 from __future__ import annotations
 
@@ -82,37 +92,58 @@ SELECT key, count(*) FROM {{waiters}}
  GROUP BY key
 """
 
-# One statement, one clock reading (the takeover test and the new times agree exactly).
-# Acquirers of a key queue on its counter row (slot -1): the upsert of ``counter`` locks
-# it and bumps it only when it still holds what this statement's snapshot saw. When it
-# does not, another acquire committed since the snapshot, and what ``seen`` shows of the
-# slots may be out of date: nothing is taken and the outcome is 'lost' (the caller runs
-# the statement again, on a new snapshot). A slot row is only ever taken when its latest
-# version is free (ON CONFLICT ... WHERE), so a stale snapshot costs a retry, never a
-# second holder. Outcomes: 'taken' (with the lease), 'mismatch' (with the live holders'
-# limit), 'lost', 'superseded', 'quarantine' (with the milliseconds left in the token's
-# column); no row when every slot is held.
+# One statement, one clock reading: the takeover test and the new times agree exactly.
+# Acquirers of a key queue on its counter row (slot -1).
+# The upsert of ``counter`` locks that row.
+# It bumps it only when it still holds what this statement's snapshot saw.
+# When it does not, another acquire committed since the snapshot.
+# What ``seen`` shows of the slots may then be out of date.
+# So nothing is taken and the outcome is 'lost': the caller runs the statement again, on a
+# new snapshot.
+# A slot row is only ever taken when its latest version is free (ON CONFLICT ... WHERE).
+# So a stale snapshot costs a retry, never a second holder.
+# Outcomes:
+# - 'taken', with the lease;
+# - 'mismatch', with the live holders' limit;
+# - 'lost';
+# - 'superseded';
+# - 'quarantine', with the milliseconds left in the token's column;
+# - no row, when every slot is held.
 #
-# Failover epochs (see ``epochs``): the statement first reads this server's identity and
-# the table's epoch row, starting a new epoch when the identity changed. Nothing is taken
-# while the epoch's quarantine lasts ('quarantine'), nor when the epoch row changed since
-# the snapshot ('lost'); a token is at least the epoch's first token, ``epoch << 30``.
+# Failover epochs (see ``epochs``):
+# - The statement first reads this server's identity and the table's epoch row.
+# - It starts a new epoch when the identity changed.
+# - Nothing is taken while the epoch's quarantine lasts ('quarantine').
+# - Nothing is taken when the epoch row changed since the snapshot ('lost').
+# - A token is at least the epoch's first token, ``epoch << 30``.
 #
-# Modes: a shared caller (%(shared)s, limit 1) takes the lowest slot no live lease holds
-# when no live lease is exclusive and only shared places are ahead of its own; an
-# exclusive one takes a free slot of 0..limit-1 when fewer places are ahead of it (all of
-# them when it has none) than slots are free -- with limit 1, when the key has no live
-# lease at all. With %(queue)s a caller that gets nothing joins the queue (at its end, or
-# in front with %(front)s) or keeps its place (one more row: 'queued', with the place's
-# seq in the token's column); one that gets a slot leaves it; places that ran out are
-# cleared. A caller that joins with %(supersede)s marks every other live place of the key
-# taken with supersede superseded ('woken' rows: each superseded owner is notified by
-# name). A caller whose own place was marked superseded takes nothing, leaves the queue
-# and gets 'superseded' (and the admitted run is woken: its place may have held them up).
-# Two supersede callers joining at the same instant do not see each other's place: both
-# wait, and the next one to join supersedes both. A superseded place that runs out before
-# its owner comes back is cleared like any other (the marker goes with it): its owner then
-# joins again as a newcomer.
+# Modes:
+# - A shared caller (%(shared)s, limit 1) takes the lowest slot no live lease holds.
+#   It does so when no live lease is exclusive and only shared places are ahead of its own.
+# - An exclusive caller takes a free slot of 0..limit-1.
+#   It does so when fewer places are ahead of it than slots are free.
+#   When it has no place, all places count as ahead of it.
+#   With limit 1, that means when the key has no live lease at all.
+#
+# The queue, with %(queue)s:
+# - A caller that gets nothing joins the queue, at its end or in front with %(front)s.
+#   Or it keeps its place.
+#   Either way there is one more row: 'queued', with the place's seq in the token's column.
+# - A caller that gets a slot leaves its place.
+# - Places that ran out are cleared.
+#
+# Superseding:
+# - A caller that joins with %(supersede)s marks superseded every other live place of the
+#   key taken with supersede.
+#   Each superseded owner is notified by name ('woken' rows).
+# - A caller whose own place was marked superseded takes nothing and leaves the queue.
+#   It gets 'superseded'.
+#   The admitted run is woken, since its place may have held them up.
+# - Two supersede callers joining at the same instant do not see each other's place.
+#   Both wait, and the next one to join supersedes both.
+# - A superseded place that runs out before its owner comes back is cleared like any other.
+#   The marker goes with it.
+#   Its owner then joins again as a newcomer.
 _ACQUIRE_LOOK = (
     """
 WITH n AS (SELECT clock_timestamp() AS t),"""
@@ -264,14 +295,19 @@ ACQUIRE = (
     + _ACQUIRE_OUTCOME
 ).replace("{_HORIZON}", _HORIZON)
 
-# Whether the key is free for us (our place %(seq)s, NULL when we have none, and its
-# mode) or for how long it is not: seconds until the first live lease in our way runs out
-# on the server's clock (an exclusive one for a shared place; any, when the key is full,
-# for an exclusive one), else NULL; its live leases and their limit; the places ahead of
-# ours, and how many of them are exclusive. Its counter row is locked FOR SHARE first:
-# that waits for an acquire still in flight. The first column tells whether the counter
-# changed since this statement's snapshot (its latest version is another): then the slots
-# as read here are out of date and the caller asks again.
+# Whether the key is free for us, or for how long it is not.
+# "Us" is our place %(seq)s (NULL when we have none) and its mode.
+# The statement answers:
+# - the seconds until the first live lease in our way runs out on the server's clock,
+#   else NULL.
+#   For a shared place, a lease in our way is an exclusive one.
+#   For an exclusive place, it is any lease, when the key is full;
+# - the key's live leases and their limit;
+# - the places ahead of ours, and how many of them are exclusive.
+# Its counter row is locked FOR SHARE first: that waits for an acquire still in flight.
+# The first column tells whether the counter changed since this statement's snapshot.
+# If so, its latest version is another, and the slots as read here are out of date.
+# The caller then asks again.
 TIME_UNTIL_FREE = f"""
 WITH latest AS (
     SELECT xmin::text AS version FROM {{table}}

@@ -117,9 +117,12 @@ END
 $migrate$;
 """
 
-# One query: kind of relation, its columns, the columns of each unique index (as
-# "a,b"), whether the run ledger's and the waiters' tables exist, and whether the waiters'
-# table is from before lock modes (parameters: their names, the waiters' again, the table's).
+# One query, which reads:
+# - the kind of relation, and its columns;
+# - the columns of each unique index (as "a,b");
+# - whether the run ledger's and the waiters' tables exist;
+# - whether the waiters' table is from before lock modes.
+# Parameters: their names, the waiters' again, the table's.
 INSPECT = """
 SELECT c.oid::bigint, c.relkind::text,
        to_regclass(%s) IS NOT NULL AND to_regclass(%s) IS NOT NULL,
@@ -282,12 +285,15 @@ class PgSchema:
             ) from None
 
     def _migrate(self, conn: psycopg.Connection) -> None:
-        """Bring a table of an older shape to the current one (see ``_MIGRATE``): the rows
-        of one from before semaphores become slot 0 of limit 1 (their fencing tokens stay: a
-        key's counter row starts from them); leases and places from before lock modes are
-        exclusive, and no place is superseded.
-        Under the schema lock and in one transaction, so racing clients migrate it once;
-        one that comes second finds it done."""
+        """Bring a table of an older shape to the current one (see ``_MIGRATE``).
+
+        - The rows of a table from before semaphores become slot 0 of limit 1.
+          Their fencing tokens stay: a key's counter row starts from them.
+        - Leases and places from before lock modes are exclusive.
+        - No place is superseded.
+
+        It runs under the schema lock and in one transaction.
+        So racing clients migrate the table once; one that comes second finds it done."""
         try:
             with conn.transaction():
                 conn.execute("SELECT pg_advisory_xact_lock(%s)", [self._lock_id()])

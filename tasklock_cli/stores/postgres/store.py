@@ -114,10 +114,12 @@ SELECT 'freed' FROM kept
 UNION ALL{_FREED}"""
 _RELEASE = f"""
 WITH cleared AS ({_FREE_OURS}), {WAKE_CTES}{_FREED}"""
-# The run ledger's part of a release: the run's record (kept as first written when a
-# retry writes it again) and the trim to the key's last LEDGER_KEEP runs, counting the new
-# one (the statement's snapshot does not show its own insert). The key's newest success
-# (the new run, when %(succeeded)s) is never trimmed: ``--once-per`` and ``metrics`` need it.
+# The run ledger's part of a release:
+# - The run's record. When a retry writes it again, it is kept as first written.
+# - The trim to the key's last LEDGER_KEEP runs, counting the new one.
+#   (The statement's snapshot does not show its own insert.)
+# The key's newest success is never trimmed: ``--once-per`` and ``metrics`` need it.
+# With %(succeeded)s, that is the new run.
 _SUCCEEDED = "data->>'outcome' = 'succeeded'"
 _RECORD_RUN = f"""recorded AS (
     INSERT INTO {{runs}} (key, fencing_token, started_at, ended_at, data)
