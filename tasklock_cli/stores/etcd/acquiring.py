@@ -17,12 +17,15 @@ from tasklock_cli.stores.model import EXCLUSIVE
 from tasklock_cli.stores.model import SHARED
 from tasklock_cli.util.records import dataclass
 
-#: The slots one acquire txn tries, nested (etcd counts nested ops against --max-txn-ops,
-#: 128 by default, along the deepest path; a level takes 3-5); past them the read of a
-#: refusal says where to go on. Shared holders' slots have no limit: fewer per txn, since
-#: every level repeats the taking's puts and extras and a shared txn repeats its chain once
-#: per queue alternative (16 made a shared acquire 6.1 ms against an exclusive one's 1.6;
-#: 4 makes it 2.1). More readers at once go on from where the refusal's read says.
+#: The slots one acquire txn tries, nested.
+#: etcd counts nested ops against --max-txn-ops (128 by default), along the deepest path.
+#: A level takes 3-5 ops.
+#: Past these slots, the read of a refusal says where to go on.
+#: Shared holders' slots have no limit, but fewer go in one txn.
+#: Every level repeats the taking's puts and extras.
+#: And a shared txn repeats its chain once per queue alternative.
+#: With 16, a shared acquire took 6.1 ms against an exclusive one's 1.6; 4 makes it 2.1.
+#: More readers at once go on from where the refusal's read says.
 SLOTS_PER_TXN = 24
 SHARED_SLOTS_PER_TXN = 4
 #: Steps of a txn's plan (see ``taken_slot``) that are not slots: a GUARD level goes on
@@ -49,14 +52,23 @@ class Taking:
 def acquire_txn(
     keys: EtcdKeys, taking: Taking, start: int, extras: Ops, queue_guards: list[Ops], reads: Ops
 ) -> tuple[dict[str, Any], list[int | str]]:
-    """The acquire's txn: take the lowest free slot from ``start`` on, each slot a txn
-    nested in the failure branch of the one before (etcd 3.4 has no loop), at most
-    SLOTS_PER_TXN of them (etcd bounds a txn's ops, nested ones counted in). A taking also
-    runs ``extras``. Guards: no key of another limit (or a semaphore's slot 0 without its
-    marker: a plain lock; for an exclusive limit-1 caller no key of any slot or mode at
-    all), no slot taken by us already, and ``queue_guards`` (the queue admits us: first
-    come, first served). Where it ends without a slot it runs ``reads``. Returns the txn
-    and its plan (the slot of each nested level, or GUARD) for ``taken_slot``."""
+    """The acquire's txn: take the lowest free slot from ``start`` on.
+
+    Each slot is a txn nested in the failure branch of the one before: etcd 3.4 has no loop.
+    There are at most SLOTS_PER_TXN of them: etcd bounds a txn's ops, nested ones counted in.
+    A taking also runs ``extras``.
+
+    Guards:
+
+    - No key of another limit.
+      A semaphore's slot 0 without its marker counts as one: it is a plain lock.
+      For an exclusive limit-1 caller: no key of any slot or mode at all.
+    - No slot taken by us already.
+    - ``queue_guards``: the queue admits us (first come, first served).
+
+    Where it ends without a slot, it runs ``reads``.
+    Returns the txn and its plan for ``taken_slot``.
+    The plan is the slot of each nested level, or GUARD."""
     if taking.mode == SHARED:
         return _shared_txn(keys, taking, start, extras, queue_guards, reads)
     (queue_guard,) = queue_guards  # an exclusive caller's queue guard has no alternative
@@ -88,10 +100,15 @@ def acquire_txn(
 def _shared_txn(
     keys: EtcdKeys, taking: Taking, start: int, extras: Ops, queue_guards: list[Ops], reads: Ops
 ) -> tuple[dict[str, Any], list[int | str]]:
-    """A shared caller's acquire txn: the guards (no exclusive holder: no lock key, no
-    other limit's slot; no slot of ours; the queue admits us, in one of the alternatives
-    of ``queue_guards``, each tried in the failure branch of the one before), then the
-    lowest free shared slot from ``start`` on."""
+    """A shared caller's acquire txn: the guards, then the lowest free shared slot from
+    ``start`` on.
+
+    The guards:
+
+    - No exclusive holder: no lock key, no other limit's slot.
+    - No slot of ours.
+    - The queue admits us, in one of the alternatives of ``queue_guards``.
+      Each alternative is tried in the failure branch of the one before."""
     key = taking.key
     chain: list[dict[str, Any]] = reads
     slots = list(range(start, start + SHARED_SLOTS_PER_TXN))

@@ -1,9 +1,15 @@
 """Breaking a slot of the etcd store, and its holder hearing of it.
 
-A break moves the slot's keys to a new lease (the breaker's) for the time the old one had
-left, with a broken mark on it, and revokes the old one: the holder's keepalive fails at
-once, nobody else can take the slot meanwhile, and the fencing token (create_revision)
-stays the same. The holder watches its slot's key for that move, or its deletion.
+A break moves the slot's keys to a new lease, the breaker's.
+That lease is granted for the time the old one had left.
+A broken mark goes on it too.
+Then the break revokes the old lease.
+
+- The holder's keepalive fails at once.
+- Nobody else can take the slot meanwhile.
+- The fencing token (create_revision) stays the same.
+
+The holder watches its slot's key for that move, or its deletion.
 """
 
 from __future__ import annotations

@@ -3,60 +3,109 @@
 Under the namespace prefix ``P`` (``?prefix=``, default ``tasklock/``), for lock key ``K``
 (stored exactly, UTF-8)::
 
-    P lock/K             slot 0 (a plain lock is slot 0 of limit 1), value: JSON {owner,
-                         holder, acquired_at (ms, client clock), ttl, limit (semaphores
-                         only), done (true once kept after its command ended: ``run
-                         --hold-at-least``)} attached to the holder's lease. Fencing
-                         token = the key's create_revision: etcd's global revision only
-                         ever grows, so a key created again (after release, expiry,
-                         forced release) gets a greater one, in any slot, and no counter
-                         can be reset or deleted.
-    P lock/K NUL N/S     slot S > 0 of K held with limit N (S: SLOT_DIGITS digits, so key
-                         order is slot order), as the lock key; for S = 0 the limit marker
-                         put on slot 0's lease with the lock key. Keys hold no control
-                         characters: no other key's lock key starts with ``K NUL``, and a
-                         range from ``K`` to ``K \x01`` holds K's slots and nothing else
-                         (one read, one watch). A key held with limit N has no key under
-                         ``K NUL`` of another limit: the acquire's txn compares that.
-    P lock/K NUL 0/S     shared slot S >= 0 (``run --shared``; "limit 0" in the name, limit 1
-                         in what it reports), never the lock key: so the lock key exists
-                         exactly while an exclusive (or semaphore) holder holds slot 0, and
-                         an exclusive limit-1 acquire compares the whole range ``K`` ..
-                         ``K \x01`` empty (no holder of any mode or slot). A shared acquire
-                         compares the lock key and every other limit's keys absent. An older
-                         tasklock sees shared slots as another limit's and is refused.
-    P owner/K NUL <owner>  a semaphore holder's mark, on its lease: a retry after a lost
-                         reply finds its own slot instead of taking a free one
-    P broken/K [NUL S]   value: the fencing token of a broken lease in slot S (none for
-                         slot 0); attached, with the slot's keys, to the breaker's lease
-                         (see ``EtcdStore.break_lease``)
-    P wait/<len>:K/<OMS>/<id>  a waiter's place in K's queue (``waiting``), on the
-                         waiter's lease (id: its hex ID); value: holder and arrival. The
-                         class OMS is three letters: O = F (front, ``run --replace``) or N
-                         (normal), M = S (shared) or X (exclusive), S = S (joined with
-                         ``--supersede``) or P (plain). Queue order: the F places first,
-                         NEWEST first (a later ``front`` goes ahead of an earlier one),
-                         then the N places oldest first (create_revision both). So "ahead
-                         of a normal place R" is "any F place, or an N place created
-                         before R", and "ahead of a front place R" is "an F place created
-                         after R": range compares on create_revision over ``Q F``, ``Q N``,
-                         ``Q FX``, ``Q NX`` say it in the acquire's txn. Upper-case
-                         letters: an older tasklock's place (``Q <lower-case hex>``) falls
-                         in none of those ranges, only in the whole queue's (read as a
-                         normal exclusive place)
-    P superseded/K       put, on its waiter lease, by every ``--supersede`` run that joins
-                         K's queue, in the txn that deletes every other supersede place of
-                         K: its mod_revision is the newest such join. A waiter whose
-                         supersede place (created at R) is gone while this key's
-                         mod_revision is above R was superseded (see ``waiting``)
-    P runs/K NUL <token> the run ledger: one JSON record per run (token: 20 digits, so
-                         key order is token order), put by the release's txn. The
-                         acquire's txn counts K's records and reads the oldest, so that
-                         the release's txn can trim to the last LEDGER_KEEP runs
-                         (keys hold no control characters: NUL ends K)
-    P success/K          K's newest run that succeeded, as in the ledger but started_at
-                         on the member's clock (see ``etcd``); put by the same txn as its
-                         record, apart from the trim (``--once-per``, ``metrics``)
+    P lock/K                    slot 0; a plain lock is slot 0 of limit 1.
+    P lock/K NUL N/S            slot S > 0 of K held with limit N; S = 0: the limit marker.
+    P lock/K NUL 0/S            shared slot S >= 0 (``run --shared``).
+    P owner/K NUL <owner>       a semaphore or shared holder's mark, on its lease.
+    P broken/K [NUL S]          the fencing token of a broken lease in slot S.
+    P wait/<len>:K/<OMS>/<id>   a waiter's place in K's queue (``waiting``).
+    P superseded/K              the newest ``--supersede`` join to K's queue.
+    P runs/K NUL <token>        the run ledger: one JSON record per run.
+    P success/K                 K's newest run that succeeded.
+
+``P lock/K``, slot 0:
+
+- Its value is JSON, attached to the holder's lease, with these fields:
+
+  - owner;
+  - holder;
+  - acquired_at (ms, client clock);
+  - ttl;
+  - limit (semaphores only);
+  - done: true once kept after its command ended (``run --hold-at-least``).
+
+- Fencing token = the key's create_revision.
+  etcd's global revision only ever grows.
+  So a key created again, in any slot, gets a greater one.
+  That holds after release, expiry and forced release alike.
+  No counter can be reset or deleted.
+
+``P lock/K NUL N/S``, a semaphore's other slots:
+
+- S has SLOT_DIGITS digits, so key order is slot order.
+- A slot S > 0 holds the same as the lock key.
+- For S = 0 it is the limit marker, put on slot 0's lease with the lock key.
+- Keys hold no control characters.
+  So no other key's lock key starts with ``K NUL``.
+  A range from ``K`` to ``K \x01`` holds K's slots and nothing else: one read, one watch.
+- A key held with limit N has no key under ``K NUL`` of another limit.
+  The acquire's txn compares that.
+
+``P lock/K NUL 0/S``, shared slots:
+
+- The name says "limit 0"; what it reports says limit 1.
+- A shared slot is never the lock key.
+  So the lock key exists exactly while an exclusive (or semaphore) holder holds slot 0.
+- An exclusive limit-1 acquire compares the whole range ``K`` .. ``K \x01`` empty.
+  That means no holder of any mode or slot.
+- A shared acquire compares the lock key and every other limit's keys absent.
+- An older tasklock sees shared slots as another limit's, and is refused.
+
+``P owner/K NUL <owner>``: a retry after a lost reply finds its own slot by this mark.
+It does not take a free one instead.
+
+``P broken/K [NUL S]``:
+
+- Its value is the fencing token of a broken lease in slot S.
+- There is no ``NUL S`` for slot 0.
+- It is attached, with the slot's keys, to the breaker's lease
+  (see ``EtcdStore.break_lease``).
+
+``P wait/<len>:K/<OMS>/<id>``, a waiter's place:
+
+- It is on the waiter's lease; id is that lease's hex ID.
+- Its value is the holder and its arrival.
+- The class OMS is three letters:
+
+  - O = F (front, ``run --replace``) or N (normal);
+  - M = S (shared) or X (exclusive);
+  - S = S (joined with ``--supersede``) or P (plain).
+
+- Queue order, by create_revision:
+
+  - the F places first, NEWEST first: a later ``front`` goes ahead of an earlier one;
+  - then the N places, oldest first.
+
+- So "ahead of a normal place R" is "any F place, or an N place created before R".
+- And "ahead of a front place R" is "an F place created after R".
+- Range compares on create_revision over ``Q F``, ``Q N``, ``Q FX``, ``Q NX`` say this in
+  the acquire's txn.
+- Why upper-case letters: an older tasklock's place is ``Q <lower-case hex>``.
+  It falls in none of those ranges, only in the whole queue's.
+  It is read as a normal exclusive place.
+
+``P superseded/K``:
+
+- Every ``--supersede`` run that joins K's queue puts it, on its waiter lease.
+- It does so in the txn that deletes every other supersede place of K.
+- So its mod_revision is the newest such join.
+- Take a waiter whose supersede place was created at R.
+  If that place is gone while this key's mod_revision is above R, the waiter was
+  superseded (see ``waiting``).
+
+``P runs/K NUL <token>``, the run ledger:
+
+- The token has 20 digits, so key order is token order.
+- Keys hold no control characters, so NUL ends K.
+- The release's txn puts each record.
+- The acquire's txn counts K's records and reads the oldest.
+  So the release's txn can trim the ledger to the last LEDGER_KEEP runs.
+
+``P success/K``:
+
+- It is as in the ledger, but started_at is on the member's clock (see ``etcd``).
+- The same txn as its record puts it, but the trim does not touch it.
+- ``--once-per`` and ``metrics`` read it.
 """
 
 from __future__ import annotations
@@ -118,9 +167,11 @@ class EtcdKeys:
         return self._p + b"lock/" + key.encode("utf-8")
 
     def slot_key(self, key: str, slot: int, limit: int, mode: str = EXCLUSIVE) -> bytes:
-        """Where slot ``slot`` of ``key`` held with ``limit`` keeps its lease: slot 0 in the
-        lock key (as a plain lock, which it is with limit 1), the others under the key's
-        own ``NUL`` prefix; a shared slot always there (under limit SHARED_SHELF)."""
+        """Where slot ``slot`` of ``key`` held with ``limit`` keeps its lease.
+
+        - Slot 0 is in the lock key, as a plain lock, which it is with limit 1.
+        - The other slots are under the key's own ``NUL`` prefix.
+        - A shared slot is always there, under limit SHARED_SHELF."""
         if mode == SHARED:
             return self.lock_key(key) + f"\0{SHARED_SHELF}/{slot:0{SLOT_DIGITS}d}".encode()
         if slot == 0:
@@ -130,10 +181,13 @@ class EtcdKeys:
     def slot_names(
         self, key: str, slot: int, limit: int, owner: str, mode: str = EXCLUSIVE
     ) -> list[bytes]:
-        """The keys a holder of the slot puts on its lease: the slot's key; for a semaphore
-        or a shared holder its owner mark (a retry finds its own slot though another is
-        free) and, for a semaphore's slot 0, the limit marker (where slot 0 would be among
-        the other slots)."""
+        """The keys a holder of the slot puts on its lease.
+
+        - The slot's key.
+        - For a semaphore or a shared holder, its owner mark.
+          A retry finds its own slot by it, though another is free.
+        - For a semaphore's slot 0, the limit marker.
+          It sits where slot 0 would be among the other slots."""
         names = [self.slot_key(key, slot, limit, mode)]
         if limit > 1 or mode == SHARED:
             names.append(self.owner_mark(key, owner))

@@ -75,11 +75,12 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     import builtins
 
-#: A spare lease (granted by a refused acquire, kept alive by the next ones) kept alive at
-#: most this long ago is attached as it is, without a keepalive in the acquire's exchange:
-#: a woken waiter's acquire is then its txn alone. The lease's clock started at that
-#: keepalive, so the holder's deadline counts from there (``lease_age``). At most a
-#: quarter of the TTL, so that the lease taken has most of it left.
+#: A spare lease is granted by a refused acquire and kept alive by the next ones.
+#: One kept alive at most this long ago is attached as it is.
+#: The acquire's exchange then has no keepalive: a woken waiter's acquire is its txn alone.
+#: The lease's clock started at that keepalive.
+#: So the holder's deadline counts from there (``lease_age``).
+#: At most a quarter of the TTL, so that the lease taken has most of it left.
 SPARE_FRESH_S = 2.0
 
 
@@ -615,9 +616,13 @@ def _delete_as_owner(
 def _keep_done(
     client: EtcdClient, keys: EtcdKeys, lease: Lease, held: _Held, ttl_s: int, ledger: list[dict]
 ) -> int:
-    """Keep our lease ``ttl_s`` after its command ended (--hold-at-least): moved to a new
-    etcd lease as ``_move_own_lease`` does, its slot key's value marked ``done`` (which a
-    break, moving the key as it is, keeps); the new lease's TTL, 0 when no longer ours."""
+    """Keep our lease ``ttl_s`` after its command ended (--hold-at-least).
+
+    - It moves to a new etcd lease, as ``_move_own_lease`` does.
+    - Its slot key's value is marked ``done``.
+      A break moves the key as it is, so it keeps the mark.
+
+    Returns the new lease's TTL, 0 when the lease is no longer ours."""
     record = decode_value(held.value)
     value = held.value if record is None else _json_done(record)
     return _move_own_lease(client, keys, lease, held, ttl_s, ledger, value)

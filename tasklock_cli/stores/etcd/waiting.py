@@ -1,37 +1,64 @@
 """The etcd store's queues of waiters, as etcd's own lock recipe keeps them.
 
-A waiter puts a key of its own in the lock key's queue (``P wait/<len>:K/<OMS>/<id>``, on
-its waiter lease; its value is the waiter's holder record and arrival, for ``peek``). The
-class OMS (see ``keys``) says front or normal, shared or exclusive, supersede or plain;
-the order is the front places newest first, then the normal ones oldest first (by
-create_revision). An acquire takes a slot only while the places ahead of the caller's
-admit it (``guard``: an exclusive caller when none is ahead, a shared one when none ahead
-is exclusive; a caller with no place has every place ahead of it) and while its own place
-is still there with its revision (a superseded or lapsed place admits nobody).
+A waiter puts a key of its own in the lock key's queue: ``P wait/<len>:K/<OMS>/<id>``.
+The key is on its waiter lease.
+Its value is the waiter's holder record and arrival, for ``peek``.
+The class OMS (see ``keys``) says front or normal, shared or exclusive, supersede or plain.
+The order, by create_revision: the front places newest first, then the normal ones oldest
+first.
 
-Wake-ups: an exclusive waiter watches the place just ahead of it; a shared one the nearest
-exclusive place ahead of it. A waiter with none to watch (the head, or one of the run of
-shared waiters at the head, all of them admitted together) watches every slot of the key,
-so a release wakes exactly those that may now be admitted, and a waiter that goes (it got
-the lease, gave up, was superseded, or crashed and its waiter lease ran out) hands the turn
-on. A watch starts at the revision of the read before it, so nothing in between is missed.
+An acquire takes a slot only while two things hold:
 
-Supersede: a ``--supersede`` run that joins deletes every other supersede place of the key
-(the four supersede classes, minus its own key) and puts ``P superseded/K``, in one txn.
-Its victims' places are gone; each learns it was superseded at its next acquire (the txn's
-reads show its place gone and the marker newer than its place; a waiter tries at least
-every waiter_ttl/3), not by a wake-up of its own (that would take a second watch stream).
-Edge: the marker lives on the newest supersede waiter's lease, so a superseded run that
-comes back only after that run's client closed finds no marker and joins again as new.
+- The places ahead of the caller's admit it (``guard``).
+  An exclusive caller is admitted when none is ahead.
+  A shared one is admitted when none ahead is exclusive.
+  A caller with no place has every place ahead of it.
+- Its own place is still there, with its revision.
+  A superseded or lapsed place admits nobody.
 
-Dead places: a tasklock's place is on the waiter lease its name ends with, granted for a
-few seconds. A place on no lease or on another one, or on a lease granted for longer than
-``WAITER_HORIZON_S``, was not put there by a waiter (someone else's put): it is dead --
-ignored by the queue, and deleted by the next refused acquire or wait that finds it ahead
-(then the acquire tries again) and by ``sweep``, so it cannot hold a free key up. A txn
-cannot compare a lease's TTL, so the acquire's guard still counts it: the check comes after
-a refused acquire, from the queue that acquire's txn read (no round trip while no place
-needs one), plus one ``timetolive`` per lease this process has not seen before.
+Wake-ups:
+
+- An exclusive waiter watches the place just ahead of it.
+- A shared one watches the nearest exclusive place ahead of it.
+- Some waiters have none to watch: the head, or one of the run of shared waiters at the
+  head, all of them admitted together.
+  Such a waiter watches every slot of the key.
+- So a release wakes exactly those that may now be admitted.
+- A waiter that goes hands the turn on.
+  It goes when it got the lease, gave up or was superseded.
+  It also goes when it crashed and its waiter lease ran out.
+- A watch starts at the revision of the read before it, so nothing in between is missed.
+
+Supersede:
+
+- A ``--supersede`` run that joins deletes every other supersede place of the key.
+  Those are the places of the four supersede classes, minus its own key.
+- In the same txn it puts ``P superseded/K``.
+- Its victims' places are gone.
+- Each victim learns it was superseded at its next acquire.
+  That txn's reads show its place gone, and the marker newer than its place.
+  A waiter tries at least every waiter_ttl/3.
+- It does not learn it by a wake-up of its own: that would take a second watch stream.
+- Edge: the marker lives on the newest supersede waiter's lease.
+  A superseded run may come back only after that run's client closed.
+  It then finds no marker, and joins again as new.
+
+Dead places:
+
+- A tasklock's place is on the waiter lease its name ends with.
+  That lease is granted for a few seconds.
+- Some places were not put there by a waiter, but by someone else's put.
+  They are on no lease, or on another one.
+  Or they are on a lease granted for longer than ``WAITER_HORIZON_S``.
+- Such a place is dead, and the queue ignores it.
+- The next refused acquire or wait that finds it ahead deletes it.
+  The acquire then tries again.
+- ``sweep`` deletes it too.
+  So it cannot hold a free key up.
+- A txn cannot compare a lease's TTL, so the acquire's guard still counts a dead place.
+- The check comes after a refused acquire, from the queue that acquire's txn read.
+  So it costs no round trip while no place needs one.
+- It adds one ``timetolive`` per lease this process has not seen before.
 """
 
 from __future__ import annotations
@@ -70,12 +97,16 @@ from tasklock_cli.util.fds import wait_readable
 #: When the watch breaks, waiting falls back to reading the key this often.
 POLL_S = 0.1
 #: A waiter whose place moved up (the place ahead of it went) looks again only this much
-#: later. That place almost always went in its waiter's acquire, whose command is starting
-#: right then: the look (two reads and a new watch, on this machine and on etcd) would
-#: compete with that start for the CPU, and it cannot admit us before that run ends. Long
-#: enough to cover the start (2-3 ms), short beside a run: a run of an instant command may
-#: already be over when the look comes, and a longer pause (10 ms) made those hand-offs
-#: slower, 12.6 ms against 7.3 ms with none and 6.8 ms with this one (8 waiters).
+#: later.
+#: That place almost always went in its waiter's acquire, whose command is starting right
+#: then.
+#: The look is two reads and a new watch, on this machine and on etcd.
+#: It would compete with that start for the CPU.
+#: And it cannot admit us before that run ends.
+#: The pause is long enough to cover the start (2-3 ms), and short beside a run.
+#: A run of an instant command may already be over when the look comes.
+#: A longer pause (10 ms) made those hand-offs slower.
+#: Measured with 8 waiters: 12.6 ms with 10 ms, 7.3 ms with none, 6.8 ms with this one.
 MOVED_UP_PAUSE_S = 0.003
 
 
@@ -343,10 +374,12 @@ class WaiterQueue:
                 self._unsure = True  # the place may be there still: close revokes the lease
 
     def close(self) -> None:
-        """Our places in queues go, so the waiters behind move up. With none left (each
-        acquire deleted ours), the waiter lease holds nothing but maybe a superseded mark,
-        and runs out on its own: a revoke would be one more write to the cluster's log,
-        just when the next holder's acquire needs it."""
+        """Our places in queues go, so the waiters behind move up.
+
+        With none left, because each acquire deleted ours, the waiter lease is not revoked.
+        It holds nothing but maybe a superseded mark, and runs out on its own.
+        A revoke would be one more write to the cluster's log.
+        It would come just when the next holder's acquire needs the log."""
         with self._lock:
             waiter, self._waiter_lease = self._waiter_lease, None
             placed = bool(self._places) or self._unsure
