@@ -1,57 +1,96 @@
 """MySQL/MariaDB store (PyMySQL): the server's clock decides expiry.
 
-``mysql://USER[:PASSWORD]@HOST[:PORT]/DB`` (or ``mariadb://``), with ``?table=NAME``
-(default ``tasklock_leases``), ``unix_socket=``, ``ssl_ca=``, ``ssl_cert=``, ``ssl_key=``.
-Three InnoDB tables (``<table>``, ``<table>_runs``, ``<table>_waiters``) and six stored
-procedures (``<table>_acquire``, ``_release``, ``_break``, ``_force``, ``_wake``,
-``_wake_queue``), created on
-first use under a named lock, or by a DBA from ``tasklock init --print-sql``.
+The URL is ``mysql://USER[:PASSWORD]@HOST[:PORT]/DB`` (or ``mariadb://``).
+It takes ``?table=NAME`` (default ``tasklock_leases``), ``unix_socket=``, ``ssl_ca=``,
+``ssl_cert=`` and ``ssl_key=``.
 
-The lease table has a row per key and slot (``PRIMARY KEY (key, slot)``, the key kept
-exactly as VARBINARY), and per key a counter row (slot -1) holding the last fencing token
-issued: acquirers of a key queue on its row lock, so the acquire procedure reads the key's
-latest state and needs no retries. Rows are never deleted: release, sweep and force
-release clear the owner, so the counter survives them. A broken lease keeps its row, its
-owner token prefixed with ``broken:`` (see base), ``broken_by`` beside it.
+The schema:
 
-MySQL has no ``UPDATE ... RETURNING`` and no writable CTEs: acquire, release, break and
-force release are stored procedures, one ``CALL`` (one round trip) each, in a transaction
-of their own that a failing statement rolls back; renew is one multi-statement query
-(compute the expiry, UPDATE, return it when the UPDATE changed the row). Every time
-written is ``SYSDATE(6)`` on the server, in UTC (the session's time zone), read after the
-row locks are held; sessions run READ COMMITTED; deadlocks (1213) and lock wait timeouts
-(1205) are retried and never surface.
+- Three InnoDB tables: ``<table>``, ``<table>_runs``, ``<table>_waiters``.
+- Six stored procedures: ``<table>_acquire``, ``_release``, ``_break``, ``_force``,
+  ``_wake``, ``_wake_queue``.
+- They are created on first use under a named lock.
+  Or a DBA creates them from ``tasklock init --print-sql``.
 
-Waiting runs queue in ``<table>_waiters`` (see ``queue``). There is no LISTEN/NOTIFY:
-a waiter sleeps on the server, on a connection of its own, holding a named lock for its
-place, and the release that may admit it ends that sleep with ``KILL QUERY`` (see
-``waiting``); without a place, or where KILL is refused, it looks again every
-``WAITER_SLEEP_S`` (reads only), and wakes by itself when the first lease runs out. A
-holder hears a break the same way: its break watch sleeps holding its lease's named lock,
-which the break's ``KILL QUERY`` ends (see ``breaks``).
+The lease table:
 
-A new connection costs PyMySQL's handshake and one round trip of set-up: the session
-settings and the look at the schema, as one multi-statement query. Every call is bounded
-by the I/O timeout (``set_io_timeout``): socket timeouts on the client, and
-``max_statement_time`` (MariaDB) or ``max_execution_time`` (MySQL) and
-``innodb_lock_wait_timeout`` on the server.
+- It has a row per key and slot (``PRIMARY KEY (key, slot)``).
+  The key is kept exactly, as VARBINARY.
+- Per key, it has a counter row (slot -1) holding the last fencing token issued.
+  Acquirers of a key queue on its row lock.
+  So the acquire procedure reads the key's latest state and needs no retries.
+- Rows are never deleted.
+  Release, sweep and force release clear the owner, so the counter survives them.
+- A broken lease keeps its row.
+  Its owner token is prefixed with ``broken:`` (see base), and ``broken_by`` is beside it.
 
-Failover epochs (``epochs``), as on PostgreSQL (whose package docstring has the argument):
-a promoted asynchronous replica may lack the last leases, renewals and tokens its primary
-granted. The acquire procedure reads the server's identity (``server_id``, host name and
-port; MySQL's ``server_uuid`` too) and compares it with the one the table's epoch row
-records; when they differ it starts a new epoch: no slot is taken in the table until
-``quarantine_until`` (max(the longest TTL recorded, 30 s) + 2 s from the first acquire on
-the new primary), and every token is at least ``epoch << 30``. A replica's ``server_id``
-differs from its primary's (replication stops when they are equal), so a promotion is
-always a change; a restart is not (InnoDB keeps what it committed, with
-``innodb_flush_log_at_trx_commit = 1``). Only rare acquires lock the epoch row (a change,
-a longer TTL than any before, a missing row); the others read it. A read-only server (a
-replica, which a user with READ ONLY ADMIN may write to) grants nothing.
+MySQL has no ``UPDATE ... RETURNING`` and no writable CTEs.
 
-The parts: ``store`` (the class and its statements), ``queue`` (the acquire procedure and
-the queues), ``epochs`` (the failover epoch row), ``schema`` (tables, procedures, their
-creation), ``connection``, ``breaks`` (break watches) and ``doctor``.
+- Acquire, release, break and force release are stored procedures.
+  Each is one ``CALL`` (one round trip).
+  Each runs in a transaction of its own, which a failing statement rolls back.
+- Renew is one multi-statement query.
+  It computes the expiry, runs the UPDATE, and returns the expiry when the UPDATE changed
+  the row.
+- Every time written is ``SYSDATE(6)`` on the server, in UTC (the session's time zone).
+  It is read after the row locks are held.
+- Sessions run READ COMMITTED.
+- Deadlocks (1213) and lock wait timeouts (1205) are retried and never surface.
+
+Waiting runs queue in ``<table>_waiters`` (see ``queue``).
+There is no LISTEN/NOTIFY (see ``waiting``):
+
+- A waiter sleeps on the server, on a connection of its own.
+  It holds a named lock for its place.
+- The release that may admit it ends that sleep with ``KILL QUERY``.
+- Without a place, or where KILL is refused, it looks again every ``WAITER_SLEEP_S``.
+  Those looks are reads only.
+- It wakes by itself when the first lease runs out.
+- A holder hears a break the same way (see ``breaks``).
+  Its break watch sleeps holding its lease's named lock.
+  The break's ``KILL QUERY`` ends that sleep.
+
+A new connection costs PyMySQL's handshake and one round trip of set-up.
+The session settings and the look at the schema go in one multi-statement query.
+Every call is bounded by the I/O timeout (``set_io_timeout``):
+
+- socket timeouts on the client;
+- ``max_statement_time`` (MariaDB) or ``max_execution_time`` (MySQL) on the server;
+- ``innodb_lock_wait_timeout`` on the server.
+
+Failover epochs (``epochs``) work as on PostgreSQL, whose package docstring has the
+argument.
+A promoted asynchronous replica may lack the last leases, renewals and tokens its primary
+granted.
+
+- The acquire procedure reads the server's identity: ``server_id``, host name and port.
+  On MySQL it reads ``server_uuid`` too.
+- It compares that identity with the one the table's epoch row records.
+- When they differ, it starts a new epoch.
+- No slot is then taken in the table until ``quarantine_until``.
+  That is max(the longest TTL recorded, 30 s) + 2 s from the first acquire on the new
+  primary.
+- Every token is at least ``epoch << 30``.
+- A replica's ``server_id`` differs from its primary's: replication stops when they are
+  equal.
+  So a promotion is always a change.
+- A restart is not a change.
+  InnoDB keeps what it committed, with ``innodb_flush_log_at_trx_commit = 1``.
+- Only rare acquires lock the epoch row: a change, a longer TTL than any before, a missing
+  row.
+  The others read it.
+- A read-only server grants nothing.
+  Such a server is a replica, which a user with READ ONLY ADMIN may write to.
+
+The parts:
+
+- ``store``: the class and its statements;
+- ``queue``: the acquire procedure and the queues;
+- ``epochs``: the failover epoch row;
+- ``schema``: tables, procedures, their creation;
+- ``connection``;
+- ``breaks``: break watches;
+- ``doctor``.
 """
 
 from __future__ import annotations

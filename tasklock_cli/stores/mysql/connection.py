@@ -1,7 +1,12 @@
-"""The MySQL/MariaDB store's connection: its URL read, opened on first use and set up in
-one round trip (session settings and the look at the schema), every call bounded by the
-I/O timeout (socket timeouts, and the server's statement and lock-wait timeouts), failures
-mapped to tasklock errors, a broken connection dropped and the next call made on a new one.
+"""The MySQL/MariaDB store's connection.
+
+- Its URL is read here.
+- It is opened on first use.
+- It is set up in one round trip: the session settings and the look at the schema.
+- Every call is bounded by the I/O timeout.
+  That means socket timeouts, and the server's statement and lock-wait timeouts.
+- Failures are mapped to tasklock errors.
+- A broken connection is dropped, and the next call is made on a new one.
 """
 
 from __future__ import annotations
@@ -64,10 +69,12 @@ if TYPE_CHECKING:
 
 
 class _Connection(pymysql.connections.Connection):
-    """PyMySQL's connection without its own SET NAMES round trip at connect (ours goes in
-    the set-up query with the other session settings), without loading the system's CA
-    certificates for a TLS context that verifies nothing, and without loading ``ssl`` until
-    TLS is used (see ``driver``)."""
+    """PyMySQL's connection, without three of its costs.
+
+    - No SET NAMES round trip of its own at connect.
+      Ours goes in the set-up query, with the other session settings.
+    - No loading of the system's CA certificates for a TLS context that verifies nothing.
+    - No loading of ``ssl`` until TLS is used (see ``driver``)."""
 
     def __init__(self, **kwargs: Any) -> None:
         if kwargs.get("ssl"):
@@ -290,10 +297,12 @@ class MySQLConnection(SqlConnection):
     ) -> _T:
         """Run ``operation`` on the connection, mapping every failure to a tasklock error.
 
-        Retried here: deadlocks and lock wait timeouts (a few times: the procedures roll
-        back first), a table or procedure that vanished (recreated once), and a connection
-        found broken when reused (once, on a new one; a non-idempotent call only when it
-        failed before it was sent)."""
+        Retried here:
+
+        - deadlocks and lock wait timeouts, a few times (the procedures roll back first);
+        - a table or procedure that vanished, recreated once;
+        - a connection found broken when reused, once, on a new one.
+          A non-idempotent call is retried only when it failed before it was sent."""
         with self.lock:
             conflicts = 0
             reconnected = recreated = False

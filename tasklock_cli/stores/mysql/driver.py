@@ -1,13 +1,17 @@
 """PyMySQL, imported without Python's ``ssl`` module.
 
-PyMySQL imports ``ssl`` when it is imported, and ``ssl`` loads OpenSSL: about 4 ms of CPU on
-every start, a sixth of PyMySQL's import. A run whose URL asks for no TLS, on a server that
-offers none, never uses it. So the store imports PyMySQL through this module, which hides
-``ssl`` from that one import (PyMySQL then reads as built without it), and ``enable_ssl``
-hands PyMySQL the module once a connection needs TLS (``ssl_*=`` in the URL, or a server
-that offers TLS: see ``connection._PreferredTLS``). Import PyMySQL's names from here, never
-from ``pymysql`` itself: whichever module of the store is imported first must not load it
-with ``ssl``.
+PyMySQL imports ``ssl`` when it is imported, and ``ssl`` loads OpenSSL.
+That costs about 4 ms of CPU on every start, a sixth of PyMySQL's import.
+A run whose URL asks for no TLS, on a server that offers none, never uses it.
+
+- So the store imports PyMySQL through this module.
+- This module hides ``ssl`` from that one import.
+  PyMySQL then reads as built without it.
+- ``enable_ssl`` hands PyMySQL the module once a connection needs TLS.
+  A connection needs it with ``ssl_*=`` in the URL, or with a server that offers TLS
+  (see ``connection._PreferredTLS``).
+- Import PyMySQL's names from here, never from ``pymysql`` itself.
+  Whichever module of the store is imported first must not load it with ``ssl``.
 
 Where ``ssl`` (or PyMySQL) is already loaded, nothing is hidden: PyMySQL has it as usual.
 """

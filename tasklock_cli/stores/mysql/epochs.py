@@ -1,23 +1,32 @@
-"""Failover epochs on MySQL/MariaDB: the acquire procedure's check that the server is still
-the primary whose writes the table's rows were made under, and the fencing tokens of a
-new epoch (the argument is in the package's docstring; the design the stores share, in
-``stores.failover``).
+"""Failover epochs on MySQL/MariaDB.
 
-The table's epoch row is a reserved row of the lease table (key ``''``, which no lock
-has, slot ``EPOCH_SLOT``; no owner, so no listing, sweep or older tasklock sees it):
+The acquire procedure checks that the server is still the primary under whose writes the
+table's rows were made.
+It also computes the fencing tokens of a new epoch.
+The argument is in the package's docstring.
+The design the stores share is in ``stores.failover``.
 
-- ``holder``: a JSON object: ``identity``, the server it was written on (see
-  ``IDENTITY``); ``max_ttl``, the longest lease TTL (s) an acquire in the table has asked
-  for; ``previous``, the identity before the epoch began;
-- ``fencing_token``: the epoch, 0 until the first change of primary, then
-  ``max(previous + 1, the server's clock in whole seconds)``;
-- ``expires_at``: ``quarantine_until``, before which no acquire in the table takes a slot
-  (it answers as a held key does: the caller waits or conflicts);
+The table's epoch row is a reserved row of the lease table.
+Its key is ``''``, which no lock has, and its slot is ``EPOCH_SLOT``.
+It has no owner, so no listing, sweep or older tasklock sees it.
+Its fields:
+
+- ``holder``: a JSON object with these fields:
+
+  - ``identity``: the server it was written on (see ``IDENTITY``);
+  - ``max_ttl``: the longest lease TTL (s) an acquire in the table has asked for;
+  - ``previous``: the identity before the epoch began.
+
+- ``fencing_token``: the epoch.
+  It is 0 until the first change of primary.
+  Then it is ``max(previous + 1, the server's clock in whole seconds)``.
+- ``expires_at``: ``quarantine_until``, before which no acquire in the table takes a slot.
+  Such an acquire answers as a held key does: the caller waits or conflicts.
 - ``acquired_at``: when the epoch began.
 
-DDL commits by itself, so the row cannot be written together with the tables: the
-first acquire writes it (epoch 0), in the transaction that grants its lease, so a replica
-that has any lease of the table has the row.
+DDL commits by itself, so the row cannot be written together with the tables.
+The first acquire writes it (epoch 0), in the transaction that grants its lease.
+So a replica that has any lease of the table has the row.
 """
 
 from __future__ import annotations
@@ -35,11 +44,15 @@ EPOCH_SLOT = -2
 LONGEST_TTL_S = 1e9
 
 #: The server as an epoch knows it, ``SERVER_ID:HOSTNAME:PORT`` (and ``:SERVER_UUID`` on
-#: MySQL). A replica's ``server_id`` differs from its primary's (both MySQL and MariaDB
-#: stop replication when they are equal), so a promoted replica is another identity; the
-#: host name and port tell apart servers left at the default ``server_id`` 1 (a restored
-#: copy behind the old name). MySQL's ``server_uuid`` is read through PREPARE: MariaDB has
-#: none, and refuses a procedure that names it. A restart keeps the identity.
+#: MySQL).
+#: A replica's ``server_id`` differs from its primary's.
+#: Both MySQL and MariaDB stop replication when they are equal.
+#: So a promoted replica is another identity.
+#: The host name and port tell apart servers left at the default ``server_id`` 1.
+#: Such a server may be a restored copy behind the old name.
+#: MySQL's ``server_uuid`` is read through PREPARE.
+#: MariaDB has none, and refuses a procedure that names it.
+#: A restart keeps the identity.
 IDENTITY = """\
     SET v_identity = CONCAT_WS(':', @@server_id, @@hostname, @@port);
     IF VERSION() NOT LIKE '%MariaDB%' THEN
@@ -67,14 +80,20 @@ _READ = f"""SELECT fencing_token, {_FIELD.format(name="identity")},
           FROM `{{table}}` WHERE {_ROW}"""
 _MICROS = "INTERVAL ROUND({seconds} * 1000000) MICROSECOND"
 
-# The acquire procedure's look at the epoch (after ``v_now``, its clock reading; p_ttl is
-# the TTL asked). Most acquires only read the row (no lock: every key's acquires would
-# queue on it). When the identity differs from the one recorded (a new epoch: quarantine
-# from now), the TTL is longer than any before, or the row is missing, the row is read
-# again locked -- its latest version, after any acquire racing to start the same epoch
-# committed -- and written when that still says so. ``v_quarantine``: the milliseconds of
-# quarantine left, NULL when none. A read-only server (a replica, which root may write to
-# in MariaDB) grants nothing: 1290, as the server's own refusal.
+# The acquire procedure's look at the epoch.
+# It comes after ``v_now``, its clock reading; p_ttl is the TTL asked.
+# Most acquires only read the row, without a lock: with one, every key's acquires would
+# queue on it.
+# The row is read again, locked, in three cases:
+# - the identity differs from the one recorded (a new epoch: quarantine from now);
+# - the TTL is longer than any before;
+# - the row is missing.
+# That second read sees its latest version, after any acquire racing to start the same
+# epoch committed.
+# The row is written when that version still says so.
+# ``v_quarantine``: the milliseconds of quarantine left, NULL when none.
+# A read-only server grants nothing: 1290, as the server's own refusal.
+# Such a server is a replica, which root may write to in MariaDB.
 EPOCH_STEPS = f"""\
     IF @@read_only THEN
         SIGNAL SQLSTATE 'HY000' SET MYSQL_ERRNO = 1290,

@@ -1,20 +1,33 @@
-"""The MySQL/MariaDB store's acquire procedure (which takes a slot, or joins, keeps or
-leaves the caller's place in the key's queue, in one call) and its statements about the
-queues of waiters.
+"""The MySQL/MariaDB store's acquire procedure, and its statements about the queues.
 
-A key's queue is its live places in ``<table>_waiters`` (``expires_at`` neither passed nor
-beyond the waiter horizon, not ``superseded``), served in ``ord`` order: ``ord`` is the
-place's ``seq`` (an AUTO_INCREMENT), or minus it for a place taken with ``front``, so those
-sort ahead of every other, the latest first. Each place keeps its mode: a shared waiter
-is admitted when only shared places are ahead of it, an exclusive one when none is (with
-``limit`` N: fewer than the free slots).
+In one call, the acquire procedure takes a slot, or joins, keeps or leaves the caller's
+place in the key's queue.
 
-Acquirers of a key queue on its counter row (slot -1, never a lease): the procedure
-creates or locks it first, so everything it reads after that is the key's latest state
-and nothing changes it before COMMIT (no lost races, no retries). The server's clock is
-read then, once (``SYSDATE(6)``: the time of the call, not of the statement's start as
-``NOW(6)``, which inside a CALL that waited for the row lock would be stale), and every
-time the procedure writes derives from that one reading."""
+A key's queue is its live places in ``<table>_waiters``, served in ``ord`` order.
+
+- A live place's ``expires_at`` has neither passed nor gone beyond the waiter horizon.
+- A live place is not ``superseded``.
+- ``ord`` is the place's ``seq``, an AUTO_INCREMENT.
+- For a place taken with ``front``, ``ord`` is minus the ``seq``.
+  So those places sort ahead of every other, the latest first.
+
+Each place keeps its mode:
+
+- a shared waiter is admitted when only shared places are ahead of it;
+- an exclusive one when none is.
+  With ``limit`` N, an exclusive one is admitted when fewer places are ahead of it than
+  slots are free.
+
+Acquirers of a key queue on its counter row (slot -1, never a lease).
+The procedure creates or locks that row first.
+So everything it reads after that is the key's latest state.
+Nothing changes that state before COMMIT: no lost races, no retries.
+
+The server's clock is read then, once, with ``SYSDATE(6)``.
+That is the time of the call.
+``NOW(6)`` would be the time of the statement's start.
+Inside a CALL that waited for the row lock, that would be stale.
+Every time the procedure writes derives from that one reading."""
 
 from __future__ import annotations
 
@@ -34,11 +47,16 @@ _HORIZON = f"INTERVAL {int(WAITER_HORIZON_S * 1_000_000)} MICROSECOND"
 # The places that count (live, within the horizon), as of ``{now}``, table alias ``{w}``.
 _COUNTS = "{w}expires_at > {now} AND {w}expires_at <= {now} + " + _HORIZON
 
-# Outcome row: outcome ('taken', 'none', 'queued', 'mismatch', 'superseded', 'exhausted':
-# the key's counter is at 2**63-1), slot, slot_limit (the live holders' with 'mismatch'),
-# fencing token, acquired_at, expires_at, mode, the place's seq ('queued'), and the
-# milliseconds left of a failover quarantine (see ``epochs``: no slot is taken meanwhile;
-# a retry keeps the live lease it has), NULL when none.
+# The outcome row's columns:
+# - outcome: 'taken', 'none', 'queued', 'mismatch', 'superseded', or 'exhausted'
+#   (the key's counter is at 2**63-1);
+# - slot;
+# - slot_limit: with 'mismatch', the live holders';
+# - fencing token, acquired_at, expires_at, mode;
+# - the place's seq, with 'queued';
+# - the milliseconds left of a failover quarantine, NULL when none.
+#   No slot is taken meanwhile (see ``epochs``).
+#   A retry keeps the live lease it has.
 ACQUIRE_BODY = f"""\
 BEGIN
     DECLARE v_now DATETIME(6);
@@ -202,9 +220,11 @@ BEGIN
     CLOSE v_tokens;
 END"""
 
-# Wakes the places of p_key that may now be admitted (see ``waiting``): the head of the
-# queue, and when it is shared, the shared places after it up to the first exclusive one;
-# with p_superseded, the places marked superseded instead (their owners leave at once).
+# Wakes the places of p_key that may now be admitted (see ``waiting``).
+# Those are the head of the queue, and, when it is shared, the shared places after it up to
+# the first exclusive one.
+# With p_superseded, it wakes the places marked superseded instead.
+# Their owners leave at once.
 WAKE_QUEUE_BODY = f"""\
 BEGIN
     DECLARE v_done BOOLEAN DEFAULT FALSE;
@@ -254,10 +274,13 @@ LEAVE_QUEUE = "DELETE FROM `{table}_waiters` WHERE `key` = %(key)s AND owner_tok
 # and forged ones (beyond the horizon).
 SWEEP_WAITERS = f"DELETE FROM `{{table}}_waiters` WHERE NOT ({_LIVE_PLACE})"
 
-# For a waiter (its place's owner token %(owner)s, or none): the key's live leases and their
-# limit, seconds until the first of them runs out and until the first exclusive one does,
-# the places ahead of ours and how many of them are exclusive, our place's mode, and the
-# key's counter (what the waiter's sleep compares with: see ``waiting``).
+# For a waiter, whose place's owner token is %(owner)s (or who has none):
+# - the key's live leases and their limit;
+# - the seconds until the first of them runs out;
+# - the seconds until the first exclusive one runs out;
+# - the places ahead of ours, and how many of them are exclusive;
+# - our place's mode;
+# - the key's counter, which the waiter's sleep compares with (see ``waiting``).
 TIME_UNTIL_FREE = f"""
 SELECT COUNT(*), MAX(slot_limit),
        TIMESTAMPDIFF(MICROSECOND, SYSDATE(6), MIN(expires_at)) / 1e6,

@@ -1,16 +1,22 @@
-"""How MySQL/MariaDB waiters and holders are woken without LISTEN/NOTIFY: by sleeping on
-the server, on a connection of their own, holding a named lock that names what they wait
-for, which whoever changes it ends with ``KILL QUERY`` (found by ``IS_USED_LOCK``, in the
-same procedure call as the change).
+"""How MySQL/MariaDB waiters and holders are woken without LISTEN/NOTIFY.
 
-A waiter with a place in a key's queue holds its place's lock (``place_lock_name``): a
-release wakes the places it may admit (the head of the queue, and when that is shared, the
-shared places after it up to the first exclusive one: the ``<table>_wake_queue``
-procedure), not the crowd. Each sleep statement first compares the key with what the
-waiter's look saw (a release between the look and the sleep is not missed), and sleeps at
-most ``WAITER_SLEEP_S``: where KILL is refused (another database user without CONNECTION
-ADMIN), the waiter looks again that often (reads only); one without a place every
-``PLACELESS_LOOK_S``.
+- They sleep on the server, on a connection of their own.
+- Meanwhile they hold a named lock that names what they wait for.
+- Whoever changes that thing ends the sleep with ``KILL QUERY``.
+- It finds the sleeper by ``IS_USED_LOCK``, in the same procedure call as the change.
+
+A waiter with a place in a key's queue holds its place's lock (``place_lock_name``).
+A release wakes the places it may admit, not the crowd.
+Those are the head of the queue, and, when that is shared, the shared places after it up
+to the first exclusive one.
+The ``<table>_wake_queue`` procedure finds them.
+
+Each sleep statement first compares the key with what the waiter's look saw.
+So a release between the look and the sleep is not missed.
+Each sleeps at most ``WAITER_SLEEP_S``.
+Where KILL is refused, the waiter looks again that often (reads only).
+KILL is refused for another database user without CONNECTION ADMIN.
+A waiter without a place looks again every ``PLACELESS_LOOK_S``.
 """
 
 from __future__ import annotations
@@ -60,10 +66,13 @@ class ServerSleep:
     def wait(
         self, statement: str, sleep_s: float, deadline: float, wake_fd: int | None
     ) -> int | None:
-        """Send ``statement`` (which sleeps at most ``sleep_s``; unless one is still in
-        flight from an earlier wait) and wait for its answer until ``deadline``: the answer
-        (1 when KILLed), or None at the deadline or when ``wake_fd`` is readable (an
-        unanswered statement is read at the next wait)."""
+        """Send ``statement`` and wait for its answer until ``deadline``.
+
+        The statement sleeps at most ``sleep_s``.
+        It is not sent when one is still in flight from an earlier wait.
+        Returns the answer, 1 when KILLed.
+        Returns None at the deadline, or when ``wake_fd`` is readable.
+        An unanswered statement is read at the next wait."""
         if self._due is None:
             self.conn._execute_command(COMMAND.COM_QUERY, statement)
             self._due = time.monotonic() + sleep_s + self._io_timeout
