@@ -9,20 +9,34 @@ never deleted, so the highest fencing token among a key's rows is its counter.
 A lease's mode (exclusive or shared) is kept in its holder JSON; shared holders each
 hold a slot of their own (0, 1, ...) under limit 1.
 
-Waiting runs queue in the ``tasklock_waiters`` table (a row per waiter with its mode,
-served in ``(place, seq)`` order, live until it runs out on the boot clock; ``front`` and
-``supersede`` places: see queue); the acquire checks and keeps the queue in its write
-transaction. A release wakes the waiters it may admit on this machine (the head of the
-queue, and the shared run at the head) through their FIFOs in ``<file>.waiters/``, named
-in their rows (see waiting and breaks); waiters also look again when the lease runs out.
-A break or forced release tells the lease's holder through its FIFO in ``<file>.holders/``.
-A broken lease keeps its row, its owner token prefixed with ``broken:`` (see base).
+Waiting runs queue in the ``tasklock_waiters`` table:
 
-The row of key ``''`` (no lock key is empty; never a lease: no owner) keeps in its holder
-the longest TTL an acquire has asked for (``max_ttl``). A lease whose expiry cannot be read
-(no boot, an expiry that is NULL or not a number) is never judged expired; ``sweep`` and
-``release --force`` give it now + ``model.unreadable_expiry_bound(max_ttl)``, past which
-no holder's lease can be valid (its last renewal was before now, for at most max_ttl).
+- It has a row per waiter, with its mode.
+- Rows are served in ``(place, seq)`` order.
+- A row is live until it runs out on the boot clock.
+- For ``front`` and ``supersede`` places, see queue.
+- The acquire checks and keeps the queue in its write transaction.
+
+Wake-ups (see waiting and breaks):
+
+- A release wakes the waiters it may admit on this machine.
+  Those are the head of the queue, and the shared run at the head.
+- It wakes them through their FIFOs in ``<file>.waiters/``, named in their rows.
+- Waiters also look again when the lease runs out.
+- A break or forced release tells the lease's holder through its FIFO in
+  ``<file>.holders/``.
+- A broken lease keeps its row.
+  Its owner token is prefixed with ``broken:`` (see base).
+
+The row of key ``''`` keeps in its holder the longest TTL an acquire has asked for
+(``max_ttl``).
+No lock key is empty, and that row is never a lease: it has no owner.
+
+A lease whose expiry cannot be read is never judged expired.
+Its expiry cannot be read when it has no boot, or an expiry that is NULL or not a number.
+``sweep`` and ``release --force`` give it now + ``model.unreadable_expiry_bound(max_ttl)``.
+Past that time no holder's lease can be valid.
+Its last renewal was before now, and lasted at most max_ttl.
 """
 
 from __future__ import annotations

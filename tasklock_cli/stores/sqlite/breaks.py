@@ -1,6 +1,8 @@
-"""How an SQLite holder hears of a break: the holder of a lease waiting for a break keeps a
-FIFO named after its fencing token in the key's directory under the store's holders
-directory (see entries), and a break or forced release writes to it."""
+"""How an SQLite holder hears of a break.
+
+- The holder of a lease waiting for a break keeps a FIFO named after its fencing token.
+- The FIFO is in the key's directory, under the store's holders directory (see entries).
+- A break or forced release writes to it."""
 
 from __future__ import annotations
 

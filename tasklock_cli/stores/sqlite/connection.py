@@ -29,8 +29,10 @@ if TYPE_CHECKING:
 _BUSY_CODES = {getattr(sqlite3, "SQLITE_BUSY", 5), getattr(sqlite3, "SQLITE_LOCKED", 6)}
 BUSY_TIMEOUT_S = 5.0
 #: SQLite's own busy handler sleeps ever longer (up to 100 ms a time) while the write lock
-#: is taken, so a waiter can miss the moments it is free; it gets only this long per try,
-#: and tasklock retries itself every millisecond or so until BUSY_TIMEOUT_S.
+#: is taken.
+#: So a waiter can miss the moments it is free.
+#: The handler gets only this long per try.
+#: tasklock retries itself every millisecond or so, until BUSY_TIMEOUT_S.
 BUSY_SLICE_S = 0.003
 
 

@@ -1,16 +1,25 @@
-"""The wake-up entries beside an SQLite store (FIFOs in ``X.db.waiters/`` and
-``X.db.holders/``), made and written safely in directories others may write to.
+"""The wake-up entries beside an SQLite store.
 
-Each key has its own subdirectory, named by a hash of the key, so a release lists only
-that key's entries however many others the directory holds. Directories are opened with
-``O_NOFOLLOW`` and used through their fds; an entry is written only when it is what
-tasklock makes there: its name has the expected pattern, ``lstat`` shows a FIFO owned by
-us, the directory's owner or root (anyone's on a group-shared store), and the fd opened
-with ``O_NOFOLLOW`` is that same FIFO. Anything else is left alone.
+They are FIFOs in ``X.db.waiters/`` and ``X.db.holders/``.
+They are made and written safely in directories others may write to.
+
+Each key has its own subdirectory, named by a hash of the key.
+So a release lists only that key's entries, however many others the directory holds.
+
+Directories are opened with ``O_NOFOLLOW`` and used through their fds.
+An entry is written only when it is what tasklock makes there:
+
+- its name has the expected pattern;
+- ``lstat`` shows a FIFO owned by us, the directory's owner or root (anyone's on a
+  group-shared store);
+- the fd opened with ``O_NOFOLLOW`` is that same FIFO.
+
+Anything else is left alone.
 
 A directory is used only when the fd opened with ``O_NOFOLLOW`` shows one that ``Owners``
-trusts, and one we make gets its mode through that fd (``fchmod``), never by name: a name
-can be swapped for a symlink between ``mkdir`` and ``chmod``.
+trusts.
+One we make gets its mode through that fd (``fchmod``), never by name.
+A name can be swapped for a symlink between ``mkdir`` and ``chmod``.
 """
 
 from __future__ import annotations
@@ -83,9 +92,14 @@ def is_token(name: str) -> bool:
 
 
 class Owners:
-    """Who may own the directories beside a store: us and root; the store file's owner;
-    on a group-shared store, the members of the store file's group (as the group database
-    names them: their primary group, or its member list) for a directory of that group.
+    """Who may own the directories beside a store.
+
+    - Us and root.
+    - The store file's owner.
+    - On a group-shared store, for a directory of that group: the members of the store
+      file's group.
+      The group database names them, by their primary group or the group's member list.
+
     A directory anyone may write to (not sticky) is nobody's to trust."""
 
     def __init__(self, file_mode: int = PRIVATE_MODE) -> None:
@@ -255,10 +269,15 @@ def _trusted(entry: os.stat_result, dir_fd: int, file_mode: int) -> bool:
 
 
 def make_fifo(making: str, final: str, dir_fd: int, file_mode: int) -> int:
-    """Make a FIFO under the name ``making``, open it read-write (a read-only FIFO whose
-    last writer has gone reads as end-of-file, so select() would report it ready for
-    good), give it the store's mode, then rename it to ``final``: nobody sees the FIFO
-    without its reader. The fd; OSError when it cannot be made (nothing is left)."""
+    """Make a FIFO under the name ``making``, and return its fd.
+
+    - Open it read-write.
+      A read-only FIFO whose last writer has gone reads as end-of-file.
+      So select() would report it ready for good.
+    - Give it the store's mode.
+    - Then rename it to ``final``: nobody sees the FIFO without its reader.
+
+    OSError when it cannot be made; nothing is left then."""
     fd: int | None = None
     try:
         os.mkfifo(making, PRIVATE_MODE, dir_fd=dir_fd)

@@ -1,20 +1,26 @@
-"""The SQLite store's file and directory on a host with several users: made private
-(0600 in a 0700 directory) or group-shared as ``?mode=0660`` asks, and refused (78) when
-trusting them would let someone else choose what tasklock writes or reads:
+"""The SQLite store's file and directory on a host with several users.
 
-- a store path that is a symlink (it may be another application's database);
-- a file or directory anyone may write to (anyone could forge or remove leases); a
-  directory with the sticky bit (``/tmp``) is fine, since others cannot replace our file;
-- a private store (no ``?mode=0660``) whose file belongs to another user (say, made in
-  /tmp in advance): that user could forge or remove leases;
-- a group-shared store whose file is not of the group a store made there would be
-  shared with (the directory's group when it is setgid, else ours), or whose owner is
-  neither us, root nor a member of that group;
-- a directory beside the store (``X.db.waiters/``, ``X.db.holders/``) that is not a plain
-  directory of someone the store trusts (see ``entries.Owners``);
-- as root, the default store in a directory of another user (``sudo -E`` or ``su``
-  without ``-`` keep the user's ``$HOME``): root would write where that user can plant
-  symlinks, and leave a file the user can no longer write.
+They are made private (0600 in a 0700 directory), or group-shared as ``?mode=0660`` asks.
+They are refused (78) when trusting them would let someone else choose what tasklock writes
+or reads:
+
+- A store path that is a symlink.
+  It may be another application's database.
+- A file or directory anyone may write to.
+  Anyone could forge or remove leases.
+  A directory with the sticky bit (``/tmp``) is fine, since others cannot replace our file.
+- A private store (no ``?mode=0660``) whose file belongs to another user.
+  Say it was made in /tmp in advance: that user could forge or remove leases.
+- A group-shared store whose file is not of the group a store made there would be shared
+  with.
+  That group is the directory's when it is setgid, else ours.
+- A group-shared store whose owner is neither us, root nor a member of that group.
+- A directory beside the store (``X.db.waiters/``, ``X.db.holders/``) that is not a plain
+  directory of someone the store trusts (see ``entries.Owners``).
+- As root, the default store in a directory of another user.
+  ``sudo -E``, or ``su`` without ``-``, keeps the user's ``$HOME``.
+  Root would then write where that user can plant symlinks.
+  And it would leave a file the user can no longer write.
 """
 
 from __future__ import annotations
@@ -235,9 +241,15 @@ def sharing_group(directory: str) -> int:
 
 
 def refuse_foreign_shared(path: str, status: os.stat_result) -> None:
-    """A group-shared store is used only when it is the group's a store made there would
-    be shared with, and its owner is us, root or a member of that group: anyone else's
-    file (made in /tmp in advance) would share our leases with whom they chose."""
+    """Refuse a group-shared store of the wrong group or owner.
+
+    A group-shared store is used only when two things hold:
+
+    - its group is the one a store made there would be shared with;
+    - its owner is us, root or a member of that group.
+
+    Anyone else's file (made in /tmp in advance) would share our leases with whom they
+    chose."""
     directory = paths.parent(path)
     group = sharing_group(directory)
     if status.st_gid != group:

@@ -1,7 +1,9 @@
-"""Telling whether a holder's processes still run: a holder on this machine records its
-own process and its command's guard (pid and start time, its boot and pid namespace), and
-``release --force`` on the same machine can see that they are gone and free the lease at
-once rather than waiting for it to run out."""
+"""Telling whether a holder's processes still run.
+
+A holder on this machine records two processes: its own, and its command's guard.
+For each it records the pid and start time, with its boot and pid namespace.
+``release --force`` on the same machine can then see that they are gone.
+It frees the lease at once, rather than waiting for it to run out."""
 
 from __future__ import annotations
 

@@ -1,23 +1,40 @@
-"""The SQLite store's queues of waiters: their statements, run by the store's acquire in
-its write transaction (one transaction: the queue and the taking), by releases (whom to
-wake) and by the listings.
+"""The SQLite store's queues of waiters: their statements.
 
-A key's waiters are served in ``(place, seq)`` order: ``seq`` grows with every place
-taken, ``place`` is 0 but for a ``front`` place (``run --replace``), which takes one less
-than the lowest place in the key's queue, so it stands ahead of everyone there and stays
-there while it is kept. A place is live while it has not run out on this boot's clock
-(the acquire clears the key's dead places first).
+They are run:
 
-A place that joined with ``supersede`` is marked ``superseded`` when a later such place
-joins; a superseded place counts for nobody (it is ahead of no one, not listed, not
-woken as the head) and its owner's next acquire removes it and raises ``Superseded``.
-The mark lives as long as the place: if its owner does not look again within
-``waiter_ttl`` (it died, or stalled), the place runs out and is cleared with its mark,
-and an acquire after that is a newcomer's (it joins the queue again, at its end).
+- by the store's acquire, in its write transaction: one transaction holds the queue and
+  the taking;
+- by releases, to find whom to wake;
+- by the listings.
 
-Modes: a SHARED waiter's turn comes when no EXCLUSIVE waiter counts ahead of it (the
-shared run at the head goes together); an EXCLUSIVE one's when fewer waiters are ahead
-of it than slots are free (one: none ahead), as for ``--limit``.
+A key's waiters are served in ``(place, seq)`` order.
+
+- ``seq`` grows with every place taken.
+- ``place`` is 0, but for a ``front`` place (``run --replace``).
+- A ``front`` place takes one less than the lowest place in the key's queue.
+  So it stands ahead of everyone there, and stays there while it is kept.
+- A place is live while it has not run out on this boot's clock.
+  The acquire clears the key's dead places first.
+
+Supersede:
+
+- A place that joined with ``supersede`` is marked ``superseded`` when a later such place
+  joins.
+- A superseded place counts for nobody.
+  It is ahead of no one, not listed, and not woken as the head.
+- Its owner's next acquire removes it and raises ``Superseded``.
+- The mark lives as long as the place.
+  Its owner may not look again within ``waiter_ttl``, because it died or stalled.
+  Then the place runs out, and is cleared with its mark.
+  An acquire after that is a newcomer's: it joins the queue again, at its end.
+
+Modes:
+
+- A SHARED waiter's turn comes when no EXCLUSIVE waiter counts ahead of it.
+  The shared run at the head goes together.
+- An EXCLUSIVE waiter's turn comes when fewer waiters are ahead of it than slots are free,
+  as for ``--limit``.
+  With one slot, that means none ahead.
 """
 
 from __future__ import annotations
@@ -26,9 +43,11 @@ from tasklock_cli.stores.model import WAITER_HORIZON_S
 from tasklock_cli.stores.sqlite.schema import WAITERS_TABLE
 
 _W = WAITERS_TABLE
-# A place is live until it runs out, and only while it runs out within the horizon that a
-# waiter's renewal could have put it (a later one, or an expiry that is not a number, was
-# not written by a waiter: it is dead, and cleared as the dead are).
+# A place is live until it runs out.
+# It is live only while it runs out within the horizon that a waiter's renewal could have
+# put it.
+# A later expiry, or one that is not a number, was not written by a waiter.
+# Such a place is dead, and cleared as the dead are.
 _HORIZON = f"{WAITER_HORIZON_S!r}"
 LIVE = f"boot_id = :boot AND expires_boot > :now AND expires_boot <= :now + {_HORIZON}"
 # A place that counts: live and not superseded.

@@ -1,16 +1,23 @@
 """The SQLite store's tables, and bringing a file made by an earlier version up to date.
 
-Version 6 (lock modes, ``--supersede``, ``--replace``) adds three columns to the queues of
-waiters: ``supersede``, ``superseded`` and ``place`` (their order is ``(place, seq)``), each
-with the default an older tasklock's insert gets. A lease's mode is kept in its ``holder``
-JSON (``$.mode``; none: exclusive), not in a column: a version-5 tasklock refuses a lease
-table whose columns are not its own, while it writes holders without a mode, so it stays
-exclusive on a version-6 file. Version 5 adds the queues of waiters (a table: nothing else
-changes). Version 4 keys a lease by (key, slot) for semaphores. A WITHOUT ROWID table
-cannot change its primary key in place, so a version-3 table is rebuilt: each of its rows
-becomes slot 0 of limit 1, keeping its fencing token (the key's counter). Every check and
-change runs in one write transaction, so two processes opening an old file at once migrate
-it once.
+The versions:
+
+- Version 6 (lock modes, ``--supersede``, ``--replace``) adds three columns to the queues
+  of waiters: ``supersede``, ``superseded`` and ``place``.
+  Their order is ``(place, seq)``.
+  Each column has the default an older tasklock's insert gets.
+- In version 6, a lease's mode is kept in its ``holder`` JSON (``$.mode``; none:
+  exclusive), not in a column.
+  A version-5 tasklock refuses a lease table whose columns are not its own.
+  It writes holders without a mode, so it stays exclusive on a version-6 file.
+- Version 5 adds the queues of waiters: a table, and nothing else changes.
+- Version 4 keys a lease by (key, slot), for semaphores.
+  A WITHOUT ROWID table cannot change its primary key in place.
+  So a version-3 table is rebuilt.
+  Each of its rows becomes slot 0 of limit 1, keeping its fencing token (the key's counter).
+
+Every check and change runs in one write transaction.
+So two processes opening an old file at once migrate it once.
 """
 
 from __future__ import annotations
@@ -64,11 +71,14 @@ _LEASES_SCHEMA = """CREATE TABLE IF NOT EXISTS {table} (
     holder        TEXT,
     PRIMARY KEY (key, slot)
 ) WITHOUT ROWID"""
-# The queues of waiters: a key's waiters are served in ``(place, seq)`` order (``place`` is
-# 0 but for a ``front`` place, see queue); a place is live while it has not run out
-# (``expires_boot``, on the boot clock as leases are); ``fifo``: the name of the waiter's
-# FIFO, which a release wakes (see waiting); ``supersede``: it joined with ``supersede``;
-# ``superseded``: a later such place joined (it no longer counts).
+# The queues of waiters.
+# - A key's waiters are served in ``(place, seq)`` order.
+# - ``place`` is 0, but for a ``front`` place (see queue).
+# - A place is live while it has not run out: ``expires_boot``, on the boot clock as
+#   leases are.
+# - ``fifo``: the name of the waiter's FIFO, which a release wakes (see waiting).
+# - ``supersede``: it joined with ``supersede``.
+# - ``superseded``: a later such place joined, so it no longer counts.
 _WAITERS_SCHEMA = f"""CREATE TABLE IF NOT EXISTS {WAITERS_TABLE} (
     seq          INTEGER PRIMARY KEY,
     key          TEXT NOT NULL,

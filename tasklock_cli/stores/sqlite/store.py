@@ -82,11 +82,14 @@ _EXPIRED_RANGES = (
     "owner_token IS NOT NULL AND boot_id > :boot",
 )
 _EXPIRED = "(" + " OR ".join(f"({part})" for part in _EXPIRED_RANGES) + ")"
-# A lease whose expiry cannot be read: no boot, or in this boot no expiry, or one that is
-# not a number or lies further ahead than any boot lasts (text and blobs sort after every
-# number: both are index ranges). No tasklock writes one; it is never judged expired (it
-# may be a live holder's), and sweep and release --force give it a bounded expiry (see
-# model.UNREADABLE_EXPIRY_FLOOR_S).
+# A lease whose expiry cannot be read:
+# - it has no boot;
+# - or in this boot it has no expiry;
+# - or its expiry is not a number, or lies further ahead than any boot lasts.
+# Text and blobs sort after every number, so both are index ranges.
+# No tasklock writes such a lease.
+# It is never judged expired: it may be a live holder's.
+# Sweep and release --force give it a bounded expiry (see model.UNREADABLE_EXPIRY_FLOOR_S).
 _FAR_S = 1e10
 _UNREADABLE_EXPIRY = f"""owner_token IS NOT NULL AND (boot_id IS NULL OR (boot_id = :boot
     AND (expires_boot IS NULL OR expires_boot > :now + {_FAR_S})))"""
@@ -679,9 +682,17 @@ def _head_run(conn: sqlite3.Connection, params: dict) -> list[str]:
 
 
 class _Taking:
-    """What an acquire's transaction did: the lease row taken, or the limit in the way, or
-    the place it joined or kept, or its superseded place left (``Superseded``); and the
-    FIFOs to tell when it superseded older places (theirs, and the head run's)."""
+    """What an acquire's transaction did.
+
+    It did one of these:
+
+    - took the lease row;
+    - found another limit in the way;
+    - joined or kept a place;
+    - left its superseded place (``Superseded``).
+
+    It also names the FIFOs to tell when it superseded older places: theirs, and the head
+    run's."""
 
     row: tuple | None = None
     other_limit: int | None = None

@@ -1,20 +1,31 @@
 """Release wake-ups between processes on one machine, for the SQLite store.
 
-Each waiter of a key owns a FIFO in the key's directory beside the database
-(``X.db.waiters/<hash of key>/``, see entries), named ``<time_ns>.<pid>.<random>``, and keeps
-it open for reading while it waits. A release writes one byte to the FIFOs of the waiters it
-may admit, named in their places in the queue (the head; with it, when the head is shared,
-the shared run at the head); when none of them is there, to the oldest FIFO whose reader is
-still there. So a release wakes the waiters whose turn it is, and no herd. A FIFO without a
-reader (its waiter died) cannot be opened for writing: the release removes it and tries the
-next. An entry that is not such a FIFO is left alone.
+Each waiter of a key owns a FIFO in the key's directory beside the database.
 
-A waiter that is not woken (its waker died between commit and wake-up, or the holder
-was on another machine sharing the file) still polls, at its caller's ceiling.
+- The directory is ``X.db.waiters/<hash of key>/`` (see entries).
+- The FIFO is named ``<time_ns>.<pid>.<random>``.
+- The waiter keeps it open for reading while it waits.
 
-Holders are told of a break the same way (``BreakAlarms``): the holder of a lease waiting
-for a break keeps a FIFO named after its fencing token in the key's directory under
-``X.db.holders/``, and a break or forced release writes to it.
+A release writes one byte to the FIFOs of the waiters it may admit:
+
+- Those FIFOs are named in the waiters' places in the queue.
+- They are the head's, and, when the head is shared, those of the shared run at the head.
+- When none of them is there, the release writes to the oldest FIFO whose reader is still
+  there.
+- So a release wakes the waiters whose turn it is, and no herd.
+- A FIFO without a reader (its waiter died) cannot be opened for writing.
+  The release removes it and tries the next.
+- An entry that is not such a FIFO is left alone.
+
+A waiter may not be woken.
+Its waker may have died between commit and wake-up.
+Or the holder was on another machine sharing the file.
+Such a waiter still polls, at its caller's ceiling.
+
+Holders are told of a break the same way (``BreakAlarms``).
+The holder of a lease waiting for a break keeps a FIFO named after its fencing token.
+The FIFO is in the key's directory under ``X.db.holders/``.
+A break or forced release writes to it.
 """
 
 from __future__ import annotations
@@ -108,11 +119,14 @@ class LocalWakeups(entries.KeyDirectories):
         """Leave ``key``'s queue and wake the next waiters (``first``: the run at the head
         of the queue), always.
 
-        A wake-up meant for us cannot be told apart reliably from none: a releaser that
-        opened our FIFO before we unlinked it may write after any look we take, up to our
-        close (after it, the write fails and the releaser tries the next waiter itself);
-        and a wait cut short by a signal may have read one and dropped it. A wake-up we
-        pass on needlessly costs the next waiter one look at the lease."""
+        A wake-up meant for us cannot be told apart reliably from none:
+
+        - A releaser may have opened our FIFO before we unlinked it.
+          It may then write after any look we take, up to our close.
+          After our close, the write fails, and the releaser tries the next waiter itself.
+        - A wait cut short by a signal may have read a wake-up and dropped it.
+
+        A wake-up we pass on needlessly costs the next waiter one look at the lease."""
         if self._key != key or self._fd is None:
             return
         self.leave()
@@ -124,9 +138,12 @@ class LocalWakeups(entries.KeyDirectories):
         self.wake(key, [first] if first else [])
 
     def wake(self, key: str, run: list[str] | tuple[str, ...], fallback: bool = True) -> None:
-        """Wake the live waiters of ``key`` whose FIFOs are named in ``run`` (the waiters a
-        release may admit: the head of the queue and the shared run with it); when none
-        of them is there and ``fallback``, the longest-waiting live one. Never raises."""
+        """Wake the live waiters of ``key`` whose FIFOs are named in ``run``.
+
+        Those are the waiters a release may admit: the head of the queue and the shared run
+        with it.
+        When none of them is there and ``fallback`` is set, wake the longest-waiting live one.
+        Never raises."""
         if not run and not fallback:
             return
         dir_fd = self.key_dir(key, create=False)
