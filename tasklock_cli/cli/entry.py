@@ -1,10 +1,16 @@
-"""The `tasklock` entry point, and a fast path for the command that sits in front of every
-cron line and shell-loop step: `tasklock [GLOBALS] run KEY [OPTIONS] [--] COMMAND...` is
-parsed here, from the table of run settings (`run`'s options end where ``argv.run_args``
-says), without importing the CLI framework (typer and click cost more than the rest of a
-run on SQLite). Whatever this parser does not recognise (help, completion, another command,
-an option it does not know, a value it would have to judge) goes to the typer command line
-unchanged, so help, errors and every other command behave exactly as there.
+"""The `tasklock` entry point, with a fast path for `run`.
+
+`run` sits in front of every cron line and shell-loop step.
+
+- `tasklock [GLOBALS] run KEY [OPTIONS] [--] COMMAND...` is parsed here, from the table of
+  run settings.
+- `run`'s options end where ``argv.run_args`` says.
+- The CLI framework is not imported.
+  typer and click cost more than the rest of a run on SQLite.
+- Whatever this parser does not recognise goes to the typer command line unchanged.
+  That is help, completion, another command, an option it does not know, or a value it
+  would have to judge.
+- So help, errors and every other command behave exactly as there.
 """
 
 from __future__ import annotations

@@ -69,10 +69,13 @@ def escape_label_value(value: str) -> str:
 
 
 def key_labels(key: str) -> str:
-    """The labels of a key's samples: ``key="..."``, the key as it is when the sanitiser
-    leaves it alone; else escaped (its backslashes doubled too, so two keys never share a
-    label) and marked ``escaped="true"``: a key with control or bidi characters (forged
-    into the store, or a bidi override that ``run`` accepts) shows none of them raw."""
+    """The labels of a key's samples: ``key="..."``.
+
+    - The key is as it is when the sanitiser leaves it alone.
+    - Else it is escaped, and marked ``escaped="true"``.
+      Its backslashes are doubled too, so two keys never share a label.
+    - So a key with control or bidi characters shows none of them raw.
+      Such a key was forged into the store, or has a bidi override that ``run`` accepts."""
     if safe(key) == key:
         return f'key="{escape_label_value(key)}"'
     escaped = safe(key.replace("\\", "\\\\"))
@@ -101,9 +104,13 @@ def key_samples(
     shared: int = 0,
     malformed: int = 0,
 ) -> dict[Family, float]:
-    """The samples of one key, from its runs (newest first), its live holders (``shared``
-    of them in shared mode), its newest success, its waiters and how many of its live
-    leases could not be read (``malformed``; its malformed runs are counted here)."""
+    """The samples of one key, from:
+
+    - its runs, newest first (its malformed runs are counted here);
+    - its live holders, ``shared`` of them in shared mode;
+    - its newest success;
+    - its waiters;
+    - how many of its live leases could not be read (``malformed``)."""
     samples: dict[Family, float] = {
         HELD: float(held),
         HELD_SHARED: float(shared),

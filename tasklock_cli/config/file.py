@@ -108,11 +108,14 @@ def read_trusted(path: str) -> str:
 
 
 def refuse_untrusted(path: str, opened: os.stat_result) -> None:
-    """ConfigError unless the config file ``opened`` from ``path`` (and its name, and the
-    directory holding it, which could swap it) belongs to us or root and no one else may
-    write to it (git's CVE-2022-24765: a ./tasklock.toml in a shared directory must not
-    choose our store or TTL). A directory others may write to is fine when it is sticky
-    (/tmp): they cannot rename or remove our file there."""
+    """ConfigError unless the config file ``opened`` from ``path`` is trusted.
+
+    - The file must belong to us or root, and no one else may write to it.
+    - The same holds for its name, and for the directory holding it, which could swap it.
+    - This is git's CVE-2022-24765: a ./tasklock.toml in a shared directory must not choose
+      our store or TTL.
+    - A directory others may write to is fine when it is sticky (/tmp).
+      They cannot rename or remove our file there."""
     import stat
 
     trusted = (0, os.geteuid())

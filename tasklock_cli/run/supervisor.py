@@ -194,10 +194,10 @@ class Supervisor:
         return self._run_child()
 
     def _acquire(self) -> RunRecord | None:
-        """Take the leases, in key order, holding those taken while waiting for the next
-        (with --wait 0 a run that cannot have them all holds none); with --once-per, the
-        run that already did this window's work (then the leases are held but the command
-        must not run), else None."""
+        """Take the leases, in key order, holding those taken while waiting for the next.
+        With --wait 0, a run that cannot have them all holds none. With --once-per, returns
+        the run that already did this window's work: the leases are then held, but the
+        command must not run. Else returns None."""
         options, io_timeout = self.options, self.options.schedule.io_timeout
         try:
             self.holding.take_all(options.wait, self._waiter_for)

@@ -37,10 +37,15 @@ class Waiter:
     """Retries an acquisition until it succeeds or ``wait`` seconds have passed.
 
     ``supersede`` (``run --supersede``): a newer such waiter of the key makes this one give
-    up (``Superseded``). ``replace`` (``run --replace``): the holders are broken, as
-    ``release --force`` does, and this waiter waits ahead of every other one; it waits
-    beyond ``wait`` for as long as a lease it broke (or a newcomer's) is still live, so
-    it takes the key as soon as they let go or their leases run out."""
+    up (``Superseded``).
+
+    ``replace`` (``run --replace``):
+
+    - The holders are broken, as ``release --force`` does.
+    - This waiter waits ahead of every other one.
+    - It waits beyond ``wait`` for as long as a lease it broke (or a newcomer's) is still
+      live.
+    - So it takes the key as soon as they let go or their leases run out."""
 
     def __init__(
         self,

@@ -47,17 +47,17 @@ class Store(ABC):
     #: True where ``wait_for_release`` wakes on a release (so waiters can poll rarely).
     signals_release: bool = False
     #: True where ``release`` may run while the holder's heartbeat thread is still in
-    #: ``wait_for_break`` or a renewal (the store serialises its calls, and releasing
-    #: closes nothing that waiting uses): the wrapper then releases without waiting for
-    #: that thread to end first.
+    #: ``wait_for_break`` or a renewal. Such a store serialises its calls, and releasing
+    #: closes nothing that waiting uses. The wrapper then releases without waiting for that
+    #: thread to end first.
     concurrent_release: bool = False
     #: True where a waiter's place is kept alive by its wait itself, not by its acquires,
     #: and a release cannot go unheard (etcd: a watch from a revision): a plain waiter
     #: then looks again only every ``run.waiter.QUIET_LOOK_CEILING_S``.
     waits_keep_places: bool = False
-    #: The shortest lease the store can keep: a shorter TTL is kept this long on the store
-    #: (the holder's own deadline still counts the TTL asked, so this is safe, only slower
-    #: to free the key after a crash). 0 where expiry has millisecond resolution.
+    #: The shortest lease the store can keep: a shorter TTL is kept this long on the store.
+    #: The holder's own deadline still counts the TTL asked, so this is safe, only slower to
+    #: free the key after a crash. 0 where expiry has millisecond resolution.
     min_ttl: float = 0.0
     #: How late after its expiry the store may still show a lease and refuse the key.
     expiry_lag: float = 0.0
@@ -90,37 +90,41 @@ class Store(ABC):
         supersede: bool = False,
         front: bool = False,
     ) -> Lease | None:
-        """Take the lowest free slot of ``key`` (``0..limit-1``; a plain lock has one), a
-        slot being free when no live lease holds it; None when all ``limit`` slots are held.
+        """Take the lowest free slot of ``key``; None when all ``limit`` slots are held.
 
-        ``mode`` SHARED (always with ``limit`` 1): the caller takes the lowest slot no live
-        lease holds, unbounded, when no live lease of ``key`` is EXCLUSIVE; an EXCLUSIVE
-        caller with ``limit`` 1 takes slot 0 only when no live lease of any mode holds any
-        slot of ``key``. Queue order with modes: a SHARED caller goes when every live waiter
-        ahead of it is SHARED (the shared runs at the head are admitted together); an
-        EXCLUSIVE one when none is ahead of it. So a waiting EXCLUSIVE run is never starved
-        by SHARED arrivals: they queue behind it. Lease, LeaseInfo and WaiterInfo carry the
-        mode.
+        The slots are ``0..limit-1``; a plain lock has one. A slot is free when no live lease
+        holds it. Lease, LeaseInfo and WaiterInfo carry the mode:
 
-        ``supersede`` (``run --supersede``): a caller that joins the queue (has no place
-        yet) marks every older place of ``key`` that joined with ``supersede`` superseded;
-        a superseded place no longer counts (not ahead of anyone, not in ``waiters``), and
-        its owner's next acquire leaves the queue and raises ``Superseded``. ``front``
-        (``run --replace``): a caller that joins the queue takes a place ahead of every
-        waiter there.
+        - ``mode`` SHARED always comes with ``limit`` 1. The caller takes the lowest slot no
+          live lease holds, unbounded, when no live lease of ``key`` is EXCLUSIVE.
+        - An EXCLUSIVE caller with ``limit`` 1 takes slot 0 only when no live lease of any
+          mode holds any slot of ``key``.
+        - In the queue, a SHARED caller goes when every live waiter ahead of it is SHARED.
+          The shared runs at the head are admitted together.
+        - An EXCLUSIVE caller goes when none is ahead of it. So a waiting EXCLUSIVE run is
+          never starved by SHARED arrivals: they queue behind it.
+
+        ``supersede`` (``run --supersede``) acts when the caller joins the queue (has no
+        place yet). It marks superseded every older place of ``key`` that joined with
+        ``supersede``. A superseded place no longer counts: it is not ahead of anyone, and
+        not in ``waiters``. Its owner's next acquire leaves the queue and raises
+        ``Superseded``.
+
+        ``front`` (``run --replace``): a caller that joins the queue takes a place ahead of
+        every waiter there.
 
         First come, first served: the key's live waiters (see ``waiters``) are served in
-        their order, so a caller takes a slot only when fewer of them are ahead of it than
-        slots are free (a caller not in the queue has them all ahead). With ``queue``, a
-        caller that gets nothing joins the key's queue at its end, or keeps its place
-        there, for ``waiter_ttl`` seconds from now; a caller that gets a slot leaves the
-        queue. Both in the same round trip.
+        their order. So a caller takes a slot only when fewer of them are ahead of it than
+        slots are free. A caller not in the queue has them all ahead. With ``queue``, a
+        caller that gets nothing joins the key's queue at its end, or keeps its place there,
+        for ``waiter_ttl`` seconds from now. A caller that gets a slot leaves the queue.
+        Both happen in the same round trip.
 
-        The fencing token is greater than every token issued before for ``key``, in any
-        slot. Raises ``LimitMismatch`` when a live holder of ``key`` uses another limit
-        (the success path stays one round trip; telling a mismatch from a conflict may take
-        another). Retrying with the same ``owner`` after a lost reply returns the same
-        lease (same slot and token) instead of a conflict with ourselves.
+        The fencing token is greater than every token issued before for ``key``, in any slot.
+        Raises ``LimitMismatch`` when a live holder of ``key`` uses another limit. The
+        success path stays one round trip; telling a mismatch from a conflict may take
+        another. Retrying with the same ``owner`` after a lost reply returns the same lease
+        (same slot and token), not a conflict with ourselves.
         """
         return self._acquire(key, ttl, holder, owner, limit, queue, Ask(mode, supersede, front))
 
@@ -157,11 +161,11 @@ class Store(ABC):
         """Free the lease (or, with ``keep_for`` > 0, let it expire that long from now).
 
         Returns False when the lease was no longer ours. The fencing counter is kept.
-        ``record`` (the run that held the lease) goes into the run ledger in the same write
-        -- whether the lease was still ours or not -- which also trims the key's ledger to
-        its last ``LEDGER_KEEP`` runs (keeping the newest success apart: see
-        ``last_success``). Writing the same run (key and token) again, as a
-        retry does, keeps one record. A failing ledger write fails the release.
+        ``record`` (the run that held the lease) goes into the run ledger in the same write,
+        whether the lease was still ours or not. That write also trims the key's ledger to
+        its last ``LEDGER_KEEP`` runs, keeping the newest success apart (see
+        ``last_success``). Writing the same run (key and token) again, as a retry does,
+        keeps one record. A failing ledger write fails the release.
         """
 
     @abstractmethod
@@ -217,13 +221,14 @@ class Store(ABC):
     def break_lease(
         self, key: str, token: int | None = None, by: Holder | None = None
     ) -> builtins.list[LeaseInfo]:
-        """Mark the live leases on ``key`` broken -- every slot's, or only the one whose
-        fencing token is ``token``, when given -- in the name of ``by`` (kept with the
-        lease for ``broken_by``; the first break's breaker stays).
+        """Mark the live leases on ``key`` broken, in the name of ``by``.
 
-        From then on its renew raises LeaseLost; nobody else can acquire its slot (peek and
+        Every slot's lease is broken, or only the one whose fencing token is ``token``, when
+        given. ``by`` is kept with the lease for ``broken_by``; the first break's breaker stays.
+
+        From then on its renew raises LeaseLost. Nobody else can acquire its slot (peek and
         list still show it held) until its owner releases it, it expires on the store's
-        clock, or ``force_release`` frees it; its owner's release still succeeds (True) and
+        clock, or ``force_release`` frees it. Its owner's release still succeeds (True) and
         frees it, ``keep_for`` or not. Its expiry is not extended. The holder is told at once
         through the store's notification path (``wait_for_break`` returns). Returns the
         leases as they were broken, ordered by slot; empty when no live lease matched.
@@ -259,9 +264,9 @@ class Store(ABC):
         freed by force (True), ``timeout`` seconds pass (False), or ``wake_fd`` becomes
         readable (False; it is not read). A break from before the call is seen too.
 
-        By default the lease is looked at every ``break_poll_s`` (``time_left``: a lease
-        broken, freed or run out is no longer current); what it finds is a hint the caller
-        checks with a renewal, and trouble reaching the store is not a break."""
+        By default the lease is looked at every ``break_poll_s``, with ``time_left``. A lease
+        broken, freed or run out is no longer current. What the look finds is a hint, which
+        the caller checks with a renewal. Trouble reaching the store is not a break."""
         deadline = time.monotonic() + max(0.0, timeout)
         while True:
             with contextlib.suppress(StoreUnavailable):
@@ -276,15 +281,17 @@ class Store(ABC):
     waiting_trouble: tuple[type[BaseException], ...] = (OSError,)
 
     def wait_for_release(self, key: str, timeout: float, wake_fd: int | None = None) -> None:
-        """Block until a slot of ``key`` may be free -- a release woke us, or the first
-        live lease ran out -- at most ``timeout`` seconds; at once when ``wake_fd`` becomes
-        readable (it is not read: a signal handler's wake-up pipe ends a wait without
-        raising out of a blocking call). Never raises.
+        """Block until a slot of ``key`` may be free, at most ``timeout`` seconds.
+
+        A slot may be free when a release woke us, or when the first live lease ran out. The
+        wait ends at once when ``wake_fd`` becomes readable. It is not read: a signal
+        handler's wake-up pipe ends a wait without raising out of a blocking call. Never
+        raises.
 
         The skeleton every store shares: take this waiter's turn and start listening
-        (``_prepare_wait``), then look at how long the key stays full
-        (``_time_until_free``: a release after the listening began is not missed), then
-        wait for a wake-up until then (``_await_wakeup``)."""
+        (``_prepare_wait``). Then look at how long the key stays full (``_time_until_free``),
+        so a release after the listening began is not missed. Then wait for a wake-up until
+        then (``_await_wakeup``)."""
         if timeout <= 0:
             return
         deadline = time.monotonic() + timeout

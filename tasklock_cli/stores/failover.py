@@ -1,12 +1,15 @@
-"""Failover epochs, the design the PostgreSQL, Redis and MySQL stores share (each writes it
-in its own SQL or Lua; the argument is in the PostgreSQL package's docstring).
+"""Failover epochs: the design the PostgreSQL, Redis and MySQL stores share.
 
-- A store records the server its primary was; an acquire that finds another (or, where
-  the store can tell, a restart) starts a new epoch, ``max(previous + 1, the server's
-  clock in whole seconds)``.
-- A new epoch's quarantine keeps every key from new holders for ``quarantine_length``:
-  the longest TTL recorded (at least the default ``--ttl``) plus a margin, so every lease
-  the old primary may have granted has run out before a new one is granted.
+Each store writes it in its own SQL or Lua.
+The argument is in the PostgreSQL package's docstring.
+
+- A store records the server its primary was.
+- An acquire that finds another starts a new epoch.
+  So does a restart, where the store can tell.
+- The new epoch is ``max(previous + 1, the server's clock in whole seconds)``.
+- A new epoch's quarantine keeps every key from new holders for ``quarantine_length``.
+- That length is the longest TTL recorded (at least the default ``--ttl``), plus a margin.
+  So every lease the old primary may have granted has run out before a new one is granted.
 - A key's next fencing token is ``max(counter + 1, epoch << EPOCH_SHIFT)``, below 2**63.
 """
 

@@ -14,19 +14,27 @@ from tasklock_cli.util.times import rfc3339
 #: issue a greater one fails (``FencingExhausted``), and a token above it read from a
 #: store is malformed.
 MAX_FENCING_TOKEN = 2**63 - 1
-#: No tasklock ever puts a waiter's place further ahead than this (its waiter_ttl is a few
-#: seconds): a place that expires later than this from now was not written by a waiter
-#: (forged, or a clock gone wrong) and is dead -- ignored by the queue, removed by the next
-#: acquire of its key and by ``sweep`` -- so it cannot hold a free key up.
+#: No tasklock ever puts a waiter's place further ahead than this.
+#: Its waiter_ttl is a few seconds.
+#: A place that expires later than this from now was not written by a waiter.
+#: It was forged, or a clock went wrong.
+#: Such a place is dead: the queue ignores it.
+#: The next acquire of its key removes it, and so does ``sweep``.
+#: So it cannot hold a free key up.
 WAITER_HORIZON_S = 60.0
-#: A lease whose expiry cannot be read (none, not a time, or no TTL on a store whose TTLs
-#: decide) was not written so by any holder: a tasklock's every acquire and renewal writes
-#: one. Its holder, if it has one, renewed last before now with at most the longest TTL the
-#: store has granted, so its lease is valid until at most now + that: ``sweep`` and
-#: ``release --force`` give such a lease the expiry now + ``unreadable_expiry_bound``, and
-#: it runs out then as any lease does (a live holder's next renewal rewrites it). The floor
-#: covers a store that records no longest TTL yet (an older tasklock's default --ttl); the
-#: margin, a holder's send time and the clocks of two servers.
+#: A lease whose expiry cannot be read was not written so by any holder.
+#: Its expiry is none, or not a time, or it has no TTL on a store whose TTLs decide.
+#: A tasklock's every acquire and renewal writes one.
+#: Its holder, if it has one, renewed last before now, with at most the longest TTL the
+#: store has granted.
+#: So its lease is valid until at most now + that.
+#: ``sweep`` and ``release --force`` give such a lease the expiry now +
+#: ``unreadable_expiry_bound``.
+#: It runs out then, as any lease does.
+#: A live holder's next renewal rewrites it.
+#: The floor covers a store that records no longest TTL yet (an older tasklock's default
+#: --ttl).
+#: The margin covers a holder's send time and the clocks of two servers.
 UNREADABLE_EXPIRY_FLOOR_S = 30.0
 UNREADABLE_EXPIRY_MARGIN_S = 2.0
 #: Rows per read of a listing (see ``Store.list``).

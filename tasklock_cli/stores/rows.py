@@ -1,17 +1,27 @@
 """Reading what a store returned, defensively: the one parser of every store's rows.
 
-Anyone who can write to the store can write anything into a row: a holder that is not
-JSON, a pid that is a string, a fencing token that is not an integer, a time in the year
-1e300. Such a row is *malformed*: it is read as far as it can be, each field it could not
-read gets a placeholder (``?``, 0, the epoch) and is named in the record's ``malformed``
-(pairs of field and why), and it never stops the rows around it from being read. Shown,
-its unreadable fields are ``?`` in text and null in JSON, and the record says
-``"malformed": true`` (see ``model``); ``metrics`` counts such records.
+Anyone who can write to the store can write anything into a row.
+Say, a holder that is not JSON, a pid that is a string, a fencing token that is not an
+integer, or a time in the year 1e300.
 
-What a store decides with a malformed row is its own statements' business (a slot whose
-row cannot be read stays taken until the row's expiry, or until ``release --force`` or
-``sweep`` removes it; a row whose expiry cannot be read gets the longest a holder's lease
-could have, ``model.unreadable_expiry_bound``): this module only reads.
+Such a row is *malformed*:
+
+- It is read as far as it can be.
+- Each field that could not be read gets a placeholder (``?``, 0, the epoch).
+- Each such field is named in the record's ``malformed``, as pairs of field and why.
+- It never stops the rows around it from being read.
+- When shown, its unreadable fields are ``?`` in text and null in JSON.
+  The record says ``"malformed": true`` (see ``model``).
+- ``metrics`` counts such records.
+
+What a store decides with a malformed row is its own statements' business.
+This module only reads.
+For example:
+
+- A slot whose row cannot be read stays taken until the row's expiry.
+  Or until ``release --force`` or ``sweep`` removes it.
+- A row whose expiry cannot be read gets the longest a holder's lease could have,
+  ``model.unreadable_expiry_bound``.
 """
 
 from __future__ import annotations

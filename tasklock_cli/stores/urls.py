@@ -106,9 +106,11 @@ def redact_url(url: str) -> str:
 
 
 def split_url(url: str) -> tuple[str, str, str, str]:
-    """The scheme (lower case), netloc, path and query of ``url``, as urlsplit gives them,
-    but without urlsplit's checks of the netloc: some Python versions' urlsplit (Debian
-    12's 3.11.2) refuses a list of hosts with a bracketed IPv6 address after the first."""
+    """The scheme (lower case), netloc, path and query of ``url``, as urlsplit gives them.
+
+    urlsplit's checks of the netloc are left out.
+    Some Python versions' urlsplit refuse a list of hosts with a bracketed IPv6 address
+    after the first: Debian 12's 3.11.2 does."""
     scheme, netloc, rest = _scheme_netloc_rest(url, "/?#")
     rest = rest.partition("#")[0]
     path, _, query = rest.partition("?")

@@ -59,11 +59,18 @@ class SocketBreakWatch:
 
 
 class BreakWatches:
-    """The waiting skeleton of ``Store.wait_for_break`` for stores that hear of a break on
-    a line of their own: one watch per held lease, opened at the first wait (then the
-    lease is looked at once, so a break before it is seen), kept until ``drop``. Trouble
-    with a watch is not a break: it is dropped (the next wait opens another) and that wait
-    sleeps on ``wake_fd``; the renewals report the store's state."""
+    """The waiting skeleton of ``Store.wait_for_break``.
+
+    It serves stores that hear of a break on a line of their own.
+
+    - There is one watch per held lease.
+    - It is opened at the first wait.
+      Then the lease is looked at once, so a break before it is seen.
+    - It is kept until ``drop``.
+    - Trouble with a watch is not a break.
+      The watch is dropped, and the next wait opens another.
+      That wait sleeps on ``wake_fd``.
+      The renewals report the store's state."""
 
     def __init__(self, open_watch: Callable[[Lease], tuple[BreakWatch, bool]], trouble: tuple):
         self._open = open_watch  # -> (watch, found broken when opened)

@@ -43,9 +43,12 @@ def safe(text: object) -> str:
 
 
 def recordable(arg: str) -> str:
-    """A command-line argument as the store keeps it: unchanged when it is UTF-8; else
-    (Python carries the bytes that are not UTF-8 as lone surrogates) its backslashes
-    doubled and each such byte as ``\\xNN``, so it is valid UTF-8 and loses nothing."""
+    """A command-line argument as the store keeps it.
+
+    - It is unchanged when it is UTF-8.
+    - Else Python carries the bytes that are not UTF-8 as lone surrogates.
+      Then its backslashes are doubled, and each such byte becomes ``\\xNN``.
+      So it is valid UTF-8 and loses nothing."""
     try:
         arg.encode("utf-8")
     except UnicodeEncodeError:
