@@ -1,6 +1,12 @@
-"""What the stores on a SQL server (PostgreSQL, MySQL) share: the connection's frame -- one
-connection, used under a lock, opened on first use and anew after a failure, bounded by
-the I/O timeout -- and the store methods that only hand off to it and to the schema.
+"""What the stores on a SQL server (PostgreSQL, MySQL) share.
+
+- The connection's frame:
+
+  - one connection, used under a lock;
+  - opened on first use, and anew after a failure;
+  - bounded by the I/O timeout.
+
+- The store methods that only hand off to the connection and to the schema.
 
 Each store's ``connection`` keeps what its driver does: opening and setting up a session,
 ``run`` with its retries, the driver's errors as tasklock's. (SQLite's store is a file on
