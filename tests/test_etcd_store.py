@@ -140,9 +140,12 @@ def test_wait_for_break_wakes_promptly_times_out_and_heeds_wake_fd(clients, monk
 
     looks: list[bytes] = []
     real_range = holder._client.range
-    monkeypatch.setattr(
-        holder._client, "range", lambda name: looks.append(name) or real_range(name)
-    )
+
+    def counted_range(name):
+        looks.append(name)
+        return real_range(name)
+
+    monkeypatch.setattr(holder._client, "range", counted_range)
     thread = threading.Thread(target=breaker)
     thread.start()
     assert holder.wait_for_break(lease, 5) is True

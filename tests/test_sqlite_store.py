@@ -256,11 +256,12 @@ def test_where_fifos_cannot_be_made_a_waiter_polls(tmp_path, monkeypatch):
     assert sqlite_module.UNSIGNALLED_POLL_S * 0.8 <= waited < 1.0, waited
     polls: list[float] = []
     real_wait = sqlite_module.wait_readable
-    monkeypatch.setattr(
-        sqlite_module,
-        "wait_readable",
-        lambda fds, timeout: polls.append(timeout) or real_wait(fds, timeout),
-    )
+
+    def counted_wait(fds, timeout):
+        polls.append(timeout)
+        return real_wait(fds, timeout)
+
+    monkeypatch.setattr(sqlite_module, "wait_readable", counted_wait)
     waiter.wait_for_release("free", 5)
     assert polls == []  # a free key is not waited for, not even one poll (counted, not timed)
 
