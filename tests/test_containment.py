@@ -200,13 +200,14 @@ def test_a_killed_guard_leaves_the_wrapper_to_kill_the_tree(env, store_url, tmp_
     command, pids, ready = tree_command(tmp_path)
     wrapper = start("run", "k", "--ttl", "5s", "--", *command, env=env)
     tree = read_tree(pids, ready)
-    (guard,) = [p.pid for p in procs.children(wrapper.pid) if p.state != "Z"]
-    os.kill(guard, signal.SIGKILL)
+    children = [p for p in procs.children(wrapper.pid) if p.state != "Z"]
+    assert len(children) == 1, children  # the guard (the command is the guard's child)
+    os.kill(children[0].pid, signal.SIGKILL)
     _, stderr = wrapper.communicate(timeout=15)
     assert wrapper.returncode == 70, stderr
     assert "guard" in stderr
     assert procs.still_running(tree) == []
-    assert peek(store_url, "k") is None
+    assert peek(store_url, "k") is None, stderr  # released on the way out
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
