@@ -261,10 +261,12 @@ def test_a_promoted_replica_without_the_record_starts_an_epoch():
             assert store.acquire("k", 5, OTHER, token()) is None
             assert "primary changed" in (store.holdup("k") or "")
         # A server that never took over from another, but started a moment ago: a restart
-        # without persistence may have lost the record, so it quarantines too.
+        # without persistence may have lost the record, so it quarantines too, and says
+        # that `tasklock init` tells it the server is new.
         with open_store(pair.primary.url(prefix="other:")) as store:
             assert store.acquire("k", 5, OTHER, token()) is None
-            assert "primary changed" in (store.holdup("k") or "")
+            holdup = store.holdup("k") or ""
+            assert "started moments ago" in holdup and "`tasklock init`" in holdup, holdup
 
 
 def test_a_promoted_replica_with_the_record_starts_an_epoch():

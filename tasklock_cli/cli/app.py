@@ -452,8 +452,8 @@ def init(
             sql = store.schema_sql()
             typer.echo(sql if sql is not None else "-- this store needs no schema")
             return
-        store.init_schema()
-        typer.echo(f"schema ready on {store.display_url}")
+        found = store.init_schema()
+        typer.echo(f"store ready: {store.display_url}" + (f": {found}" if found else ""))
 
 
 @app.command()

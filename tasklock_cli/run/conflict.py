@@ -26,9 +26,10 @@ class Conflict(TasklockError):
         self.waited = waited
         self.first_holder = first_holder
         self.holdup = holdup if holder is None else None
-        message = describe_conflict(key, holder, waited, first_holder)
-        if self.holdup:  # nobody shows: say what keeps the key instead
-            message = f"{message}: {self.holdup}"
+        if self.holdup:  # nobody holds it: say what keeps the key instead
+            message = describe_holdup(key, waited, self.holdup)
+        else:
+            message = describe_conflict(key, holder, waited, first_holder)
         super().__init__(message)
 
 
@@ -40,6 +41,12 @@ def describe_holder(info: LeaseInfo) -> str:
     token = shown(bad, "fencing_token", info.fencing_token)
     malformed = ", a malformed record" if bad else ""
     return f"{holder.host} pid {pid} (user {holder.user}, token {token}{malformed})"
+
+
+def describe_holdup(key: str, waited: float, holdup: str) -> str:
+    """A key that nobody holds and the store would not grant (``Store.holdup`` says why)."""
+    gave_up = f"gave up waiting {format_duration(waited)}: " if waited > 0 else ""
+    return f"{gave_up}{key!r} is not granted: {holdup}"
 
 
 def describe_conflict(

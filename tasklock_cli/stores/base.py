@@ -356,8 +356,11 @@ class Store(ABC):
         cut-off server fails fast and can be retried before the local deadline.
         """
 
-    def init_schema(self) -> None:  # noqa: B027 - stores without a schema have nothing to do
-        """Create whatever the store needs; idempotent and safe to race."""
+    def init_schema(self) -> str | None:
+        """Create whatever the store needs, and mark a store that tasklock never used new
+        (``tasklock init``: nothing was held before, so no failover quarantine is owed);
+        idempotent and safe to race. Returns what it found, for the operator, or None."""
+        return None
 
     def schema_sql(self) -> str | None:
         """DDL for DBAs who create the schema themselves; None where there is none."""

@@ -29,6 +29,8 @@ DEFAULT_TTL_S = 30.0
 #: Added to the quarantine (s): a holder's send time before the server's clock, the
 #: clocks of two servers.
 QUARANTINE_MARGIN_S = 2.0
+#: A recorded longest TTL above this (s, about 31 years) is no TTL a client asked for.
+LONGEST_TTL_S = 1e9
 
 
 def quarantine_length(max_ttl: float | None) -> float:
@@ -48,22 +50,41 @@ def quarantine_text(change: str, scope: str, left: float | None) -> str | None:
     )
 
 
+def fresh_server_text(server: str, scope: str, left: float | None) -> str | None:
+    """What the quarantine of a server that started a moment ago without any record of the
+    ``scope`` means (``left`` s to run; None when over): it cannot tell new from restarted
+    and emptied, and the operator can say which (``tasklock init``)."""
+    if left is None or left <= 0:
+        return None
+    return (
+        f"{server} started moments ago and has no record of this {scope}: it may have "
+        "restarted and lost leases that still run, so no new lease for "
+        f"{left:.1f}s more; if it is new (nothing was held before), run `tasklock init` "
+        "to say so"
+    )
+
+
 class Quarantines:
-    """The keys whose last acquire met a quarantine, and when it ends (monotonic)."""
+    """The keys whose last acquire met a quarantine, when it ends (monotonic) and why."""
 
     def __init__(self) -> None:
-        self._ends: dict[str, float] = {}
+        self._ends: dict[str, tuple[float, str]] = {}
 
-    def met(self, key: str, left_ms: int | None) -> None:
-        """Our acquire of ``key`` met a quarantine with ``left_ms`` ms to run, or none (None)."""
+    def met(self, key: str, left_ms: int | None, cause: str = "failover") -> None:
+        """Our acquire of ``key`` met a quarantine with ``left_ms`` ms to run (None: none),
+        for ``cause`` (the store's word: 'failover', 'fresh')."""
         if left_ms is None:
             self._ends.pop(key, None)
         else:
-            self._ends[key] = time.monotonic() + max(0, left_ms) / 1000
+            self._ends[key] = (time.monotonic() + max(0, left_ms) / 1000, cause)
 
     def left(self, key: str) -> float:
         """Seconds left of the quarantine our last acquire of ``key`` met (0 or less: none)."""
-        return self._ends.get(key, 0.0) - time.monotonic()
+        return self._ends.get(key, (0.0, ""))[0] - time.monotonic()
+
+    def cause(self, key: str) -> str:
+        """Why that quarantine was (its ``cause``; '' when none was met)."""
+        return self._ends.get(key, (0.0, ""))[1]
 
 
 def after_failover(length: float) -> str:

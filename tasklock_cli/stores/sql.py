@@ -100,8 +100,9 @@ class SqlStore(Store):
     def set_io_timeout(self, seconds: float) -> None:
         self._db.set_io_timeout(seconds)
 
-    def init_schema(self) -> None:
+    def init_schema(self) -> str | None:
         self._db.run(lambda conn: None)  # (a first use makes what is missing)
+        return None
 
     def schema_sql(self) -> str:
         return self._schema.schema_sql()

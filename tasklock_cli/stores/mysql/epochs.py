@@ -35,13 +35,12 @@ import re
 
 from tasklock_cli.stores.failover import DEFAULT_TTL_S
 from tasklock_cli.stores.failover import EPOCH_SHIFT
+from tasklock_cli.stores.failover import LONGEST_TTL_S
 from tasklock_cli.stores.failover import QUARANTINE_MARGIN_S
 
 #: The epoch row's key and slot (no lock key is empty; slot -1 is a key's counter).
 EPOCH_KEY = ""
 EPOCH_SLOT = -2
-#: A longest TTL recorded above this (s) is read as this (a row someone else wrote).
-LONGEST_TTL_S = 1e9
 
 #: The server as an epoch knows it, ``SERVER_ID:HOSTNAME:PORT`` (and ``:SERVER_UUID`` on
 #: MySQL).

@@ -198,6 +198,49 @@ def _set_up_lean(connection: redis.connection.AbstractConnection) -> None:
     connection.on_connect()
 
 
+def _fsync_always_run_id(connection: redis.connection.AbstractConnection) -> str:
+    """``_set_up_lean``, with the client name set in one round trip together with a look at
+    the server's durability: the run_id of this server when it fsyncs its AOF before every
+    reply (``appendfsync always``), else ''. The acquire script records with it whether a
+    restart of the server would lose nothing (see ``epochs``); CONFIG refused (managed
+    Redis) reads as not known, so as not lossless."""
+    name = connection.client_name
+    connection.client_name = None  # (set below, in the same round trip as the look)
+    try:
+        _set_up_lean(connection)
+    finally:
+        connection.client_name = name
+    commands: list[tuple[Any, ...]] = [("CONFIG", "GET", "appendfsync"), ("INFO", "server")]
+    if name:
+        commands.insert(0, ("CLIENT", "SETNAME", name))
+    connection.send_packed_command(connection.pack_commands(commands), check_health=False)
+    replies: list[Any] = []
+    for _ in commands:
+        try:
+            replies.append(connection.read_response())
+        except rexc.ResponseError as exc:
+            replies.append(exc)
+    if name and isinstance(replies[0], Exception):
+        raise rexc.ConnectionError(f"Error setting client name: {replies[0]}")
+    fsync, info = replies[-2:]
+    always = isinstance(fsync, list) and len(fsync) == 2 and fsync[1] in (b"always", "always")
+    if not always or not isinstance(info, bytes | str):
+        return ""
+    text = info.decode("latin-1") if isinstance(info, bytes) else info
+    _, found, rest = text.partition("run_id:")
+    return rest.split("\r\n", 1)[0].strip() if found else ""
+
+
+def _connect_one(client: redis.Redis) -> None:
+    """Make (or take) one of the pool's connections and put it back, connected."""
+    pool = client.connection_pool
+    try:
+        connection = pool.get_connection()
+    except TypeError:  # redis-py before 5.3 wants a command name
+        connection = pool.get_connection("PING")  # type: ignore[call-arg, unused-ignore]
+    pool.release(connection)
+
+
 class RedisConnection:
     """The store's redis-py client (remade when the I/O timeout changes) and how each call
     goes through it: ``call`` retries a broken connection once and turns Redis's errors
@@ -225,8 +268,24 @@ class RedisConnection:
             name: Script(None, source.encode("utf-8"))  # type: ignore[arg-type]
             for name, source in SCRIPTS.items()
         }
+        #: The run_id of the server last seen fsyncing before every reply, else '' (the
+        #: acquire script's last argument: see ``_fsync_always_run_id``).
+        self.fsync_always_run_id = ""
+        self._looked = False  # whether a connection has made that look yet
         self._client_lock = threading.Lock()
         self._client = self._make_client()
+
+    def _set_up(self, connection: redis.connection.AbstractConnection) -> None:
+        """Each new connection's handshake (``_fsync_always_run_id``)."""
+        self.fsync_always_run_id = _fsync_always_run_id(connection)
+        self._looked = True
+
+    def durability(self) -> str:
+        """``fsync_always_run_id`` as a connection found it: connects first if none has (the
+        pool keeps that connection for the call that follows, so it costs no round trip)."""
+        if not self._looked:
+            self.call(_connect_one)
+        return self.fsync_always_run_id
 
     @property
     def client(self) -> redis.Redis:
@@ -241,7 +300,7 @@ class RedisConnection:
             # take past the supervisor's deadline); ``call`` retries once, knowingly.
             "retry": Retry(NoBackoff(), 0),
             "health_check_interval": HEALTH_CHECK_INTERVAL_S,
-            "redis_connect_func": _set_up_lean,
+            "redis_connect_func": self._set_up,
             "client_name": "tasklock",  # CLIENT LIST shows who holds the connections
             "decode_responses": False,
             # RESP2, so servers and proxies without HELLO work too.

@@ -47,22 +47,20 @@ It cannot be told from a fresh one, and tokens start again at 1 (README says so)
 
 from __future__ import annotations
 
-from typing import Any
-
 from tasklock_cli.stores.failover import DEFAULT_TTL_S
 from tasklock_cli.stores.failover import EPOCH_SHIFT
+from tasklock_cli.stores.failover import LONGEST_TTL_S
 from tasklock_cli.stores.failover import MAX_EPOCH
 from tasklock_cli.stores.failover import QUARANTINE_MARGIN_S
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    import redis
-
     from tasklock_cli.stores.redis.connection import RedisConnection
 
 #: ``stores.failover``'s quarantine floor and margin in ms, Redis ``TIME``'s unit here.
 DEFAULT_TTL_MS = round(DEFAULT_TTL_S * 1000)
 QUARANTINE_MARGIN_MS = round(QUARANTINE_MARGIN_S * 1000)
+MAX_TTL_MS = round(LONGEST_TTL_S * 1000)
 #: The role of the epoch record in ``RedisKeys.name``-like terms: ``P{}:epoch``.
 EPOCH_RECORD = b"{}:epoch"
 
@@ -71,13 +69,14 @@ EPOCH_LUA = (
     """
 local NO_REPLID = string.rep('0', 40)
 local QUARANTINE_FLOOR = DEFAULT_TTL_MS + QUARANTINE_MARGIN_MS
--- This server's replication ids: {current, the one before it (nil when none)}.
-local function replication_ids()
+-- This server's replication ids {current, the one before it (nil when none)} and how
+-- many replicas it has.
+local function replication_state()
   local info = redis.call('INFO', 'replication')
   local replid = string.match(info, 'master_replid:(%x+)')
   local replid2 = string.match(info, 'master_replid2:(%x+)')
   if replid2 == NO_REPLID then replid2 = nil end
-  return replid, replid2
+  return replid, replid2, tonumber(string.match(info, 'connected_slaves:(%d+)')) or 0
 end
 -- This server's run id (new at each start; nil when INFO hides it) and the latest moment
 -- (ms) it can have started: uptime_in_seconds counts whole seconds of its clock.
@@ -86,43 +85,109 @@ local function server_start(now)
   local uptime = tonumber(string.match(info, 'uptime_in_seconds:(%d+)')) or 0
   return string.match(info, 'run_id:(%x+)'), now - math.max(uptime - 1, 0) * 1000
 end
--- Whether the primary changed since the record was written, and until when a change
--- keeps new leases out.
-local function primary_changed(rec, now)
-  local replid, replid2 = replication_ids()
-  local run_id, started = server_start(now)
-  local max_ttl = tonumber(rec[4]) or 0
-  local ends = now + math.max(max_ttl, DEFAULT_TTL_MS) + QUARANTINE_MARGIN_MS
-  local changed
-  if rec[1] then  -- another replid: a promoted replica; another run_id: a restart
-    changed = rec[1] ~= replid or (rec[5] ~= false and run_id ~= nil and rec[5] ~= run_id)
-  elseif replid2 ~= nil then  -- no record on a server that took over from another primary
-    changed = true
-  else  -- no record on a server that started a moment ago: a restart may have lost it
-    changed = started + QUARANTINE_FLOOR > now
-    ends = started + QUARANTINE_FLOOR
-  end
-  return changed, ends, replid, run_id
+local function aof_enabled()
+  return string.match(redis.call('INFO', 'persistence'), 'aof_enabled:(%d)') == '1'
 end
--- The namespace's epoch and quarantine end (ms) for an acquire of `ttl` ms, starting a new
--- epoch when the primary changed; raises the recorded max_ttl to `ttl`.
-local function current_epoch(record, now, ttl)
-  local rec = redis.call('HMGET', record, 'replid', 'epoch', 'quarantine_until', 'max_ttl',
-                         'run_id')
-  local epoch = tonumber(rec[2]) or 0
-  local quarantine_until = tonumber(rec[3]) or 0
-  local changed, ends, replid, run_id = primary_changed(rec, now)
+-- A number the record holds, 0 when it holds none or no number.
+local function recorded(value)
+  local n = tonumber(value)
+  if not n or n ~= n or n < 0 then return 0 end
+  return n
+end
+-- The longest TTL recorded (ms), within what a client can ask (a forged one is no longer).
+local function longest_ttl(rec)
+  return math.min(recorded(rec[4]), MAX_TTL_MS)
+end
+-- A quarantine's end as recorded, never later than a new one would end: a forged end
+-- cannot keep the namespace's keys from every holder for longer.
+local function bounded_quarantine(rec, now)
+  return math.min(recorded(rec[3]),
+                  now + math.max(longest_ttl(rec), DEFAULT_TTL_MS) + QUARANTINE_MARGIN_MS)
+end
+-- Whether a crash and restart of this server keeps every write acknowledged now: its AOF is
+-- fsynced before each reply (appendfsync always, which the client read from this very
+-- server: `fsync_run_id`), and no replica holds a copy that could be started as a primary.
+local function lossless_now(run_id, replicas, fsync_run_id)
+  return run_id ~= nil and fsync_run_id == run_id and replicas == 0 and aof_enabled()
+end
+-- Whether the primary changed since the record was written in a way that may have lost
+-- leases, why ('failover' or 'fresh'), and until when that keeps new leases out.
+-- A restart that loaded an AOF of every acknowledged write lost nothing: no change.
+local function primary_changed(rec, now, replid, replid2, run_id)
+  local ends = now + math.max(longest_ttl(rec), DEFAULT_TTL_MS) + QUARANTINE_MARGIN_MS
+  if rec[1] then  -- another replid: a promoted replica or a restart; another run_id: a restart
+    local changed = rec[1] ~= replid or (rec[5] ~= false and run_id ~= nil and rec[5] ~= run_id)
+    if changed and replid2 == nil and rec[6] == '1' and aof_enabled() then
+      changed = false
+    end
+    return changed, ends, 'failover'
+  end
+  if replid2 ~= nil then  -- no record on a server that took over from another primary
+    return true, ends, 'failover'
+  end
+  -- no record on a server that started a moment ago: a restart may have lost it
+  local _, started = server_start(now)
+  return started + QUARANTINE_FLOOR > now, started + QUARANTINE_FLOOR, 'fresh'
+end
+local EPOCH_FIELDS = {'replid', 'epoch', 'quarantine_until', 'max_ttl', 'run_id', 'lossless',
+                      'cause'}
+-- The namespace's epoch, quarantine end (ms) and its cause for an acquire of `ttl` ms,
+-- starting a new epoch when the primary changed; raises the recorded max_ttl to `ttl` and
+-- records whether the namespace's writes are lossless now (`fsync_run_id`: see above).
+local function current_epoch(record, now, ttl, fsync_run_id)
+  local rec = redis.call('HMGET', record, unpack(EPOCH_FIELDS))
+  local epoch = recorded(rec[2])
+  local quarantine_until = bounded_quarantine(rec, now)
+  local cause = rec[7] or 'failover'
+  local replid, replid2, replicas = replication_state()
+  local run_id = server_start(now)
+  local changed, ends, why = primary_changed(rec, now, replid, replid2, run_id)
   if changed then
     epoch = math.max(epoch + 1, math.floor(now / 1000))
-    quarantine_until = ends
+    quarantine_until, cause = ends, why
     redis.call('HSET', record, 'replid', replid, 'epoch', ms(epoch),
-               'quarantine_until', ms(quarantine_until))
-  elseif not rec[1] then
-    redis.call('HSET', record, 'replid', replid, 'epoch', '0', 'quarantine_until', '0')
+               'quarantine_until', ms(quarantine_until), 'cause', cause)
+  elseif rec[1] ~= replid then
+    redis.call('HSET', record, 'replid', replid)
+    if not rec[1] then redis.call('HSET', record, 'epoch', '0', 'quarantine_until', '0') end
   end
   if run_id and rec[5] ~= run_id then redis.call('HSET', record, 'run_id', run_id) end
-  if ttl > (tonumber(rec[4]) or 0) then redis.call('HSET', record, 'max_ttl', ms(ttl)) end
-  return epoch, quarantine_until
+  if ttl > recorded(rec[4]) then redis.call('HSET', record, 'max_ttl', ms(ttl)) end
+  local lossless = lossless_now(run_id, replicas, fsync_run_id) and '1' or '0'
+  if rec[6] ~= lossless then redis.call('HSET', record, 'lossless', lossless) end
+  return epoch, quarantine_until, cause
+end
+-- What keeps the namespace's keys from new holders now, without writing: {ms left, cause}
+-- of a quarantine under way, or of the one the next acquire would meet on a fresh server
+-- (nil when none).
+local function quarantine_state(record, now)
+  local rec = redis.call('HMGET', record, unpack(EPOCH_FIELDS))
+  if not rec[1] then
+    local replid, replid2 = replication_state()
+    local changed, ends, why = primary_changed(rec, now, replid, replid2, server_start(now))
+    if changed then return {ends - now, why} end
+    return nil
+  end
+  local left = bounded_quarantine(rec, now) - now
+  if left > 0 then return {left, rec[7] or 'failover'} end
+  return nil
+end
+-- Marks the namespace new (`tasklock init`): a record of this server at epoch 0 where there
+-- is none, or where only a fresh server's quarantine is (no lease was granted since it was
+-- written), so the next acquire meets no quarantine. Returns the epoch of a record in use.
+local function mark_new(record, now, fsync_run_id)
+  local rec = redis.call('HMGET', record, unpack(EPOCH_FIELDS))
+  if rec[1] and not (rec[7] == 'fresh' and recorded(rec[3]) > now) then
+    return {'used', ms(recorded(rec[2]))}
+  end
+  redis.call('HDEL', record, 'cause')
+  local replid, _, replicas = replication_state()
+  local run_id = server_start(now)
+  local lossless = lossless_now(run_id, replicas, fsync_run_id) and '1' or '0'
+  redis.call('HSET', record, 'replid', replid, 'epoch', '0', 'quarantine_until', '0',
+             'lossless', lossless, 'max_ttl', '0')
+  if run_id then redis.call('HSET', record, 'run_id', run_id) end
+  return {'marked', '0'}
 end
 -- The next fencing token of the key whose counter is `fence`, as a decimal string (Lua's
 -- numbers are doubles: exact only to 2^53): max(counter + 1, epoch << EPOCH_SHIFT).
@@ -143,6 +208,7 @@ local function next_token(fence, epoch)
 end
 """.replace("DEFAULT_TTL_MS", str(DEFAULT_TTL_MS))
     .replace("QUARANTINE_MARGIN_MS", str(QUARANTINE_MARGIN_MS))
+    .replace("MAX_TTL_MS", str(MAX_TTL_MS))
     .replace("EPOCH_BASE", str(2**EPOCH_SHIFT))
     .replace("EPOCH_LIMIT", str(MAX_EPOCH + 1))
 )
@@ -157,18 +223,22 @@ end
 """
 
 
-def quarantine_left(conn: RedisConnection) -> float:
-    """Seconds left of the namespace's failover quarantine (0 or less: none), read from
-    its epoch record on Redis's clock."""
+def quarantine_state(conn: RedisConnection) -> tuple[float, str]:
+    """Seconds left of what keeps the namespace's keys from new holders (0: nothing), and
+    why ('failover', 'fresh'), on Redis's clock. Writes nothing: an epoch starts with an
+    acquire, never here."""
     name = conn.names.epoch_record()
+    state = conn.script("quarantine", [name], [], None)
+    if not state:
+        return 0.0, ""
+    return int(state[0]) / 1000, state[1].decode("ascii", "replace")
 
-    def read(client: redis.Redis) -> list[Any]:
-        pipe = client.pipeline(transaction=True)  # one round trip, one moment
-        pipe.hget(name, "quarantine_until")
-        pipe.time()
-        return pipe.execute()
 
-    until, (seconds, micros) = conn.call(read)
-    if until is None or not until.isdigit():
-        return 0.0
-    return (int(until) - seconds * 1000 - micros // 1000) / 1000
+def mark_new(conn: RedisConnection) -> str:
+    """``tasklock init``: marks the namespace new (see ``mark_new`` in the Lua), and says what
+    it found."""
+    name = conn.names.epoch_record()
+    outcome, epoch = conn.script("mark_new", [name], [conn.durability()], None)
+    if outcome == b"marked":
+        return "namespace marked new: runs are granted at once"
+    return f"namespace in use already (epoch {int(epoch)}): left as it is"

@@ -114,13 +114,15 @@ end
 # (see ``epochs``).
 # ARGV: owner, ttl_ms, holder_json, limit, queue ('1' or ''), waiter_ttl_ms,
 # mode ('shared' or '': exclusive), supersede ('1' or ''), front ('1' or ''),
-# the place's record (see ``queue``).
+# the place's record (see ``queue``), the run_id of the server the client saw
+# ``appendfsync always`` on ('' when not: see ``epochs``).
 # Returns:
 # - {fencing_token (a decimal string), acquired_at_ms, expires_at_ms, slot} when taken;
 # - nil when every slot is held, or the free ones go to waiters ahead of us (first come,
 #   first served);
-# - {'quarantine', ms left} while a change of primary keeps every key from new holders
-#   (it queues as nil does);
+# - {'quarantine', ms left, cause} while a change of primary (cause 'failover'), or a
+#   fresh server that may have lost the namespace's record ('fresh'), keeps every key
+#   from new holders (it queues as nil does);
 # - {'limit', held} when a live holder uses another limit;
 # - {'superseded'} when a newer --supersede waiter took our place (we leave the queue).
 # With queue, nil joins the queue or keeps our place.
@@ -165,7 +167,7 @@ for slot = 0, shared and count or count - 1 do
     free = slot
   end
 end
-local epoch, quarantine_until = current_epoch(KEYS[5], now, ttl)
+local epoch, quarantine_until, cause = current_epoch(KEYS[5], now, ttl, ARGV[11])
 local queue = live_queue(KEYS[3], now)
 local at = #queue + 1
 for i, place in ipairs(queue) do
@@ -183,7 +185,7 @@ if quarantined or free == nil or head_run(queue, mine, live, shared_live, limit)
       wake(KEYS[3], KEYS[1], count, 0)  -- the places behind them may go now
     end
   end
-  if quarantined then return {'quarantine', quarantine_until - now} end
+  if quarantined then return {'quarantine', quarantine_until - now, cause} end
   return false
 end
 leave_queue(KEYS[3], ARGV[1])
@@ -494,6 +496,26 @@ return cjson.encode(out)
 """
 
 #: name -> source, as the store loads them.
+# KEYS[1] = the epoch record -> {ms left, cause} of what keeps the namespace's keys from
+# new holders now (``quarantine_state``), nil when nothing does. Writes nothing.
+QUARANTINE = (
+    _PRELUDE  # (its check of KEYS[1]: the epoch record is a hash too)
+    + EPOCH_LUA
+    + """
+return quarantine_state(KEYS[1], now_ms())
+"""
+)
+
+# KEYS[1] = the epoch record; ARGV: as the acquire's last one (``mark_new``)
+# -> {'marked' or 'used', the epoch}
+MARK_NEW = (
+    _PRELUDE
+    + EPOCH_LUA
+    + """
+return mark_new(KEYS[1], now_ms(), ARGV[1])
+"""
+)
+
 SCRIPTS = {
     "acquire": ACQUIRE,
     "renew": RENEW,
@@ -507,4 +529,6 @@ SCRIPTS = {
     "waiters": WAITERS,
     "leave": LEAVE,
     "read_many": READ_MANY,
+    "quarantine": QUARANTINE,
+    "mark_new": MARK_NEW,
 }

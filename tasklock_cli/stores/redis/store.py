@@ -23,6 +23,7 @@ from tasklock_cli.errors import TasklockError
 from tasklock_cli.stores import rows as row_parsing
 from tasklock_cli.stores.base import Store
 from tasklock_cli.stores.failover import Quarantines
+from tasklock_cli.stores.failover import fresh_server_text
 from tasklock_cli.stores.failover import quarantine_text
 from tasklock_cli.stores.model import BROKEN_OWNER_PREFIX
 from tasklock_cli.stores.model import LEDGER_KEEP
@@ -40,7 +41,8 @@ from tasklock_cli.stores.redis.breaks import open_break_subscription
 from tasklock_cli.stores.redis.connection import RedisConnection
 from tasklock_cli.stores.redis.connection import split_url
 from tasklock_cli.stores.redis.connection import wait_replicas
-from tasklock_cli.stores.redis.epochs import quarantine_left
+from tasklock_cli.stores.redis.epochs import mark_new
+from tasklock_cli.stores.redis.epochs import quarantine_state
 from tasklock_cli.stores.redis.keys import DEFAULT_PREFIX
 from tasklock_cli.stores.redis.keys import RedisKeys
 from tasklock_cli.stores.redis.queue import place_mode
@@ -126,6 +128,7 @@ class RedisStore(Store):
         args += ["1" if queue else "", _ttl_ms(self.waiter_ttl, "waiter TTL")]
         args += ["shared" if ask.mode == SHARED else "", "1" if ask.supersede else ""]
         args += ["1" if ask.front else "", place_record(holder, ask.mode, ask.supersede)]
+        args.append(self._conn.durability())
         confirmed = None
         if self._conn.wait_replicas:
             result, confirmed = self._conn.script_and_wait("acquire", keys, args, key)
@@ -135,7 +138,10 @@ class RedisStore(Store):
         self._note_queue_place(key, owner if waiting else None)
         self._place_modes[key] = ask.mode
         quarantined = result is not None and result[0] == b"quarantine"
-        self._quarantines.met(key, int(result[1]) if quarantined else None)
+        if quarantined:
+            self._quarantines.met(key, int(result[1]), result[2].decode("ascii", "replace"))
+        else:
+            self._quarantines.met(key, None)
         if result is None or quarantined:
             return None
         if result[0] == b"superseded":
@@ -163,10 +169,10 @@ class RedisStore(Store):
         )
 
     def holdup(self, key: str) -> str | None:
-        return _quarantine_text(self._quarantines.left(key))
+        return _quarantine_text(self._quarantines.left(key), self._quarantines.cause(key))
 
     def quarantine(self) -> str | None:
-        return _quarantine_text(quarantine_left(self._conn))
+        return _quarantine_text(*quarantine_state(self._conn))
 
     def renew(self, lease: Lease, ttl: float) -> Lease:
         keys = [self._names.lease(lease.key, lease.slot), self._names.name(lease.key, "limit")]
@@ -402,8 +408,10 @@ class RedisStore(Store):
 
     # -- schema and diagnostics --------------------------------------------------------
 
-    def init_schema(self) -> None:
-        """Nothing to create: keys appear on first use."""
+    def init_schema(self) -> str | None:
+        """No schema (keys appear on first use): marks the namespace new, so that a server
+        that has just started does not keep it from holders (see ``epochs``)."""
+        return mark_new(self._conn)
 
     def close(self) -> None:
         for key in list(self._queue_places()):
@@ -420,9 +428,12 @@ class RedisStore(Store):
         return _lease_info(key, slot, *(data.get(field) for field in fields))
 
 
-def _quarantine_text(left: float) -> str | None:
-    """What a failover quarantine with ``left`` seconds to run means; None when over."""
-    return quarantine_text("the Redis primary changed (failover or restart)", "namespace", left)
+def _quarantine_text(left: float, cause: str) -> str | None:
+    """What a quarantine with ``left`` seconds to run for ``cause`` means; None when over."""
+    if cause == "fresh":
+        return fresh_server_text("this Redis server", "namespace", left)
+    change = "the Redis primary changed (a failover, or a restart that may have lost writes)"
+    return quarantine_text(change, "namespace", left)
 
 
 def _first_expiry(rows: list[list[Any]]) -> float:

@@ -608,8 +608,9 @@ class SQLiteStore(Store):
             return _head_run(conn, params)
         return []
 
-    def init_schema(self) -> None:
+    def init_schema(self) -> str | None:
         self._db.open()
+        return None
 
     def schema_sql(self) -> str:
         return SCHEMA.strip() + f"\nPRAGMA user_version = {SCHEMA_VERSION};\n"
