@@ -12,7 +12,9 @@ import time
 
 import pytest
 
+from tests.support import pg
 from tests.support import redis_support
+from tests.support import services
 from tests.support.cli import json_events
 from tests.support.cli import start
 from tests.support.cli import tasklock
@@ -138,3 +140,71 @@ def test_a_forged_quarantine_lasts_no_longer_than_a_real_one(cli_env):
         assert left <= 32.5, conflict
         listed = tasklock("list", "--json", env=env)
         assert listed.returncode == 0 and json.loads(listed.stdout) == []
+
+
+# -- PostgreSQL ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def private_pg():
+    unavailable = pg.private_postgres_unavailable()
+    if unavailable:
+        if services.in_ci():
+            pytest.fail(f"CI=true but {unavailable}")
+        pytest.skip(unavailable)
+    with pg.private_postgres() as server:
+        yield server
+
+
+def _epoch_row(server: pg.PrivatePostgres) -> tuple:
+    """(epoch, seconds from the server's start to the quarantine's end, identity's
+    previous start) of the table's epoch row."""
+    with server.connection() as conn:
+        return conn.execute(
+            "SELECT fencing_token, extract(epoch FROM expires_at - pg_postmaster_start_time()),"
+            " holder ->> 'previous_started' FROM tasklock_leases WHERE key = '' AND slot = -2"
+        ).fetchone()
+
+
+def test_a_clean_postgres_restart_keeps_its_holder_and_grants_at_once(private_pg, cli_env):
+    """A clean shutdown (``fast``) loses nothing committed: no epoch, no quarantine; the
+    holder renews on the restarted server and the next run starts at once."""
+    env = {**cli_env, "TASKLOCK_STORE": private_pg.url}
+    assert tasklock("init", env=env).returncode == 0
+    holder = start(
+        "--log-format", "json", "run", "held", "--ttl", "6s", "--", "sleep", "5", env=env
+    )
+    try:
+        wait_until(lambda: tasklock("peek", "held", env=env).returncode == 0, 10)
+        private_pg.restart("fast")
+        started = time.monotonic()
+        other = tasklock("run", "other", "--", "sh", "-c", "echo $TASKLOCK_FENCING_TOKEN", env=env)
+        assert other.returncode == 0, other.stderr
+        assert time.monotonic() - started < 2
+        assert other.stdout.strip() == "1"  # no epoch: tokens count on
+        assert holder.wait(timeout=20) == 0
+    finally:
+        holder.kill()
+    stderr = holder.stderr.read() if holder.stderr else ""
+    assert not _events(stderr, "lost"), stderr
+    assert _epoch_row(private_pg)[0] == 0
+
+
+def test_a_postgres_started_by_crash_recovery_quarantines_from_its_start(private_pg, cli_env):
+    """A start by crash recovery cannot be told from a backup or snapshot of the server
+    started as it is, which lacks the last leases: a new epoch, quarantined until the
+    quarantine's length after the start (not after the first acquire: a server that ran
+    that long without a run owes none), and the message says why."""
+    env = {**cli_env, "TASKLOCK_STORE": private_pg.url}
+    first = tasklock("run", "k", "--", "true", env=env)
+    assert first.returncode == 0, first.stderr
+    private_pg.restart("immediate")
+    done = tasklock("--log-format", "json", "run", "k", "--", "true", env=env)
+    assert done.returncode == 75, done.stderr
+    [conflict] = _events(done.stderr, "conflict")
+    assert "without a clean shutdown" in conflict["reason"], conflict
+    epoch, quarantine_after_start, previous_started = _epoch_row(private_pg)
+    assert epoch > 0 and previous_started is not None
+    assert 31.5 <= float(quarantine_after_start) <= 32.5
+    doctor = tasklock("doctor", env=env)
+    assert "crash recovery" in doctor.stdout, doctor.stdout

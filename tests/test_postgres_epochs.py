@@ -121,26 +121,6 @@ def test_init_on_a_used_table_without_its_row_leaves_the_epoch_to_the_acquire(pg
     assert store.acquire("k", 5, HOLDER, token()) is None
 
 
-def test_a_restart_starts_an_epoch(pg_url, stores):
-    """A restart, or a backup or disk snapshot started by crash recovery, keeps the system
-    identifier and the timeline; its start time differs (played here by an older one)."""
-    store = open_pg(pg_url, stores)
-    survived = granted(store.acquire("k", 10, HOLDER, token()))
-    earlier = str(int(server_started(pg_url)) - 60_000_000)
-    set_epoch_field(pg_url, "started", earlier)
-    assert store.acquire("j", 5, HOLDER, token()) is None
-    assert "restarted" in (store.holdup("j") or "")
-    epoch, identity, previous, _, length, _ = epoch_row(pg_url)
-    assert (identity, previous, length) == (server_identity(pg_url), identity, 32)
-    assert epoch_field(pg_url, "started") == server_started(pg_url)
-    assert epoch_field(pg_url, "previous_started") == earlier
-    checks = {check.name: check for check in store.doctor()}
-    assert "the server restarted, or a backup or snapshot" in checks["epoch"].detail
-    assert store.renew(survived, 10).fencing_token == survived.fencing_token
-    end_quarantine(pg_url)
-    assert granted(store.acquire("j", 5, HOLDER, token())).fencing_token == epoch << EPOCH_SHIFT
-
-
 def test_a_row_without_a_start_takes_this_one_without_an_epoch(pg_url, stores):
     """A row written by a tasklock before start times: no quarantine for the upgrade."""
     store = open_pg(pg_url, stores)

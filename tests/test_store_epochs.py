@@ -20,9 +20,12 @@ from tasklock_cli.stores.failover import EPOCH_SHIFT
 from tasklock_cli.stores.model import Holder
 from tests.conftest import store_url_for
 from tests.support import services
+from tests.support.cli import json_events
+from tests.support.cli import tasklock
 from tests.support.contract import granted
 from tests.support.contract import in_threads
 from tests.support.contract import token
+from tests.support.epochs import admin
 from tests.support.epochs import default_port
 from tests.support.epochs import end_quarantine
 from tests.support.epochs import epoch_row
@@ -239,3 +242,43 @@ def test_a_failed_quarantine_read_is_the_store_unavailable(url, stores):
         proxy.close()
         with pytest.raises(StoreUnavailable):
             store.quarantine()
+
+
+def test_a_fresh_table_runs_at_once_with_or_without_init(url, stores, cli_env):
+    """A table tasklock never used (a CI job's fresh database): the first run is granted at
+    once, token 1, whether `tasklock init` made the table first or the run did."""
+    env = {**cli_env, "TASKLOCK_STORE": url}
+    command = ["sh", "-c", "echo $TASKLOCK_FENCING_TOKEN"]
+    first = tasklock("run", "k", "--", *command, env=env)
+    assert (first.returncode, first.stdout.strip()) == (0, "1"), first.stderr
+    assert tasklock("init", env=env).returncode == 0
+    again = tasklock("run", "k", "--", *command, env=env)
+    assert (again.returncode, again.stdout.strip()) == (0, "2"), again.stderr
+
+
+def test_a_forged_quarantine_end_lasts_no_longer_than_a_real_one(url, stores, cli_env):
+    """Anyone who may write the table may write its epoch row: a quarantine end 1000 years
+    ahead (or PostgreSQL's 'infinity') keeps keys from holders no longer than a real
+    quarantine would (the longest TTL granted or the floor, plus the margin), and never
+    makes a run or `peek` fail."""
+    env = {**cli_env, "TASKLOCK_STORE": url}
+    store = open_one(url, stores)
+    store.release(granted(store.acquire("k", 5, HOLDER, token())))
+    if "mysql" in url:
+        forgeries = ["UPDATE {table} SET expires_at = '9999-12-31' WHERE `key` = '' AND slot = -2"]
+    else:
+        forgeries = [
+            f"UPDATE {{table}} SET expires_at = {end} WHERE key = '' AND slot = -2"
+            for end in ("now() + interval '1000 years'", "'infinity'")
+        ]
+    for forgery in forgeries:
+        admin(url, forgery)
+        done = tasklock("--log-format", "json", "run", "k", "--", "true", env=env)
+        assert done.returncode == 75, done.stderr
+        [conflict] = [e for e in json_events(done.stderr) if e["event"] == "conflict"]
+        more = re.search(r"for (\d+\.\d)s more", conflict["reason"])
+        assert more and float(more[1]) <= 32.5, conflict
+        peeked = tasklock("peek", "k", env=env)
+        assert peeked.returncode == 1, peeked.stderr
+        more = re.search(r"for (\d+\.\d)s more", peeked.stderr)
+        assert more and float(more[1]) <= 32.5, peeked.stderr

@@ -127,6 +127,13 @@ EPOCH_STEPS = f"""\
              WHERE {_ROW};
         END IF;
     END IF;
+    -- (never longer than a new quarantine: a forged end, 9999-12-31 among them, is read as
+    -- that)
+    SET v_until = LEAST(v_until, v_now + {
+    _MICROS.format(
+        seconds=f"(GREATEST(COALESCE(v_max_ttl, 0), {DEFAULT_TTL_S}) + {QUARANTINE_MARGIN_S})"
+    )
+});
     IF v_until > v_now THEN
         SET v_quarantine = CEILING(TIMESTAMPDIFF(MICROSECOND, v_now, v_until) / 1000);
     END IF;"""
@@ -134,7 +141,15 @@ EPOCH_STEPS = f"""\
 #: The first token of the procedure's epoch (0 for epoch 0: the counter decides).
 FIRST_TOKEN = f"COALESCE(v_epoch, 0) << {EPOCH_SHIFT}"
 
-_QUARANTINE_LEFT = "TIMESTAMPDIFF(MICROSECOND, SYSDATE(6), expires_at) / 1e6"
+# (bounded as the acquire bounds it)
+_QUARANTINE_LEFT = (
+    "TIMESTAMPDIFF(MICROSECOND, SYSDATE(6), LEAST(expires_at, SYSDATE(6) + "
+    + _MICROS.format(
+        seconds=f"(GREATEST(COALESCE({_MAX_TTL.format(longest=LONGEST_TTL_S)}, 0), "
+        f"{DEFAULT_TTL_S}) + {QUARANTINE_MARGIN_S})"
+    )
+    + ")) / 1e6"
+)
 # ``doctor``: the epoch row (no row when none), and the seconds of quarantine left.
 EPOCH_ROW = f"""
 SELECT fencing_token, {_FIELD.format(name="identity")}, {_FIELD.format(name="previous")},

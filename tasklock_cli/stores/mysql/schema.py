@@ -17,7 +17,7 @@ from tasklock_cli.stores.mysql.queue import WAKE_QUEUE_BODY
 #: characters), so a name is at most 48.
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_$]{0,47}")
 #: Kept in each procedure's COMMENT: a procedure of another version is replaced.
-VERSION = "tasklock 4"
+VERSION = "tasklock 5"
 #: Columns of the three tables and their data types (information_schema.columns).
 _COLUMNS = {
     "": {

@@ -53,6 +53,7 @@ from datetime import timezone
 
 from tasklock_cli.stores.failover import DEFAULT_TTL_S
 from tasklock_cli.stores.failover import EPOCH_SHIFT
+from tasklock_cli.stores.failover import LONGEST_TTL_S
 from tasklock_cli.stores.failover import QUARANTINE_MARGIN_S
 
 #: The epoch row's key and slot (no lock key is empty; slot -1 is a key's counter).
@@ -73,19 +74,41 @@ IDENTITY = """CASE WHEN pg_is_in_recovery() THEN NULL
 #: A backup or disk snapshot started by crash recovery keeps the system identifier and the
 #: timeline, but it is a new start.
 STARTED = "floor(extract(epoch FROM pg_postmaster_start_time()) * 1000000)::bigint::text"
+#: Whether the server's last start followed a clean shutdown, which loses nothing committed.
+#: A start by crash recovery (a crash, an immediate shutdown, a backup or disk snapshot started
+#: as it is) discards the cumulative statistics, so their reset time is then after the start;
+#: a clean shutdown saves them, and the start restores their earlier reset time.
+CLEAN_START = "pg_stat_get_bgwriter_stat_reset_time() < pg_postmaster_start_time()"
 #: The functions the identity needs (PostgreSQL 10 or later), named when a server refuses one.
 IDENTITY_FUNCTIONS = (
     "pg_walfile_name",
     "pg_current_wal_lsn",
     "pg_control_system",
     "pg_postmaster_start_time",
+    "pg_stat_get_bgwriter_stat_reset_time",
 )
 #: ``previous`` of an epoch begun because a used table had no epoch row.
 MISSING_ROW = "missing"
 #: The ``identity`` an operator writes to have the next acquire start a new epoch.
 NEW_EPOCH = "new-epoch"
 
-_MAX_TTL = "coalesce((e.holder ->> 'max_ttl')::float8, 0)"
+
+def _max_ttl(row: str) -> str:
+    """The longest TTL (s) the epoch row ``row`` records: 0 when none or no number, at most
+    LONGEST_TTL_S (anyone who may write the table may write the row)."""
+    field = f"{row}.holder -> 'max_ttl'"
+    return (
+        f"coalesce(CASE WHEN jsonb_typeof({field}) = 'number' THEN greatest(least(("
+        f"{row}.holder ->> 'max_ttl')::numeric, {LONGEST_TTL_S}), 0)::float8 END, 0)"
+    )
+
+
+def _quarantine(max_ttl: str) -> str:
+    """The quarantine's length as an interval, given the longest TTL recorded."""
+    return f"make_interval(secs => greatest({max_ttl}, {DEFAULT_TTL_S}) + {QUARANTINE_MARGIN_S})"
+
+
+_MAX_TTL = _max_ttl("e")
 # The row was written by this server in this run of it. A row without a start (from a
 # tasklock before it) is taken as this run's: its start is recorded, no epoch begins.
 _SAME = (
@@ -93,8 +116,22 @@ _SAME = (
     " AND coalesce(e.holder ->> 'started', excluded.holder ->> 'started')"
     " = excluded.holder ->> 'started')"
 )
-_QUARANTINE = (
-    f"make_interval(secs => greatest({_MAX_TTL}, {DEFAULT_TTL_S}) + {QUARANTINE_MARGIN_S})"
+# The same server, started again after a clean shutdown (``CLEAN_START``): it lost nothing,
+# so no epoch begins; its new start is recorded.
+_KEPT = (
+    f"({_SAME} OR (e.holder ->> 'identity' = excluded.holder ->> 'identity'"
+    " AND (excluded.holder ->> 'clean_start')::boolean))"
+)
+_QUARANTINE = _quarantine(_MAX_TTL)
+# When a new epoch's quarantine ends. The same server started by crash recovery (it may be a
+# backup or snapshot of itself, without the last leases): the leases of its earlier life
+# were granted before this start, so the quarantine runs from the start. Another server (a
+# promoted standby): from now, its first acquire, as the old primary's last grants may have
+# come up to the promotion.
+_QUARANTINE_UNTIL = (
+    "CASE WHEN e.holder ->> 'identity' = excluded.holder ->> 'identity'"
+    " THEN least(excluded.acquired_at, to_timestamp((excluded.holder ->> 'started')::float8"
+    f" / 1000000)) ELSE excluded.acquired_at END + {_QUARANTINE}"
 )
 # When the row is missing: the highest token in the table, NULL when it holds no lease or
 # counter (never used). NULL too when the row is there, and then ``used`` is never scanned.
@@ -112,12 +149,12 @@ _USED = "(SELECT token FROM used WHERE NOT EXISTS (SELECT FROM era))"
 # That happens when another acquire started an epoch first.
 # The outcome is then 'lost', and the caller runs the statement again.
 EPOCH_CTES = f"""
-here AS (SELECT {IDENTITY} AS identity, {STARTED} AS started
+here AS (SELECT {IDENTITY} AS identity, {STARTED} AS started, {CLEAN_START} AS clean
 ), era AS (
     SELECT fencing_token AS epoch, holder ->> 'identity' AS identity,
            holder ->> 'started' AS started,
-           expires_at AS quarantine_until, (holder ->> 'max_ttl')::float8 AS max_ttl
-      FROM {{table}} WHERE key = '{EPOCH_KEY}' AND slot = {EPOCH_SLOT}
+           expires_at AS quarantine_until, {_max_ttl("r")} AS max_ttl
+      FROM {{table}} AS r WHERE key = '{EPOCH_KEY}' AND slot = {EPOCH_SLOT}
 ), used AS (
     SELECT max(fencing_token) AS token FROM {{table}} WHERE slot <> {EPOCH_SLOT}
 ), epoch_written AS (
@@ -128,7 +165,7 @@ here AS (SELECT {IDENTITY} AS identity, {STARTED} AS started
                 ELSE greatest(({_USED} >> {EPOCH_SHIFT}) + 1,
                               floor(extract(epoch FROM n.t))::bigint) END,
            jsonb_build_object('identity', here.identity, 'started', here.started,
-                              'max_ttl', %(ttl)s::float8)
+                              'clean_start', here.clean, 'max_ttl', %(ttl)s::float8)
            || CASE WHEN {_USED} IS NULL THEN jsonb_build_object()
                    ELSE jsonb_build_object('previous', '{MISSING_ROW}') END,
            n.t,
@@ -139,18 +176,18 @@ here AS (SELECT {IDENTITY} AS identity, {STARTED} AS started
                                          AND era.started = here.started
                                          AND era.max_ttl >= %(ttl)s::float8)
     ON CONFLICT (key, slot) DO UPDATE SET
-        fencing_token = CASE WHEN {_SAME} THEN e.fencing_token
+        fencing_token = CASE WHEN {_KEPT} THEN e.fencing_token
                              ELSE greatest(e.fencing_token + 1,
                                            floor(extract(epoch FROM excluded.acquired_at))::bigint)
                         END,
-        acquired_at = CASE WHEN {_SAME} THEN e.acquired_at ELSE excluded.acquired_at END,
-        expires_at = CASE WHEN {_SAME} THEN e.expires_at
-                          ELSE excluded.acquired_at + {_QUARANTINE} END,
+        acquired_at = CASE WHEN {_KEPT} THEN e.acquired_at ELSE excluded.acquired_at END,
+        expires_at = CASE WHEN {_KEPT} THEN e.expires_at ELSE {_QUARANTINE_UNTIL} END,
         holder = e.holder || jsonb_build_object(
                      'identity', excluded.holder -> 'identity',
                      'started', excluded.holder -> 'started',
+                     'clean_start', excluded.holder -> 'clean_start',
                      'max_ttl', greatest({_MAX_TTL}, %(ttl)s::float8))
-                 || CASE WHEN {_SAME} THEN jsonb_build_object()
+                 || CASE WHEN {_KEPT} THEN jsonb_build_object()
                          ELSE jsonb_build_object('previous', e.holder -> 'identity',
                                                  'previous_started', e.holder -> 'started')
                     END
@@ -165,7 +202,9 @@ here AS (SELECT {IDENTITY} AS identity, {STARTED} AS started
      WHERE era.identity = here.identity AND era.started = here.started
        AND NOT EXISTS (SELECT FROM epoch_written)
 ), quarantine AS (
-    SELECT quarantine_until FROM epoch, n WHERE quarantine_until > n.t
+    SELECT least(quarantine_until, n.t + {_quarantine("coalesce((SELECT max_ttl FROM era), 0)")})
+           AS quarantine_until
+      FROM epoch, n WHERE quarantine_until > n.t
 ),"""
 #: The least token of the statement's epoch (``epoch`` has at most one row).
 FIRST_TOKEN = f"(SELECT epoch << {EPOCH_SHIFT} FROM epoch)"
@@ -191,17 +230,22 @@ SELECT current_setting('synchronous_commit'), current_setting('synchronous_stand
                                  ORDER BY application_name), '[]'::json)
           FROM pg_stat_replication)
 """
-_QUARANTINE_LEFT = "extract(epoch FROM expires_at - clock_timestamp())::float8"
+# (never longer than a new quarantine would be: a forged end, 'infinity' among them, is
+# read as that; NULL, none recorded, stays NULL)
+_QUARANTINE_LEFT = (
+    "CASE WHEN expires_at IS NOT NULL THEN extract(epoch FROM least(expires_at,"
+    f" clock_timestamp() + {_quarantine(_max_ttl('r'))}) - clock_timestamp())::float8 END"
+)
 EPOCH_ROW = f"""
 SELECT fencing_token, holder ->> 'identity', holder ->> 'started', holder ->> 'previous',
-       holder ->> 'previous_started', (holder ->> 'max_ttl')::float8, {_QUARANTINE_LEFT}
-  FROM {{table}} WHERE key = '{EPOCH_KEY}' AND slot = {EPOCH_SLOT}
+       holder ->> 'previous_started', {_max_ttl("r")}, {_QUARANTINE_LEFT}
+  FROM {{table}} AS r WHERE key = '{EPOCH_KEY}' AND slot = {EPOCH_SLOT}
 """
 #: ``Store.quarantine``: the seconds of quarantine left on the server's clock, as the
 #: acquire compares them (no row, or NULL: none recorded; 0 or less: over). A read only:
 #: the epoch starts with an acquire, never here.
 QUARANTINE_LEFT = f"""
-SELECT {_QUARANTINE_LEFT} FROM {{table}} WHERE key = '{EPOCH_KEY}' AND slot = {EPOCH_SLOT}
+SELECT {_QUARANTINE_LEFT} FROM {{table}} AS r WHERE key = '{EPOCH_KEY}' AND slot = {EPOCH_SLOT}
 """
 
 _IDENTITY_TEXT = re.compile(r"(\d{1,20}):(\d{1,10})")
@@ -237,9 +281,8 @@ def describe_change(previous: object, previous_started: object, identity: object
         return "an operator asked for a new epoch"
     if previous == identity and _IDENTITY_TEXT.fullmatch(str(identity)):
         since = describe_start(previous_started)
-        return "the server restarted, or a backup or snapshot of it was started" + (
-            f" (it had started {since})" if since else ""
-        )
+        return "the server restarted by crash recovery (a crash, or a backup or snapshot of "
+        "it was started)" + (f" (it had started {since})" if since else "")
     before, now = describe_identity(previous), describe_identity(identity)
     return f"the primary changed from {before} to {now}"
 

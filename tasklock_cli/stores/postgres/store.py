@@ -615,7 +615,8 @@ class PostgresStore(SqlStore):
 def _quarantine_text(left: float | None) -> str | None:
     """What a failover quarantine with ``left`` seconds to run means; None when over."""
     return quarantine_text(
-        "the PostgreSQL primary changed or restarted (a failover, a restart, a restored backup)",
+        "the PostgreSQL primary changed or restarted without a clean shutdown (a failover, "
+        "a crash, a restored backup)",
         "table",
         left,
     )
