@@ -110,13 +110,21 @@ class SQLiteConnection:
             self._connection()
 
     @contextlib.contextmanager
-    def write(self) -> Iterator[sqlite3.Connection]:
+    def write(self, durable: bool = False) -> Iterator[sqlite3.Connection]:
         """A write transaction (BEGIN IMMEDIATE), committed when the block ends. Text that
-        is not UTF-8 is read leniently (``rows.lenient_text``): the few a write returns."""
+        is not UTF-8 is read leniently (``rows.lenient_text``): the few a write returns.
+
+        ``durable``: the commit is on disk when the block ends (the WAL is synced), so a
+        power cut cannot take it back: for what must never repeat after a reboot, a fencing
+        token issued and a run's success that ``--once-per`` reads. Other commits are synced
+        at the next checkpoint (``synchronous=NORMAL``): losing one loses only what the
+        reboot ended anyway (a renewal, a lease)."""
         with self._lock:
             conn = self._connection()
             conn.text_factory = lenient_text
             try:
+                if durable:  # (the level may not change inside a transaction)
+                    conn.execute("PRAGMA synchronous=FULL")
                 when_not_busy(lambda: conn.execute("BEGIN IMMEDIATE"))
                 try:
                     yield conn
@@ -128,6 +136,9 @@ class SQLiteConnection:
                 raise self._translate(exc) from exc
             finally:
                 conn.text_factory = str
+                if durable:
+                    with contextlib.suppress(sqlite3.Error):
+                        conn.execute("PRAGMA synchronous=NORMAL")
 
     def read(self, sql: str, params: dict) -> list[tuple[Any, ...]]:
         """The rows of a query, as plain tuples (no row_factory). Text that is not UTF-8

@@ -349,7 +349,8 @@ class SQLiteStore(Store):
             "waiter_ttl": self.waiter_ttl,
             "fifo": self._wakeups.name if self._wakeups.key == key else None,
         }
-        with self._db.write() as conn:  # one transaction: the queue and the taking
+        # one transaction: the queue and the taking; on disk before the token is used
+        with self._db.write(durable=True) as conn:
             taking = _Taking.run(conn, params, queue)
         self._note_queue_place(key, owner if taking.queued else None)
         # The superseded waiters hear of it; the run now at the head of the queue, which a
@@ -391,7 +392,8 @@ class SQLiteStore(Store):
             "keep": keep_for,
         }
         freed, head = False, []
-        with self._db.write() as conn:
+        # a success is on disk before tasklock exits: --once-per must not run it again
+        with self._db.write(durable=record is not None and record.outcome == "succeeded") as conn:
             kept = keep_for > 0 and conn.execute(_RELEASE_LATER, params).rowcount == 1
             if not kept:  # (a broken lease is freed, keep_for or not)
                 freed = conn.execute(_RELEASE, params).rowcount == 1
