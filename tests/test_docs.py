@@ -438,6 +438,7 @@ EXAMPLE_MARKERS = {
     "kind: CronJob": "test_kubernetes_cronjob",
     "- name: Deploy (one at a time per environment)": "test_ci_examples_run",
     "deploy:\n  stage: deploy": "test_ci_examples_run",
+    "tasklock init   # the service is new": "test_fresh_service_ci_recipe",
     'export TASKLOCK_STORE="$LOCK_STORE_URL"': "test_ci_examples_run",
     "exec tasklock run backup:nightly": "test_script_that_locks_itself",
     "--locked-rotate": "test_lock_one_function_reaches_cleanup_when_busy",
@@ -696,6 +697,51 @@ def test_ci_examples_run(shell_env, tmp_path):
         result = sh(script, env, tmp_path)
         assert result.returncode == 0, (script, result.stderr)
     assert ran(tmp_path) == ["deploy.sh 1", "deploy.sh 2", "deploy.sh 3"]
+
+
+def _run_block(block: str) -> str:
+    """The shell script of a workflow step's ``run: |`` block (its lines, dedented)."""
+    lines = block.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip() == "run: |")
+    indent = len(lines[start + 1]) - len(lines[start + 1].lstrip())
+    body = [line[indent:] for line in lines[start + 1 :] if line.strip()]
+    return "\n".join(body) + "\n"
+
+
+def test_fresh_service_ci_recipe(shell_env, tmp_path):
+    """The recipe's step against a Redis started a moment before (a service container):
+    after `tasklock init`, the three contending runs go one at a time with tokens 1, 2, 3,
+    and none waits out the 32 s a fresh server's quarantine would cost (the bound, 15 s,
+    sits between about 2 s and 32 s)."""
+    from tests.support.redis_support import private_redis
+    from tests.support.redis_support import require_redis_server
+
+    require_redis_server()
+    block = example("tasklock init   # the service is new", "readme")[0]
+    if (parsed := _yaml(block)) is not None:
+        assert parsed["jobs"]["fixtures"]["services"]["redis"]
+    script = _run_block(block)
+    assert script.startswith("tasklock init") and "tasklock run fixtures:load" in script
+    shard = tmp_path / "load-shard.sh"
+    shard.write_text(
+        '#!/bin/sh\necho "start $1 $TASKLOCK_FENCING_TOKEN" >> "$(dirname "$0")/ran.log"\n'
+        'sleep 0.3\necho "end $1" >> "$(dirname "$0")/ran.log"\n'
+    )
+    shard.chmod(0o755)
+    with private_redis() as server:
+        env = {**shell_env, "TASKLOCK_STORE": server.url()}
+        started = time.monotonic()
+        result = sh(script, env, tmp_path)
+        took = time.monotonic() - started
+    assert result.returncode == 0, result.stderr
+    assert "marked new" in result.stdout, result.stdout
+    log = ran(tmp_path)
+    assert len(log) == 6 and all(
+        first.startswith("start") and second == f"end {first.split()[1]}"
+        for first, second in zip(log[::2], log[1::2], strict=True)
+    ), log  # one at a time: each start is followed by its own end
+    assert sorted(int(line.split()[2]) for line in log[::2]) == [1, 2, 3]
+    assert took < 15, took
 
 
 def test_replace_example_cancels_the_running_deploy(shell_env, tmp_path, sqlite_url):

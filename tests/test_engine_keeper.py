@@ -34,6 +34,24 @@ def test_deadline_counts_from_when_the_request_was_sent(tmp_path, clock):
     assert keeper.deadline == sent + 10.0
 
 
+def test_a_failover_window_brings_a_long_ttls_deadline_and_renewals_nearer(tmp_path, clock):
+    """Where a failover can lose a lease unseen (issue 46), a holder believes in it for the
+    store's window (30 s) after each request, whatever its TTL, and renews every 10 s; the
+    store still keeps the lease for the whole TTL."""
+    store = SlowStore(tmp_path / "db", clock)
+    options = RunOptions(key="k", command=["true"], ttl=120, failover_window=30.0)
+    assert options.lease_window == 30.0
+    assert options.schedule.renew_interval == pytest.approx(10.0)
+    keeper = LeaseKeeper(store, "k", 120.0, HOLDER, clock, window=options.lease_window)
+    sent = clock()
+    assert keeper.try_acquire()
+    lease = granted(keeper.lease)
+    assert keeper.deadline == sent + 30.0
+    assert (lease.expires_at - lease.acquired_at).total_seconds() == pytest.approx(120.0)
+    short = RunOptions(key="k", command=["true"], ttl=6, failover_window=30.0)
+    assert short.lease_window == 6 and short.schedule.renew_interval == pytest.approx(2.0)
+
+
 def test_release_forgets_the_lease_only_after_the_store_confirms(tmp_path, clock):
     from tasklock_cli.errors import StoreUnavailable
 

@@ -24,6 +24,7 @@ from tests.support.cli import wait_until
 from tests.support.failover import KEY
 from tests.support.failover import Runs
 from tests.support.failover import assert_lost_holder_fenced
+from tests.support.failover import long_ttl_holder_fenced
 from tests.support.mysql_replication import PrivateMariaDB
 from tests.support.mysql_replication import ReplicatedMariaDB
 from tests.support.mysql_replication import private_mariadb_unavailable
@@ -100,3 +101,25 @@ def test_async_replica_promoted_without_the_holders_writes(pair, cli_env, tmp_pa
     assert epoch_line.startswith("warn"), epoch_line
     assert "changed from server_id 1 on" in epoch_line and "to server_id 2 on" in epoch_line
     report.record("async replica promoted, holder's writes lost", "mysql", **figures)
+
+
+@pytest.mark.parametrize("holder", ["reaching", "cut-off"])
+def test_a_long_ttl_lease_the_replica_missed_ends_before_its_successor(
+    pair, cli_env, tmp_path, holder
+):
+    """Issue 46: a ``--ttl 2m`` holder acquired after the link was cut, reaching the
+    promoted replica (the endpoint that moves) or cut off from it (the old primary's
+    address)."""
+    table = "failover_long"
+    runs = Runs(pair.url_for(table), cli_env, tmp_path)
+    assert runs.run("warm-up", 0).returncode == 0
+    pair.wait_replicated()
+    pair.mute_link()
+    url = pair.url_for(table) if holder == "reaching" else pair.primary.url(table=table)
+
+    def fail_over() -> None:
+        pair.kill_primary()
+        pair.promote()
+
+    figures = long_ttl_holder_fenced(runs, url, fail_over)
+    report.record(f"--ttl 2m holder {holder}, async replica promoted", "mysql", **figures)

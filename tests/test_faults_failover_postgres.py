@@ -27,6 +27,7 @@ from tests.support.failover import KEY
 from tests.support.failover import Runs
 from tests.support.failover import assert_lost_holder_fenced
 from tests.support.failover import assert_one_at_a_time
+from tests.support.failover import long_ttl_holder_fenced
 from tests.support.pg import PrivatePostgres
 from tests.support.pg import pg_bin_dir
 from tests.support.pg import private_postgres_unavailable
@@ -117,6 +118,23 @@ def test_async_standby_promoted_without_the_holders_writes(template, cli_env, tm
     assert replication.startswith("warn") and "not synchronous: standby1 (async)" in replication
     assert epoch_line.startswith("warn") and "timeline 1 to system" in epoch_line, epoch_line
     report.record("async standby promoted, holder's writes lost", "postgres", **figures)
+
+
+@pytest.mark.parametrize("holder", ["reaching", "cut-off"])
+def test_a_long_ttl_lease_the_standby_missed_ends_before_its_successor(
+    template, cli_env, tmp_path, holder
+):
+    """Issue 46: a ``--ttl 2m`` holder acquired after the link was cut, reaching the
+    promoted standby (the multi-host URL) or cut off from it (the old primary's address)."""
+    table = "failover_long"
+    with replicated_postgres(template) as pair:
+        runs = Runs(pair.url_for(table), cli_env, tmp_path)
+        assert runs.run("warm-up", 0).returncode == 0
+        pair.wait_replayed()
+        pair.mute_link()
+        url = pair.url_for(table) if holder == "reaching" else pair.primary.url_for(table)
+        figures = long_ttl_holder_fenced(runs, url, lambda: kill_and_promote(pair))
+    report.record(f"--ttl 2m holder {holder}, async standby promoted", "postgres", **figures)
 
 
 def test_sync_standby_promoted_keeps_the_holder(template, cli_env, tmp_path):

@@ -36,6 +36,7 @@ from tests.support.failover import Runs
 from tests.support.failover import assert_inspections_quiet
 from tests.support.failover import assert_inspections_warn
 from tests.support.failover import assert_one_at_a_time
+from tests.support.failover import long_ttl_holder_fenced
 from tests.support.proxy import TcpProxy
 from tests.support.redis_failover import replicated_redis
 from tests.support.redis_failover import sentinels_for
@@ -490,6 +491,35 @@ def test_failover_to_an_endpoint_that_moves(primary, tmp_path, cli_env):
     report.record(scenario, "redis", **figures)
     assert figures["token_after"] > 2**60 > figures["token_before"]
     assert figures["kill_to_next_run_s"] >= 30  # the quarantine: at least the default TTL
+
+
+@pytest.mark.slow
+@pytest.mark.waits
+@pytest.mark.parametrize("holder", ["reaching", "cut-off"])
+def test_a_long_ttl_lease_the_replica_missed_ends_before_its_successor(holder, tmp_path, cli_env):
+    """Issue 46: a ``--ttl 2m`` holder acquired after the link was cut, reaching the
+    promoted replica (the endpoint that moves) or cut off from it (the old primary's
+    address, SIGSTOPped: its connections hang, as behind a partition)."""
+    require_redis_server()
+    with replicated_redis() as pair, TcpProxy("127.0.0.1", pair.primary.port) as endpoint:
+        direct = redis_support.known_namespace(pair.primary.url(prefix="long:"))
+        runs = Runs(endpoint.url_for(direct), cli_env, tmp_path, key="k", options=())
+        warm = runs.start("warm-up", 0.1)
+        assert warm.wait(timeout=30) == 0, piped(warm.stderr).read()
+        pair.wait_synced()
+        pair.cut_link()
+
+        def fail_over() -> None:
+            if holder == "reaching":
+                pair.primary.kill()
+            else:
+                pair.primary.pause()
+            pair.promote()
+            endpoint.retarget("127.0.0.1", pair.replica.port, cut=holder == "reaching")
+
+        url = endpoint.url_for(direct) if holder == "reaching" else direct
+        figures = long_ttl_holder_fenced(runs, url, fail_over)
+    report.record(f"--ttl 2m holder {holder}, replica promoted", "redis", **figures)
 
 
 @pytest.mark.slow

@@ -85,8 +85,19 @@ class RunSetting(_Configured):
 
 
 RUN_SETTINGS: tuple[RunSetting, ...] = (
-    RunSetting("ttl", 30.0, "Lease length; freed D after the last renewal.  [default: 30s]"),
-    RunSetting("renew-every", None, "Heartbeat interval, less than --ttl.  [default: ttl/3]"),
+    RunSetting(
+        "ttl",
+        30.0,
+        "Lease length; freed D after the last renewal. On PostgreSQL, MySQL and Redis "
+        "(without wait_replicas=) a holder that cannot renew for 30s loses its lease "
+        "whatever D.  [default: 30s]",
+    ),
+    RunSetting(
+        "renew-every",
+        None,
+        "Heartbeat interval, less than --ttl.  [default: ttl/3, at most 10s on stores that "
+        "fail over]",
+    ),
     RunSetting(
         "wait",
         0.0,

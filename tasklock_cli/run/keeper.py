@@ -3,6 +3,8 @@
 The store's clock decides expiry. The client keeps its own, stricter deadline: ``ttl``
 after the moment the acquire or renew request was *sent*, on a monotonic clock, so that
 however long the reply took, the client never believes in a lease the store has freed.
+Where a failover could lose the lease unseen, the deadline is nearer still: the store's
+``failover_window`` after the request (see ``Store.failover_window``).
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ class LeaseKeeper:
     clock: clocks.Clock = clocks.monotonic
     limit: int = 1  # a semaphore's number of slots
     mode: str = EXCLUSIVE  # or SHARED (--shared)
+    #: How long after a request was sent the lease is believed in (``RunOptions.
+    #: lease_window``); None: the ttl.
+    window: float | None = None
 
     def __post_init__(self) -> None:
         self.owner_token = os.urandom(16).hex()  # not secrets: it imports OpenSSL
@@ -50,6 +55,11 @@ class LeaseKeeper:
     @property
     def fencing_token(self) -> int | None:
         return self.lease.fencing_token if self.lease else None
+
+    @property
+    def span(self) -> float:
+        """The local deadline's distance from the request it follows."""
+        return self.ttl if self.window is None else min(self.ttl, self.window)
 
     def remaining(self) -> float:
         return self.deadline - self.clock()
@@ -80,7 +90,7 @@ class LeaseKeeper:
             # A store may attach a lease whose TTL began before this call (etcd: a waiter's
             # lease kept alive at its last look): then the deadline counts from there.
             age = self.store.lease_age(lease)
-            self.lease, self.deadline, self.acquired_at = lease, sent - age + self.ttl, sent
+            self.lease, self.deadline, self.acquired_at = lease, sent - age + self.span, sent
             return True
 
     def renew(self) -> Lease:
@@ -90,7 +100,7 @@ class LeaseKeeper:
                 raise LeaseLost(f"no lease on {self.key!r} to renew")
             sent = self.clock()
             self.lease = self.store.renew(self.lease, self.ttl)
-            self.deadline = max(self.deadline, sent + self.ttl)
+            self.deadline = max(self.deadline, sent + self.span)
             return self.lease
 
     def run_record(

@@ -41,22 +41,33 @@ class RunOptions:
     replace: bool = False  # --replace
     supersede: bool = False  # --supersede
     also: tuple[str, ...] = ()  # --also KEY2...
+    #: The store's ``failover_window`` (None: none), set once the store is open.
+    failover_window: float | None = None
 
     @property
     def mode(self) -> str:
         return SHARED if self.shared else EXCLUSIVE
 
     @property
+    def lease_window(self) -> float:
+        """How long after sending a renewal the holder believes in its lease: the ttl, or
+        the store's failover window where that is shorter (see ``Store.failover_window``:
+        a long ttl then rides out a slow store, not an absent one)."""
+        window = self.failover_window
+        return self.ttl if window is None else min(self.ttl, window)
+
+    @property
     def schedule(self) -> RenewalSchedule:
         """When the lease is renewed, and the margins that follow from it."""
-        return renewal_schedule(self.ttl, self.renew_every)
+        return renewal_schedule(self.lease_window, self.renew_every)
 
     @property
     def loss_grace(self) -> float:
-        """The SIGTERM-to-SIGKILL window when renewals fail: --grace, shortened where the ttl
-        is too short for it, so that retrying renewals still gets half the time left."""
+        """The SIGTERM-to-SIGKILL window when renewals fail: --grace, shortened where the
+        lease's window is too short for it, so that retrying renewals still gets half the
+        time left."""
         schedule = self.schedule
-        room = self.ttl - schedule.safety_margin - schedule.renew_interval
+        room = self.lease_window - schedule.safety_margin - schedule.renew_interval
         return max(0.0, min(self.grace, room / 2))
 
 

@@ -117,13 +117,23 @@ class Supervisor:
     ) -> None:
         """``open_store`` opens a client of the store for each ``--also`` key."""
         self.store = store
+        options = replace(options, failover_window=store.failover_window)
         self.options = options
         self.events = events
         self.clock = clock
         holder = current_holder(options.command, options.note, options.record_args)
         own_stores = [open_store() for _ in options.also] if open_store else []
         keepers = [
-            LeaseKeeper(client, key, options.ttl, holder, clock, options.limit, options.mode)
+            LeaseKeeper(
+                client,
+                key,
+                options.ttl,
+                holder,
+                clock,
+                options.limit,
+                options.mode,
+                options.lease_window,
+            )
             for client, key in zip([store, *own_stores], [options.key, *options.also], strict=True)
         ]
         self.keeper = keepers[0]
@@ -204,7 +214,7 @@ class Supervisor:
             done_by = self.keeper.window_done_by(options.once_per, io_timeout)
             if done_by is None:
                 # A long wait or a slow reply may have left little of a lease: renew first.
-                self.holding.ensure_remaining(options.ttl / 2, io_timeout)
+                self.holding.ensure_remaining(options.lease_window / 2, io_timeout)
         except TasklockError:
             self.holding.give_back(io_timeout)
             self._raise_if_signalled()  # it came during the last attempt: it wins

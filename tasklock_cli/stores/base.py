@@ -67,6 +67,14 @@ class Store(ABC):
     #: How often ``wait_for_break``'s polling default looks at a held lease (stores that
     #: hear of a break on a line of their own override ``wait_for_break``).
     break_poll_s: float = 0.01
+    #: The longest a holder may believe in its lease after sending its last renewal (or
+    #: acquire), whatever its TTL: where a failover can lose a lease the new primary never
+    #: received, the shortest quarantine that protects it (``failover.DEFAULT_TTL_S``), so
+    #: that a holder cut off from the store ends its tree before a new lease is granted, and
+    #: one that reaches it renews often enough to learn of the loss in time. None where a
+    #: lease the store confirmed survives any failover (one file; Raft; replicas that
+    #: confirm every write). The lease's TTL on the store stays the one asked.
+    failover_window: float | None = None
 
     def __init__(self) -> None:
         self._places: dict[str, str] = {}  # see _queue_places

@@ -8,11 +8,14 @@ import itertools
 import json
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tests.support.cli import json_events
 from tests.support.cli import start
 from tests.support.cli import tasklock
+from tests.support.cli import wait_until
 
 KEY = "nightly"
 TTL = "6s"
@@ -62,11 +65,15 @@ class Runs:
     def command(self, name: str, seconds: float) -> list[str]:
         return [sys.executable, str(self.script), str(self.dir / f"{name}.marks"), str(seconds)]
 
-    def start(self, name: str, seconds: float, *options: str) -> subprocess.Popen:
-        """A run in the background, with JSON events on its stderr."""
+    def start(
+        self, name: str, seconds: float, *options: str, url: str | None = None
+    ) -> subprocess.Popen:
+        """A run in the background, with JSON events on its stderr (``url``: its own store
+        URL instead of the runs' one)."""
         args = ["--log-format", "json", "run", self.key, "--ttl", TTL, *self.options, *options]
         command = self.command(name, seconds)
-        process = start(*args, "--", *command, env=self.env, stdout=subprocess.DEVNULL)
+        env = self.env if url is None else {**self.env, "TASKLOCK_STORE": url}
+        process = start(*args, "--", *command, env=env, stdout=subprocess.DEVNULL)
         self.started[name] = process
         return process
 
@@ -171,6 +178,42 @@ def assert_lost_holder_fenced(
         "kill_to_next_run_s": first_after - killed_at,
         "holder_ran_after_promotion_s": holder_end - promoted_at,
         "exit_codes": sorted(codes.values()),
+    }
+
+
+#: A TTL longer than any the namespace granted before (issue 46): the new primary's
+#: quarantine (32 s) is shorter than it.
+LONG_TTL = "2m"
+
+
+def long_ttl_holder_fenced(
+    runs: Runs, holder_url: str, fail_over: Callable[[], object]
+) -> dict[str, object]:
+    """A holder with ``--ttl 2m``, a TTL the namespace never granted, whose lease the new
+    primary never receives (the caller cut the replication link, after a warm-up run with
+    the default test TTL), at ``holder_url``: through the clients' endpoint (it reaches the
+    new primary, which rejects its renewals), or the old primary's own address (cut off).
+    ``fail_over()`` kills the primary and promotes the replica; a successor then waits.
+    Without a window on long TTLs, the holder would learn of the loss at a renewal 40 s
+    apart, or run to its own 2 minute deadline, beside the successor granted after 32 s.
+    Checks: no overlap, the successor's token above the holder's; returns the figures."""
+    holder = runs.start("holder", 150, "--ttl", LONG_TTL, url=holder_url)
+    wait_until(lambda: runs.started_file("holder"), timeout=20)
+    failed_over_at = time.time()
+    fail_over()
+    runs.start("successor", 1, "--wait", "200s")
+    finished = runs.finish(timeout=240)
+    assert finished["holder"][0] == 70, finished["holder"]
+    assert finished["successor"][0] == 0, finished["successor"]
+    lost = [e for e in json_events(finished["holder"][1]) if e["event"] == "lost"]
+    assert len(lost) == 1, lost
+    spans = {name: (first, last, token) for first, last, token, name in assert_one_at_a_time(runs)}
+    assert spans["successor"][2] > 2**60 > spans["holder"][2]
+    assert holder.returncode == 70
+    return {
+        "detected_by": lost[0]["detected_by"],
+        "holder_ran_after_failover_s": round(spans["holder"][1] - failed_over_at, 2),
+        "failover_to_next_run_s": round(spans["successor"][0] - failed_over_at, 2),
     }
 
 

@@ -130,10 +130,15 @@ The reasons:
   recovery, no ``recovery.signal``).
   Such a copy runs on, on the same timeline, without the writes made after it was taken.
   Measured: tokens up to 6, then 3 again.
-- The start time of such a copy is new, so every start is a new epoch.
-  A plain restart is one too, and quarantines once.
-  A restarted Redis does the same, as its replication id changes.
-  An old primary started again after a failover starts its own epoch the same way.
+- The start time of such a copy is new, and it starts by crash recovery.
+  So a start by crash recovery is a new epoch, quarantined until the quarantine's length
+  after the start (the copy's lost leases were granted before it).
+  A start after a clean shutdown loses nothing and is no new epoch.
+  The two are told apart by the cumulative statistics, which crash recovery discards: their
+  reset time is then after the start (``CLEAN_START``).
+  A copy of a cleanly stopped data directory looks like a clean restart (README says so).
+  An old primary started again after a failover starts its own epoch when it starts by
+  crash recovery.
 - All of them are public (PostgreSQL 10 or later).
   They are read in the acquire statement itself, so there is still one round trip per
   acquire.
@@ -147,8 +152,9 @@ Why no second holder runs while a holder of the old primary may still run:
 
 - Take a holder H of a lease with TTL T.
   Its last renewal (or acquire) that the old primary P answered was sent at s.
-  H ends its tree before s + T on its own monotonic clock, whatever any server says.
-  That is the client-side deadline every store relies on.
+  H ends its tree before s + W, W = min(T, 30 s), on its own monotonic clock, whatever any
+  server says (``Store.failover_window``: the store's TTL is still T).
+  That is the client-side deadline every store relies on, nearer for long TTLs.
   H ends it earlier when a renewal is rejected.
 - P answered that renewal before it stopped.
   The promoted standby S takes its first write after P stopped.
@@ -161,16 +167,16 @@ Why no second holder runs while a holder of the old primary may still run:
   The row is written on its latest version.
   A statement whose snapshot saw it stale runs again.
 - Renewals and releases are not held up: a lease S has is H's to keep.
-- So H's tree is gone by s + T < A + T <= A + Q - 2 s whenever T <= max(``max_ttl``, 30 s).
+- So H's tree is gone by s + W < A + W <= A + Q - 2 s, as W <= 30 s, whatever T.
 - The 2 s margin covers two things.
   One is the two servers' clocks and H's clock running at slightly different rates over Q.
   The other is the time from S's clock reading to the end of the statement.
 - ``max_ttl`` is raised by the acquire that asks for a longer TTL.
   It is raised in the statement (so the commit) that grants that lease.
   So a standby that has a lease has its TTL.
-- A lease S never received is covered when its TTL <= max(30 s, the ``max_ttl`` S has).
-  Not covered: the first lease with a longer TTL than any before, granted within the
-  replication lag.
+- A lease S never received is covered whatever its TTL, as W <= 30 s.
+  (Before the window, the first lease with a longer TTL than any before, granted within
+  the replication lag, was not: issue 46.)
 - Renewals S missed leave it an older ``expires_at``.
   Such a lease may look expired on S before H's deadline.
   By the same argument, that is still within the quarantine.

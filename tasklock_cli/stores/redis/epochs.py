@@ -17,6 +17,11 @@ Its fields:
   succeeds.
   Such an acquire answers as a held key does: the caller waits or conflicts.
 - ``max_ttl``: the longest lease TTL (ms) an acquire in the namespace has asked for.
+- ``lossless``: '1' when, at the last acquire, a crash and restart of the server could lose
+  no acknowledged write: AOF on, ``appendfsync always`` (the client reads it on connecting,
+  with its client name, and passes it tied to the server's run_id), no replica connected
+  (whose copy could be started as a primary).
+- ``cause``: why the last epoch began, 'failover' or 'fresh' (for the message).
 
 When the primary changed, leases and tokens the old one granted may be missing here:
 
@@ -26,6 +31,12 @@ When the primary changed, leases and tokens the old one granted may be missing h
 - A primary whose ``run_id`` differs restarted.
   A server may keep its replid across a restart, from its RDB file.
 - A record without ``run_id`` (an older tasklock's) gains it without a change.
+
+Except a restart that lost nothing: the record says ``lossless``, the server loaded its AOF
+(``aof_enabled``) and took over from no other primary (no ``master_replid2``). A replica
+restarted by hand as a primary from its own AOF would look the same; no replica was
+connected when the record said ``lossless``, and promotions (Sentinel, ``REPLICAOF NO ONE``)
+set ``master_replid2``.
 
 A missing record is a fresh namespace, with two exceptions:
 
@@ -43,6 +54,11 @@ A missing record is a fresh namespace, with two exceptions:
 A server without persistence may have restarted longer ago than the floor before the
 namespace's next acquire.
 It cannot be told from a fresh one, and tokens start again at 1 (README says so).
+Its holders ended their trees by then (``Store.failover_window``).
+
+``tasklock init`` marks a namespace new (``mark_new``): a record of this server at epoch 0,
+written where there is none, or where only a fresh server's quarantine is (no lease was
+granted under it). The operator says that nothing was held before.
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ from tasklock_cli.errors import Superseded
 from tasklock_cli.errors import TasklockError
 from tasklock_cli.stores import rows as row_parsing
 from tasklock_cli.stores.base import Store
+from tasklock_cli.stores.failover import DEFAULT_TTL_S
 from tasklock_cli.stores.failover import Quarantines
 from tasklock_cli.stores.failover import fresh_server_text
 from tasklock_cli.stores.failover import quarantine_text
@@ -99,6 +100,9 @@ class RedisStore(Store):
         self.display_url = display_url or redact_url(url)
         self._names = RedisKeys(prefix)
         self._conn = RedisConnection(url, self.display_url, self._names, wait_replicas)
+        # A lease that wait_replicas= replicas confirmed survives a promotion, with its TTL
+        # (and the namespace's longest TTL, which the quarantine then covers): the TTL decides.
+        self.failover_window = None if wait_replicas else DEFAULT_TTL_S
         self._wake_lists = RedisWakeLists(self._conn)
         #: The mode of our last acquire of each key, for its wait (see _time_until_free).
         self._place_modes: dict[str, str] = {}
