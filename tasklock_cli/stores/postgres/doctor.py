@@ -58,6 +58,7 @@ def store_checks(store: PostgresStore) -> list[StoreCheck]:
         epoch = found["epoch"]
         length = quarantine_length(epoch[5] if epoch else None)
         checks.append(_replication_check(found["replication"], length, _host_count(db)))
+        checks.append(_durability_check(found["replication"][3]))
         if found["refused"]:
             checks.append(StoreCheck("epoch", False, found["refused"]))
         else:
@@ -117,9 +118,21 @@ def _host_count(db: Any) -> int:
     return max(1, len(str(hosts).split(",")))
 
 
+def _durability_check(fsync: object) -> StoreCheck:
+    """Whether a crash of the machine keeps what the server committed (``fsync``)."""
+    if fsync == "off":
+        return warning(
+            "durability",
+            "fsync is off: a crash of the machine can lose committed leases, tokens and "
+            "--once-per successes (or corrupt the database); the restart's crash recovery "
+            "then quarantines new leases and tokens jump, but a lost success runs again",
+        )
+    return StoreCheck("durability", True, "fsync on: a commit survives a crash")
+
+
 def _replication_check(replication: list, length: float, hosts: int) -> StoreCheck:
     """What a failover to the standbys streaming from this primary keeps."""
-    sync_commit, sync_names, standbys = replication
+    sync_commit, sync_names, standbys, _ = replication
     after = after_failover(length)
     names = [str(name) for name, _, _ in standbys]
     states = {state for _, _, state in standbys}

@@ -228,7 +228,8 @@ REPLICATION = """
 SELECT current_setting('synchronous_commit'), current_setting('synchronous_standby_names'),
        (SELECT coalesce(json_agg(json_build_array(application_name, state, sync_state)
                                  ORDER BY application_name), '[]'::json)
-          FROM pg_stat_replication)
+          FROM pg_stat_replication),
+       current_setting('fsync')
 """
 # (never longer than a new quarantine would be: a forged end, 'infinity' among them, is
 # read as that; NULL, none recorded, stays NULL)

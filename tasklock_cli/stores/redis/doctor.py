@@ -223,9 +223,11 @@ class _RedisDoctor:
             return StoreCheck(
                 "persistence",
                 True,
-                "AOF on, appendfsync everysec: a crash can lose the last second of writes, "
-                "so every restart quarantines new leases (32 s or more) and tokens jump; "
-                "with appendfsync always a restart loses nothing and grants at once",
+                "AOF on, appendfsync everysec: a crash can lose the last second of writes "
+                "(a --once-per success among them, which then runs again), so every restart "
+                "quarantines new leases (32 s or more) and tokens jump; with appendfsync "
+                "always a restart loses nothing and grants at once",
+                warning=True,
             )
         return StoreCheck(
             "persistence",
