@@ -75,6 +75,20 @@ class FencingExhausted(ConfigError):
         )
 
 
+class CounterUnreadable(ConfigError):
+    """The key's fencing counter is not an integer from 0 to 2**63-1 (someone else wrote
+    it): tokens cannot go on from it without perhaps repeating one, so none is issued."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        super().__init__(
+            f"the fencing counter of {key!r} on this store is not an integer from 0 to "
+            "2**63-1 (someone else wrote it): no token is issued from it, as the next one "
+            "could repeat an earlier one; set it above every token issued for the key "
+            "(nothing was changed)"
+        )
+
+
 class Superseded(TasklockError):
     """A newer ``run --supersede`` of the key started waiting: this waiting run gives up."""
 

@@ -343,4 +343,9 @@ def test_release_force_breaks_a_malformed_lease_with_the_same_lock_delay(env, st
     outcome = json.loads(released.stdout)
     assert outcome["freed"] is False and outcome["free_at"] is not None
     ran = tasklock("run", "bad", "--wait", "10s", "--", "echo", "ran", env=env)
+    if case == "token-not-a-number" and forge.kind_of(store_url) == "sqlite":
+        # The key's counter is its rows' highest token: one that is no integer leaves it
+        # unknown, and no token is issued from it (test_forged_counters.py).
+        assert ran.returncode == 78 and "fencing counter of 'bad'" in ran.stderr, ran.stderr
+        return
     assert ran.returncode == 0 and ran.stdout == "ran\n", ran.stderr

@@ -48,8 +48,8 @@ _HORIZON = f"INTERVAL {int(WAITER_HORIZON_S * 1_000_000)} MICROSECOND"
 _COUNTS = "{w}expires_at > {now} AND {w}expires_at <= {now} + " + _HORIZON
 
 # The outcome row's columns:
-# - outcome: 'taken', 'none', 'queued', 'mismatch', 'superseded', or 'exhausted'
-#   (the key's counter is at 2**63-1);
+# - outcome: 'taken', 'none', 'queued', 'mismatch', 'superseded', 'exhausted' (the key's
+#   counter is at 2**63-1) or 'unreadable' (below 0: someone else wrote it);
 # - slot;
 # - slot_limit: with 'mismatch', the live holders';
 # - fencing token, acquired_at, expires_at, mode;
@@ -132,7 +132,9 @@ BEGIN
                 END WHILE;
                 SET v_token = (SELECT MAX(fencing_token) FROM `{{table}}` WHERE `key` = p_key);
             END IF;
-            IF v_outcome = 'none' AND v_token IS NOT NULL
+            IF v_outcome = 'none' AND v_token < 0 THEN  -- someone else wrote it
+                SET v_outcome = 'unreadable', v_token = NULL;
+            ELSEIF v_outcome = 'none' AND v_token IS NOT NULL
                AND (v_token >= {MAX_FENCING_TOKEN} OR v_epoch > {MAX_EPOCH}) THEN
                 SET v_outcome = 'exhausted', v_token = NULL;
             ELSEIF v_outcome = 'none' AND v_token IS NOT NULL THEN

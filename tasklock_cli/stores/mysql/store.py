@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from datetime import datetime
 from datetime import timezone
 
+from tasklock_cli.errors import CounterUnreadable
 from tasklock_cli.errors import FencingExhausted
 from tasklock_cli.errors import LimitMismatch
 from tasklock_cli.errors import Superseded
@@ -220,6 +221,8 @@ class MySQLStore(SqlStore):
             raise LimitMismatch(key, int(slot_limit), int(limit))
         if outcome == "exhausted":
             raise FencingExhausted(key)
+        if outcome == "unreadable":
+            raise CounterUnreadable(key)
         if outcome != "taken":
             return None
         return Lease(

@@ -195,6 +195,9 @@ counter AS (
       FROM free
     ON CONFLICT (key, slot) DO UPDATE SET fencing_token = greatest(c.fencing_token + 1,
                                                                    {FIRST_TOKEN})
+        -- (a counter below 0, which someone else wrote, stops the statement: 22012; not a
+        -- constant 1 / 0, which the planner would fold, failing every statement)
+        + CASE WHEN c.fencing_token < 0 THEN 1 / (c.fencing_token * 0) ELSE 0 END
      WHERE c.fencing_token = (SELECT fencing_token FROM seen WHERE slot = {COUNTER_SLOT})
     RETURNING fencing_token
 ), claimed AS (

@@ -17,6 +17,7 @@ import psycopg.errors as pgerr
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
+from tasklock_cli.errors import CounterUnreadable
 from tasklock_cli.errors import FencingExhausted
 from tasklock_cli.errors import LimitMismatch
 from tasklock_cli.errors import StoreUnavailable
@@ -355,6 +356,8 @@ class PostgresStore(SqlStore):
                 return self._listening.acquire(conn, statement, {**params, "channel": channel})
             except pgerr.NumericValueOutOfRange:  # the counter at 2**63-1 has no next token
                 raise FencingExhausted(key) from None
+            except pgerr.DivisionByZero:  # a counter below 0 (see queue._ACQUIRE_TAKE)
+                raise CounterUnreadable(key) from None
 
         for _ in range(ACQUIRE_RACE_RETRIES):
             rows = self._db.run(attempt)

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from datetime import datetime
 
 from tasklock_cli.errors import ConfigError
+from tasklock_cli.errors import CounterUnreadable
 from tasklock_cli.errors import FencingExhausted
 from tasklock_cli.errors import LimitMismatch
 from tasklock_cli.errors import Superseded
@@ -128,11 +129,13 @@ WHERE candidate < :span AND NOT EXISTS (
 _OTHER_MODE = f"""SELECT 1 FROM {TABLE}
 WHERE key = :key AND {_LIVE_ON_KEY} AND ({_SHARED_LEASE}) <> (:mode = 'shared')"""
 # Rows are only ever freed, never deleted: the highest token of a key's rows counts on.
-# A token that is not an integer is malformed and counts for nothing (taking its row
-# overwrites it). At the greatest token there is no next one: NULL, which the NOT NULL
-# column refuses (FencingExhausted), where SQLite would go on in floating point.
-_HIGHEST_TOKEN = f"""SELECT coalesce(max(CASE WHEN typeof(fencing_token) = 'integer'
-                                  THEN fencing_token END), 0) AS t
+# A token that is not an integer from 0 up (a real 9.3e18, text, -5: someone else wrote
+# it) leaves the counter unknown: NULL. So does the greatest token, which has no next one.
+# The NOT NULL column refuses NULL (CounterUnreadable, FencingExhausted), where SQLite would
+# go on in floating point, or from 1 again.
+_HIGHEST_TOKEN = f"""SELECT CASE WHEN max(typeof(fencing_token) <> 'integer'
+                                     OR fencing_token < 0) THEN NULL
+                            ELSE coalesce(max(fencing_token), 0) END AS t
 FROM {TABLE} WHERE key = :key"""
 _NEXT_TOKEN = f"""SELECT CASE WHEN t < {MAX_FENCING_TOKEN} THEN t + 1 END
 FROM ({_HIGHEST_TOKEN})"""
@@ -713,6 +716,8 @@ class _Taking:
         try:
             taking.row = conn.execute(_ACQUIRE, params).fetchone()
         except sqlite3.IntegrityError:  # no next token (see _NEXT_TOKEN)
+            if conn.execute(_HIGHEST_TOKEN, params).fetchone()[0] is None:
+                raise CounterUnreadable(params["key"]) from None
             if conn.execute(_NEXT_TOKEN, params).fetchone()[0] is None:
                 raise FencingExhausted(params["key"]) from None
             raise
