@@ -14,6 +14,7 @@ import contextlib
 import re
 import subprocess
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -466,6 +467,22 @@ def failover_run(tmp_path, cli_env, url: str, pair, fail_over, waiters: int = 3)
     }
 
 
+def endpoint_moves(pair, endpoint: TcpProxy, killed: bool) -> Callable[[], None]:
+    """A failover behind an endpoint that moves: the primary SIGKILLed (``killed``: its
+    clients' connections reset) or SIGSTOPped (they hang, as behind a partition), the
+    replica promoted, the endpoint re-pointed at it."""
+
+    def fail_over() -> None:
+        if killed:
+            pair.primary.kill()
+        else:
+            pair.primary.pause()
+        pair.promote()
+        endpoint.retarget("127.0.0.1", pair.replica.port, cut=killed)
+
+    return fail_over
+
+
 @pytest.mark.slow
 @pytest.mark.waits
 @pytest.mark.parametrize("primary", ["killed", "hung"])
@@ -477,15 +494,7 @@ def test_failover_to_an_endpoint_that_moves(primary, tmp_path, cli_env):
     require_redis_server()
     with replicated_redis() as pair, TcpProxy("127.0.0.1", pair.primary.port) as endpoint:
         url = endpoint.url_for(redis_support.known_namespace(pair.primary.url(prefix="moving:")))
-
-        def fail_over() -> None:
-            if primary == "killed":
-                pair.primary.kill()
-            else:
-                pair.primary.pause()
-            pair.promote()
-            endpoint.retarget("127.0.0.1", pair.replica.port, cut=primary == "killed")
-
+        fail_over = endpoint_moves(pair, endpoint, killed=primary == "killed")
         figures = failover_run(tmp_path, cli_env, url, pair, fail_over)
     scenario = f"primary {primary}, endpoint moved to the promoted replica"
     report.record(scenario, "redis", **figures)
@@ -508,15 +517,7 @@ def test_a_long_ttl_lease_the_replica_missed_ends_before_its_successor(holder, t
         assert warm.wait(timeout=30) == 0, piped(warm.stderr).read()
         pair.wait_synced()
         pair.cut_link()
-
-        def fail_over() -> None:
-            if holder == "reaching":
-                pair.primary.kill()
-            else:
-                pair.primary.pause()
-            pair.promote()
-            endpoint.retarget("127.0.0.1", pair.replica.port, cut=holder == "reaching")
-
+        fail_over = endpoint_moves(pair, endpoint, killed=holder == "reaching")
         url = endpoint.url_for(direct) if holder == "reaching" else direct
         figures = long_ttl_holder_fenced(runs, url, fail_over)
     report.record(f"--ttl 2m holder {holder}, replica promoted", "redis", **figures)

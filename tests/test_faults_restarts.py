@@ -14,7 +14,6 @@ import pytest
 
 from tests.support import pg
 from tests.support import redis_support
-from tests.support import services
 from tests.support.cli import json_events
 from tests.support.cli import start
 from tests.support.cli import tasklock
@@ -55,8 +54,9 @@ def test_a_fresh_redis_says_it_may_have_lost_leases_and_names_init(fresh_redis, 
 
 
 def test_init_on_a_fresh_redis_lets_the_first_run_start_at_once(fresh_redis, cli_env):
-    """The CI recipe: start Redis, `tasklock init`, run; the command runs within 2 s of the
-    server answering PING (not after a 32 s quarantine), with token 1."""
+    """The CI recipe: start Redis, `tasklock init`, run; the command runs at once after the
+    server answers PING (within 2 s on a quiet machine; not after a 32 s quarantine), with
+    token 1."""
     env = {**cli_env, "TASKLOCK_STORE": fresh_redis.url()}
     answered = time.monotonic()  # (private_redis waited for its PING)
     init = tasklock("init", env=env)
@@ -64,7 +64,9 @@ def test_init_on_a_fresh_redis_lets_the_first_run_start_at_once(fresh_redis, cli
     done = tasklock("run", "k", "--", "sh", "-c", "echo $TASKLOCK_FENCING_TOKEN", env=env)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "1"
-    assert time.monotonic() - answered < 2
+    # (2 s here when the machine is quiet; the bound sits between that and the 32 s
+    # quarantine it rules out, as two process starts on a loaded machine take seconds)
+    assert time.monotonic() - answered < 15
     again = tasklock("init", env=env)  # a store in use is left as it is
     assert again.returncode == 0 and "in use already" in again.stdout, again.stdout
 
@@ -96,7 +98,7 @@ def test_a_redis_restarted_with_aof_always_keeps_its_holder_and_grants_at_once(c
             started = time.monotonic()
             other = tasklock("run", "other", "--", "true", env=env)
             assert other.returncode == 0, other.stderr
-            assert time.monotonic() - started < 2
+            assert time.monotonic() - started < 15  # not after a 32 s quarantine
             assert tasklock("peek", "held", env=env).returncode == 0  # still held
             assert holder.wait(timeout=20) == 0  # renewed across the restart, never lost
         finally:
@@ -147,11 +149,7 @@ def test_a_forged_quarantine_lasts_no_longer_than_a_real_one(cli_env):
 
 @pytest.fixture
 def private_pg():
-    unavailable = pg.private_postgres_unavailable()
-    if unavailable:
-        if services.in_ci():
-            pytest.fail(f"CI=true but {unavailable}")
-        pytest.skip(unavailable)
+    pg.require_private_postgres()
     with pg.private_postgres() as server:
         yield server
 
@@ -180,7 +178,7 @@ def test_a_clean_postgres_restart_keeps_its_holder_and_grants_at_once(private_pg
         started = time.monotonic()
         other = tasklock("run", "other", "--", "sh", "-c", "echo $TASKLOCK_FENCING_TOKEN", env=env)
         assert other.returncode == 0, other.stderr
-        assert time.monotonic() - started < 2
+        assert time.monotonic() - started < 15  # not after a 32 s quarantine
         assert other.stdout.strip() == "1"  # no epoch: tokens count on
         assert holder.wait(timeout=20) == 0
     finally:

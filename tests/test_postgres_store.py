@@ -49,11 +49,7 @@ def stores(pg_url, opened_stores) -> list[Store]:
 
 @pytest.fixture
 def private_server():
-    reason = pg.private_postgres_unavailable()
-    if reason:
-        if services.in_ci():
-            pytest.fail(f"CI=true but no private PostgreSQL can be started: {reason}")
-        pytest.skip(reason)
+    pg.require_private_postgres()
     return pg.private_postgres
 
 

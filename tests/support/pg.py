@@ -99,6 +99,19 @@ def pg_bin_dir() -> Path | None:
     return None
 
 
+def require_private_postgres() -> None:
+    """Skip (fail in CI) unless a private server can be started here."""
+    import pytest
+
+    from tests.support import services
+
+    reason = private_postgres_unavailable()
+    if reason:
+        if services.in_ci():
+            pytest.fail(f"CI=true but no private PostgreSQL can be started: {reason}")
+        pytest.skip(reason)
+
+
 def private_postgres_unavailable() -> str | None:
     """None when a private server can be started here, else why not."""
     if pg_bin_dir() is None:
