@@ -19,6 +19,7 @@ from tasklock_cli.stores.model import UNREADABLE_EXPIRY_FLOOR_S
 from tasklock_cli.stores.model import UNREADABLE_EXPIRY_MARGIN_S
 from tasklock_cli.stores.model import Holder
 from tests.support import forge
+from tests.support import resp
 from tests.support.cli import one_error_line
 from tests.support.cli import tasklock
 
@@ -344,3 +345,23 @@ def test_release_force_breaks_a_malformed_lease_with_the_same_lock_delay(env, st
     assert outcome["freed"] is False and outcome["free_at"] is not None
     ran = tasklock("run", "bad", "--wait", "10s", "--", "echo", "ran", env=env)
     assert ran.returncode == 0 and ran.stdout == "ran\n", ran.stderr
+
+
+# -- hostile servers --------------------------------------------------------------------
+
+
+def test_a_verbose_traceback_shows_a_servers_error_text_escaped(cli_env):
+    """-v prints the traceback, which holds the server's error reply: escaped like every
+    other line tasklock prints (text mode), and as valid JSON with --log-format json."""
+    hostile = "ERR \x1b]0;pwned\x07\x1b[2J\u202e"
+    answer = lambda words: resp.OK if words[0] == b"CLIENT" else resp.error(hostile)  # noqa: E731
+    with resp.resp_server(answer) as server:
+        url = f"redis://127.0.0.1:{server.port}/0"
+        shown = tasklock("-v", "--store", url, "peek", "k", env=cli_env)
+        as_json = tasklock("-v", "--log-format", "json", "--store", url, "peek", "k", env=cli_env)
+    assert shown.returncode == 69, shown.stderr
+    assert "Traceback" in shown.stderr and "\\x1b]0;pwned\\x07" in shown.stderr
+    assert not RAW.search(shown.stderr), shown.stderr
+    assert shown.stderr.splitlines()[-1].startswith("tasklock: error: ")
+    assert as_json.returncode == 69 and not RAW.search(as_json.stderr), as_json.stderr
+    assert hostile.removeprefix("ERR ") in json.loads(as_json.stderr)["traceback"]
