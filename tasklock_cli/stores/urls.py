@@ -79,6 +79,23 @@ def unknown_parameter(store: str, url: str, name: str, known: str) -> ConfigErro
     )
 
 
+def check_host(store: str, url: str, host: str) -> None:
+    """ConfigError when ``host`` (from ``url``, of the ``store``) is no name a look-up
+    could take: Python's resolver encodes it with the ``idna`` codec, which refuses an empty
+    label or one of 64+ characters (a UnicodeError deep inside a connect, else).
+    A socket path (``/...``) is no host name and passes."""
+    if not host or host.startswith("/"):
+        return
+    try:
+        host.encode("idna")
+    except UnicodeError as exc:
+        reason = str(exc.__cause__ or exc).removeprefix("encoding with 'idna' codec failed ")
+        raise ConfigError(
+            f"{store} store URL {redact_url(url)!r}: {host[:80]!r} is not a valid host name "
+            f"({reason.strip('()')}; each dot-separated label is 1 to 63 characters)"
+        ) from None
+
+
 def url_parameters(url: str) -> dict[str, str]:
     """The query parameters of a URL, the last of each name winning (none: ``{}``)."""
     if "?" not in url:

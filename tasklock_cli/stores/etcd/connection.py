@@ -27,11 +27,13 @@ from tasklock_cli.errors import ConfigError
 from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.errors import TasklockError
 from tasklock_cli.stores.etcd import http
+from tasklock_cli.stores.urls import check_host
 from tasklock_cli.stores.urls import redact_url
 from tasklock_cli.stores.urls import scrub
 from tasklock_cli.stores.urls import split_url
 from tasklock_cli.stores.urls import unknown_parameter
 from tasklock_cli.util.fds import fd_readable
+from tasklock_cli.util.numbers import decimal
 from tasklock_cli.util.records import dataclass
 from tasklock_cli.util.records import field
 
@@ -119,12 +121,10 @@ def _member(item: str, shown: str) -> tuple[str, int]:
         host, _, port_text = item.partition(":")
     if not host:
         raise ConfigError(f"etcd store URL {shown!r}: a member without a host")
-    try:
-        port = int(port_text) if port_text else DEFAULT_PORT
-    except ValueError:
-        raise ConfigError(f"etcd store URL {shown!r}: bad port in {item!r}") from None
-    if not 0 < port < 65536:
+    port = decimal(port_text, 1, 65535) if port_text else DEFAULT_PORT
+    if port is None:
         raise ConfigError(f"etcd store URL {shown!r}: bad port in {item!r}")
+    check_host("etcd", shown, host)
     return host, port
 
 

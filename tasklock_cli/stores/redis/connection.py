@@ -39,12 +39,14 @@ from tasklock_cli.stores.redis.sentinel import UnknownServiceError
 from tasklock_cli.stores.redis.sentinel import is_sentinel_url
 from tasklock_cli.stores.redis.sentinel import parse_sentinel_url
 from tasklock_cli.stores.redis.sentinel import sentinel_client
+from tasklock_cli.stores.urls import check_host
 from tasklock_cli.stores.urls import redact_url
 from tasklock_cli.stores.urls import scrub
 from tasklock_cli.stores.urls import split_url as split_any_url
 from tasklock_cli.stores.urls import unknown_parameter
 from tasklock_cli.stores.urls import url_parameters
 from tasklock_cli.stores.urls import url_passwords
+from tasklock_cli.util.numbers import decimal
 
 DEFAULT_IO_TIMEOUT_S = 5.0
 #: Idle connections are PINGed before reuse, so a connection the server closed (restart,
@@ -119,8 +121,10 @@ def split_url(url: str) -> tuple[str, str, list[str]]:
         service_and_db = unquote(path).strip("/").split("/")
         if len(service_and_db) == 2:
             _check_db(url, service_and_db[1])
-    elif scheme != "unix" and path.strip("/"):
-        _check_db(url, unquote(path).strip("/"))
+    elif scheme != "unix":
+        if path.strip("/"):
+            _check_db(url, unquote(path).strip("/"))
+        check_host("Redis", url, unquote(urlsplit(url).hostname or ""))
     secrets.extend(url_passwords(url))
     # Rebuilt textually: urlunsplit would turn unix:///path into unix:/path.
     base, _, rest = url.partition("?")
@@ -136,7 +140,7 @@ def wait_replicas(url: str, text: str | None = None) -> int:
         text = url_parameters(url).get("wait_replicas")
         if text is None:
             return 0
-    if not (text.isdigit() and int(text) <= MAX_WAIT_REPLICAS):
+    if decimal(text, 0, MAX_WAIT_REPLICAS) is None:
         raise ConfigError(
             f"Redis store URL {redact_url(url)!r}: wait_replicas must be a number of "
             f"replicas, 0 to {MAX_WAIT_REPLICAS} (got {text!r})"
@@ -145,7 +149,7 @@ def wait_replicas(url: str, text: str | None = None) -> int:
 
 
 def _check_db(url: str, text: str) -> None:
-    if not (text.isdigit() and int(text) <= MAX_DB_INDEX):
+    if decimal(text, 0, MAX_DB_INDEX) is None:
         raise ConfigError(
             f"Redis store URL {redact_url(url)!r}: the database must be a number, "
             f"redis://HOST:PORT/N (got {text!r})"
@@ -218,7 +222,7 @@ class RedisConnection:
             self.sentinel_target = parse_sentinel_url(url, query.split("&") if query else [])
         #: The sentinels asked for the primary (sentinel URLs only).
         self.sentinels: QuorumSentinel | None = None
-        self._tcp = urlsplit(url).scheme.lower() in ("redis", "rediss", *SENTINEL_SCHEMES)
+        self._tcp = split_any_url(url)[0] in ("redis", "rediss", *SENTINEL_SCHEMES)
         self.io_timeout = DEFAULT_IO_TIMEOUT_S
         self.scripts = {
             # (ignore: no client is registered, each call passes one: Script(..., client=))

@@ -13,6 +13,7 @@ and ``sentinel_password=`` (none by default: sentinels usually run without ``req
 
 from __future__ import annotations
 
+import ipaddress
 from collections import Counter
 from dataclasses import dataclass
 from dataclasses import field
@@ -28,8 +29,10 @@ from redis.sentinel import Sentinel
 from redis.sentinel import SentinelConnectionPool
 
 from tasklock_cli.errors import ConfigError
+from tasklock_cli.stores.urls import check_host
 from tasklock_cli.stores.urls import redact_url
 from tasklock_cli.stores.urls import split_url as split_any_url
+from tasklock_cli.util.numbers import decimal
 
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
 DEFAULT_SENTINEL_PORT = 26379
@@ -109,11 +112,23 @@ def _host_port(url: str, item: str) -> tuple[str, int]:
         if not closed or (rest and not rest.startswith(":")):
             raise _bad(url, f"a sentinel must be HOST:PORT or [IPv6]:PORT (got {item!r})")
         host, port = inside, rest[1:] if rest else port
+        if not _is_ipv6(host):
+            raise _bad(url, f"{item!r}: inside [ ] must be an IPv6 address")
     elif ":" in item:
         host, _, port = item.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+    number = decimal(port, 1, 65535)
+    if not host or number is None:
         raise _bad(url, f"a sentinel must be HOST:PORT (got {item!r})")
-    return host, int(port)
+    check_host("Redis Sentinel", url, host)
+    return host, number
+
+
+def _is_ipv6(text: str) -> bool:
+    try:
+        ipaddress.IPv6Address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _bad(url: str, problem: str) -> ConfigError:
