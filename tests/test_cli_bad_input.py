@@ -325,3 +325,45 @@ def test_output_that_cannot_be_written_is_78_not_a_traceback(
     )
     assert result.returncode == 78, result.stderr
     assert "cannot write the output" in one_error_line(result.stderr)
+
+
+# -- passwords are never printed (issue 40) ------------------------------------------------
+
+PASSWORD_URLS = [
+    "redis://u:PW1a?PW1b@127.0.0.1:1/0",
+    "redis://u:PW1a/PW1b@127.0.0.1:1/0",
+    "rediss://u:PW1a#PW1b@127.0.0.1:1/0",
+    "mysql://u:PW1a#PW1b@127.0.0.1:1/test",
+    "mariadb://u:PW1a?PW1b@127.0.0.1:1/test",
+    "postgresql://u:PW1a?PW1b@127.0.0.1:1/test",
+    "postgresql://u:PW1a/PW1b@127.0.0.1:1/test",
+    "redis+sentinel://u:PW1a?PW1b@127.0.0.1:1/svc",
+    "redis+sentinel://u:PW1a#PW1b@127.0.0.1:1/svc",
+    "etcd://u:PW1a/PW1b@127.0.0.1:1",
+    "postgresql://u@127.0.0.1:1/test?pass%77ord=PW1aPW1b",
+    "postgresql://u@127.0.0.1:1/test?sslpass%77ord=PW1aPW1b",
+    "redis://127.0.0.1:1/0?pass%77ord=PW1aPW1b",
+    "redis+sentinel://127.0.0.1:1/svc?sentinel_pass%77ord=PW1aPW1b",
+    "host=127.0.0.1 port=1 dbname=test password='PW1a PW1b'",
+]
+
+
+@pytest.mark.parametrize("url", PASSWORD_URLS)
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["peek", "k"],
+        ["doctor", "--json"],
+        ["--log-format", "json", "list"],
+        ["-v", "run", "k", "--", "true"],
+    ],
+)
+def test_no_password_is_printed_however_the_url_writes_it(cli_env, url, command):
+    """Unencoded '?', '/', '#' in the userinfo's password, percent-encoded parameter names
+    (libpq and redis-py read pass%77ord as password), a quoted conninfo password: not a
+    piece of them in errors, doctor, JSON errors or -v tracebacks."""
+    result = tasklock("--store", url, *command, env=cli_env)
+    assert result.returncode in (69, 78), result.stderr
+    shown = result.stdout + result.stderr
+    assert "PW1a" not in shown and "PW1b" not in shown, shown
+    assert "***" in shown

@@ -32,6 +32,7 @@ from tasklock_cli.stores.urls import redact_url
 from tasklock_cli.stores.urls import scrub
 from tasklock_cli.stores.urls import split_url
 from tasklock_cli.stores.urls import unknown_parameter
+from tasklock_cli.stores.urls import url_passwords
 from tasklock_cli.util.fds import fd_readable
 from tasklock_cli.util.numbers import decimal
 from tasklock_cli.util.records import dataclass
@@ -85,12 +86,12 @@ def parse_url(url: str) -> EtcdConfig:
     shown = redact_url(url)
     scheme, netloc, path, query = split_url(url)
     userinfo, at, hosts = netloc.rpartition("@")
-    config = EtcdConfig(members=[], tls=scheme == "etcds")
+    config = EtcdConfig(members=[], tls=scheme == "etcds", secrets=sorted(url_passwords(url)))
     if at:
         user, colon, password = userinfo.partition(":")
         config.user = unquote(user)
         config.password = unquote(password) if colon else ""
-        if config.password:
+        if config.password and config.password not in config.secrets:
             config.secrets.append(config.password)
     for item in hosts.split(","):
         config.members.append(_member(item, shown))
