@@ -365,3 +365,45 @@ def test_a_verbose_traceback_shows_a_servers_error_text_escaped(cli_env):
     assert shown.stderr.splitlines()[-1].startswith("tasklock: error: ")
     assert as_json.returncode == 69 and not RAW.search(as_json.stderr), as_json.stderr
     assert hostile.removeprefix("ERR ") in json.loads(as_json.stderr)["traceback"]
+
+
+#: What a sentinel can answer that no sentinel would: (ip, port, more fields).
+LYING_SENTINELS = [
+    ("127.0.0.1", "notaport"),
+    ("127.0.0.1", "99999999999999999999"),
+    ("127.0.0.1", "²"),
+    ("a" * 64 + ".example", "6379"),
+    ("127.0.0.1", "6379", "num-other-sentinels", "many"),
+    ("127.0.0.1", "6379", "flags", None),  # (no flags at all)
+]
+
+
+def test_a_lying_sentinel_listed_first_is_outvoted_not_a_traceback(cli_env):
+    """A sentinel's reply is validated before it counts: the honest majority (two real
+    sentinels) names the primary, whatever the first one listed says; alone, the liar
+    names none (69, one line)."""
+    from tests.support.redis_failover import SERVICE
+    from tests.support.redis_failover import Sentinels
+    from tests.support.redis_support import PrivateRedis
+    from tests.support.redis_support import require_redis_server
+
+    require_redis_server()
+    server = PrivateRedis().start()
+    honest = Sentinels(server.port, count=2)
+    try:
+        honest.wait_ready(replicas=0)
+        for lie in LYING_SENTINELS:
+            with resp.resp_server(resp.sentinel_master(*lie)) as liar:
+                hosts = ",".join(f"127.0.0.1:{port}" for port in [liar.port, *honest.ports])
+                url = f"redis+sentinel://{hosts}/{SERVICE}/0"
+                # (peek, not run: a server started this instant is in its quarantine)
+                peeked = tasklock("--store", url, "peek", "k", "--json", env=cli_env)
+                assert peeked.returncode == 1, (lie, peeked.stderr)
+                assert json.loads(peeked.stdout)["held"] is False
+                alone = f"redis+sentinel://127.0.0.1:{liar.port},127.0.0.1:1/{SERVICE}"
+                refused = tasklock("--store", alone, "peek", "k", env=cli_env)
+                assert refused.returncode == 69, (lie, refused.stderr)
+                assert "no primary for service" in one_error_line(refused.stderr)
+    finally:
+        honest.stop()
+        server.stop()

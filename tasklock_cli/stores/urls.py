@@ -79,21 +79,30 @@ def unknown_parameter(store: str, url: str, name: str, known: str) -> ConfigErro
     )
 
 
-def check_host(store: str, url: str, host: str) -> None:
-    """ConfigError when ``host`` (from ``url``, of the ``store``) is no name a look-up
-    could take: Python's resolver encodes it with the ``idna`` codec, which refuses an empty
-    label or one of 64+ characters (a UnicodeError deep inside a connect, else).
-    A socket path (``/...``) is no host name and passes."""
+def host_problem(host: str) -> str | None:
+    """Why ``host`` is no name a look-up could take, or None (a socket path, ``/...``, is
+    no host name and passes): Python's resolver encodes it with the ``idna`` codec, which
+    refuses an empty label or one of 64+ characters (a UnicodeError deep inside a
+    connect, else)."""
     if not host or host.startswith("/"):
-        return
+        return None
     try:
         host.encode("idna")
     except UnicodeError as exc:
         reason = str(exc.__cause__ or exc).removeprefix("encoding with 'idna' codec failed ")
-        raise ConfigError(
-            f"{store} store URL {redact_url(url)!r}: {host[:80]!r} is not a valid host name "
-            f"({reason.strip('()')}; each dot-separated label is 1 to 63 characters)"
-        ) from None
+        return (
+            f"{host[:80]!r} is not a valid host name ({reason.strip('()')}; each "
+            "dot-separated label is 1 to 63 characters)"
+        )
+    return None
+
+
+def check_host(store: str, url: str, host: str) -> None:
+    """ConfigError when ``host`` (from ``url``, of the ``store``) is no name a look-up
+    could take (``host_problem``)."""
+    problem = host_problem(host)
+    if problem:
+        raise ConfigError(f"{store} store URL {redact_url(url)!r}: {problem}")
 
 
 def url_parameters(url: str) -> dict[str, str]:

@@ -31,12 +31,18 @@ def error(text: str | bytes) -> bytes:
 OK = b"+OK\r\n"
 
 
-def sentinel_master(ip: str, port: str, flags: str = "master") -> Answer:
-    """A sentinel that names ``ip:port`` (as given, however odd) for every service."""
+def sentinel_master(ip: str | None, port: str | None, *more: str | None) -> Answer:
+    """A sentinel that names ``ip:port`` (as given, however odd) as the healthy primary of
+    every service; ``more`` fields (name, value, ...) replace or add to a real sentinel's
+    (``flags`` ``master``, ``num-other-sentinels`` ``2``); a None value leaves it out."""
+    fields: dict[str | None, str | None] = {"ip": ip, "port": port, "flags": "master"}
+    fields["num-other-sentinels"] = "2"
+    fields.update(zip(more[0::2], more[1::2], strict=True))
 
     def answer(words: list[bytes]) -> bytes:
         if words[0] == b"SENTINEL":
-            return array("name", words[-1], "ip", ip, "port", port, "flags", flags)
+            pairs = [item or "" for pair in fields.items() if pair[1] is not None for item in pair]
+            return array("name", words[-1], *pairs)
         return OK
 
     return answer
