@@ -85,6 +85,16 @@ class OutputFailed(ConfigError):
         super().__init__(f"cannot write the output to standard output: {reason}")
 
 
+class ForeignKey(ConfigError):
+    """A name in the store's namespace holds what tasklock does not keep there (another
+    application's key of another type): ``found`` says what. Fatal to an operation on that
+    key; a listing shows the record as malformed and goes on."""
+
+    def __init__(self, message: str, found: str) -> None:
+        self.found = found
+        super().__init__(message)
+
+
 class Superseded(TasklockError):
     """A newer ``run --supersede`` of the key started waiting: this waiting run gives up."""
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 import time
 from datetime import datetime
 
@@ -20,6 +21,7 @@ from tasklock_cli.stores.model import UNREADABLE_EXPIRY_MARGIN_S
 from tasklock_cli.stores.model import Holder
 from tests.support import forge
 from tests.support import resp
+from tests.support.cli import executable
 from tests.support.cli import one_error_line
 from tests.support.cli import tasklock
 
@@ -407,3 +409,93 @@ def test_a_lying_sentinel_listed_first_is_outvoted_not_a_traceback(cli_env):
     finally:
         honest.stop()
         server.stop()
+
+
+# -- keys that are not UTF-8, another application's keys ------------------------------
+
+
+@pytest.fixture(params=["sqlite", "redis", "mysql"])
+def byte_keys_url(request, tmp_path):
+    """A fresh namespace of a store whose keys can hold bytes that are not UTF-8."""
+    from tests.conftest import store_url_for
+    from tests.support import services
+
+    services.require(request.param)
+    url = store_url_for(request.param, tmp_path)
+    yield url
+    services.cleanup(request.param, url)
+
+
+def test_keys_that_are_not_utf8_are_shown_counted_apart_and_releasable(cli_env, byte_keys_url):
+    """Lease, ledger and waiter keys that are not UTF-8 (written by someone else): list
+    and metrics show them as malformed, one series per byte string (none merged into
+    another, nor into the key "n\ufffd"), and release --force breaks such a lease."""
+    url = byte_keys_url
+    env = {**cli_env, "TASKLOCK_STORE": url, "TASKLOCK_TEST_LET_GO_TIMEOUT": "1"}
+    for key in ("r1", "r2", "n\ufffd"):
+        assert tasklock("run", key, "--", "true", env=env).returncode == 0
+    hold(url, "good")
+    hold(url, "bad")
+    assert forge.forge_waiter(url, "w", expires_in=30)
+    forge.rename_key(url, "r1", b"n\xff", "runs")
+    forge.rename_key(url, "r2", b"n\xfe", "runs")
+    forge.rename_key(url, "bad", b"b\xff", "lease")
+    forge.rename_key(url, "w", b"w\xff", "waiters")
+
+    listed = tasklock("list", "--json", env=env)
+    assert listed.returncode == 0, listed.stderr
+    good, bad = sorted(json.loads(listed.stdout), key=lambda entry: entry["key"] is None)
+    assert good["key"] == "good" and "malformed" not in good
+    assert bad["key"] is None and bad["problems"] == ["key: is not UTF-8"]  # (unreadable: null)
+    assert "b\\udcff\t" in tasklock("list", env=env).stdout  # (text: escaped)
+    metrics = tasklock("metrics", env=env)
+    assert metrics.returncode == 0, metrics.stderr
+    assert not RAW.search(metrics.stdout)
+    for label, malformed in [
+        ('key="n\\\\udcff",escaped="true"', 1),
+        ('key="n\\\\udcfe",escaped="true"', 1),
+        ('key="n\ufffd"', 0),
+        ('key="b\\\\udcff",escaped="true"', 1),
+        ('key="w\\\\udcff",escaped="true"', 1),
+        ('key="good"', 0),
+    ]:
+        assert f"tasklock_malformed_records{{{label}}} {malformed}\n" in metrics.stdout, label
+
+    released = subprocess.run(
+        [executable().encode(), b"release", b"b\xff", b"--force", b"--json"],
+        env=env,
+        capture_output=True,
+        timeout=60,
+    )
+    assert released.returncode == 75, released.stderr  # broken; nobody let go (lock-delay)
+    assert json.loads(released.stdout)["broken"] == [1]
+    assert tasklock("run", "other", "--", "true", env=env).returncode == 0
+
+
+def test_another_applications_key_under_the_prefix_stops_no_listing(cli_env, redis_url):
+    """A Redis key of another type where a lease would be is one malformed record: list
+    and metrics go on; a lease whose slot field is forged is broken, not a traceback."""
+    env = {**cli_env, "TASKLOCK_STORE": redis_url, "TASKLOCK_TEST_LET_GO_TIMEOUT": "1"}
+    hold(redis_url, "good")
+    hold(redis_url, "slotx")
+    client, names = forge._redis(redis_url)
+    try:
+        client.set(names.lease("wrong"), "another application's string")
+        client.hset(names.lease("slotx"), "slot", "x")
+    finally:
+        client.close()
+    listed = tasklock("list", "--json", env=env)
+    assert listed.returncode == 0, listed.stderr
+    entries = {entry["key"]: entry for entry in json.loads(listed.stdout)}
+    assert set(entries) == {"good", "slotx", "wrong"}
+    assert entries["wrong"]["malformed"] is True
+    assert entries["wrong"]["problems"][0] == "lease: is a Redis string, not a lease hash"
+    metrics = tasklock("metrics", env=env)
+    assert metrics.returncode == 0, metrics.stderr
+    assert 'tasklock_malformed_records{key="wrong"} 1\n' in metrics.stdout
+    assert 'tasklock_held{key="good"} 1\n' in metrics.stdout
+    released = tasklock("release", "slotx", "--force", "--json", env=env)
+    no_traceback(released)
+    assert released.returncode == 75, released.stderr
+    assert json.loads(released.stdout)["broken"] == [1]
+    assert tasklock("run", "slotx", "--", "true", env=env).returncode == 75  # (lock-delay)

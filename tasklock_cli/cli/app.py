@@ -251,7 +251,7 @@ def peek(
     from tasklock_cli.cli import render
 
     g: Globals = ctx.obj
-    validate_key(key)
+    validate_key(key, forged=True)
     with g.open_store() as store:
         holders = store.holders(key)
         waiters = store.waiters(key)
@@ -323,7 +323,7 @@ def history(
     from tasklock_cli.stores.model import LEDGER_KEEP
 
     g: Globals = ctx.obj
-    validate_key(key)
+    validate_key(key, forged=True)
     if limit is not None and not 1 <= limit <= HISTORY_LIMIT_MAX:
         raise UsageError(f"--limit must be from 1 to {HISTORY_LIMIT_MAX} (got {limit})")
     with g.open_store() as store:
@@ -413,7 +413,7 @@ def release(
     A holder that does not answer within 10s keeps the key, broken, until its lease runs
     out (exit 75)."""
     g: Globals = ctx.obj
-    validate_key(key)
+    validate_key(key, forged=True)
     if not force:
         raise UsageError("release breaks whoever holds the lock; confirm with --force")
     if token is not None:

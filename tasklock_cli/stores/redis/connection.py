@@ -27,6 +27,7 @@ from redis.commands.core import Script
 from redis.retry import Retry
 
 from tasklock_cli.errors import ConfigError
+from tasklock_cli.errors import ForeignKey
 from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.errors import TasklockError
 from tasklock_cli.stores.redis.keys import DEFAULT_PREFIX
@@ -354,7 +355,7 @@ class RedisConnection:
                 return ConfigError(f"{where}: this Redis lacks a command tasklock needs ({text})")
         return StoreUnavailable(f"{where}: Redis answered with an error: {text}")
 
-    def foreign_key_error(self, text: str, key: str | None) -> ConfigError:
+    def foreign_key_error(self, text: str, key: str | None) -> ForeignKey:
         # Our scripts answer "WRONGTYPE lease|fence|wake <type>"; plain commands "WRONGTYPE ...".
         words = text.split()
         which = words[1] if len(words) > 1 and words[1] in _EXPECTED_TYPES else "lease"
@@ -373,10 +374,11 @@ class RedisConnection:
             described = "a Redis key"
         expected = _EXPECTED_TYPES[which]
         holds = f"holds a {found}" if found else "holds another type"
-        return ConfigError(
+        return ForeignKey(
             f"{self.display_url}: {described} {holds}, not {expected}: another application "
             f"uses the prefix {self.names.prefix!r}; remove that key or set another prefix= in the "
-            "store URL (nothing was changed)"
+            "store URL (nothing was changed)",
+            f"a Redis {found or 'key of another type'}, not {expected}",
         )
 
     def config_get(self, name: str) -> str | None:
