@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import ssl
 import subprocess
 import time
 from datetime import datetime
@@ -499,3 +500,46 @@ def test_another_applications_key_under_the_prefix_stops_no_listing(cli_env, red
     assert released.returncode == 75, released.stderr
     assert json.loads(released.stdout)["broken"] == [1]
     assert tasklock("run", "slotx", "--", "true", env=env).returncode == 75  # (lock-delay)
+
+
+def test_rediss_sentinel_verifies_the_primarys_certificate_and_host_name(cli_env, tmp_path):
+    """The sentinels choose where the password goes; over TLS the primary they name must
+    show a certificate of the URL's CA for the address they named, or nothing is sent to
+    it (69, one line). Sentinel and primaries are private: a TLS redis-server each, and a
+    scripted TLS sentinel naming it."""
+    from tests.support import tls
+    from tests.support.ports import free_port
+    from tests.support.redis_support import PrivateRedis
+    from tests.support.redis_support import require_redis_server
+
+    require_redis_server()
+    tls.require_openssl()
+    ca = tls.make_ca(tmp_path)
+    certificates = {
+        "right name": tls.make_server_cert(tmp_path, "right", "IP:127.0.0.1"),
+        "other name": tls.make_server_cert(tmp_path, "other", "DNS:elsewhere.example"),
+    }
+    sentinel_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    sentinel_tls.load_cert_chain(*certificates["right name"])
+    outcomes = {}
+    for name, (cert, key) in certificates.items():
+        port = free_port()
+        files = ["--tls-cert-file", str(cert), "--tls-key-file", str(key)]
+        files += ["--tls-ca-cert-file", str(ca), "--tls-auth-clients", "no"]
+        primary = PrivateRedis(password="data-pw", extra_args=["--tls-port", str(port), *files])
+        primary.start()
+        try:
+            naming = resp.sentinel_master("127.0.0.1", str(port))
+            with resp.resp_server(naming, sentinel_tls) as sentinel:
+                url = (
+                    f"rediss+sentinel://:data-pw@127.0.0.1:{sentinel.port}/svc/0?ssl_ca_certs={ca}"
+                )
+                outcomes[name] = tasklock("--store", url, "peek", "k", "--json", env=cli_env)
+        finally:
+            primary.stop()
+    right = outcomes["right name"]
+    assert right.returncode == 1 and json.loads(right.stdout)["held"] is False, right.stderr
+    other = outcomes["other name"]
+    assert other.returncode == 69, other.stderr
+    line = one_error_line(other.stderr)
+    assert "certificate verify failed" in line and "data-pw" not in line

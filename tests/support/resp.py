@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import ssl
 import threading
 from collections.abc import Callable
 from collections.abc import Iterator
@@ -49,10 +50,12 @@ def sentinel_master(ip: str | None, port: str | None, *more: str | None) -> Answ
 
 
 class RespServer:
-    """Listens on 127.0.0.1:``port``; each connection gets ``answer``'s replies."""
+    """Listens on 127.0.0.1:``port``; each connection gets ``answer``'s replies (over TLS
+    with ``tls``, a server-side context)."""
 
-    def __init__(self, answer: Answer) -> None:
+    def __init__(self, answer: Answer, tls: ssl.SSLContext | None = None) -> None:
         self.answer = answer
+        self.tls = tls
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
         self.commands: list[list[bytes]] = []
@@ -65,6 +68,12 @@ class RespServer:
                 threading.Thread(target=self._serve, args=(sock,), daemon=True).start()
 
     def _serve(self, sock: socket.socket) -> None:
+        if self.tls is not None:
+            try:
+                sock = self.tls.wrap_socket(sock, server_side=True)
+            except (OSError, ValueError):
+                sock.close()
+                return
         reader = sock.makefile("rb")
         with contextlib.suppress(OSError, ValueError), sock, reader:
             while True:
@@ -91,8 +100,8 @@ def _read_command(reader) -> list[bytes] | None:
 
 
 @contextlib.contextmanager
-def resp_server(answer: Answer) -> Iterator[RespServer]:
-    server = RespServer(answer)
+def resp_server(answer: Answer, tls: ssl.SSLContext | None = None) -> Iterator[RespServer]:
+    server = RespServer(answer, tls)
     try:
         yield server
     finally:
