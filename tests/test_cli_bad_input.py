@@ -367,3 +367,36 @@ def test_no_password_is_printed_however_the_url_writes_it(cli_env, url, command)
     shown = result.stdout + result.stderr
     assert "PW1a" not in shown and "PW1b" not in shown, shown
     assert "***" in shown
+
+
+@pytest.mark.parametrize(
+    "command",
+    [[b"peek", b"k\xff"], [b"history", b"k\xff"], [b"release", b"k\xff", b"--force"]],
+)
+def test_a_key_that_is_not_utf8_is_looked_up_or_refused_never_exit_1(cli_env, store_url, command):
+    """SQLite, MySQL and Redis may hold such a key (someone wrote it): it is looked up as
+    its bytes. PostgreSQL and etcd cannot: a usage error."""
+    result = subprocess.run(
+        [executable().encode(), b"--store", store_url.encode(), *command],
+        env=cli_env,
+        capture_output=True,
+        timeout=60,
+    )
+    stderr = result.stderr.decode()
+    if store_url.startswith(("postgres", "etcd")):
+        assert result.returncode == 2, stderr
+        assert "not valid UTF-8" in one_error_line(stderr)
+    else:
+        assert (result.returncode, stderr) == ((1 if command[0] == b"peek" else 0), ""), stderr
+
+
+@pytest.mark.parametrize("command", [[b"list"], [b"metrics"]])
+def test_a_prefix_that_is_not_utf8_is_a_usage_error(cli_env, sqlite_url, command):
+    result = subprocess.run(
+        [executable().encode(), b"--store", sqlite_url.encode(), *command, b"--prefix", b"\xff"],
+        env=cli_env,
+        capture_output=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "--prefix is not valid UTF-8" in one_error_line(result.stderr.decode())

@@ -128,6 +128,7 @@ class MySQLStore(SqlStore):
     #: A release wakes the waiters it may admit (see ``waiting``); the others look again
     #: every ``WAITER_SLEEP_S`` (reads only).
     signals_release = True
+    byte_keys = True
     concurrent_release = True
     _db: MySQLConnection
     _schema: MySQLSchema

@@ -84,6 +84,7 @@ def _ttl_ms(seconds: float, what: str) -> int:
 
 class RedisStore(Store):
     signals_release = True
+    byte_keys = True
     waiting_trouble = WAITING_TROUBLE
 
     def __init__(

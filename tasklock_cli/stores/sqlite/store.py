@@ -281,6 +281,7 @@ def _checked_parameters(url: str) -> dict[str, str]:
 
 class SQLiteStore(Store):
     signals_release = True  # among processes on this machine (see waiting and breaks)
+    byte_keys = True
 
     def __init__(
         self,
