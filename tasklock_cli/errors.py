@@ -89,6 +89,26 @@ class CounterUnreadable(ConfigError):
         )
 
 
+class OutputFailed(ConfigError):
+    """Standard output cannot be written: closed, a full disk (``> /dev/full``), an I/O
+    error. What the command would print is lost, so it does not report success; 78, as
+    where the output goes is the caller's setting. (A reader that went away, a closed
+    pipe, is not this: the output was not wanted any more.)"""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"cannot write the output to standard output: {reason}")
+
+
+class ForeignKey(ConfigError):
+    """A name in the store's namespace holds what tasklock does not keep there (another
+    application's key of another type): ``found`` says what. Fatal to an operation on that
+    key; a listing shows the record as malformed and goes on."""
+
+    def __init__(self, message: str, found: str) -> None:
+        self.found = found
+        super().__init__(message)
+
+
 class Superseded(TasklockError):
     """A newer ``run --supersede`` of the key started waiting: this waiting run gives up."""
 

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import shlex
+import subprocess
 import time
 from urllib.parse import urlsplit
 
@@ -11,6 +13,7 @@ import pytest
 
 from tests.conftest import store_url_for
 from tests.support import services
+from tests.support.cli import executable
 from tests.support.cli import one_error_line
 from tests.support.cli import tasklock
 
@@ -216,3 +219,184 @@ def test_etcd_says_no_member_is_reachable_as_fast_as_the_other_stores(cli_env, u
     assert said in line
     assert "within 5s" not in line
     assert took < 3, took
+
+
+# -- odd numbers, hosts and bytes: one line, never exit 1 (issue 40) -----------------------
+
+#: A host label of 64 characters: Python's resolver (idna) refuses it.
+LONG_LABEL = "a" * 64 + ".example.com"
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        ["--limit", "²"],
+        ["--limit", "--5"],
+        ["--conflict-exit-code", "²"],
+        ["--done-exit-code=--1"],
+        ["--ttl", HUGE],
+        ["--once-per", HUGE],
+        ["--hold-at-least", "9" * 400],
+    ],
+)
+def test_odd_numbers_for_run_are_usage_errors_before_anything_is_acquired(
+    cli_env, sqlite_url, options
+):
+    env = {**cli_env, "TASKLOCK_STORE": sqlite_url}
+    for _ in range(2):  # (--once-per failed only once a success was on record)
+        result = tasklock("run", "k", *options, "--", "echo", "ran", env=env)
+        assert (result.returncode, result.stdout) == (2, ""), result.stderr
+        one_error_line(result.stderr)
+    assert tasklock("peek", "k", env=env).returncode == 1  # free: nothing was acquired
+
+
+def test_a_huge_watch_interval_is_a_usage_error(cli_env, sqlite_url):
+    result = tasklock("--store", sqlite_url, "list", "--watch", "--interval", HUGE, env=cli_env)
+    assert result.returncode == 2
+    assert "at most 36500d" in one_error_line(result.stderr)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://127.0.0.1:6379/0?wait_replicas=%C2%B2",
+        "redis://127.0.0.1:6379/%C2%B2",
+        "redis://127.0.0.1:6379/0?db=%D9%A3",
+        "mysql://root@127.0.0.1:²/test",
+        "redis+sentinel://127.0.0.1:²/svc",
+        "redis+sentinel://127.0.0.1:26379/svc/%C2%B2",
+        "redis+sentinel://[zz]:1/svc",
+        "etcd://127.0.0.1:²",
+        "etcd://127.0.0.1:+1",
+    ],
+)
+def test_unicode_digits_and_odd_hosts_in_urls_are_78(cli_env, url):
+    result = tasklock("--store", url, "peek", "k", env=cli_env)
+    assert result.returncode == 78, result.stderr
+    one_error_line(result.stderr)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"redis://{LONG_LABEL}:6379/0",
+        f"rediss://{LONG_LABEL}:6379/0",
+        f"redis+sentinel://{LONG_LABEL}:26379/svc",
+        f"rediss+sentinel://127.0.0.1:1,{LONG_LABEL}:26379/svc",
+        f"postgresql://{LONG_LABEL}/test",
+        f"postgres:///test?host=127.0.0.1,{LONG_LABEL}",
+        f"mysql://root@{LONG_LABEL}/test",
+        f"mariadb://root@{LONG_LABEL}:3306/test",
+        f"etcd://{LONG_LABEL}:2379",
+        f"etcds://127.0.0.1:1,{LONG_LABEL}:2379",
+        "redis://a..b:6379/0",
+    ],
+)
+def test_a_host_name_no_resolver_takes_is_78_on_every_network_store(cli_env, url):
+    result = tasklock("--store", url, "peek", "k", env=cli_env)
+    assert result.returncode == 78, result.stderr
+    assert "is not a valid host name" in one_error_line(result.stderr)
+
+
+def test_a_command_name_that_is_not_utf8_is_not_found(cli_env, sqlite_url):
+    env = {**cli_env, "TASKLOCK_STORE": sqlite_url}
+    result = subprocess.run(
+        [executable().encode(), b"run", b"k", b"--", b"\xff"],
+        env=env,
+        capture_output=True,
+        timeout=60,
+    )
+    stderr = result.stderr.decode()
+    assert result.returncode == 127, stderr
+    assert one_error_line(stderr) == "tasklock: error: command not found: \\udcff"
+    assert tasklock("peek", "k", env=env).returncode == 1  # released
+
+
+@pytest.mark.parametrize("command", [["metrics"], ["list", "--json"], ["--version"]])
+@pytest.mark.parametrize("redirect", ["> /dev/full", ">&-"])
+def test_output_that_cannot_be_written_is_78_not_a_traceback(
+    cli_env, sqlite_url, command, redirect
+):
+    env = {**cli_env, "TASKLOCK_STORE": sqlite_url}
+    assert tasklock("run", "k", "--", "true", env=env).returncode == 0
+    argv = " ".join(shlex.quote(word) for word in [executable(), *command])
+    result = subprocess.run(
+        ["sh", "-c", f"exec {argv} {redirect}"], env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 78, result.stderr
+    assert "cannot write the output" in one_error_line(result.stderr)
+
+
+# -- passwords are never printed (issue 40) ------------------------------------------------
+
+PASSWORD_URLS = [
+    "redis://u:PW1a?PW1b@127.0.0.1:1/0",
+    "redis://u:PW1a/PW1b@127.0.0.1:1/0",
+    "rediss://u:PW1a#PW1b@127.0.0.1:1/0",
+    "mysql://u:PW1a#PW1b@127.0.0.1:1/test",
+    "mariadb://u:PW1a?PW1b@127.0.0.1:1/test",
+    "postgresql://u:PW1a?PW1b@127.0.0.1:1/test",
+    "postgresql://u:PW1a/PW1b@127.0.0.1:1/test",
+    "redis+sentinel://u:PW1a?PW1b@127.0.0.1:1/svc",
+    "redis+sentinel://u:PW1a#PW1b@127.0.0.1:1/svc",
+    "etcd://u:PW1a/PW1b@127.0.0.1:1",
+    "postgresql://u@127.0.0.1:1/test?pass%77ord=PW1aPW1b",
+    "postgresql://u@127.0.0.1:1/test?sslpass%77ord=PW1aPW1b",
+    "redis://127.0.0.1:1/0?pass%77ord=PW1aPW1b",
+    "redis+sentinel://127.0.0.1:1/svc?sentinel_pass%77ord=PW1aPW1b",
+    "host=127.0.0.1 port=1 dbname=test password='PW1a PW1b'",
+]
+
+
+@pytest.mark.parametrize("url", PASSWORD_URLS)
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["peek", "k"],
+        ["doctor", "--json"],
+        ["--log-format", "json", "list"],
+        ["-v", "run", "k", "--", "true"],
+    ],
+)
+def test_no_password_is_printed_however_the_url_writes_it(cli_env, url, command):
+    """Unencoded '?', '/', '#' in the userinfo's password, percent-encoded parameter names
+    (libpq and redis-py read pass%77ord as password), a quoted conninfo password: not a
+    piece of them in errors, doctor, JSON errors or -v tracebacks."""
+    result = tasklock("--store", url, *command, env=cli_env)
+    assert result.returncode in (69, 78), result.stderr
+    shown = result.stdout + result.stderr
+    assert "PW1a" not in shown and "PW1b" not in shown, shown
+    assert "***" in shown
+
+
+@pytest.mark.parametrize(
+    "command",
+    [[b"peek", b"k\xff"], [b"history", b"k\xff"], [b"release", b"k\xff", b"--force"]],
+)
+def test_a_key_that_is_not_utf8_is_looked_up_or_refused_never_exit_1(cli_env, store_url, command):
+    """SQLite, MySQL and Redis may hold such a key (someone wrote it): it is looked up as
+    its bytes. PostgreSQL and etcd cannot: a usage error."""
+    result = subprocess.run(
+        [executable().encode(), b"--store", store_url.encode(), *command],
+        env=cli_env,
+        capture_output=True,
+        timeout=60,
+    )
+    stderr = result.stderr.decode()
+    if store_url.startswith(("postgres", "etcd")):
+        assert result.returncode == 2, stderr
+        assert "not valid UTF-8" in one_error_line(stderr)
+    else:
+        assert (result.returncode, stderr) == ((1 if command[0] == b"peek" else 0), ""), stderr
+
+
+@pytest.mark.parametrize("command", [[b"list"], [b"metrics"]])
+def test_a_prefix_that_is_not_utf8_is_a_usage_error(cli_env, sqlite_url, command):
+    result = subprocess.run(
+        [executable().encode(), b"--store", sqlite_url.encode(), *command, b"--prefix", b"\xff"],
+        env=cli_env,
+        capture_output=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "--prefix is not valid UTF-8" in one_error_line(result.stderr.decode())

@@ -1,7 +1,8 @@
 """Random command lines through the real executable: mutations of valid ones (odd and malformed
-store URLs of every scheme, huge and negative numbers, empty strings, unicode, options in odd
-places). Whatever the input: no traceback (no -v is given), no hang, and only exit codes the
-contract documents. Bounded so that it runs in CI in well under a minute."""
+store URLs of every scheme, huge and negative numbers, Unicode digits (``²``, ``٣``), host
+labels of 64+ characters, empty strings, unicode, options in odd places). Whatever the
+input: no traceback (no -v is given), no hang, and only exit codes the contract documents.
+Bounded so that it runs in CI in well under a minute."""
 
 from __future__ import annotations
 
@@ -29,11 +30,14 @@ CHILD_CODES = {0, 3}
 #: The contract's exit codes of tasklock itself (1 only from `peek`: free).
 TASKLOCK_CODES = {0, 2, 69, 70, 75, 78, 126, 127}
 
+#: A host label of 64 characters: Python's resolver (idna) refuses it.
+LONG_LABEL = "a" * 64 + ".example"
 ODD_VALUES = [
     "", " ", "-", "--", "=", "-1", "0", "1", "00", "999999999999999999999",
-    "-999999999999999999999",
-    "1e308", "nan", "inf", "-inf", "0x10", "5s5", "1h-1m", "٣", "é", "\u202e", "\udcff", "ß" * 64,
-    "x" * 2000, "%00", "%zz", "[", "]", "[::1", "a b", "k\nk", "*", "?", "#",
+    "-999999999999999999999", "99999999999999999999999", "9" * 400, "--5", "--1", "+5", "5_0",
+    "1e308", "nan", "inf", "-inf", "0x10", "5s5", "1h-1m", "٣", "²", "²s", "1²", "٣d", "é",
+    "\u202e", "\udcff", "ß" * 64, "x" * 2000, "%00", "%zz", "[", "]", "[::1", "a b", "k\nk",
+    "*", "?", "#", LONG_LABEL, "36501d", "99999999999999999999999h",
 ]  # fmt: skip
 #: Options of every command, placed anywhere (no -v: a traceback is what -v asks for; no
 #: --watch or --hold-at-least: those run as long as asked).
@@ -42,20 +46,28 @@ OPTIONS = [
     "--note", "--json", "--prefix", "--all", "--token", "--dry-run", "--force", "--print-sql",
     "--interval", "--store", "--config", "--log-format", "-q", "--quiet", "--bogus", "-x", "-vq",
     "--help", "--ttl=", "--limit=0", "--store=", "--shared", "--also", "--also=", "--replace",
-    "--supersede",
+    "--supersede", "--conflict-exit-code", "--done-exit-code", "--priority", "--max-waiting",
+    "--limit=²", "--done-exit-code=--1",
 ]  # fmt: skip
 SCHEMES = [
     "sqlite", "postgresql", "postgres", "redis", "rediss", "unix", "etcd", "etcds", "mysql",
-    "mariadb", "",
+    "mariadb", "redis+sentinel", "rediss+sentinel", "",
 ]  # fmt: skip
 NETLOCS = [
     "", "127.0.0.1", "127.0.0.1:1", "[::1", "[::1]:1", "[::1]", ":99999", "h:abc", "u:p@",
     "%zz@127.0.0.1", "127.0.0.1:1,", "127.0.0.1:1,127.0.0.1:2", "nosuchhost.invalid",
+    "127.0.0.1:²", "127.0.0.1:٣", "h:99999999999999999999999", f"{LONG_LABEL}:1",
+    f"u:p@{LONG_LABEL}", f"127.0.0.1:1,{LONG_LABEL}:2", "[zz]:1", "a..b:1", "u:p?w@127.0.0.1:1",
 ]  # fmt: skip
-PATHS = ["", "/", "//", "/x.db", "/99", "/abc", "/-1", "/0/", "/%00", "/tmp/", "/é.db"]
+PATHS = [
+    "", "/", "//", "/x.db", "/99", "/abc", "/-1", "/0/", "/%00", "/tmp/", "/é.db", "/%C2%B2",
+    "/svc/%C2%B2", "/99999999999999999999999",
+]  # fmt: skip
 QUERIES = [
     "", "?", "?bogus=1", "?db=x", "?db=99", "?prefix=", "?prefix=p", "?table=", "?table=a.b.c",
     "?mode=0660", "?socket_timeout=-1", "?cacert=/nonexistent", "#frag", "?a=1&a=2",
+    "?wait_replicas=%C2%B2", "?wait_replicas=99999999999999999999999", "?db=%D9%A3",
+    f"?host={LONG_LABEL}", "?port=%C2%B2", "?socket_timeout=1e999", "?pass%77ord=x",
 ]  # fmt: skip
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import ssl
+import subprocess
 import time
 from datetime import datetime
 
@@ -19,6 +21,8 @@ from tasklock_cli.stores.model import UNREADABLE_EXPIRY_FLOOR_S
 from tasklock_cli.stores.model import UNREADABLE_EXPIRY_MARGIN_S
 from tasklock_cli.stores.model import Holder
 from tests.support import forge
+from tests.support import resp
+from tests.support.cli import executable
 from tests.support.cli import one_error_line
 from tests.support.cli import tasklock
 
@@ -349,3 +353,198 @@ def test_release_force_breaks_a_malformed_lease_with_the_same_lock_delay(env, st
         assert ran.returncode == 78 and "fencing counter of 'bad'" in ran.stderr, ran.stderr
         return
     assert ran.returncode == 0 and ran.stdout == "ran\n", ran.stderr
+
+
+# -- hostile servers --------------------------------------------------------------------
+
+
+def test_a_verbose_traceback_shows_a_servers_error_text_escaped(cli_env):
+    """-v prints the traceback, which holds the server's error reply: escaped like every
+    other line tasklock prints (text mode), and as valid JSON with --log-format json."""
+    hostile = "ERR \x1b]0;pwned\x07\x1b[2J\u202e"
+    answer = lambda words: resp.OK if words[0] == b"CLIENT" else resp.error(hostile)  # noqa: E731
+    with resp.resp_server(answer) as server:
+        url = f"redis://127.0.0.1:{server.port}/0"
+        shown = tasklock("-v", "--store", url, "peek", "k", env=cli_env)
+        as_json = tasklock("-v", "--log-format", "json", "--store", url, "peek", "k", env=cli_env)
+    assert shown.returncode == 69, shown.stderr
+    assert "Traceback" in shown.stderr and "\\x1b]0;pwned\\x07" in shown.stderr
+    assert not RAW.search(shown.stderr), shown.stderr
+    assert shown.stderr.splitlines()[-1].startswith("tasklock: error: ")
+    assert as_json.returncode == 69 and not RAW.search(as_json.stderr), as_json.stderr
+    assert hostile.removeprefix("ERR ") in json.loads(as_json.stderr)["traceback"]
+
+
+#: What a sentinel can answer that no sentinel would: (ip, port, more fields).
+LYING_SENTINELS = [
+    ("127.0.0.1", "notaport"),
+    ("127.0.0.1", "99999999999999999999"),
+    ("127.0.0.1", "²"),
+    ("a" * 64 + ".example", "6379"),
+    ("127.0.0.1", "6379", "num-other-sentinels", "many"),
+    ("127.0.0.1", "6379", "flags", None),  # (no flags at all)
+]
+
+
+def test_a_lying_sentinel_listed_first_is_outvoted_not_a_traceback(cli_env):
+    """A sentinel's reply is validated before it counts: the honest majority (two real
+    sentinels) names the primary, whatever the first one listed says; alone, the liar
+    names none (69, one line)."""
+    from tests.support.redis_failover import SERVICE
+    from tests.support.redis_failover import Sentinels
+    from tests.support.redis_support import PrivateRedis
+    from tests.support.redis_support import require_redis_server
+
+    require_redis_server()
+    server = PrivateRedis().start()
+    honest = Sentinels(server.port, count=2)
+    try:
+        honest.wait_ready(replicas=0)
+        for lie in LYING_SENTINELS:
+            with resp.resp_server(resp.sentinel_master(*lie)) as liar:
+                hosts = ",".join(f"127.0.0.1:{port}" for port in [liar.port, *honest.ports])
+                url = f"redis+sentinel://{hosts}/{SERVICE}/0"
+                # (peek, not run: a server started this instant is in its quarantine)
+                peeked = tasklock("--store", url, "peek", "k", "--json", env=cli_env)
+                assert peeked.returncode == 1, (lie, peeked.stderr)
+                assert json.loads(peeked.stdout)["held"] is False
+                alone = f"redis+sentinel://127.0.0.1:{liar.port},127.0.0.1:1/{SERVICE}"
+                refused = tasklock("--store", alone, "peek", "k", env=cli_env)
+                assert refused.returncode == 69, (lie, refused.stderr)
+                assert "no primary for service" in one_error_line(refused.stderr)
+    finally:
+        honest.stop()
+        server.stop()
+
+
+# -- keys that are not UTF-8, another application's keys ------------------------------
+
+
+@pytest.fixture(params=["sqlite", "redis", "mysql"])
+def byte_keys_url(request, tmp_path):
+    """A fresh namespace of a store whose keys can hold bytes that are not UTF-8."""
+    from tests.conftest import store_url_for
+    from tests.support import services
+
+    services.require(request.param)
+    url = store_url_for(request.param, tmp_path)
+    yield url
+    services.cleanup(request.param, url)
+
+
+def test_keys_that_are_not_utf8_are_shown_counted_apart_and_releasable(cli_env, byte_keys_url):
+    """Lease, ledger and waiter keys that are not UTF-8 (written by someone else): list
+    and metrics show them as malformed, one series per byte string (none merged into
+    another, nor into the key "n\ufffd"), and release --force breaks such a lease."""
+    url = byte_keys_url
+    env = {**cli_env, "TASKLOCK_STORE": url, "TASKLOCK_TEST_LET_GO_TIMEOUT": "1"}
+    for key in ("r1", "r2", "n\ufffd"):
+        assert tasklock("run", key, "--", "true", env=env).returncode == 0
+    hold(url, "good")
+    hold(url, "bad")
+    assert forge.forge_waiter(url, "w", expires_in=30)
+    forge.rename_key(url, "r1", b"n\xff", "runs")
+    forge.rename_key(url, "r2", b"n\xfe", "runs")
+    forge.rename_key(url, "bad", b"b\xff", "lease")
+    forge.rename_key(url, "w", b"w\xff", "waiters")
+
+    listed = tasklock("list", "--json", env=env)
+    assert listed.returncode == 0, listed.stderr
+    good, bad = sorted(json.loads(listed.stdout), key=lambda entry: entry["key"] is None)
+    assert good["key"] == "good" and "malformed" not in good
+    assert bad["key"] is None and bad["problems"] == ["key: is not UTF-8"]  # (unreadable: null)
+    assert "b\\udcff\t" in tasklock("list", env=env).stdout  # (text: escaped)
+    metrics = tasklock("metrics", env=env)
+    assert metrics.returncode == 0, metrics.stderr
+    assert not RAW.search(metrics.stdout)
+    for label, malformed in [
+        ('key="n\\\\udcff",escaped="true"', 1),
+        ('key="n\\\\udcfe",escaped="true"', 1),
+        ('key="n\ufffd"', 0),
+        ('key="b\\\\udcff",escaped="true"', 1),
+        ('key="w\\\\udcff",escaped="true"', 1),
+        ('key="good"', 0),
+    ]:
+        assert f"tasklock_malformed_records{{{label}}} {malformed}\n" in metrics.stdout, label
+
+    released = subprocess.run(
+        [executable().encode(), b"release", b"b\xff", b"--force", b"--json"],
+        env=env,
+        capture_output=True,
+        timeout=60,
+    )
+    assert released.returncode == 75, released.stderr  # broken; nobody let go (lock-delay)
+    assert json.loads(released.stdout)["broken"] == [1]
+    assert tasklock("run", "other", "--", "true", env=env).returncode == 0
+
+
+def test_another_applications_key_under_the_prefix_stops_no_listing(cli_env, redis_url):
+    """A Redis key of another type where a lease would be is one malformed record: list
+    and metrics go on; a lease whose slot field is forged is broken, not a traceback."""
+    env = {**cli_env, "TASKLOCK_STORE": redis_url, "TASKLOCK_TEST_LET_GO_TIMEOUT": "1"}
+    hold(redis_url, "good")
+    hold(redis_url, "slotx")
+    client, names = forge._redis(redis_url)
+    try:
+        client.set(names.lease("wrong"), "another application's string")
+        client.hset(names.lease("slotx"), "slot", "x")
+    finally:
+        client.close()
+    listed = tasklock("list", "--json", env=env)
+    assert listed.returncode == 0, listed.stderr
+    entries = {entry["key"]: entry for entry in json.loads(listed.stdout)}
+    assert set(entries) == {"good", "slotx", "wrong"}
+    assert entries["wrong"]["malformed"] is True
+    assert entries["wrong"]["problems"][0] == "lease: is a Redis string, not a lease hash"
+    metrics = tasklock("metrics", env=env)
+    assert metrics.returncode == 0, metrics.stderr
+    assert 'tasklock_malformed_records{key="wrong"} 1\n' in metrics.stdout
+    assert 'tasklock_held{key="good"} 1\n' in metrics.stdout
+    released = tasklock("release", "slotx", "--force", "--json", env=env)
+    no_traceback(released)
+    assert released.returncode == 75, released.stderr
+    assert json.loads(released.stdout)["broken"] == [1]
+    assert tasklock("run", "slotx", "--", "true", env=env).returncode == 75  # (lock-delay)
+
+
+def test_rediss_sentinel_verifies_the_primarys_certificate_and_host_name(cli_env, tmp_path):
+    """The sentinels choose where the password goes; over TLS the primary they name must
+    show a certificate of the URL's CA for the address they named, or nothing is sent to
+    it (69, one line). Sentinel and primaries are private: a TLS redis-server each, and a
+    scripted TLS sentinel naming it."""
+    from tests.support import tls
+    from tests.support.ports import free_port
+    from tests.support.redis_support import PrivateRedis
+    from tests.support.redis_support import require_redis_server
+
+    require_redis_server()
+    tls.require_openssl()
+    ca = tls.make_ca(tmp_path)
+    certificates = {
+        "right name": tls.make_server_cert(tmp_path, "right", "IP:127.0.0.1"),
+        "other name": tls.make_server_cert(tmp_path, "other", "DNS:elsewhere.example"),
+    }
+    sentinel_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    sentinel_tls.load_cert_chain(*certificates["right name"])
+    outcomes = {}
+    for name, (cert, key) in certificates.items():
+        port = free_port()
+        files = ["--tls-cert-file", str(cert), "--tls-key-file", str(key)]
+        files += ["--tls-ca-cert-file", str(ca), "--tls-auth-clients", "no"]
+        primary = PrivateRedis(password="data-pw", extra_args=["--tls-port", str(port), *files])
+        primary.start()
+        try:
+            naming = resp.sentinel_master("127.0.0.1", str(port))
+            with resp.resp_server(naming, sentinel_tls) as sentinel:
+                url = (
+                    f"rediss+sentinel://:data-pw@127.0.0.1:{sentinel.port}/svc/0?ssl_ca_certs={ca}"
+                )
+                outcomes[name] = tasklock("--store", url, "peek", "k", "--json", env=cli_env)
+        finally:
+            primary.stop()
+    right = outcomes["right name"]
+    assert right.returncode == 1 and json.loads(right.stdout)["held"] is False, right.stderr
+    other = outcomes["other name"]
+    assert other.returncode == 69, other.stderr
+    line = one_error_line(other.stderr)
+    assert "certificate verify failed" in line and "data-pw" not in line

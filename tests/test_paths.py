@@ -137,6 +137,9 @@ def test_redact_url_hides_the_password_even_of_a_url_urlsplit_refuses(user, pass
         f"redis://{user}:{password}@[::1:6379/0",
         f"etcds://{user}:{password}@h:1/",
         f"redis://{user}:{password}#{password}@h/0",  # an unencoded '#' in the password
+        f"mysql://{user}:{password}?{password}@h/db?table=t",  # '?' (libpq takes it)
+        f"postgresql://{user}:{password}/{password}@h/db",  # '/'
+        f"redis://{user}:{password}/{password}==@h/0?prefix=a@b",  # base64, '@' in a value
     )
     for url in urls:
         shown = redact_url(url)

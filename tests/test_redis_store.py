@@ -877,12 +877,15 @@ def test_foreign_string_at_a_lease_key_is_a_clear_error(redis_store, raw_redis, 
         lambda: redis_store.acquire("bad", 30, HOLDER, token()),
         lambda: redis_store.peek("bad"),
         lambda: redis_store.force_release("bad"),
-        lambda: list(redis_store.list()),
     ):
         with pytest.raises(ConfigError) as caught:
             attempt()
         assert repr(lease_key.decode()) in str(caught.value)
         assert "string" in str(caught.value)
+    # A listing shows it as a malformed record and goes on (issue 40).
+    listed = {info.key: info for info in redis_store.list()}
+    assert set(listed) == {"good", "bad"} and not listed["good"].malformed
+    assert listed["bad"].malformed[0] == ("lease", "is a Redis string, not a lease hash")
     # Nothing was touched: the foreign key, no counter created, our other lease intact.
     assert raw_redis.get(lease_key) == b"someone else's" and raw_redis.ttl(lease_key) == -1
     assert raw_redis.exists(prefix + b"{bad}:fence") == 0

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import fields
 from functools import update_wrapper
+from typing import TYPE_CHECKING
 from typing import Any
 from typing import NoReturn
 
@@ -31,8 +32,12 @@ from tasklock_cli.run.command import run_command
 from tasklock_cli.stores.registry import url_forms
 from tasklock_cli.util.durations import format_duration
 from tasklock_cli.util.durations import parse_duration
+from tasklock_cli.util.keys import is_utf8
 from tasklock_cli.util.keys import validate_key
 from tasklock_cli.util.sanitize import json_text
+
+if TYPE_CHECKING:
+    from tasklock_cli.stores.base import Store
 
 try:
     from typer.exceptions import TyperException as _CliException
@@ -251,8 +256,9 @@ def peek(
     from tasklock_cli.cli import render
 
     g: Globals = ctx.obj
-    validate_key(key)
+    validate_key(key, forged=True)
     with g.open_store() as store:
+        _byte_key_reachable(store, key)
         holders = store.holders(key)
         waiters = store.waiters(key)
         quarantine = store.quarantine()
@@ -264,6 +270,20 @@ def peek(
         render.waiters_block(key, waiters, held=bool(holders))
     _warn_of_quarantine(g, quarantine)
     raise typer.Exit(0 if holders else 1)
+
+
+def _checked_prefix(prefix: str) -> None:
+    """UsageError for a ``--prefix`` that is not UTF-8 (bytes on the command line that no
+    driver could send as text; a forged key is listed under a prefix that is)."""
+    if not is_utf8(prefix):
+        raise UsageError("--prefix is not valid UTF-8")
+
+
+def _byte_key_reachable(store: Store, key: str) -> None:
+    """UsageError for a key that is not UTF-8 (``validate_key(forged=True)``) on a store
+    that cannot hold one (``Store.byte_keys``): no writer can have made it there."""
+    if not store.byte_keys and not is_utf8(key):
+        raise UsageError("the lock key is not valid UTF-8 (this store holds no such key)")
 
 
 def _warn_of_quarantine(g: Globals, quarantine: str | None) -> None:
@@ -286,6 +306,7 @@ def list_leases(
     from tasklock_cli.cli import render
 
     g: Globals = ctx.obj
+    _checked_prefix(prefix)
     if watch and as_json:
         raise UsageError("--watch and --json exclude each other")
     every = parse_duration(interval, option="--interval", allow_inf=False)
@@ -323,10 +344,11 @@ def history(
     from tasklock_cli.stores.model import LEDGER_KEEP
 
     g: Globals = ctx.obj
-    validate_key(key)
+    validate_key(key, forged=True)
     if limit is not None and not 1 <= limit <= HISTORY_LIMIT_MAX:
         raise UsageError(f"--limit must be from 1 to {HISTORY_LIMIT_MAX} (got {limit})")
     with g.open_store() as store:
+        _byte_key_reachable(store, key)
         runs = store.history(key, limit or LEDGER_KEEP)
     if as_json:
         render.json_array(run.to_json() for run in runs)
@@ -344,6 +366,7 @@ def metrics(
     from tasklock_cli.commands.metrics import exposition
 
     g: Globals = ctx.obj
+    _checked_prefix(prefix)
     with g.open_store() as store:
         per_key = collect(store, prefix)
     sys.stdout.write("".join(line + "\n" for line in exposition(per_key)))
@@ -413,7 +436,7 @@ def release(
     A holder that does not answer within 10s keeps the key, broken, until its lease runs
     out (exit 75)."""
     g: Globals = ctx.obj
-    validate_key(key)
+    validate_key(key, forged=True)
     if not force:
         raise UsageError("release breaks whoever holds the lock; confirm with --force")
     if token is not None:
@@ -426,6 +449,7 @@ def release(
 
     timeout = let_go_timeout()
     with g.open_store() as store:
+        _byte_key_reachable(store, key)
         outcome = break_and_wait(store, key, token, timeout, by=current_holder([], None))
         quarantine = store.quarantine()
     from tasklock_cli.cli import render

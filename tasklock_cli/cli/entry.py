@@ -24,6 +24,7 @@ from tasklock_cli.cli.argv import VERBOSE
 from tasklock_cli.cli.argv import run_args
 from tasklock_cli.config import settings
 from tasklock_cli.errors import UsageError
+from tasklock_cli.util.numbers import is_decimal
 from tasklock_cli.util.records import dataclass
 from tasklock_cli.util.records import field
 
@@ -77,8 +78,8 @@ def parse(args: list[str]) -> FastRun | None:
             parsed.also.append(value)
         elif name in settings.BY_FLAG:
             setting = settings.BY_FLAG[name]
-            if setting.integer and not value.lstrip("-").isdigit():
-                return None  # typer's own message for a non-integer
+            if setting.integer and not is_decimal(value, signed=True):
+                return None  # typer's own message for a non-integer (``²``, ``--5``)
             parsed.flags[setting.name] = int(value) if setting.integer else value
         else:
             return None
@@ -160,8 +161,10 @@ def run_fast(parsed: FastRun, args: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> NoReturn:
+    from tasklock_cli.cli.session import checked_standard_streams
     from tasklock_cli.cli.session import exit_now
 
+    checked_standard_streams()
     args = sys.argv[1:] if argv is None else argv
     try:
         args = run_args(args)

@@ -5,6 +5,7 @@ code. Both the typer command line (cli.py) and the fast `run` parser (fastrun.py
 from __future__ import annotations
 
 import contextlib
+import io  # (loaded by the interpreter's start already: sys.stdout is one)
 import os
 import sys
 
@@ -133,9 +134,18 @@ def fail(message: str, code: int, args: list[str]) -> int:
         sys.stderr.write(json_text(record) + "\n")
         return code
     if details:
-        sys.stderr.write(details)
+        sys.stderr.write(safe_lines(details))
     sys.stderr.write(f"tasklock: error: {safe(message)}\n")
     return code
+
+
+def safe_lines(text: str) -> str:
+    """``text`` (a traceback) with each line escaped as ``safe`` escapes one, the line
+    breaks kept: a server's error text inside it reaches the terminal as escapes, never
+    raw, as everything else tasklock prints."""
+    from tasklock_cli.util.sanitize import safe
+
+    return "".join(safe(line) + "\n" for line in text.splitlines())
 
 
 def log_format_in(args: list[str]) -> str:
@@ -155,8 +165,82 @@ def exit_now(code: int) -> NoReturn:
     """Exit without the interpreter's teardown of every imported module, which costs 10 ms
     (SQLite) to 40 ms (PostgreSQL, Redis) per run and keeps a CPU busy right when the next
     waiter starts. Every store is closed and every thread joined or abandoned by now; only
-    the standard streams may hold buffered output."""
-    for stream in (sys.stdout, sys.stderr):
+    the standard streams may hold buffered output: output that cannot be written now is
+    an error (78), never a silent success."""
+    from tasklock_cli.errors import OutputFailed
+
+    try:
         with contextlib.suppress(OSError, ValueError):  # a closed pipe: the reader is gone
-            stream.flush()
+            if sys.stdout is not None:
+                sys.stdout.flush()
+    except OutputFailed as exc:
+        code = fail(str(exc), exc.exit_code, [])
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.flush()
     os._exit(code)
+
+
+def checked_standard_streams() -> None:
+    """Standard output whose write failures are ``OutputFailed`` (one line, 78), not a
+    traceback; and no standard descriptor left closed.
+
+    A closed fd 0, 1 or 2 gets ``/dev/null``, so that no file tasklock opens later (a
+    SQLite store!) becomes fd 1 and receives the output. Output to a stdout that was
+    closed is an error all the same."""
+    closed = []
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            closed.append(fd)
+            os.open(os.devnull, os.O_RDWR)  # the lowest free descriptor: this one
+
+    encoding = getattr(sys.stdout, "encoding", None) or "utf-8"
+    errors = getattr(sys.stdout, "errors", None) or "strict"
+    raw = _Stdout(closed=1 in closed)
+    sys.stdout = io.TextIOWrapper(
+        io.BufferedWriter(raw), encoding, errors, line_buffering=raw.isatty()
+    )
+
+
+class _Stdout(io.RawIOBase):
+    """fd 1 as a raw binary stream whose failures are ``OutputFailed``, raised once: the
+    rest is dropped (the buffer above would otherwise raise it again at the exit's flush,
+    a second error line). A closed pipe stays a BrokenPipeError (the reader is gone)."""
+
+    def __init__(self, closed: bool) -> None:
+        super().__init__()
+        self._closed_at_start = closed
+        self._failed = False
+
+    def write(self, data: bytes) -> int:  # type: ignore[override]
+        # (ignore: typeshed's RawIOBase takes its own Buffer alias; the writer passes bytes
+        # or a memoryview, which os.write takes alike)
+        from tasklock_cli.errors import OutputFailed
+
+        if self._failed:
+            return len(data)
+        try:
+            if self._closed_at_start:
+                raise OutputFailed("it was closed")
+            try:
+                return os.write(1, data)
+            except BrokenPipeError:
+                raise
+            except OSError as exc:
+                raise OutputFailed(exc.strerror or str(exc)) from None
+        except OutputFailed:
+            self._failed = True
+            raise
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        return 1
+
+    def isatty(self) -> bool:
+        return not self._closed_at_start and os.isatty(1)

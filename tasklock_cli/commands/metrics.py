@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from tasklock_cli.stores.base import Store
 from tasklock_cli.stores.model import LEDGER_KEEP
 from tasklock_cli.stores.model import RunRecord
+from tasklock_cli.util.keys import is_utf8
 from tasklock_cli.util.sanitize import safe
 
 
@@ -132,7 +133,8 @@ def key_samples(
 
 def collect(store: Store, prefix: str = "") -> dict[str, dict[Family, float]]:
     """Per key (starting with ``prefix``, with runs in the ledger, a live lease or
-    waiters): its samples."""
+    waiters): its samples. A key that is not UTF-8 is its own key (its bytes, as lone
+    surrogates: ``rows.NotUtf8``), labelled escaped, and its records count as malformed."""
     held: dict[str, int] = {}
     shared: dict[str, int] = {}
     malformed: dict[str, int] = {}
@@ -142,6 +144,9 @@ def collect(store: Store, prefix: str = "") -> dict[str, dict[Family, float]]:
         malformed[info.key] = malformed.get(info.key, 0) + bool(info.malformed)
     waiting = store.waiting_counts(prefix)
     keys = sorted(set(store.ledger_keys(prefix)) | set(held) | set(waiting))
+    for key in keys:  # the places of a key that is not UTF-8 (forged) cannot be read either
+        if not is_utf8(key):
+            malformed[key] = malformed.get(key, 0) + waiting.get(key, 0)
     return {
         key: key_samples(
             store.history(key, LEDGER_KEEP),

@@ -12,6 +12,7 @@ import math
 from tasklock_cli.errors import UsageError
 from tasklock_cli.util.durations import format_duration
 from tasklock_cli.util.durations import parse_duration
+from tasklock_cli.util.numbers import is_decimal
 from tasklock_cli.util.records import dataclass
 
 #: typing costs ~2 ms per start: its names are for the type checker only.
@@ -56,10 +57,9 @@ class RunSetting(_Configured):
     def parse_flag(self, text: str | int) -> float | int:
         """The value of ``--name text``, checked on its own (UsageError when bad)."""
         if self.integer:
-            try:
-                value: float | int = int(text)
-            except ValueError:
-                raise UsageError(f"invalid {self.flag} {text!r} (an integer)") from None
+            if isinstance(text, str) and not is_decimal(text.strip(), signed=True):
+                raise UsageError(f"invalid {self.flag} {text!r} (an integer)")
+            value: float | int = int(text)
         else:
             assert isinstance(text, str)
             value = parse_duration(text, option=self.flag, allow_inf=self.allow_inf)

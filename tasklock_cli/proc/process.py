@@ -31,6 +31,7 @@ from tasklock_cli.proc.protocol import REPORT_EXITED
 from tasklock_cli.proc.protocol import REPORT_STARTED
 from tasklock_cli.proc.protocol import REPORT_STOPPED
 from tasklock_cli.proc.protocol import START_ORDER
+from tasklock_cli.proc.protocol import decode
 from tasklock_cli.proc.protocol import encode
 from tasklock_cli.proc.protocol import environ_pieces
 from tasklock_cli.proc.protocol import receive
@@ -142,7 +143,7 @@ class Child:
     def _started(self) -> int:
         while True:
             try:
-                reply = self._sock.recv(MESSAGE_SIZE).decode()
+                reply = decode(self._sock.recv(MESSAGE_SIZE))
                 break
             except InterruptedError:  # pragma: no cover - PEP 475 retries for us
                 continue

@@ -39,8 +39,15 @@ REPORT_EMPTY = "empty"
 
 
 def encode(*words: object) -> bytes:
-    """One message: the words, space-separated."""
-    return " ".join(str(word) for word in words).encode()
+    """One message: the words, space-separated. A word with bytes that are not UTF-8 (a
+    command's name, which Python carries as lone surrogates) keeps them: ``decode`` gives
+    them back."""
+    return " ".join(str(word) for word in words).encode("utf-8", "surrogateescape")
+
+
+def decode(message: bytes) -> str:
+    """A message as ``encode`` wrote it."""
+    return message.decode("utf-8", "surrogateescape")
 
 
 def environ_pieces(env: dict[str, str], end: bytes = b"") -> list[bytes]:

@@ -6,13 +6,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from tasklock_cli.errors import ConfigError
+from tasklock_cli.errors import TasklockError
 from tasklock_cli.stores.base import Store
 from tasklock_cli.stores.registry import Driver
 from tasklock_cli.stores.registry import known_schemes
 from tasklock_cli.stores.registry import package_for_scheme
 from tasklock_cli.stores.urls import default_store_url  # noqa: F401 - the package's names for them
 from tasklock_cli.stores.urls import redact_url
+from tasklock_cli.stores.urls import scrub
 from tasklock_cli.stores.urls import sqlite_url  # noqa: F401 - the package's names for them
+from tasklock_cli.stores.urls import url_passwords
 from tasklock_cli.stores.urls import url_scheme
 from tasklock_cli.stores.urls import url_syntax_problem
 
@@ -35,7 +38,20 @@ def open_store(url: str) -> Store:
         raise ConfigError(f"malformed store URL {redact_url(url)!r}: {problem}")
     with _driver_needed(package):
         store_class = getattr(package, package.__all__[0])
-    return store_class.from_url(url)
+    try:
+        return store_class.from_url(url)
+    except TasklockError as exc:
+        _scrubbed(exc, url)
+        raise
+
+
+def _scrubbed(exc: TasklockError, url: str) -> None:
+    """``exc`` without the passwords of ``url``, wherever its message quotes the URL or a
+    piece of it (a parameter's name, a port, a database that is a password's piece):
+    every error of a URL's reading is scrubbed here, once."""
+    secrets = url_passwords(url)
+    if secrets:
+        exc.args = (scrub(exc, sorted(secrets)), *exc.args[1:])
 
 
 @contextmanager

@@ -61,6 +61,11 @@ class Store(ABC):
     min_ttl: float = 0.0
     #: How late after its expiry the store may still show a lease and refuse the key.
     expiry_lag: float = 0.0
+    #: True where a key may be bytes that are not UTF-8 (a writer of the store made it:
+    #: SQLite's text, MySQL's VARBINARY, Redis's names), which ``peek``, ``history`` and
+    #: ``release --force`` then reach as such bytes (``util.keys.stored_key``). Elsewhere
+    #: no such key can exist (PostgreSQL's text, etcd's keys as tasklock writes them).
+    byte_keys: bool = False
     #: How long a waiter's place in a queue lives without a renewal (see ``acquire``);
     #: a store may round it up to its own minimum.
     waiter_ttl: float = WAITER_TTL_S

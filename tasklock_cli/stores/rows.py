@@ -39,6 +39,8 @@ from tasklock_cli.stores.model import RunRecord
 from tasklock_cli.stores.model import WaiterInfo
 from tasklock_cli.stores.model import as_integer
 from tasklock_cli.stores.model import breaker_of
+from tasklock_cli.util.keys import is_utf8
+from tasklock_cli.util.records import replace
 
 #: The placeholder of a text field that could not be read.
 UNREADABLE = "?"
@@ -50,17 +52,21 @@ _MAX_SMALL = 2**31 - 1
 
 
 class NotUtf8(str):
-    """Text a store returned that was not valid UTF-8, its bad bytes as ``\\xNN``: read as
-    malformed (see ``lenient_text``)."""
+    """Text a store returned that was not valid UTF-8, its bad bytes as lone surrogates
+    (``surrogateescape``): read as malformed (see ``lenient_text``). Such a key is one key
+    per byte string (``b"n\\xff"`` and ``b"n\\xfe"`` stay apart, and apart from a key
+    that is written ``n\\xff``), ``safe`` shows it escaped, and its bytes are
+    ``util.keys.key_bytes`` again, so it can be read and released."""
 
 
 def lenient_text(data: bytes) -> str:
-    """Text from a driver's bytes (SQLite's ``text_factory``): valid UTF-8 as it is, else a
-    NotUtf8, so one bad row is malformed instead of failing the whole statement."""
+    """Text from a driver's bytes (SQLite's ``text_factory``, a Redis name, a MySQL
+    VARBINARY): valid UTF-8 as it is, else a NotUtf8, so one bad row is malformed instead
+    of failing the whole statement."""
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
-        return NotUtf8(data.decode("utf-8", "backslashreplace"))
+        return NotUtf8(data.decode("utf-8", "surrogateescape"))
 
 
 class RowReader:
@@ -92,7 +98,7 @@ class RowReader:
         return None if value is None else self.integer(name, value, low, high)
 
     def text(self, name: str, value: object) -> str:
-        if isinstance(value, NotUtf8):
+        if isinstance(value, NotUtf8) or (isinstance(value, str) and not is_utf8(value)):
             self.note(name, "is not UTF-8")
             return value
         if isinstance(value, bytes):
@@ -269,6 +275,21 @@ def run_record(
         mode=read.mode("mode", fields.get("mode")),
         malformed=read.malformed,
     )
+
+
+def foreign_lease(key: str, slot: int, found: str) -> LeaseInfo:
+    """A lease's name that holds something else (``found``: another application's key of
+    another type under the store's prefix): a record that cannot be read, shown and
+    counted as malformed, and never in the way of the other keys."""
+    info = lease_info(key, slot, 1, None, None, None, None, None, False)
+    return replace(info, malformed=(("lease", f"is {found}"), *info.malformed))
+
+
+def foreign_run(key: str, found: str) -> RunRecord:
+    """A ledger's name that holds something else (as ``foreign_lease``): one malformed
+    run."""
+    record = run_record(key, None, None, None, None)
+    return replace(record, malformed=(("runs", f"is {found}"), *record.malformed))
 
 
 def run_record_json(key: str, value: bytes) -> RunRecord:

@@ -79,6 +79,32 @@ def unknown_parameter(store: str, url: str, name: str, known: str) -> ConfigErro
     )
 
 
+def host_problem(host: str) -> str | None:
+    """Why ``host`` is no name a look-up could take, or None (a socket path, ``/...``, is
+    no host name and passes): Python's resolver encodes it with the ``idna`` codec, which
+    refuses an empty label or one of 64+ characters (a UnicodeError deep inside a
+    connect, else)."""
+    if not host or host.startswith("/"):
+        return None
+    try:
+        host.encode("idna")
+    except UnicodeError as exc:
+        reason = str(exc.__cause__ or exc).removeprefix("encoding with 'idna' codec failed ")
+        return (
+            f"{host[:80]!r} is not a valid host name ({reason.strip('()')}; each "
+            "dot-separated label is 1 to 63 characters)"
+        )
+    return None
+
+
+def check_host(store: str, url: str, host: str) -> None:
+    """ConfigError when ``host`` (from ``url``, of the ``store``) is no name a look-up
+    could take (``host_problem``)."""
+    problem = host_problem(host)
+    if problem:
+        raise ConfigError(f"{store} store URL {redact_url(url)!r}: {problem}")
+
+
 def url_parameters(url: str) -> dict[str, str]:
     """The query parameters of a URL, the last of each name winning (none: ``{}``)."""
     if "?" not in url:
@@ -89,20 +115,64 @@ def url_parameters(url: str) -> dict[str, str]:
     return dict(parse_qsl(urlsplit(url).query, keep_blank_values=True))
 
 
-_PASSWORD_IN_CONNINFO = re.compile(r"(password\s*=\s*)(\S+)", re.IGNORECASE)
+#: A conninfo's ``password=VALUE``, the value bare or in libpq's single quotes (which may
+#: hold spaces and ``\'``; an unclosed quote runs to the end).
+_PASSWORD_IN_CONNINFO = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'?|\S+)", re.IGNORECASE)
+#: A URL's query parameter, ``NAME=VALUE`` after ``?`` or ``&``.
+_PARAMETER = re.compile(r"([?&])([^=&#]*)=([^&#]*)")
+#: Where a query parameter starts: what ends a userinfo's search for its ``@``.
+_PARAMETER_START = re.compile(r"[?&][\w%.+-]+=")
+#: The shortest piece of a password that is scrubbed on its own (see ``url_passwords``).
+MIN_PIECE = 3
+
+
+def is_password_parameter(name: str) -> bool:
+    """Whether a query parameter's name (as written: ``pass%77ord`` is libpq's and
+    redis-py's ``password``) names a password: ``password``, ``sentinel_password``,
+    ``sslpassword``."""
+    from urllib.parse import unquote_plus
+
+    return unquote_plus(name).strip().lower().endswith("password")
 
 
 def redact_url(url: str) -> str:
-    """The URL with any password replaced by ``***`` (userinfo, ``?password=`` or conninfo).
+    """The URL with any password replaced by ``***``: the userinfo's, a ``?...password=``
+    parameter's (its name percent-encoded or not), a conninfo's ``password=``.
+
     Split by hand, not by urlsplit: a URL that urlsplit refuses (an unclosed ``[``) is
-    still shown in the error that says so, and must not show its password there."""
+    still shown in the error that says so, and must not show its password there. The
+    userinfo ends where ``_userinfo_end`` says, so a password with an unencoded ``/``,
+    ``?`` or ``#`` is hidden whole."""
     redacted = _PASSWORD_IN_CONNINFO.sub(r"\1***", url)
-    scheme, netloc, rest = _scheme_netloc_rest(redacted, _USERINFO_ENDS)
-    userinfo, at, hostinfo = netloc.rpartition("@")
-    if not at or ":" not in userinfo:
+    redacted = _PARAMETER.sub(_redacted_parameter, redacted)
+    scheme, sep, after = redacted.partition("://")
+    at = _userinfo_end(after) if sep else -1
+    if at < 0 or ":" not in after[:at]:
         return redacted
-    user = userinfo.split(":", 1)[0]
-    return f"{scheme}://{user}:***@{hostinfo}{rest}"
+    user = after[:at].split(":", 1)[0]
+    return f"{scheme}://{user}:***@{after[at + 1 :]}"
+
+
+def _redacted_parameter(match: re.Match[str]) -> str:
+    mark, name, value = match.groups()
+    return f"{mark}{name}=***" if value and is_password_parameter(name) else match.group()
+
+
+def _userinfo_end(after: str) -> int:
+    """The index of the ``@`` that ends the userinfo of ``after`` (a URL past its
+    ``://``), or -1 when it has none.
+
+    It is the last ``@`` before the query's first ``NAME=`` (a parameter's value may hold
+    an ``@``), not only before the first ``/``, ``?`` or ``#``: a password may hold those
+    unencoded (libpq takes ``?`` and ``#`` there), and urlsplit would cut it short and
+    show the rest. A "user" holding ``/``, ``?`` or ``#`` is a path (``sqlite:///a:b@c``):
+    then only the netloc's own ``@`` counts."""
+    end = min((at for at in (after.find(mark) for mark in "/?#") if at >= 0), default=len(after))
+    parameter = _PARAMETER_START.search(after, end)
+    at = after.rfind("@", 0, parameter.start() if parameter else len(after))
+    if at >= 0 and not any(mark in after[:at].partition(":")[0] for mark in "/?#"):
+        return at
+    return after.rfind("@", 0, end)
 
 
 def split_url(url: str) -> tuple[str, str, str, str]:
@@ -117,11 +187,6 @@ def split_url(url: str) -> tuple[str, str, str, str]:
     return scheme.lower(), netloc, path, query
 
 
-#: Where a netloc ends when it is read for its password: not at a ``#``, which a password
-#: written unencoded may hold (urlsplit would cut there, and show the rest).
-_USERINFO_ENDS = "/?"
-
-
 def _scheme_netloc_rest(url: str, ends: str) -> tuple[str, str, str]:
     """``url`` cut after its scheme and after its netloc (which ends at the first of
     ``ends``); the netloc is empty where there is no ``://``."""
@@ -134,14 +199,30 @@ def _scheme_netloc_rest(url: str, ends: str) -> tuple[str, str, str]:
 
 
 def url_passwords(url: str) -> set[str]:
-    """The password of a URL's userinfo, as written and decoded (empty set when none)."""
-    userinfo = _scheme_netloc_rest(url, _USERINFO_ENDS)[1].rpartition("@")[0]
-    if ":" not in userinfo:
-        return set()
-    raw = userinfo.split(":", 1)[1]
-    from urllib.parse import unquote
+    """Every password in ``url``, as written and decoded, for ``scrub`` (empty set when
+    none): the userinfo's, password parameters' (``is_password_parameter``), a conninfo's.
 
-    return {secret for secret in (raw, unquote(raw)) if secret}
+    A password with an unencoded ``/``, ``?`` or ``#`` also gives its pieces between
+    them (of ``MIN_PIECE`` characters or more): a driver that split the URL there quotes
+    a piece in its error (``invalid port 'PW1a'``)."""
+    from urllib.parse import unquote
+    from urllib.parse import unquote_plus
+
+    found: set[str] = set()
+    pieces: list[str] = []
+    _, sep, after = url.partition("://")
+    at = _userinfo_end(after) if sep else -1
+    if at >= 0 and ":" in after[:at]:
+        raw = after[:at].split(":", 1)[1]
+        found |= {raw, unquote(raw)}
+        pieces = re.split("[/?#]", raw)
+    for _, name, value in _PARAMETER.findall(url):
+        if is_password_parameter(name):
+            found |= {value, unquote_plus(value)}
+    for _, value in _PASSWORD_IN_CONNINFO.findall(url):
+        found |= {value, value.strip("'").replace("\\'", "'")}
+    found |= {piece for piece in pieces if len(piece) >= MIN_PIECE}
+    return found - {""}
 
 
 def scrub(text: object, secrets: list[str]) -> str:

@@ -9,6 +9,11 @@ from tasklock_cli.errors import UsageError
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _PART_PATTERN = r"(\d+(?:\.\d+)?)(ms|s|m|h|d)"
 _BARE_NUMBER_PATTERN = r"\d+(?:\.\d+)?"
+#: The longest finite duration: 100 years. Longer ones are typos (``inf`` says "for ever"
+#: where an option takes it); they would overflow the clocks, sleeps and timestamps they
+#: reach (``99999999999999999999999`` seconds is past year 9999), some only after the
+#: lock was taken.
+MAX_DURATION_S = 36500 * 86400.0
 
 
 class _Patterns:
@@ -32,18 +37,31 @@ class _Patterns:
 def parse_duration(text: str, *, option: str = "duration", allow_inf: bool = True) -> float:
     """Return seconds (``math.inf`` for ``inf``); raise UsageError on anything else."""
     raw = text.strip().lower()
-    patterns = _Patterns.compiled()
     if raw in ("inf", "infinity") and allow_inf:
         return math.inf
+    seconds = _finite_seconds(raw)
+    or_inf = " or inf" if allow_inf else ""
+    if seconds is None:
+        expected = f"e.g. 500ms, 30s, 5m, 1h30m, 2d, a number of seconds{or_inf}"
+        raise UsageError(f"invalid {option} {text!r} ({expected})")
+    if not seconds <= MAX_DURATION_S:
+        raise UsageError(f"invalid {option} {text!r} (at most 36500d, 100 years{or_inf})")
+    return seconds
+
+
+def _finite_seconds(raw: str) -> float | None:
+    """The seconds ``raw`` (stripped, lower case) writes, or None when it is no duration.
+    ASCII digits only (``\\d`` would take other scripts' digits). A number too long for a
+    float gives ``inf``, which the caller's bound refuses."""
+    patterns = _Patterns.compiled()
+    if not raw.isascii():
+        return None
     if patterns.bare_number.fullmatch(raw):
         return float(raw)
     part = patterns.part
     if raw and part.sub("", raw) == "" and _units_in_order(raw):
         return sum(float(n) * _UNIT_SECONDS[u] for n, u in part.findall(raw))
-    expected = "e.g. 500ms, 30s, 5m, 1h30m, 2d, a number of seconds"
-    if allow_inf:
-        expected += " or inf"
-    raise UsageError(f"invalid {option} {text!r} ({expected})")
+    return None
 
 
 def _units_in_order(raw: str) -> bool:

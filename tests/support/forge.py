@@ -250,6 +250,44 @@ def corrupt_runs(url: str, key: str, data: str) -> None:
             _etcd_post(url, "/v3/kv/put", {"key": kv["key"], "value": b64(data.encode())})
 
 
+# -- keys that are not UTF-8 ----------------------------------------------------------
+
+#: Where a key is kept, per part: the SQL stores' tables, Redis's names.
+_KEY_TABLES = {"lease": "tasklock_leases", "runs": "tasklock_runs", "waiters": "tasklock_waiters"}
+_MYSQL_SUFFIXES = {"lease": "", "runs": "_runs", "waiters": "_waiters"}
+_REDIS_PARTS = {
+    "lease": (b"lease",),
+    "runs": (b"runs", b"success"),
+    "waiters": (b"waiters", b"queue"),
+}
+
+
+def rename_key(url: str, key: str, raw: bytes, part: str) -> bool:
+    """Make ``key``'s ``part`` (``lease``, ``runs`` or ``waiters``) the key ``raw`` (bytes
+    that need not be UTF-8), as a writer of the store could; False where the store cannot
+    hold such a key (PostgreSQL's text, etcd's JSON gateway here)."""
+    kind = kind_of(url)
+    if kind == "sqlite":
+        sql = f"UPDATE {_KEY_TABLES[part]} SET key = CAST(? AS TEXT) WHERE key = ?"
+        _sqlite(url, sql, (raw, key))
+    elif kind == "mysql":
+        _mysql(
+            url, "UPDATE {table} SET `key` = %s WHERE `key` = %s", (raw, key), _MYSQL_SUFFIXES[part]
+        )
+    elif kind == "redis":
+        client, names = _redis(url)
+        try:
+            for role in _REDIS_PARTS[part]:
+                old = names.name(key, role.decode())
+                if client.exists(old):
+                    client.rename(old, names.prefix_b + b"{" + raw + b"}:" + role)
+        finally:
+            client.close()
+    else:
+        return False
+    return True
+
+
 # -- fencing counters -----------------------------------------------------------------
 
 

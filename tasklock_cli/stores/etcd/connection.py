@@ -27,11 +27,14 @@ from tasklock_cli.errors import ConfigError
 from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.errors import TasklockError
 from tasklock_cli.stores.etcd import http
+from tasklock_cli.stores.urls import check_host
 from tasklock_cli.stores.urls import redact_url
 from tasklock_cli.stores.urls import scrub
 from tasklock_cli.stores.urls import split_url
 from tasklock_cli.stores.urls import unknown_parameter
+from tasklock_cli.stores.urls import url_passwords
 from tasklock_cli.util.fds import fd_readable
+from tasklock_cli.util.numbers import decimal
 from tasklock_cli.util.records import dataclass
 from tasklock_cli.util.records import field
 
@@ -83,12 +86,12 @@ def parse_url(url: str) -> EtcdConfig:
     shown = redact_url(url)
     scheme, netloc, path, query = split_url(url)
     userinfo, at, hosts = netloc.rpartition("@")
-    config = EtcdConfig(members=[], tls=scheme == "etcds")
+    config = EtcdConfig(members=[], tls=scheme == "etcds", secrets=sorted(url_passwords(url)))
     if at:
         user, colon, password = userinfo.partition(":")
         config.user = unquote(user)
         config.password = unquote(password) if colon else ""
-        if config.password:
+        if config.password and config.password not in config.secrets:
             config.secrets.append(config.password)
     for item in hosts.split(","):
         config.members.append(_member(item, shown))
@@ -119,12 +122,10 @@ def _member(item: str, shown: str) -> tuple[str, int]:
         host, _, port_text = item.partition(":")
     if not host:
         raise ConfigError(f"etcd store URL {shown!r}: a member without a host")
-    try:
-        port = int(port_text) if port_text else DEFAULT_PORT
-    except ValueError:
-        raise ConfigError(f"etcd store URL {shown!r}: bad port in {item!r}") from None
-    if not 0 < port < 65536:
+    port = decimal(port_text, 1, 65535) if port_text else DEFAULT_PORT
+    if port is None:
         raise ConfigError(f"etcd store URL {shown!r}: bad port in {item!r}")
+    check_host("etcd", shown, host)
     return host, port
 
 

@@ -28,9 +28,11 @@ from tasklock_cli.stores.mysql.driver import pymysql
 from tasklock_cli.stores.mysql.schema import INSPECT
 from tasklock_cli.stores.mysql.schema import MySQLSchema
 from tasklock_cli.stores.sql import SqlConnection
+from tasklock_cli.stores.urls import check_host
 from tasklock_cli.stores.urls import split_url
 from tasklock_cli.stores.urls import unknown_parameter
 from tasklock_cli.stores.urls import url_passwords
+from tasklock_cli.util.numbers import decimal
 
 DEFAULT_PORT = 3306
 DEFAULT_TABLE = "tasklock_leases"
@@ -140,6 +142,7 @@ def parse_url(url: str, display_url: str) -> tuple[dict[str, Any], str]:
     elif ":" in hostport:
         host, _, text = hostport.rpartition(":")
         port = _port(text, display_url)
+    check_host("MySQL", url, unquote(host))
     database = unquote(path.lstrip("/"))
     if not database or "/" in database:
         raise ConfigError(
@@ -167,9 +170,10 @@ def parse_url(url: str, display_url: str) -> tuple[dict[str, Any], str]:
 
 
 def _port(text: str, display_url: str) -> int:
-    if not text.isdigit() or not 0 < int(text) < 65536:
+    port = decimal(text, 1, 65535)
+    if port is None:
         raise ConfigError(f"invalid port {text!r} in the store URL {display_url!r}")
-    return int(text)
+    return port
 
 
 class MySQLConnection(SqlConnection):

@@ -50,6 +50,7 @@ from tasklock_cli.stores.urls import redact_url
 from tasklock_cli.stores.watches import BreakWatches
 from tasklock_cli.util.fds import fd_readable
 from tasklock_cli.util.fds import wait_readable
+from tasklock_cli.util.keys import stored_key
 
 #: ``list`` in the store class's body is its method: annotations there say builtins.list.
 TYPE_CHECKING = False
@@ -128,6 +129,7 @@ class MySQLStore(SqlStore):
     #: A release wakes the waiters it may admit (see ``waiting``); the others look again
     #: every ``WAITER_SLEEP_S`` (reads only).
     signals_release = True
+    byte_keys = True
     concurrent_release = True
     _db: MySQLConnection
     _schema: MySQLSchema
@@ -271,15 +273,15 @@ class MySQLStore(SqlStore):
         return int(row[0]) == 1
 
     def time_left(self, key: str, fencing_token: int) -> float | None:
-        rows = self._rows(_TIME_LEFT, {"key": key, "token": fencing_token})
+        rows = self._rows(_TIME_LEFT, {"key": stored_key(key), "token": fencing_token})
         return max(0.0, float(rows[0][0])) if rows else None
 
     def history(self, key: str, limit: int = LEDGER_KEEP) -> builtins.list[RunRecord]:
-        rows = self._rows(_HISTORY, {"key": key, "limit": int(limit)})
+        rows = self._rows(_HISTORY, {"key": stored_key(key), "limit": int(limit)})
         return [_run(row) for row in rows]
 
     def last_success(self, key: str) -> tuple[RunRecord | None, datetime]:
-        (row,) = self._rows(_LAST_SUCCESS, {"key": key})
+        (row,) = self._rows(_LAST_SUCCESS, {"key": stored_key(key)})
         now = _utc(row[0])
         return (None if row[1] is None else _run(row[1:])), now
 
@@ -287,10 +289,10 @@ class MySQLStore(SqlStore):
         return [_text(row[0]) for row in self._rows(_LEDGER_KEYS, {"prefix": prefix})]
 
     def holders(self, key: str) -> builtins.list[LeaseInfo]:
-        return [_info(row) for row in self._rows(_HOLDERS, {"key": key})]
+        return [_info(row) for row in self._rows(_HOLDERS, {"key": stored_key(key)})]
 
     def waiters(self, key: str) -> builtins.list[WaiterInfo]:
-        rows = self._rows(WAITERS, {"key": key})
+        rows = self._rows(WAITERS, {"key": stored_key(key)})
         return [
             row_parsing.waiter_info(_json_text(holder), _utc_or_none(since), _text(mode))
             for holder, since, mode in rows
@@ -335,7 +337,7 @@ class MySQLStore(SqlStore):
     def break_lease(
         self, key: str, token: int | None = None, by: Holder | None = None
     ) -> builtins.list[LeaseInfo]:
-        rows = self._call("break", (key, token, json.dumps(breaker(by))))
+        rows = self._call("break", (stored_key(key), token, json.dumps(breaker(by))))
         return [_info(row) for row in rows]
 
     def broken_by(self, lease: Lease) -> dict | None:
@@ -345,11 +347,11 @@ class MySQLStore(SqlStore):
 
     def free_if_holder_gone(self, key: str, token: int) -> bool:
         """Only a lease kept after its command ended (``_MARK_DONE``) has nobody under it."""
-        done = self._rows(_DONE, {"key": key, "token": token})
+        done = self._rows(_DONE, {"key": stored_key(key), "token": token})
         return bool(done) and bool(self.force_release(key, token))
 
     def force_release(self, key: str, token: int | None = None) -> builtins.list[LeaseInfo]:
-        rows = self._call("force", (key, token), idempotent=False)
+        rows = self._call("force", (stored_key(key), token), idempotent=False)
         return [_info(row) for row in rows]
 
     def wait_for_break(self, lease: Lease, timeout: float, wake_fd: int | None = None) -> bool:
@@ -437,7 +439,11 @@ def _ours(lease: Lease) -> dict[str, Any]:
 
 
 def _text(value: object) -> str:
-    return value.decode("utf-8") if isinstance(value, (bytes, bytearray)) else str(value)
+    """A text column (a key: VARBINARY) as text; bytes that are not UTF-8 (a key someone
+    wrote) as ``rows.NotUtf8``, which reads as malformed, never a UnicodeDecodeError."""
+    if isinstance(value, (bytes, bytearray)):
+        return row_parsing.lenient_text(bytes(value))
+    return str(value)
 
 
 def _utc(moment: datetime | None) -> datetime:

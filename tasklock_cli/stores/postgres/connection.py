@@ -32,6 +32,7 @@ from tasklock_cli.stores.postgres.schema import UNSET
 from tasklock_cli.stores.postgres.schema import PgSchema
 from tasklock_cli.stores.postgres.schema import Unset
 from tasklock_cli.stores.sql import SqlConnection
+from tasklock_cli.stores.urls import check_host
 from tasklock_cli.stores.urls import unknown_parameter
 from tasklock_cli.stores.urls import url_passwords
 
@@ -187,6 +188,8 @@ class PgConnection(SqlConnection):
             raise ConfigError(
                 f"invalid PostgreSQL URL {display_url!r}: {self.scrub(str(exc))}"
             ) from None
+        for host in str(params.get("host") or "").split(","):
+            check_host("PostgreSQL", display_url, host)
         password = str(params.get("password") or "")
         if password and password not in self._secrets:
             self._secrets.insert(0, password)

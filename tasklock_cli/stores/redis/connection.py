@@ -27,6 +27,7 @@ from redis.commands.core import Script
 from redis.retry import Retry
 
 from tasklock_cli.errors import ConfigError
+from tasklock_cli.errors import ForeignKey
 from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.errors import TasklockError
 from tasklock_cli.stores.redis.keys import DEFAULT_PREFIX
@@ -39,12 +40,14 @@ from tasklock_cli.stores.redis.sentinel import UnknownServiceError
 from tasklock_cli.stores.redis.sentinel import is_sentinel_url
 from tasklock_cli.stores.redis.sentinel import parse_sentinel_url
 from tasklock_cli.stores.redis.sentinel import sentinel_client
+from tasklock_cli.stores.urls import check_host
 from tasklock_cli.stores.urls import redact_url
 from tasklock_cli.stores.urls import scrub
 from tasklock_cli.stores.urls import split_url as split_any_url
 from tasklock_cli.stores.urls import unknown_parameter
 from tasklock_cli.stores.urls import url_parameters
 from tasklock_cli.stores.urls import url_passwords
+from tasklock_cli.util.numbers import decimal
 
 DEFAULT_IO_TIMEOUT_S = 5.0
 #: Idle connections are PINGed before reuse, so a connection the server closed (restart,
@@ -119,8 +122,10 @@ def split_url(url: str) -> tuple[str, str, list[str]]:
         service_and_db = unquote(path).strip("/").split("/")
         if len(service_and_db) == 2:
             _check_db(url, service_and_db[1])
-    elif scheme != "unix" and path.strip("/"):
-        _check_db(url, unquote(path).strip("/"))
+    elif scheme != "unix":
+        if path.strip("/"):
+            _check_db(url, unquote(path).strip("/"))
+        check_host("Redis", url, unquote(urlsplit(url).hostname or ""))
     secrets.extend(url_passwords(url))
     # Rebuilt textually: urlunsplit would turn unix:///path into unix:/path.
     base, _, rest = url.partition("?")
@@ -136,7 +141,7 @@ def wait_replicas(url: str, text: str | None = None) -> int:
         text = url_parameters(url).get("wait_replicas")
         if text is None:
             return 0
-    if not (text.isdigit() and int(text) <= MAX_WAIT_REPLICAS):
+    if decimal(text, 0, MAX_WAIT_REPLICAS) is None:
         raise ConfigError(
             f"Redis store URL {redact_url(url)!r}: wait_replicas must be a number of "
             f"replicas, 0 to {MAX_WAIT_REPLICAS} (got {text!r})"
@@ -145,7 +150,7 @@ def wait_replicas(url: str, text: str | None = None) -> int:
 
 
 def _check_db(url: str, text: str) -> None:
-    if not (text.isdigit() and int(text) <= MAX_DB_INDEX):
+    if decimal(text, 0, MAX_DB_INDEX) is None:
         raise ConfigError(
             f"Redis store URL {redact_url(url)!r}: the database must be a number, "
             f"redis://HOST:PORT/N (got {text!r})"
@@ -261,7 +266,7 @@ class RedisConnection:
             self.sentinel_target = parse_sentinel_url(url, query.split("&") if query else [])
         #: The sentinels asked for the primary (sentinel URLs only).
         self.sentinels: QuorumSentinel | None = None
-        self._tcp = urlsplit(url).scheme.lower() in ("redis", "rediss", *SENTINEL_SCHEMES)
+        self._tcp = split_any_url(url)[0] in ("redis", "rediss", *SENTINEL_SCHEMES)
         self.io_timeout = DEFAULT_IO_TIMEOUT_S
         self.scripts = {
             # (ignore: no client is registered, each call passes one: Script(..., client=))
@@ -409,7 +414,7 @@ class RedisConnection:
                 return ConfigError(f"{where}: this Redis lacks a command tasklock needs ({text})")
         return StoreUnavailable(f"{where}: Redis answered with an error: {text}")
 
-    def foreign_key_error(self, text: str, key: str | None) -> ConfigError:
+    def foreign_key_error(self, text: str, key: str | None) -> ForeignKey:
         # Our scripts answer "WRONGTYPE lease|fence|wake <type>"; plain commands "WRONGTYPE ...".
         words = text.split()
         which = words[1] if len(words) > 1 and words[1] in _EXPECTED_TYPES else "lease"
@@ -428,10 +433,11 @@ class RedisConnection:
             described = "a Redis key"
         expected = _EXPECTED_TYPES[which]
         holds = f"holds a {found}" if found else "holds another type"
-        return ConfigError(
+        return ForeignKey(
             f"{self.display_url}: {described} {holds}, not {expected}: another application "
             f"uses the prefix {self.names.prefix!r}; remove that key or set another prefix= in the "
-            "store URL (nothing was changed)"
+            "store URL (nothing was changed)",
+            f"a Redis {found or 'key of another type'}, not {expected}",
         )
 
     def config_get(self, name: str) -> str | None:

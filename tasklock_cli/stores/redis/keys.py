@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 
 from tasklock_cli.stores.redis.epochs import EPOCH_RECORD
+from tasklock_cli.stores.rows import lenient_text
+from tasklock_cli.util.keys import key_bytes
 
 DEFAULT_PREFIX = "tasklock:"
 _GLOB_SPECIAL = frozenset(b"*?[]\\^")
@@ -31,7 +33,7 @@ class RedisKeys:
 
     def name(self, key: str, role: str) -> bytes:
         """The Redis key of one of a lock key's parts: lease, fence, wake, runs, ..."""
-        return self.prefix_b + b"{" + key.encode("utf-8") + b"}:" + role.encode()
+        return self.prefix_b + b"{" + key_bytes(key) + b"}:" + role.encode()
 
     def epoch_record(self) -> bytes:
         """The namespace's failover epoch record (see ``epochs``): ``P{}:epoch``."""
@@ -57,8 +59,14 @@ class RedisKeys:
         """The lock key and slot of a lease hash's name; None for a name of another part."""
         inner = lease_key[len(self.prefix_b) + 1 :]
         if inner.endswith(b"}:lease"):
-            return inner[: -len(b"}:lease")].decode("utf-8", "replace"), 0
+            return lenient_text(inner[: -len(b"}:lease")]), 0
         match = _SLOT_NAME.fullmatch(inner)
         if match is None:
             return None
-        return match[1].decode("utf-8", "replace"), int(match[2])
+        return lenient_text(match[1]), int(match[2])
+
+    def key_of(self, name: bytes, role: bytes) -> str:
+        """The lock key of the name of its part ``role`` (``}:runs``, ``}:waiters``): as
+        text, or a ``rows.NotUtf8`` for bytes that are not UTF-8 (one key per byte string,
+        read as malformed, never a UnicodeDecodeError)."""
+        return lenient_text(name[len(self.prefix_b) + 1 : -len(b"}:" + role)])

@@ -9,10 +9,15 @@ sentinel cut off with a stale view (naming the old primary) is outvoted.
 
 The URL's user and password are the data nodes'. The sentinels get ``sentinel_username=``
 and ``sentinel_password=`` (none by default: sentinels usually run without ``requirepass``).
+
+The sentinels choose where that password goes: they are trusted. Still, a reply is checked
+before it counts as a vote (``QuorumSentinel._vote``): one sentinel answering what none
+would (a port ``notaport``) is outvoted, not a traceback before the others are asked.
 """
 
 from __future__ import annotations
 
+import ipaddress
 from collections import Counter
 from dataclasses import dataclass
 from dataclasses import field
@@ -28,8 +33,11 @@ from redis.sentinel import Sentinel
 from redis.sentinel import SentinelConnectionPool
 
 from tasklock_cli.errors import ConfigError
+from tasklock_cli.stores.urls import check_host
+from tasklock_cli.stores.urls import host_problem
 from tasklock_cli.stores.urls import redact_url
 from tasklock_cli.stores.urls import split_url as split_any_url
+from tasklock_cli.util.numbers import decimal
 
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
 DEFAULT_SENTINEL_PORT = 26379
@@ -109,11 +117,23 @@ def _host_port(url: str, item: str) -> tuple[str, int]:
         if not closed or (rest and not rest.startswith(":")):
             raise _bad(url, f"a sentinel must be HOST:PORT or [IPv6]:PORT (got {item!r})")
         host, port = inside, rest[1:] if rest else port
+        if not _is_ipv6(host):
+            raise _bad(url, f"{item!r}: inside [ ] must be an IPv6 address")
     elif ":" in item:
         host, _, port = item.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+    number = decimal(port, 1, 65535)
+    if not host or number is None:
         raise _bad(url, f"a sentinel must be HOST:PORT (got {item!r})")
-    return host, int(port)
+    check_host("Redis Sentinel", url, host)
+    return host, number
+
+
+def _is_ipv6(text: str) -> bool:
+    try:
+        ipaddress.IPv6Address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _bad(url: str, problem: str) -> ConfigError:
@@ -132,14 +152,14 @@ class QuorumSentinel(Sentinel):
         for sentinel in self.sentinels:
             try:
                 state = sentinel.sentinel_master(service_name)
-            except (rexc.ConnectionError, rexc.TimeoutError, rexc.ResponseError) as exc:
-                problems.append(f"{_address(sentinel)}: {exc}")
+            except (rexc.RedisError, *_MALFORMED) as exc:
+                problems.append(f"{_address(sentinel)}: {_failure(exc)}")
                 unknown += isinstance(exc, rexc.ResponseError) and _NO_SUCH_SERVICE in str(exc)
                 continue
-            if not isinstance(state, dict) or not self.check_master_state(state, service_name):
-                problems.append(f"{_address(sentinel)}: sees the primary down")
+            address = self._vote(state, service_name)
+            if isinstance(address, str):
+                problems.append(f"{_address(sentinel)}: {address}")
                 continue
-            address = (str(state["ip"]), int(state["port"]))
             votes[address] += 1
             if votes[address] >= needed:
                 return address
@@ -156,14 +176,46 @@ class QuorumSentinel(Sentinel):
             + (f"; {'; '.join(problems)}" if problems else "")
         )
 
+    def _vote(self, state: object, service_name: str) -> tuple[str, int] | str:
+        """The primary a sentinel's ``SENTINEL MASTER`` reply names, or why it names none.
+
+        Validated before it counts: a sentinel is another server, and one that answers
+        what no sentinel would (a port ``notaport`` or ``99999``, fields missing) is
+        outvoted like one that is down, never a traceback before the others are asked."""
+        if not isinstance(state, dict):
+            return "answered no primary's state"
+        try:
+            healthy = self.check_master_state(state, service_name)
+        except _MALFORMED:
+            return "answered a malformed primary's state"
+        if not healthy:
+            return "sees the primary down"
+        ip, port = state.get("ip"), decimal(str(state.get("port")), 1, 65535)
+        if not isinstance(ip, str) or not ip or port is None:
+            return f"named no valid address (ip {ip!r}, port {state.get('port')!r})"
+        problem = host_problem(ip)
+        return (ip, port) if problem is None else f"named {problem}"
+
     def replicas_of(self, service_name: str) -> list[dict[str, Any]]:
         """The replicas the first answering sentinel knows of SERVICE (flags included)."""
         for sentinel in self.sentinels:
             try:
                 return list(sentinel.sentinel_slaves(service_name))
-            except (rexc.ConnectionError, rexc.TimeoutError, rexc.ResponseError):
+            except (rexc.RedisError, *_MALFORMED):
                 continue
         return []
+
+
+#: What redis-py's parsing of a malformed sentinel reply raises (a field missing, a number
+#: that is text), and redis-py's ``check_master_state`` on one.
+_MALFORMED = (KeyError, ValueError, TypeError, IndexError, AttributeError)
+
+
+def _failure(exc: Exception) -> str:
+    """A sentinel's failure as ``discover_master`` lists it."""
+    if isinstance(exc, _MALFORMED):
+        return f"answered what no sentinel answers ({type(exc).__name__}: {exc})"
+    return str(exc)
 
 
 def _address(client: redis.Redis) -> str:

@@ -16,6 +16,7 @@ import redis.exceptions as rexc
 
 from tasklock_cli.errors import ConfigError
 from tasklock_cli.errors import FencingExhausted
+from tasklock_cli.errors import ForeignKey
 from tasklock_cli.errors import LimitMismatch
 from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.errors import Superseded
@@ -86,6 +87,7 @@ def _ttl_ms(seconds: float, what: str) -> int:
 
 class RedisStore(Store):
     signals_release = True
+    byte_keys = True
     waiting_trouble = WAITING_TROUBLE
 
     def __init__(
@@ -236,10 +238,13 @@ class RedisStore(Store):
 
     def history(self, key: str, limit: int = LEDGER_KEEP) -> list[RunRecord]:
         name = self._names.name(key, "runs")
-        # redis-py's type also covers withscores= and decode_responses=: here, plain bytes.
-        members = cast(
-            "list[bytes]", self._conn.call(lambda c: c.zrevrange(name, 0, limit - 1), key)
-        )
+        try:
+            # (redis-py's type also covers withscores= and decode_responses=: plain bytes)
+            members = cast(
+                "list[bytes]", self._conn.call(lambda c: c.zrevrange(name, 0, limit - 1), key)
+            )
+        except ForeignKey as exc:  # another application's key: one malformed run
+            return [row_parsing.foreign_run(key, exc.found)]
         return [row_parsing.run_record_json(key, member) for member in members]
 
     def last_success(self, key: str) -> tuple[RunRecord | None, datetime]:
@@ -249,17 +254,18 @@ class RedisStore(Store):
             pipe = client.pipeline(transaction=True)  # one round trip, one moment
             pipe.get(name)
             pipe.time()
-            return pipe.execute()
+            return pipe.execute(raise_on_error=False)
 
         member, (seconds, micros) = self._conn.call(read, key)
         now = utc_from_timestamp(seconds + micros / 1_000_000)  # Redis's clock, as in TIME
+        if isinstance(member, rexc.ResponseError):  # another application's key: none
+            return None, now
         return (row_parsing.run_record_json(key, member) if member else None), now
 
     def ledger_keys(self, prefix: str = "") -> list[str]:
         pattern = self._names.pattern(prefix, b"runs")
         names = set(self._conn.call(lambda c: _scan(c, pattern)))
-        start, end = len(self._names.prefix_b) + 1, -len(b"}:runs")
-        keys = {name[start:end].decode("utf-8", "replace") for name in names}
+        keys = {self._names.key_of(name, b"runs") for name in names}
         return sorted(key for key in keys if key.startswith(prefix))
 
     def holders(self, key: str) -> list[LeaseInfo]:
@@ -287,8 +293,9 @@ class RedisStore(Store):
             for (_, key, slot), row in zip(batch, rows, strict=True):
                 if row is None or not key.startswith(prefix):
                     continue  # expired between SCAN and the read
-                if isinstance(row, str):
-                    raise self._conn.foreign_key_error(f"WRONGTYPE lease {row}", key)
+                if isinstance(row, str):  # another application's key: shown, not fatal
+                    yield row_parsing.foreign_lease(key, slot, f"a Redis {row}, not a lease hash")
+                    continue
                 yield _lease_info(key, slot, *row)
 
     def sweep(self, dry_run: bool = False) -> int:
@@ -360,9 +367,12 @@ class RedisStore(Store):
         )
         counts: dict[str, int] = {}
         for name in sorted(set(names)):
-            key = name[len(self._names.prefix_b) + 1 : -len(b"}:waiters")].decode("utf-8")
+            key = self._names.key_of(name, b"waiters")
             if key.startswith(prefix):
-                count = len(self._queue(key, "")) - 1
+                try:
+                    count = len(self._queue(key, "")) - 1
+                except ForeignKey:  # another application's key: no queue of ours
+                    continue
                 if count:
                     counts[key] = count
         return counts
@@ -428,7 +438,7 @@ class RedisStore(Store):
 
     def _info(self, key: str, name: bytes, data: dict[bytes, bytes]) -> LeaseInfo:
         fields = (b"fencing_token", b"acquired_at", b"expires_at", b"holder", b"limit", b"mode")
-        slot = int(data.get(b"slot") or 0)
+        slot = data.get(b"slot") or 0  # (read by rows: a forged "x" is malformed)
         return _lease_info(key, slot, *(data.get(field) for field in fields))
 
 
@@ -472,7 +482,7 @@ def _slot_info(key: str, row: list[Any]) -> LeaseInfo:
 
 def _lease_info(
     key: str,
-    slot: int,
+    slot: object,
     token: Any,
     acquired: Any,
     expires: Any,

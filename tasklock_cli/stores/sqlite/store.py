@@ -54,6 +54,8 @@ from tasklock_cli.stores.urls import unknown_parameter
 from tasklock_cli.stores.urls import url_parameters
 from tasklock_cli.util import paths
 from tasklock_cli.util.fds import wait_readable
+from tasklock_cli.util.keys import is_utf8
+from tasklock_cli.util.keys import key_bytes
 from tasklock_cli.util.times import utc_from_timestamp
 
 #: typing costs ~2 ms per start: its names are for the type checker only. ``list`` in
@@ -282,6 +284,7 @@ def _checked_parameters(url: str) -> dict[str, str]:
 
 class SQLiteStore(Store):
     signals_release = True  # among processes on this machine (see waiting and breaks)
+    byte_keys = True
 
     def __init__(
         self,
@@ -413,16 +416,16 @@ class SQLiteStore(Store):
 
     def time_left(self, key: str, fencing_token: int) -> float | None:
         params = {**self._times(), "key": key, "token": fencing_token}
-        rows = self._db.read(_TIME_LEFT, {**params, "prefix": BROKEN_OWNER_PREFIX})
+        rows = self._db.read(*_by_key(_TIME_LEFT, {**params, "prefix": BROKEN_OWNER_PREFIX}))
         return max(0.0, float(rows[0][0])) if rows else None
 
     def history(self, key: str, limit: int = LEDGER_KEEP) -> list[RunRecord]:
-        rows = self._db.read(_HISTORY, {"key": key, "limit": limit})
+        rows = self._db.read(*_by_key(_HISTORY, {"key": key, "limit": limit}))
         return [_run_record(*row) for row in rows]
 
     def last_success(self, key: str) -> tuple[RunRecord | None, datetime]:
         # This machine's wall clock, which also timed every run's start (acquired_at).
-        rows = self._db.read(_LAST_SUCCESS, {"key": key})
+        rows = self._db.read(*_by_key(_LAST_SUCCESS, {"key": key}))
         now = utc_from_timestamp(self._wall())
         return (_run_record(*rows[0]) if rows else None), now
 
@@ -433,10 +436,11 @@ class SQLiteStore(Store):
     def holders(self, key: str) -> list[LeaseInfo]:
         live = f"({_LIVE_ON_KEY} OR {_UNREADABLE_EXPIRY})"
         sql = f"{_SELECT} WHERE key = :key AND {live} ORDER BY slot"
-        return [_lease_info(row) for row in self._db.read(sql, {**self._times(), "key": key})]
+        rows = self._db.read(*_by_key(sql, {**self._times(), "key": key}))
+        return [_lease_info(row) for row in rows]
 
     def waiters(self, key: str) -> list[WaiterInfo]:
-        rows = self._db.read(queue.WAITERS, {**self._times(), "key": key})
+        rows = self._db.read(*_by_key(queue.WAITERS, {**self._times(), "key": key}))
         return [_waiter_info(*row) for row in rows]
 
     def waiting_counts(self, prefix: str = "") -> dict[str, int]:
@@ -500,7 +504,7 @@ class SQLiteStore(Store):
         }
         with self._db.write() as conn:
             _bound_unreadable_expiries(conn, params)
-            rows = conn.execute(_BREAK, params).fetchall()
+            rows = conn.execute(*_by_key(_BREAK, params)).fetchall()
         broken = sorted((_lease_info(row) for row in rows), key=lambda info: info.slot)
         for info in broken:
             self._alarms.alarm(key, info.fencing_token)
@@ -529,7 +533,7 @@ class SQLiteStore(Store):
             conn.execute(_NOTE_PROCESSES, params)
 
     def free_if_holder_gone(self, key: str, token: int) -> bool:
-        rows = self._db.read(_PROCESSES, {**self._times(), "key": key, "token": token})
+        rows = self._db.read(*_by_key(_PROCESSES, {**self._times(), "key": key, "token": token}))
         if not rows:
             return False
         processes, done = rows[0]
@@ -540,9 +544,10 @@ class SQLiteStore(Store):
     def force_release(self, key: str, token: int | None = None) -> builtins.list[LeaseInfo]:
         params = {**self._times(), "key": key, "token": token}
         with self._db.write() as conn:
-            rows = conn.execute(f"{_SELECT} WHERE {_MATCHING} ORDER BY slot", params).fetchall()
+            matching = f"{_SELECT} WHERE {_MATCHING} ORDER BY slot"
+            rows = conn.execute(*_by_key(matching, params)).fetchall()
             if rows:
-                conn.execute(_FORCE_RELEASE, params)
+                conn.execute(*_by_key(_FORCE_RELEASE, params))
             head = _head_run(conn, params) if rows else []
         freed = [_lease_info(row) for row in rows]
         if freed:
@@ -661,7 +666,7 @@ def _bound_unreadable_expiries(conn: sqlite3.Connection, params: dict) -> None:
     row = conn.execute(_LONGEST_TTL).fetchone()
     bound = unreadable_expiry_bound(row_parsing.as_number(row[0]) if row else None)
     where = " AND key = :key" if "key" in params else ""
-    conn.execute(_BOUND_EXPIRY + where, {**params, "bound": bound})
+    conn.execute(*_by_key(_BOUND_EXPIRY + where, {**params, "bound": bound}))
 
 
 def _drain(fd: int) -> None:
@@ -684,7 +689,19 @@ def _lease_info(row: tuple) -> LeaseInfo:
 
 def _head_run(conn: sqlite3.Connection, params: dict) -> list[str]:
     """The FIFOs of the waiters a release may admit (see ``queue.WAKE_SET``)."""
-    return [row[0] for row in conn.execute(queue.WAKE_SET, params) if row[0]]
+    return [row[0] for row in conn.execute(*_by_key(queue.WAKE_SET, params)) if row[0]]
+
+
+def _by_key(sql: str, params: dict) -> tuple[str, dict]:
+    """``sql`` and ``params`` for a key that may not be UTF-8 (forged into the store; a
+    key on the command line carries such bytes as lone surrogates, which sqlite3 cannot
+    bind as text): then the statement compares with the key's bytes read as text, which
+    is what the row holds. A key that is UTF-8 (every run's) leaves both as they are.
+    For what reaches a forged key: peek, history, release --force."""
+    key = params.get("key")
+    if not isinstance(key, str) or is_utf8(key):
+        return sql, params
+    return sql.replace("key = :key", "key = CAST(:key AS TEXT)"), {**params, "key": key_bytes(key)}
 
 
 class _Taking:
