@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tasklock_cli.cli.entry import parse
+from tasklock_cli.cli.fastrun import parse
 
 #: Modules a plain `run` on SQLite must not import: the CLI framework and the network
 #: drivers, and what costs start-up time for nothing (issue 18): dataclasses (with inspect,
@@ -66,7 +66,7 @@ def test_a_plain_run_on_sqlite_imports_only_what_it_needs(cli_env, sqlite_url):
     code = (
         "import sys\n"
         "before = set(sys.modules)\n"
-        "from tasklock_cli.cli.entry import parse, run_fast\n"
+        "from tasklock_cli.cli.fastrun import parse, run_fast\n"
         "args = ['run', 'k', '--ttl', '5s', '--', 'true']\n"
         "code = run_fast(parse(args), args)\n"
         "print(code, *sorted(set(sys.modules) - before))\n"
