@@ -25,7 +25,6 @@ import math
 import os
 import select
 import signal
-import subprocess
 
 from tasklock_cli.errors import TasklockError
 from tasklock_cli.proc import proctree
@@ -98,7 +97,7 @@ def _call_libc(name: str, *args: int) -> int:
 
 def run_guard(
     sock: _socket.socket,
-    spawn: Callable[[dict[bytes, bytes], int | None], subprocess.Popen],
+    spawn: Callable[[dict[bytes, bytes], int | None], int],
     signal_mask: set[int | signal.Signals],
 ) -> NoReturn:
     """The guard's whole life, in the freshly forked process (forked with GUARD_SIGNALS
@@ -122,7 +121,7 @@ class _Guard:
     def __init__(self, sock: _socket.socket) -> None:
         self.sock = sock
         self.me = os.getpid()
-        self.child: subprocess.Popen | None = None
+        self.child_pid = 0  # the command's, once started
         self.child_done = False
         self.wrapper_gone_at: float | None = None
         self.backstop_at = math.inf
@@ -140,11 +139,11 @@ class _Guard:
         if start is None:  # the wrapper did without the command, or died
             return 0
         try:
-            self.child = spawn(*start)
+            self.child_pid = spawn(*start)
         except TasklockError as exc:
             self._send(REPORT_ERROR, exc.exit_code, str(exc))
             return 0
-        self._send(REPORT_STARTED, self.child.pid)
+        self._send(REPORT_STARTED, self.child_pid)
         while True:
             if not self._reap():  # no child left: the tree is gone
                 self._send(REPORT_EMPTY)
@@ -186,7 +185,6 @@ class _Guard:
 
     def _reap(self) -> bool:
         """Collect exited children and report on the command; False when none is left."""
-        assert self.child is not None
         while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG | os.WUNTRACED)
@@ -194,13 +192,12 @@ class _Guard:
                 return False
             if pid == 0:
                 return True
-            if pid != self.child.pid or self.child_done:
+            if pid != self.child_pid or self.child_done:
                 continue  # an adopted orphan
             if os.WIFSTOPPED(status):
                 self._send(REPORT_STOPPED, os.WSTOPSIG(status))
                 continue
             self.child_done = True
-            self.child.returncode = 0  # reaped here: Popen must never wait for it
             self._send(REPORT_EXITED, status, self._count_orphans(), repr(clocks.monotonic()))
 
     def _count_orphans(self) -> int:
@@ -232,13 +229,13 @@ class _Guard:
             self.backstop_at = float(argument)  # on clock.monotonic, shared by both of us
 
     def _signal_group(self, signum: int) -> None:
-        assert self.child is not None
+        assert self.child_pid, "orders are read once the command runs"  # never killpg(0)
         if not self.child_done:
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.child.pid, signum)
+                os.killpg(self.child_pid, signum)
             return
         # The command is gone; its group lives on only in what it left running.
-        members = [pid for pid in proctree.descendants(self.me) if _group_of(pid) == self.child.pid]
+        members = [pid for pid in proctree.descendants(self.me) if _group_of(pid) == self.child_pid]
         proctree.signal_all(members, signum)
 
     def _signal_tree(self, signum: int) -> None:
