@@ -21,9 +21,12 @@ def test_without_a_terminal_the_command_is_posix_spawned_in_its_own_group(monkey
     """No subprocess (its import costs every run ~4 ms): posix_spawnp, as Popen would start
     it (own group, exactly the env, Python's ignored signals back to default, no fds)."""
     calls = []
-    monkeypatch.setattr(
-        os, "posix_spawnp", lambda *args, **kwargs: calls.append((args, kwargs)) or 42
-    )
+
+    def posix_spawnp(*args, **kwargs):
+        calls.append((args, kwargs))
+        return 42
+
+    monkeypatch.setattr(os, "posix_spawnp", posix_spawnp)
     env = {b"ONLY": b"this", **({b"PATH": os.environb[b"PATH"]} if b"PATH" in os.environb else {})}
     assert spawn_command(["job", "--flag"], env) == 42
     ((args, kwargs),) = calls
