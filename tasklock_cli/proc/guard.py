@@ -99,12 +99,13 @@ def run_guard(
     sock: _socket.socket,
     spawn: Callable[[dict[bytes, bytes], int | None], int],
     signal_mask: set[int | signal.Signals],
+    environ: dict[str, str] | None = None,
 ) -> NoReturn:
     """The guard's whole life, in the freshly forked process (forked with GUARD_SIGNALS
     blocked; ``signal_mask`` is the mask to go back to); never returns."""
     code = 1
     try:
-        code = _Guard(sock).run(spawn, signal_mask)
+        code = _Guard(sock, environ or {}).run(spawn, signal_mask)
     except BaseException:  # a bug: say where, then leave the tree to the wrapper
         import traceback
 
@@ -118,8 +119,9 @@ def _noop(_signum: int, _frame: object) -> None:
 
 
 class _Guard:
-    def __init__(self, sock: _socket.socket) -> None:
+    def __init__(self, sock: _socket.socket, environ: dict[str, str]) -> None:
         self.sock = sock
+        self.environ = environ  # the command's, but what the start order adds
         self.me = os.getpid()
         self.child_pid = 0  # the command's, once started
         self.child_done = False
@@ -173,7 +175,8 @@ class _Guard:
         # Before the command runs: a wrapper stopped right after the start still bounds it.
         self.backstop_at = float(backstop)
         pairs = (item.partition(b"=") for item in bytes(environ).split(b"\0") if item)
-        env = {name: value for name, _, value in pairs}
+        env = {os.fsencode(name): os.fsencode(value) for name, value in self.environ.items()}
+        env.update((name, value) for name, _, value in pairs)
         return env, None if terminal_fd < 0 else terminal_fd
 
     def _listen_to_signals(self) -> int:

@@ -134,12 +134,14 @@ class Child:
     """The command and its whole process tree, as reported by its guard.
 
     Made in two steps, so that a waiting run can have its guard ready before the lock is
-    free: ``Child(command)`` forks the guard, which sets itself up and waits; ``start``
-    hands it the command's environment and has it start the command. ``poll`` reads the
-    guard's reports; ``fileno`` is readable when one is waiting.
+    free: ``Child(command, env)`` forks the guard, which sets itself up and waits; ``start``
+    hands it the rest of the command's environment and has it start the command. ``poll``
+    reads the guard's reports; ``fileno`` is readable when one is waiting.
     """
 
-    def __init__(self, command: list[str]) -> None:
+    def __init__(self, command: list[str], env: dict[str, str] | None = None) -> None:
+        """Fork the guard. ``env``: the part of the command's environment known already,
+        which the guard has from the fork: nothing of it is sent (``start`` adds the rest)."""
         ours, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)
         # Our handlers must not run in the guard before it has set its own.
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, GUARD_SIGNALS)
@@ -147,7 +149,7 @@ class Child:
             guard_pid = os.fork()
             if guard_pid == 0:
                 ours.close()
-                run_guard(theirs, functools.partial(spawn_command, command), blocked)
+                run_guard(theirs, functools.partial(spawn_command, command), blocked, env)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         theirs.close()
@@ -163,19 +165,11 @@ class Child:
         self.backstop_fired = False  # the guard killed the tree at the deadline by itself
         self.guard_died = False
 
-    def preload(self, env: dict[str, str]) -> None:
-        """Hand the guard the part of the command's environment known before the lock is
-        ours (a waiting run does it while it waits): ``start`` then sends only the rest."""
-        pieces = environ_pieces(env, b"\0")  # the next part starts with a whole variable
-        with contextlib.suppress(OSError):  # the guard is gone: _started says so
-            for piece in pieces:
-                self._sock.send(ENV_ORDER + piece)
-
     def start(
         self, env: dict[str, str], terminal_fd: int | None = None, backstop_in: float = math.inf
     ) -> None:
-        """Have the guard start the command with the environment preloaded and ``env``
-        over it (exactly that: nothing else); returns once the command runs. The guard kills
+        """Have the guard start the command with the environment it was forked with and
+        ``env`` over it (exactly that: nothing else); returns once the command runs. The guard kills
         the tree by itself ``backstop_in`` seconds from now (see ``set_backstop``), a
         deadline it has before the command starts."""
         pieces = environ_pieces(env)
