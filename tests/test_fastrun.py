@@ -10,6 +10,9 @@ import sys
 import pytest
 
 from tasklock_cli.cli.fastrun import parse
+from tests.support.blocked_imports import attempts
+from tests.support.blocked_imports import env_without
+from tests.support.cli import tasklock
 
 #: Modules a plain `run` on SQLite must not import: the CLI framework and the network
 #: drivers, and what costs start-up time for nothing (issues 18 and 45): dataclasses (with
@@ -136,6 +139,16 @@ def test_a_plain_run_on_sqlite_imports_only_what_it_needs(cli_env, sqlite_url):
     assert code == 0
     assert "tasklock_cli.stores.sqlite.store" in imported  # it did run
     assert not {name.split(".")[0] for name in imported} & NOT_ON_RUNS_PATH
+
+
+def test_the_installed_executable_runs_with_those_modules_missing(cli_env, sqlite_url, tmp_path):
+    """The `tasklock` script itself, as installed, with every module run must not import
+    made unimportable: the run succeeds and never tried one (its guard included)."""
+    env = {**cli_env, "TASKLOCK_STORE": sqlite_url}
+    blocked = env_without(sorted(NOT_ON_RUNS_PATH), env, tmp_path)
+    result = tasklock("run", "k", "--", "true", env=blocked)
+    assert result.returncode == 0, result.stderr
+    assert attempts(blocked) == []
 
 
 def test_a_plain_run_on_sqlite_keeps_within_its_import_budget(cli_env, sqlite_url):
