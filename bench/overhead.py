@@ -237,7 +237,7 @@ def overhead_notes(olds: list[Cmd]) -> list[str]:
         prose(
             f"""floor: what the row is compared with, measured the same way in the same rounds.
             A `tasklock run` row's floor is its store's import floor, `python -c 'import
-            tasklock_cli.cli.entry, tasklock_cli.run.supervisor,
+            tasklock_cli.cli.fastrun, tasklock_cli.run.supervisor,
             tasklock_cli.stores.<store>.store; import os; os._exit(0)'` (a plain `run` is parsed
             without typer); an import floor's is
             the python floor `{PYTHON_FLOOR}`; native commands' is `/bin/true`. Every Python

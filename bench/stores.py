@@ -237,11 +237,12 @@ def _drop_mysql_tables() -> None:
 
 def floor_imports(kind: StoreKind) -> str:
     """The modules a `tasklock run` on this store needs, as one import statement: the store
-    module of its registry package (``tasklock_cli.stores.registry.STORE_PACKAGES``)."""
+    module of its registry package (``tasklock_cli.stores.registry.STORE_PACKAGES``), the
+    run machinery and the fast parser (``cli.entry`` itself imports nothing at its top)."""
     if kind.name not in STORE_PACKAGES:
         raise ValueError(f"{kind.name} is not a store package ({', '.join(STORE_PACKAGES)})")
     store = f"tasklock_cli.stores.{kind.name}.store"  # (its package is lazy)
-    return f"import tasklock_cli.cli.entry, tasklock_cli.run.supervisor, {store}"
+    return f"import tasklock_cli.cli.fastrun, tasklock_cli.run.supervisor, {store}"
 
 
 def probe_store(kind: StoreKind) -> str | None:

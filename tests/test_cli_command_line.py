@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from tasklock_cli.cli.argv import run_args
-from tasklock_cli.cli.entry import parse
+from tasklock_cli.cli.fastrun import parse
 from tasklock_cli.errors import UsageError
 from tests.support.cli import executable
 

@@ -27,11 +27,11 @@ def test_the_guard_starts_the_command_with_exactly_the_environment_it_was_given(
     assert dict(pairs) == {os.fsencode(k): os.fsencode(v) for k, v in env.items()}
 
 
-def test_the_environment_preloaded_while_waiting_is_completed_and_overridden_at_start(
+def test_the_environment_the_guard_is_forked_with_is_completed_and_overridden_at_start(
     capfdbinary,
 ):
-    """A waiting run hands its guard most of the environment early; the start adds the
-    lease's variables, which win over a preloaded value of the same name."""
+    """The guard has most of the environment from the fork; the start adds the lease's
+    variables, which win over a value of the same name it had."""
     preloaded = {"BIG": "y" * 9_000, "TASKLOCK_FENCING_TOKEN": "stale", "KEPT": "k=v"}
     at_start = {"TASKLOCK_FENCING_TOKEN": "42", "TASKLOCK_SLOT": "0"}
     assert run_through_guard(["/usr/bin/env", "-0"], at_start, preloaded) == 0
@@ -48,9 +48,7 @@ def run_through_guard(
 
     from tasklock_cli.proc.process import Child
 
-    child = Child(command)
-    if preloaded is not None:
-        child.preload(preloaded)
+    child = Child(command, preloaded)
     child.start(env)
     while not child.tree_empty:
         select.select([child], [], [], 5)

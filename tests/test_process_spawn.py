@@ -1,10 +1,12 @@
-"""How the guard starts the command (``process.spawn_command``): what it asks of subprocess,
-checked with pytest-subprocess, and what becomes of a command that cannot start, with real
-files. The real runs end to end are in test_cli_run.py and test_containment.py."""
+"""How the guard starts the command (``process.spawn_command``): what it asks of posix_spawnp
+and of subprocess, checked with a stand-in and pytest-subprocess, and what becomes of a
+command that cannot start, with real files. The real runs end to end are in test_cli_run.py
+and test_containment.py."""
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 import pytest
@@ -15,19 +17,50 @@ from tasklock_cli.errors import ExitCode
 from tasklock_cli.proc.process import spawn_command
 
 
-def test_without_a_terminal_the_command_gets_its_own_group_the_env_and_no_descriptors(fp):
+def test_without_a_terminal_the_command_is_posix_spawned_in_its_own_group(monkeypatch):
+    """No subprocess (its import costs every run ~4 ms): posix_spawnp, as Popen would start
+    it (own group, exactly the env, Python's ignored signals back to default, no fds)."""
+    calls = []
+
+    def posix_spawnp(*args, **kwargs):
+        calls.append((args, kwargs))
+        return 42
+
+    monkeypatch.setattr(os, "posix_spawnp", posix_spawnp)
+    env = {b"ONLY": b"this", **({b"PATH": os.environb[b"PATH"]} if b"PATH" in os.environb else {})}
+    assert spawn_command(["job", "--flag"], env) == 42
+    ((args, kwargs),) = calls
+    assert args == ("job", ["job", "--flag"], env)  # exactly: nothing of ours added
+    assert kwargs["setpgroup"] == 0
+    assert set(kwargs["setsigdef"]) == {signal.SIGPIPE, signal.SIGXFSZ}
+    assert all(action == os.POSIX_SPAWN_CLOSE for action, _ in kwargs["file_actions"])
+
+
+def test_a_command_with_another_path_than_ours_goes_through_popen(fp):
+    """posix_spawnp would search our PATH, Popen searches the command's."""
     recorder = fp.register(["job", "--flag"])
-    process = spawn_command(["job", "--flag"], {b"ONLY": b"this"})
+    spawn_command(["job", "--flag"], {b"ONLY": b"this", b"PATH": b"/elsewhere"})
     (call,) = recorder.calls
-    kwargs = call.kwargs  # (before `is` narrows call to the Popen that spawn_command returns)
-    assert process is call
-    assert kwargs["env"] == {b"ONLY": b"this"}  # exactly: nothing of ours added
-    assert kwargs["close_fds"] is True
+    assert call.kwargs["env"] == {b"ONLY": b"this", b"PATH": b"/elsewhere"}
+    assert call.kwargs["close_fds"] is True
     if sys.version_info >= (3, 11):
-        assert kwargs["process_group"] == 0
-        assert "preexec_fn" not in kwargs  # so subprocess may use vfork
+        assert call.kwargs["process_group"] == 0
+        assert "preexec_fn" not in call.kwargs  # so subprocess may use vfork
     else:
-        assert kwargs["preexec_fn"] is os.setpgrp
+        assert call.kwargs["preexec_fn"] is os.setpgrp
+
+
+def test_the_spawned_command_inherits_no_descriptor_but_the_standard_three():
+    keep_r, keep_w = os.pipe()
+    os.set_inheritable(keep_w, True)  # as one our own parent passed on to us
+    try:
+        script = f"test -e /proc/$$/fd/{keep_w} && exit 3; exit 0"
+        pid = spawn_command(["sh", "-c", script], dict(os.environb))
+        _, status = os.waitpid(pid, 0)
+    finally:
+        os.close(keep_r)
+        os.close(keep_w)
+    assert os.waitstatus_to_exitcode(status) == 0
 
 
 def test_on_a_terminal_the_command_takes_it_in_the_child_before_exec(fp):

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
 
 import pytest
 
@@ -88,3 +90,49 @@ def test_post_init_runs_after_the_fields():
 
     Box(4)
     assert seen == [4]
+
+
+@pytest.mark.parametrize("frozen", [True, False])
+@pytest.mark.parametrize(
+    ("args", "kwargs", "error"),
+    [
+        ((1, 2, [], 4), {}, "takes 4 positional arguments but 5 were given"),
+        ((1,), {"x": 2}, "got multiple values for argument 'x'"),
+        ((1,), {"z": 2}, "got an unexpected keyword argument 'z'"),
+        ((), {"y": 2}, "missing 1 required"),
+    ],
+)
+def test_arguments_are_bound_as_a_dataclass_binds_them(frozen, args, kwargs, error):
+    real_cls, our_cls = _pair(frozen)
+    with pytest.raises(TypeError):
+        real_cls(*args, **kwargs)
+    with pytest.raises(TypeError, match=error):
+        our_cls(*args, **kwargs)
+    assert our_cls(y=3, x=1, tags=[5]) == our_cls(1, 3, [5])
+
+
+def test_a_field_without_a_default_after_one_with_is_refused_as_by_dataclasses():
+    class Bad:
+        x: int = 1
+        y: int
+
+    with pytest.raises(TypeError, match="non-default argument 'y' follows default argument"):
+        records.dataclass(Bad)
+
+
+def test_no_source_is_compiled_to_build_a_record():
+    """The first compile in a process costs ~2 ms (issue 45): records are built without."""
+    code = (
+        "import sys\n"
+        "compiled = []\n"
+        "sys.addaudithook(lambda event, args: event == 'compile' and compiled.append(args))\n"
+        "from tasklock_cli.util.records import dataclass, field\n"
+        "@dataclass(frozen=True)\n"
+        "class Point:\n"
+        "    x: int\n"
+        "    tags: list = field(default_factory=list)\n"
+        "assert Point(1) == Point(x=1, tags=[])\n"
+        "print(len(compiled))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.stdout.strip() == "0", result.stderr

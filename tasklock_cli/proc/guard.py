@@ -25,7 +25,6 @@ import math
 import os
 import select
 import signal
-import subprocess
 
 from tasklock_cli.errors import TasklockError
 from tasklock_cli.proc import proctree
@@ -98,14 +97,15 @@ def _call_libc(name: str, *args: int) -> int:
 
 def run_guard(
     sock: _socket.socket,
-    spawn: Callable[[dict[bytes, bytes], int | None], subprocess.Popen],
+    spawn: Callable[[dict[bytes, bytes], int | None], int],
     signal_mask: set[int | signal.Signals],
+    environ: dict[str, str] | None = None,
 ) -> NoReturn:
     """The guard's whole life, in the freshly forked process (forked with GUARD_SIGNALS
     blocked; ``signal_mask`` is the mask to go back to); never returns."""
     code = 1
     try:
-        code = _Guard(sock).run(spawn, signal_mask)
+        code = _Guard(sock, environ or {}).run(spawn, signal_mask)
     except BaseException:  # a bug: say where, then leave the tree to the wrapper
         import traceback
 
@@ -119,10 +119,11 @@ def _noop(_signum: int, _frame: object) -> None:
 
 
 class _Guard:
-    def __init__(self, sock: _socket.socket) -> None:
+    def __init__(self, sock: _socket.socket, environ: dict[str, str]) -> None:
         self.sock = sock
+        self.environ = environ  # the command's, but what the start order adds
         self.me = os.getpid()
-        self.child: subprocess.Popen | None = None
+        self.child_pid = 0  # the command's, once started
         self.child_done = False
         self.wrapper_gone_at: float | None = None
         self.backstop_at = math.inf
@@ -140,11 +141,11 @@ class _Guard:
         if start is None:  # the wrapper did without the command, or died
             return 0
         try:
-            self.child = spawn(*start)
+            self.child_pid = spawn(*start)
         except TasklockError as exc:
             self._send(REPORT_ERROR, exc.exit_code, str(exc))
             return 0
-        self._send(REPORT_STARTED, self.child.pid)
+        self._send(REPORT_STARTED, self.child_pid)
         while True:
             if not self._reap():  # no child left: the tree is gone
                 self._send(REPORT_EMPTY)
@@ -174,7 +175,8 @@ class _Guard:
         # Before the command runs: a wrapper stopped right after the start still bounds it.
         self.backstop_at = float(backstop)
         pairs = (item.partition(b"=") for item in bytes(environ).split(b"\0") if item)
-        env = {name: value for name, _, value in pairs}
+        env = {os.fsencode(name): os.fsencode(value) for name, value in self.environ.items()}
+        env.update((name, value) for name, _, value in pairs)
         return env, None if terminal_fd < 0 else terminal_fd
 
     def _listen_to_signals(self) -> int:
@@ -186,7 +188,6 @@ class _Guard:
 
     def _reap(self) -> bool:
         """Collect exited children and report on the command; False when none is left."""
-        assert self.child is not None
         while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG | os.WUNTRACED)
@@ -194,13 +195,12 @@ class _Guard:
                 return False
             if pid == 0:
                 return True
-            if pid != self.child.pid or self.child_done:
+            if pid != self.child_pid or self.child_done:
                 continue  # an adopted orphan
             if os.WIFSTOPPED(status):
                 self._send(REPORT_STOPPED, os.WSTOPSIG(status))
                 continue
             self.child_done = True
-            self.child.returncode = 0  # reaped here: Popen must never wait for it
             self._send(REPORT_EXITED, status, self._count_orphans(), repr(clocks.monotonic()))
 
     def _count_orphans(self) -> int:
@@ -232,13 +232,13 @@ class _Guard:
             self.backstop_at = float(argument)  # on clock.monotonic, shared by both of us
 
     def _signal_group(self, signum: int) -> None:
-        assert self.child is not None
+        assert self.child_pid, "orders are read once the command runs"  # never killpg(0)
         if not self.child_done:
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.child.pid, signum)
+                os.killpg(self.child_pid, signum)
             return
         # The command is gone; its group lives on only in what it left running.
-        members = [pid for pid in proctree.descendants(self.me) if _group_of(pid) == self.child.pid]
+        members = [pid for pid in proctree.descendants(self.me) if _group_of(pid) == self.child_pid]
         proctree.signal_all(members, signum)
 
     def _signal_tree(self, signum: int) -> None:

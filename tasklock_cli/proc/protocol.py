@@ -3,7 +3,8 @@ socket pair between the wrapper (``process.Child``) and its guard (``guard``).
 
 - Wrapper to guard, before the command starts: ``env BYTES``..., then ``start TERMINAL_FD
   CLOCK BYTES`` (TERMINAL_FD -1 for none; CLOCK the first backstop, so the command never
-  runs without one; BYTES the environment's last part).
+  runs without one; BYTES the environment's last part). The guard starts the command with
+  the environment it was forked with (``process.Child``), these variables over it.
 - Wrapper to guard, while it runs: ``group SIG`` | ``tree SIG`` | ``backstop CLOCK``.
 - Guard to wrapper: ``started PID`` | ``error CODE MESSAGE`` | ``stopped SIG`` |
   ``exited STATUS ORPHANS CLOCK`` | ``backstop`` | ``empty``.
@@ -50,9 +51,9 @@ def decode(message: bytes) -> str:
     return message.decode("utf-8", "surrogateescape")
 
 
-def environ_pieces(env: dict[str, str], end: bytes = b"") -> list[bytes]:
+def environ_pieces(env: dict[str, str]) -> list[bytes]:
     """``env`` as NUL-separated ``NAME=VALUE`` bytes, cut to fit orders (at least one)."""
-    environ = b"\0".join(os.fsencode(k) + b"=" + os.fsencode(v) for k, v in env.items()) + end
+    environ = b"\0".join(os.fsencode(k) + b"=" + os.fsencode(v) for k, v in env.items())
     room = MESSAGE_SIZE - ORDER_ROOM
     return [environ[at : at + room] for at in range(0, len(environ), room)] or [b""]
 

@@ -37,4 +37,15 @@ def run_command(
         config_file=g.store_config_file(),
     )
     with g.open_store() as store:
+        collect_garbage_again()
         return Supervisor(store, options, g.events, open_store=g.open_store).run()
+
+
+def collect_garbage_again() -> None:
+    """Garbage collection back on (``entry.main`` turned it off for the imports), for a run
+    that may last hours. What exists by now (modules, the store) is kept out of the
+    collector's passes for good (``gc.freeze``): it lives as long as the process."""
+    import gc
+
+    gc.freeze()
+    gc.enable()

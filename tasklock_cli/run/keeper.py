@@ -17,7 +17,6 @@ import time
 from tasklock_cli.errors import LeaseLost
 from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.errors import TasklockError
-from tasklock_cli.run.windows import done_in_window
 from tasklock_cli.stores.base import Store
 from tasklock_cli.stores.model import EXCLUSIVE
 from tasklock_cli.stores.model import Holder
@@ -164,6 +163,8 @@ class LeaseKeeper:
             with contextlib.suppress(TasklockError):
                 self.release(lock_timeout=io_timeout)
             raise
+        from tasklock_cli.run.windows import done_in_window  # --once-per only
+
         return success if done_in_window(success, now, period) else None
 
     def release_quietly(

@@ -243,8 +243,7 @@ class Supervisor:
     def _fork_guard(self) -> Child:
         if self._guard is None:
             become_subreaper()
-            self._guard = Child(self.options.command)
-            self._guard.preload(command_env(self.options))
+            self._guard = Child(self.options.command, command_env(self.options))
         return self._guard
 
     def _raise_if_signalled(self) -> None:

@@ -18,8 +18,7 @@ kinds and the layout test all read ``STORE_PACKAGES``: adding a store is adding 
 
 from __future__ import annotations
 
-from importlib import import_module
-
+from tasklock_cli.util.lazy import import_module
 from tasklock_cli.util.records import dataclass
 
 #: typing costs ~2 ms per start: its names are for the type checker only.

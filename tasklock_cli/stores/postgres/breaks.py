@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -21,6 +20,11 @@ from tasklock_cli.stores.postgres.connection import PgConnection
 from tasklock_cli.stores.postgres.connection import Watchdog
 from tasklock_cli.stores.postgres.schema import PgSchema
 from tasklock_cli.stores.watches import SocketBreakWatch
+
+try:  # the built-in MD5: hashlib would load OpenSSL (3-5 ms of every run)
+    from _md5 import md5
+except ImportError:  # pragma: no cover - a Python built without it
+    from hashlib import md5
 
 _T = TypeVar("_T")
 
@@ -74,7 +78,7 @@ class PgBreakListeners:
         """The channel a break of ``key``'s leases is notified on (an identifier: at most
         63 bytes, so the key is hashed; the payload, the fencing token, says which lease).
         Known once connected (it names the table's oid)."""
-        digest = hashlib.md5(key.encode()).hexdigest()[:24]
+        digest = md5(key.encode()).hexdigest()[:24]
         return f"tasklock_broken_{self._schema.oid}_{digest}"
 
     def open(self, lease: Lease) -> tuple[BreakListener, bool]:
