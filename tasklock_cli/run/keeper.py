@@ -25,6 +25,10 @@ from tasklock_cli.stores.model import RunRecord
 from tasklock_cli.util import clock as clocks
 from tasklock_cli.util.records import dataclass
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from tasklock_cli.run.options import RunOptions
+
 #: Releases tried with the run's record before the record is given up (release_retrying).
 LEDGER_TRIES = 2
 
@@ -43,6 +47,14 @@ class LeaseKeeper:
     #: How long after a request was sent the lease is believed in (``RunOptions.
     #: lease_window``); None: the ttl.
     window: float | None = None
+
+    @classmethod
+    def of_run(
+        cls, store: Store, key: str, options: RunOptions, holder: Holder, clock: clocks.Clock
+    ) -> LeaseKeeper:
+        """The keeper of ``key``'s lease for a run with ``options``."""
+        window = options.lease_window
+        return cls(store, key, options.ttl, holder, clock, options.limit, options.mode, window)
 
     def __post_init__(self) -> None:
         self.owner_token = os.urandom(16).hex()  # not secrets: it imports OpenSSL

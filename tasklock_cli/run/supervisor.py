@@ -124,16 +124,7 @@ class Supervisor:
         holder = current_holder(options.command, options.note, options.record_args)
         own_stores = [open_store() for _ in options.also] if open_store else []
         keepers = [
-            LeaseKeeper(
-                client,
-                key,
-                options.ttl,
-                holder,
-                clock,
-                options.limit,
-                options.mode,
-                options.lease_window,
-            )
+            LeaseKeeper.of_run(client, key, options, holder, clock)
             for client, key in zip([store, *own_stores], [options.key, *options.also], strict=True)
         ]
         self.keeper = keepers[0]

@@ -17,7 +17,6 @@ from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.stores.model import EXCLUSIVE
 from tasklock_cli.stores.model import EXPIRY_SLACK_S
 from tasklock_cli.stores.model import LEDGER_KEEP
-from tasklock_cli.stores.model import WAITER_TTL_S
 from tasklock_cli.stores.model import Ask
 from tasklock_cli.stores.model import Holder
 from tasklock_cli.stores.model import Lease
@@ -25,6 +24,7 @@ from tasklock_cli.stores.model import LeaseInfo
 from tasklock_cli.stores.model import RunRecord
 from tasklock_cli.stores.model import StoreCheck
 from tasklock_cli.stores.model import WaiterInfo
+from tasklock_cli.stores.traits import StoreTraits
 from tasklock_cli.util.fds import fd_readable
 from tasklock_cli.util.fds import wait_readable
 
@@ -34,52 +34,13 @@ if TYPE_CHECKING:
     import builtins
 
 
-class Store(ABC):
+class Store(StoreTraits, ABC):
     """acquire / renew / release / peek / list / sweep, plus waiting, force release and schema.
 
     Every method is one round trip where the backend allows it. Methods raise
     ``StoreUnavailable`` when the store cannot be reached and ``ConfigError`` when it is
     unusable as configured; ``renew`` raises ``LeaseLost`` when the store rejects the owner.
     """
-
-    #: Shown by ``doctor`` and in errors, password redacted.
-    display_url: str = ""
-    #: True where ``wait_for_release`` wakes on a release (so waiters can poll rarely).
-    signals_release: bool = False
-    #: True where ``release`` may run while the holder's heartbeat thread is still in
-    #: ``wait_for_break`` or a renewal. Such a store serialises its calls, and releasing
-    #: closes nothing that waiting uses. The wrapper then releases without waiting for that
-    #: thread to end first.
-    concurrent_release: bool = False
-    #: True where a waiter's place is kept alive by its wait itself, not by its acquires,
-    #: and a release cannot go unheard (etcd: a watch from a revision): a plain waiter
-    #: then looks again only every ``run.waiter.QUIET_LOOK_CEILING_S``.
-    waits_keep_places: bool = False
-    #: The shortest lease the store can keep: a shorter TTL is kept this long on the store.
-    #: The holder's own deadline still counts the TTL asked, so this is safe, only slower to
-    #: free the key after a crash. 0 where expiry has millisecond resolution.
-    min_ttl: float = 0.0
-    #: How late after its expiry the store may still show a lease and refuse the key.
-    expiry_lag: float = 0.0
-    #: True where a key may be bytes that are not UTF-8 (a writer of the store made it:
-    #: SQLite's text, MySQL's VARBINARY, Redis's names), which ``peek``, ``history`` and
-    #: ``release --force`` then reach as such bytes (``util.keys.stored_key``). Elsewhere
-    #: no such key can exist (PostgreSQL's text, etcd's keys as tasklock writes them).
-    byte_keys: bool = False
-    #: How long a waiter's place in a queue lives without a renewal (see ``acquire``);
-    #: a store may round it up to its own minimum.
-    waiter_ttl: float = WAITER_TTL_S
-    #: How often ``wait_for_break``'s polling default looks at a held lease (stores that
-    #: hear of a break on a line of their own override ``wait_for_break``).
-    break_poll_s: float = 0.01
-    #: The longest a holder may believe in its lease after sending its last renewal (or
-    #: acquire), whatever its TTL: where a failover can lose a lease the new primary never
-    #: received, the shortest quarantine that protects it (``failover.DEFAULT_TTL_S``), so
-    #: that a holder cut off from the store ends its tree before a new lease is granted, and
-    #: one that reaches it renews often enough to learn of the loss in time. None where a
-    #: lease the store confirmed survives any failover (one file; Raft; replicas that
-    #: confirm every write). The lease's TTL on the store stays the one asked.
-    failover_window: float | None = None
 
     def __init__(self) -> None:
         self._places: dict[str, str] = {}  # see _queue_places
@@ -252,7 +213,7 @@ class Store(ABC):
         """Who broke ``lease`` (``breaker(by)`` of its first break), for its holder's ledger
         record; None when it is not broken, or no longer on the store."""
 
-    def note_processes(self, lease: Lease, guard_pid: int) -> None:  # noqa: B027
+    def note_processes(self, lease: Lease, guard_pid: int) -> None:
         """Record with the lease the processes its holder runs (this process and the guard
         of its command), where the store can later tell they are gone
         (``free_if_holder_gone``). Nothing by default."""
@@ -357,12 +318,12 @@ class Store(ABC):
         else:
             self._queue_places()[key] = owner_token
 
-    def stop_waiting(self, key: str) -> None:  # noqa: B027 - stores that only poll keep no place
+    def stop_waiting(self, key: str) -> None:
         """The caller has given up waiting for ``key`` but keeps the store open: leave the
         key's queue of waiters (so releases wake the others) and pass on a wake-up it was
         sent but will not use. Getting the lease, or ``close``, does the same."""
 
-    def set_io_timeout(self, seconds: float) -> None:  # noqa: B027 - local stores need none
+    def set_io_timeout(self, seconds: float) -> None:
         """Bound each later call (connect, statement, socket read) to about ``seconds``.
 
         The supervisor sets it from the lease timing so that a renewal against a dead or
@@ -370,9 +331,8 @@ class Store(ABC):
         """
 
     def init_schema(self) -> str | None:
-        """Create whatever the store needs, and mark a store that tasklock never used new
-        (``tasklock init``: nothing was held before, so no failover quarantine is owed);
-        idempotent and safe to race. Returns what it found, for the operator, or None."""
+        """Create what the store needs and mark a store never used new (``tasklock init``:
+        no failover quarantine owed); idempotent, safe to race. Returns what it found."""
         return None
 
     def schema_sql(self) -> str | None:
@@ -387,7 +347,7 @@ class Store(ABC):
         package = type(self).__module__.rpartition(".")[0]
         return import_module(f"{package}.doctor").store_checks(self)
 
-    def close(self) -> None:  # noqa: B027 - nothing to close by default
+    def close(self) -> None:
         """Release connections."""
 
     def __enter__(self) -> Store:

@@ -71,6 +71,9 @@ from tasklock_cli.stores.failover import QUARANTINE_MARGIN_S
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
+
+    from tasklock_cli.stores.failover import Quarantines
     from tasklock_cli.stores.redis.connection import RedisConnection
 
 #: ``stores.failover``'s quarantine floor and margin in ms, Redis ``TIME``'s unit here.
@@ -237,6 +240,16 @@ local function decimal_less(a, b)
   return a < b
 end
 """
+
+
+def met_quarantine(quarantines: Quarantines, key: str, result: list[Any] | None) -> bool:
+    """Whether the acquire script's ``result`` is a quarantine (``{'quarantine', ms left,
+    cause}``), noted in ``quarantines`` for ``key`` (a result that is none: noted too)."""
+    if result is None or result[0] != b"quarantine":
+        quarantines.met(key, None)
+        return False
+    quarantines.met(key, int(result[1]), result[2].decode("ascii", "replace"))
+    return True
 
 
 def quarantine_state(conn: RedisConnection) -> tuple[float, str]:

@@ -44,6 +44,7 @@ from tasklock_cli.stores.redis.connection import RedisConnection
 from tasklock_cli.stores.redis.connection import split_url
 from tasklock_cli.stores.redis.connection import wait_replicas
 from tasklock_cli.stores.redis.epochs import mark_new
+from tasklock_cli.stores.redis.epochs import met_quarantine
 from tasklock_cli.stores.redis.epochs import quarantine_state
 from tasklock_cli.stores.redis.keys import DEFAULT_PREFIX
 from tasklock_cli.stores.redis.keys import RedisKeys
@@ -102,8 +103,7 @@ class RedisStore(Store):
         self.display_url = display_url or redact_url(url)
         self._names = RedisKeys(prefix)
         self._conn = RedisConnection(url, self.display_url, self._names, wait_replicas)
-        # A lease that wait_replicas= replicas confirmed survives a promotion, with its TTL
-        # (and the namespace's longest TTL, which the quarantine then covers): the TTL decides.
+        # (a lease the replicas confirmed survives a promotion, its TTL and the longest too)
         self.failover_window = None if wait_replicas else DEFAULT_TTL_S
         self._wake_lists = RedisWakeLists(self._conn)
         #: The mode of our last acquire of each key, for its wait (see _time_until_free).
@@ -143,12 +143,7 @@ class RedisStore(Store):
         waiting = result is None and queue
         self._note_queue_place(key, owner if waiting else None)
         self._place_modes[key] = ask.mode
-        quarantined = result is not None and result[0] == b"quarantine"
-        if quarantined:
-            self._quarantines.met(key, int(result[1]), result[2].decode("ascii", "replace"))
-        else:
-            self._quarantines.met(key, None)
-        if result is None or quarantined:
+        if met_quarantine(self._quarantines, key, result) or result is None:
             return None
         if result[0] == b"superseded":
             raise Superseded(key)
@@ -423,8 +418,7 @@ class RedisStore(Store):
     # -- schema and diagnostics --------------------------------------------------------
 
     def init_schema(self) -> str | None:
-        """No schema (keys appear on first use): marks the namespace new, so that a server
-        that has just started does not keep it from holders (see ``epochs``)."""
+        """No schema (keys appear on first use): marks the namespace new (``epochs``)."""
         return mark_new(self._conn)
 
     def close(self) -> None:

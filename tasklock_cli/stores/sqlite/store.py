@@ -355,8 +355,7 @@ class SQLiteStore(Store):
             "waiter_ttl": self.waiter_ttl,
             "fifo": self._wakeups.name if self._wakeups.key == key else None,
         }
-        # one transaction: the queue and the taking; on disk before the token is used
-        with self._db.write(durable=True) as conn:
+        with self._db.write(durable=True) as conn:  # the queue and the taking, on disk
             taking = _Taking.run(conn, params, queue)
         self._note_queue_place(key, owner if taking.queued else None)
         # The superseded waiters hear of it; the run now at the head of the queue, which a
@@ -391,15 +390,10 @@ class SQLiteStore(Store):
         return lease.renewed_until(None if row is None else utc_from_timestamp(row[0]))
 
     def release(self, lease: Lease, keep_for: float = 0.0, record: RunRecord | None = None) -> bool:
-        params = {
-            **self._times(),
-            **_lease_params(lease),
-            "broken": BROKEN_OWNER_PREFIX + lease.owner_token,
-            "keep": keep_for,
-        }
+        params = {**self._times(), **_lease_params(lease), "keep": keep_for}
+        params["broken"] = BROKEN_OWNER_PREFIX + lease.owner_token
         freed, head = False, []
-        # a success is on disk before tasklock exits: --once-per must not run it again
-        with self._db.write(durable=record is not None and record.outcome == "succeeded") as conn:
+        with self._db.write(durable=_a_success(record)) as conn:
             kept = keep_for > 0 and conn.execute(_RELEASE_LATER, params).rowcount == 1
             if not kept:  # (a broken lease is freed, keep_for or not)
                 freed = conn.execute(_RELEASE, params).rowcount == 1
@@ -690,6 +684,12 @@ def _lease_info(row: tuple) -> LeaseInfo:
 def _head_run(conn: sqlite3.Connection, params: dict) -> list[str]:
     """The FIFOs of the waiters a release may admit (see ``queue.WAKE_SET``)."""
     return [row[0] for row in conn.execute(*_by_key(queue.WAKE_SET, params)) if row[0]]
+
+
+def _a_success(record: RunRecord | None) -> bool:
+    """Whether the release records a success, which is on disk before tasklock exits (its
+    commit is durable): a power cut must not let ``--once-per`` run the job again."""
+    return record is not None and record.outcome == "succeeded"
 
 
 def _by_key(sql: str, params: dict) -> tuple[str, dict]:

@@ -1,0 +1,50 @@
+"""What a store declares about itself, as class attributes its class sets: the loops of
+``Store`` and the run engine read them (each store package sets its own in its store
+class). Kept apart from ``Store``'s methods, the interface itself."""
+
+from __future__ import annotations
+
+from tasklock_cli.stores.model import WAITER_TTL_S
+
+
+class StoreTraits:
+    """A store's declared traits, with the defaults of a store that only polls."""
+
+    #: Shown by ``doctor`` and in errors, password redacted.
+    display_url: str = ""
+    #: True where ``wait_for_release`` wakes on a release (so waiters can poll rarely).
+    signals_release: bool = False
+    #: True where ``release`` may run while the holder's heartbeat thread is still in
+    #: ``wait_for_break`` or a renewal. Such a store serialises its calls, and releasing
+    #: closes nothing that waiting uses. The wrapper then releases without waiting for that
+    #: thread to end first.
+    concurrent_release: bool = False
+    #: True where a waiter's place is kept alive by its wait itself, not by its acquires,
+    #: and a release cannot go unheard (etcd: a watch from a revision): a plain waiter
+    #: then looks again only every ``run.waiter.QUIET_LOOK_CEILING_S``.
+    waits_keep_places: bool = False
+    #: The shortest lease the store can keep: a shorter TTL is kept this long on the store.
+    #: The holder's own deadline still counts the TTL asked, so this is safe, only slower to
+    #: free the key after a crash. 0 where expiry has millisecond resolution.
+    min_ttl: float = 0.0
+    #: How late after its expiry the store may still show a lease and refuse the key.
+    expiry_lag: float = 0.0
+    #: True where a key may be bytes that are not UTF-8 (a writer of the store made it:
+    #: SQLite's text, MySQL's VARBINARY, Redis's names), which ``peek``, ``history`` and
+    #: ``release --force`` then reach as such bytes (``util.keys.stored_key``). Elsewhere
+    #: no such key can exist (PostgreSQL's text, etcd's keys as tasklock writes them).
+    byte_keys: bool = False
+    #: How long a waiter's place in a queue lives without a renewal (see ``acquire``);
+    #: a store may round it up to its own minimum.
+    waiter_ttl: float = WAITER_TTL_S
+    #: How often ``wait_for_break``'s polling default looks at a held lease (stores that
+    #: hear of a break on a line of their own override ``wait_for_break``).
+    break_poll_s: float = 0.01
+    #: The longest a holder may believe in its lease after sending its last renewal (or
+    #: acquire), whatever its TTL: where a failover can lose a lease the new primary never
+    #: received, the shortest quarantine that protects it (``failover.DEFAULT_TTL_S``), so
+    #: that a holder cut off from the store ends its tree before a new lease is granted, and
+    #: one that reaches it renews often enough to learn of the loss in time. None where a
+    #: lease the store confirmed survives any failover (one file; Raft; replicas that
+    #: confirm every write). The lease's TTL on the store stays the one asked.
+    failover_window: float | None = None
