@@ -50,10 +50,10 @@ OURS_ON_RUNS_PATH = {
     "tasklock_cli.stores.sqlite.entries", "tasklock_cli.stores.sqlite.files",
     "tasklock_cli.stores.sqlite.processes", "tasklock_cli.stores.sqlite.queue",
     "tasklock_cli.stores.sqlite.schema", "tasklock_cli.stores.sqlite.store",
-    "tasklock_cli.stores.sqlite.waiting", "tasklock_cli.stores.urls", "tasklock_cli.util",
+    "tasklock_cli.stores.sqlite.waiting", "tasklock_cli.stores.traits", "tasklock_cli.stores.urls",
+    "tasklock_cli.util",
     "tasklock_cli.util.clock", "tasklock_cli.util.durations", "tasklock_cli.util.fds",
-    "tasklock_cli.util.keys", "tasklock_cli.util.lazy", "tasklock_cli.util.numbers",
-    "tasklock_cli.util.paths",
+    "tasklock_cli.util.keys", "tasklock_cli.util.lazy", "tasklock_cli.util.paths",
     "tasklock_cli.util.records", "tasklock_cli.util.sanitize", "tasklock_cli.util.times",
 }  # fmt: skip
 

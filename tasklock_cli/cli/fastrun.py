@@ -18,7 +18,6 @@ from tasklock_cli.cli.argv import QUIET
 from tasklock_cli.cli.argv import TAKES_VALUE
 from tasklock_cli.cli.argv import VERBOSE
 from tasklock_cli.config import settings
-from tasklock_cli.util.numbers import is_decimal
 from tasklock_cli.util.records import dataclass
 from tasklock_cli.util.records import field
 
@@ -69,7 +68,7 @@ def parse(args: list[str]) -> FastRun | None:
             parsed.also.append(value)
         elif name in settings.BY_FLAG:
             setting = settings.BY_FLAG[name]
-            if setting.integer and not is_decimal(value, signed=True):
+            if setting.integer and not _is_decimal(value):
                 return None  # typer's own message for a non-integer (``²``, ``--5``)
             parsed.flags[setting.name] = int(value) if setting.integer else value
         else:
@@ -150,3 +149,11 @@ def run_fast(parsed: FastRun, args: list[str]) -> int:
         return ExitCode.INTERRUPTED
     finally:
         stop_spinners()
+
+
+def _is_decimal(value: str) -> bool:
+    """An integer option's value is ASCII digits (util.numbers is imported only for such an
+    option: a plain run does without it)."""
+    from tasklock_cli.util.numbers import is_decimal
+
+    return is_decimal(value, signed=True)

@@ -12,7 +12,6 @@ import math
 from tasklock_cli.errors import UsageError
 from tasklock_cli.util.durations import format_duration
 from tasklock_cli.util.durations import parse_duration
-from tasklock_cli.util.numbers import is_decimal
 from tasklock_cli.util.records import dataclass
 
 #: typing costs ~2 ms per start: its names are for the type checker only.
@@ -57,6 +56,9 @@ class RunSetting(_Configured):
     def parse_flag(self, text: str | int) -> float | int:
         """The value of ``--name text``, checked on its own (UsageError when bad)."""
         if self.integer:
+            # (util.numbers only here: a plain run, with no integer option, does without it)
+            from tasklock_cli.util.numbers import is_decimal
+
             if isinstance(text, str) and not is_decimal(text.strip(), signed=True):
                 raise UsageError(f"invalid {self.flag} {text!r} (an integer)")
             value: float | int = int(text)
