@@ -56,7 +56,9 @@ def env(env):
 
 def test_a_paused_holder_keeps_the_key_until_its_tree_is_gone(env, store_url, tmp_path):
     command, pids, ready = tree_command(tmp_path)
-    first = start("-v", "--log-format", "json", "run", "k", "--ttl", "4s", "--", *command, env=env)
+    # (a TTL that outlasts a slow start of `release` beside other suites: with 4 s the lease
+    # ran out before `release` broke it)
+    first = start("-v", "--log-format", "json", "run", "k", "--ttl", "10s", "--", *command, env=env)
     second = None
     try:
         tree = read_tree(pids, ready)
