@@ -119,6 +119,24 @@ class Superseded(TasklockError):
         super().__init__(f"a newer --supersede run of {key!r} is waiting; giving up our place")
 
 
+class QueueFull(TasklockError):
+    """``run --max-waiting N``: N runs already wait for the key, so this one does not join
+    them (a conflict whose reason is ``queue-full``)."""
+
+    exit_code = ExitCode.CONFLICT
+    reason = "queue-full"
+
+    def __init__(self, key: str, max_waiting: int) -> None:
+        self.key = key
+        self.max_waiting = max_waiting
+        if max_waiting == 0:
+            message = f"{key!r} is held, and --max-waiting 0 never waits"
+        else:
+            runs = "1 run waits" if max_waiting == 1 else f"{max_waiting} runs wait"
+            message = f"{key!r} is held and {runs} for it already (--max-waiting {max_waiting})"
+        super().__init__(message)
+
+
 class StoreUnavailable(TasklockError):
     """The store could not be reached or did not answer in time."""
 

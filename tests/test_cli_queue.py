@@ -70,7 +70,8 @@ def test_peek_list_and_metrics_show_the_queue(cli_env, sqlite_url, tmp_path):
             (waiters[1].pid, "commit 1", "exclusive"),
         ]
         first = peeked["waiters"][0]
-        assert set(first) == {"host", "pid", "user", "since", "note", "mode"}
+        assert set(first) == {"host", "pid", "user", "since", "note", "mode", "priority"}
+        assert first["priority"] == 0
         assert first["since"].endswith("Z") and first["user"] == peeked["holder"]["user"]
         text = tasklock("peek", "deploy:prod", env=env).stdout
         assert "waiting   2, served in this order:" in text

@@ -460,6 +460,7 @@ EXAMPLE_MARKERS = {
     '{"identity": "new-epoch"}': "test_forcing_a_new_epoch_example",
     "db:reporting --shared": "test_readers_and_a_migration_example",
     "app:staging --also db:staging": "test_two_resources_example",
+    "deploy:prod --wait 30m --max-waiting 3": "test_priority_and_capped_queue_example",
 }
 
 
@@ -795,6 +796,46 @@ def test_readers_and_a_migration_example(shell_env, tmp_path, sqlite_url):
     # the readers overlapped, and the migration ran beside none of them
     assert max(starts) < min(ends)
     assert migrated > max(ends) or migrated < min(starts)
+
+
+def test_priority_and_capped_queue_example(shell_env, tmp_path, sqlite_url):
+    """Two deploys wait, a hotfix (priority 10) comes last and goes first; with three
+    waiting, a fourth deploy gives up at once (75)."""
+    from tasklock_cli.stores import open_store
+    from tests.support.cli import start
+    from tests.support.cli import wait_until
+
+    capped, hotfix = [
+        line.split()[1:]
+        for line in example("deploy:prod --wait 30m --max-waiting 3", "readme")[0].splitlines()
+        if line.startswith("tasklock")
+    ]
+    go = tmp_path / "go"
+    (tmp_path / "deploy.sh").write_text(
+        f'#!/bin/sh\nwhile [ ! -e "{go}" ]; do sleep 0.02; done\n'
+        f'echo "$DEPLOY" >> "{tmp_path}/ran.log"\n'
+    )
+    (tmp_path / "deploy.sh").chmod(0o755)
+    runs = []
+    with open_store(sqlite_url) as store:
+        for name, args in (("first", capped), ("a", capped), ("b", capped), ("hotfix", hotfix)):
+            runs.append(start(*args, env={**shell_env, "DEPLOY": name}, cwd=tmp_path))
+            wait_until(lambda: _in_line(store, "deploy:prod") == len(runs), timeout=30)
+        late = {**shell_env, "DEPLOY": "late"}
+        full = subprocess.run(
+            ["tasklock", *capped], env=late, cwd=tmp_path, capture_output=True, text=True
+        )
+        assert full.returncode == 75, full.stderr
+        assert "--max-waiting 3" in full.stderr
+        assert [w.priority for w in store.waiters("deploy:prod")] == [10, 0, 0]
+    go.touch()
+    assert [run.wait(timeout=60) for run in runs] == [0, 0, 0, 0]
+    assert ran(tmp_path) == ["first", "hotfix", "a", "b"]
+
+
+def _in_line(store, key: str) -> int:
+    """How many runs hold or wait for ``key``."""
+    return len(store.holders(key)) + len(store.waiters(key))
 
 
 def test_two_resources_example(shell_env, tmp_path):

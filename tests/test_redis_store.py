@@ -20,6 +20,8 @@ from tasklock_cli.errors import Superseded
 from tasklock_cli.stores import open_store
 from tasklock_cli.stores.base import Store
 from tasklock_cli.stores.model import EXCLUSIVE
+from tasklock_cli.stores.model import FRONT_BAND
+from tasklock_cli.stores.model import PRIORITY_BAND
 from tasklock_cli.stores.model import SHARED
 from tasklock_cli.stores.model import Holder
 from tasklock_cli.stores.redis.store import RedisStore
@@ -449,10 +451,28 @@ def test_front_places_take_scores_below_the_queue(redis_store, other, raw_redis,
     assert redis_store.acquire("dep", 30, HOLDER, first, queue=True) is None
     assert redis_store.acquire("dep", 30, HOLDER, front, queue=True, front=True) is None
     queue = raw_redis.zrange(prefix + b"{dep}:queue", 0, -1, withscores=True)
-    assert queue == [(front.encode(), 0.0), (first.encode(), 1.0)]
+    # (below every priority's band: model.FRONT_BAND)
+    assert queue == [(front.encode(), float(-FRONT_BAND - 1)), (first.encode(), 1.0)]
     assert other.release(holder) is True
     assert raw_redis.llen(prefix + b"{dep}:wake:" + front.encode()) == 1
     assert raw_redis.llen(prefix + b"{dep}:wake:" + first.encode()) == 0
+
+
+def test_priorities_take_bands_of_scores(redis_store, other, raw_redis, prefix):
+    """A place joins at the end of its priority's band; a plain place's score is what an
+    older tasklock gives it (the last + 1), so an older tasklock sees the same order."""
+    holder = other.acquire("band", 30, OTHER, token())
+    owners = [token() for _ in range(3)]
+    for owner, priority in zip(owners, (0, 5, 0), strict=True):
+        assert redis_store.acquire("band", 30, HOLDER, owner, queue=True, priority=priority) is None
+    queue = raw_redis.zrange(prefix + b"{band}:queue", 0, -1, withscores=True)
+    high = float(-5 * PRIORITY_BAND + 1)
+    assert queue == [
+        (owners[1].encode(), high),
+        (owners[0].encode(), 1.0),
+        (owners[2].encode(), 2.0),
+    ]
+    assert other.release(holder) is True
 
 
 def test_mode_operations_take_one_round_trip_each(redis_url):

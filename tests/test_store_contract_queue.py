@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -29,14 +30,15 @@ def _holder(n: int) -> Holder:
 class Waiting:
     """One waiting run: a client of its own, an owner token, a holder record."""
 
-    def __init__(self, client, n: int, key: str = "k", limit: int = 1) -> None:
+    def __init__(self, client, n: int, key: str = "k", limit: int = 1, **ask) -> None:
         self.client, self.n, self.key, self.limit = client, n, key, limit
         self.owner = token()
         self.lease = None
+        self.ask = ask  # priority, front, max_waiting, mode
 
     def attempt(self):
         self.lease = self.client.acquire(
-            self.key, 30, _holder(self.n), self.owner, limit=self.limit, queue=True
+            self.key, 30, _holder(self.n), self.owner, limit=self.limit, queue=True, **self.ask
         )
         return self.lease
 
@@ -73,6 +75,7 @@ def test_waiters_are_listed_and_served_in_arrival_order(store, store_factory):
         "since": first.to_json()["since"],
         "note": "n0",
         "mode": "exclusive",
+        "priority": 0,
     }
     assert abs(first.since.timestamp() - time.time()) < 60
     assert store.release(lease) is True
@@ -195,3 +198,70 @@ def test_the_queue_keeps_arrival_order_through_give_ups_and_crashes(
         else:
             time.sleep(0.05)
     assert served == expected
+
+
+def test_waiters_are_served_by_priority_then_arrival_with_a_front_place_first(store, store_factory):
+    """The order is the store's admission rule: each run, tried last arrival first, is
+    admitted only in its turn (priority, then arrival; ``front`` before all)."""
+    lease = store.acquire("k", 30, OTHER, token())
+    asks: list[dict] = [{}, {"priority": 5}, {}, {"priority": -3}, {"priority": 100}]
+    asks.append({"front": True})
+    asks.append({"priority": -100})
+    runs = [Waiting(store_factory(), n, **ask) for n, ask in enumerate(asks)]
+    for run in runs:
+        assert run.attempt() is None
+    expected = [5, 4, 1, 0, 2, 3, 6]
+    assert _queue(store) == expected
+    assert [w.priority for w in store.waiters("k")] == [0, 100, 5, 0, 0, -3, -100]
+    assert store.release(lease) is True
+    for at, n in enumerate(expected):
+        waiting = [run for run in runs if run.n in expected[at:]]
+        assert _served_next(waiting) == [n]
+        runs[n].release()
+
+
+def test_a_shared_waiter_of_higher_priority_goes_before_an_exclusive_one(store, store_factory):
+    """The writer rule in priority order: the exclusive waiter is behind the shared one."""
+    lease = store.acquire("k", 30, OTHER, token())
+    writer = Waiting(store_factory(), 0)
+    reader = Waiting(store_factory(), 1, mode="shared", priority=1)
+    late = Waiting(store_factory(), 2, mode="shared")
+    for run in (writer, reader, late):
+        assert run.attempt() is None
+    assert _queue(store) == [1, 0, 2]
+    assert store.release(lease) is True
+    assert _served_next([writer, reader, late]) == [1]  # the late reader waits for the writer
+    reader.release()
+    assert _served_next([writer, late]) == [0]
+
+
+def test_max_waiting_keeps_a_newcomer_out_of_a_queue_that_long(store, store_factory):
+    from tasklock_cli.errors import QueueFull
+
+    lease = store.acquire("k", 30, OTHER, token())
+    runs = _join(store_factory, 2)
+    capped = Waiting(store_factory(), 7, max_waiting=2)
+    with pytest.raises(QueueFull):
+        capped.attempt()
+    assert _queue(store) == [0, 1]
+    with pytest.raises(QueueFull):
+        Waiting(store_factory(), 8, max_waiting=0).attempt()
+    assert Waiting(store_factory(), 9, max_waiting=3).attempt() is None
+    assert _queue(store) == [0, 1, 9]
+    runs[0].ask = {"max_waiting": 1}  # a run with a place keeps it
+    assert runs[0].attempt() is None and _queue(store) == [0, 1, 9]
+    assert store.release(lease) is True
+
+
+def test_a_supersede_waiter_supersedes_one_of_another_priority(store, store_factory):
+    from tasklock_cli.errors import Superseded
+
+    lease = store.acquire("k", 30, OTHER, token())
+    older = Waiting(store_factory(), 0, supersede=True, priority=3)
+    assert older.attempt() is None
+    newer = Waiting(store_factory(), 1, supersede=True)
+    assert newer.attempt() is None
+    assert _queue(store) == [1]
+    with pytest.raises(Superseded):
+        older.attempt()
+    assert store.release(lease) is True

@@ -219,7 +219,9 @@ def waiters_block(key: str, waiters: list[WaiterInfo], held: bool) -> None:
         since = f"since {rfc3339(waiter.since)} ({relative(waiter.since)})"
         note = f", note {h.note}" if h.note else ""
         pid = shown(waiter.malformed, "holder.pid", h.pid)
-        line = f"{h.host} pid {pid} (user {h.user}), {waiter.mode}, {since}{note}"
+        # (a priority only where one was given: most queues have none)
+        priority = f", priority {waiter.priority}" if waiter.priority else ""
+        line = f"{h.host} pid {pid} (user {h.user}), {waiter.mode}{priority}, {since}{note}"
         if waiter.malformed:
             line += f" (malformed: {problems(waiter.malformed)})"
         sys.stdout.write(f"{place:>9} {_one_line(line)}\n")

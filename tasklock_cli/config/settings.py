@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 
 from tasklock_cli.errors import UsageError
+from tasklock_cli.stores.model import MAX_PRIORITY
+from tasklock_cli.stores.model import MIN_PRIORITY
 from tasklock_cli.util.durations import format_duration
 from tasklock_cli.util.durations import parse_duration
 from tasklock_cli.util.records import dataclass
@@ -23,6 +25,8 @@ if TYPE_CHECKING:
 EXIT_CODES = (0, 255)
 #: The most holders a semaphore (--limit) may have.
 MAX_LIMIT = 1000
+#: --max-waiting's bound (a queue is never that long).
+MAX_WAITING = 1_000_000
 
 
 class _Configured:
@@ -139,6 +143,20 @@ RUN_SETTINGS: tuple[RunSetting, ...] = (
         75,
         "Exit code when the lock is held by someone else.  [default: 75]",
         integer=EXIT_CODES,
+    ),
+    RunSetting(
+        "priority",
+        0,
+        "While waiting: runs of KEY are served highest priority first (-100 to 100), in "
+        "arrival order among equals.  [default: 0]",
+        integer=(MIN_PRIORITY, MAX_PRIORITY),
+    ),
+    RunSetting(
+        "max-waiting",
+        None,
+        "If N runs already wait for KEY, do not join them: exit with the conflict exit "
+        "code at once (reason queue-full); 0 = never wait.",
+        integer=(0, MAX_WAITING),
     ),
     RunSetting(
         "limit",

@@ -76,10 +76,16 @@ class LeaseKeeper:
         return self.deadline - self.clock()
 
     def try_acquire(
-        self, queue: bool = False, supersede: bool = False, front: bool = False
+        self,
+        queue: bool = False,
+        supersede: bool = False,
+        front: bool = False,
+        priority: int = 0,
+        max_waiting: int | None = None,
     ) -> bool:
         """One attempt; with ``queue``, one that fails joins (or keeps our place in) the
-        key's queue of waiters (``supersede``, ``front``: see ``Store.acquire``). The owner
+        key's queue of waiters (``supersede``, ``front``, ``priority``, ``max_waiting``:
+        see ``Store.acquire``). The owner
         token stays the same across attempts, so a retry after a lost reply recognises a
         lease it already holds instead of conflicting with itself, and a waiter keeps its
         place."""
@@ -95,6 +101,8 @@ class LeaseKeeper:
                 mode=self.mode,
                 supersede=supersede,
                 front=front,
+                priority=priority,
+                max_waiting=max_waiting,
             )
             if lease is None:
                 return False

@@ -31,6 +31,8 @@ class RunOptions:
     once_per: float | None = settings.default("once-per")
     done_exit_code: int = settings.default("done-exit-code")
     limit: int = settings.default("limit")
+    priority: int = settings.default("priority")
+    max_waiting: int | None = settings.default("max-waiting")
     note: str | None = None
     store_url: str | None = None  # passed to the command (TASKLOCK_STORE) for `check`
     #: The config file the store URL came from: passed instead of the URL (TASKLOCK_CONFIG),

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from tasklock_cli.errors import ExitCode
 from tasklock_cli.errors import Interrupted
 from tasklock_cli.errors import LossKind
+from tasklock_cli.errors import QueueFull
 from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.errors import Superseded
 from tasklock_cli.errors import TasklockError
@@ -184,6 +185,10 @@ class Supervisor:
         except Superseded as superseded:
             self.events.emit("superseded", superseded.key, None, str(superseded))
             return options.conflict_exit_code
+        except QueueFull as full:
+            message = f"{full}; not running the command"
+            self.events.emit("conflict", full.key, None, message, reason=full.reason)
+            return options.conflict_exit_code
         finally:
             self._stop_acquiring()
         for keeper in self.holding.in_order:
@@ -227,6 +232,8 @@ class Supervisor:
             supersede=options.supersede,
             replace=options.replace,
             on_broken=functools.partial(emit_replacing, self.events, keeper.key),
+            priority=options.priority,
+            max_waiting=options.max_waiting,
         )
         self._raise_if_signalled()  # came before the waiter could hear of it
         return self._waiter

@@ -45,7 +45,10 @@ class Waiter:
     - This waiter waits ahead of every other one.
     - It waits beyond ``wait`` for as long as a lease it broke (or a newcomer's) is still
       live.
-    - So it takes the key as soon as they let go or their leases run out."""
+    - So it takes the key as soon as they let go or their leases run out.
+
+    ``priority`` and ``max_waiting`` (``run --priority``, ``--max-waiting``): its place's
+    rank in the queue, and the queue length at which it does not join (``QueueFull``)."""
 
     def __init__(
         self,
@@ -57,6 +60,8 @@ class Waiter:
         supersede: bool = False,
         replace: bool = False,
         on_broken=None,
+        priority: int = 0,
+        max_waiting: int | None = None,
     ):
         self.keeper = keeper
         self.wait = wait
@@ -67,6 +72,8 @@ class Waiter:
         self.replace = replace
         self.on_broken = on_broken  # called with the leases a --replace broke, each once
         self._broken: set[int] = set()
+        self.priority = priority
+        self.max_waiting = max_waiting
         store = keeper.store
         if store.waits_keep_places and not (supersede or replace):
             self.ceiling = QUIET_LOOK_CEILING_S
@@ -110,7 +117,13 @@ class Waiter:
         while True:
             try:
                 queue = self.wait > 0 or self.replace
-                if keeper.try_acquire(queue, supersede=self.supersede, front=self.replace):
+                if keeper.try_acquire(
+                    queue,
+                    supersede=self.supersede,
+                    front=self.replace,
+                    priority=self.priority,
+                    max_waiting=self.max_waiting,
+                ):
                     return
                 broken_live = self._break_holders() or self._quarantined()
             except StoreUnavailable:

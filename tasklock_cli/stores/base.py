@@ -63,6 +63,8 @@ class Store(StoreTraits, ABC):
         mode: str = EXCLUSIVE,
         supersede: bool = False,
         front: bool = False,
+        priority: int = 0,
+        max_waiting: int | None = None,
     ) -> Lease | None:
         """Take the lowest free slot of ``key``; None when all ``limit`` slots are held.
 
@@ -87,6 +89,11 @@ class Store(StoreTraits, ABC):
         ``front`` (``run --replace``): a caller that joins the queue takes a place ahead of
         every waiter there.
 
+        ``priority`` (``run --priority``): served highest first, then by arrival; ``front``
+        before all. "Ahead" above reads this order: the writer rule holds in it.
+        ``max_waiting``: a caller without a place does not join that many live waiters or
+        more: ``QueueFull``.
+
         First come, first served: the key's live waiters (see ``waiters``) are served in
         their order. So a caller takes a slot only when fewer of them are ahead of it than
         slots are free. A caller not in the queue has them all ahead. With ``queue``, a
@@ -100,13 +107,14 @@ class Store(StoreTraits, ABC):
         another. Retrying with the same ``owner`` after a lost reply returns the same lease
         (same slot and token), not a conflict with ourselves.
         """
-        return self._acquire(key, ttl, holder, owner, limit, queue, Ask(mode, supersede, front))
+        ask = Ask(mode, supersede, front, priority, max_waiting)
+        return self._acquire(key, ttl, holder, owner, limit, queue, ask)
 
     @abstractmethod
     def _acquire(
         self, key: str, ttl: float, holder: Holder, owner: str, limit: int, queue: bool, ask: Ask
     ) -> Lease | None:
-        """``acquire``, the store's own part: ``ask`` carries mode, supersede and front."""
+        """``acquire``, the store's own part: ``ask`` carries the rest of the request."""
 
     def holdup(self, key: str) -> str | None:
         """Why no lease can be had on ``key`` now although none may show (a store's failover

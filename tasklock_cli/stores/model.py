@@ -58,6 +58,17 @@ EXCLUSIVE = "exclusive"
 SHARED = "shared"
 MODES = (EXCLUSIVE, SHARED)
 
+#: ``run --priority``: waiting runs are served highest priority first.
+MIN_PRIORITY, MAX_PRIORITY = -100, 100
+#: How the SQL stores fold a priority into a place's order number (``seq`` or ``ord``):
+#: ``arrival - priority * PRIORITY_BAND``, and for a ``front`` place ``-arrival -
+#: FRONT_BAND``. Arrival numbers stay below 2**40, so the bands never overlap: an order
+#: number sorts by (front first, priority high to low, arrival). A priority-0 place's
+#: number is its arrival, as an older tasklock writes it, so older tasklocks sharing the
+#: store read the same order.
+PRIORITY_BAND = 2**40
+FRONT_BAND = (MAX_PRIORITY + 1) * PRIORITY_BAND
+
 
 @dataclass(frozen=True)
 class Ask:
@@ -66,6 +77,11 @@ class Ask:
     mode: str = EXCLUSIVE
     supersede: bool = False
     front: bool = False
+    #: ``run --priority``: a place's rank in the queue (higher first, then arrival).
+    priority: int = 0
+    #: ``run --max-waiting``: a caller that would join a queue this long or longer does
+    #: not join it (``QueueFull``); None: no cap.
+    max_waiting: int | None = None
 
 
 @dataclass(frozen=True)
@@ -156,6 +172,8 @@ class WaiterInfo:
     since: datetime
     mode: str = "exclusive"
     malformed: tuple = ()
+    #: ``run --priority`` (an older tasklock's place has none: 0).
+    priority: int = 0
 
     def to_json(self) -> dict:
         shown = {
@@ -165,6 +183,7 @@ class WaiterInfo:
             "since": rfc3339(self.since),
             "note": self.holder.note,
             "mode": self.mode,
+            "priority": self.priority,
         }
         return with_malformed(shown, self.malformed, flat_holder=True)
 
@@ -232,6 +251,15 @@ class RunRecord:
             "mode": self.mode,
         }
         return with_malformed(shown, self.malformed, flat_holder=True)
+
+
+def place_record(holder: Holder, ask: Ask) -> dict:
+    """What a waiter's place keeps of it: the holder, with its priority when not 0 (a plain
+    place's record is what an older tasklock writes; ``rows.waiter_info`` reads it)."""
+    record = holder.to_dict()
+    if ask.priority:
+        record["priority"] = ask.priority
+    return record
 
 
 def with_malformed(shown: dict, malformed: tuple, flat_holder: bool = False) -> dict:

@@ -32,6 +32,8 @@ from datetime import timezone
 
 from tasklock_cli.stores.model import EXCLUSIVE
 from tasklock_cli.stores.model import MAX_FENCING_TOKEN
+from tasklock_cli.stores.model import MAX_PRIORITY
+from tasklock_cli.stores.model import MIN_PRIORITY
 from tasklock_cli.stores.model import MODES
 from tasklock_cli.stores.model import Holder
 from tasklock_cli.stores.model import LeaseInfo
@@ -242,10 +244,12 @@ def waiter_info(holder: object, since: object, mode: object, per_second: int = 1
     record = read.json_object("holder", holder)
     if mode is None:
         mode = record.get("mode")
+    priority = record.get("priority", 0)
     return WaiterInfo(
         holder=read.holder(record),
         since=read.moment("since", since, per_second),
         mode=read.mode("mode", mode),
+        priority=read.integer("priority", priority, MIN_PRIORITY, MAX_PRIORITY),
         malformed=read.malformed,
     )
 

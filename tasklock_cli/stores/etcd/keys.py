@@ -71,12 +71,19 @@ It does not take a free one instead.
   - M = S (shared) or X (exclusive);
   - S = S (joined with ``--supersede``) or P (plain).
 
+- A normal place with a priority (``run --priority`` P, not 0) has its band's code after
+  the N: ``N<100-P, 3 digits>MS`` for P > 0 (``N095XP`` for 5), ``Nz<-P, 3 digits>MS``
+  for P < 0 (``Nz003SP`` for -3). Digits sort before the letters S and X, and z after
+  them: the bands sort highest priority first, with priority 0's (``NXP``, as an older
+  tasklock writes it) between. An older tasklock reads a banded place as a normal
+  exclusive one.
 - Queue order, by create_revision:
 
   - the F places first, NEWEST first: a later ``front`` goes ahead of an earlier one;
-  - then the N places, oldest first.
+  - then the N places, by band, and oldest first within one.
 
-- So "ahead of a normal place R" is "any F place, or an N place created before R".
+- So "ahead of a normal place R" is "any F place, a place of a higher band, or one of its
+  own band created before R": each a contiguous range of names.
 - And "ahead of a front place R" is "an F place created after R".
 - Range compares on create_revision over ``Q F``, ``Q N``, ``Q FX``, ``Q NX`` say this in
   the acquire's txn.
@@ -323,9 +330,36 @@ def absent(name: bytes) -> dict[str, Any]:
     return {"key": b64(name), "target": "CREATE", "create_revision": "0"}
 
 
-def place_class(front: bool, mode: str, supersede: bool) -> str:
-    """The class letters of a queue place (see the layout above)."""
-    return ("F" if front else "N") + ("S" if mode == SHARED else "X") + ("S" if supersede else "P")
+def place_class(front: bool, mode: str, supersede: bool, priority: int = 0) -> str:
+    """The class letters of a queue place (see the layout above): with a priority, its
+    band's code between O and M."""
+    code = "" if front else priority_code(priority)
+    return (
+        ("F" if front else "N")
+        + code
+        + ("S" if mode == SHARED else "X")
+        + ("S" if supersede else "P")
+    )
+
+
+def priority_code(priority: int) -> str:
+    """A normal place's band code (see the layout above): none for 0, ``000``..``099`` for
+    100..1 (higher first), ``z001``..``z100`` for -1..-100 (after every band above)."""
+    if priority > 0:
+        return f"{100 - priority:03d}"
+    return f"z{-priority:03d}" if priority < 0 else ""
+
+
+def code_priority(code: str) -> int | None:
+    """The priority of a band ``code`` (``priority_code``'s inverse); None when not one."""
+    negative = code.startswith("z")
+    digits = code[1:] if negative else code
+    if len(digits) != 3 or not (digits.isascii() and digits.isdigit()):
+        return None
+    value = -int(digits) if negative else 100 - int(digits)
+    if value == 0 or not -100 <= value <= 100 or (value < 0) != negative:
+        return None
+    return value
 
 
 def family(name: bytes) -> dict[str, str]:

@@ -12,6 +12,7 @@ from typing import Any
 from typing import NamedTuple
 
 from tasklock_cli.errors import LimitMismatch
+from tasklock_cli.errors import QueueFull
 from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.errors import Superseded
 from tasklock_cli.errors import TasklockError
@@ -149,8 +150,8 @@ class EtcdStore(Store):
             looked = self._look(Taking(key, limit, owner, b"", 0, ttl_s, ask.mode))
             if not isinstance(looked, int):
                 if looked is None:  # keeps our place (or takes a new one, if it lapsed)
-                    value = waiter_value(holder, time.time())
-                    self._queue.join(key, value, ask.mode, ask.front, ask.supersede)
+                    value = waiter_value(holder, time.time(), ask)
+                    self._queue.join(key, value, ask.mode, ask.front, ask.supersede, ask.priority)
                 return looked
             start = looked
         self._freed.discard(key)
@@ -183,9 +184,9 @@ class EtcdStore(Store):
             outcome = self._refused(taking, responses, sent)
             if not isinstance(outcome, int):
                 if outcome is None and queue:
-                    self._queue.join(
-                        key, waiter_value(holder, sent), ask.mode, ask.front, ask.supersede
-                    )
+                    _refuse_if_full(self._queue, key, ask)
+                    value = waiter_value(holder, sent, ask)
+                    self._queue.join(key, value, ask.mode, ask.front, ask.supersede, ask.priority)
                 return outcome
             if outcome >= start + per_txn:
                 budget += 1  # past this txn's slots (shared ones have no limit): go on
@@ -684,3 +685,12 @@ def _owner_compare(keys: EtcdKeys, lease: Lease, value: bytes) -> list[dict[str,
         {"key": name, "target": "CREATE", "create_revision": str(lease.fencing_token)},
         {"key": name, "target": "VALUE", "value": b64(value)},
     ]
+
+
+def _refuse_if_full(queue: WaiterQueue, key: str, ask: Ask) -> None:
+    """``--max-waiting``: QueueFull when we have no place and the queue, as the refused
+    acquire's txn read it, is that long (two runs joining at the same instant may both
+    join: a txn cannot count a range)."""
+    cap = ask.max_waiting
+    if cap is not None and queue.place(key) is None and queue.length(key) >= cap:
+        raise QueueFull(key, cap)

@@ -4,8 +4,8 @@ A waiter puts a key of its own in the lock key's queue: ``P wait/<len>:K/<OMS>/<
 The key is on its waiter lease.
 Its value is the waiter's holder record and arrival, for ``peek``.
 The class OMS (see ``keys``) says front or normal, shared or exclusive, supersede or plain.
-The order, by create_revision: the front places newest first, then the normal ones oldest
-first.
+The order, by create_revision: the front places newest first, then the normal ones by
+priority band (``run --priority``, see ``keys``), oldest first within one.
 
 An acquire takes a slot only while two things hold:
 
@@ -85,13 +85,17 @@ from tasklock_cli.stores.etcd.connection import revision
 from tasklock_cli.stores.etcd.connection import unb64
 from tasklock_cli.stores.etcd.keys import EtcdKeys
 from tasklock_cli.stores.etcd.keys import absent
+from tasklock_cli.stores.etcd.keys import code_priority
 from tasklock_cli.stores.etcd.keys import place_class
+from tasklock_cli.stores.etcd.keys import priority_code
 from tasklock_cli.stores.etcd.keys import range_op
 from tasklock_cli.stores.model import EXCLUSIVE
 from tasklock_cli.stores.model import SHARED
 from tasklock_cli.stores.model import WAITER_HORIZON_S
+from tasklock_cli.stores.model import Ask
 from tasklock_cli.stores.model import Holder
 from tasklock_cli.stores.model import WaiterInfo
+from tasklock_cli.stores.model import place_record
 from tasklock_cli.util.fds import wait_readable
 
 #: When the watch breaks, waiting falls back to reading the key this often.
@@ -126,6 +130,7 @@ class Place(NamedTuple):
     mode: str
     front: bool
     supersede: bool
+    priority: int = 0
 
 
 class Queued(NamedTuple):
@@ -135,6 +140,7 @@ class Queued(NamedTuple):
     letters: str
     revision: int
     kv: dict[str, Any]
+    priority: int = 0
 
     @property
     def front(self) -> bool:
@@ -159,8 +165,12 @@ class WaiterQueue:
         # a place of ours may exist that _places does not list (a join's reply not read,
         # a leave's delete failed): close then revokes the waiter lease
         self._unsure = False
-        # key -> (value, mode, front, supersede) of the place to take when joining
-        self._wanted: dict[str, tuple[bytes, str, bool, bool]] = {}
+        # key -> (value, mode, front, supersede, priority) of the place to take when joining
+        self._wanted: dict[str, tuple[bytes, str, bool, bool, int]] = {}
+        # key -> how many live places its queue had at the last verdict (--max-waiting),
+        # and its supersede places of priority bands (superseded by name)
+        self._lengths: dict[str, int] = {}
+        self._banded_supersede: dict[str, list[bytes]] = {}
         self._lock = threading.Lock()
         # waiter lease id -> whether it was granted for longer than any waiter asks
         self._too_long: dict[int, bool] = {}
@@ -173,14 +183,17 @@ class WaiterQueue:
     def guard(self, key: str, mode: str) -> list[list[dict[str, Any]]]:
         """Compares that hold while the queue admits a ``mode`` caller (see the module's
         docstring): alternatives, any one of which admits (a range compare cannot say
-        "empty or all newer than ours" at once: a shared caller's needs two)."""
+        "empty or all newer than ours" at once: a shared caller's needs two). A shared
+        caller counts every place of a higher band as ahead, whatever its mode (a band's
+        exclusive places are not one range)."""
         queue = self._keys.queue_prefix(key)
         place = self.place(key)
         exclusive = mode != SHARED
         if place is None:
             if exclusive:
                 return [[_none_in(queue)]]
-            return [[_none_in(queue + b"FX"), _none_in(queue + b"NX")]]
+            banded = [_none_between(queue + b"N0", queue + b"N:"), _none_in(queue + b"Nz")]
+            return [[_none_in(queue + b"FX"), _none_in(queue + b"NX"), *banded]]
         own = {
             "key": b64(place.entry),
             "target": "CREATE",
@@ -189,12 +202,7 @@ class WaiterQueue:
         if place.front:  # ahead: the front places that came later
             ahead = queue + (b"F" if exclusive else b"FX")
             return [[own, _all_created(ahead, "LESS", place.revision + 1)]]
-        if exclusive:  # ahead: every front place, the normal ones that came earlier
-            newer = _all_created(queue + b"N", "GREATER", place.revision - 1)  # ours is there
-            return [[own, _none_in(queue + b"F"), newer]]
-        common = [own, _none_in(queue + b"FX")]
-        newer = _all_created(queue + b"NX", "GREATER", place.revision - 1)
-        return [[*common, _none_in(queue + b"NX")], [*common, newer]]
+        return _normal_place_guard(queue, place, exclusive, own)
 
     def reads(self, key: str) -> list[dict[str, Any]]:
         """Range ops for a refused acquire's txn: the key's queue and its superseded mark
@@ -215,8 +223,15 @@ class WaiterQueue:
         ):
             marked = int(marker_kvs[0].get("mod_revision", 0)) if marker_kvs else 0
             return SUPERSEDED if place.supersede and marked > place.revision else GONE
+        self._lengths[key] = len(placed)
+        banded = [q.name for q in placed if q.priority and q.letters.endswith("S")]
+        self._banded_supersede[key] = banded
         ahead = _ahead(placed, place.entry if place else None)
-        return AHEAD if _keeps_out(ahead, mode) else CLEAR
+        return AHEAD if _keeps_out(ahead, mode, place) else CLEAR
+
+    def length(self, key: str) -> int:
+        """How many live places ``key``'s queue had at the last ``verdict``."""
+        return self._lengths.get(key, 0)
 
     def waiters(self, key: str) -> list[WaiterInfo]:
         """The places in ``key``'s queue, in the order they are served."""
@@ -275,11 +290,14 @@ class WaiterQueue:
             granted = int(reply.get("grantedTTL", 0))
             self._too_long[lease_id] = granted > WAITER_HORIZON_S
 
-    def join(self, key: str, value: bytes, mode: str, front: bool, supersede: bool) -> None:
+    def join(
+        self, key: str, value: bytes, mode: str, front: bool, supersede: bool, priority: int = 0
+    ) -> None:
         """Take a place in ``key``'s queue, with ``value``, when we have none (with
-        ``supersede``: superseding every other supersede place, in the same txn)."""
+        ``supersede``: superseding every other supersede place, in the same txn; in
+        ``priority``'s band)."""
         with self._lock:
-            self._wanted[key] = (value, mode, front, supersede)
+            self._wanted[key] = (value, mode, front, supersede, priority)
         self._join(key)
 
     def place(self, key: str) -> Place | None:
@@ -401,14 +419,17 @@ class WaiterQueue:
                 self._waiter_refreshed = time.monotonic()
                 grant = {"ID": str(self._waiter_lease), "TTL": str(self.ttl_s)}
                 requests.append(("/v3/lease/grant", grant))
-            value, mode, front, supersede = self._wanted.get(key, (b"", EXCLUSIVE, False, False))
-            letters = place_class(front, mode, supersede)
+            wanted = self._wanted.get(key, (b"", EXCLUSIVE, False, False, 0))
+            value, mode, front, supersede, priority = wanted
+            letters = place_class(front, mode, supersede, priority)
             entry = self._keys.queue_entry(key, self._waiter_lease, letters)
             requests.append(("/v3/kv/txn", self._join_txn(key, entry, value, supersede)))
             was_unsure, self._unsure = self._unsure, True  # (the place exists once sent)
             replies = self._client.call(*requests)
             # the txn's revision is our place's create_revision
-            self._places[key] = Place(entry, revision(replies[-1]), mode, front, supersede)
+            self._places[key] = Place(
+                entry, revision(replies[-1]), mode, front, supersede, priority
+            )
             self._unsure = was_unsure
             return entry
 
@@ -423,6 +444,11 @@ class WaiterQueue:
             for letters in SUPERSEDE_CLASSES:
                 start = queue + letters.encode() + b"/"
                 ops.extend(_deletes_but(start, prefix_end(start), entry))
+            # (the banded classes are too many for a delete each: the places the refused
+            # acquire's txn read)
+            for name in self._banded_supersede.get(key, ()):
+                if name != entry:
+                    ops.append({"request_delete_range": {"key": b64(name)}})
         ops.append({"request_put": {"key": b64(entry), "value": b64(value), "lease": lease}})
         if supersede:
             marker = {"key": b64(self._keys.superseded_key(key)), "value": b64(entry)}
@@ -470,10 +496,26 @@ class WaiterQueue:
         placed = _ordered(queue, self.live_places(reply.get("kvs", []), delete=True))
         if not any(queued.name == entry for queued in placed):
             return None, False
+        place = self.place(key)
         ahead = _ahead(placed, entry)
-        if self.mode_of(key) == SHARED:  # only an exclusive place ahead keeps it out
-            ahead = [queued for queued in ahead if queued.mode == EXCLUSIVE]
+        if self.mode_of(key) == SHARED:  # only an exclusive place (or a higher band) ahead
+            ahead = [queued for queued in ahead if _blocks_shared(queued, place)]
         return (ahead[-1].name if ahead else None), True
+
+
+def _normal_place_guard(
+    queue: bytes, place: Place, exclusive: bool, own: dict[str, Any]
+) -> list[list[dict[str, Any]]]:
+    """``guard``'s alternatives for a normal ``place`` (its compare: ``own``): no front
+    place (a shared one: no exclusive front place), no place of a higher band, and none of
+    our band (a shared one: its exclusive places) created before ours."""
+    higher = [_none_between(*span) for span in _higher_bands(queue, place.priority)]
+    low, high = _band(queue, place.priority, None if exclusive else "X")
+    newer = _all_created_between(low, high, "GREATER", place.revision - 1)
+    if exclusive:  # (ours is in our band: never empty)
+        return [[own, _none_in(queue + b"F"), *higher, newer]]
+    common = [own, _none_in(queue + b"FX"), *higher]
+    return [[*common, _none_between(low, high)], [*common, newer]]
 
 
 def _lease_if_its_own(kv: dict[str, Any]) -> int | None:
@@ -490,6 +532,33 @@ def _lease_if_its_own(kv: dict[str, Any]) -> int | None:
 def _none_in(start: bytes) -> dict[str, Any]:
     """A compare that holds while no key starts with ``start``."""
     return {**absent(start), "range_end": b64(prefix_end(start))}
+
+
+def _none_between(low: bytes, high: bytes) -> dict[str, Any]:
+    """A compare that holds while no key lies in [low, high)."""
+    return {**absent(low), "range_end": b64(high)}
+
+
+def _all_created_between(low: bytes, high: bytes, result: str, than: int) -> dict[str, Any]:
+    """``_all_created`` over the keys in [low, high)."""
+    return {**_all_created(low, result, than), "range_end": b64(high)}
+
+
+def _band(queue: bytes, priority: int, mode_letter: str | None = None) -> tuple[bytes, bytes]:
+    """The names of priority ``priority``'s normal places in ``queue`` (only those of
+    ``mode_letter``, S or X, when given), as a range [low, high)."""
+    code = priority_code(priority).encode()
+    if not code and mode_letter is None:  # priority 0: NS..., NX... (an older tasklock's too)
+        return queue + b"NS", queue + b"NY"
+    start = queue + b"N" + code + (mode_letter or "").encode()
+    return start, prefix_end(start)
+
+
+def _higher_bands(queue: bytes, priority: int) -> list[tuple[bytes, bytes]]:
+    """The ranges of the bands above ``priority``'s (none above 100)."""
+    low = queue + b"N0"  # the first band, 100's (N000)
+    high = _band(queue, priority)[0] if priority else queue + b"N:"
+    return [(low, high)] if low < high else []
 
 
 def _all_created(start: bytes, result: str, than: int) -> dict[str, Any]:
@@ -519,18 +588,27 @@ def _deletes_but(start: bytes, end: bytes, kept: bytes) -> list[dict[str, Any]]:
 
 def _ordered(queue: bytes, kvs: list[dict[str, Any]]) -> list[Queued]:
     """The places read under ``queue``, in the order they are served: the front ones
-    newest first, then the others oldest first."""
-    placed = []
-    for kv in kvs:
-        name = unb64(kv["key"])
-        rest = name[len(queue) :]
-        letters = rest[:3].decode("ascii", "replace") if rest[3:4] == b"/" else "NXP"
-        if letters[:1] not in ("F", "N"):
-            letters = "NXP"  # an older tasklock's place: a plain exclusive one
-        placed.append(Queued(name, letters, int(kv.get("create_revision", 0)), kv))
+    newest first, then the others by band (highest priority first), oldest first."""
+    placed = [_queued(queue, kv) for kv in kvs]
     fronts = sorted((queued for queued in placed if queued.front), key=lambda q: -q.revision)
-    others = sorted((queued for queued in placed if not queued.front), key=lambda q: q.revision)
+    others = sorted(
+        (queued for queued in placed if not queued.front), key=lambda q: (-q.priority, q.revision)
+    )
     return fronts + others
+
+
+def _queued(queue: bytes, kv: dict[str, Any]) -> Queued:
+    """A place as read: its class letters (OMS) and band from its name; a name of no class
+    (an older tasklock's) is a plain exclusive place of priority 0."""
+    name = unb64(kv["key"])
+    found = name[len(queue) :].partition(b"/")[0].decode("ascii", "replace")
+    letters, priority = found, 0
+    if len(found) > 3 and found[:1] == "N":
+        banded = code_priority(found[1:-2])
+        letters, priority = ("N" + found[-2:], banded) if banded is not None else ("", 0)
+    if len(letters) != 3 or letters[:1] not in ("F", "N"):
+        letters = "NXP"
+    return Queued(name, letters, int(kv.get("create_revision", 0)), kv, priority)
 
 
 def _ahead(placed: list[Queued], entry: bytes | None) -> list[Queued]:
@@ -539,16 +617,31 @@ def _ahead(placed: list[Queued], entry: bytes | None) -> list[Queued]:
     return placed[: names.index(entry)] if entry in names else placed
 
 
-def _keeps_out(ahead: list[Queued], mode: str) -> bool:
-    """Whether the places ``ahead`` keep a ``mode`` caller out."""
+def _keeps_out(ahead: list[Queued], mode: str, place: Place | None) -> bool:
+    """Whether the places ``ahead`` keep a ``mode`` caller (at ``place``) out."""
     if mode == SHARED:
-        return any(queued.mode == EXCLUSIVE for queued in ahead)
+        return any(_blocks_shared(queued, place) for queued in ahead)
     return bool(ahead)
 
 
-def waiter_value(holder: Holder, sent: float) -> bytes:
-    """A place's value: the waiter's holder record and when it came (ms, its clock)."""
-    return json.dumps({"holder": holder.to_dict(), "since": int(sent * 1000)}).encode()
+def _blocks_shared(queued: Queued, place: Place | None) -> bool:
+    """Whether ``queued``, ahead of a shared caller at ``place``, keeps it out (as ``guard``
+    says): an exclusive place, or a normal place of a higher band than ours (of any band
+    but 0 for a caller without a place)."""
+    if queued.mode == EXCLUSIVE:
+        return True
+    if queued.front:
+        return False
+    if place is None:
+        return queued.priority != 0
+    return not place.front and queued.priority > place.priority
+
+
+def waiter_value(holder: Holder, sent: float, ask: Ask | None = None) -> bytes:
+    """A place's value: the waiter's holder record (with its priority) and when it came
+    (ms, its clock)."""
+    record = holder.to_dict() if ask is None else place_record(holder, ask)
+    return json.dumps({"holder": record, "since": int(sent * 1000)}).encode()
 
 
 def _waiter_info(value: bytes, mode: str) -> WaiterInfo:

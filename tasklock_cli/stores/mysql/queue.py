@@ -7,9 +7,14 @@ A key's queue is its live places in ``<table>_waiters``, served in ``ord`` order
 
 - A live place's ``expires_at`` has neither passed nor gone beyond the waiter horizon.
 - A live place is not ``superseded``.
-- ``ord`` is the place's ``seq``, an AUTO_INCREMENT.
-- For a place taken with ``front``, ``ord`` is minus the ``seq``.
-  So those places sort ahead of every other, the latest first.
+- ``ord`` is the place's ``seq``, an AUTO_INCREMENT, minus its priority (``run
+  --priority``) times ``model.PRIORITY_BAND``: higher priorities first, then arrival.
+  A priority-0 place's ``ord`` is its ``seq``, as an older tasklock writes it.
+- For a place taken with ``front``, ``ord`` is minus the ``seq``, minus
+  ``model.FRONT_BAND``.
+  So those places sort ahead of every other and every priority, the latest first.
+- ``--max-waiting`` (``p_max_waiting``): a caller without a place does not join a queue of
+  that many places or more (outcome 'full').
 
 Each place keeps its mode:
 
@@ -34,7 +39,9 @@ from __future__ import annotations
 import hashlib
 
 from tasklock_cli.stores.failover import MAX_EPOCH
+from tasklock_cli.stores.model import FRONT_BAND
 from tasklock_cli.stores.model import MAX_FENCING_TOKEN
+from tasklock_cli.stores.model import PRIORITY_BAND
 from tasklock_cli.stores.model import WAITER_HORIZON_S
 from tasklock_cli.stores.mysql.epochs import EPOCH_STEPS
 from tasklock_cli.stores.mysql.epochs import FIRST_TOKEN
@@ -48,7 +55,7 @@ _HORIZON = f"INTERVAL {int(WAITER_HORIZON_S * 1_000_000)} MICROSECOND"
 _COUNTS = "{w}expires_at > {now} AND {w}expires_at <= {now} + " + _HORIZON
 
 # The outcome row's columns:
-# - outcome: 'taken', 'none', 'queued', 'mismatch', 'superseded', 'exhausted' (the key's
+# - outcome: 'taken', 'none', 'queued', 'full', 'mismatch', 'superseded', 'exhausted' (the key's
 #   counter is at 2**63-1) or 'unreadable' (below 0: someone else wrote it);
 # - slot;
 # - slot_limit: with 'mismatch', the live holders';
@@ -162,13 +169,19 @@ BEGIN
             SET v_seq = (SELECT seq FROM `{{table}}_waiters`
                           WHERE `key` = p_key AND owner_token = p_owner);
             SET v_outcome = 'queued';
+        ELSEIF v_outcome = 'none' AND p_max_waiting IS NOT NULL
+           AND (SELECT COUNT(*) FROM `{{table}}_waiters`
+                 WHERE `key` = p_key AND NOT superseded) >= p_max_waiting THEN
+            SET v_outcome = 'full';
         ELSEIF v_outcome = 'none' THEN
             INSERT INTO `{{table}}_waiters`
                    (`key`, owner_token, holder, mode, supersede, since, expires_at)
             VALUES (p_key, p_owner, p_holder, p_mode, p_supersede, v_now,
                     v_now + INTERVAL ROUND(p_wttl * 1000000) MICROSECOND);
             SET v_seq = LAST_INSERT_ID();
-            UPDATE `{{table}}_waiters` SET ord = IF(p_front, -v_seq, v_seq) WHERE seq = v_seq;
+            UPDATE `{{table}}_waiters`
+               SET ord = IF(p_front, -v_seq - {FRONT_BAND}, v_seq - p_priority * {PRIORITY_BAND})
+             WHERE seq = v_seq;
             IF p_supersede THEN
                 UPDATE `{{table}}_waiters` SET superseded = TRUE
                  WHERE `key` = p_key AND supersede AND NOT superseded AND seq <> v_seq;

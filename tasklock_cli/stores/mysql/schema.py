@@ -17,7 +17,9 @@ from tasklock_cli.stores.mysql.queue import WAKE_QUEUE_BODY
 #: characters), so a name is at most 48.
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_$]{0,47}")
 #: Kept in each procedure's COMMENT: a procedure of another version is replaced.
-VERSION = "tasklock 5"
+#: Version 6: the acquire procedure takes ``p_priority`` and ``p_max_waiting`` (``run
+#: --priority``, ``--max-waiting``); the tables are unchanged.
+VERSION = "tasklock 6"
 #: Columns of the three tables and their data types (information_schema.columns).
 _COLUMNS = {
     "": {
@@ -200,7 +202,7 @@ _ACQUIRE = f"""\
 CREATE PROCEDURE `{{table}}_acquire`(
     IN p_key VARBINARY(512), IN p_owner VARBINARY(255), IN p_holder TEXT, IN p_ttl DOUBLE,
     IN p_limit INT, IN p_queue BOOLEAN, IN p_wttl DOUBLE, IN p_mode VARCHAR(16),
-    IN p_supersede BOOLEAN, IN p_front BOOLEAN)
+    IN p_supersede BOOLEAN, IN p_front BOOLEAN, IN p_priority INT, IN p_max_waiting BIGINT)
 {_HEAD}
 {ACQUIRE_BODY}"""
 

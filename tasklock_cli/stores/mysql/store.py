@@ -13,6 +13,7 @@ from datetime import timezone
 from tasklock_cli.errors import CounterUnreadable
 from tasklock_cli.errors import FencingExhausted
 from tasklock_cli.errors import LimitMismatch
+from tasklock_cli.errors import QueueFull
 from tasklock_cli.errors import Superseded
 from tasklock_cli.errors import TasklockError
 from tasklock_cli.stores import rows as row_parsing
@@ -30,6 +31,7 @@ from tasklock_cli.stores.model import RunRecord
 from tasklock_cli.stores.model import WaiterInfo
 from tasklock_cli.stores.model import breaker
 from tasklock_cli.stores.model import breaker_of
+from tasklock_cli.stores.model import place_record
 from tasklock_cli.stores.model import prefix_upper_bound
 from tasklock_cli.stores.mysql.breaks import MySQLBreakWatches
 from tasklock_cli.stores.mysql.connection import MySQLConnection
@@ -199,7 +201,7 @@ class MySQLStore(SqlStore):
         args = (
             key,
             owner,
-            json.dumps(holder.to_dict()),
+            json.dumps(place_record(holder, ask)),
             float(ttl),
             int(limit),
             queue,
@@ -207,6 +209,8 @@ class MySQLStore(SqlStore):
             ask.mode,
             ask.supersede,
             ask.front,
+            int(ask.priority),
+            ask.max_waiting,
         )
         (row,) = self._call("acquire", args)
         outcome, slot, slot_limit, token, acquired_at, expires_at, mode, seq, quarantine = row
@@ -221,6 +225,8 @@ class MySQLStore(SqlStore):
             raise Superseded(key)
         if outcome == "mismatch":
             raise LimitMismatch(key, int(slot_limit), int(limit))
+        if outcome == "full":
+            raise QueueFull(key, ask.max_waiting or 0)
         if outcome == "exhausted":
             raise FencingExhausted(key)
         if outcome == "unreadable":

@@ -9,10 +9,16 @@
 A key's queue is its live places in ``<table>_waiters``, served in ``seq`` order.
 A live place's ``expires_at`` has not passed, and it is not ``superseded``.
 
-A place taken with ``front`` gets a negative ``seq``: minus a fresh number of the table's
-sequence.
-So it sorts ahead of every place there, the latest such place first.
+A place's ``seq`` is a fresh number of the table's sequence, minus its priority (``run
+--priority``) times ``model.PRIORITY_BAND``.
+So higher priorities sort first, and arrival decides among equals; a priority-0 place's
+``seq`` is the plain number an older tasklock writes.
+A place taken with ``front`` gets minus a fresh number, minus ``model.FRONT_BAND``.
+So it sorts ahead of every place there and every priority, the latest such place first.
 An older tasklock sharing the table orders by ``seq`` alone, and so sees the same order.
+
+``--max-waiting`` (%(max_waiting)s): a caller without a place does not join a queue of that
+many places or more ('full').
 
 Each place keeps its mode:
 
@@ -23,6 +29,8 @@ Each place keeps its mode:
 
 from __future__ import annotations
 
+from tasklock_cli.stores.model import FRONT_BAND
+from tasklock_cli.stores.model import PRIORITY_BAND
 from tasklock_cli.stores.model import WAITER_HORIZON_S
 from tasklock_cli.stores.postgres.epochs import EPOCH_CTES
 from tasklock_cli.stores.postgres.epochs import FIRST_TOKEN
@@ -224,16 +232,25 @@ counter AS (
     RETURNING l.slot, l.slot_limit, l.fencing_token, l.acquired_at, l.expires_at, l.mode
 ),"""
 _ACQUIRE_QUEUE = """
-joined AS (
+queue_full AS (
+    -- --max-waiting: a caller with no place does not join a queue that long
+    SELECT FROM n
+     WHERE %(queue)s AND %(max_waiting)s::bigint IS NOT NULL AND NOT EXISTS (SELECT FROM place)
+       AND NOT EXISTS (SELECT FROM claimed) AND NOT EXISTS (SELECT FROM retried)
+       AND NOT EXISTS (SELECT FROM gone)
+       AND (SELECT count(*) FROM queued) >= %(max_waiting)s::bigint
+), joined AS (
     INSERT INTO {waiters} AS w
            (seq, key, owner_token, holder, mode, supersede, since, expires_at)
-    SELECT CASE WHEN %(front)s THEN -nextval(pg_get_serial_sequence({waiters_name}, 'seq'))
-                ELSE nextval(pg_get_serial_sequence({waiters_name}, 'seq')) END,
+    SELECT CASE WHEN %(front)s
+                THEN -nextval(pg_get_serial_sequence({waiters_name}, 'seq')) - {_FRONT_BAND}
+                ELSE nextval(pg_get_serial_sequence({waiters_name}, 'seq'))
+                     - %(priority)s::bigint * {_PRIORITY_BAND} END,
            %(key)s, %(owner)s, %(holder)s, %(mode)s, %(supersede)s, n.t,
            n.t + make_interval(secs => %(wttl)s::float8)
       FROM n
      WHERE %(queue)s AND NOT EXISTS (SELECT FROM claimed) AND NOT EXISTS (SELECT FROM retried)
-       AND NOT EXISTS (SELECT FROM gone)
+       AND NOT EXISTS (SELECT FROM gone) AND NOT EXISTS (SELECT FROM queue_full)
     ON CONFLICT (key, owner_token) DO UPDATE SET
         expires_at = excluded.expires_at,
         -- a place that ran out (its waiter stalled) goes to the end of the queue (or the
@@ -284,6 +301,8 @@ SELECT r.* FROM (
     UNION ALL
     SELECT 'queued', NULL, NULL, seq, NULL, NULL, NULL FROM joined
     UNION ALL
+    SELECT 'full', NULL, NULL, NULL, NULL, NULL, NULL FROM queue_full
+    UNION ALL
     SELECT 'superseded', NULL, NULL, NULL, NULL, NULL, NULL FROM gone
     UNION ALL
     SELECT 'woken' || pg_notify(%(channel)s, {_WAITER.format(seq="seq")})::text,
@@ -297,6 +316,9 @@ ACQUIRE = (
     + _ACQUIRE_QUEUE.replace("{admitted}", ADMITTED_RUN)
     + _ACQUIRE_OUTCOME
 ).replace("{_HORIZON}", _HORIZON)
+ACQUIRE = ACQUIRE.replace("{_FRONT_BAND}", str(FRONT_BAND)).replace(
+    "{_PRIORITY_BAND}", str(PRIORITY_BAND)
+)
 
 # Whether the key is free for us, or for how long it is not.
 # "Us" is our place %(seq)s (NULL when we have none) and its mode.

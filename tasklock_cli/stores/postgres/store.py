@@ -20,6 +20,7 @@ from psycopg.types.json import Jsonb
 from tasklock_cli.errors import CounterUnreadable
 from tasklock_cli.errors import FencingExhausted
 from tasklock_cli.errors import LimitMismatch
+from tasklock_cli.errors import QueueFull
 from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.errors import Superseded
 from tasklock_cli.errors import TasklockError
@@ -40,6 +41,7 @@ from tasklock_cli.stores.model import RunRecord
 from tasklock_cli.stores.model import WaiterInfo
 from tasklock_cli.stores.model import breaker
 from tasklock_cli.stores.model import breaker_of
+from tasklock_cli.stores.model import place_record
 from tasklock_cli.stores.model import prefix_upper_bound
 from tasklock_cli.stores.postgres.breaks import PgBreakListeners
 from tasklock_cli.stores.postgres.connection import Overrun
@@ -338,7 +340,7 @@ class PostgresStore(SqlStore):
         params = {
             "key": key,
             "owner": owner,
-            "holder": Jsonb(holder.to_dict()),
+            "holder": Jsonb(place_record(holder, ask)),
             "ttl": float(ttl),
             "limit": int(limit),
             "queue": queue,
@@ -347,6 +349,8 @@ class PostgresStore(SqlStore):
             "shared": ask.mode == SHARED,
             "supersede": ask.supersede,
             "front": ask.front,
+            "priority": int(ask.priority),
+            "max_waiting": ask.max_waiting,
         }
         statement = self._sql(ACQUIRE)
 
@@ -365,6 +369,8 @@ class PostgresStore(SqlStore):
             left_ms = next((row[3] for row in rows if row[0] == "quarantine"), None)
             self._quarantines.met(key, None if left_ms is None else int(left_ms))
             outcome = _outcome(key, owner, limit, rows)
+            if outcome is None and any(row[0] == "full" for row in rows):
+                raise QueueFull(key, ask.max_waiting or 0)
             if outcome != "lost":
                 return outcome
             # "lost": another acquire of the key committed since the statement's snapshot
@@ -632,6 +638,7 @@ def _outcome(key: str, owner: str, limit: int, rows: list) -> Lease | Literal["l
     if "superseded" in outcomes:
         raise Superseded(key)
     outcomes.pop("queued", None)
+    outcomes.pop("full", None)  # (raised by ``_acquire``)
     outcomes.pop("quarantine", None)  # (noted by ``_acquire``)
     if not outcomes:
         return None

@@ -12,9 +12,14 @@ Per lock key ``K`` (named after its wake list ``P{K}:wake``)::
 
 The keys in detail:
 
-- ``P{K}:queue``: a caller joins at the end (the last score + 1).
-  With ``front`` it joins ahead of everyone (the first score - 1).
+- ``P{K}:queue``: a caller with priority P (``run --priority``) joins at the end of its
+  band of scores, ``[-P * PRIORITY_BAND, -P * PRIORITY_BAND + PRIORITY_BAND)`` (the last
+  score there + 1): higher priorities first, arrival among equals. An older tasklock's
+  waiter (the last score + 1) has priority 0 when the queue's last place has it.
+  With ``front`` it joins ahead of everyone and every priority (the first score - 1, at
+  most ``-FRONT_BAND - 1``).
   Keeping a place keeps its score.
+  With ``--max-waiting`` N a caller without a place does not join N places or more.
 - ``P{K}:waiters``: ``record`` is the waiter's holder as JSON.
   When not the default, it adds ``"mode": "shared"`` and ``"supersede": true``.
   An older tasklock reads the holder and ignores both.
@@ -39,10 +44,14 @@ from __future__ import annotations
 
 import json
 
+from tasklock_cli.stores.model import FRONT_BAND
+from tasklock_cli.stores.model import PRIORITY_BAND
 from tasklock_cli.stores.model import SHARED
 from tasklock_cli.stores.model import WAITER_HORIZON_S
+from tasklock_cli.stores.model import Ask
 from tasklock_cli.stores.model import Holder
 from tasklock_cli.stores.model import WaiterInfo
+from tasklock_cli.stores.model import place_record as model_place_record
 from tasklock_cli.stores.rows import waiter_info as waiter_info_of
 
 #: How a place's record says its waiter is shared, or joined with ``--supersede``
@@ -107,17 +116,27 @@ local function head_run(places, extra, live, shared_live, slots)
   end
   return n
 end
+-- The score of a newcomer with `priority`: after the last place of its band.
+local function band_score(q, priority)
+  local base = -priority * PRIORITY_BAND
+  local last = redis.call('ZREVRANGEBYSCORE', q, '(' .. (base + PRIORITY_BAND), base,
+                          'WITHSCORES', 'LIMIT', 0, 1)
+  return (tonumber(last[2]) or base) + 1
+end
+-- The score of a newcomer with `front`: ahead of every place and every band.
+local function front_score(q)
+  local first = tonumber(redis.call('ZRANGE', q, 0, 0, 'WITHSCORES')[2]) or 0
+  return math.min(first, -FRONT_BAND) - 1
+end
 -- Join the queue (at its end, or with `front` ahead of every place), or keep our live
 -- place and its order, until now + ttl. True when we joined (had no live place).
-local function join_queue(wake_name, owner, now, ttl, record, front)
+local function join_queue(wake_name, owner, now, ttl, record, front, priority)
   local q, w = queue_names(wake_name)
   local value = redis.call('HGET', w, owner)
   local since = now
   local joined = not (redis.call('ZSCORE', q, owner) and place_live(value, now))
   if joined then
-    local edge = front and 0 or -1
-    local score = tonumber(redis.call('ZRANGE', q, edge, edge, 'WITHSCORES')[2]) or 0
-    redis.call('ZADD', q, front and score - 1 or score + 1, owner)
+    redis.call('ZADD', q, front and front_score(q) or band_score(q, priority), owner)
   else
     since = tonumber(string.match(value, '^%d+ (%d+) '))
   end
@@ -207,6 +226,8 @@ QUEUE_LUA = (
     _QUEUE_LUA.replace("SHARED_FLAG", repr(SHARED_FLAG))
     .replace("SUPERSEDE_FLAG", repr(SUPERSEDE_FLAG))
     .replace("WAITER_HORIZON_MS", _HORIZON_MS)
+    .replace("FRONT_BAND", str(FRONT_BAND))
+    .replace("PRIORITY_BAND", str(PRIORITY_BAND))
 )
 
 # Read-only; KEYS[1] = wake; ARGV: our owner ('' = none) -> {how many live places are
@@ -229,10 +250,12 @@ return out
 """.replace("WAITER_HORIZON_MS", _HORIZON_MS)
 
 
-def place_record(holder: Holder, mode: str, supersede: bool) -> str:
-    """What a place keeps of its waiter: the holder, with its mode and supersede flag when
-    not the defaults (so a plain waiter's record is what an older tasklock writes)."""
-    record = holder.to_dict()
+def place_record(holder: Holder, ask: Ask) -> str:
+    """What a place keeps of its waiter: the holder, with its mode, supersede flag and
+    priority when not the defaults (so a plain waiter's record is what an older tasklock
+    writes)."""
+    record = model_place_record(holder, ask)
+    mode, supersede = ask.mode, ask.supersede
     if mode == SHARED:
         record["mode"] = SHARED
     if supersede:

@@ -115,7 +115,8 @@ end
 # ARGV: owner, ttl_ms, holder_json, limit, queue ('1' or ''), waiter_ttl_ms,
 # mode ('shared' or '': exclusive), supersede ('1' or ''), front ('1' or ''),
 # the place's record (see ``queue``), the run_id of the server the client saw
-# ``appendfsync always`` on ('' when not: see ``epochs``).
+# ``appendfsync always`` on ('' when not: see ``epochs``), the priority (a decimal),
+# max_waiting ('' = no cap).
 # Returns:
 # - {fencing_token (a decimal string), acquired_at_ms, expires_at_ms, slot} when taken;
 # - nil when every slot is held, or the free ones go to waiters ahead of us (first come,
@@ -124,7 +125,9 @@ end
 #   fresh server that may have lost the namespace's record ('fresh'), keeps every key
 #   from new holders (it queues as nil does);
 # - {'limit', held} when a live holder uses another limit;
-# - {'superseded'} when a newer --supersede waiter took our place (we leave the queue).
+# - {'superseded'} when a newer --supersede waiter took our place (we leave the queue);
+# - {'full'} when, with queue and max_waiting, we have no place and that many places or
+#   more wait (we do not join).
 # With queue, nil joins the queue or keeps our place.
 # A shared caller (limit 1) looks one slot past those recorded: there is always one free.
 ACQUIRE = (
@@ -179,7 +182,11 @@ local quarantined = now < quarantine_until
 if quarantined or free == nil or head_run(queue, mine, live, shared_live, limit) < at then
   if ARGV[5] == '1' then
     local waiter_ttl = tonumber(ARGV[6])
-    local joined = join_queue(KEYS[3], ARGV[1], now, waiter_ttl, ARGV[10], ARGV[9] == '1')
+    if at > #queue and ARGV[13] ~= '' and #queue >= tonumber(ARGV[13]) then
+      return {'full'}
+    end
+    local joined = join_queue(KEYS[3], ARGV[1], now, waiter_ttl, ARGV[10], ARGV[9] == '1',
+                              tonumber(ARGV[12]) or 0)
     local superseding = joined and ARGV[8] == '1'
     if superseding and supersede_others(KEYS[3], queue, ARGV[1], now, waiter_ttl) > 0 then
       wake(KEYS[3], KEYS[1], count, 0)  -- the places behind them may go now

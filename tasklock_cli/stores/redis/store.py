@@ -18,6 +18,7 @@ from tasklock_cli.errors import ConfigError
 from tasklock_cli.errors import FencingExhausted
 from tasklock_cli.errors import ForeignKey
 from tasklock_cli.errors import LimitMismatch
+from tasklock_cli.errors import QueueFull
 from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.errors import Superseded
 from tasklock_cli.errors import TasklockError
@@ -39,6 +40,7 @@ from tasklock_cli.stores.model import RunRecord
 from tasklock_cli.stores.model import WaiterInfo
 from tasklock_cli.stores.model import breaker
 from tasklock_cli.stores.model import breaker_of
+from tasklock_cli.stores.model import place_record as model_place_record
 from tasklock_cli.stores.redis.breaks import open_break_subscription
 from tasklock_cli.stores.redis.connection import RedisConnection
 from tasklock_cli.stores.redis.connection import split_url
@@ -130,11 +132,17 @@ class RedisStore(Store):
         names = self._names
         keys = [names.lease(key), *(names.name(key, part) for part in ("fence", "wake", "limit"))]
         keys.append(names.epoch_record())
-        args = [owner, _ttl_ms(ttl, "lease TTL"), json.dumps(holder.to_dict()), limit]
+        args = [
+            owner,
+            _ttl_ms(ttl, "lease TTL"),
+            json.dumps(model_place_record(holder, ask)),
+            limit,
+        ]
         args += ["1" if queue else "", _ttl_ms(self.waiter_ttl, "waiter TTL")]
         args += ["shared" if ask.mode == SHARED else "", "1" if ask.supersede else ""]
-        args += ["1" if ask.front else "", place_record(holder, ask.mode, ask.supersede)]
+        args += ["1" if ask.front else "", place_record(holder, ask)]
         args.append(self._conn.durability())
+        args += [str(int(ask.priority)), "" if ask.max_waiting is None else ask.max_waiting]
         confirmed = None
         if self._conn.wait_replicas:
             result, confirmed = self._conn.script_and_wait("acquire", keys, args, key)
@@ -145,12 +153,7 @@ class RedisStore(Store):
         self._place_modes[key] = ask.mode
         if met_quarantine(self._quarantines, key, result) or result is None:
             return None
-        if result[0] == b"superseded":
-            raise Superseded(key)
-        if result[0] == b"limit":
-            raise LimitMismatch(key, int(result[1]), limit)
-        if result[0] == b"exhausted":
-            raise FencingExhausted(key)
+        _raise_refusal(result, key, limit, ask)
         token, acquired_ms, expires_ms, slot = (int(v) for v in result)
         acquired_at = utc_from_timestamp(acquired_ms / 1000)
         expires_at = utc_from_timestamp(expires_ms / 1000)
@@ -526,3 +529,16 @@ def _fetch(
 
 def _scan(client: redis.Redis, pattern: bytes) -> list[bytes]:
     return list(client.scan_iter(match=pattern, count=SCAN_COUNT))
+
+
+def _raise_refusal(result: list, key: str, limit: int, ask: Ask) -> None:
+    """The acquire script's refusals, raised: superseded, the queue full (--max-waiting),
+    another limit, no next token. Nothing for a lease."""
+    if result[0] == b"superseded":
+        raise Superseded(key)
+    if result[0] == b"full":
+        raise QueueFull(key, ask.max_waiting or 0)
+    if result[0] == b"limit":
+        raise LimitMismatch(key, int(result[1]), limit)
+    if result[0] == b"exhausted":
+        raise FencingExhausted(key)

@@ -10,9 +10,14 @@ They are run:
 A key's waiters are served in ``(place, seq)`` order.
 
 - ``seq`` grows with every place taken.
-- ``place`` is 0, but for a ``front`` place (``run --replace``).
-- A ``front`` place takes one less than the lowest place in the key's queue.
-  So it stands ahead of everyone there, and stays there while it is kept.
+- ``place`` is minus the waiter's priority (``run --priority``; 0 by default, as an older
+  tasklock writes it), but for a ``front`` place (``run --replace``).
+  So higher priorities go first, and arrival (``seq``) decides among equals.
+- A ``front`` place takes one less than the lowest place in the key's queue, and at most
+  ``-MAX_PRIORITY - 2``.
+  So it stands ahead of everyone there and every priority to come, and stays there while
+  it is kept.
+- ``--max-waiting``: a caller with no place does not join a queue that long already.
 - A place is live while it has not run out on this boot's clock.
   The acquire clears the key's dead places first.
 
@@ -39,6 +44,7 @@ Modes:
 
 from __future__ import annotations
 
+from tasklock_cli.stores.model import MAX_PRIORITY
 from tasklock_cli.stores.model import WAITER_HORIZON_S
 from tasklock_cli.stores.sqlite.schema import WAITERS_TABLE
 
@@ -71,8 +77,9 @@ STATE = f"""SELECT coalesce((SELECT mode FROM {_W} WHERE key = :key AND owner_to
 JOIN = f"""INSERT INTO {_W}
     (key, owner_token, boot_id, expires_boot, since, holder, fifo, mode, supersede, place)
 VALUES (:key, :owner, :boot, :now + :waiter_ttl, :wall, :holder, :fifo, :mode, :supersede,
-        CASE WHEN :front THEN (SELECT coalesce(min(place), 0) - 1 FROM {_W} WHERE key = :key)
-             ELSE 0 END)
+        CASE WHEN :front THEN (SELECT min(coalesce(min(place), 0), {-MAX_PRIORITY - 1}) - 1
+                               FROM {_W} WHERE key = :key)
+             ELSE -:priority END)
 ON CONFLICT (key, owner_token) DO UPDATE SET
     boot_id = excluded.boot_id, expires_boot = excluded.expires_boot,
     fifo = coalesce(excluded.fifo, fifo)"""
@@ -82,6 +89,10 @@ SUPERSEDE = f"""UPDATE {_W} SET superseded = 1
 WHERE key = :key AND supersede AND NOT superseded AND {LIVE} AND owner_token <> :owner
   AND NOT EXISTS ({_OUR_PLACE})
 RETURNING fifo"""
+# With ``--max-waiting``: 1 when we have no place and the key's counted places are that
+# many or more (we do not join).
+QUEUE_FULL = f"""SELECT NOT EXISTS ({_OUR_PLACE})
+   AND (SELECT count(*) FROM {_W} WHERE key = :key AND {_COUNTED}) >= :max_waiting"""
 LEAVE = f"DELETE FROM {_W} WHERE key = :key AND owner_token = :owner"
 # The FIFOs of the waiters a release may admit, head first: the head, and when it is
 # shared, every shared place before the first exclusive one.

@@ -15,6 +15,7 @@ from tasklock_cli.errors import ConfigError
 from tasklock_cli.errors import CounterUnreadable
 from tasklock_cli.errors import FencingExhausted
 from tasklock_cli.errors import LimitMismatch
+from tasklock_cli.errors import QueueFull
 from tasklock_cli.errors import Superseded
 from tasklock_cli.errors import TasklockError
 from tasklock_cli.errors import UsageError
@@ -33,6 +34,7 @@ from tasklock_cli.stores.model import RunRecord
 from tasklock_cli.stores.model import WaiterInfo
 from tasklock_cli.stores.model import breaker
 from tasklock_cli.stores.model import breaker_of
+from tasklock_cli.stores.model import place_record
 from tasklock_cli.stores.model import prefix_upper_bound
 from tasklock_cli.stores.model import unreadable_expiry_bound
 from tasklock_cli.stores.sqlite import queue
@@ -339,7 +341,7 @@ class SQLiteStore(Store):
         self, key: str, ttl: float, holder: Holder, owner: str, limit: int, queue: bool, ask: Ask
     ) -> Lease | None:
         recorded = json.dumps(
-            {**holder.to_dict(), "mode": ask.mode, **_own_processes(self._boot, holder)}
+            {**place_record(holder, ask), "mode": ask.mode, **_own_processes(self._boot, holder)}
         )
         params = {
             **self._times(),
@@ -348,10 +350,7 @@ class SQLiteStore(Store):
             "owner": owner,
             "holder": recorded,
             "limit": limit,
-            "mode": ask.mode,
-            "span": _UNBOUNDED if ask.mode == SHARED else limit,
-            "supersede": ask.supersede,
-            "front": ask.front,
+            **_ask_params(ask, limit),
             "waiter_ttl": self.waiter_ttl,
             "fifo": self._wakeups.name if self._wakeups.key == key else None,
         }
@@ -365,8 +364,7 @@ class SQLiteStore(Store):
             if self._wakeups.key == key:
                 self._wakeups.leave()
             raise Superseded(key)
-        if taking.other_limit is not None:
-            raise LimitMismatch(key, taking.other_limit, limit)
+        taking.raise_refusal(key, limit, ask)
         row = taking.row
         if row is None:
             return None
@@ -712,6 +710,7 @@ class _Taking:
     - took the lease row;
     - found another limit in the way;
     - joined or kept a place;
+    - did not join a queue as long as ``--max-waiting`` (``QueueFull``);
     - left its superseded place (``Superseded``).
 
     It also names the FIFOs to tell when it superseded older places: theirs, and the head
@@ -721,7 +720,15 @@ class _Taking:
     other_limit: int | None = None
     queued = False
     left_superseded = False
+    queue_full = False
     to_tell: tuple[str, ...] = ()
+
+    def raise_refusal(self, key: str, limit: int, ask: Ask) -> None:
+        """LimitMismatch (another limit in the way), QueueFull (not joined)."""
+        if self.other_limit is not None:
+            raise LimitMismatch(key, self.other_limit, limit)
+        if self.queue_full:
+            raise QueueFull(key, ask.max_waiting or 0)
 
     @classmethod
     def run(cls, conn: sqlite3.Connection, params: dict, queue_up: bool) -> _Taking:
@@ -746,6 +753,12 @@ class _Taking:
         if taking.row is not None or taking.other_limit is not None or not queue_up:
             conn.execute(queue.LEAVE, params)
             return taking
+        if (
+            params["max_waiting"] is not None
+            and conn.execute(queue.QUEUE_FULL, params).fetchone()[0]
+        ):
+            taking.queue_full = True
+            return taking
         if params["supersede"]:
             head = _head_run(conn, params)
             fifos = [row[0] for row in conn.execute(queue.SUPERSEDE, params) if row[0]]
@@ -755,6 +768,18 @@ class _Taking:
         conn.execute(queue.JOIN, params)
         taking.queued = True
         return taking
+
+
+def _ask_params(ask: Ask, limit: int) -> dict:
+    """The acquire statements' parameters of an ``ask``."""
+    return {
+        "mode": ask.mode,
+        "span": _UNBOUNDED if ask.mode == SHARED else limit,
+        "supersede": ask.supersede,
+        "front": ask.front,
+        "priority": ask.priority,
+        "max_waiting": ask.max_waiting,
+    }
 
 
 def _waiter_info(holder: str, since: float, mode: str) -> WaiterInfo:
