@@ -34,7 +34,7 @@ _tasklock() {
             continue
         fi
         case "$cmd $word" in
-            " --store" | " --config" | " --log-format" | "run --ttl" | "run --renew-every" | "run --wait" | "run --grace" | "run --max-lifetime" | "run --hold-at-least" | "run --once-per" | "run --done-exit-code" | "run --conflict-exit-code" | "run --priority" | "run --max-waiting" | "run --limit" | "run --note" | "run --also" | "run --store" | "run --config" | "run --log-format" | "peek --store" | "peek --config" | "peek --log-format" | "list --prefix" | "list --interval" | "list --store" | "list --config" | "list --log-format" | "history --limit" | "history --store" | "history --config" | "history --log-format" | "metrics --prefix" | "metrics --store" | "metrics --config" | "metrics --log-format" | "check --token" | "check --store" | "check --config" | "check --log-format" | "sweep --store" | "sweep --config" | "sweep --log-format" | "release --token" | "release --store" | "release --config" | "release --log-format" | "init --store" | "init --config" | "init --log-format" | "doctor --store" | "doctor --config" | "doctor --log-format")
+            " --store" | " --config" | " --log-format" | "run --ttl" | "run --renew-every" | "run --wait" | "run --grace" | "run --max-lifetime" | "run --hold-at-least" | "run --once-per" | "run --done-exit-code" | "run --conflict-exit-code" | "run --priority" | "run --max-waiting" | "run --hook-timeout" | "run --on-start" | "run --on-success" | "run --on-failure" | "run --on-conflict" | "run --on-lost" | "run --limit" | "run --note" | "run --also" | "run --store" | "run --config" | "run --log-format" | "peek --store" | "peek --config" | "peek --log-format" | "list --prefix" | "list --interval" | "list --store" | "list --config" | "list --log-format" | "history --limit" | "history --store" | "history --config" | "history --log-format" | "metrics --prefix" | "metrics --store" | "metrics --config" | "metrics --log-format" | "check --token" | "check --store" | "check --config" | "check --log-format" | "sweep --store" | "sweep --config" | "sweep --log-format" | "release --token" | "release --store" | "release --config" | "release --log-format" | "init --store" | "init --config" | "init --log-format" | "doctor --store" | "doctor --config" | "doctor --log-format")
                 ((i + 1 == cword)) && value=1
                 ((i++)) ;;
             "run --")
@@ -69,7 +69,7 @@ _tasklock() {
     fi
 
     case "$cmd $prev" in
-        " --store" | "run --ttl" | "run --renew-every" | "run --wait" | "run --grace" | "run --max-lifetime" | "run --hold-at-least" | "run --once-per" | "run --done-exit-code" | "run --conflict-exit-code" | "run --priority" | "run --max-waiting" | "run --limit" | "run --note" | "run --also" | "run --store" | "peek --store" | "list --prefix" | "list --interval" | "list --store" | "history --limit" | "history --store" | "metrics --prefix" | "metrics --store" | "check --token" | "check --store" | "sweep --store" | "release --token" | "release --store" | "init --store" | "doctor --store")
+        " --store" | "run --ttl" | "run --renew-every" | "run --wait" | "run --grace" | "run --max-lifetime" | "run --hold-at-least" | "run --once-per" | "run --done-exit-code" | "run --conflict-exit-code" | "run --priority" | "run --max-waiting" | "run --hook-timeout" | "run --on-start" | "run --on-success" | "run --on-failure" | "run --on-conflict" | "run --on-lost" | "run --limit" | "run --note" | "run --also" | "run --store" | "peek --store" | "list --prefix" | "list --interval" | "list --store" | "history --limit" | "history --store" | "metrics --prefix" | "metrics --store" | "check --token" | "check --store" | "sweep --store" | "release --token" | "release --store" | "init --store" | "doctor --store")
             COMPREPLY=()
             return ;;
         " --config" | "run --config" | "peek --config" | "list --config" | "history --config" | "metrics --config" | "check --config" | "sweep --config" | "release --config" | "init --config" | "doctor --config")
@@ -89,7 +89,7 @@ _tasklock() {
         return
     fi
     case $cmd in
-        run) [[ $cur == -* ]] && _tasklock_words '--ttl --renew-every --wait --grace --max-lifetime --hold-at-least --once-per --done-exit-code --conflict-exit-code --priority --max-waiting --limit --shared --replace --supersede --no-record-args --note --also --store --config --log-format -v --verbose -q --quiet -h --help --' ;;
+        run) [[ $cur == -* ]] && _tasklock_words '--ttl --renew-every --wait --grace --max-lifetime --hold-at-least --once-per --done-exit-code --conflict-exit-code --priority --max-waiting --hook-timeout --on-start --on-success --on-failure --on-conflict --on-lost --limit --shared --replace --supersede --no-record-args --note --also --store --config --log-format -v --verbose -q --quiet -h --help --' ;;
         peek) [[ $cur == -* ]] && _tasklock_words '--json --store --config --log-format -v --verbose -q --quiet -h --help' ;;
         list) [[ $cur == -* ]] && _tasklock_words '--prefix --all --json --watch --interval --store --config --log-format -v --verbose -q --quiet -h --help' ;;
         history) [[ $cur == -* ]] && _tasklock_words '--limit --json --store --config --log-format -v --verbose -q --quiet -h --help' ;;

@@ -27,7 +27,7 @@ function __tasklock_state --description 'none, the command being completed, or C
             end
         else
             switch "$cmd $token"
-                case 'run --ttl' 'run --renew-every' 'run --wait' 'run --grace' 'run --max-lifetime' 'run --hold-at-least' 'run --once-per' 'run --done-exit-code' 'run --conflict-exit-code' 'run --priority' 'run --max-waiting' 'run --limit' 'run --note' 'run --also' 'run --store' 'run --config' 'run --log-format' 'peek --store' 'peek --config' 'peek --log-format' 'list --prefix' 'list --interval' 'list --store' 'list --config' 'list --log-format' 'history --limit' 'history --store' 'history --config' 'history --log-format' 'metrics --prefix' 'metrics --store' 'metrics --config' 'metrics --log-format' 'check --token' 'check --store' 'check --config' 'check --log-format' 'sweep --store' 'sweep --config' 'sweep --log-format' 'release --token' 'release --store' 'release --config' 'release --log-format' 'init --store' 'init --config' 'init --log-format' 'doctor --store' 'doctor --config' 'doctor --log-format'
+                case 'run --ttl' 'run --renew-every' 'run --wait' 'run --grace' 'run --max-lifetime' 'run --hold-at-least' 'run --once-per' 'run --done-exit-code' 'run --conflict-exit-code' 'run --priority' 'run --max-waiting' 'run --hook-timeout' 'run --on-start' 'run --on-success' 'run --on-failure' 'run --on-conflict' 'run --on-lost' 'run --limit' 'run --note' 'run --also' 'run --store' 'run --config' 'run --log-format' 'peek --store' 'peek --config' 'peek --log-format' 'list --prefix' 'list --interval' 'list --store' 'list --config' 'list --log-format' 'history --limit' 'history --store' 'history --config' 'history --log-format' 'metrics --prefix' 'metrics --store' 'metrics --config' 'metrics --log-format' 'check --token' 'check --store' 'check --config' 'check --log-format' 'sweep --store' 'sweep --config' 'sweep --log-format' 'release --token' 'release --store' 'release --config' 'release --log-format' 'init --store' 'init --config' 'init --log-format' 'doctor --store' 'doctor --config' 'doctor --log-format'
                     set skip 1
                 case 'run --'
                     set -g __tasklock_child_at (math $index + 1)
@@ -103,6 +103,12 @@ complete -c tasklock -n '__tasklock_is run' -l done-exit-code -x -d 'Exit code w
 complete -c tasklock -n '__tasklock_is run' -l conflict-exit-code -x -d 'Exit code when the lock is held by someone else.'
 complete -c tasklock -n '__tasklock_is run' -l priority -x -d 'While waiting: runs of KEY are served highest priority first (-100 to 100), in arrival order among equals.'
 complete -c tasklock -n '__tasklock_is run' -l max-waiting -x -d 'If N runs already wait for KEY, do not join them: exit with the conflict exit code at once (reason queue-full); 0 = never wait.'
+complete -c tasklock -n '__tasklock_is run' -l hook-timeout -x -d 'Each --on-* hook is killed (its process group) after D; inf is not allowed.'
+complete -c tasklock -n '__tasklock_is run' -l on-start -x -d 'Hook: run CMD with sh -c once the lock is held, before the command starts.'
+complete -c tasklock -n '__tasklock_is run' -l on-success -x -d 'Hook: run CMD with sh -c after the command exited 0 (the lock released).'
+complete -c tasklock -n '__tasklock_is run' -l on-failure -x -d 'Hook: run CMD with sh -c after the command failed, was signalled or lost the lock (released).'
+complete -c tasklock -n '__tasklock_is run' -l on-conflict -x -d 'Hook: run CMD with sh -c when the lock was not acquired (held, queue full, superseded).'
+complete -c tasklock -n '__tasklock_is run' -l on-lost -x -d 'Hook: run CMD with sh -c when the lease was lost, after the command\'s tree is ended.'
 complete -c tasklock -n '__tasklock_is run' -l limit -x -d 'Semaphore: up to N holders at once, each in its own slot 0..N-1 (TASKLOCK_SLOT); every holder of KEY must use the same N.'
 complete -c tasklock -n '__tasklock_is run' -l shared -d 'Shared (reader) mode: any number of --shared runs hold KEY together; a run without it holds KEY alone, and later --shared runs wait behind a waiting one.'
 complete -c tasklock -n '__tasklock_is run' -l replace -d 'When KEY is held, break the holder as release --force does (it exits 70) and take the lock as soon as it lets go, ahead of every waiting run.'

@@ -461,6 +461,9 @@ EXAMPLE_MARKERS = {
     "db:reporting --shared": "test_readers_and_a_migration_example",
     "app:staging --also db:staging": "test_two_resources_example",
     "deploy:prod --wait 30m --max-waiting 3": "test_priority_and_capped_queue_example",
+    '"$HC_URL/start"': "test_healthchecks_recipe",
+    "HC_URL=https://hc-ping.com/": "test_healthchecks_recipe",
+    "http://pushgateway:9091/metrics/job/tasklock": "test_pushgateway_recipe",
 }
 
 
@@ -1202,3 +1205,93 @@ def test_semaphore_example_runs_at_most_4_at_once(shell_env, tmp_path):
                 running.remove(database)
         assert most == 4
         assert running == set()
+
+
+class _Recorder:
+    """A local HTTP server that answers 200 to everything and records each request:
+    (method, path, body)."""
+
+    def __enter__(self) -> _Recorder:
+        import threading
+        from http.server import BaseHTTPRequestHandler
+        from http.server import ThreadingHTTPServer
+
+        seen: list[tuple[str, str, str]] = []
+        self.requests = seen
+
+        class Handler(BaseHTTPRequestHandler):
+            def _answer(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length).decode() if length else ""
+                seen.append((self.command, self.path, body))
+                self.send_response(200)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"OK")
+
+            do_GET = do_POST = do_HEAD = do_PUT = _answer
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_healthchecks_recipe(shell_env, tmp_path):
+    """The config file's hooks ping start and success, start and fail, and a skipped run
+    as a log entry, on the cron line's check."""
+    from tests.support.cli import start
+    from tests.support.cli import wait_until
+
+    require_tool("curl")
+    (config,) = example('"$HC_URL/start"', "readme")
+    (cron,) = example("HC_URL=https://hc-ping.com/", "readme")
+    _, command = _cron_command(cron)
+    (tmp_path / "tasklock.toml").write_text(config)
+    job = tmp_path / "backup.sh"
+    env = {**shell_env, "TASKLOCK_CONFIG": str(tmp_path / "tasklock.toml")}
+    with _Recorder() as hc:
+        command = command.replace("https://hc-ping.com/your-check-uuid", f"{hc.url}/c1")
+        command = command.replace("/usr/local/bin/backup.sh", str(job))
+        for code in (0, 1):
+            job.write_text(f"#!/bin/sh\nexit {code}\n")
+            job.chmod(0o755)
+            assert sh(command, env, tmp_path).returncode == code
+        holder = start("run", "backup:nightly", "--", "sleep", "30", env=env)
+        from tests.support.cli import peek
+
+        wait_until(lambda: peek(env["TASKLOCK_STORE"], "backup:nightly"), timeout=20)
+        assert sh(command, env, tmp_path).returncode == 75
+        holder.kill()
+        holder.wait()
+        assert hc.requests == [
+            ("GET", "/c1/start", ""),
+            ("GET", "/c1", ""),
+            ("GET", "/c1/start", ""),
+            ("GET", "/c1/fail", ""),
+            ("POST", "/c1/log", "skipped: backup:nightly is held"),
+        ]
+
+
+def test_pushgateway_recipe(shell_env, tmp_path):
+    require_tool("curl")
+    (block,) = example("http://pushgateway:9091/metrics/job/tasklock", "readme")
+    report = tmp_path / "daily-report.sh"
+    report.write_text("#!/bin/sh\nsleep 0.2\n")
+    report.chmod(0o755)
+    with _Recorder() as gateway:
+        result = sh(block.replace("http://pushgateway:9091", gateway.url), shell_env, tmp_path)
+        assert result.returncode == 0, result.stderr
+        ((method, path, body),) = gateway.requests
+    assert (method, path) == ("POST", "/metrics/job/tasklock/key/reports:daily")
+    success, duration = body.splitlines()
+    assert re.fullmatch(r"job_last_success_timestamp_seconds \d+", success)
+    assert abs(int(success.split()[1]) - time.time()) < 60
+    assert 0.2 <= float(duration.split()[1]) < 30

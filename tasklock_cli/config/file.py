@@ -203,6 +203,11 @@ def _run_settings(path: Path, text: str, settings: dict) -> dict[str, object]:
         setting = BY_NAME.get(name)
         if setting is None:
             raise bad_setting(path, text, name, "is not a run setting")
+        if setting.text:
+            if not isinstance(value, str):
+                raise bad_setting(path, text, name, "must be a shell command (a string)")
+            checked[name] = value
+            continue
         if setting.integer:
             if not isinstance(value, int) or isinstance(value, bool) or setting.problem(value):
                 low, high = setting.integer

@@ -25,6 +25,14 @@ if TYPE_CHECKING:
 EXIT_CODES = (0, 255)
 #: The most holders a semaphore (--limit) may have.
 MAX_LIMIT = 1000
+#: The hooks (``--on-EVENT CMD``): their events (TASKLOCK_EVENT) and when each runs.
+HOOK_EVENTS = {
+    "start": "once the lock is held, before the command starts",
+    "success": "after the command exited 0 (the lock released)",
+    "failure": "after the command failed, was signalled or lost the lock (released)",
+    "conflict": "when the lock was not acquired (held, queue full, superseded)",
+    "lost": "when the lease was lost, after the command's tree is ended",
+}
 #: --max-waiting's bound (a queue is never that long).
 MAX_WAITING = 1_000_000
 
@@ -48,6 +56,7 @@ class RunSetting(_Configured):
     help: str
     integer: tuple[int, int] | None = None  # an integer within these bounds; else a duration
     allow_inf: bool = False
+    text: bool = False  # a shell command (a hook), taken as given
 
     @property
     def flag(self) -> str:
@@ -55,10 +64,12 @@ class RunSetting(_Configured):
 
     @property
     def metavar(self) -> str:
-        return "N" if self.integer else "D"
+        return "CMD" if self.text else "N" if self.integer else "D"
 
-    def parse_flag(self, text: str | int) -> float | int:
+    def parse_flag(self, text: str | int) -> float | int | str:
         """The value of ``--name text``, checked on its own (UsageError when bad)."""
+        if self.text:
+            return text  # (an empty hook is none: RunOptions.hooks)
         if self.integer:
             # (util.numbers only here: a plain run, with no integer option, does without it)
             from tasklock_cli.util.numbers import is_decimal
@@ -83,7 +94,7 @@ class RunSetting(_Configured):
             return "must be a positive, finite duration"
         if self.name == "ttl" and value < 0.1:
             return "must be at least 100ms"
-        if self.name in ("renew-every", "max-lifetime") and value <= 0:
+        if self.name in ("renew-every", "max-lifetime", "hook-timeout") and value <= 0:
             return "must be positive"
         if self.name == "once-per" and not 1 <= value < math.inf:
             return "must be a finite duration of at least 1s"
@@ -159,6 +170,16 @@ RUN_SETTINGS: tuple[RunSetting, ...] = (
         integer=(0, MAX_WAITING),
     ),
     RunSetting(
+        "hook-timeout",
+        10.0,
+        "Each --on-* hook is killed (its process group) after D; inf is not allowed.  "
+        "[default: 10s]",
+    ),
+    *(
+        RunSetting(f"on-{event}", None, f"Hook: run CMD with sh -c {when}.", text=True)
+        for event, when in HOOK_EVENTS.items()
+    ),
+    RunSetting(
         "limit",
         1,
         "Semaphore: up to N holders at once, each in its own slot 0..N-1 (TASKLOCK_SLOT); "
@@ -217,7 +238,7 @@ SWITCHES_BY_NAME = {switch.name: switch for switch in RUN_SWITCHES}
 SWITCHES_BY_FLAG = {switch.flag: switch for switch in RUN_SWITCHES}
 
 
-def resolve_switches(flagged: set[str], in_file) -> dict[str, bool]:
+def resolve_switches(flagged: set[str], in_file) -> dict[str, Any]:
     """Each switch: turned from its default when its flag was given (``flagged``: switch
     names), else what the config file (``in_file(name)``) says, else its default. Returns
     RunOptions field names."""

@@ -33,6 +33,12 @@ class RunOptions:
     limit: int = settings.default("limit")
     priority: int = settings.default("priority")
     max_waiting: int | None = settings.default("max-waiting")
+    hook_timeout: float = settings.default("hook-timeout")
+    on_start: str | None = None  # the hooks (--on-EVENT CMD; see run.hooks)
+    on_success: str | None = None
+    on_failure: str | None = None
+    on_conflict: str | None = None
+    on_lost: str | None = None
     note: str | None = None
     store_url: str | None = None  # passed to the command (TASKLOCK_STORE) for `check`
     #: The config file the store URL came from: passed instead of the URL (TASKLOCK_CONFIG),
@@ -49,6 +55,18 @@ class RunOptions:
     @property
     def mode(self) -> str:
         return SHARED if self.shared else EXCLUSIVE
+
+    @property
+    def hooks(self) -> dict[str, str]:
+        """Event -> the hook's command, for the hooks given (an empty one is none)."""
+        given = {
+            "start": self.on_start,
+            "success": self.on_success,
+            "failure": self.on_failure,
+            "conflict": self.on_conflict,
+            "lost": self.on_lost,
+        }
+        return {event: command for event, command in given.items() if command}
 
     @property
     def lease_window(self) -> float:

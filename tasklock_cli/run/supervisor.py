@@ -57,6 +57,11 @@ FORWARDED_SIGNALS = (
     signal.SIGUSR1,
     signal.SIGUSR2,
 )
+#: typing costs ~2 ms per start: its names are for the type checker only.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from tasklock_cli.run.hooks import Hooks
+
 #: A signal that arrives during a store call (connecting, acquiring) lets the call finish
 #: this long, so a lease it grants is known and released; a call still blocked (a store
 #: cut off, a dead link) is then cut short.
@@ -138,6 +143,7 @@ class Supervisor:
         self._waiter: Waiter | None = None
         self._acquiring = False
         self._loss_lock = threading.Lock()
+        self.hooks = hooks_of(options, events)
 
     def _heartbeat_of(self, keeper: LeaseKeeper) -> Heartbeat:
         return Heartbeat(
@@ -179,15 +185,10 @@ class Supervisor:
         self._acquiring = True
         try:
             done_by = self._acquire()
-        except Conflict as conflict:
-            emit_conflict(self.events, conflict.key, conflict)
-            return options.conflict_exit_code
-        except Superseded as superseded:
-            self.events.emit("superseded", superseded.key, None, str(superseded))
-            return options.conflict_exit_code
-        except QueueFull as full:
-            message = f"{full}; not running the command"
-            self.events.emit("conflict", full.key, None, message, reason=full.reason)
+        except (Conflict, Superseded, QueueFull) as refused:
+            emit_refused(self.events, refused)
+            if self.hooks is not None:
+                self.hooks.conflict(command_env(options))
             return options.conflict_exit_code
         finally:
             self._stop_acquiring()
@@ -197,7 +198,7 @@ class Supervisor:
             emit_done_already(self.events, options.key, self.keeper.fencing_token, done_by)
             self._release_all("done-already", None)
             return options.done_exit_code
-        return self._run_child()
+        return between_hooks(self)
 
     def _acquire(self) -> RunRecord | None:
         """Take the leases, in key order, holding those taken while waiting for the next.
@@ -621,6 +622,45 @@ def emit_replacing(events: EventLog, key: str, broken: list[LeaseInfo]) -> None:
     """--replace broke these leases: their holders terminate their trees and let go."""
     for info in broken:
         events.debug(f"--replace: broke {key!r} held by {describe_holder(info)}; taking it next")
+
+
+def hooks_of(options: RunOptions, events: EventLog) -> Hooks | None:
+    """The run's hooks; None without any (run.hooks is imported only for one)."""
+    if not options.hooks:
+        return None
+    from tasklock_cli.run.hooks import Hooks
+
+    return Hooks(options, events)
+
+
+def between_hooks(supervisor: Supervisor) -> int:
+    """The command's run, between its hooks when it has any (``Hooks.around_command``)."""
+    hooks, options = supervisor.hooks, supervisor.options
+    if hooks is None:
+        return supervisor._run_child()
+    env = {**command_env(options), **lease_env(supervisor.keeper, supervisor.holding)}
+    ended = functools.partial(how_it_ended, lambda: supervisor.child, supervisor.state)
+    return hooks.around_command(env, supervisor.holding, supervisor._run_child, ended)
+
+
+def how_it_ended(child_of: Callable[[], Child | None], state: _State) -> tuple[bool, int | None]:
+    """Whether the lease was lost, and the command's exit code (None: it did not run)."""
+    child, lost = child_of(), state.loss is not None
+    if child is None or child.status is None:
+        return lost, None
+    return lost or child.guard_died, child.exit_code()
+
+
+def emit_refused(events: EventLog, refused: Conflict | Superseded | QueueFull) -> None:
+    """The lock was not acquired: a ``conflict`` event (reason ``queue-full`` for a full
+    queue), or ``superseded``."""
+    if isinstance(refused, Superseded):
+        events.emit("superseded", refused.key, None, str(refused))
+    elif isinstance(refused, QueueFull):
+        message = f"{refused}; not running the command"
+        events.emit("conflict", refused.key, None, message, reason=refused.reason)
+    else:
+        emit_conflict(events, refused.key, refused)
 
 
 def emit_conflict(events: EventLog, key: str, conflict: Conflict) -> None:
