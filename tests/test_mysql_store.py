@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -18,6 +19,7 @@ from tasklock_cli.stores.base import Store
 from tasklock_cli.stores.model import Holder
 from tasklock_cli.stores.mysql.connection import DEFAULT_TABLE
 from tasklock_cli.stores.mysql.connection import parse_url
+from tasklock_cli.stores.mysql.schema import PROCEDURES
 from tasklock_cli.stores.mysql.store import MySQLStore
 from tests.support import forge
 from tests.support import mysql_support
@@ -146,9 +148,40 @@ def test_print_sql_creates_what_the_store_uses(my_url, stores):
         " WHERE routine_schema = DATABASE() AND routine_name LIKE %s",
         (table + "\\_%",),
     )
-    assert procedures == [(6,)]
+    assert procedures == [(len(PROCEDURES),)]  # (7: admit, and acquire for older tasklocks)
     store = open_my(my_url, stores)
     assert granted(store.acquire("k", 30, HOLDER, token())).fencing_token == 1
+
+
+def test_an_older_tasklock_sharing_the_store_queues_at_priority_0_and_no_one_flaps(my_url, stores):
+    """An older tasklock calls ``acquire`` with version 5's parameters, and replaces the
+    procedures it knows with its own (version 5, as their COMMENT says): a newer one then
+    leaves them be, and the older one's place is a priority-0 place behind a priority-5 one."""
+    _, table = parse_url(my_url, my_url)
+    first = open_my(my_url, stores)
+    held = granted(first.acquire("k", 30, HOLDER, token()))
+    assert first.acquire("k", 30, HOLDER, token(), queue=True, priority=5) is None
+    for proc in ("acquire", "release", "wake_queue"):  # what an older tasklock put back
+        admin(my_url, f"ALTER PROCEDURE `{table}_{proc}` COMMENT 'tasklock 5'")
+    older = json.dumps({"host": "old", "pid": 7, "user": "u", "command": ["job"], "note": None})
+    args = ("k", token(), older, 30.0, 1, True, 3.0, "exclusive", False, False)
+    (outcome,) = admin(my_url, f"CALL `{table}_acquire`({', '.join(['%s'] * 10)})", args)
+    assert outcome[0] == "queued"
+    newer = open_my(my_url, stores)  # a new connection: its look finds the schema current
+    assert newer.acquire("k", 30, HOLDER, token(), queue=True) is None
+    comments = admin(
+        my_url,
+        "SELECT routine_name, routine_comment FROM information_schema.routines"
+        " WHERE routine_schema = DATABASE() AND routine_name LIKE %s",
+        (f"{table}\\_%",),
+    )
+    assert dict(comments)[f"{table}_acquire"] == "tasklock 5"  # not replaced again
+    assert [(w.holder.host, w.priority) for w in newer.waiters("k")] == [
+        ("h", 5),
+        ("old", 0),
+        ("h", 0),
+    ]
+    assert first.release(held) is True
 
 
 def test_a_foreign_table_with_the_same_name_is_refused_and_left_untouched(my_url, stores):

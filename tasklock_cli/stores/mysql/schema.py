@@ -17,9 +17,15 @@ from tasklock_cli.stores.mysql.queue import WAKE_QUEUE_BODY
 #: characters), so a name is at most 48.
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_$]{0,47}")
 #: Kept in each procedure's COMMENT: a procedure of another version is replaced.
-#: Version 6: the acquire procedure takes ``p_priority`` and ``p_max_waiting`` (``run
-#: --priority``, ``--max-waiting``); the tables are unchanged.
+#: Version 6 adds ``admit``, the acquire with ``p_priority`` and ``p_max_waiting`` (``run
+#: --priority``, ``--max-waiting``); ``acquire`` keeps version 5's parameters and calls it
+#: with priority 0 and no cap. The tables are unchanged.
 VERSION = "tasklock 6"
+#: An older tasklock sharing the store replaces the procedures it knows with its own:
+#: version 5's have the same parameters and read the queue's order as it is, so they serve
+#: this version too (and it leaves them be: the two versions do not take turns replacing
+#: them). Only ``admit`` must be this version's.
+COMPATIBLE_VERSIONS = (VERSION, "tasklock 5")
 #: Columns of the three tables and their data types (information_schema.columns).
 _COLUMNS = {
     "": {
@@ -55,7 +61,7 @@ _COLUMNS = {
         "superseded": "tinyint",
     },
 }
-PROCEDURES = ("acquire", "release", "break", "force", "wake", "wake_queue")
+PROCEDURES = ("admit", "acquire", "release", "break", "force", "wake", "wake_queue")
 
 _TABLES = """\
 CREATE TABLE IF NOT EXISTS `{table}` (
@@ -198,13 +204,24 @@ CREATE PROCEDURE `{{table}}_force`(IN p_key VARBINARY(512), IN p_token BIGINT)
     CALL `{{table}}_wake_queue`(p_key, FALSE);
 END"""
 
-_ACQUIRE = f"""\
-CREATE PROCEDURE `{{table}}_acquire`(
+_ACQUIRE_PARAMETERS = """\
     IN p_key VARBINARY(512), IN p_owner VARBINARY(255), IN p_holder TEXT, IN p_ttl DOUBLE,
     IN p_limit INT, IN p_queue BOOLEAN, IN p_wttl DOUBLE, IN p_mode VARCHAR(16),
-    IN p_supersede BOOLEAN, IN p_front BOOLEAN, IN p_priority INT, IN p_max_waiting BIGINT)
+    IN p_supersede BOOLEAN, IN p_front BOOLEAN"""
+_ADMIT = f"""\
+CREATE PROCEDURE `{{table}}_admit`(
+{_ACQUIRE_PARAMETERS}, IN p_priority INT, IN p_max_waiting BIGINT)
 {_HEAD}
 {ACQUIRE_BODY}"""
+# Version 5's acquire, for an older tasklock sharing the store: a plain place, no cap.
+_ACQUIRE = f"""\
+CREATE PROCEDURE `{{table}}_acquire`(
+{_ACQUIRE_PARAMETERS})
+{_HEAD}
+BEGIN
+    CALL `{{table}}_admit`(p_key, p_owner, p_holder, p_ttl, p_limit, p_queue, p_wttl, p_mode,
+                           p_supersede, p_front, 0, NULL);
+END"""
 
 _WAKE = f"""\
 CREATE PROCEDURE `{{table}}_wake`(IN p_key VARBINARY(512), IN p_token BIGINT)
@@ -217,6 +234,7 @@ CREATE PROCEDURE `{{table}}_wake_queue`(IN p_key VARBINARY(512), IN p_superseded
 {WAKE_QUEUE_BODY}"""
 
 _PROCEDURE_SQL = {
+    "admit": _ADMIT,
     "acquire": _ACQUIRE,
     "release": _RELEASE,
     "break": _BREAK,
@@ -285,8 +303,10 @@ class MySQLSchema:
                     f"{self._display_url}: table {name + suffix} exists but is not a tasklock "
                     f"table (columns: {shown}); choose another name with ?table="
                 )
-        current = len(columns) == len(_COLUMNS) and all(
-            procedures.get(f"{name}_{proc}") == VERSION for proc in PROCEDURES
+        current = (
+            len(columns) == len(_COLUMNS)
+            and procedures.get(f"{name}_admit") == VERSION
+            and all(procedures.get(f"{name}_{p}") in COMPATIBLE_VERSIONS for p in PROCEDURES)
         )
         return "ok" if current else "missing"
 

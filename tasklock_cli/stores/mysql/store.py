@@ -212,7 +212,7 @@ class MySQLStore(SqlStore):
             int(ask.priority),
             ask.max_waiting,
         )
-        (row,) = self._call("acquire", args)
+        (row,) = self._call("admit", args)
         outcome, slot, slot_limit, token, acquired_at, expires_at, mode, seq, quarantine = row
         outcome = _text(outcome)
         self._quarantines.met(key, None if quarantine is None else int(quarantine))
