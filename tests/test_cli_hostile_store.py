@@ -282,6 +282,19 @@ def test_a_waiter_place_with_a_malformed_holder_is_shown_as_malformed(env, store
     assert text.returncode == 0 and "malformed" in text.stdout, text.stderr
 
 
+def test_a_waiter_place_with_a_forged_priority_is_shown_as_malformed(env, store_url):
+    """A priority out of -100..100 (or not a number) in a place's record: shown null, the
+    place malformed, nothing fatal."""
+    hold(store_url, "k")
+    forged = '{"host": "h", "pid": 5, "user": "u", "command": [], "priority": 1e9}'
+    assert forge.forge_waiter(store_url, "k", expires_in=30, holder=forged)
+    peeked = tasklock("peek", "k", "--json", env=env)
+    no_traceback(peeked)
+    [waiter] = json.loads(peeked.stdout)["waiters"]
+    assert waiter["malformed"] is True and waiter["priority"] is None and waiter["pid"] == 5
+    assert tasklock("peek", "k", env=env).returncode == 0
+
+
 # -- everything printed is escaped ----------------------------------------------------
 
 
