@@ -89,10 +89,7 @@ class Store(StoreTraits, ABC):
         ``front`` (``run --replace``): a caller that joins the queue takes a place ahead of
         every waiter there.
 
-        ``priority`` (``run --priority``): served highest first, then by arrival; ``front``
-        before all. "Ahead" above reads this order: the writer rule holds in it.
-        ``max_waiting``: a caller without a place does not join that many live waiters or
-        more: ``QueueFull``.
+        ``priority``, ``max_waiting``: the queue's order and cap (see ``model.Ask``).
 
         First come, first served: the key's live waiters (see ``waiters``) are served in
         their order. So a caller takes a slot only when fewer of them are ahead of it than

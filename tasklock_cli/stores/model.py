@@ -77,10 +77,12 @@ class Ask:
     mode: str = EXCLUSIVE
     supersede: bool = False
     front: bool = False
-    #: ``run --priority``: a place's rank in the queue (higher first, then arrival).
+    #: ``run --priority``: the queue is served highest priority first, then by arrival;
+    #: ``front`` places before all. Every "ahead of" of ``Store.acquire`` reads this
+    #: order, so the writer rule holds in it.
     priority: int = 0
-    #: ``run --max-waiting``: a caller that would join a queue this long or longer does
-    #: not join it (``QueueFull``); None: no cap.
+    #: ``run --max-waiting``: a caller without a place does not join a queue of this many
+    #: live waiters or more (``QueueFull``; a caller with a place keeps it); None: no cap.
     max_waiting: int | None = None
 
 
