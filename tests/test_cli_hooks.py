@@ -5,6 +5,8 @@ released; hooks hold no store connection and outlive nothing; config-file defaul
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -111,6 +113,19 @@ def test_a_failing_or_hanging_hook_changes_neither_exit_code_nor_release(env, st
     assert any("on-failure hook" in w and "killed after 2s" in w for w in warnings), warnings
     left = int(pids.read_text())
     wait_until(lambda: not _running(left), timeout=10)  # the hook's own child is gone too
+
+
+def test_a_hook_dies_with_tasklock(env, tmp_path):
+    """tasklock killed (SIGKILL) while its on-start hook runs: the hook and what it started
+    are killed too, within a second or two."""
+    pids = tmp_path / "pids"
+    hook = f'sleep 60 & echo "$$ $!" > {pids}.tmp; mv {pids}.tmp {pids}; sleep 60'
+    run = start("run", "d", "--on-start", hook, "--", "true", env=env)
+    wait_until(pids.exists, timeout=20)
+    os.kill(run.pid, signal.SIGKILL)
+    run.wait(timeout=10)
+    left = [int(pid) for pid in pids.read_text().split()]
+    wait_until(lambda: not any(_running(pid) for pid in left), timeout=5)
 
 
 def _running(pid: int) -> bool:

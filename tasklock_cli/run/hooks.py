@@ -1,8 +1,7 @@
 """The hooks of a run (``--on-start``, ``--on-success``, ``--on-failure``,
 ``--on-conflict``, ``--on-lost``): a shell command for each event, for monitoring.
 
-Imported only when a hook is given: a run without one pays nothing for this module or
-``subprocess``.
+Imported only when a hook is given: a run without one pays nothing for this module.
 
 - Each hook runs as ``sh -c CMD``, with the command's ``TASKLOCK_*`` variables and
   ``TASKLOCK_EVENT``, ``TASKLOCK_EXIT_CODE`` (when the command ran) and
@@ -11,7 +10,8 @@ Imported only when a hook is given: a run without one pays nothing for this modu
 - It runs in a process group of its own, and inherits no descriptor but 0, 1 and 2 (the
   store's connections are close-on-exec, and ``close_fds`` closes the rest).
 - It gets ``--hook-timeout``; then its group is killed. Whatever it left running in its
-  group when it ends is killed too: a hook never outlives tasklock.
+  group when it ends is killed too; and if tasklock dies meanwhile, a watchdog in the
+  group kills it: a hook never outlives tasklock.
 - A hook that fails or times out is a ``warning`` event. It never changes tasklock's exit
   code, and never holds the lock: ``on-start`` runs before the command (bounded by half the
   lease, which is renewed after it when it ran long), the others after the release.
@@ -23,6 +23,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 
@@ -105,10 +106,11 @@ def run_hook(command: str, env: dict[str, str], timeout: float) -> str | None:
             stdin=subprocess.DEVNULL,
             stdout=2,
             close_fds=True,
-            start_new_session=True,
+            **_in_group(0),  # a new group (in our session, so that the watchdog may join it)
         )
     except OSError as exc:
         return f"could not start ({exc.strerror})"
+    watchdog = _Watchdog.of(process.pid)
     try:
         code = process.wait(timeout)
     except subprocess.TimeoutExpired:
@@ -116,10 +118,55 @@ def run_hook(command: str, env: dict[str, str], timeout: float) -> str | None:
         process.wait()
         return f"was killed after {timeout:g}s (--hook-timeout)"
     finally:
-        _kill_group(process.pid)  # what it left running in its group
+        _kill_group(process.pid)  # what it left running in its group, the watchdog too
+        if watchdog is not None:
+            watchdog.close()
     if code != 0:
         return f"exited {code}" if code > 0 else f"was killed by signal {-code}"
     return None
+
+
+class _Watchdog:
+    """A process in a hook's process group that kills the group when tasklock dies (SIGKILL,
+    the OOM killer) while the hook runs: it waits on a pipe whose write end only tasklock
+    holds (close-on-exec, so not the hook's either), which the kernel closes with us."""
+
+    def __init__(self, process: subprocess.Popen, write_end: int) -> None:
+        self.process = process
+        self.write_end = write_end
+
+    @classmethod
+    def of(cls, pgid: int) -> _Watchdog | None:
+        """The watchdog of the group ``pgid``; None when it could not be started (the hook
+        may be gone already)."""
+        read_end, write_end = os.pipe2(os.O_CLOEXEC)
+        try:
+            process = subprocess.Popen(
+                ["sh", "-c", "read _; kill -KILL 0"],  # (EOF on stdin: we are gone)
+                stdin=read_end,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                **_in_group(pgid),
+            )
+        except (OSError, subprocess.SubprocessError):
+            os.close(write_end)
+            return None
+        finally:
+            os.close(read_end)
+        return cls(process, write_end)
+
+    def close(self) -> None:
+        """The hook is over (its group killed, the watchdog with it): reap it."""
+        os.close(self.write_end)
+        self.process.wait()
+
+
+def _in_group(pgid: int) -> dict:
+    """Popen's arguments that start a process in the process group ``pgid`` (0: a new one,
+    its own)."""
+    if sys.version_info >= (3, 11):
+        return {"process_group": pgid}
+    return {"preexec_fn": lambda: os.setpgid(0, pgid)}  # pragma: no cover - 3.10 only
 
 
 def _kill_group(pgid: int) -> None:
