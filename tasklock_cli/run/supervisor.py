@@ -186,9 +186,7 @@ class Supervisor:
         try:
             done_by = self._acquire()
         except (Conflict, Superseded, QueueFull) as refused:
-            emit_refused(self.events, refused)
-            if self.hooks is not None:
-                self.hooks.conflict(command_env(options))
+            emit_refused(self.events, refused, self.hooks, options)
             return options.conflict_exit_code
         finally:
             self._stop_acquiring()
@@ -651,9 +649,21 @@ def how_it_ended(child_of: Callable[[], Child | None], state: _State) -> tuple[b
     return lost or child.guard_died, child.exit_code()
 
 
-def emit_refused(events: EventLog, refused: Conflict | Superseded | QueueFull) -> None:
+def emit_refused(
+    events: EventLog,
+    refused: Conflict | Superseded | QueueFull,
+    hooks: Hooks | None,
+    options: RunOptions,
+) -> None:
     """The lock was not acquired: a ``conflict`` event (reason ``queue-full`` for a full
-    queue), or ``superseded``."""
+    queue), or ``superseded``; then the ``on-conflict`` hook."""
+    emit_refusal(events, refused)
+    if hooks is not None:
+        hooks.conflict(command_env(options))
+
+
+def emit_refusal(events: EventLog, refused: Conflict | Superseded | QueueFull) -> None:
+    """``emit_refused``'s event."""
     if isinstance(refused, Superseded):
         events.emit("superseded", refused.key, None, str(refused))
     elif isinstance(refused, QueueFull):
