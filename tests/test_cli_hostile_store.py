@@ -138,6 +138,22 @@ def assert_bounded(env: dict, key: str, bound: float) -> str:
     return peeked["expires_at"]
 
 
+def test_release_force_bounds_a_forged_far_expiry(env, store_url):
+    """A live lease that runs out in the year 9999 (someone else wrote it) claims more than
+    any lease the store granted: release --force gives it the longest a holder's lease
+    could have from now, so the key frees then, not in 9999 (a good row, shown so)."""
+    hold(store_url, "far", ttl=HELD_S)
+    if not forge.far_expiry(store_url, "far"):
+        pytest.skip("etcd: a lease's expiry is its etcd lease's TTL")
+    released = tasklock("release", "far", "--force", "--json", env=env)
+    no_traceback(released)
+    assert released.returncode == 75, released.stderr
+    outcome = json.loads(released.stdout)
+    assert outcome["freed"] is False and outcome["broken"] == [1], outcome
+    assert seconds_until(outcome["free_at"]) <= BOUND_S + 1, outcome
+    assert assert_bounded(env, "far", BOUND_S) == outcome["free_at"]
+
+
 @pytest.mark.parametrize("case", forge.EXPIRY_CORRUPTIONS)
 def test_release_force_gives_an_unreadable_expiry_the_longest_a_holder_could_have(
     env, store_url, case

@@ -215,6 +215,32 @@ def corrupt_expiry(url: str, key: str, case: str) -> bool:
     return True
 
 
+def far_expiry(url: str, key: str) -> bool:
+    """Make ``key``'s live lease (slot 0) run out in the year 9999 (SQLite: in 30 years), a
+    forged expiry, readable but further ahead than any lease the store granted: False on
+    etcd, whose leases are its own TTLs."""
+    kind = kind_of(url)
+    if kind == "sqlite":  # (30 years ahead: nearer than a clock nobody's boot reaches)
+        statement = "UPDATE tasklock_leases SET expires_boot = expires_boot + 1e9, "
+        _sqlite(url, statement + "expires_at = expires_at + 1e9 WHERE key = ? AND slot = 0", (key,))
+    elif kind == "postgres":
+        statement = "UPDATE {table} SET expires_at = '9999-12-31' WHERE key = %s AND slot = 0"
+        _pg(url, statement, (key,))
+    elif kind == "mysql":
+        statement = "UPDATE {table} SET expires_at = '9999-12-31' WHERE `key` = %s AND slot = 0"
+        _mysql(url, statement, (key,))
+    elif kind == "redis":
+        client, names = _redis(url)
+        try:
+            client.pexpireat(names.lease(key), 253402300000000)
+            client.hset(names.lease(key), "expires_at", "253402300000000")
+        finally:
+            client.close()
+    else:
+        return False
+    return True
+
+
 # -- the run ledger -------------------------------------------------------------------
 
 

@@ -224,11 +224,21 @@ _NOT_RUN_OUT = "(expires_at > clock_timestamp() OR expires_at IS NULL)"
 _LONGEST_TTL = f"""(SELECT CASE WHEN jsonb_typeof(holder -> 'max_ttl') = 'number'
                    THEN (holder ->> 'max_ttl')::float8 END
      FROM {{table}} WHERE key = '{EPOCH_KEY}' AND slot = {EPOCH_SLOT})"""
-_BOUND_EXPIRY = f"""
-UPDATE {{table}} SET expires_at = clock_timestamp() + make_interval(secs => least(1e9,
+_BOUND = f"""make_interval(secs => least(1e9,
            greatest(coalesce({_LONGEST_TTL}, 0), {UNREADABLE_EXPIRY_FLOOR_S}))
-           + {UNREADABLE_EXPIRY_MARGIN_S})
+           + {UNREADABLE_EXPIRY_MARGIN_S})"""
+_BOUND_EXPIRY = f"""
+UPDATE {{table}} SET expires_at = clock_timestamp() + {_BOUND}
  WHERE {_UNREADABLE_EXPIRY} {{live}}
+"""
+# A live lease of the key whose expiry lies further ahead than any lease the table granted
+# could have (someone else wrote 9999-12-31), and not one kept after its command ended (a
+# hold may be longer, and release --force frees that at once): release --force bounds it
+# as an unreadable one, so the key frees when a holder's lease could no longer be valid.
+_BOUND_FORGED_EXPIRY = f"""
+UPDATE {{table}} SET expires_at = clock_timestamp() + {_BOUND}
+ WHERE key = %(key)s AND owner_token IS NOT NULL AND NOT ({_UNREADABLE_EXPIRY})
+   AND expires_at > clock_timestamp() + {_BOUND} AND NOT holder @> '{{{{"done": true}}}}'::jsonb
 """
 _OF_KEY = "AND key = %(key)s"
 _SELECT = f"SELECT {_INFO_COLUMNS}, {_NOT_RUN_OUT} AS live FROM {{table}}"
@@ -526,6 +536,7 @@ class PostgresStore(SqlStore):
     ) -> builtins.list[LeaseInfo]:
         statement = self._sql(_BREAK)
         bound = self._sql(_BOUND_EXPIRY, _OF_KEY)
+        forged = self._sql(_BOUND_FORGED_EXPIRY)
         params = {
             "key": key,
             "token": token,
@@ -536,6 +547,7 @@ class PostgresStore(SqlStore):
         def run(conn: psycopg.Connection) -> list[tuple]:
             channel = self._breaks.channel(key)  # known once connected
             conn.execute(bound, params)
+            conn.execute(forged, params)
             return conn.execute(statement, {**params, "break_channel": channel}).fetchall()
 
         rows = self._db.run(run)  # idempotent: a broken lease is found again and told again

@@ -355,6 +355,18 @@ local function bound_expiry(name, record)
   redis.call('HSET', name, 'expires_at', ms(now_ms() + pttl))
   return 1
 end
+-- A live lease whose PX lies further ahead than any lease the namespace granted could have
+-- (someone else set it), not one kept after its command ended (a hold may be longer, and
+-- release --force frees that at once): bounded as one whose expiry cannot be read.
+local function bound_forged(name, record)
+  local longest = tonumber(redis.call('HGET', record, 'max_ttl')) or 0
+  if not (longest >= 0) then longest = 0 end
+  local bound = math.floor(math.min(math.max(longest, FLOOR_MS), 1e12) + MARGIN_MS)
+  if redis.call('PTTL', name) > bound and redis.call('HGET', name, 'done') ~= '1' then
+    redis.call('PEXPIRE', name, bound)
+    redis.call('HSET', name, 'expires_at', ms(now_ms() + bound))
+  end
+end
 """.replace("LATEST_MS", "253402300799999")
     .replace("FLOOR_MS", ms_of(UNREADABLE_EXPIRY_FLOOR_S))
     .replace("MARGIN_MS", ms_of(UNREADABLE_EXPIRY_MARGIN_S))
@@ -372,6 +384,7 @@ BREAK = (
 local out = {}
 for _, slot in ipairs(matching) do
   bound_expiry(slot[2], KEYS[3])
+  bound_forged(slot[2], KEYS[3])
   local owner = redis.call('HGET', slot[2], 'owner')
   if not is_broken(owner) then  -- (HSET keeps the TTL: the expiry is not extended)
     redis.call('HSET', slot[2], 'owner', BROKEN .. owner, 'broken_by', ARGV[3])

@@ -101,6 +101,15 @@ _UNREADABLE_EXPIRY = f"""owner_token IS NOT NULL AND (boot_id IS NULL OR (boot_i
 _BOUND_EXPIRY = f"""UPDATE {TABLE} SET boot_id = :boot, expires_boot = :now + :bound,
                    expires_at = :wall + :bound
 WHERE {_UNREADABLE_EXPIRY}"""
+# A live lease of the key whose expiry lies further ahead than any lease the store granted
+# could have (someone else wrote 9999-12-31), and not one kept after its command ended (a
+# hold may be longer, and release --force frees that at once): release --force bounds it
+# as an unreadable one, so the key frees when a holder's lease could no longer be valid.
+_BOUND_FORGED_EXPIRY = f"""UPDATE {TABLE} SET expires_boot = :now + :bound,
+                   expires_at = :wall + :bound
+WHERE key = :key AND owner_token IS NOT NULL AND boot_id = :boot
+  AND expires_boot > :now + :bound AND CASE WHEN json_valid(holder)
+      THEN json_extract(holder, '$.done') END IS NOT 1"""
 # The store's record of the longest TTL an acquire has asked for: the holder of the row of
 # key '' (no lock key is empty), which is never a lease (no owner).
 _LONGEST_TTL_FIELD = "CASE WHEN json_valid(holder) THEN json_extract(holder, '$.max_ttl') END"
@@ -495,7 +504,8 @@ class SQLiteStore(Store):
             "by": json.dumps(breaker(by)),
         }
         with self._db.write() as conn:
-            _bound_unreadable_expiries(conn, params)
+            bound = _bound_unreadable_expiries(conn, params)
+            conn.execute(*_by_key(_BOUND_FORGED_EXPIRY, {**params, "bound": bound}))
             rows = conn.execute(*_by_key(_BREAK, params)).fetchall()
         broken = sorted((_lease_info(row) for row in rows), key=lambda info: info.slot)
         for info in broken:
@@ -652,13 +662,15 @@ def _all_gone(processes: str, boot: str) -> bool:
         return False
 
 
-def _bound_unreadable_expiries(conn: sqlite3.Connection, params: dict) -> None:
+def _bound_unreadable_expiries(conn: sqlite3.Connection, params: dict) -> float:
     """Give every lease whose expiry cannot be read (of ``params["key"]``'s, when given)
-    the longest expiry a holder's lease can have from now (model.unreadable_expiry_bound)."""
+    the longest expiry a holder's lease can have from now (model.unreadable_expiry_bound),
+    which it returns."""
     row = conn.execute(_LONGEST_TTL).fetchone()
     bound = unreadable_expiry_bound(row_parsing.as_number(row[0]) if row else None)
     where = " AND key = :key" if "key" in params else ""
     conn.execute(*_by_key(_BOUND_EXPIRY + where, {**params, "bound": bound}))
+    return bound
 
 
 def _drain(fd: int) -> None:
