@@ -51,6 +51,12 @@ GLOBALS_AFTER_COMMAND = (
     "Global options (--store, --config, --log-format, -v, -q) may also come after the command;"
     " one given both before and after it takes the later value."
 )
+#: run's own: there, what follows COMMAND is COMMAND's (argv.py), global options too.
+GLOBALS_AFTER_RUN = (
+    "Global options (--store, --config, --log-format, -v, -q) may also come after KEY, before"
+    " COMMAND (after COMMAND they are its arguments); one given both before run and after KEY"
+    " takes the later value."
+)
 
 
 def is_global_option_copy(param: Any) -> bool:
@@ -76,8 +82,18 @@ def _accept_global_options(command: Any, shared: list[Any]) -> None:
         clone.hidden = True
         clone.tasklock_global_copy = True
         command.params.append(clone)
-    command.epilog = GLOBALS_AFTER_COMMAND
+    command.epilog = GLOBALS_AFTER_RUN if command.name == "run" else GLOBALS_AFTER_COMMAND
     command.callback = _applying_later_globals(command.callback)
+    _plain_required_metavars(command)
+
+
+def _plain_required_metavars(command: Any) -> None:
+    """Show a required argument in the usage line as its metavar (``KEY``), as the help's
+    other lines and the man page do: typer 0.28 puts it in braces (``{KEY}``), which read as
+    a set of choices."""
+    for param in command.params:
+        if param.param_type_name == "argument" and param.required and param.metavar:
+            param.get_usage_pieces = lambda ctx, shown=param.metavar: [shown]
 
 
 def _applying_later_globals(callback: Callable[..., Any]) -> Callable[..., Any]:
@@ -95,8 +111,8 @@ app = typer.Typer(
     cls=_GlobalOptionsAnywhere,
     help="Run a command at most once at a time across processes and machines.",
     epilog=(
-        "Global options may come before or after COMMAND; one given in both places takes"
-        " the later value."
+        "Global options may come before or after COMMAND (for run: after KEY, before the"
+        " command it runs); one given in both places takes the later value."
     ),
     add_completion=False,  # completions ship as files in completions/
     no_args_is_help=True,
