@@ -373,6 +373,18 @@ def test_readme_starts_with_the_install_and_test_commands():
     assert all(not line.startswith("```") for line in lines[:block])
 
 
+def test_the_docs_name_the_url_parameters_sqlite_takes():
+    """README and man page list each store's URL parameters: SQLite's ``mode=`` too, which
+    both once said SQLite did not take while documenting ``?mode=0660``."""
+    from tasklock_cli.stores.sqlite.store import URL_PARAMETERS
+
+    for text in (README.read_text(encoding="utf-8"), _man_source_text()):
+        flat = " ".join(text.split())
+        named = flat[flat.index("on every store: SQLite") :].partition("PostgreSQL")[0]
+        assert [f"{name}=" in named for name in URL_PARAMETERS] == [True] * len(URL_PARAMETERS)
+        assert "SQLite takes none" not in flat
+
+
 def test_readme_mentions_every_command_and_run_option():
     text = README.read_text(encoding="utf-8")
     for command in cli_options():
