@@ -314,7 +314,9 @@ def list_leases(
             return list(store.list(prefix=prefix, include_expired=show_all)), waiting
 
         if watch:
-            render.watch_table(fetch, every)
+            status = render.watch_table(fetch, every)
+            if status:
+                raise typer.Exit(status)
             return
         waiting = store.waiting_counts(prefix)
         leases = store.list(prefix=prefix, include_expired=show_all)

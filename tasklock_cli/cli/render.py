@@ -125,8 +125,10 @@ def _rich_table(leases: list[LeaseInfo], waiting: dict[str, int]):
     return table
 
 
-def watch_table(fetch, interval: float) -> None:
-    """``list --watch``: a live view on a terminal, a fresh listing per interval otherwise."""
+def watch_table(fetch, interval: float) -> int:
+    """``list --watch``: a live view on a terminal, a fresh listing per interval otherwise.
+    Returns the exit status: 0 when interrupted (Ctrl-C), 128+N when signal N (SIGTERM,
+    SIGHUP) ended the live view, which restores the cursor it hid first."""
     import time
 
     if not _to_terminal():
@@ -136,16 +138,42 @@ def watch_table(fetch, interval: float) -> None:
                 sys.stdout.write("\n")
                 sys.stdout.flush()
                 time.sleep(interval)
-        return
+        return 0
     from rich.live import Live
 
+    stopped: list[int] = []
     with (
-        contextlib.suppress(KeyboardInterrupt),
+        _stopping_signals(stopped),
+        contextlib.suppress(KeyboardInterrupt, _Stopped),
         Live(_rich_table(*fetch()), console=_console(), auto_refresh=False) as live,
     ):
         while True:
             time.sleep(interval)
             live.update(_rich_table(*fetch()), refresh=True)
+    return 128 + stopped[0] if stopped else 0
+
+
+class _Stopped(Exception):
+    """A signal that ends ``list --watch``: raised in the main thread, so the live view
+    unwinds as on Ctrl-C (by default SIGTERM would end the process with the cursor hidden)."""
+
+
+@contextlib.contextmanager
+def _stopping_signals(stopped: list[int]):
+    """While inside: SIGTERM and SIGHUP raise _Stopped, their number appended to
+    ``stopped``; the earlier handlers are put back after."""
+    import signal
+
+    def stop(signum: int, _frame: object) -> None:
+        stopped.append(signum)
+        raise _Stopped
+
+    earlier = {signum: signal.signal(signum, stop) for signum in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for signum, handler in earlier.items():
+            signal.signal(signum, handler)
 
 
 def history_table(key: str, runs: list[RunRecord]) -> None:
