@@ -385,6 +385,21 @@ def test_the_docs_name_the_url_parameters_sqlite_takes():
         assert "SQLite takes none" not in flat
 
 
+def test_every_list_of_detected_by_in_the_man_page_is_whole():
+    """Where the man page lists the ``detected_by`` values of a loss, it lists them all."""
+    from tasklock_cli.errors import LossKind
+
+    text = " ".join(_man_source_text().replace(".BR", "").replace(".B", "").split())
+    lists = [
+        text[at : at + 400]
+        for at in (match.start() for match in re.finditer("detected_by", text))
+        if "rejected" in text[at : at + 120]
+    ]
+    assert len(lists) >= 2  # the ledger's outcomes and the lost event's
+    for listed in lists:
+        assert [kind.value for kind in LossKind if kind.value not in listed] == [], listed
+
+
 def test_readme_mentions_every_command_and_run_option():
     text = README.read_text(encoding="utf-8")
     for command in cli_options():
