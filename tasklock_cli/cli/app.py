@@ -528,22 +528,16 @@ def run_cli(argv: list[str] | None = None) -> int:
     return code if isinstance(code, int) else 0
 
 
-#: How alike a mistyped option must be to one of the command's to be suggested: difflib's
-#: default (0.6) offers --verbose for --bogus and --store for --json.
-SUGGESTION_CUTOFF = 0.7
-
-
 def _message(exc: _CliException) -> str:
     """The parser's message, suggesting only options close to a mistyped one."""
     possibilities = getattr(exc, "possibilities", None)
     if possibilities:
-        from difflib import get_close_matches
+        from tasklock_cli.util.suggest import close_names
 
         # (ignores: these are NoSuchOption's, the only exception with possibilities)
-        exc.possibilities = get_close_matches(  # type: ignore[attr-defined]
+        exc.possibilities = close_names(  # type: ignore[attr-defined]
             exc.option_name,  # type: ignore[attr-defined]
             possibilities,
-            cutoff=SUGGESTION_CUTOFF,
         )
     return exc.format_message()
 

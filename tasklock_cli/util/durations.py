@@ -40,10 +40,13 @@ def parse_duration(text: str, *, option: str = "duration", allow_inf: bool = Tru
     part = patterns.part
     if raw and part.sub("", raw) == "" and _units_in_order(raw):
         return sum(float(n) * _UNIT_SECONDS[u] for n, u in part.findall(raw))
+    raise UsageError(f"invalid {option} {text!r} ({duration_examples(allow_inf)})")
+
+
+def duration_examples(allow_inf: bool = True) -> str:
+    """What a duration may look like, for a message about one that is not."""
     expected = "e.g. 500ms, 30s, 5m, 1h30m, 2d, a number of seconds"
-    if allow_inf:
-        expected += " or inf"
-    raise UsageError(f"invalid {option} {text!r} ({expected})")
+    return expected + " or inf" if allow_inf else expected
 
 
 def _units_in_order(raw: str) -> bool:
