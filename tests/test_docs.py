@@ -400,6 +400,30 @@ def test_every_list_of_detected_by_in_the_man_page_is_whole():
         assert [kind.value for kind in LossKind if kind.value not in listed] == [], listed
 
 
+def test_the_readmes_local_etcd_line_does_what_it_says(cli_env):
+    """README's way to try etcd: the member starts on 127.0.0.1:2379 unless told otherwise
+    (what ``etcd --help`` says; not started here, where a developer's etcd may hold that
+    port), and the run line works against an etcd (the suite's, in its place)."""
+    text = " ".join(README.read_text(encoding="utf-8").split())
+    member = re.search(r"`etcd (--data-dir \S+) &`", text)
+    line = re.search(r"`TASKLOCK_STORE=etcd://127\.0\.0\.1:2379 (tasklock run [^`]+)`", text)
+    assert member and line, "README: how to start a local etcd"
+    shown = subprocess.run(
+        [require_tool("etcd"), "--help"], capture_output=True, text=True, timeout=30
+    )
+    assert "--listen-client-urls 'http://localhost:2379'" in shown.stdout + shown.stderr
+    services.require("etcd")
+    url = services.etcd_url(prefix=f"tasklock-docs-{os.getpid()}-{time.monotonic_ns()}/")
+    env = {**cli_env, "TASKLOCK_STORE": url}
+    try:
+        ran = subprocess.run(
+            ["sh", "-c", line.group(1)], env=env, capture_output=True, text=True, timeout=60
+        )
+        assert (ran.returncode, ran.stdout) == (0, "hello\n"), ran.stderr
+    finally:
+        services.cleanup("etcd", url)
+
+
 def test_readme_mentions_every_command_and_run_option():
     text = README.read_text(encoding="utf-8")
     for command in cli_options():
