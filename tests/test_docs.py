@@ -400,6 +400,7 @@ def test_every_list_of_detected_by_in_the_man_page_is_whole():
         assert [kind.value for kind in LossKind if kind.value not in listed] == [], listed
 
 
+@pytest.mark.slow  # an etcd member: not in the edit-test loop (-m quick needs no server)
 def test_the_readmes_local_etcd_line_does_what_it_says(cli_env):
     """README's way to try etcd: the member starts on 127.0.0.1:2379 unless told otherwise
     (what ``etcd --help`` says; not started here, where a developer's etcd may hold that
