@@ -400,7 +400,7 @@ def test_every_list_of_detected_by_in_the_man_page_is_whole():
         assert [kind.value for kind in LossKind if kind.value not in listed] == [], listed
 
 
-@pytest.mark.slow  # an etcd member: not in the edit-test loop (-m quick needs no server)
+@pytest.mark.server  # etcd
 def test_the_readmes_local_etcd_line_does_what_it_says(cli_env):
     """README's way to try etcd: the member starts on 127.0.0.1:2379 unless told otherwise
     (what ``etcd --help`` says; not started here, where a developer's etcd may hold that
@@ -948,6 +948,7 @@ def test_json_error_example_matches_real_output(shell_env, tmp_path):
     assert error["message"].replace("127.0.0.1:1", "127.0.0.1:6379") == shown["message"]
 
 
+@pytest.mark.server  # PostgreSQL
 def test_fencing_examples_against_postgresql(shell_env, tmp_path):
     services.require("postgres")
     import uuid
@@ -999,6 +1000,7 @@ def test_fencing_examples_against_postgresql(shell_env, tmp_path):
         query(f"DROP SCHEMA {schema} CASCADE")
 
 
+@pytest.mark.server  # PostgreSQL
 def test_forcing_a_new_epoch_example(shell_env, tmp_path):
     """README's statement for a table restored by hand: the next run meets a quarantine."""
     services.require("postgres")
