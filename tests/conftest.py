@@ -174,6 +174,10 @@ _SERVER_MODULES = (
 )
 
 
+#: Fixtures that name a namespace on a store server: a test that takes one is not quick.
+_SERVER_FIXTURES = frozenset({"network_store_url", "pg_url", "my_url", "redis_url"})
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark ``quick`` (``pytest -m quick``: the edit-test loop) every test that runs on the
     SQLite store or on none, needs no server, and is not marked slow; then spread the
@@ -189,7 +193,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             for value in (params.params.values() if params else ())
             if isinstance(value, str) and value in STORE_KINDS
         }
-        if kinds <= {"sqlite"} and "network_store_url" not in item.fixturenames:
+        servers = _SERVER_FIXTURES.intersection(item.fixturenames)
+        if kinds <= {"sqlite"} and not servers and not item.get_closest_marker("server"):
             item.add_marker(pytest.mark.quick)
     _spread_the_stress(items)
 

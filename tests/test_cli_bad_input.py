@@ -128,6 +128,7 @@ def test_the_drivers_own_url_parameters_still_work(cli_env, tmp_path, kind, para
     assert (result.returncode, result.stderr) == (1, "")  # free
 
 
+@pytest.mark.server  # Redis
 def test_a_redis_database_the_server_lacks_is_78(cli_env):
     services.require("redis")
     url = urlsplit(services.base_redis_url())._replace(path="/99", query="").geturl()

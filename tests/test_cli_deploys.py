@@ -74,6 +74,9 @@ def test_replace_ends_the_old_tree_before_the_new_command_starts(env, store_url,
     broken_by = replaced["broken_by"]
     assert set(broken_by) == {"host", "pid", "user"}
     assert broken_by["pid"] != old.pid and broken_by["user"] == replaced["user"]
+    (lost,) = [event for event in json_events(old_stderr) if event["event"] == "lost"]
+    who = f"{broken_by['host']} pid {broken_by['pid']} (user {broken_by['user']})"
+    assert lost["detail"] == f"replaced by run --replace from {who}"  # the holder is told
 
 
 def test_replace_goes_ahead_of_the_waiting_runs(env, store_url, tmp_path):

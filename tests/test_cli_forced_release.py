@@ -215,14 +215,15 @@ def test_a_paused_local_holder_is_not_taken_for_gone(cli_env, tmp_path):
     assert first.wait(timeout=20) == 70
 
 
-def test_the_ledger_names_who_broke_the_run(env, store_url):
+def test_the_holder_and_the_ledger_name_who_broke_the_run(env, store_url):
     env = {name: value for name, value in env.items() if name != LET_GO_TIMEOUT_ENV}
     holder = start("run", "k", "--ttl", "30s", "--", "sleep", "30", env=env)
     try:
         info = wait_for_holder(store_url, "k")
         released = tasklock("release", "k", "--force", env=env)
         assert released.returncode == 0, released.stdout
-        assert holder.wait(timeout=20) == 70
+        _, stderr = holder.communicate(timeout=20)
+        assert holder.returncode == 70, stderr
     finally:
         holder.kill()
         holder.wait()
@@ -232,6 +233,11 @@ def test_the_ledger_names_who_broke_the_run(env, store_url):
     by = run["broken_by"]
     assert by["host"] == socket.gethostname() and by["pid"] > 0 and by["pid"] != holder.pid
     assert by["user"] == info.holder.user
+    who = f"{by['host']} pid {by['pid']} (user {by['user']})"
+    assert stderr == (
+        f"tasklock: error: lost the lease on 'k' (rejected: broken by release --force from {who});"
+        " terminating the command\n"
+    )
     assert tasklock("run", "k", "--", "true", env=env).returncode == 0
     assert json.loads(tasklock("history", "k", "--json", env=env).stdout)[0]["broken_by"] is None
 

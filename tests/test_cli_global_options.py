@@ -186,9 +186,26 @@ def test_a_bad_log_format_after_the_command_is_a_usage_error(env):
 
 
 def test_command_help_mentions_the_global_options(env):
-    result = tasklock("run", "--help", env=env)
+    result = tasklock("peek", "--help", env=env)
     assert result.returncode == 0
-    assert "Global options (--store, --config, --log-format, -v, -q) may also come" in (
+    assert "Global options (--store, --config, --log-format, -v, -q) may also come after" in (
         " ".join(result.stdout.split())
     )
     assert "--store URL" not in result.stdout  # listed once, under tasklock --help
+
+
+def test_runs_help_says_where_global_options_go_and_it_is_so(env):
+    """For run, a global option after the command is the command's argument: its help says
+    so, and names KEY as the other lines do (typer 0.28's usage line said {KEY})."""
+    shown = tasklock("run", "--help", env=env)
+    assert shown.returncode == 0
+    usage, *_ = shown.stdout.splitlines()
+    assert usage == "Usage: tasklock run [OPTIONS] KEY [--] COMMAND [ARG...]"
+    text = " ".join(shown.stdout.split())
+    assert "may also come after KEY, before COMMAND (after COMMAND they are its arguments)" in text
+    after_key = tasklock("run", "k", "-q", "--log-format", "json", "--", "echo", "hi", env=env)
+    assert (after_key.returncode, after_key.stdout, after_key.stderr) == (0, "hi\n", "")
+    after_command = tasklock("run", "k", "--", "echo", "hi", "-q", env=env)
+    assert (after_command.returncode, after_command.stdout) == (0, "hi -q\n")
+    for other in ("peek", "release", "history"):
+        assert f"tasklock {other} [OPTIONS] KEY" in tasklock(other, "--help", env=env).stdout

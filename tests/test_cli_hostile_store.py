@@ -269,6 +269,7 @@ def test_a_forged_waiter_that_no_renewal_could_have_made_holds_nobody_up(env, st
     assert ran.returncode == 0 and ran.stdout == "ran\n", ran.stderr
 
 
+@pytest.mark.server  # etcd
 def test_an_etcd_waiter_place_on_no_lease_holds_nobody_up_and_sweep_removes_it(cli_env, tmp_path):
     from tests.conftest import store_url_for
     from tests.support import services

@@ -97,34 +97,34 @@ def test_a_plain_run_ignores_the_window_and_counts_for_it(env, tmp_path):
     assert (once.returncode, runs_of(marker)) == (0, 2)
 
 
+#: The window of the next-window test, and how much of it its two runs may take. The runs
+#: are two start-ups of the executable, which a loaded machine stretches past a second each:
+#: a 2 s window did not always hold both (issue 41).
+WINDOW_S = 8
+TWO_RUNS_S = 6
+
+
+@pytest.mark.slow  # waits for the next window: 8 s or so
 def test_the_next_window_runs_again(env, tmp_path):
-    key, marker = two_runs_in_one_2s_window(env, tmp_path)
-    time.sleep(2 - time.time() % 2 + 0.05)  # the next window
-    third = tasklock("run", key, "--once-per", "2s", "--", *counting(marker), env=env)
+    """With ``--once-per 8s``, a success means the window's next run does not run, and the
+    next window's first run runs. Windows are aligned to the epoch on the store's clock (a
+    local server's: this host's, which time.time() reads)."""
+    marker = tmp_path / "runs"
+    away_from_a_boundary(WINDOW_S, TWO_RUNS_S)
+    window = time.time() // WINDOW_S
+    args = ("run", "job", "--once-per", f"{WINDOW_S}s", "--", *counting(marker))
+    first, second = tasklock(*args, env=env), tasklock(*args, env=env)
+    if time.time() // WINDOW_S != window:
+        pytest.fail(f"two runs took over {TWO_RUNS_S}s: they proved nothing (machine too slow?)")
+    assert (first.returncode, second.returncode, runs_of(marker)) == (0, 0, 1)
+    time.sleep(WINDOW_S - time.time() % WINDOW_S + 0.05)  # into the next window
+    third = tasklock(*args, env=env)
     assert (third.returncode, runs_of(marker)) == (0, 2)
-    assert [r["outcome"] for r in history(key, env)] == [
+    assert [r["outcome"] for r in history("job", env)] == [
         "succeeded",
         "done-already",
         "succeeded",
     ]
-
-
-def two_runs_in_one_2s_window(env: dict[str, str], tmp_path: Path) -> tuple[str, Path]:
-    """Run ``--once-per 2s`` twice in one window: the first runs, the second does not.
-
-    A loaded machine can push the second run into the next window; that attempt proves
-    nothing either way, so it is made again on a fresh key (at most four times).
-    """
-    for attempt in range(4):
-        key, marker = f"job-{attempt}", tmp_path / f"runs-{attempt}"
-        time.sleep(2 - time.time() % 2 + 0.05)  # at the start of a 2 s window
-        window = time.time() // 2
-        first = tasklock("run", key, "--once-per", "2s", "--", *counting(marker), env=env)
-        second = tasklock("run", key, "--once-per", "2s", "--", *counting(marker), env=env)
-        if time.time() // 2 == window:
-            assert (first.returncode, second.returncode, runs_of(marker)) == (0, 0, 1)
-            return key, marker
-    pytest.fail("no two runs fell in one 2 s window in four attempts (machine too slow?)")
 
 
 def test_two_concurrent_runs_waiting_for_the_lock_run_the_command_once(env, tmp_path):

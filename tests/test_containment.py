@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import time
 from datetime import datetime
@@ -60,12 +61,12 @@ def gone_within(tree: list[tuple[int, int]], seconds: float) -> float:
 OVERLAP_CHECK = """
 import sys
 def start_time(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
+    try:  # bytes: a recycled pid may be another test's process, named in any bytes
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rpartition(b")")[2].split()
     except OSError:
         return None
-    return None if fields[0] == "Z" else int(fields[19])
+    return None if fields[0] == b"Z" else int(fields[19])
 old = [tuple(map(int, item.split(":"))) for item in sys.argv[1:]]
 sys.exit(1 if [pid for pid, started in old if start_time(pid) == started] else 0)
 """
@@ -149,15 +150,20 @@ def test_an_orphan_ignoring_sigterm_is_killed_after_grace(env, tmp_path):
     # its grace, from the acquire on (the executable's start-up, which a loaded machine
     # makes long, left out): not the default grace of 5 s
     assert 0.6 <= took < 3, took
-    sleeping = f"sleep\x00{seconds}\x00"
-    assert not [p for p in procs.processes() if p.state != "Z" and _cmdline(p.pid) == sleeping]
+    sleeping = f"sleep\x00{seconds}\x00".encode()
+    assert not [p for p in procs.processes() if p.state != "Z" and procs.cmdline(p.pid) == sleeping]
 
 
-def _cmdline(pid: int) -> str:
+def test_the_scan_for_survivors_reads_any_arguments_and_vanished_processes():
+    """The survivors' scan above reads every process's arguments: a parallel test's command
+    with arguments that are not UTF-8, or one that ends meanwhile, must not break it."""
+    named = subprocess.Popen([b"sh", b"-c", b"sleep 30", b"caf\xe9.db"])
     try:
-        return Path(f"/proc/{pid}/cmdline").read_text()
-    except OSError:
-        return ""
+        assert procs.cmdline(named.pid) == b"sh\x00-c\x00sleep 30\x00caf\xe9.db\x00"
+    finally:
+        named.kill()
+        named.wait()
+    assert procs.cmdline(named.pid) is None
 
 
 def test_a_lost_lease_terminates_processes_outside_the_group(env, store_url, tmp_path):

@@ -373,6 +373,58 @@ def test_readme_starts_with_the_install_and_test_commands():
     assert all(not line.startswith("```") for line in lines[:block])
 
 
+def test_the_docs_name_the_url_parameters_sqlite_takes():
+    """README and man page list each store's URL parameters: SQLite's ``mode=`` too, which
+    both once said SQLite did not take while documenting ``?mode=0660``."""
+    from tasklock_cli.stores.sqlite.store import URL_PARAMETERS
+
+    for text in (README.read_text(encoding="utf-8"), _man_source_text()):
+        flat = " ".join(text.split())
+        named = flat[flat.index("on every store: SQLite") :].partition("PostgreSQL")[0]
+        assert [f"{name}=" in named for name in URL_PARAMETERS] == [True] * len(URL_PARAMETERS)
+        assert "SQLite takes none" not in flat
+
+
+def test_every_list_of_detected_by_in_the_man_page_is_whole():
+    """Where the man page lists the ``detected_by`` values of a loss, it lists them all."""
+    from tasklock_cli.errors import LossKind
+
+    text = " ".join(_man_source_text().replace(".BR", "").replace(".B", "").split())
+    lists = [
+        text[at : at + 400]
+        for at in (match.start() for match in re.finditer("detected_by", text))
+        if "rejected" in text[at : at + 120]
+    ]
+    assert len(lists) >= 2  # the ledger's outcomes and the lost event's
+    for listed in lists:
+        assert [kind.value for kind in LossKind if kind.value not in listed] == [], listed
+
+
+@pytest.mark.server  # etcd
+def test_the_readmes_local_etcd_line_does_what_it_says(cli_env):
+    """README's way to try etcd: the member starts on 127.0.0.1:2379 unless told otherwise
+    (what ``etcd --help`` says; not started here, where a developer's etcd may hold that
+    port), and the run line works against an etcd (the suite's, in its place)."""
+    text = " ".join(README.read_text(encoding="utf-8").split())
+    member = re.search(r"`etcd (--data-dir \S+) &`", text)
+    line = re.search(r"`TASKLOCK_STORE=etcd://127\.0\.0\.1:2379 (tasklock run [^`]+)`", text)
+    assert member and line, "README: how to start a local etcd"
+    shown = subprocess.run(
+        [require_tool("etcd"), "--help"], capture_output=True, text=True, timeout=30
+    )
+    assert "--listen-client-urls 'http://localhost:2379'" in shown.stdout + shown.stderr
+    services.require("etcd")
+    url = services.etcd_url(prefix=f"tasklock-docs-{os.getpid()}-{time.monotonic_ns()}/")
+    env = {**cli_env, "TASKLOCK_STORE": url}
+    try:
+        ran = subprocess.run(
+            ["sh", "-c", line.group(1)], env=env, capture_output=True, text=True, timeout=60
+        )
+        assert (ran.returncode, ran.stdout) == (0, "hello\n"), ran.stderr
+    finally:
+        services.cleanup("etcd", url)
+
+
 def test_readme_mentions_every_command_and_run_option():
     text = README.read_text(encoding="utf-8")
     for command in cli_options():
@@ -986,6 +1038,7 @@ def test_json_error_example_matches_real_output(shell_env, tmp_path):
     assert error["message"].replace("127.0.0.1:1", "127.0.0.1:6379") == shown["message"]
 
 
+@pytest.mark.server  # PostgreSQL
 def test_fencing_examples_against_postgresql(shell_env, tmp_path):
     services.require("postgres")
     import uuid
@@ -1037,6 +1090,7 @@ def test_fencing_examples_against_postgresql(shell_env, tmp_path):
         query(f"DROP SCHEMA {schema} CASCADE")
 
 
+@pytest.mark.server  # PostgreSQL
 def test_forcing_a_new_epoch_example(shell_env, tmp_path):
     """README's statement for a table restored by hand: the next run meets a quarantine."""
     services.require("postgres")

@@ -9,7 +9,10 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from collections.abc import Iterator
+from datetime import datetime
+from datetime import timezone
 
 import pytest
 
@@ -30,6 +33,9 @@ from tasklock_cli.stores.model import EXCLUSIVE
 from tasklock_cli.stores.model import SHARED
 from tasklock_cli.stores.model import Holder
 from tests.support import services
+from tests.support.cli import json_events
+from tests.support.cli import start
+from tests.support.cli import wait_for_holder
 from tests.support.contract import granted
 
 HOLDER = Holder(host="h", pid=1, user="u", command=["true"])
@@ -154,6 +160,37 @@ def test_wait_for_break_wakes_promptly_times_out_and_heeds_wake_fd(clients, monk
     # poll every 0.1 s and a loaded machine's scheduler delay it alike: counted, not timed).
     assert len(looks) == 1, looks
     assert holder.wait_for_break(lease, 5) is True  # a break before the call is seen
+
+
+def test_a_holder_lets_go_of_a_break_as_soon_as_its_lease_is_revoked(url, cli_env, monkeypatch):
+    """A break moves the slot's keys to the breaker's lease, then revokes the holder's, a
+    round trip later. A holder that renewed in between (the keepalive of its emptied lease
+    succeeds) once heard of the break only at its next look, a second later: `release
+    --force` said "let go after 1.01s" on etcd, 0.02s elsewhere. Here the revoke comes 0.3 s
+    after the move, and the holder, through the real executable, is lost right after it."""
+    env = {**cli_env, "TASKLOCK_STORE": url}
+    holder = start("--log-format", "json", "run", "k", "--", "sleep", "30", env=env)
+    try:
+        wait_for_holder(url, "k")
+        ops = open_etcd(url)
+        real_revoke = ops._client.revoke
+        monkeypatch.setattr(ops._client, "revoke", lambda lease_id: _late(real_revoke, lease_id))
+        broke_at = time.time()
+        assert len(ops.break_lease("k", by=HOLDER)) == 1
+        _, stderr = holder.communicate(timeout=20)
+        ops.close()
+    finally:
+        holder.kill()
+        holder.wait()
+    (lost,) = [event for event in json_events(stderr) if event["event"] == "lost"]
+    after = datetime.fromisoformat(lost["ts"][:-1]).replace(tzinfo=timezone.utc).timestamp()
+    # the revoke's 0.3 s and the holder's next look, not the second its hints wait
+    assert 0.3 <= after - broke_at < 0.8, stderr
+
+
+def _late(revoke: Callable[[int], bool], lease_id: int) -> bool:
+    time.sleep(0.3)
+    return revoke(lease_id)
 
 
 @pytest.fixture

@@ -108,9 +108,9 @@ def test_the_default_store_directory_is_created(cli_env, tmp_path):
 @pytest.mark.parametrize(
     ("text", "line", "setting", "fragment"),
     [
-        ('ttl = "inf"\n', 1, "ttl", "invalid ttl 'inf'"),
+        ('ttl = "inf"\n', 1, "ttl", "setting 'ttl' is not a duration: 'inf' (e.g. 500ms"),
         ('\nttl = "50ms"\n', 2, "ttl", "at least 100ms"),
-        ('grace = "inf"\n', 1, "grace", "invalid grace"),
+        ('grace = "inf"\n', 1, "grace", "setting 'grace' is not a duration: 'inf'"),
         ('[keys."a:*"]\nmax-lifetime = "0"\n', 2, "max-lifetime", "must be positive"),
         ('ttl = "10s"\nrenew-every = "10s"\n', 2, "renew-every", "shorter than ttl"),
     ],
@@ -126,6 +126,37 @@ def test_bad_config_values_are_config_errors_naming_file_and_line(
     assert f"{config}:{line}: setting {setting!r}" in message
     assert fragment in message
     assert "or inf" not in message
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "message"),
+    [
+        ('tll = "5s"\n', 1, "setting 'tll' is not a tasklock setting; did you mean 'ttl'?"),
+        ('stor = "x"\n', 1, "setting 'stor' is not a tasklock setting; did you mean 'store'?"),
+        (
+            '[keys."a:*"]\nhold-atleast = "1m"\n',
+            2,
+            "setting 'hold-atleast' is not a run setting; did you mean 'hold-at-least'?",
+        ),
+        ("bogus = 1\n", 1, "setting 'bogus' is not a tasklock setting"),  # nothing close
+        (
+            'wait = "forever"\n',
+            1,
+            "setting 'wait' is not a duration: 'forever' (e.g. 500ms, 30s, 5m, 1h30m, 2d, a "
+            "number of seconds or inf)",
+        ),
+    ],
+)
+def test_a_mistyped_config_setting_gets_a_suggestion_as_a_mistyped_option_does(
+    env, tmp_path, text, line, message
+):
+    config = tmp_path / "typo.toml"
+    config.write_text(text)
+    result = tasklock("--config", str(config), "run", "a:b", "--", "true", env=env)
+    assert result.returncode == 78, result.stderr
+    assert one_error_line(result.stderr) == f"tasklock: error: {config}:{line}: {message}"
+    option = tasklock("run", "a:b", "--tll", "5s", "--", "true", env=env)
+    assert "(Possible options: --ttl)" in one_error_line(option.stderr)  # as for the option
 
 
 def test_a_flag_that_conflicts_with_the_file_is_a_usage_error(env, tmp_path):

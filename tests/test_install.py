@@ -1,5 +1,7 @@
 """What `pip install` of this repository puts in place: the man page under the environment's
-share/man/man1, where `man` finds it (from PREFIX/bin on PATH) and pipx >= 1.5 links it."""
+share/man/man1, where `man` finds it (from PREFIX/bin on PATH) and pipx >= 1.5 links it; an
+editable install (`pip install -e`) too, so the README's two install lines keep it in either
+order."""
 
 from __future__ import annotations
 
@@ -8,13 +10,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 #: What building the wheel reads: a copy, so the build leaves nothing in the checkout.
-SOURCES = ["pyproject.toml", "README.md", "man", "tasklock_cli"]
+SOURCES = ["pyproject.toml", "MANIFEST.in", "setup_commands.py", "README.md", "man", "tasklock_cli"]
 
 
-def test_pip_install_puts_the_man_page_under_share_man_man1(tmp_path):
-    source = tmp_path / "source"
+def _copy_sources(source: Path) -> Path:
+    """A copy of what the build reads, so that no build writes into the checkout."""
     source.mkdir()
     for name in SOURCES:
         if (ROOT / name).is_dir():
@@ -22,6 +26,12 @@ def test_pip_install_puts_the_man_page_under_share_man_man1(tmp_path):
             shutil.copytree(ROOT / name, source / name, ignore=caches)
         else:
             shutil.copy2(ROOT / name, source / name)
+    return source
+
+
+@pytest.mark.slow  # a wheel build, ~10 s: not in the edit-test loop (-m quick)
+def test_pip_install_puts_the_man_page_under_share_man_man1(tmp_path):
+    source = _copy_sources(tmp_path / "source")
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
     built = subprocess.run(
         [*pip, "wheel", "--no-deps", "-w", str(tmp_path / "wheel"), str(source)],
@@ -39,3 +49,26 @@ def test_pip_install_puts_the_man_page_under_share_man_man1(tmp_path):
     assert installed.returncode == 0, installed.stderr
     man_page = prefix / "share" / "man" / "man1" / "tasklock.1"
     assert man_page.read_bytes() == (ROOT / "man" / "tasklock.1").read_bytes()
+
+
+def _pip_into(venv: Path, *args: str) -> None:
+    """pip (this one, ``--python``) installs into the venv: no copy of pip in it to wait for."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q",
+         "--python", str(venv / "bin" / "python"), "install", "--no-deps", *args],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.slow
+def test_the_readmes_two_install_lines_keep_the_man_page_in_either_order(tmp_path):
+    """``pip install .`` and ``pip install -e .`` each uninstall the other first: the man page
+    stays only if both install it (setuptools' editable wheels leave data files out)."""
+    source = _copy_sources(tmp_path / "source")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    man_page = venv / "share" / "man" / "man1" / "tasklock.1"
+    for how in (["."], ["-e", "."], ["."]):  # regular, editable over it, regular over that
+        _pip_into(venv, *how[:-1], str(source))
+        assert man_page.read_bytes() == (ROOT / "man" / "tasklock.1").read_bytes(), how

@@ -150,3 +150,13 @@ def test_giving_up_and_acquiring_after_a_wait_restore_the_cursor(env, sqlite_url
     short.wait()
     assert code == 0 and b"ran" in output
     assert output.rfind(SHOW_CURSOR) > output.rfind(HIDE_CURSOR), output
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_ending_list_watch_restores_the_cursor(env, sqlite_url, signum):
+    """The live view hides the cursor; SIGTERM (a supervisor, `kill`) or SIGHUP (the
+    terminal closed) ends it with the cursor shown again, and exit status 128+N."""
+    code, output = _run_in_pty_then_signal(["list", "--watch"], env, b"no locks held", signum)
+    assert code == 128 + signum, output
+    assert HIDE_CURSOR in output
+    assert output.rfind(SHOW_CURSOR) > output.rfind(HIDE_CURSOR), output

@@ -56,6 +56,12 @@ GLOBALS_AFTER_COMMAND = (
     "Global options (--store, --config, --log-format, -v, -q) may also come after the command;"
     " one given both before and after it takes the later value."
 )
+#: run's own: there, what follows COMMAND is COMMAND's (argv.py), global options too.
+GLOBALS_AFTER_RUN = (
+    "Global options (--store, --config, --log-format, -v, -q) may also come after KEY, before"
+    " COMMAND (after COMMAND they are its arguments); one given both before run and after KEY"
+    " takes the later value."
+)
 
 
 def is_global_option_copy(param: Any) -> bool:
@@ -81,8 +87,18 @@ def _accept_global_options(command: Any, shared: list[Any]) -> None:
         clone.hidden = True
         clone.tasklock_global_copy = True
         command.params.append(clone)
-    command.epilog = GLOBALS_AFTER_COMMAND
+    command.epilog = GLOBALS_AFTER_RUN if command.name == "run" else GLOBALS_AFTER_COMMAND
     command.callback = _applying_later_globals(command.callback)
+    _plain_required_metavars(command)
+
+
+def _plain_required_metavars(command: Any) -> None:
+    """Show a required argument in the usage line as its metavar (``KEY``), as the help's
+    other lines and the man page do: typer 0.28 puts it in braces (``{KEY}``), which read as
+    a set of choices."""
+    for param in command.params:
+        if param.param_type_name == "argument" and param.required and param.metavar:
+            param.get_usage_pieces = lambda ctx, shown=param.metavar: [shown]
 
 
 def _applying_later_globals(callback: Callable[..., Any]) -> Callable[..., Any]:
@@ -100,8 +116,8 @@ app = typer.Typer(
     cls=_GlobalOptionsAnywhere,
     help="Run a command at most once at a time across processes and machines.",
     epilog=(
-        "Global options may come before or after COMMAND; one given in both places takes"
-        " the later value."
+        "Global options may come before or after COMMAND (for run: after KEY, before the"
+        " command it runs); one given in both places takes the later value."
     ),
     add_completion=False,  # completions ship as files in completions/
     no_args_is_help=True,
@@ -319,7 +335,9 @@ def list_leases(
             return list(store.list(prefix=prefix, include_expired=show_all)), waiting
 
         if watch:
-            render.watch_table(fetch, every)
+            status = render.watch_table(fetch, every)
+            if status:
+                raise typer.Exit(status)
             return
         waiting = store.waiting_counts(prefix)
         leases = store.list(prefix=prefix, include_expired=show_all)
@@ -534,22 +552,16 @@ def run_cli(argv: list[str] | None = None) -> int:
     return code if isinstance(code, int) else 0
 
 
-#: How alike a mistyped option must be to one of the command's to be suggested: difflib's
-#: default (0.6) offers --verbose for --bogus and --store for --json.
-SUGGESTION_CUTOFF = 0.7
-
-
 def _message(exc: _CliException) -> str:
     """The parser's message, suggesting only options close to a mistyped one."""
     possibilities = getattr(exc, "possibilities", None)
     if possibilities:
-        from difflib import get_close_matches
+        from tasklock_cli.util.suggest import close_names
 
         # (ignores: these are NoSuchOption's, the only exception with possibilities)
-        exc.possibilities = get_close_matches(  # type: ignore[attr-defined]
+        exc.possibilities = close_names(  # type: ignore[attr-defined]
             exc.option_name,  # type: ignore[attr-defined]
             possibilities,
-            cutoff=SUGGESTION_CUTOFF,
         )
     return exc.format_message()
 

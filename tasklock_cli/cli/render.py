@@ -29,6 +29,9 @@ def relative(moment: datetime, now: datetime | None = None) -> str:
 def _expiry(info: LeaseInfo) -> str:
     if info.expired:
         return f"expired {relative(info.expires_at)}"
+    if info.kept:  # its holder has exited: not a live run, however live the lease
+        left = (info.expires_at - datetime.now(timezone.utc)).total_seconds()
+        return f"ended, kept for {format_duration(max(0.0, left))}"
     return f"expires {relative(info.expires_at)}"
 
 
@@ -70,7 +73,7 @@ def lease_table(leases: Iterable[LeaseInfo], waiting: dict[str, int]) -> None:
                 h.user,
                 shown(info.malformed, "fencing_token", info.fencing_token),
                 rfc3339(info.expires_at),
-                "malformed" if info.malformed else "expired" if info.expired else "held",
+                _state(info),
                 h.note or "",
                 str(info.slot),
                 str(waiting.get(info.key, 0)),
@@ -78,6 +81,14 @@ def lease_table(leases: Iterable[LeaseInfo], waiting: dict[str, int]) -> None:
             sys.stdout.write("\t".join(_one_line(f) for f in fields) + "\n")
         return
     _console().print(_rich_table(list(leases), waiting))
+
+
+def _state(info: LeaseInfo) -> str:
+    """A lease's state in ``list``'s TSV: ``kept`` is held only by ``--hold-at-least`` after
+    its command ended, until the expiry beside it (the waiting column stays the last)."""
+    if info.malformed:
+        return "malformed"
+    return "expired" if info.expired else "kept" if info.kept else "held"
 
 
 def _rich_table(leases: list[LeaseInfo], waiting: dict[str, int]):
@@ -114,8 +125,10 @@ def _rich_table(leases: list[LeaseInfo], waiting: dict[str, int]):
     return table
 
 
-def watch_table(fetch, interval: float) -> None:
-    """``list --watch``: a live view on a terminal, a fresh listing per interval otherwise."""
+def watch_table(fetch, interval: float) -> int:
+    """``list --watch``: a live view on a terminal, a fresh listing per interval otherwise.
+    Returns the exit status: 0 when interrupted (Ctrl-C), 128+N when signal N (SIGTERM,
+    SIGHUP) ended the live view, which restores the cursor it hid first."""
     import time
 
     if not _to_terminal():
@@ -125,16 +138,42 @@ def watch_table(fetch, interval: float) -> None:
                 sys.stdout.write("\n")
                 sys.stdout.flush()
                 time.sleep(interval)
-        return
+        return 0
     from rich.live import Live
 
+    stopped: list[int] = []
     with (
-        contextlib.suppress(KeyboardInterrupt),
+        _stopping_signals(stopped),
+        contextlib.suppress(KeyboardInterrupt, _Stopped),
         Live(_rich_table(*fetch()), console=_console(), auto_refresh=False) as live,
     ):
         while True:
             time.sleep(interval)
             live.update(_rich_table(*fetch()), refresh=True)
+    return 128 + stopped[0] if stopped else 0
+
+
+class _Stopped(Exception):
+    """A signal that ends ``list --watch``: raised in the main thread, so the live view
+    unwinds as on Ctrl-C (by default SIGTERM would end the process with the cursor hidden)."""
+
+
+@contextlib.contextmanager
+def _stopping_signals(stopped: list[int]):
+    """While inside: SIGTERM and SIGHUP raise _Stopped, their number appended to
+    ``stopped``; the earlier handlers are put back after."""
+    import signal
+
+    def stop(signum: int, _frame: object) -> None:
+        stopped.append(signum)
+        raise _Stopped
+
+    earlier = {signum: signal.signal(signum, stop) for signum in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for signum, handler in earlier.items():
+            signal.signal(signum, handler)
 
 
 def history_table(key: str, runs: list[RunRecord]) -> None:
@@ -244,11 +283,14 @@ def lease_details(holders: list[LeaseInfo]) -> None:
 def _lease_block(info: LeaseInfo) -> None:
     h = info.holder
     slot = [("slot", f"{info.slot} of {info.limit}")] if info.limit > 1 else []
+    pid = shown(info.malformed, "holder.pid", h.pid)
+    ended = ", its command has ended" if info.kept else ""
     rows = [
         ("key", info.key),
         *slot,
         *([("mode", info.mode)] if info.shared else []),
-        ("holder", f"{h.host} pid {shown(info.malformed, 'holder.pid', h.pid)} (user {h.user})"),
+        ("holder", f"{h.host} pid {pid} (user {h.user}){ended}"),
+        *_kept_row(info),
         ("command", " ".join(h.command)),
         ("note", h.note or "-"),
         ("token", shown(info.malformed, "fencing_token", info.fencing_token)),
@@ -258,6 +300,15 @@ def _lease_block(info: LeaseInfo) -> None:
     ]
     for name, value in rows:
         sys.stdout.write(f"{name:<9} {_one_line(value)}\n")
+
+
+def _kept_row(info: LeaseInfo) -> list[tuple[str, str]]:
+    """``peek``'s line for a lease kept after its command ended (``--hold-at-least``):
+    nothing runs under it, and the key frees at its expiry."""
+    if not info.kept:
+        return []
+    until = f"{rfc3339(info.expires_at)} ({relative(info.expires_at)})"
+    return [("kept", f"until {until} by --hold-at-least; nothing runs under it")]
 
 
 def doctor_json(config_file: str, checks: list[StoreCheck]) -> list[dict[str, object]]:

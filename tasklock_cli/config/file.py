@@ -23,6 +23,7 @@ from tasklock_cli.errors import UsageError
 from tasklock_cli.stores.urls import default_store_url
 from tasklock_cli.stores.urls import xdg_home
 from tasklock_cli.util import paths
+from tasklock_cli.util.durations import duration_examples
 from tasklock_cli.util.durations import parse_duration
 from tasklock_cli.util.records import dataclass
 from tasklock_cli.util.records import field
@@ -188,7 +189,10 @@ def parse_config_file(path: Path, text: str | None = None) -> Config:
         elif name in BY_NAME or name in SWITCHES_BY_NAME:
             config.run_defaults.update(_run_settings(path, text, {name: value}))
         else:
-            raise bad_setting(path, text, name, "is not a tasklock setting")
+            known = ["store", "keys", *BY_NAME, *SWITCHES_BY_NAME]
+            raise bad_setting(
+                path, text, name, f"is not a tasklock setting{did_you_mean(name, known)}"
+            )
     return config
 
 
@@ -202,7 +206,8 @@ def _run_settings(path: Path, text: str, settings: dict) -> dict[str, object]:
             continue
         setting = BY_NAME.get(name)
         if setting is None:
-            raise bad_setting(path, text, name, "is not a run setting")
+            known = [*BY_NAME, *SWITCHES_BY_NAME]
+            raise bad_setting(path, text, name, f"is not a run setting{did_you_mean(name, known)}")
         if setting.text:
             if not isinstance(value, str):
                 raise bad_setting(path, text, name, "must be a shell command (a string)")
@@ -216,8 +221,11 @@ def _run_settings(path: Path, text: str, settings: dict) -> dict[str, object]:
             continue
         try:
             seconds = parse_duration(str(value), option=name, allow_inf=setting.allow_inf)
-        except UsageError as exc:
-            raise bad_setting(path, text, name, str(exc)) from None
+        except UsageError:
+            examples = duration_examples(setting.allow_inf)
+            raise bad_setting(
+                path, text, name, f"is not a duration: {value!r} ({examples})"
+            ) from None
         problem = setting.problem(seconds)
         if problem:
             raise bad_setting(path, text, name, f"{problem} (got {value!r})")
@@ -255,3 +263,11 @@ def store_url_source(flag: str | None, config: Config) -> str | None:
     if not store_from_file(flag, config) or config.path is None:
         return None
     return os.path.abspath(config.path)
+
+
+def did_you_mean(name: str, known: list[str]) -> str:
+    """``util.suggest``'s suggestion, imported only for a mistyped setting (a plain run's
+    config file has none, and its start-up does without the module)."""
+    from tasklock_cli.util.suggest import did_you_mean as suggestion
+
+    return suggestion(name, known)

@@ -40,7 +40,8 @@ def describe_holder(info: LeaseInfo) -> str:
     pid = shown(bad, "holder.pid", holder.pid)
     token = shown(bad, "fencing_token", info.fencing_token)
     malformed = ", a malformed record" if bad else ""
-    return f"{holder.host} pid {pid} (user {holder.user}, token {token}{malformed})"
+    kept = ", its command ended: kept by --hold-at-least" if info.kept else ""
+    return f"{holder.host} pid {pid} (user {holder.user}, token {token}{malformed}{kept})"
 
 
 def describe_holdup(key: str, waited: float, holdup: str) -> str:

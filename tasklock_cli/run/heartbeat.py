@@ -156,7 +156,7 @@ class Heartbeat:
             lease = self.keeper.renew()
         except LeaseLost as exc:
             grace = min(options.grace, BROKEN_GRACE_CAP_S)
-            self.on_loss(self._rejected_how(), str(exc), self.clock() + grace)
+            self.on_loss(*self._rejected(str(exc)), self.clock() + grace)
             return None
         except StoreUnavailable as exc:
             self.events.debug(f"renewal failed, retrying: {exc}")
@@ -168,15 +168,21 @@ class Heartbeat:
         self.on_renewed(lease)
         return self.clock() + options.schedule.renew_interval
 
-    def _rejected_how(self) -> LossKind:
-        """A rejected renewal: REPLACED when a `run --replace` broke the lease (the store
-        keeps who broke it), else REJECTED."""
+    def _rejected(self, why: str) -> tuple[LossKind, str]:
+        """A rejected renewal, and why, naming who broke the lease where the store keeps it
+        (``broken_by``): REPLACED when a `run --replace` broke it, else REJECTED. ``why``:
+        the store's own words, for a lease nobody is known to have broken (it ran out)."""
         lease = self.keeper.lease
         try:
             by = self.store.broken_by(lease) if lease is not None else None
-        except Exception:  # the loss stands; only its name is unknown
+        except Exception:  # the loss stands; only who caused it is unknown
             by = None
-        return LossKind.REPLACED if by and by.get("replaced") else LossKind.REJECTED
+        if not by:
+            return LossKind.REJECTED, why
+        who = f"{by['host']} pid {by['pid']} (user {by['user']})"
+        if by.get("replaced"):
+            return LossKind.REPLACED, f"replaced by run --replace from {who}"
+        return LossKind.REJECTED, f"broken by release --force from {who}"
 
     def _quiet_start(self, renew_at: float) -> bool:
         """Wait QUIET_START_S (at most until ``renew_at``) for a stop; True when stopped."""

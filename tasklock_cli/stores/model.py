@@ -146,6 +146,9 @@ class LeaseInfo:
     mode: str = EXCLUSIVE
     #: What could not be read of the row: (field, why) pairs; empty for a good row.
     malformed: tuple = ()
+    #: Its command has ended and only ``run --hold-at-least`` keeps the key, until
+    #: ``expires_at`` (``Store.release`` with ``keep_for``): nothing runs under it.
+    kept: bool = False
 
     @property
     def shared(self) -> bool:
@@ -162,8 +165,13 @@ class LeaseInfo:
             "expired": self.expired,
             "slot": self.slot,
             "limit": self.limit,
+            "kept": self.kept,
+            "kept_until": rfc3339(self.expires_at) if self.kept else None,
         }
-        return with_malformed(shown, self.malformed)
+        shown = with_malformed(shown, self.malformed)
+        if shown["expires_at"] is None:  # unreadable: so is how long it is kept
+            shown["kept_until"] = None
+        return shown
 
 
 @dataclass(frozen=True)

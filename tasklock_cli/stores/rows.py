@@ -217,9 +217,13 @@ def lease_info(
     mode: object,
     expired: bool,
     per_second: int = 1,
+    kept: bool = False,
 ) -> LeaseInfo:
     """A lease as an observer sees it, from a row's raw fields; ``holder``: its JSON
-    object (``mode`` in it too, where the store keeps it there: then pass None)."""
+    object (``mode`` in it too, where the store keeps it there: then pass None).
+
+    ``kept``: the store marked the lease kept after its command ended, outside the holder
+    (Redis, etcd); the SQL stores mark it in the holder's JSON (``"done": true``)."""
     read = RowReader()
     record = read.json_object("holder", holder)
     if mode is None and "mode" in record:
@@ -235,6 +239,7 @@ def lease_info(
         limit=read.integer("limit", 1 if limit is None else limit, 1, _MAX_SMALL) or 1,
         mode=read.mode("mode", mode),
         malformed=read.malformed,
+        kept=kept or record.get("done") is True,
     )
 
 

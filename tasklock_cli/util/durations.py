@@ -42,8 +42,7 @@ def parse_duration(text: str, *, option: str = "duration", allow_inf: bool = Tru
     seconds = _finite_seconds(raw)
     or_inf = " or inf" if allow_inf else ""
     if seconds is None:
-        expected = f"e.g. 500ms, 30s, 5m, 1h30m, 2d, a number of seconds{or_inf}"
-        raise UsageError(f"invalid {option} {text!r} ({expected})")
+        raise UsageError(f"invalid {option} {text!r} ({duration_examples(allow_inf)})")
     if not seconds <= MAX_DURATION_S:
         raise UsageError(f"invalid {option} {text!r} (at most 36500d, 100 years{or_inf})")
     return seconds
@@ -62,6 +61,12 @@ def _finite_seconds(raw: str) -> float | None:
     if raw and part.sub("", raw) == "" and _units_in_order(raw):
         return sum(float(n) * _UNIT_SECONDS[u] for n, u in part.findall(raw))
     return None
+
+
+def duration_examples(allow_inf: bool = True) -> str:
+    """What a duration may look like, for a message about one that is not."""
+    expected = "e.g. 500ms, 30s, 5m, 1h30m, 2d, a number of seconds"
+    return expected + " or inf" if allow_inf else expected
 
 
 def _units_in_order(raw: str) -> bool:

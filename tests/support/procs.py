@@ -79,6 +79,17 @@ def other_groups_in_session(sid: int) -> list[int]:
     return sorted({proc.pgid for proc in processes() if proc.sid == sid} - {sid})
 
 
+def cmdline(pid: int) -> bytes | None:
+    """``/proc/PID/cmdline`` as its raw bytes (each argument ends in NUL), None once the
+    process is gone. Bytes: a parallel test runs commands whose arguments are not UTF-8
+    (``caf\\xe9.db``), which a text read would fail on."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as arguments:
+            return arguments.read()
+    except OSError:  # gone (ENOENT, ESRCH) or not ours to read (EACCES)
+        return None
+
+
 def start_time(pid: int) -> int | None:
     """The process's start time (clock ticks since boot): with the pid, names it for good."""
     try:

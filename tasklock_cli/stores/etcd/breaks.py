@@ -35,6 +35,12 @@ from tasklock_cli.stores.etcd.keys import range_op
 from tasklock_cli.stores.etcd.waiting import poll_until
 from tasklock_cli.stores.model import Lease
 from tasklock_cli.stores.model import LeaseInfo
+from tasklock_cli.util.fds import wait_readable
+
+#: How long a holder that saw its slot's key move or go waits for its etcd lease's revoke
+#: (``SlotBreaker.revoked_after_change``), and how often it looks meanwhile.
+REVOKE_WAIT_S = 0.5
+REVOKE_POLL_S = 0.005
 
 
 class SlotBreaker:
@@ -130,15 +136,32 @@ class SlotBreaker:
             watch = self._client.open_watch({"key": b64(name)})  # before the look
             try:
                 kv, _ = self._client.range(name)
-                if gone(kv):
-                    return True
-                if lease_id is None:
-                    lease_id = int(kv.get("lease", 0)) if kv else None
-                return watch.wait(deadline, wake_fd, _deleted_or(gone)) == "matched"
+                if not gone(kv):
+                    if lease_id is None:
+                        lease_id = int(kv.get("lease", 0)) if kv else None
+                    if watch.wait(deadline, wake_fd, _deleted_or(gone)) != "matched":
+                        return False
             finally:
                 watch.close()
+            if lease_id is not None:
+                self._until_revoked(lease_id, wake_fd)
+            return True
         except (TasklockError, EtcdError, OSError, http.Woken):
             return poll_until(deadline, wake_fd, lambda: gone(self._client.range(name)[0]))
+
+    def _until_revoked(self, lease_id: int, wake_fd: int | None) -> None:
+        """Wait (at most REVOKE_WAIT_S) until etcd lease ``lease_id`` is gone.
+
+        A break moves the slot's keys to the breaker's lease, then revokes ours, a round
+        trip later; a forced release revokes it too. The holder renews to check what it saw.
+        A keepalive of our emptied lease between the two would succeed, and the holder would
+        find out only at its next look, a second later (``release --force`` then said "let go
+        after 1.01s"). Waiting for the revoke makes that renewal fail at once. A slot that
+        ran out or was released has its lease gone already, or a wake_fd that ends this."""
+        give_up = time.monotonic() + REVOKE_WAIT_S
+        while self._client.remaining(lease_id) >= 0 and time.monotonic() < give_up:
+            if wait_readable([wake_fd], REVOKE_POLL_S):
+                return
 
 
 def _deleted_or(

@@ -294,6 +294,7 @@ class EtcdKeys:
             held.mode,
             False,
             per_second=1000,
+            kept=record.get("done") is True,  # the release's keep_for (store._keep_done)
         )
 
     def foreign(self, name: bytes, what: str) -> ConfigError:

@@ -471,10 +471,10 @@ for slot = 0, slot_count(KEYS[2]) - 1 do
   if bad then return bad end
   if t == 'hash' then
     local f = redis.call('HMGET', name, 'fencing_token', 'acquired_at', 'expires_at', 'holder',
-                         'limit', 'owner', 'mode')
+                         'limit', 'owner', 'mode', 'done')
     local broken = f[6] and is_broken(f[6]) and 1 or 0
     rows[#rows + 1] = {slot, f[1], f[2], f[3], f[4], f[5], redis.call('PTTL', name), broken,
-                       f[7]}
+                       f[7], f[8]}
   end
 end
 return rows
@@ -495,7 +495,7 @@ return 1
 )
 
 # Read-only: for each KEYS[i] -> [fencing_token, acquired_at, expires_at, holder, limit,
-# mode]
+# mode, done]
 # (false for a missing field), 0 when the key is gone, or the type name of a foreign key.
 # One JSON string per batch: decoding it is C-speed, where parsing 100,000 HGETALL replies
 # in Python is not.
@@ -505,7 +505,7 @@ for i, name in ipairs(KEYS) do
   local t = redis.call('TYPE', name)['ok']
   if t == 'hash' then
     out[i] = redis.call('HMGET', name, 'fencing_token', 'acquired_at', 'expires_at', 'holder',
-                        'limit', 'mode')
+                        'limit', 'mode', 'done')
   elseif t == 'none' then
     out[i] = 0
   else

@@ -229,8 +229,8 @@ class RedisStore(Store):
 
     def _slots(self, key: str) -> list[list[Any]]:
         """The key's live slots, in one read: per slot (ordered) [slot, fencing_token,
-        acquired_at, expires_at, holder, limit, pttl, broken, mode] (None for a missing
-        field)."""
+        acquired_at, expires_at, holder, limit, pttl, broken, mode, done] (None for a
+        missing field)."""
         keys = [self._names.lease(key), self._names.name(key, "limit")]
         return self._conn.script("slots", keys, [], key)
 
@@ -434,7 +434,8 @@ class RedisStore(Store):
     # -- records ----------------------------------------------------------------------
 
     def _info(self, key: str, name: bytes, data: dict[bytes, bytes]) -> LeaseInfo:
-        fields = (b"fencing_token", b"acquired_at", b"expires_at", b"holder", b"limit", b"mode")
+        fields = [b"fencing_token", b"acquired_at", b"expires_at", b"holder", b"limit"]
+        fields += [b"mode", b"done"]
         slot = data.get(b"slot") or 0  # (read by rows: a forged "x" is malformed)
         return _lease_info(key, slot, *(data.get(field) for field in fields))
 
@@ -473,8 +474,8 @@ def _slots_covered(lease: Lease) -> int:
 
 def _slot_info(key: str, row: list[Any]) -> LeaseInfo:
     """A lease from a row of the ``slots`` script (see ``RedisStore._slots``)."""
-    slot, token, acquired, expires, holder, limit, _pttl, _broken, mode = row
-    return _lease_info(key, slot, token, acquired, expires, holder, limit, mode)
+    slot, token, acquired, expires, holder, limit, _pttl, _broken, mode, done = row
+    return _lease_info(key, slot, token, acquired, expires, holder, limit, mode, done)
 
 
 def _lease_info(
@@ -486,16 +487,18 @@ def _lease_info(
     holder: Any,
     limit: Any,
     mode: Any = None,
+    done: Any = None,
 ) -> LeaseInfo:
     # A lease key that exists is live (Redis drops it at its PX); a plain lock's hash (an
-    # older tasklock's too) has no limit, an exclusive one no mode. (READ_MANY's JSON
-    # has false for a missing field.)
+    # older tasklock's too) has no limit, an exclusive one no mode, a lease not kept after
+    # its command ended no done. (READ_MANY's JSON has false for a missing field.)
     token, acquired, expires, holder, limit, mode = (
         None if value is False else value
         for value in (token, acquired, expires, holder, limit, mode)
     )
+    kept = done in (b"1", "1")  # bytes from a script's reply, text from READ_MANY's JSON
     return row_parsing.lease_info(
-        key, slot, limit or 1, token, acquired, expires, holder, mode, False, per_second=1000
+        key, slot, limit or 1, token, acquired, expires, holder, mode, False, 1000, kept
     )
 
 
