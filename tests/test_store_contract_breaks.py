@@ -22,6 +22,7 @@ from tests.support.contract import OTHER
 from tests.support.contract import granted
 from tests.support.contract import run_record
 from tests.support.contract import short_ttl
+from tests.support.contract import store_kind  # noqa: F401 - every store, memory:// too
 from tests.support.contract import token
 
 BREAKER = Holder(host="ops-host", pid=777, user="carol")

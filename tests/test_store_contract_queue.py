@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from tasklock_cli.stores.model import Holder
 from tests.support.contract import OTHER
 from tests.support.contract import on_the_store
+from tests.support.contract import store_kind  # noqa: F401 - every store, memory:// too
 from tests.support.contract import token
 
 #: A short waiter lease for the cases where a place must run out (etcd: whole seconds).

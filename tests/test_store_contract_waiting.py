@@ -14,6 +14,7 @@ from collections.abc import Callable
 from tests.support.contract import HOLDER
 from tests.support.contract import OTHER
 from tests.support.contract import short_ttl
+from tests.support.contract import store_kind  # noqa: F401 - every store, memory:// too
 from tests.support.contract import token
 from tests.support.contract import waiting_thread
 

@@ -10,12 +10,28 @@ import uuid
 from collections.abc import Callable
 from collections.abc import Iterable
 
+import pytest
 from hypothesis import HealthCheck
 from hypothesis import settings
 
 from tasklock_cli.stores.model import Holder
 from tasklock_cli.stores.model import Lease
 from tasklock_cli.stores.model import RunRecord
+from tasklock_cli.stores.registry import IN_PROCESS_PACKAGES
+from tasklock_cli.stores.registry import STORE_PACKAGES
+from tests.support import services
+
+#: The stores the contract suite runs on: every store of the registry, the in-process
+#: ``memory://`` too (the CLI's tests run on the others only: the CLI refuses it).
+CONTRACT_STORE_KINDS = [*STORE_PACKAGES, *IN_PROCESS_PACKAGES]
+
+
+@pytest.fixture(params=CONTRACT_STORE_KINDS)
+def store_kind(request) -> str:
+    """The contract modules' store kinds (``conftest.store_kind``'s, and memory)."""
+    services.require(request.param)
+    return request.param
+
 
 HOLDER = Holder(
     host="host-a", pid=4242, user="alice", command=["./job.sh", "--all"], note="nightly"
