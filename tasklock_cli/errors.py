@@ -131,6 +131,27 @@ class LeaseLost(TasklockError):
     exit_code = ExitCode.LOST
 
 
+class LockNotAcquired(TasklockError):
+    """The Python API's ``Locks.lock``: the key is held by someone else and the wait (if
+    any) ran out. ``holder`` is the holder then (a ``LeaseInfo``), when known."""
+
+    exit_code = ExitCode.CONFLICT
+
+    def __init__(self, message: str, key: str, holder: object | None = None) -> None:
+        self.key, self.holder = key, holder
+        super().__init__(message)
+
+
+class LockLost(LeaseLost):
+    """The Python API: the lease was lost while the block ran. ``detected_by`` says how
+    (``rejected``, ``unreachable``, ``max-lifetime``, ``resumed-late``, ``replaced``)."""
+
+    def __init__(self, key: str, fencing_token: int | None, detected_by: str, detail: str):
+        self.key, self.fencing_token = key, fencing_token
+        self.detected_by, self.detail = str(detected_by), detail
+        super().__init__(f"lost the lease on {key!r} ({self.detected_by}: {detail})")
+
+
 class CommandNotFound(TasklockError):
     exit_code = ExitCode.NOT_FOUND
 

@@ -20,6 +20,7 @@ from tasklock_cli.errors import TasklockError
 from tasklock_cli.events import EventLog
 from tasklock_cli.run.conflict import Conflict
 from tasklock_cli.run.conflict import describe_holder
+from tasklock_cli.run.holding import Holding
 from tasklock_cli.run.keeper import LeaseKeeper
 from tasklock_cli.run.options import RunOptions
 from tasklock_cli.stores.base import Store
@@ -196,3 +197,33 @@ def emit_conflict(events: EventLog, key: str, conflict: Conflict) -> None:
         expires_at=rfc3339(info.expires_at) if info else None,
         **extra,
     )
+
+
+#: Losses after which the store may say who broke the lease (``broken_by``).
+_MAYBE_BROKEN = (LossKind.REJECTED, LossKind.REPLACED, LossKind.RESUMED_LATE)
+
+
+def release_held(
+    holding: Holding,
+    options: RunOptions,
+    events: EventLog,
+    records: dict[str, RunRecord | None],
+    loss: Loss | None,
+    keep_for: float = 0.0,
+) -> None:
+    """Release every lease ``holding`` holds, each writing its key's run record; after a
+    loss the records name who broke the lease, when the store says."""
+    if loss is not None and loss.detected_by in _MAYBE_BROKEN:
+        # Maybe broken by an operator (a paused holder finds its broken lease still
+        # there until it runs out on the store's clock).
+        for k in holding.held():
+            records[k.key] = with_breaker(k.store, k.lease, records[k.key], events.debug)
+    if loss is not None and loss.detected_by in (LossKind.REJECTED, LossKind.REPLACED):
+        # Broken by an operator: still ours to let go, token-checked, unless someone
+        # else holds it by now (then this frees nothing). One try: it is not ours to keep.
+        on_failed = functools.partial(warn_ledger_failed, events, holding.primary)
+        for k in holding.release_quietly(options.schedule.io_timeout, records, on_failed):
+            events.emit("released", k.key, k.fencing_token, f"released {k.key!r}")
+        return
+    for keeper in holding.held():
+        release_and_report(keeper, options, events, keep_for, records[keeper.key])

@@ -36,8 +36,8 @@ from tasklock_cli.run.leases import emit_conflict
 from tasklock_cli.run.leases import emit_waiting
 from tasklock_cli.run.leases import loss_by_now
 from tasklock_cli.run.leases import release_and_report
+from tasklock_cli.run.leases import release_held
 from tasklock_cli.run.leases import warn_ledger_failed
-from tasklock_cli.run.leases import with_breaker
 from tasklock_cli.run.options import RunOptions
 from tasklock_cli.run.waiter import Waiter
 from tasklock_cli.stores.base import Store
@@ -251,25 +251,11 @@ class Supervisor:
     def _finish(self, child: Child) -> int:
         loss = self.state.loss
         records = {k.key: run_record_of(k, loss, child) for k in self.holding.in_order}
-        broken = (LossKind.REJECTED, LossKind.REPLACED, LossKind.RESUMED_LATE)
-        if loss is not None and loss.detected_by in broken:
-            # Maybe broken by an operator (a paused holder finds its broken lease still
-            # there until it runs out on the store's clock).
-            for k in self.holding.held():
-                records[k.key] = with_breaker(k.store, k.lease, records[k.key], self.events.debug)
-        if loss is not None and loss.detected_by in (LossKind.REJECTED, LossKind.REPLACED):
-            # Broken by an operator: still ours to let go, token-checked, unless someone
-            # else holds it by now (then this frees nothing).
-            io_timeout = self.options.schedule.io_timeout
-            for k in self.holding.release_quietly(io_timeout, records, self._on_ledger_failed):
-                self.events.emit("released", k.key, k.fencing_token, f"released {k.key!r}")
-            return ExitCode.LOST
         keep_for = 0.0
         if loss is None and not child.guard_died:
             held_for = self.clock() - self.holding.acquired_at()
             keep_for = max(0.0, self.options.hold_at_least - held_for)
-        for keeper in self.holding.held():
-            release_and_report(keeper, self.options, self.events, keep_for, records[keeper.key])
+        release_held(self.holding, self.options, self.events, records, loss, keep_for)
         if loss is not None or child.guard_died:
             return ExitCode.LOST
         return child.exit_code()
