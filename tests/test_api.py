@@ -1,0 +1,256 @@
+"""The Python API (contract v4, "Python API") on every store, against the real `tasklock`
+executable and other Python processes: one set of keys, tokens and ledger for both."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tasklock_cli import Lease
+from tasklock_cli import LockLost
+from tasklock_cli import LockNotAcquired
+from tasklock_cli import Locks
+from tasklock_cli import current_lease
+from tasklock_cli.commands.release import LET_GO_TIMEOUT_ENV
+from tests.support.cli import peek
+from tests.support.cli import start
+from tests.support.cli import tasklock
+from tests.support.cli import wait_for_holder
+from tests.support.cli import wait_until
+
+ROOT = Path(__file__).resolve().parent.parent
+#: A forced release's notification reaches an API holder within this (the contract's "at
+#: once", on a loaded machine).
+HEARD_WITHIN_S = 5.0
+
+
+@pytest.fixture
+def locks(store_url, monkeypatch) -> Locks:
+    monkeypatch.delenv("TASKLOCK_STORE", raising=False)
+    return Locks(store_url)
+
+
+def python(code: str, env: dict[str, str], **kwargs) -> subprocess.Popen:
+    """A Python process running ``code`` (dedented) with this checkout importable."""
+    env = {**env, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kwargs,
+    )
+
+
+def history(env: dict[str, str], key: str) -> list[dict]:
+    result = tasklock("history", key, "--json", env=env)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+# -- the CLI and the API on one key --------------------------------------------------------
+
+
+def test_a_cli_run_and_an_api_lock_exclude_each_other_and_share_one_token_sequence(
+    locks, env, store_url
+):
+    with locks.lock("k", note="from python") as lease:
+        assert current_lease() is lease
+        shown = peek(store_url, "k")
+        assert shown is not None and shown.fencing_token == lease.fencing_token
+        assert shown.holder.command == ["python"] and shown.holder.note == "from python"
+        refused = tasklock("run", "k", "--", "true", env=env)
+        assert refused.returncode == 75, refused.stderr
+        first = lease.fencing_token
+    assert current_lease() is None
+    cli = start("run", "k", "--", "sleep", "30", env=env)
+    try:
+        cli_token = wait_for_holder(store_url, "k").fencing_token
+        with pytest.raises(LockNotAcquired) as caught, locks.lock("k"):
+            pass
+        assert caught.value.holder is not None
+        assert caught.value.holder.fencing_token == cli_token
+    finally:
+        cli.send_signal(signal.SIGTERM)
+        cli.wait(timeout=30)
+    with locks.lock("k") as again:
+        assert first < cli_token < again.fencing_token
+    tokens = [run["fencing_token"] for run in history(env, "k")]
+    assert tokens == [again.fencing_token, cli_token, first]
+
+
+def test_wait_waits_for_a_cli_run_and_wait_0_raises(locks, env, store_url):
+    cli = start("run", "k", "--", "sleep", "1.5", env=env)
+    try:
+        wait_for_holder(store_url, "k")
+        with pytest.raises(LockNotAcquired), locks.lock("k", wait=0):
+            pass
+        started = time.monotonic()
+        with locks.lock("k", wait="20s") as lease:
+            assert lease.fencing_token > 0
+        assert time.monotonic() - started < 15
+    finally:
+        cli.wait(timeout=30)
+    assert cli.returncode == 0
+
+
+def test_history_and_peek_show_api_runs_by_function_name(locks, env):
+    def export() -> int:
+        return 7
+
+    outcome = locks.run_exclusive("jobs:export", export)
+    assert outcome.acquired and outcome.result == 7
+    with pytest.raises(ValueError), locks.lock("jobs:export"):
+        raise ValueError("the block's own error propagates unchanged")
+    runs = history(env, "jobs:export")
+    assert [run["outcome"] for run in runs] == ["failed", "succeeded"]
+    assert runs[1]["command"] == [f"{__name__}.{export.__qualname__}"]
+    assert runs[0]["command"] == ["python"]
+
+
+# -- losing the lease ----------------------------------------------------------------------
+
+
+def test_a_forced_release_sets_lost_and_leaving_the_block_raises(locks, env):
+    env = {**env, LET_GO_TIMEOUT_ENV: "10"}
+    with pytest.raises(LockLost) as caught, locks.lock("k", ttl="30s") as lease:
+        releasing = start("release", "k", "--force", env=env)
+        assert lease.lost.wait(HEARD_WITHIN_S), "the forced release was not heard"
+        assert lease.detected_by == "rejected"
+    assert caught.value.detected_by == "rejected"
+    assert caught.value.key == "k" and caught.value.fencing_token == lease.fencing_token
+    assert releasing.wait(timeout=30) == 0, releasing.stderr
+    (run,) = history(env, "k")
+    assert run["outcome"] == "lost" and run["detected_by"] == "rejected"
+    assert run["broken_by"] is not None
+
+
+def test_an_async_block_is_cancelled_on_loss(locks, env):
+    env = {**env, LET_GO_TIMEOUT_ENV: "10"}
+
+    async def hold() -> float:
+        started = time.monotonic()
+        async with locks.lock("k", ttl="30s") as lease:
+            assert current_lease() is lease
+            start("release", "k", "--force", env=env)
+            await asyncio.sleep(60)
+        return started
+
+    started = time.monotonic()
+    with pytest.raises(LockLost) as caught:
+        asyncio.run(hold())
+    assert caught.value.detected_by == "rejected"
+    assert time.monotonic() - started < HEARD_WITHIN_S + 2
+    wait_until(lambda: history(env, "k"), timeout=10)
+
+
+def test_check_answers_from_the_store(locks, store_url):
+    with pytest.raises(LockLost), locks.lock("k", ttl="30s") as lease:
+        assert 25 < lease.check() <= 30
+        with Locks(store_url).open_store() as ops:
+            ops.force_release("k")
+        with pytest.raises(LockLost):
+            lease.check()
+        assert lease.lost.is_set()
+
+
+# -- across processes ----------------------------------------------------------------------
+
+ONE_INSTANCE = """
+    import sys, time
+    from tasklock_cli import Locks
+    locks = Locks()
+
+    @locks.on_one_instance("report")
+    def report():
+        print("ran", flush=True)
+        time.sleep(3)
+        return 1
+
+    print("result", report(), flush=True)
+"""
+
+
+def test_on_one_instance_runs_the_function_once_across_two_processes(env):
+    procs = [python(ONE_INSTANCE, env) for _ in range(2)]
+    outputs = [proc.communicate(timeout=60)[0] for proc in procs]
+    assert all(proc.returncode == 0 for proc in procs), [p.stderr for p in procs]
+    assert sum(out.count("ran") for out in outputs) == 1, outputs
+    assert sorted(out.splitlines()[-1] for out in outputs) == ["result 1", "result None"]
+
+
+LEADER = """
+    import time
+    from tasklock_cli import Locks
+    for lease in Locks().leadership("leader", ttl="3s"):
+        print("leading", lease.fencing_token, flush=True)
+        lease.lost.wait()
+"""
+
+
+def test_a_leader_killed_with_sigkill_is_followed_within_its_ttl(env, store_url):
+    first = python(LEADER, env)
+    leading = first.stdout.readline() if first.stdout else ""
+    assert leading.startswith("leading"), first.stderr.read() if first.stderr else ""
+    second = python(LEADER, env)
+    try:
+        time.sleep(1.0)  # the second is waiting now
+        killed = time.monotonic()
+        first.send_signal(signal.SIGKILL)
+        line = second.stdout.readline() if second.stdout else ""
+        assert line.startswith("leading"), second.stderr.read() if second.stderr else ""
+        assert int(line.split()[1]) > int(leading.split()[1])
+        assert time.monotonic() - killed < 3 + 5
+    finally:
+        for proc in (first, second):
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+# -- configuration --------------------------------------------------------------------------
+
+
+def test_the_store_is_chosen_as_the_cli_chooses_it(env, store_url, monkeypatch):
+    monkeypatch.setenv("TASKLOCK_STORE", store_url)
+    locks = Locks()
+    assert locks.store_url == store_url
+    with locks.lock("k"):
+        assert tasklock("peek", "k", env=env).returncode == 0
+
+
+def test_lease_is_typed_and_exported():
+    import tasklock_cli
+
+    assert tasklock_cli.Lease is Lease
+    assert (Path(tasklock_cli.__file__).parent / "py.typed").is_file()
+    assert "Locks" in dir(tasklock_cli)
+    with pytest.raises(AttributeError):
+        _ = tasklock_cli.NoSuchName  # type: ignore[attr-defined]
+
+
+def test_importing_the_package_does_not_import_the_api():
+    code = "import sys, tasklock_cli; print('tasklock_cli.api' in sys.modules)"
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=30
+    )
+    assert result.stdout.strip() == "False", result.stderr
+
+
+def test_bad_options_are_usage_errors(tmp_path):
+    from tasklock_cli.errors import UsageError
+
+    locks = Locks(f"sqlite:///{tmp_path}/l.db")
+    for options in ({"ttl": "soon"}, {"ttl": 0}, {"wait": -1}, {"limit": 0}, {"also": ["k"]}):
+        with pytest.raises(UsageError):
+            locks.lock("k", **options)
+    with pytest.raises(UsageError):
+        locks.lock("")
