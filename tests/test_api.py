@@ -10,6 +10,8 @@ import subprocess
 import sys
 import textwrap
 import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,8 +20,11 @@ from tasklock_cli import Lease
 from tasklock_cli import LockLost
 from tasklock_cli import LockNotAcquired
 from tasklock_cli import Locks
+from tasklock_cli import ManualClock
 from tasklock_cli import current_lease
 from tasklock_cli.commands.release import LET_GO_TIMEOUT_ENV
+from tasklock_cli.errors import ConfigError
+from tasklock_cli.stores.memory.connection import drop_space
 from tests.support.cli import peek
 from tests.support.cli import start
 from tests.support.cli import tasklock
@@ -168,6 +173,7 @@ def test_check_answers_from_the_store(locks, store_url):
 ONE_INSTANCE = """
     import sys, time
     from tasklock_cli import Locks
+from tasklock_cli import ManualClock
     locks = Locks()
 
     @locks.on_one_instance("report")
@@ -191,6 +197,7 @@ def test_on_one_instance_runs_the_function_once_across_two_processes(env):
 LEADER = """
     import time
     from tasklock_cli import Locks
+from tasklock_cli import ManualClock
     for lease in Locks().leadership("leader", ttl="3s"):
         print("leading", lease.fencing_token, flush=True)
         lease.lost.wait()
@@ -254,3 +261,131 @@ def test_bad_options_are_usage_errors(tmp_path):
             locks.lock("k", **options)
     with pytest.raises(UsageError):
         locks.lock("")
+
+
+# -- memory:// and ManualClock ---------------------------------------------------------------
+
+
+@pytest.fixture
+def memory() -> Iterator[tuple[Locks, Locks, ManualClock]]:
+    """Two Locks on one fresh memory:// space (two instances of a service in a test), on
+    one ManualClock."""
+    name = f"api-{uuid.uuid4().hex[:8]}"
+    clock = ManualClock()
+    yield (
+        Locks(f"memory://{name}", allow_memory=True, clock=clock),
+        Locks(f"memory://{name}", allow_memory=True, clock=clock),
+        clock,
+    )
+    drop_space(name)
+
+
+def test_a_manual_clock_step_past_the_ttl_expires_the_lease(memory):
+    first, second, clock = memory
+    with pytest.raises(LockLost) as caught, first.lock("k", ttl="30s") as lease:
+        with pytest.raises(LockNotAcquired):
+            second.lock("k").__enter__()
+        clock.advance("31s")
+        assert lease.lost.wait(HEARD_WITHIN_S)
+        with second.lock("k") as taken:  # the store expired it in the step
+            assert taken.fencing_token > lease.fencing_token
+    assert caught.value.detected_by == "resumed-late"
+
+
+def test_a_manual_clock_step_within_the_renewals_keeps_the_lease(memory):
+    first, _, clock = memory
+    with first.lock("k", ttl="30s") as lease:
+        clock.advance("5s")
+        time.sleep(0.2)
+        assert not lease.lost.is_set()
+        assert 20 < lease.check() <= 25
+
+
+def test_memory_is_refused_without_allow_memory_and_by_the_cli(cli_env):
+    with pytest.raises(ConfigError):
+        Locks("memory://")
+    with pytest.raises(ConfigError):
+        Locks(f"sqlite:///{cli_env['XDG_STATE_HOME']}/l.db", clock=ManualClock())
+    result = tasklock("run", "k", "--", "true", env={**cli_env, "TASKLOCK_STORE": "memory://"})
+    assert result.returncode == 78, result.stderr
+    assert "in-process" in result.stderr
+
+
+def test_without_overlapping_waits_then_raises_and_on_one_instance_skips(memory):
+    first, second, _ = memory
+
+    @first.without_overlapping()
+    def tidy() -> str:
+        return "tidied"
+
+    @second.on_one_instance("nightly")
+    async def nightly() -> str:
+        return "ran"
+
+    assert tidy() == "tidied"
+    with second.lock(f"{__name__}.{tidy.__qualname__}"), pytest.raises(LockNotAcquired):
+        tidy()
+    with first.lock("nightly"):
+        assert asyncio.run(nightly()) is None
+    assert asyncio.run(nightly()) == "ran"
+
+
+def test_leadership_begins_a_new_term_after_a_loss(memory):
+    first, second, _ = memory
+    terms = []
+    for lease in first.leadership("lead", ttl="30s"):
+        terms.append(lease.fencing_token)
+        if len(terms) == 2:
+            break
+        with second.open_store() as ops:
+            ops.force_release("lead")
+        assert lease.lost.wait(HEARD_WITHIN_S)
+    assert terms[0] < terms[1]
+    with second.lock("lead", wait=0):  # breaking out of the loop resigned
+        pass
+
+
+def test_subscribers_get_the_cli_events(memory):
+    first, _, _ = memory
+    seen: list[dict] = []
+    unsubscribe = first.subscribe(seen.append)
+    with first.lock("k") as lease:
+        pass
+    unsubscribe()
+    with first.lock("k"):
+        pass
+    assert [event["event"] for event in seen] == ["acquired", "released"]
+    assert seen[0]["key"] == "k" and seen[0]["fencing_token"] == lease.fencing_token
+
+
+def test_a_task_cancelled_while_waiting_holds_nothing(memory):
+    first, second, _ = memory
+
+    async def wait_then_cancel() -> None:
+        waiting = asyncio.ensure_future(_hold_briefly(second))
+        await asyncio.sleep(0.3)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+
+    with first.lock("k"):
+        asyncio.run(wait_then_cancel())
+        with second.open_store() as ops:
+            assert ops.waiters("k") == []
+    with second.lock("k", wait=0):
+        pass
+
+
+async def _hold_briefly(locks: Locks) -> None:
+    async with locks.lock("k", wait="30s"):
+        await asyncio.sleep(0)
+
+
+def test_nested_leases_are_current_innermost_first(memory):
+    first, _, _ = memory
+    with first.lock("a") as outer:
+        with first.lock("b") as inner:
+            assert current_lease() is inner
+        assert current_lease() is outer
+    with first.lock("a", also=["b", "c"]) as both:
+        assert set(both.tokens) == {"a", "b", "c"}
