@@ -6,6 +6,10 @@ import signal
 from enum import Enum
 from enum import IntEnum
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from tasklock_cli.stores.model import LeaseInfo
+
 
 class ExitCode(IntEnum):
     """tasklock's own exit codes (the contract's table); a child's code passes through."""
@@ -137,7 +141,7 @@ class LockNotAcquired(TasklockError):
 
     exit_code = ExitCode.CONFLICT
 
-    def __init__(self, message: str, key: str, holder: object | None = None) -> None:
+    def __init__(self, message: str, key: str, holder: LeaseInfo | None = None) -> None:
         self.key, self.holder = key, holder
         super().__init__(message)
 
