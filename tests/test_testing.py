@@ -17,5 +17,6 @@ def test_the_cases_are_the_contract_suites_own():
     cases = contract_cases()
     case = "test_release_is_scoped_by_owner_token"
     assert cases[case] is getattr(basics, case)
+    assert cases[case] is not None
     assert len(cases) > 100
     assert all(name.startswith("test_") for name in cases)

@@ -31,8 +31,13 @@ CASE_FIXTURES = frozenset({"store", "store_factory", "wake_pipe", "monkeypatch",
 def contract_cases() -> dict[str, Callable[..., Any]]:
     """Every contract case by name: the ``test_*`` functions of the contract modules that
     need nothing but a store (and pytest's own fixtures)."""
+    import sys
     from importlib import import_module
 
+    import pytest
+
+    if "tasklock_cli.testing.contract" not in sys.modules:  # pytest's detailed asserts
+        pytest.register_assert_rewrite("tasklock_cli.testing.contract")
     cases: dict[str, Callable[..., Any]] = {}
     for name in CONTRACT_MODULES:
         module = import_module(f"tasklock_cli.testing.contract.{name}")
