@@ -68,16 +68,7 @@ class LeaseHold:
         self.options = options
         holder = current_holder(options.command, options.note)
         keepers = [
-            LeaseKeeper(
-                client,
-                key,
-                options.ttl,
-                holder,
-                clock,
-                options.limit,
-                options.mode,
-                options.lease_window,
-            )
+            LeaseKeeper.of_run(client, key, options, holder, clock)
             for client, key in zip([self.store, *others], [options.key, *options.also], strict=True)
         ]
         self.keeper = keepers[0]

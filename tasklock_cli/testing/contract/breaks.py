@@ -11,16 +11,16 @@ from datetime import timedelta
 from datetime import timezone
 
 import pytest
+
+from tasklock_cli.errors import LeaseLost
+from tasklock_cli.stores.model import Holder
+from tasklock_cli.stores.model import breaker
 from tasklock_cli.testing.helpers import HOLDER
 from tasklock_cli.testing.helpers import OTHER
 from tasklock_cli.testing.helpers import run_record
 from tasklock_cli.testing.helpers import short_ttl
 from tasklock_cli.testing.helpers import token
 from tasklock_cli.testing.helpers import wait_until
-
-from tasklock_cli.errors import LeaseLost
-from tasklock_cli.stores.model import Holder
-from tasklock_cli.stores.model import breaker
 
 BREAKER = Holder(host="ops-host", pid=777, user="carol")
 

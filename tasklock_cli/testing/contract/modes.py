@@ -14,11 +14,6 @@ import time
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from tasklock_cli.testing.helpers import OTHER
-from tasklock_cli.testing.helpers import granted
-from tasklock_cli.testing.helpers import on_the_store
-from tasklock_cli.testing.helpers import short_ttl
-from tasklock_cli.testing.helpers import token
 
 from tasklock_cli.errors import LimitMismatch
 from tasklock_cli.errors import Superseded
@@ -26,6 +21,11 @@ from tasklock_cli.stores.model import EXCLUSIVE
 from tasklock_cli.stores.model import SHARED
 from tasklock_cli.stores.model import Holder
 from tasklock_cli.stores.model import Lease
+from tasklock_cli.testing.helpers import OTHER
+from tasklock_cli.testing.helpers import granted
+from tasklock_cli.testing.helpers import on_the_store
+from tasklock_cli.testing.helpers import short_ttl
+from tasklock_cli.testing.helpers import token
 
 
 def _holder(n: int) -> Holder:

@@ -12,11 +12,11 @@ import time
 
 from hypothesis import given
 from hypothesis import strategies as st
+
+from tasklock_cli.stores.model import Holder
 from tasklock_cli.testing.helpers import OTHER
 from tasklock_cli.testing.helpers import on_the_store
 from tasklock_cli.testing.helpers import token
-
-from tasklock_cli.stores.model import Holder
 
 #: A short waiter lease for the cases where a place must run out (etcd: whole seconds).
 SHORT_WAITER_TTL = 1.0

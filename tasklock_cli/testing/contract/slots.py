@@ -14,6 +14,10 @@ import time
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
+from tasklock_cli.errors import LeaseLost
+from tasklock_cli.errors import LimitMismatch
+from tasklock_cli.stores.model import Lease
 from tasklock_cli.testing.helpers import HOLDER
 from tasklock_cli.testing.helpers import OTHER
 from tasklock_cli.testing.helpers import in_threads
@@ -21,10 +25,6 @@ from tasklock_cli.testing.helpers import on_the_store
 from tasklock_cli.testing.helpers import run_record
 from tasklock_cli.testing.helpers import short_ttl
 from tasklock_cli.testing.helpers import token
-
-from tasklock_cli.errors import LeaseLost
-from tasklock_cli.errors import LimitMismatch
-from tasklock_cli.stores.model import Lease
 
 
 def fill(store, key: str, limit: int, ttl: float = 30) -> list:
