@@ -173,7 +173,6 @@ def test_check_answers_from_the_store(locks, store_url):
 ONE_INSTANCE = """
     import sys, time
     from tasklock_cli import Locks
-from tasklock_cli import ManualClock
     locks = Locks()
 
     @locks.on_one_instance("report")
@@ -197,7 +196,6 @@ def test_on_one_instance_runs_the_function_once_across_two_processes(env):
 LEADER = """
     import time
     from tasklock_cli import Locks
-from tasklock_cli import ManualClock
     for lease in Locks().leadership("leader", ttl="3s"):
         print("leading", lease.fencing_token, flush=True)
         lease.lost.wait()
