@@ -50,7 +50,8 @@ OURS_ON_RUNS_PATH = {
     "tasklock_cli.stores.sqlite.entries", "tasklock_cli.stores.sqlite.files",
     "tasklock_cli.stores.sqlite.processes", "tasklock_cli.stores.sqlite.queue",
     "tasklock_cli.stores.sqlite.schema", "tasklock_cli.stores.sqlite.store",
-    "tasklock_cli.stores.sqlite.waiting", "tasklock_cli.stores.urls", "tasklock_cli.util",
+    "tasklock_cli.stores.sqlite.waiting", "tasklock_cli.stores.traits", "tasklock_cli.stores.urls",
+    "tasklock_cli.util",
     "tasklock_cli.util.clock", "tasklock_cli.util.durations", "tasklock_cli.util.fds",
     "tasklock_cli.util.keys", "tasklock_cli.util.lazy", "tasklock_cli.util.numbers",
     "tasklock_cli.util.paths",
@@ -68,8 +69,9 @@ STDLIB_ON_RUNS_PATH = {
     "keyword", "math", "operator", "pwd", "re", "reprlib", "select", "signal", "sqlite3",
     "sre_compile", "sre_constants", "sre_parse", "threading", "types",
 }  # fmt: skip
-#: At most this many modules in all (94 on Python 3.11 when it was set).
-RUN_IMPORT_BUDGET = 95
+#: At most this many modules in all (94 on Python 3.11 when it was set; 96 since
+#: stores.traits split from stores.base on main, c54f74c: that commit did not name it).
+RUN_IMPORT_BUDGET = 96
 
 
 def test_a_plain_run_with_global_options_on_both_sides():
