@@ -5,8 +5,6 @@ The Python API's names (``Locks``, ``Lease``, ``LockNotAcquired``, ``LockLost``,
 use (PEP 562): the CLI imports this package at every start, and must not pay for them.
 """
 
-from __future__ import annotations
-
 __version__ = "0.1.0"
 
 #: The API's public names, each imported from tasklock_cli.api when first asked for.
