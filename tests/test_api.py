@@ -232,6 +232,16 @@ def test_the_store_is_chosen_as_the_cli_chooses_it(env, store_url, monkeypatch):
         assert tasklock("peek", "k", env=env).returncode == 0
 
 
+def test_a_config_file_chooses_the_store_as_config_does(tmp_path, monkeypatch):
+    monkeypatch.delenv("TASKLOCK_STORE", raising=False)
+    url = f"sqlite:///{tmp_path}/from-config.db"
+    config = tmp_path / "tasklock.toml"
+    config.write_text(f'store = "{url}"\n')
+    assert Locks(config=str(config)).store_url == url
+    with pytest.raises(ConfigError):
+        Locks("")
+
+
 def test_lease_is_typed_and_exported():
     import tasklock_cli
 

@@ -67,6 +67,8 @@ class Locks:
         from tasklock_cli.config.file import load_config
         from tasklock_cli.config.file import resolve_store_url
 
+        if store is not None and not store.strip():
+            raise ConfigError("store= is empty (give a store URL, or None for the default)")
         self.store_url = resolve_store_url(store, load_config(config))
         in_process = _in_process(self.store_url)
         if in_process and not allow_memory:
