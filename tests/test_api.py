@@ -120,6 +120,9 @@ def test_history_and_peek_show_api_runs_by_function_name(locks, env):
     assert [run["outcome"] for run in runs] == ["failed", "succeeded"]
     assert runs[1]["command"] == [f"{__name__}.{export.__qualname__}"]
     assert runs[0]["command"] == ["python"]
+    metrics = tasklock("metrics", "--prefix", "jobs:", env=env)
+    assert metrics.returncode == 0, metrics.stderr
+    assert 'tasklock_last_exit_code{key="jobs:export"} 1' in metrics.stdout
 
 
 # -- losing the lease ----------------------------------------------------------------------
@@ -397,3 +400,15 @@ def test_nested_leases_are_current_innermost_first(memory):
         assert current_lease() is outer
     with first.lock("a", also=["b", "c"]) as both:
         assert set(both.tokens) == {"a", "b", "c"}
+
+
+def test_max_lifetime_loses_the_lease_but_keeps_it_held_until_the_block_ends(memory):
+    first, second, clock = memory
+    with pytest.raises(LockLost) as caught, first.lock("k", ttl="2m", max_lifetime="1m") as lease:
+        clock.advance("61s")
+        assert lease.lost.wait(HEARD_WITHIN_S)
+        with pytest.raises(LockNotAcquired):  # still held: the block still runs
+            second.lock("k").__enter__()
+    assert caught.value.detected_by == "max-lifetime"
+    with second.lock("k"):
+        pass
