@@ -12,6 +12,8 @@ import textwrap
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import datetime
+from datetime import timezone
 from pathlib import Path
 
 import pytest
@@ -412,3 +414,29 @@ def test_max_lifetime_loses_the_lease_but_keeps_it_held_until_the_block_ends(mem
     assert caught.value.detected_by == "max-lifetime"
     with second.lock("k"):
         pass
+
+
+# -- a store cut off ---------------------------------------------------------------------------
+
+
+def test_a_holder_cut_off_from_its_store_learns_it_before_the_lease_can_run_out(
+    network_store_url,
+):
+    """The watcher's part (``loss_by_now``): with renewals failing, ``lost`` is set before the
+    store could free the key, and leaving the block raises LockLost(unreachable)."""
+    from urllib.parse import urlsplit
+
+    from tests.support.proxy import TcpProxy
+
+    parts = urlsplit(network_store_url)
+    with TcpProxy(parts.hostname or "127.0.0.1", parts.port or 0) as proxy:
+        locks = Locks(proxy.url_for(network_store_url))
+        with pytest.raises(LockLost) as caught, locks.lock("k", ttl="3s") as lease:
+            time.sleep(0.5)
+            proxy.blackhole()
+            assert lease.lost.wait(5), "a holder cut off never learnt it"
+            lost_at = datetime.now(timezone.utc)
+            runs_out_at = lease.expires_at  # on the store, as of the last renewal that got through
+            proxy.heal()  # (so that the release can go through, or not: either is safe)
+        assert lost_at < runs_out_at
+        assert caught.value.detected_by == "unreachable"
