@@ -144,6 +144,17 @@ def test_a_forced_release_sets_lost_and_leaving_the_block_raises(locks, env):
     assert run["broken_by"] is not None
 
 
+def test_a_cli_run_with_replace_takes_the_key_from_an_api_holder(locks, env):
+    with pytest.raises(LockLost) as caught, locks.lock("k", ttl="30s") as lease:
+        replacing = start("run", "k", "--replace", "--wait", "30s", "--", "true", env=env)
+        assert lease.lost.wait(HEARD_WITHIN_S), "the --replace was not heard"
+    assert caught.value.detected_by == "replaced"
+    assert replacing.wait(timeout=30) == 0, replacing.stderr
+    runs = history(env, "k")
+    assert [run["outcome"] for run in runs] == ["succeeded", "lost"]
+    assert runs[1]["detected_by"] == "replaced" and runs[1]["broken_by"] is not None
+
+
 def test_an_async_block_is_cancelled_on_loss(locks, env):
     env = {**env, LET_GO_TIMEOUT_ENV: "10"}
 
