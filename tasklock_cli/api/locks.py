@@ -114,11 +114,14 @@ class Locks:
         clock = self._clock if self._clock is not None else clocks.monotonic
         return LockContext(lambda: LeaseHold(self.open_store, options, self._events, clock))
 
-    def _lock_for(self, key: str, fn: Callable[..., object], opts: dict[str, Any]) -> LockContext:
-        """``lock(key, **opts)`` recorded in the ledger as ``fn``'s qualified name."""
+    def _lock_for(
+        self, key: str, fn: Callable[..., object] | None, opts: dict[str, Any]
+    ) -> LockContext:
+        """``lock(key, **opts)`` recorded in the ledger as ``fn``'s qualified name (None:
+        as ``python``)."""
         note = opts.pop("note", None)
-        options = lock_options(key, qualified_name(fn), **opts)
-        return self._context(options, note)
+        command = PLAIN_COMMAND if fn is None else qualified_name(fn)
+        return self._context(lock_options(key, command, **opts), note)
 
     def run_exclusive(
         self,
@@ -209,7 +212,7 @@ class Locks:
         options = {"wait": math.inf, **lock_options}
         while True:
             try:
-                with self._lock_for(key, self.leadership, dict(options)) as lease:
+                with self._lock_for(key, None, dict(options)) as lease:
                     yield lease
             except LockLost:
                 continue
