@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any
@@ -42,6 +43,8 @@ class LockContext:
         self._task: asyncio.Task[Any] | None = None
         self._cancelled = False  # we cancelled the task for a loss
         self._leaving = False
+        self._abandoned = False  # the task was cancelled while acquiring
+        self._abandoning = threading.Lock()
 
     # -- with -----------------------------------------------------------------------------
 
@@ -81,16 +84,38 @@ class LockContext:
 
     async def __aenter__(self) -> Lease:
         loop = asyncio.get_running_loop()
-        hold = await loop.run_in_executor(None, self._start)
-        acquiring = loop.run_in_executor(None, hold.acquire)
+        acquiring = loop.run_in_executor(None, self._start_and_acquire)
         try:
-            await asyncio.shield(acquiring)
+            hold = await asyncio.shield(acquiring)
         except asyncio.CancelledError:
-            await _abandon(hold, acquiring)
+            await self._abandon(acquiring)
             raise
         self._task = asyncio.current_task()
         hold.on_loss(lambda: _call_soon(loop, self._cancel_for_loss))
         return self._held(hold)
+
+    def _start_and_acquire(self) -> LeaseHold:
+        """(In a worker thread.) Open the stores and acquire; a cancellation meanwhile
+        (``_abandon``) stops the wait, or the acquire before it begins."""
+        hold = self._start()
+        with self._abandoning:
+            if self._abandoned:
+                hold.cancel_waiting()
+        hold.acquire()
+        return hold
+
+    async def _abandon(self, acquiring: asyncio.Future[LeaseHold]) -> None:
+        """The task was cancelled while acquiring: stop the acquire, and give back a lease
+        it got meanwhile."""
+        with self._abandoning:
+            self._abandoned = True
+            hold = self._hold
+        if hold is not None:
+            hold.cancel_waiting()
+        with contextlib.suppress(BaseException):
+            await asyncio.wait({acquiring})
+        if not acquiring.cancelled() and acquiring.exception() is None:
+            acquiring.result().release("signalled", None)
 
     def _cancel_for_loss(self) -> None:
         """(On the loop.) Cancel the block's task, unless it is leaving already."""
@@ -134,16 +159,6 @@ class LockContext:
         releasing.result()
         if other is not None:
             raise other
-
-
-async def _abandon(hold: LeaseHold, acquiring: asyncio.Future[None]) -> None:
-    """The task was cancelled while acquiring: stop the acquire, and give back a lease it
-    got meanwhile."""
-    hold.cancel_waiting()
-    with contextlib.suppress(BaseException):
-        await asyncio.wait({acquiring})
-    if not acquiring.cancelled() and acquiring.exception() is None:
-        hold.release("signalled", None)
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> None:

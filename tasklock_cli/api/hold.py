@@ -80,6 +80,8 @@ class LeaseHold:
         self._look = threading.Event()  # wakes the watcher
         self._ended = threading.Event()
         self._waiter: Waiter | None = None
+        self._cancelled = False  # cancel_waiting was called (before or during the wait)
+        self._cancel_lock = threading.Lock()
         self._cancel_r, self._cancel_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._check_store: Store | None = None
         self._watcher = threading.Thread(target=self._watch, name="tasklock-watch", daemon=True)
@@ -127,16 +129,22 @@ class LeaseHold:
         def announce(info: object) -> None:
             emit_waiting(self.events, keeper.key, self.options.wait, info, keeper.store.holdup)  # type: ignore[arg-type]
 
-        self._waiter = Waiter(keeper, wait, on_waiting=announce, wake_fd=self._cancel_r)
-        return self._waiter
+        waiter = Waiter(keeper, wait, on_waiting=announce, wake_fd=self._cancel_r)
+        with self._cancel_lock:
+            self._waiter = waiter
+            if self._cancelled:  # came before this waiter existed
+                waiter.interrupt(signal.SIGINT)
+        return waiter
 
     def cancel_waiting(self) -> None:
-        """Stop an acquire under way in another thread (its task was cancelled): it gives
-        back what it took and raises ``errors.Interrupted``."""
-        with contextlib.suppress(OSError):
-            os.write(self._cancel_w, b"!")
-        if self._waiter is not None:
-            self._waiter.interrupt(signal.SIGINT)
+        """Stop an acquire under way in another thread (its task was cancelled), or one
+        about to begin: it gives back what it took and raises ``errors.Interrupted``."""
+        with self._cancel_lock:
+            self._cancelled = True
+            with contextlib.suppress(OSError):
+                os.write(self._cancel_w, b"!")
+            if self._waiter is not None:
+                self._waiter.interrupt(signal.SIGINT)
 
     def _give_up(self) -> None:
         with contextlib.suppress(Exception):
