@@ -6,6 +6,10 @@ import signal
 from enum import Enum
 from enum import IntEnum
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from tasklock_cli.stores.model import LeaseInfo
+
 
 class ExitCode(IntEnum):
     """tasklock's own exit codes (the contract's table); a child's code passes through."""
@@ -147,6 +151,27 @@ class LeaseLost(TasklockError):
     """The store says the lease is no longer ours (expired, broken, taken)."""
 
     exit_code = ExitCode.LOST
+
+
+class LockNotAcquired(TasklockError):
+    """The Python API's ``Locks.lock``: the key is held by someone else and the wait (if
+    any) ran out. ``holder`` is the holder then (a ``LeaseInfo``), when known."""
+
+    exit_code = ExitCode.CONFLICT
+
+    def __init__(self, message: str, key: str, holder: LeaseInfo | None = None) -> None:
+        self.key, self.holder = key, holder
+        super().__init__(message)
+
+
+class LockLost(LeaseLost):
+    """The Python API: the lease was lost while the block ran. ``detected_by`` says how
+    (``rejected``, ``unreachable``, ``max-lifetime``, ``resumed-late``, ``replaced``)."""
+
+    def __init__(self, key: str, fencing_token: int | None, detected_by: str, detail: str):
+        self.key, self.fencing_token = key, fencing_token
+        self.detected_by, self.detail = str(detected_by), detail
+        super().__init__(f"lost the lease on {key!r} ({self.detected_by}: {detail})")
 
 
 class CommandNotFound(TasklockError):

@@ -29,6 +29,8 @@ def store_url_for(kind: str, tmp_path) -> str:
     unique = uuid.uuid4().hex[:12]
     if kind == "sqlite":
         return f"sqlite:///{tmp_path}/locks-{unique}.db"
+    if kind == "memory":
+        return f"memory://test-{unique}"
     if kind == "postgres":
         return services.postgres_url(table=f"tasklock_test_{unique}")
     if kind == "redis":
@@ -110,7 +112,7 @@ def store_factory(store_url, opened_stores) -> Callable[[], Store]:
     """Opens further clients (own connections) on the same namespace."""
 
     def open_client() -> Store:
-        client = open_store(store_url)
+        client = open_store(store_url, allow_in_process=True)  # memory:// in the contract
         opened_stores.append(client)
         return client
 
@@ -180,7 +182,7 @@ _SERVER_FIXTURES = frozenset({"network_store_url", "pg_url", "my_url", "redis_ur
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark ``quick`` (``pytest -m quick``: the edit-test loop) every test that runs on the
-    SQLite store or on none, needs no server, and is not marked slow; then spread the
+    SQLite or the memory store or on none, needs no server, and is not marked slow; then spread the
     stress and waiting tests over the run."""
     for item in items:
         if not isinstance(item, pytest.Function) or item.get_closest_marker("slow"):
@@ -194,7 +196,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             if isinstance(value, str) and value in STORE_KINDS
         }
         servers = _SERVER_FIXTURES.intersection(item.fixturenames)
-        if kinds <= {"sqlite"} and not servers and not item.get_closest_marker("server"):
+        if kinds <= {"sqlite", "memory"} and not servers and not item.get_closest_marker("server"):
             item.add_marker(pytest.mark.quick)
     _spread_the_stress(items)
 

@@ -516,6 +516,12 @@ EXAMPLE_MARKERS = {
     '"$HC_URL/start"': "test_healthchecks_recipe",
     "HC_URL=https://hc-ping.com/": "test_healthchecks_recipe",
     "http://pushgateway:9091/metrics/job/tasklock": "test_pushgateway_recipe",
+    'locks.lock("invoices:nightly"': "test_api_first_example_runs",
+    '"cache:refresh"': "test_api_async_example_runs",
+    '@locks.on_one_instance("reports:hourly")': "test_api_decorator_example_runs",
+    '"queue:consumer"': "test_api_leader_example_is_followed_when_killed",
+    "def test_a_paused_export_loses_its_lock": "test_api_testing_example_passes",
+    "TestMyStore = store_contract": "test_api_store_contract_example_collects",
 }
 
 
@@ -1349,3 +1355,110 @@ def test_pushgateway_recipe(shell_env, tmp_path):
     assert re.fullmatch(r"job_last_success_timestamp_seconds \d+", success)
     assert abs(int(success.split()[1]) - time.time()) < 60
     assert 0.2 <= float(duration.split()[1]) < 30
+
+
+# -- the Python API ------------------------------------------------------------------------
+
+
+def python_example(marker: str, tmp_path: Path, name: str = "example.py") -> Path:
+    """The README's Python example containing ``marker``, written to ``tmp_path/name``."""
+    (text,) = example(marker, "readme")
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def run_python(path: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, *args, str(path)],
+        env={**env, "PYTHONPATH": str(ROOT)},
+        cwd=path.parent,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_api_first_example_runs(shell_env, tmp_path, sqlite_url):
+    from tests.support.cli import start
+    from tests.support.cli import wait_for_holder
+
+    path = python_example('locks.lock("invoices:nightly"', tmp_path)
+    result = run_python(path, shell_env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        f"exporting batch {n} with fencing token 1" for n in range(3)
+    ]
+    holder = start("run", "invoices:nightly", "--", "sleep", "30", env=shell_env)
+    try:
+        wait_for_holder(sqlite_url, "invoices:nightly")
+        held = run_python(path, shell_env)
+    finally:
+        holder.terminate()
+        holder.wait()
+    assert held.returncode == 0, held.stderr
+    assert held.stdout.startswith("not exporting: 'invoices:nightly' is held by")
+    runs = json.loads(sh("tasklock history invoices:nightly --json", shell_env, tmp_path).stdout)
+    assert [(run["command"], run["note"]) for run in runs][-1] == (
+        ["python"],
+        "from the scheduler",
+    )
+
+
+def test_api_async_example_runs(shell_env, tmp_path):
+    result = run_python(python_example('"cache:refresh"', tmp_path), shell_env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "refreshing with token 1\n"
+
+
+def test_api_decorator_example_runs(shell_env, tmp_path):
+    path = python_example('@locks.on_one_instance("reports:hourly")', tmp_path)
+    result = run_python(path, shell_env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["report sent", "rotating", "True 42"]
+    runs = json.loads(sh("tasklock history reports:hourly --json", shell_env, tmp_path).stdout)
+    assert runs[0]["command"] == ["__main__.hourly_report"]
+
+
+def test_api_leader_example_is_followed_when_killed(shell_env, tmp_path):
+    import signal
+
+    path = python_example('"queue:consumer"', tmp_path)
+    env = {**shell_env, "PYTHONPATH": str(ROOT)}
+
+    def leader() -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, str(path)], env=env, stdout=subprocess.PIPE, text=True
+        )
+
+    leaders = [leader()]
+    try:
+        first = leaders[0].stdout.readline() if leaders[0].stdout else ""
+        assert first == "leading, term 1\n"
+        leaders.append(leader())  # (once the first leads: else either may)
+        time.sleep(1.0)  # the second one waits
+        killed = time.monotonic()
+        leaders[0].send_signal(signal.SIGKILL)
+        second = leaders[1].stdout.readline() if leaders[1].stdout else ""
+        assert second == "leading, term 2\n"
+        assert time.monotonic() - killed < 10 + 5
+    finally:
+        for each in leaders:
+            each.kill()
+            each.wait()
+
+
+def test_api_testing_example_passes(shell_env, tmp_path):
+    path = python_example("def test_a_paused_export_loses_its_lock", tmp_path, "test_export.py")
+    result = run_python(path, shell_env, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "1 passed" in result.stdout
+
+
+def test_api_store_contract_example_collects(shell_env, tmp_path):
+    path = python_example("TestMyStore = store_contract", tmp_path, "test_my_store.py")
+    result = run_python(
+        path, shell_env, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "-x"
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert re.search(r"\b1\d\d passed", result.stdout), result.stdout

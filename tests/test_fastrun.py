@@ -68,8 +68,9 @@ STDLIB_ON_RUNS_PATH = {
     "keyword", "math", "operator", "pwd", "re", "reprlib", "select", "signal", "sqlite3",
     "sre_compile", "sre_constants", "sre_parse", "threading", "types",
 }  # fmt: skip
-#: At most this many modules in all (94 on Python 3.11 when it was set).
-RUN_IMPORT_BUDGET = 95
+#: At most this many modules in all (94 on Python 3.11 when it was set; 96 since
+#: stores.traits split from stores.base on main, c54f74c: that commit did not name it).
+RUN_IMPORT_BUDGET = 96
 
 
 def test_a_plain_run_with_global_options_on_both_sides():

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from tasklock_cli.stores.registry import IN_PROCESS_PACKAGES
 from tasklock_cli.stores.registry import STORE_PACKAGES
 
 PACKAGE = Path(__file__).resolve().parent.parent / "tasklock_cli"
-STORES = STORE_PACKAGES
+STORES = (*STORE_PACKAGES, *IN_PROCESS_PACKAGES)
 #: Every store package has these; ``waiting.py`` and ``breaks.py`` only where the store hears
 #: of releases and breaks on a line of its own (the base class polls for the others).
 REQUIRED_MODULES = {"store.py", "connection.py", "doctor.py"}

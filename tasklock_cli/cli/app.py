@@ -463,7 +463,7 @@ def release(
         checked_token(token)
     from tasklock_cli.commands.release import break_and_wait
     from tasklock_cli.commands.release import let_go_timeout
-    from tasklock_cli.run.supervisor import current_holder
+    from tasklock_cli.run.holding import current_holder
 
     timeout = let_go_timeout()
     with g.open_store() as store:

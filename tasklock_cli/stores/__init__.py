@@ -25,14 +25,21 @@ if TYPE_CHECKING:
     from types import ModuleType
 
 
-def open_store(url: str) -> Store:
+def open_store(url: str, allow_in_process: bool = False) -> Store:
     """The store ``url`` names, from the registry: its package reads the URL (a malformed
-    one is refused here), its driver is imported now and only now."""
+    one is refused here), its driver is imported now and only now. A store that lives in
+    this process only (``memory://``) is refused unless ``allow_in_process``: a lock no
+    other process sees excludes nobody."""
     scheme = url_scheme(url) if "://" in url else ""
     package = package_for_scheme(scheme)
     if package is None:
         known = ", ".join(f"{name}://" for name in known_schemes())
         raise ConfigError(f"unknown store URL {redact_url(url)!r} (expected one of {known})")
+    if getattr(package, "IN_PROCESS", False) and not allow_in_process:
+        raise ConfigError(
+            f"{redact_url(url)!r} is an in-process store for tests: no other process sees "
+            "its locks (the Python API takes it with Locks(..., allow_memory=True))"
+        )
     problem = getattr(package, "url_problem", url_syntax_problem)(url)
     if problem:
         raise ConfigError(f"malformed store URL {redact_url(url)!r}: {problem}")

@@ -301,8 +301,9 @@ class Store(StoreTraits, ABC):
     def _await_wakeup(self, key: str, until: float, wake_fd: int | None) -> None:
         """Wait for a release of ``key`` to wake us, until ``until`` (monotonic) or until
         ``wake_fd`` is readable. By default nothing wakes us (a store that only polls):
-        the waiter's retries look again, backing off to ``run.waiter.POLL_CEILING_S``."""
-        wait_readable([wake_fd], until - time.monotonic())
+        the key is looked at again (``_time_until_free``) every ``release_poll_s``, so a
+        release is seen that late at most."""
+        poll_until_free(self, key, until, wake_fd)
 
     def _wait_after_trouble(self, key: str, deadline: float, wake_fd: int | None) -> None:
         """The waiting primitives failed: sleep out the wait (on ``wake_fd``)."""
@@ -360,3 +361,14 @@ class Store(StoreTraits, ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def poll_until_free(store: Store, key: str, until: float, wake_fd: int | None) -> None:
+    """``Store._await_wakeup``'s default: look at ``key`` every ``release_poll_s`` until it
+    may be free, ``until`` (monotonic) passes or ``wake_fd`` is readable."""
+    while True:
+        left = until - time.monotonic()
+        if left <= 0 or wait_readable([wake_fd], min(left, store.release_poll_s)):
+            return
+        if store._time_until_free(key) is None:
+            return

@@ -14,6 +14,10 @@ importing its driver:
 
 ``open_store`` (in ``tasklock_cli.stores``), the command line's help, the tests' store
 kinds and the layout test all read ``STORE_PACKAGES``: adding a store is adding its name here.
+
+``IN_PROCESS_PACKAGES`` are stores that live in one process (``memory://``, for tests of
+programs that use the Python API): their package declares ``IN_PROCESS = True``, the CLI
+refuses them (78) and the API opens them only when asked to (``allow_memory``).
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ if TYPE_CHECKING:
 
 #: The store packages, in the order users meet them (the default store first).
 STORE_PACKAGES = ("sqlite", "postgres", "redis", "etcd", "mysql")
+#: Stores in this process only, after the others: never the CLI's.
+IN_PROCESS_PACKAGES = ("memory",)
 
 
 @dataclass(frozen=True)
@@ -46,7 +52,7 @@ def store_package(name: str) -> ModuleType:
 def package_for_scheme(scheme: str) -> ModuleType | None:
     """The package of the store that opens URLs of ``scheme``; None for an unknown one.
     Looks in registry order, so the default store's URL reads only its own package."""
-    for name in STORE_PACKAGES:
+    for name in (*STORE_PACKAGES, *IN_PROCESS_PACKAGES):
         package = store_package(name)
         if scheme in package.SCHEMES:
             return package

@@ -40,6 +40,8 @@ class StoreTraits:
     #: How often ``wait_for_break``'s polling default looks at a held lease (stores that
     #: hear of a break on a line of their own override ``wait_for_break``).
     break_poll_s: float = 0.01
+    #: How often ``_await_wakeup``'s polling default looks at a full key.
+    release_poll_s: float = 0.05
     #: The longest a holder may believe in its lease after sending its last renewal (or
     #: acquire), whatever its TTL: where a failover can lose a lease the new primary never
     #: received, the shortest quarantine that protects it (``failover.DEFAULT_TTL_S``), so

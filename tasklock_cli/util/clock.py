@@ -23,3 +23,63 @@ def _pick_clock() -> Clock:
 
 
 monotonic: Clock = _pick_clock()
+
+
+class SystemClock:
+    """The real clocks as one object: ``clock()`` is ``monotonic``, ``wall()`` the epoch
+    seconds of ``time.time``. What an in-process store (``memory://``) keeps time by."""
+
+    def __call__(self) -> float:
+        return monotonic()
+
+    def wall(self) -> float:
+        return time.time()
+
+
+class ManualClock(SystemClock):
+    """A clock that moves only when told (``advance``), for tests of code that holds locks.
+
+    ``clock()`` is a monotonic reading, ``wall()`` epoch seconds; both move together, in
+    one step per ``advance``. Code that waits on it (a lease's watcher) registers a wake-up
+    with ``on_advance`` so that a step is seen at once."""
+
+    def __init__(self, start: float = 0.0, wall: float | None = None) -> None:
+        import threading
+
+        self._now = start
+        self._wall_at_start = time.time() if wall is None else wall
+        self._start = start
+        self._lock = threading.Lock()
+        self._listeners: list[Callable[[], None]] = []
+
+    def __call__(self) -> float:
+        return self._now
+
+    def wall(self) -> float:
+        return self._wall_at_start + (self._now - self._start)
+
+    def advance(self, by: str | float) -> None:
+        """Move time on by ``by`` (a duration as the CLI reads it, or seconds), in one step:
+        whatever expires inside the step has expired."""
+        from tasklock_cli.util.durations import parse_duration
+
+        seconds = parse_duration(by, allow_inf=False) if isinstance(by, str) else float(by)
+        if not seconds >= 0:
+            raise ValueError(f"a clock only moves forward (advance({by!r}))")
+        with self._lock:
+            self._now += seconds
+            listeners = list(self._listeners)
+        for listener in listeners:
+            listener()
+
+    def on_advance(self, listener: Callable[[], None]) -> Callable[[], None]:
+        """Call ``listener`` after every ``advance``; returns what stops that."""
+        with self._lock:
+            self._listeners.append(listener)
+
+        def stop() -> None:
+            with self._lock:
+                if listener in self._listeners:
+                    self._listeners.remove(listener)
+
+        return stop

@@ -6,13 +6,12 @@ import json
 import shutil
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
 from tasklock_cli.stores import open_store
 from tasklock_cli.stores.model import LeaseInfo
+from tasklock_cli.testing.helpers import wait_until
 
 
 def executable() -> str:
@@ -49,17 +48,6 @@ def piped(stream: IO[str] | None) -> IO[str]:
     the process was started without ``PIPE`` for it."""
     assert stream is not None, "no pipe: the process was started with its own stream"
     return stream
-
-
-def wait_until(predicate: Callable[[], object], timeout: float = 10, interval: float = 0.02):
-    give_up = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > give_up:
-            raise AssertionError(f"condition not met within {timeout}s")
-        time.sleep(interval)
 
 
 def peek(url: str, key: str) -> LeaseInfo | None:

@@ -1,102 +1,33 @@
-"""What the store tests share: two holders, owner tokens, a short lease, a granted acquire,
-a run's ledger record, a waiter in a thread, calls raced in threads, hypothesis settings for
-a store."""
+"""What the store tests share: the contract's helpers (``tasklock_cli.testing.helpers``,
+shipped so that ``store_contract`` can run them on a user's store), and the store kinds
+the contract suite runs on here."""
 
 from __future__ import annotations
 
-import threading
-import time
-import uuid
-from collections.abc import Callable
-from collections.abc import Iterable
+import pytest
 
-from hypothesis import HealthCheck
-from hypothesis import settings
+from tasklock_cli.stores.registry import IN_PROCESS_PACKAGES
+from tasklock_cli.stores.registry import STORE_PACKAGES
+from tasklock_cli.testing.helpers import HOLDER  # noqa: F401 - the tests' names for them
+from tasklock_cli.testing.helpers import OTHER  # noqa: F401
+from tasklock_cli.testing.helpers import PAST_SHORT_TTL  # noqa: F401
+from tasklock_cli.testing.helpers import SHORT_TTL  # noqa: F401
+from tasklock_cli.testing.helpers import granted  # noqa: F401
+from tasklock_cli.testing.helpers import in_threads  # noqa: F401
+from tasklock_cli.testing.helpers import on_the_store  # noqa: F401
+from tasklock_cli.testing.helpers import run_record  # noqa: F401
+from tasklock_cli.testing.helpers import short_ttl  # noqa: F401
+from tasklock_cli.testing.helpers import token  # noqa: F401
+from tasklock_cli.testing.helpers import waiting_thread  # noqa: F401
+from tests.support import services
 
-from tasklock_cli.stores.model import Holder
-from tasklock_cli.stores.model import Lease
-from tasklock_cli.stores.model import RunRecord
-
-HOLDER = Holder(
-    host="host-a", pid=4242, user="alice", command=["./job.sh", "--all"], note="nightly"
-)
-OTHER = Holder(host="host-b", pid=99, user="bob", command=["true"], note=None)
-
-SHORT_TTL = 0.4
-PAST_SHORT_TTL = 0.6
-
-
-def short_ttl(store) -> tuple[float, float]:
-    """A short lease on this store, and a wait after which it has expired: SHORT_TTL and
-    PAST_SHORT_TTL, unless the store's leases cannot be that short (``Store.min_ttl``) or
-    are freed late (``Store.expiry_lag``)."""
-    ttl = max(SHORT_TTL, store.min_ttl)
-    return ttl, ttl + (PAST_SHORT_TTL - SHORT_TTL) + store.expiry_lag
+#: The stores the contract suite runs on: every store of the registry, the in-process
+#: ``memory://`` too (the CLI's tests run on the others only: the CLI refuses it).
+CONTRACT_STORE_KINDS = [*STORE_PACKAGES, *IN_PROCESS_PACKAGES]
 
 
-def token() -> str:
-    return uuid.uuid4().hex
-
-
-def granted(lease: Lease | None) -> Lease:
-    """The lease of an acquire the test needs granted (``Store.acquire`` returns None for a
-    refusal): fails the test there, instead of an AttributeError on None further on."""
-    assert lease is not None, "the acquire was refused"
-    return lease
-
-
-def run_record(
-    lease: Lease,
-    holder: Holder = HOLDER,
-    exit_code: int | None = 0,
-    outcome: str = "succeeded",
-    detected_by: str | None = None,
-    broken_by: dict | None = None,
-) -> RunRecord:
-    """The ledger record that ``tasklock run`` releases ``lease`` with (the lease's key,
-    token, slot and start): a success unless told otherwise."""
-    return RunRecord(
-        key=lease.key,
-        fencing_token=lease.fencing_token,
-        holder=holder,
-        started_at=lease.acquired_at,
-        exit_code=exit_code,
-        outcome=outcome,
-        detected_by=detected_by,
-        slot=lease.slot,
-        broken_by=broken_by,
-    )
-
-
-def waiting_thread(waiter, key: str, timeout: float, woke: list[float]) -> threading.Thread:
-    """A started thread in which ``waiter`` waits for ``key`` (``wait_for_release``), then
-    adds the monotonic time it woke to ``woke``."""
-
-    def wait() -> None:
-        waiter.wait_for_release(key, timeout)
-        woke.append(time.monotonic())
-
-    thread = threading.Thread(target=wait, daemon=True)
-    thread.start()
-    return thread
-
-
-def in_threads(target: Callable[..., object], arguments: Iterable[tuple]) -> None:
-    """``target(*args)`` for each ``args`` of ``arguments``, each in a thread of its own, all
-    started before the first is joined; returns once every one has ended."""
-    threads = [threading.Thread(target=target, args=args) for args in arguments]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-
-
-def on_the_store(max_examples: int) -> settings:
-    """Hypothesis settings for a property test on the ``store`` fixture: few examples (each
-    makes round trips to a real server), no deadline, and the one store (a function-scoped
-    fixture) shared by every example, each on keys of its own."""
-    return settings(
-        max_examples=max_examples,
-        deadline=None,
-        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-    )
+@pytest.fixture(params=CONTRACT_STORE_KINDS)
+def store_kind(request) -> str:
+    """The contract modules' store kinds (``conftest.store_kind``'s, and memory)."""
+    services.require(request.param)
+    return request.param

@@ -79,7 +79,7 @@ def _etcd_unavailable_reason() -> str | None:
 @functools.cache
 def unavailable_reason(kind: str) -> str | None:
     """None when the store kind can be tested here, else why not."""
-    if kind == "sqlite":
+    if kind in ("sqlite", "memory"):  # in this process or a file: always here
         return None
     if kind == "etcd":
         return _etcd_unavailable_reason()
@@ -113,7 +113,11 @@ def require(kind: str) -> None:
 
 def cleanup(kind: str, url: str) -> None:
     """Drop what a test's namespace left behind on a shared server."""
-    if kind == "postgres":
+    if kind == "memory":
+        from tasklock_cli.stores.memory.connection import drop_space
+
+        drop_space(url.removeprefix("memory://"))
+    elif kind == "postgres":
         from tests.support import pg
 
         pg.drop_namespace(url)
