@@ -98,7 +98,12 @@ class Hooks:
 
 def run_hook(command: str, env: dict[str, str], timeout: float) -> str | None:
     """Run ``sh -c command`` (output to our stderr) for at most ``timeout`` seconds, then
-    kill its process group; what went wrong, or None."""
+    kill its process group; what went wrong, or None.
+
+    The watchdog starts first, in a new group, and the hook joins that group: so there is
+    no moment when the hook runs and tasklock could die without taking it along."""
+    watchdog = _Watchdog.start()
+    group = watchdog.process.pid if watchdog is not None else 0
     try:
         process = subprocess.Popen(
             ["sh", "-c", command],
@@ -106,19 +111,22 @@ def run_hook(command: str, env: dict[str, str], timeout: float) -> str | None:
             stdin=subprocess.DEVNULL,
             stdout=2,
             close_fds=True,
-            **_in_group(0),  # a new group (in our session, so that the watchdog may join it)
+            **_in_group(group),  # (0: a new group of its own, without a watchdog)
         )
     except OSError as exc:
+        if watchdog is not None:
+            _kill_group(group)
+            watchdog.close()
         return f"could not start ({exc.strerror})"
-    watchdog = _Watchdog.of(process.pid)
+    group = group or process.pid
     try:
         code = process.wait(timeout)
     except subprocess.TimeoutExpired:
-        _kill_group(process.pid)
+        _kill_group(group)
         process.wait()
         return f"was killed after {timeout:g}s (--hook-timeout)"
     finally:
-        _kill_group(process.pid)  # what it left running in its group, the watchdog too
+        _kill_group(group)  # what it left running in its group, the watchdog too
         if watchdog is not None:
             watchdog.close()
     if code != 0:
@@ -127,18 +135,19 @@ def run_hook(command: str, env: dict[str, str], timeout: float) -> str | None:
 
 
 class _Watchdog:
-    """A process in a hook's process group that kills the group when tasklock dies (SIGKILL,
-    the OOM killer) while the hook runs: it waits on a pipe whose write end only tasklock
-    holds (close-on-exec, so not the hook's either), which the kernel closes with us."""
+    """The first process of a hook's process group, which kills the group when tasklock
+    dies (SIGKILL, the OOM killer) while the hook runs: it waits on a pipe whose write end
+    only tasklock holds (close-on-exec, so not the hook's either), which the kernel closes
+    with us."""
 
     def __init__(self, process: subprocess.Popen, write_end: int) -> None:
         self.process = process
         self.write_end = write_end
 
     @classmethod
-    def of(cls, pgid: int) -> _Watchdog | None:
-        """The watchdog of the group ``pgid``; None when it could not be started (the hook
-        may be gone already)."""
+    def start(cls) -> _Watchdog | None:
+        """A watchdog in a new process group of its own, for the hook to join; None when it
+        could not be started (the hook then runs without one)."""
         read_end, write_end = os.pipe2(os.O_CLOEXEC)
         try:
             process = subprocess.Popen(
@@ -146,7 +155,7 @@ class _Watchdog:
                 stdin=read_end,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
-                **_in_group(pgid),
+                **_in_group(0),
             )
         except (OSError, subprocess.SubprocessError):
             os.close(write_end)

@@ -96,9 +96,6 @@ class MemoryStore(Store):
                 places.pop(owner, None)
                 self._note_queue_place(key, None)
                 return lease
-            cap = ask.max_waiting
-            if mine is None and cap is not None and len(self._ahead(key, owner)) >= cap:
-                raise QueueFull(key, cap)
             self._keep_place(key, holder, owner, ask)
             self._note_queue_place(key, owner)
             return None
@@ -166,6 +163,8 @@ class MemoryStore(Store):
         if mine is not None:
             mine.expires = now + self.waiter_ttl
             return
+        if ask.max_waiting is not None and len(self._ahead(key, owner)) >= ask.max_waiting:
+            raise QueueFull(key, ask.max_waiting)
         if ask.supersede:
             for place in places.values():
                 if place.supersede:
@@ -296,10 +295,7 @@ class MemoryStore(Store):
         with self.space.lock:
             counted = self._ahead(key, "")
             counted.sort(key=lambda place: place.order)
-            return [
-                WaiterInfo(p.holder, utc_from_timestamp(p.since), p.mode, priority=p.priority)
-                for p in counted
-            ]
+            return [_waiter(place) for place in counted]
 
     def waiting_counts(self, prefix: str = "") -> dict[str, int]:
         with self.space.lock:
@@ -406,3 +402,9 @@ def lowest_free(live: dict[int, Slot], limit: int | None) -> int | None:
 
 def live_slot_number(live: dict[int, Slot], slot: Slot) -> int:
     return next(number for number, each in live.items() if each is slot)
+
+
+def _waiter(place: Place) -> WaiterInfo:
+    """A place in a queue as ``peek`` shows it."""
+    since = utc_from_timestamp(place.since)
+    return WaiterInfo(place.holder, since, place.mode, priority=place.priority)
