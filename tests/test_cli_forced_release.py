@@ -54,6 +54,7 @@ def env(env):
     return {**env, LET_GO_TIMEOUT_ENV: str(LET_GO_S)}
 
 
+@pytest.mark.slow  # (waits out a 10 s lease)
 def test_a_paused_holder_keeps_the_key_until_its_tree_is_gone(env, store_url, tmp_path):
     command, pids, ready = tree_command(tmp_path)
     # (a TTL that outlasts a slow start of `release` beside other suites: with 4 s the lease

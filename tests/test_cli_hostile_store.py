@@ -364,6 +364,7 @@ def test_history_on_a_terminal_never_shows_outcome_raw_nor_reads_it_as_markup(cl
     assert b"\xe2\x80\xae" not in output and b"\\x1b]0;owned" in output
 
 
+@pytest.mark.slow  # (waits out a 10 s lease)
 @pytest.mark.parametrize("case", ["holder-null", "token-not-a-number"])
 def test_release_force_breaks_a_malformed_lease_with_the_same_lock_delay(env, store_url, case):
     hold(store_url, "bad", ttl=10.0)  # (outlasts a slow start of release on a busy machine)
@@ -416,6 +417,7 @@ LYING_SENTINELS = [
 ]
 
 
+@pytest.mark.server  # (private redis-servers)
 def test_a_lying_sentinel_listed_first_is_outvoted_not_a_traceback(cli_env):
     """A sentinel's reply is validated before it counts: the honest majority (two real
     sentinels) names the primary, whatever the first one listed says; alone, the liar
@@ -537,6 +539,7 @@ def test_another_applications_key_under_the_prefix_stops_no_listing(cli_env, red
     assert tasklock("run", "slotx", "--", "true", env=env).returncode == 75  # (lock-delay)
 
 
+@pytest.mark.server  # (a private TLS redis-server)
 def test_rediss_sentinel_verifies_the_primarys_certificate_and_host_name(cli_env, tmp_path):
     """The sentinels choose where the password goes; over TLS the primary they name must
     show a certificate of the URL's CA for the address they named, or nothing is sent to

@@ -13,6 +13,8 @@ import uuid
 from datetime import datetime
 from datetime import timedelta
 
+import pytest
+
 from tasklock_cli.commands.release import LET_GO_TIMEOUT_ENV
 from tasklock_cli.stores.model import Holder
 from tests.support.cli import tasklock
@@ -66,6 +68,7 @@ def test_a_live_holder_lets_go_at_once_and_release_says_so(env, store, store_fac
     assert nxt is not None and nxt.fencing_token > lease.fencing_token
 
 
+@pytest.mark.slow  # (waits out a 15 s lease)
 def test_a_holder_that_does_not_answer_keeps_the_key_until_its_lease_runs_out(
     env, store, store_factory
 ):

@@ -1420,6 +1420,7 @@ def test_api_decorator_example_runs(shell_env, tmp_path):
     assert runs[0]["command"] == ["__main__.hourly_report"]
 
 
+@pytest.mark.slow  # (waits out the leader's lease)
 def test_api_leader_example_is_followed_when_killed(shell_env, tmp_path):
     import signal
 
@@ -1455,6 +1456,7 @@ def test_api_testing_example_passes(shell_env, tmp_path):
     assert "1 passed" in result.stdout
 
 
+@pytest.mark.slow  # (a pytest run of its own)
 def test_api_store_contract_example_collects(shell_env, tmp_path):
     path = python_example("TestMyStore = store_contract", tmp_path, "test_my_store.py")
     result = run_python(

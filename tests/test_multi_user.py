@@ -680,8 +680,11 @@ def test_fields_from_the_store_never_reach_a_terminal_raw_nor_as_markup(cli_env,
         assert b"\x1b]0;owned" not in output and b"\xe2\x80\xae" not in output
         assert b"\\x1b]0;owned" in output and b"[/]" in output
 
+        interrupted: list[int] = []
+
         def stop_soon(pid: int, output: bytes, _master: int) -> None:
-            if b"owned" in output:
+            if b"owned" in output and len(interrupted) < 2:  # Ctrl-C, and once more
+                interrupted.append(pid)
                 os.kill(pid, 2)
 
         code, output = _drive_pty(["list", "--watch", "--interval", "200ms"], env, stop_soon, 20)

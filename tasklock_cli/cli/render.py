@@ -150,6 +150,11 @@ def watch_table(fetch, interval: float) -> int:
         while True:
             time.sleep(interval)
             live.update(_rich_table(*fetch()), refresh=True)
+    # The view has ended: another Ctrl-C while its last output drains ends nothing more,
+    # and must not print a traceback.
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     return 128 + stopped[0] if stopped else 0
 
 
