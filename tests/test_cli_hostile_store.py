@@ -144,7 +144,7 @@ def test_release_force_bounds_a_forged_far_expiry(env, store_url):
     could have from now, so the key frees then, not in 9999 (a good row, shown so)."""
     hold(store_url, "far", ttl=HELD_S)
     if not forge.far_expiry(store_url, "far"):
-        pytest.skip("etcd: a lease's expiry is its etcd lease's TTL")
+        pytest.skip(f"{forge.kind_of(store_url)}: no forged far expiry bounded (see forge)")
     released = tasklock("release", "far", "--force", "--json", env=env)
     no_traceback(released)
     assert released.returncode == 75, released.stderr

@@ -62,8 +62,6 @@ IDENTITY = """\
     END IF;"""
 
 _ROW = f"`key` = '{EPOCH_KEY}' AND slot = {EPOCH_SLOT}"
-#: Where the epoch row is, for statements of other modules.
-EPOCH_ROW_WHERE = _ROW
 # (MariaDB writes a procedure's variables into JSON as strings: numbers go in as
 # expressions, ``v + 0``.)
 # A field of the row's holder; NULL when the holder is not JSON (someone else wrote it:
@@ -75,8 +73,6 @@ _MAX_TTL = (
     " IN ('INTEGER', 'UNSIGNED INTEGER', 'DOUBLE', 'DECIMAL'),"
     " LEAST(JSON_EXTRACT(holder, '$.max_ttl'), {longest}), NULL)"
 )
-#: The longest TTL the epoch row records (s; NULL as none), for statements of other modules.
-MAX_TTL_FIELD = _MAX_TTL.format(longest=LONGEST_TTL_S)
 _READ = f"""SELECT fencing_token, {_FIELD.format(name="identity")},
                {_MAX_TTL.format(longest=LONGEST_TTL_S)}, expires_at
           INTO v_epoch, v_era, v_max_ttl, v_until

@@ -9,10 +9,6 @@ import re
 from tasklock_cli.errors import ConfigError
 from tasklock_cli.stores.model import BROKEN_OWNER_PREFIX
 from tasklock_cli.stores.model import LEDGER_KEEP
-from tasklock_cli.stores.model import UNREADABLE_EXPIRY_FLOOR_S
-from tasklock_cli.stores.model import UNREADABLE_EXPIRY_MARGIN_S
-from tasklock_cli.stores.mysql.epochs import EPOCH_ROW_WHERE
-from tasklock_cli.stores.mysql.epochs import MAX_TTL_FIELD
 from tasklock_cli.stores.mysql.queue import ACQUIRE_BODY
 from tasklock_cli.stores.mysql.queue import WAKE_BODY
 from tasklock_cli.stores.mysql.queue import WAKE_QUEUE_BODY
@@ -24,7 +20,7 @@ _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_$]{0,47}")
 #: Version 6 adds ``admit``, the acquire with ``p_priority`` and ``p_max_waiting`` (``run
 #: --priority``, ``--max-waiting``); ``acquire`` keeps version 5's parameters and calls it
 #: with priority 0 and no cap. The tables are unchanged.
-VERSION = "tasklock 7"
+VERSION = "tasklock 6"
 #: An older tasklock sharing the store replaces the procedures it knows with its own:
 #: version 5's have the same parameters and read the queue's order as it is, so they serve
 #: this version too (and it leaves them be: the two versions do not take turns replacing
@@ -182,24 +178,10 @@ BEGIN
     START TRANSACTION;
     SET v_now = SYSDATE(6);"""
 
-# How long a holder's lease could still be valid, from the epoch row's longest TTL (s).
-_BOUND_S = (
-    f"GREATEST(COALESCE((SELECT {MAX_TTL_FIELD} FROM `{{table}}` WHERE {EPOCH_ROW_WHERE}), 0),"
-    f" {UNREADABLE_EXPIRY_FLOOR_S}) + {UNREADABLE_EXPIRY_MARGIN_S}"
-)
-_PAST_BOUND = "v_now + INTERVAL ROUND(@tasklock_bound * 1000000) MICROSECOND"
-# (SET sees the row as it was before it: the first break's breaker stays.) A live lease
-# whose expiry lies further ahead than any lease the table granted could have (someone else
-# wrote 9999-12-31), and not one kept after its command ended (a hold may be longer, and
-# release --force frees that at once), is first bounded as an unreadable one would be.
+# (SET sees the row as it was before it: the first break's breaker stays)
 _BREAK = f"""\
 CREATE PROCEDURE `{{table}}_break`(IN p_key VARBINARY(512), IN p_token BIGINT, IN p_by TEXT)
 {_BEGIN_AT_NOW}
-    SET @tasklock_bound = {_BOUND_S};
-    UPDATE `{{table}}` SET expires_at = {_PAST_BOUND}
-     WHERE {_MATCHING} AND expires_at > {_PAST_BOUND}
-       AND NOT (IF(JSON_VALID(holder), JSON_UNQUOTE(JSON_EXTRACT(holder, '$.done')), NULL)
-                <=> 'true');
     UPDATE `{{table}}`
        SET broken_by = IF({_BROKEN}, broken_by, p_by),
            owner_token = IF({_BROKEN}, owner_token, CONCAT('{BROKEN_OWNER_PREFIX}', owner_token))
