@@ -30,6 +30,7 @@ from tasklock_cli.run.holding import Loss
 from tasklock_cli.run.holding import current_holder
 from tasklock_cli.run.holding import emit_acquired
 from tasklock_cli.run.holding import emit_conflict
+from tasklock_cli.run.holding import emit_renewed
 from tasklock_cli.run.holding import emit_waiting
 from tasklock_cli.run.holding import loss_by_now
 from tasklock_cli.run.holding import release_held
@@ -41,7 +42,6 @@ from tasklock_cli.stores.model import Lease as StoreLease
 from tasklock_cli.stores.model import RunRecord
 from tasklock_cli.util import clock as clocks
 from tasklock_cli.util.records import replace
-from tasklock_cli.util.times import rfc3339
 
 #: The watcher looks at the clock at least this often (a ManualClock's step wakes it too).
 WATCH_CEILING_S = 1.0
@@ -182,13 +182,7 @@ class LeaseHold:
     def _renewed(self, lease: StoreLease) -> None:
         if lease.key == self.keeper.key:
             self.expires_at = lease.expires_at
-        self.events.emit(
-            "renewed",
-            lease.key,
-            lease.fencing_token,
-            f"renewed {lease.key!r} until {rfc3339(lease.expires_at)}",
-            expires_at=rfc3339(lease.expires_at),
-        )
+        emit_renewed(self.events, lease)
 
     def on_loss(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` (from another thread) when the lease is lost; at once when it

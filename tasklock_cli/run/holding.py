@@ -254,6 +254,17 @@ def release_and_report(
     events.emit("released", key, token, f"released {key!r}{held}", kept_for=keep_for)
 
 
+def emit_renewed(events: EventLog, lease: Lease) -> None:
+    """The ``renewed`` event, as the CLI's run and an API lock emit it."""
+    events.emit(
+        "renewed",
+        lease.key,
+        lease.fencing_token,
+        f"renewed {lease.key!r} until {rfc3339(lease.expires_at)}",
+        expires_at=rfc3339(lease.expires_at),
+    )
+
+
 def emit_acquired(events: EventLog, options: RunOptions, keeper: LeaseKeeper) -> None:
     lease = keeper.lease
     assert lease is not None

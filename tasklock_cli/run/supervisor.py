@@ -33,6 +33,7 @@ from tasklock_cli.run.holding import Loss
 from tasklock_cli.run.holding import current_holder
 from tasklock_cli.run.holding import emit_acquired
 from tasklock_cli.run.holding import emit_conflict
+from tasklock_cli.run.holding import emit_renewed
 from tasklock_cli.run.holding import emit_waiting
 from tasklock_cli.run.holding import loss_by_now
 from tasklock_cli.run.holding import release_and_report
@@ -377,13 +378,7 @@ class Supervisor:
     def _renewed(self, lease: Lease) -> None:
         if self.child is not None:
             self.child.set_backstop(self._backstop_in())
-        self.events.emit(
-            "renewed",
-            lease.key,
-            lease.fencing_token,
-            f"renewed {lease.key!r} until {rfc3339(lease.expires_at)}",
-            expires_at=rfc3339(lease.expires_at),
-        )
+        emit_renewed(self.events, lease)
 
     # -- release, events, signals ---------------------------------------------------------
 
