@@ -206,6 +206,14 @@ def run(
     raise typer.Exit(run_command(ctx.obj, key, command, flags, note, switches, also or ()))
 
 
+def _setting_option(setting: settings.RunSetting) -> Any:
+    """A run setting's typer option (an integer's digits checked as ASCII)."""
+    parser = _whole_number if setting.integer else None
+    return typer.Option(
+        None, setting.flag, metavar=setting.metavar, help=setting.help, parser=parser
+    )
+
+
 def _run_signature() -> inspect.Signature:
     """run's parameters, its options derived from the table of run settings."""
     keyword = inspect.Parameter.KEYWORD_ONLY
@@ -216,13 +224,7 @@ def _run_signature() -> inspect.Signature:
     options = [
         param(
             setting.field,
-            typer.Option(
-                None,
-                setting.flag,
-                metavar=setting.metavar,
-                help=setting.help,
-                parser=_whole_number if setting.integer else None,
-            ),
+            _setting_option(setting),
             (int | None) if setting.integer else (str | None),
         )
         for setting in settings.RUN_SETTINGS
