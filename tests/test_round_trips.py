@@ -19,11 +19,10 @@ from tasklock_cli.stores.base import Store
 from tasklock_cli.stores.model import Holder
 from tasklock_cli.stores.model import Lease
 from tasklock_cli.stores.provisioning import RoundTrips
-from tasklock_cli.stores.registry import package_for_scheme
-from tasklock_cli.stores.registry import provisioning
 from tests.support.contract import granted
 from tests.support.contract import run_record
 from tests.support.proxy import TcpProxy
+from tests.support.services import provisioning_for
 
 HOLDER = Holder(host="h", pid=1, user="u", command=["true"])
 T = TypeVar("T")
@@ -63,9 +62,7 @@ def count_each_operation(store: Store, proxy: TcpProxy, owner: str) -> dict[str,
 
 def expected_round_trips(url: str) -> RoundTrips:
     """What the store of ``url`` declares in its provisioning (``provision.py``)."""
-    package = package_for_scheme(urlsplit(url).scheme)
-    assert package is not None, url
-    return provisioning(package.__name__.rpartition(".")[2]).round_trips
+    return provisioning_for(url).round_trips
 
 
 def test_acquire_renew_release_and_peek_each_take_one_round_trip(proxied, network_store_url):
@@ -149,9 +146,7 @@ def test_a_new_connection_costs_its_handshake_and_one_round_trip_of_set_up(netwo
     with open_store(network_store_url) as warm_up:  # the table exists, the script is loaded
         warm_up.release(granted(warm_up.acquire("first", 30, HOLDER, "warm-up")))
     parts = urlsplit(network_store_url)
-    package = package_for_scheme(parts.scheme)
-    assert package is not None
-    declared = provisioning(package.__name__.rpartition(".")[2])
+    declared = provisioning_for(network_store_url)
     with TcpProxy(parts.hostname or "127.0.0.1", parts.port or 0) as proxy:
         connect = declared.handshake
         if connect is not None:

@@ -50,12 +50,22 @@ def needs_server(kind: str) -> bool:
     return provisioning(kind).server is not None
 
 
-def capabilities_for(url: str) -> Capabilities:
-    """What the store of ``url`` declares it can do (its package's ``CAPABILITIES``)."""
+def kind_of(url: str) -> str:
+    """The registry name of the store that opens ``url``."""
     package = package_for_scheme(urlsplit(url).scheme)
     if package is None:
         raise LookupError(f"no store opens {url!r}")
-    return package.CAPABILITIES
+    return package.__name__.rpartition(".")[2]
+
+
+def capabilities_for(url: str) -> Capabilities:
+    """What the store of ``url`` declares it can do (its package's ``CAPABILITIES``)."""
+    return store_package(kind_of(url)).CAPABILITIES
+
+
+def provisioning_for(url: str) -> Provisioning:
+    """How the tests get the store of ``url`` (its package's ``PROVISIONING``)."""
+    return provisioning(kind_of(url))
 
 
 @functools.cache
