@@ -533,13 +533,15 @@ def doctor(
 ) -> None:
     """Check the store: reachable, schema, round-trip time, clock skew."""
     from tasklock_cli.cli import render
+    from tasklock_cli.stores.traits import Capabilities
 
     g: Globals = ctx.obj
     config_file = str(g.config.path) if g.config.path else "none (built-in defaults)"
     with g.open_store() as store:
         checks = store.doctor()
+        capabilities = Capabilities.of(store)
     if as_json:
-        typer.echo(json_text(render.doctor_json(config_file, checks)))
+        typer.echo(json_text(render.doctor_json(config_file, checks, capabilities)))
     else:
         render.doctor_report(config_file, checks)
     failed = [check for check in checks if not check.ok]
