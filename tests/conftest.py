@@ -157,8 +157,11 @@ _SERVER_FIXTURES = frozenset(
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark ``quick`` (``pytest -m quick``: the edit-test loop) every test that runs on
     stores without a server (a file, this process: their provisioning names none) or on
-    none, needs no server, and is not marked slow; then spread the stress and waiting tests
-    over the run."""
+    none, needs no server, and is not marked slow -- of a test of the executable (``cli_env``:
+    processes, most of the suite's CPU) parametrized with data variants, only the first
+    variant on each store (the rest run in the whole suite, and ``pytest tests/test_x.py``
+    runs them all); then spread the stress and waiting tests over the run."""
+    variants_seen: set[tuple[str, tuple[str, ...]]] = set()
     for item in items:
         if not isinstance(item, pytest.Function) or item.get_closest_marker("slow"):
             continue
@@ -171,7 +174,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             if isinstance(value, str) and value in _ALL_KINDS and services.needs_server(value)
         }
         servers = _SERVER_FIXTURES.intersection(item.fixturenames)
-        if not on_servers and not servers and not item.get_closest_marker("server"):
+        if on_servers or servers or item.get_closest_marker("server"):
+            continue
+        stores = tuple(
+            sorted(
+                value
+                for value in (params.params.values() if params else ())
+                if isinstance(value, str) and value in _ALL_KINDS
+            )
+        )
+        variant = (f"{item.module.__name__}::{item.originalname}", stores)
+        if "cli_env" not in item.fixturenames or variant not in variants_seen:
+            variants_seen.add(variant)
             item.add_marker(pytest.mark.quick)
     _spread_the_stress(items)
 

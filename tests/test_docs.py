@@ -1125,6 +1125,7 @@ def test_forcing_a_new_epoch_example(shell_env, tmp_path):
         pg.drop_namespace(url)
 
 
+@pytest.mark.slow  # (a dozen commands with held leases)
 def test_inspection_examples_run(shell_env, tmp_path):
     lines = [
         line.split("  #", 1)[0].strip()
@@ -1452,6 +1453,7 @@ def test_api_leader_example_is_followed_when_killed(shell_env, tmp_path):
             each.wait()
 
 
+@pytest.mark.slow  # (a pytest run of its own)
 def test_api_testing_example_passes(shell_env, tmp_path):
     path = python_example("def test_a_paused_export_loses_its_lock", tmp_path, "test_export.py")
     result = run_python(path, shell_env, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0")
