@@ -4,7 +4,7 @@
 - ``supervisor``: signals, the command, the clock, loss and release.
 - ``announce`` and ``environment``: the words of the run's events; the variables the
   command (and a hook) is given.
-- ``holding``, ``keeper``, ``waiter``, ``heartbeat``: the leases held, each lease's
-  client-side deadline, acquiring with waiting, and renewing.
+- ``holding``, ``keeper``, ``waiter``, ``heartbeat``, ``schedule``: the leases held, each
+  lease's client-side deadline, acquiring with waiting, renewing, and when to renew.
 - ``conflict`` and ``windows``: a held lock described; ``--once-per``'s windows.
 """
