@@ -18,6 +18,7 @@ import typer
 from typer.core import TyperGroup
 
 import tasklock_cli.cli.app
+from tasklock_cli.stores.provisioning import with_query
 from tests.support import services
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -431,7 +432,9 @@ def test_the_readmes_local_etcd_line_does_what_it_says(cli_env):
     )
     assert "--listen-client-urls 'http://localhost:2379'" in shown.stdout + shown.stderr
     services.require("etcd")
-    url = services.etcd_url(prefix=f"tasklock-docs-{os.getpid()}-{time.monotonic_ns()}/")
+    url = with_query(
+        services.base_url("etcd"), prefix=f"tasklock-docs-{os.getpid()}-{time.monotonic_ns()}/"
+    )
     env = {**cli_env, "TASKLOCK_STORE": url}
     try:
         ran = subprocess.run(
@@ -1068,7 +1071,7 @@ def test_fencing_examples_against_postgresql(shell_env, tmp_path):
 
     psql = require_tool("psql")
     schema = f"doc_example_{uuid.uuid4().hex[:10]}"
-    url = services.base_postgres_url()
+    url = services.base_url("postgres")
 
     def query(sql: str) -> str:
         result = subprocess.run(
@@ -1123,7 +1126,7 @@ def test_forcing_a_new_epoch_example(shell_env, tmp_path):
     from tests.support.cli import tasklock
 
     table = f"doc_epoch_{uuid.uuid4().hex[:10]}"
-    url = services.postgres_url(table=table)
+    url = with_query(services.base_url("postgres"), table=table)
     env = {**shell_env, "TASKLOCK_STORE": url}
     (statement,) = example('{"identity": "new-epoch"}', "readme")
     try:
