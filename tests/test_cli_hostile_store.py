@@ -128,6 +128,12 @@ def no_expiry(env: dict, store_url: str, key: str, case: str) -> None:
     [shown] = json.loads(tasklock("list", "--json", env=env).stdout)
     assert shown["key"] == key and shown["malformed"] is True, shown
     assert shown["expires_at"] is None and shown["expired"] is False
+    # Text: `?`, not the placeholder's 1970 (list's TSV, peek, a run's conflict).
+    [line] = tasklock("list", env=env).stdout.splitlines()
+    assert line.split("\t")[5:7] == ["?", "malformed"], line
+    assert "expires   ?\n" in tasklock("peek", key, env=env).stdout
+    refused = tasklock("run", key, "--", "true", env=env)
+    assert refused.returncode == 75 and "until ?;" in refused.stderr, refused.stderr
 
 
 def assert_bounded(env: dict, key: str, bound: float) -> str:
