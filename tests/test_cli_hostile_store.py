@@ -151,6 +151,10 @@ def test_release_force_bounds_a_forged_far_expiry(env, store_url):
     hold(store_url, "far", ttl=HELD_S)
     if not forge.far_expiry(store_url, "far"):
         pytest.skip(f"{forge.kind_of(store_url)}: no forged far expiry bounded (see forge)")
+    if forge.kind_of(store_url) != "sqlite":  # (SQLite's forgery is 31 years ahead)
+        [listed] = json.loads(tasklock("list", "--json", env=env).stdout)
+        assert listed["malformed"] is True and listed["expires_at"] is None, listed
+        assert listed["problems"][0].startswith("expires_at: "), listed
     released = tasklock("release", "far", "--force", "--json", env=env)
     no_traceback(released)
     assert released.returncode == 75, released.stderr
