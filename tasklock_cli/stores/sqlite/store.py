@@ -627,7 +627,11 @@ class SQLiteStore(Store):
     def schema_sql(self) -> str:
         return SCHEMA.strip() + f"\nPRAGMA user_version = {SCHEMA_VERSION};\n"
 
-    def close(self) -> None:
+    def close_before_exit(self) -> None:
+        """Without the checkpoint of SQLite's last close (``SqliteDb.close``)."""
+        self.close(checkpoint=False)
+
+    def close(self, checkpoint: bool = True) -> None:
         # Still in a queue at close: the wait was cut short (a signal), maybe just after
         # a wake-up was read. Waking the next waiter costs it one look at most.
         head: list[str] = []
@@ -636,7 +640,7 @@ class SQLiteStore(Store):
         if self._wakeups.key is not None:
             self._wakeups.give_up(self._wakeups.key, head)
         self._alarms.forget_all()
-        self._db.close()
+        self._db.close(checkpoint)
 
 
 def _record_run(conn: sqlite3.Connection, record: RunRecord, wall: float) -> None:
