@@ -229,9 +229,25 @@ LONG_LABEL = "a" * 64 + ".example.com"
 
 
 @pytest.mark.parametrize(
+    "args",
+    [
+        ["history", "k", "--limit", "٣"],
+        ["release", "k", "--force", "--token", "١"],
+        ["release", "k", "--force", "--token", "²"],
+    ],
+)
+def test_other_digits_in_integer_options_are_usage_errors(cli_env, sqlite_url, args):
+    """Integer options take ASCII digits only, on every command (not ``٣`` read as 3)."""
+    result = tasklock(*args, env={**cli_env, "TASKLOCK_STORE": sqlite_url})
+    assert (result.returncode, result.stdout) == (2, ""), result.stderr
+    assert "not a whole number in ASCII digits" in one_error_line(result.stderr)
+
+
+@pytest.mark.parametrize(
     "options",
     [
         ["--limit", "²"],
+        ["--limit", "٣"],  # (click's INT read Arabic-Indic 3 as 3)
         ["--limit", "--5"],
         ["--conflict-exit-code", "²"],
         ["--done-exit-code=--1"],
