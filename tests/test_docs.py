@@ -18,6 +18,7 @@ import typer
 from typer.core import TyperGroup
 
 import tasklock_cli.cli.app
+from tasklock_cli.stores.provisioning import with_query
 from tests.support import services
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -414,7 +415,9 @@ def test_the_readmes_local_etcd_line_does_what_it_says(cli_env):
     )
     assert "--listen-client-urls 'http://localhost:2379'" in shown.stdout + shown.stderr
     services.require("etcd")
-    url = services.etcd_url(prefix=f"tasklock-docs-{os.getpid()}-{time.monotonic_ns()}/")
+    url = with_query(
+        services.base_url("etcd"), prefix=f"tasklock-docs-{os.getpid()}-{time.monotonic_ns()}/"
+    )
     env = {**cli_env, "TASKLOCK_STORE": url}
     try:
         ran = subprocess.run(
@@ -1051,7 +1054,7 @@ def test_fencing_examples_against_postgresql(shell_env, tmp_path):
 
     psql = require_tool("psql")
     schema = f"doc_example_{uuid.uuid4().hex[:10]}"
-    url = services.base_postgres_url()
+    url = services.base_url("postgres")
 
     def query(sql: str) -> str:
         result = subprocess.run(
@@ -1106,7 +1109,7 @@ def test_forcing_a_new_epoch_example(shell_env, tmp_path):
     from tests.support.cli import tasklock
 
     table = f"doc_epoch_{uuid.uuid4().hex[:10]}"
-    url = services.postgres_url(table=table)
+    url = with_query(services.base_url("postgres"), table=table)
     env = {**shell_env, "TASKLOCK_STORE": url}
     (statement,) = example('{"identity": "new-epoch"}', "readme")
     try:
@@ -1122,6 +1125,7 @@ def test_forcing_a_new_epoch_example(shell_env, tmp_path):
         pg.drop_namespace(url)
 
 
+@pytest.mark.slow  # (a dozen commands with held leases)
 def test_inspection_examples_run(shell_env, tmp_path):
     lines = [
         line.split("  #", 1)[0].strip()
@@ -1449,6 +1453,7 @@ def test_api_leader_example_is_followed_when_killed(shell_env, tmp_path):
             each.wait()
 
 
+@pytest.mark.slow  # (a pytest run of its own)
 def test_api_testing_example_passes(shell_env, tmp_path):
     path = python_example("def test_a_paused_export_loses_its_lock", tmp_path, "test_export.py")
     result = run_python(path, shell_env, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0")

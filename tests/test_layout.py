@@ -13,9 +13,10 @@ from tasklock_cli.stores.registry import STORE_PACKAGES
 
 PACKAGE = Path(__file__).resolve().parent.parent / "tasklock_cli"
 STORES = (*STORE_PACKAGES, *IN_PROCESS_PACKAGES)
-#: Every store package has these; ``waiting.py`` and ``breaks.py`` only where the store hears
-#: of releases and breaks on a line of its own (the base class polls for the others).
-REQUIRED_MODULES = {"store.py", "connection.py", "doctor.py"}
+#: Every store package has these (``provision.py``: how the tests and the bench get the
+#: store); ``waiting.py`` and ``breaks.py`` only where the store hears of releases and breaks
+#: on a line of its own (the base class polls for the others).
+REQUIRED_MODULES = {"store.py", "connection.py", "doctor.py", "provision.py"}
 MAX_CLASS_LINES = 350
 MAX_FUNCTION_LINES = 60
 
@@ -128,3 +129,39 @@ def test_no_module_imports_one_that_imports_it_back():
         if name not in done:
             walk(name, [name])
     assert cycles == []
+
+
+@pytest.mark.parametrize("store", STORES)
+def test_a_store_package_declares_its_capabilities_and_provisioning(store):
+    """``CAPABILITIES`` in its ``__init__`` (which its store class takes as its traits) and
+    ``PROVISIONING`` in its ``provision`` module: what doctor, the tests and the bench read."""
+    from tasklock_cli.stores.registry import package_problems
+    from tasklock_cli.stores.registry import store_package
+    from tasklock_cli.stores.traits import Capabilities
+
+    assert package_problems(store) == []
+    package = store_package(store)
+    store_class = getattr(package, package.__all__[0])
+    assert Capabilities.of(store_class) == package.CAPABILITIES
+
+
+def test_a_store_package_without_them_is_named_with_what_it_lacks(monkeypatch):
+    """A package planted in the registry with its declarations but no ``CAPABILITIES`` and
+    no ``provision`` module: each missing one named, a sentence each."""
+    import sys
+    import types
+
+    from tasklock_cli.stores import registry
+
+    planted = types.ModuleType("tasklock_cli.stores.planted")
+    declared = {"TITLE": "p", "SCHEMES": ("p",), "URL_FORM": "p://", "DRIVER": None}
+    for name, value in declared.items():
+        setattr(planted, name, value)
+    monkeypatch.setitem(sys.modules, "tasklock_cli.stores.planted", planted)
+    monkeypatch.setattr(registry, "STORE_PACKAGES", (*registry.STORE_PACKAGES, "planted"))
+    problems = registry.package_problems("planted")
+    assert problems[0] == "tasklock_cli.stores.planted declares no CAPABILITIES"
+    assert problems[1].startswith("store package 'planted' has no provision module")
+    assert len(problems) == 2
+    with pytest.raises(LookupError, match="no store package 'nonesuch'"):
+        registry.provisioning("nonesuch")

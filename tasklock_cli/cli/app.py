@@ -206,6 +206,14 @@ def run(
     raise typer.Exit(run_command(ctx.obj, key, command, flags, note, switches, also or ()))
 
 
+def _setting_option(setting: settings.RunSetting) -> Any:
+    """A run setting's typer option (an integer's digits checked as ASCII)."""
+    parser = _whole_number if setting.integer else None
+    return typer.Option(
+        None, setting.flag, metavar=setting.metavar, help=setting.help, parser=parser
+    )
+
+
 def _run_signature() -> inspect.Signature:
     """run's parameters, its options derived from the table of run settings."""
     keyword = inspect.Parameter.KEYWORD_ONLY
@@ -216,13 +224,7 @@ def _run_signature() -> inspect.Signature:
     options = [
         param(
             setting.field,
-            typer.Option(
-                None,
-                setting.flag,
-                metavar=setting.metavar,
-                help=setting.help,
-                parser=_whole_number if setting.integer else None,
-            ),
+            _setting_option(setting),
             (int | None) if setting.integer else (str | None),
         )
         for setting in settings.RUN_SETTINGS
@@ -531,13 +533,15 @@ def doctor(
 ) -> None:
     """Check the store: reachable, schema, round-trip time, clock skew."""
     from tasklock_cli.cli import render
+    from tasklock_cli.stores.traits import Capabilities
 
     g: Globals = ctx.obj
     config_file = str(g.config.path) if g.config.path else "none (built-in defaults)"
     with g.open_store() as store:
         checks = store.doctor()
+        capabilities = Capabilities.of(store)
     if as_json:
-        typer.echo(json_text(render.doctor_json(config_file, checks)))
+        typer.echo(json_text(render.doctor_json(config_file, checks, capabilities)))
     else:
         render.doctor_report(config_file, checks)
     failed = [check for check in checks if not check.ok]

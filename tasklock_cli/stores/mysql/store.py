@@ -35,6 +35,7 @@ from tasklock_cli.stores.model import breaker
 from tasklock_cli.stores.model import breaker_of
 from tasklock_cli.stores.model import place_record
 from tasklock_cli.stores.model import prefix_upper_bound
+from tasklock_cli.stores.mysql import CAPABILITIES
 from tasklock_cli.stores.mysql.breaks import MySQLBreakWatches
 from tasklock_cli.stores.mysql.connection import MySQLConnection
 from tasklock_cli.stores.mysql.connection import parse_url
@@ -149,12 +150,9 @@ _SWEEP = f"""UPDATE `{{table}}`
  LIMIT {SWEEP_BATCH}"""
 
 
-class MySQLStore(SqlStore):
-    #: A release wakes the waiters it may admit (see ``waiting``); the others look again
-    #: every ``WAITER_SLEEP_S`` (reads only).
-    signals_release = True
-    byte_keys = True
-    concurrent_release = True
+class MySQLStore(SqlStore, capabilities=CAPABILITIES):
+    # A release wakes the waiters it may admit (see ``waiting``); the others look again
+    # every ``WAITER_SLEEP_S`` (reads only).
     _db: MySQLConnection
     _schema: MySQLSchema
 

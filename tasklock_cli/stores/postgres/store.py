@@ -43,6 +43,7 @@ from tasklock_cli.stores.model import breaker
 from tasklock_cli.stores.model import breaker_of
 from tasklock_cli.stores.model import place_record
 from tasklock_cli.stores.model import prefix_upper_bound
+from tasklock_cli.stores.postgres import CAPABILITIES
 from tasklock_cli.stores.postgres.breaks import PgBreakListeners
 from tasklock_cli.stores.postgres.connection import Overrun
 from tasklock_cli.stores.postgres.connection import PgConnection
@@ -300,8 +301,7 @@ def _utc(moment: datetime | None) -> datetime:
     return moment.astimezone(timezone.utc) if moment is not None else _EPOCH
 
 
-class PostgresStore(SqlStore):
-    signals_release = True
+class PostgresStore(SqlStore, capabilities=CAPABILITIES):
     #: Trouble while waiting: the wait sleeps out its time, the next acquire reports it.
     waiting_trouble = (TasklockError,)
     _db: PgConnection

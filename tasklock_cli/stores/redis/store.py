@@ -41,6 +41,7 @@ from tasklock_cli.stores.model import WaiterInfo
 from tasklock_cli.stores.model import breaker
 from tasklock_cli.stores.model import breaker_of
 from tasklock_cli.stores.model import place_record as model_place_record
+from tasklock_cli.stores.redis import CAPABILITIES
 from tasklock_cli.stores.redis.breaks import open_break_subscription
 from tasklock_cli.stores.redis.connection import RedisConnection
 from tasklock_cli.stores.redis.connection import split_url
@@ -88,9 +89,7 @@ def _ttl_ms(seconds: float, what: str) -> int:
     return max(1, math.ceil(seconds * 1000))
 
 
-class RedisStore(Store):
-    signals_release = True
-    byte_keys = True
+class RedisStore(Store, capabilities=CAPABILITIES):
     waiting_trouble = WAITING_TROUBLE
 
     def __init__(

@@ -37,6 +37,7 @@ from tasklock_cli.stores.model import breaker_of
 from tasklock_cli.stores.model import place_record
 from tasklock_cli.stores.model import prefix_upper_bound
 from tasklock_cli.stores.model import unreadable_expiry_bound
+from tasklock_cli.stores.sqlite import CAPABILITIES
 from tasklock_cli.stores.sqlite import queue
 from tasklock_cli.stores.sqlite.breaks import BreakAlarms
 from tasklock_cli.stores.sqlite.connection import SQLiteConnection
@@ -293,10 +294,7 @@ def _checked_parameters(url: str) -> dict[str, str]:
     return parameters
 
 
-class SQLiteStore(Store):
-    signals_release = True  # among processes on this machine (see waiting and breaks)
-    byte_keys = True
-
+class SQLiteStore(Store, capabilities=CAPABILITIES):
     def __init__(
         self,
         path: str | Path,
