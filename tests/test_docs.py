@@ -58,8 +58,9 @@ def require_tool(name: str) -> str:
     return path
 
 
-def require_shell(name: str) -> str:
-    """A shell whose completions are tested: .ci/run installs it, so CI never skips."""
+def require_ci_tool(name: str) -> str:
+    """A tool .ci/run installs (zsh and fish, whose completions are tested; groff), so CI
+    never skips: there a missing one fails."""
     path = shutil.which(name)
     if path is None:
         if services.in_ci():
@@ -226,7 +227,7 @@ while zpty -r z line; do print -rn -- "$line"; done
 
 
 def _zsh_complete(line: str, work: Path) -> list[str]:
-    zsh = require_shell("zsh")
+    zsh = require_ci_tool("zsh")
     (work / "capture.zsh").write_text(_ZSH_CAPTURE)
     result = subprocess.run(
         [zsh, "-f", "-c", _ZSH_DRIVER, "zsh", str(COMPLETIONS), str(work), line],
@@ -262,7 +263,7 @@ def test_zsh_completes_commands_and_run_options(tmp_path):
 
 
 def test_fish_completes_commands_and_run_options(tmp_path):
-    require_shell("fish")
+    require_ci_tool("fish")
     assert sorted(_fish_complete("tasklock r", tmp_path)) == ["release", "run"]
     assert _fish_complete("tasklock run --t", tmp_path) == ["--ttl"]
 
@@ -270,13 +271,29 @@ def test_fish_completes_commands_and_run_options(tmp_path):
 # -- man page ------------------------------------------------------------------------------
 
 
+#: The terminal widths the page is checked at: man formats for the terminal's width (or
+#: MANWIDTH). A word too long to share a line leaves one that cannot be adjusted ("cannot
+#: adjust line"), at some widths and not others: every width from 60 to 100 columns, where
+#: that happens most, and wider ones.
+MAN_WIDTHS = (*range(60, 101), 120, 160, 200)
+
+
 def test_man_page_renders_without_warnings():
-    groff = require_tool("groff")
-    result = subprocess.run(
-        [groff, "-man", "-ww", "-z", str(MAN_PAGE)], capture_output=True, text=True, timeout=30
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stderr == ""
+    """Every warning groff has (-ww), for print and for a terminal of each width: what
+    `MANWIDTH=80 man --warnings -l man/tasklock.1` shows, and more. .ci/run installs groff."""
+    groff = require_ci_tool("groff")
+    warned = {}
+    for width in (None, *MAN_WIDTHS):
+        terminal = [] if width is None else ["-Tutf8", f"-rLL={width}n", f"-rLT={width}n"]
+        result = subprocess.run(
+            [groff, "-man", "-ww", "-z", *terminal, str(MAN_PAGE)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        if result.returncode != 0 or result.stderr:
+            warned[width or "print"] = result.stderr or f"exit {result.returncode}"
+    assert warned == {}
 
 
 def _man_source_text() -> str:

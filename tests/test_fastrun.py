@@ -41,9 +41,10 @@ OURS_ON_RUNS_PATH = {
     "tasklock_cli.config.file", "tasklock_cli.config.lines", "tasklock_cli.config.settings",
     "tasklock_cli.errors", "tasklock_cli.events", "tasklock_cli.proc", "tasklock_cli.proc.guard",
     "tasklock_cli.proc.process", "tasklock_cli.proc.proctree", "tasklock_cli.proc.protocol",
-    "tasklock_cli.run", "tasklock_cli.run.command", "tasklock_cli.run.conflict",
-    "tasklock_cli.run.heartbeat", "tasklock_cli.run.holding", "tasklock_cli.run.keeper",
-    "tasklock_cli.run.options", "tasklock_cli.run.supervisor", "tasklock_cli.run.waiter",
+    "tasklock_cli.run", "tasklock_cli.run.announce", "tasklock_cli.run.command",
+    "tasklock_cli.run.conflict", "tasklock_cli.run.environment", "tasklock_cli.run.heartbeat",
+    "tasklock_cli.run.holding", "tasklock_cli.run.keeper", "tasklock_cli.run.options",
+    "tasklock_cli.run.schedule", "tasklock_cli.run.supervisor", "tasklock_cli.run.waiter",
     "tasklock_cli.stores", "tasklock_cli.stores.base", "tasklock_cli.stores.model",
     "tasklock_cli.stores.registry", "tasklock_cli.stores.rows", "tasklock_cli.stores.sqlite",
     "tasklock_cli.stores.sqlite.breaks", "tasklock_cli.stores.sqlite.connection",
@@ -69,8 +70,12 @@ STDLIB_ON_RUNS_PATH = {
     "sre_compile", "sre_constants", "sre_parse", "threading", "types",
 }  # fmt: skip
 #: At most this many modules in all (94 on Python 3.11 when it was set; 96 since
-#: stores.traits split from stores.base on main, c54f74c: that commit did not name it).
-RUN_IMPORT_BUDGET = 96
+#: stores.traits split from stores.base on main, c54f74c: that commit did not name it; 97
+#: since the supervisor's event wording and the command's environment became modules of
+#: their own, run.announce and run.environment (issue 42): 95 before, one under the budget;
+#: 98 since the renewal schedule left run.heartbeat for run.schedule, so that the heartbeat
+#: can take RunOptions typed: run.options imported it back).
+RUN_IMPORT_BUDGET = 98
 
 
 def test_a_plain_run_with_global_options_on_both_sides():

@@ -13,9 +13,9 @@ from tasklock_cli.stores.model import LeaseInfo
 from tasklock_cli.stores.model import RunRecord
 from tasklock_cli.stores.model import StoreCheck
 from tasklock_cli.stores.model import WaiterInfo
-from tasklock_cli.stores.rows import problems
-from tasklock_cli.stores.rows import shown
 from tasklock_cli.stores.traits import Capabilities
+from tasklock_cli.util.display import problems
+from tasklock_cli.util.display import shown
 from tasklock_cli.util.durations import format_duration
 from tasklock_cli.util.sanitize import json_text
 from tasklock_cli.util.sanitize import safe

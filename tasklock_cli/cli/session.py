@@ -83,8 +83,9 @@ class Globals:
 
     def store_url(self) -> str:
         from tasklock_cli.config.file import resolve_store_url
+        from tasklock_cli.stores.urls import default_store_url
 
-        return resolve_store_url(self.store_flag, self.config)
+        return resolve_store_url(self.store_flag, self.config, default_store_url)
 
     def store_config_file(self) -> str | None:
         """The config file (absolute) when the store URL came from it, else None."""
