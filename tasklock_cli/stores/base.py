@@ -356,6 +356,12 @@ class Store(StoreTraits, ABC):
     def close(self) -> None:
         """Release connections."""
 
+    def close_before_exit(self) -> None:
+        """``close``, in a process that ends right after (`tasklock run` ends with
+        ``os._exit``): what the process's end does as well may be left to it. By default,
+        ``close``."""
+        self.close()
+
     def __enter__(self) -> Store:
         return self
 
