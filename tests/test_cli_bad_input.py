@@ -320,6 +320,24 @@ def test_unicode_digits_and_odd_hosts_in_urls_are_78(cli_env, url):
 @pytest.mark.parametrize(
     "url",
     [
+        "rediss://127.0.0.1:6379/0?ssl_ca_certs={missing}",
+        "rediss://127.0.0.1:6379/0?ssl_certfile={missing}&ssl_keyfile={missing}",
+        "mysql://root@127.0.0.1:3306/test?ssl_ca={missing}",
+        "etcds://127.0.0.1:2379?cacert={missing}",
+    ],
+)
+def test_a_tls_file_that_cannot_be_read_is_78(cli_env, tmp_path, url):
+    """A CA, certificate or key file that is not there can never work: 78, as any other
+    wrong value of the store URL, not 69 (the store unavailable: worth a retry)."""
+    url = url.format(missing=tmp_path / "no-such.pem")
+    result = tasklock("--store", url, "run", "k", "--", "true", env=cli_env)
+    assert result.returncode == 78, result.stderr
+    one_error_line(result.stderr)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
         f"redis://{LONG_LABEL}:6379/0",
         f"rediss://{LONG_LABEL}:6379/0",
         f"redis+sentinel://{LONG_LABEL}:26379/svc",

@@ -81,7 +81,12 @@ class _Connection(pymysql.connections.Connection):
     def __init__(self, **kwargs: Any) -> None:
         if kwargs.get("ssl"):
             enable_ssl()
-        super().__init__(**kwargs, defer_connect=True)
+        try:
+            super().__init__(**kwargs, defer_connect=True)
+        except OSError as exc:  # the TLS files (ssl.SSLError is one): no retry makes them
+            raise ConfigError(
+                f"cannot load the TLS files of ssl_ca=/ssl_cert=/ssl_key=: {exc}"
+            ) from None
         if not self.ssl:  # type: ignore[has-type]  # (PyMySQL's attribute, untyped)
             # PyMySQL without ssl: its "preferred" TLS, made if the server offers TLS.
             self.ssl, self._ssl_required, self.ctx = True, False, _PreferredTLS(self)

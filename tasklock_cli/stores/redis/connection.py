@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -117,6 +118,8 @@ def split_url(url: str) -> tuple[str, str, list[str]]:
             continue  # tasklock speaks RESP2 (see _connection_kwargs), whatever the URL says
         if name in ("password", "sentinel_password") and value:
             secrets.append(unquote_plus(value))
+        if name in _TLS_FILES:
+            _check_readable(url, name, unquote_plus(value))
         kept.append(item)
     if sentinel:
         service_and_db = unquote(path).strip("/").split("/")
@@ -132,6 +135,19 @@ def split_url(url: str) -> tuple[str, str, list[str]]:
     fragment = rest.partition("#")[2] if "#" in rest else ""
     clean = base + ("?" + "&".join(kept) if kept else "") + ("#" + fragment if fragment else "")
     return clean, prefix, secrets
+
+
+#: The URL's TLS files: one that cannot be read is 78 (no retry makes it), not the
+#: connection error redis-py would make of it.
+_TLS_FILES = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_ca_path")
+
+
+def _check_readable(url: str, name: str, path: str) -> None:
+    if path and not os.access(path, os.R_OK):
+        raise ConfigError(
+            f"Redis store URL {redact_url(url)!r}: {name}={path!r} cannot be read"
+            f" ({'no such file' if not os.path.exists(path) else 'permission denied'})"
+        )
 
 
 def wait_replicas(url: str, text: str | None = None) -> int:
