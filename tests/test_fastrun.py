@@ -45,6 +45,7 @@ OURS_ON_RUNS_PATH = {
     "tasklock_cli.run.heartbeat", "tasklock_cli.run.holding", "tasklock_cli.run.keeper",
     "tasklock_cli.run.options", "tasklock_cli.run.supervisor", "tasklock_cli.run.waiter",
     "tasklock_cli.stores", "tasklock_cli.stores.base", "tasklock_cli.stores.model",
+    "tasklock_cli.stores.queueing",
     "tasklock_cli.stores.registry", "tasklock_cli.stores.rows", "tasklock_cli.stores.sqlite",
     "tasklock_cli.stores.sqlite.breaks", "tasklock_cli.stores.sqlite.connection",
     "tasklock_cli.stores.sqlite.entries", "tasklock_cli.stores.sqlite.files",
@@ -69,8 +70,9 @@ STDLIB_ON_RUNS_PATH = {
     "sre_compile", "sre_constants", "sre_parse", "threading", "types",
 }  # fmt: skip
 #: At most this many modules in all (94 on Python 3.11 when it was set; 96 since
-#: stores.traits split from stores.base on main, c54f74c: that commit did not name it).
-RUN_IMPORT_BUDGET = 96
+#: stores.traits split from stores.base on main, c54f74c: that commit did not name it; 97
+#: since stores.queueing, the waiter's side of the interface, split from stores.base).
+RUN_IMPORT_BUDGET = 97
 
 
 def test_a_plain_run_with_global_options_on_both_sides():

@@ -38,10 +38,12 @@ class StoreTraits:
     #: a store may round it up to its own minimum.
     waiter_ttl: float = WAITER_TTL_S
     #: How often ``wait_for_break``'s polling default looks at a held lease (stores that
-    #: hear of a break on a line of their own override ``wait_for_break``).
-    break_poll_s: float = 0.01
-    #: How often ``_await_wakeup``'s polling default looks at a full key.
-    release_poll_s: float = 0.05
+    #: hear of a break on a line of their own override ``wait_for_break``). Each look is a
+    #: round trip: 4 a second per holder on a network store; an in-process store sets less.
+    break_poll_s: float = 0.25
+    #: How often ``_await_wakeup``'s polling default looks at a full key (stores that hear
+    #: of a release override ``_await_wakeup``): a release is seen this late at most.
+    release_poll_s: float = 0.25
     #: The longest a holder may believe in its lease after sending its last renewal (or
     #: acquire), whatever its TTL: where a failover can lose a lease the new primary never
     #: received, the shortest quarantine that protects it (``failover.DEFAULT_TTL_S``), so

@@ -117,7 +117,6 @@ class EtcdStore(Store):
     waiter_ttl = float(math.ceil(WAITER_TTL_S))  # whole seconds (a waiter lease)
 
     def __init__(self, config: EtcdConfig, display_url: str) -> None:
-        super().__init__()
         self.display_url = display_url
         self.prefix = config.prefix
         self._client = EtcdClient(config, display_url)
@@ -141,6 +140,9 @@ class EtcdStore(Store):
     def _acquire(
         self, key: str, ttl: float, holder: Holder, owner: str, limit: int, queue: bool, ask: Ask
     ) -> Lease | None:
+        """Never ``QUEUED``: our places live in ``self._queue``, which the waits join and
+        keep too (``waits_keep_places``), and which ``_leave_queue`` and ``_close`` leave
+        (a revoke of the waiter lease at close: one write for every place)."""
         ttl_s = ttl_seconds(ttl, "lease TTL")
         start = 0  # the first slot the txn tries (past a txn's slots: where the read said)
         if queue and self._queue.place(key) is not None and key not in self._freed:
@@ -430,7 +432,7 @@ class EtcdStore(Store):
     def _wait_after_trouble(self, key: str, deadline: float, wake_fd: int | None) -> None:
         _poll_for_a_free_slot(self._client, self._keys, self._queue, key, deadline, wake_fd)
 
-    def stop_waiting(self, key: str) -> None:
+    def _leave_queue(self, key: str, owner: str | None) -> None:
         self._queue.leave(key)
 
     def waiters(self, key: str) -> builtins.list[WaiterInfo]:
@@ -445,7 +447,7 @@ class EtcdStore(Store):
         if math.isfinite(seconds) and seconds > 0:
             self._client.members.io_timeout = seconds
 
-    def close(self) -> None:
+    def _close(self) -> None:
         for watch in self._watching.values():
             watch.close()
         self._watching.clear()

@@ -32,6 +32,8 @@ from tasklock_cli.stores.model import LeaseInfo
 from tasklock_cli.stores.model import RunRecord
 from tasklock_cli.stores.model import WaiterInfo
 from tasklock_cli.stores.model import breaker
+from tasklock_cli.stores.queueing import QUEUED
+from tasklock_cli.stores.queueing import Queued
 from tasklock_cli.util.clock import SystemClock
 from tasklock_cli.util.records import replace
 from tasklock_cli.util.times import utc_from_timestamp
@@ -45,10 +47,10 @@ class MemoryStore(Store):
     """Leases in this process (see the package's docstring)."""
 
     concurrent_release = True  # every call holds the space's lock; nothing to close
-    break_poll_s = 0.02
+    break_poll_s = 0.02  # a look is a dict read here: the polling defaults look often
+    release_poll_s = 0.05
 
     def __init__(self, name: str = "") -> None:
-        super().__init__()
         self.name = name
         self.display_url = f"memory://{name}"
         self.space: Space = space_named(name)
@@ -82,23 +84,20 @@ class MemoryStore(Store):
 
     def _acquire(
         self, key: str, ttl: float, holder: Holder, owner: str, limit: int, queue: bool, ask: Ask
-    ) -> Lease | None:
+    ) -> Lease | Queued | None:
         with self.space.lock:
             self._clear_dead_places(key)
             places = self.space.places.setdefault(key, {})
             mine = places.get(owner)
             if mine is not None and mine.superseded:
                 del places[owner]
-                self._note_queue_place(key, None)
                 raise Superseded(key)
             lease = self._take(key, ttl, holder, owner, limit, ask)
             if lease is not None or not queue:
                 places.pop(owner, None)
-                self._note_queue_place(key, None)
                 return lease
             self._keep_place(key, holder, owner, ask)
-            self._note_queue_place(key, owner)
-            return None
+            return QUEUED
 
     def _take(
         self, key: str, ttl: float, holder: Holder, owner: str, limit: int, ask: Ask
@@ -380,16 +379,10 @@ class MemoryStore(Store):
                 return min(left)
             return None if len(ahead) < limit - len(left) else self.waiter_ttl
 
-    def stop_waiting(self, key: str) -> None:
-        with self.space.lock:
-            owner = self._queue_place(key)
-            if owner is not None:
+    def _leave_queue(self, key: str, owner: str | None) -> None:
+        if owner is not None:
+            with self.space.lock:
                 self.space.places.get(key, {}).pop(owner, None)
-            self._note_queue_place(key, None)
-
-    def close(self) -> None:
-        for key in list(self._queue_places()):
-            self.stop_waiting(key)
 
 
 def lowest_free(live: dict[int, Slot], limit: int | None) -> int | None:

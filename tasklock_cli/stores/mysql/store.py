@@ -3,7 +3,6 @@ docstring)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 from collections.abc import Iterator
@@ -47,6 +46,8 @@ from tasklock_cli.stores.mysql.schema import INFO_COLUMNS
 from tasklock_cli.stores.mysql.schema import MySQLSchema
 from tasklock_cli.stores.mysql.waiting import PLACELESS_LOOK_S
 from tasklock_cli.stores.mysql.waiting import WakeLine
+from tasklock_cli.stores.queueing import QUEUED
+from tasklock_cli.stores.queueing import Queued
 from tasklock_cli.stores.sql import SqlStore
 from tasklock_cli.stores.urls import redact_url
 from tasklock_cli.stores.watches import BreakWatches
@@ -137,7 +138,6 @@ class MySQLStore(SqlStore):
     _schema: MySQLSchema
 
     def __init__(self, url: str, display_url: str | None = None) -> None:
-        super().__init__()
         self.display_url = display_url or redact_url(url)
         kwargs, table = parse_url(url, self.display_url)
         self._schema = MySQLSchema(table, self.display_url)
@@ -197,7 +197,7 @@ class MySQLStore(SqlStore):
 
     def _acquire(
         self, key: str, ttl: float, holder: Holder, owner: str, limit: int, queue: bool, ask: Ask
-    ) -> Lease | None:
+    ) -> Lease | Queued | None:
         args = (
             key,
             owner,
@@ -216,11 +216,10 @@ class MySQLStore(SqlStore):
         outcome, slot, slot_limit, token, acquired_at, expires_at, mode, seq, quarantine = row
         outcome = _text(outcome)
         self._quarantines.met(key, None if quarantine is None else int(quarantine))
-        self._note_queue_place(key, owner if outcome == "queued" else None)
         if outcome == "queued":
             self._place_seqs[key] = int(seq)
-        else:
-            self._place_seqs.pop(key, None)
+            return QUEUED
+        self._place_seqs.pop(key, None)
         if outcome == "superseded":
             raise Superseded(key)
         if outcome == "mismatch":
@@ -412,17 +411,12 @@ class MySQLStore(SqlStore):
             if self._time_until_free(key) is None:
                 return
 
-    def stop_waiting(self, key: str) -> None:
-        owner = self._queue_place(key)
-        self._note_queue_place(key, None)
+    def _leave_queue(self, key: str, owner: str | None) -> None:
         self._place_seqs.pop(key, None)
         if owner is not None:
             self._rows(LEAVE_QUEUE, {"key": key, "owner": owner})
 
-    def close(self) -> None:
-        for key in list(self._queue_places()):
-            with contextlib.suppress(TasklockError):
-                self.stop_waiting(key)
+    def _close(self) -> None:
         self._break_watches.close()
         self._wake_line.close()
         self._db.close()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 from collections.abc import Iterator
@@ -61,6 +60,8 @@ from tasklock_cli.stores.postgres.queue import WAITING_COUNTS
 from tasklock_cli.stores.postgres.queue import WAKE_CTES
 from tasklock_cli.stores.postgres.schema import PgSchema
 from tasklock_cli.stores.postgres.waiting import PgListening
+from tasklock_cli.stores.queueing import QUEUED
+from tasklock_cli.stores.queueing import Queued
 from tasklock_cli.stores.sql import SqlStore
 from tasklock_cli.stores.urls import redact_url
 from tasklock_cli.stores.watches import BreakWatches
@@ -308,7 +309,6 @@ class PostgresStore(SqlStore):
     _schema: PgSchema
 
     def __init__(self, conninfo: str, table: str = DEFAULT_TABLE, display_url: str = "") -> None:
-        super().__init__()
         self.display_url = display_url or redact_url(conninfo)
         self._schema = PgSchema(table, self.display_url, lambda text: self._db.scrub(text))
         self._db = PgConnection(conninfo, self.display_url, self._schema)
@@ -346,7 +346,7 @@ class PostgresStore(SqlStore):
 
     def _acquire(
         self, key: str, ttl: float, holder: Holder, owner: str, limit: int, queue: bool, ask: Ask
-    ) -> Lease | None:
+    ) -> Lease | Queued | None:
         params = {
             "key": key,
             "owner": owner,
@@ -375,28 +375,27 @@ class PostgresStore(SqlStore):
 
         for _ in range(ACQUIRE_RACE_RETRIES):
             rows = self._db.run(attempt)
-            self._note_place(key, owner, rows)
+            queued = self._note_place(key, rows)
             left_ms = next((row[3] for row in rows if row[0] == "quarantine"), None)
             self._quarantines.met(key, None if left_ms is None else int(left_ms))
             outcome = _outcome(key, owner, limit, rows)
             if outcome is None and any(row[0] == "full" for row in rows):
                 raise QueueFull(key, ask.max_waiting or 0)
             if outcome != "lost":
-                return outcome
+                return QUEUED if queued and outcome is None else outcome
             # "lost": another acquire of the key committed since the statement's snapshot
         raise StoreUnavailable(
             f"{self.display_url}: {key!r} is taken and freed too fast to acquire it"
         )
 
-    def _note_place(self, key: str, owner_token: str, rows: list) -> None:
-        """Our place in ``key``'s queue as the acquire left it."""
+    def _note_place(self, key: str, rows: list) -> bool:
+        """Our place in ``key``'s queue as the acquire left it: True when we have one."""
         seq = next((row[3] for row in rows if row[0] == "queued"), None)
         if seq is None:
             self._listening.places.pop(key, None)
-            self._note_queue_place(key, None)
-        else:
-            self._listening.places[key] = int(seq)
-            self._note_queue_place(key, owner_token)
+            return False
+        self._listening.places[key] = int(seq)
+        return True
 
     def holdup(self, key: str) -> str | None:
         return _quarantine_text(self._quarantines.left(key))
@@ -621,14 +620,10 @@ class PostgresStore(SqlStore):
     def _await_wakeup(self, key: str, until: float, wake_fd: int | None) -> None:
         self._listening.await_wakeup(key, until, wake_fd)
 
-    def stop_waiting(self, key: str) -> None:
-        self._note_queue_place(key, None)
+    def _leave_queue(self, key: str, owner: str | None) -> None:
         self._listening.stop(key, self._sql(LEAVE_QUEUE))
 
-    def close(self) -> None:
-        for key in list(self._listening.places):
-            with contextlib.suppress(TasklockError):
-                self.stop_waiting(key)
+    def _close(self) -> None:
         self._break_watches.close()
         self._db.close()
 

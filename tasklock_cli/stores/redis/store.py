@@ -41,6 +41,8 @@ from tasklock_cli.stores.model import WaiterInfo
 from tasklock_cli.stores.model import breaker
 from tasklock_cli.stores.model import breaker_of
 from tasklock_cli.stores.model import place_record as model_place_record
+from tasklock_cli.stores.queueing import QUEUED
+from tasklock_cli.stores.queueing import Queued
 from tasklock_cli.stores.redis.breaks import open_break_subscription
 from tasklock_cli.stores.redis.connection import RedisConnection
 from tasklock_cli.stores.redis.connection import split_url
@@ -100,7 +102,6 @@ class RedisStore(Store):
         display_url: str | None = None,
         wait_replicas: int = 0,
     ):
-        super().__init__()
         self.prefix = prefix
         self.display_url = display_url or redact_url(url)
         self._names = RedisKeys(prefix)
@@ -128,7 +129,7 @@ class RedisStore(Store):
 
     def _acquire(
         self, key: str, ttl: float, holder: Holder, owner: str, limit: int, queue: bool, ask: Ask
-    ) -> Lease | None:
+    ) -> Lease | Queued | None:
         names = self._names
         keys = [names.lease(key), *(names.name(key, part) for part in ("fence", "wake", "limit"))]
         keys.append(names.epoch_record())
@@ -148,11 +149,11 @@ class RedisStore(Store):
             result, confirmed = self._conn.script_and_wait("acquire", keys, args, key)
         else:
             result = self._conn.script("acquire", keys, args, key)
-        waiting = result is None and queue
-        self._note_queue_place(key, owner if waiting else None)
         self._place_modes[key] = ask.mode
-        if met_quarantine(self._quarantines, key, result) or result is None:
+        if met_quarantine(self._quarantines, key, result):
             return None
+        if result is None:  # held: a queued caller joined or kept its place
+            return QUEUED if queue else None
         _raise_refusal(result, key, limit, ask)
         token, acquired_ms, expires_ms, slot = (int(v) for v in result)
         acquired_at = utc_from_timestamp(acquired_ms / 1000)
@@ -408,11 +409,9 @@ class RedisStore(Store):
             wake += b":" + owner.encode()
         self._wake_lists.await_wakeup(key, until, wake_fd, wake)
 
-    def stop_waiting(self, key: str) -> None:
-        owner = self._queue_place(key)
+    def _leave_queue(self, key: str, owner: str | None) -> None:
         if owner is None:
             return
-        self._note_queue_place(key, None)
         names = self._names
         keys = [names.lease(key), names.name(key, "wake"), names.name(key, "limit")]
         with contextlib.suppress(TasklockError):
@@ -424,9 +423,7 @@ class RedisStore(Store):
         """No schema (keys appear on first use): marks the namespace new (``epochs``)."""
         return mark_new(self._conn)
 
-    def close(self) -> None:
-        for key in list(self._queue_places()):
-            self.stop_waiting(key)
+    def _close(self) -> None:
         self._wake_lists.close()
         self._break_watches.close()
         self._conn.close()

@@ -37,6 +37,8 @@ from tasklock_cli.stores.model import breaker_of
 from tasklock_cli.stores.model import place_record
 from tasklock_cli.stores.model import prefix_upper_bound
 from tasklock_cli.stores.model import unreadable_expiry_bound
+from tasklock_cli.stores.queueing import QUEUED
+from tasklock_cli.stores.queueing import Queued
 from tasklock_cli.stores.sqlite import queue
 from tasklock_cli.stores.sqlite.breaks import BreakAlarms
 from tasklock_cli.stores.sqlite.connection import SQLiteConnection
@@ -305,7 +307,6 @@ class SQLiteStore(Store):
         create_parent: bool = False,
         file_mode: int = PRIVATE_MODE,
     ) -> None:
-        super().__init__()
         self.path = paths.normal(path)
         self.file_mode = file_mode
         shared = "" if file_mode == PRIVATE_MODE else f"?mode={file_mode:04o}"
@@ -348,7 +349,7 @@ class SQLiteStore(Store):
 
     def _acquire(
         self, key: str, ttl: float, holder: Holder, owner: str, limit: int, queue: bool, ask: Ask
-    ) -> Lease | None:
+    ) -> Lease | Queued | None:
         recorded = json.dumps(
             {**place_record(holder, ask), "mode": ask.mode, **_own_processes(self._boot, holder)}
         )
@@ -365,7 +366,6 @@ class SQLiteStore(Store):
         }
         with self._db.write(durable=True) as conn:  # the queue and the taking, on disk
             taking = _Taking.run(conn, params, queue)
-        self._note_queue_place(key, owner if taking.queued else None)
         # The superseded waiters hear of it; the run now at the head of the queue, which a
         # superseded place may have held up, is woken.
         self._wakeups.wake(key, taking.to_tell, fallback=False)
@@ -376,7 +376,7 @@ class SQLiteStore(Store):
         taking.raise_refusal(key, limit, ask)
         row = taking.row
         if row is None:
-            return None
+            return QUEUED if taking.queued else None
         self._wakeups.leave(tidy=False)  # its directory goes at the release, after the wake-up
         slot, token, acquired_at, expires_at = row
         return Lease(
@@ -605,15 +605,13 @@ class SQLiteStore(Store):
         else:
             self._wakeups.wait(left, wake_fd)
 
-    def stop_waiting(self, key: str) -> None:
-        self._wakeups.give_up(key, self._leave_queue(key))
+    def _leave_queue(self, key: str, owner: str | None) -> None:
+        self._wakeups.give_up(key, self._leave_place(key, owner))
 
-    def _leave_queue(self, key: str) -> builtins.list[str]:
+    def _leave_place(self, key: str, owner: str | None) -> builtins.list[str]:
         """Leave our place in ``key``'s queue; the FIFOs of the run now first in it."""
-        owner = self._queue_place(key)
         if owner is None:
             return []
-        self._note_queue_place(key, None)
         params = {**self._times(), "key": key, "owner": owner}
         with contextlib.suppress(TasklockError), self._db.write() as conn:
             conn.execute(queue.LEAVE, params)
@@ -627,14 +625,12 @@ class SQLiteStore(Store):
     def schema_sql(self) -> str:
         return SCHEMA.strip() + f"\nPRAGMA user_version = {SCHEMA_VERSION};\n"
 
-    def close(self) -> None:
-        # Still in a queue at close: the wait was cut short (a signal), maybe just after
-        # a wake-up was read. Waking the next waiter costs it one look at most.
-        head: list[str] = []
-        for key in list(self._queue_places()):
-            head = self._leave_queue(key)
+    def _close(self) -> None:
+        # Still listening at close (the base has left our places in queues): the wait was
+        # cut short (a signal), maybe just after a wake-up was read. Waking the next waiter
+        # costs it one look at most.
         if self._wakeups.key is not None:
-            self._wakeups.give_up(self._wakeups.key, head)
+            self._wakeups.give_up(self._wakeups.key)
         self._alarms.forget_all()
         self._db.close()
 
