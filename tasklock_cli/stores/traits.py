@@ -14,6 +14,10 @@ class StoreTraits:
     display_url: str = ""
     #: True where ``wait_for_release`` wakes on a release (so waiters can poll rarely).
     signals_release: bool = False
+    #: Where ``signals_release``: how often a waiter also looks again by itself, woken or
+    #: not (MySQL's waits sleep on the server that long at most, the look where a wake-up
+    #: cannot be sent); None where only a release or a lease's expiry ends a wait.
+    release_look_s: float | None = None
     #: True where ``release`` may run while the holder's heartbeat thread is still in
     #: ``wait_for_break`` or a renewal. Such a store serialises its calls, and releasing
     #: closes nothing that waiting uses. The wrapper then releases without waiting for that

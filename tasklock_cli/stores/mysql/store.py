@@ -45,6 +45,7 @@ from tasklock_cli.stores.mysql.queue import WAITING_COUNTS
 from tasklock_cli.stores.mysql.schema import INFO_COLUMNS
 from tasklock_cli.stores.mysql.schema import MySQLSchema
 from tasklock_cli.stores.mysql.waiting import PLACELESS_LOOK_S
+from tasklock_cli.stores.mysql.waiting import WAITER_SLEEP_S
 from tasklock_cli.stores.mysql.waiting import WakeLine
 from tasklock_cli.stores.queueing import QUEUED
 from tasklock_cli.stores.queueing import Queued
@@ -132,6 +133,7 @@ class MySQLStore(SqlStore):
     #: A release wakes the waiters it may admit (see ``waiting``); the others look again
     #: every ``WAITER_SLEEP_S`` (reads only).
     signals_release = True
+    release_look_s = WAITER_SLEEP_S
     byte_keys = True
     concurrent_release = True
     _db: MySQLConnection
@@ -147,7 +149,7 @@ class MySQLStore(SqlStore):
         self._place_seqs: dict[str, int] = {}  # key -> our place's seq in its queue
         self._seen: dict[str, tuple[int, int]] = {}  # key -> (live leases, counter) at a look
         self._quarantines = Quarantines()  # the failover quarantines our acquires met
-        self._wake_line = WakeLine(self._db, table)
+        self._wake_line = WakeLine(self._db, table, lambda: self.release_look_s)
         self._break_watches = BreakWatches(
             MySQLBreakWatches(self._db, table).open,
             (pymysql.err.MySQLError, OSError, TasklockError),

@@ -300,16 +300,14 @@ def test_doctor_reports_the_store_reachable(store):
     assert checks["reachable"].ok
 
 
-def test_each_release_wakes_one_waiter_and_the_others_wait_their_turn(
-    store, store_factory, monkeypatch
-):
+def test_each_release_wakes_one_waiter_and_the_others_wait_their_turn(store, store_factory):
     """Stores that signal releases wake one waiter per release (the head of the queue), not
     the whole crowd."""
     if not store.signals_release:
         pytest.skip("this store's waiters poll: there are no wake-ups to count")
-    # A missed wake-up must show as the deadline, not as MySQL's own look every 0.25 s,
-    # which a loaded machine's delays cannot be told from.
-    monkeypatch.setattr("tasklock_cli.stores.mysql.waiting.WAITER_SLEEP_S", 10.0)
+    # A missed wake-up must show as the deadline, not as the waiter's own look (a store's
+    # release_look_s: MySQL's every 0.25 s), which a loaded machine's delays cannot be told
+    # from.
     lease = store.acquire("k", 30, OTHER, token())
     assert lease is not None
     deadline = time.monotonic() + 3.0
@@ -319,6 +317,8 @@ def test_each_release_wakes_one_waiter_and_the_others_wait_their_turn(
 
     def waiter(n: int) -> None:
         client = store_factory()
+        if client.release_look_s is not None:
+            client.release_look_s = 10.0
         owner, woke_early = token(), False
         while time.monotonic() < deadline:
             mine = client.acquire("k", 30, HOLDER, owner, queue=True)
