@@ -3,7 +3,7 @@
 The acquire procedure checks that the server is still the primary under whose writes the
 table's rows were made.
 It also computes the fencing tokens of a new epoch.
-The argument is in the package's docstring.
+The argument is in docs/design/mysql.md.
 The design the stores share is in ``stores.failover``.
 
 The table's epoch row is a reserved row of the lease table.
