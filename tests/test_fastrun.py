@@ -50,6 +50,7 @@ OURS_ON_RUNS_PATH = {
     "tasklock_cli.stores.sqlite.breaks", "tasklock_cli.stores.sqlite.connection",
     "tasklock_cli.stores.sqlite.entries", "tasklock_cli.stores.sqlite.files",
     "tasklock_cli.stores.sqlite.processes", "tasklock_cli.stores.sqlite.queue",
+    "tasklock_cli.stores.sqlite.reads",
     "tasklock_cli.stores.sqlite.schema", "tasklock_cli.stores.sqlite.store",
     "tasklock_cli.stores.sqlite.waiting", "tasklock_cli.stores.traits", "tasklock_cli.stores.urls",
     "tasklock_cli.util",
@@ -71,8 +72,9 @@ STDLIB_ON_RUNS_PATH = {
 }  # fmt: skip
 #: At most this many modules in all (94 on Python 3.11 when it was set; 96 since
 #: stores.traits split from stores.base on main, c54f74c: that commit did not name it; 97
-#: since stores.queueing, the waiter's side of the interface, split from stores.base).
-RUN_IMPORT_BUDGET = 97
+#: since stores.queueing, the waiter's side of the interface, split from stores.base; 98
+#: since stores.sqlite.reads, the SQLite store's reads, split from its class for its size).
+RUN_IMPORT_BUDGET = 98
 
 
 def test_a_plain_run_with_global_options_on_both_sides():
