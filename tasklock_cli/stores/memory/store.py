@@ -20,8 +20,8 @@ from tasklock_cli.stores.memory.connection import Place
 from tasklock_cli.stores.memory.connection import Slot
 from tasklock_cli.stores.memory.connection import Space
 from tasklock_cli.stores.memory.connection import space_named
+from tasklock_cli.stores.memory.ledger import MemoryLedger
 from tasklock_cli.stores.model import EXCLUSIVE
-from tasklock_cli.stores.model import LEDGER_KEEP
 from tasklock_cli.stores.model import MAX_FENCING_TOKEN
 from tasklock_cli.stores.model import SHARED
 from tasklock_cli.stores.model import WAITER_HORIZON_S
@@ -35,7 +35,6 @@ from tasklock_cli.stores.model import breaker
 from tasklock_cli.stores.queueing import QUEUED
 from tasklock_cli.stores.queueing import Queued
 from tasklock_cli.util.clock import SystemClock
-from tasklock_cli.util.records import replace
 from tasklock_cli.util.times import utc_from_timestamp
 
 TYPE_CHECKING = False
@@ -43,7 +42,7 @@ if TYPE_CHECKING:
     import builtins
 
 
-class MemoryStore(Store):
+class MemoryStore(MemoryLedger, Store):
     """Leases in this process (see the package's docstring)."""
 
     concurrent_release = True  # every call holds the space's lock; nothing to close
@@ -230,46 +229,12 @@ class MemoryStore(Store):
                 self._record(record)
             return slot is not None
 
-    def _record(self, record: RunRecord) -> None:
-        """Write ``record`` into the ledger (once per key and token), trimmed to the last
-        LEDGER_KEEP runs and the newest success."""
-        runs = self.space.ledger.setdefault(record.key, {})
-        ended = utc_from_timestamp(self.space.wall_at(self._now()))
-        runs[record.fencing_token] = replace(record, ended_at=ended)
-        newest = sorted(runs, reverse=True)
-        success = self._last_success(record.key)
-        for token in newest[LEDGER_KEEP:]:
-            if success is None or token != success.fencing_token:
-                del runs[token]
-
     def time_left(self, key: str, fencing_token: int) -> float | None:
         with self.space.lock:
             for slot in self._live(key).values():
                 if slot.fencing_token == fencing_token and not slot.broken:
                     return max(0.0, slot.expires - self._now())
             return None
-
-    # -- the ledger --------------------------------------------------------------------
-
-    def history(self, key: str, limit: int = LEDGER_KEEP) -> list[RunRecord]:
-        with self.space.lock:
-            runs = self.space.ledger.get(key, {})
-            return [runs[token] for token in sorted(runs, reverse=True)[:limit]]
-
-    def _last_success(self, key: str) -> RunRecord | None:
-        runs = self.space.ledger.get(key, {})
-        wins = [token for token, run in runs.items() if run.outcome == "succeeded"]
-        return runs[max(wins)] if wins else None
-
-    def last_success(self, key: str) -> tuple[RunRecord | None, datetime]:
-        with self.space.lock:
-            return self._last_success(key), self._utc(self._now())
-
-    def ledger_keys(self, prefix: str = "") -> list[str]:
-        with self.space.lock:
-            return sorted(
-                k for k, runs in self.space.ledger.items() if runs and k.startswith(prefix)
-            )
 
     # -- looking -----------------------------------------------------------------------
 
