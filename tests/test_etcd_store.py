@@ -642,7 +642,7 @@ def test_a_release_right_after_a_waiters_look_wakes_it_at_once(clients, monkeypa
     from tasklock_cli.stores.etcd import store as etcd_store
 
     holder, waiter = clients
-    look = etcd_store._read_slots
+    look = etcd_store.read_slots
     heard_after: list[float] = []
     for attempt in range(5):
         held = holder.acquire("k", 30, HOLDER, f"holder-{attempt}")
@@ -656,10 +656,10 @@ def test_a_release_right_after_a_waiters_look_wakes_it_at_once(clients, monkeypa
                 released.append(time.monotonic())
             return found
 
-        monkeypatch.setattr(etcd_store, "_read_slots", look_then_release)
+        monkeypatch.setattr(etcd_store, "read_slots", look_then_release)
         waiter.wait_for_release("k", 5)
         heard_after.append(time.monotonic() - released[0])
-        monkeypatch.setattr(etcd_store, "_read_slots", look)
+        monkeypatch.setattr(etcd_store, "read_slots", look)
         lease = waiter.acquire("k", 30, HOLDER, "waiter", queue=True)
         assert lease is not None and waiter.release(lease) is True
     assert statistics.median(heard_after) < 0.025, heard_after
