@@ -32,6 +32,8 @@ from tasklock_cli.stores.etcd.store import EtcdStore
 from tasklock_cli.stores.model import EXCLUSIVE
 from tasklock_cli.stores.model import SHARED
 from tasklock_cli.stores.model import Holder
+from tasklock_cli.testing.helpers import blocked_in
+from tasklock_cli.testing.helpers import wait_until
 from tests.support import services
 from tests.support.cli import json_events
 from tests.support.cli import start
@@ -387,7 +389,10 @@ def test_a_release_wakes_the_run_of_shared_waiters_at_the_head_and_no_one_else(u
             assert client.acquire("k", 30, HOLDER, f"w{n}", queue=True, mode=mode) is None
         woken: dict[str, float] = {}
         threads = [_waits(client, "k", 2.5, woken, f"w{n}") for n, client in enumerate(waiters)]
-        time.sleep(0.5)  # each has taken its turn and watches
+        # each has taken its turn and watches: the shared ones the slots, the exclusive one
+        # the shared place ahead of it
+        watching = ("await_release", "await_release", "_watch_place")
+        wait_until(lambda: all(map(blocked_in, threads, watching)))
         assert woken == {}
         released = time.monotonic()
         assert writer.release(lease) is True
