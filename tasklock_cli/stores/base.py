@@ -7,25 +7,23 @@ the supervisor's business (see ``tasklock_cli.run.keeper``).
 What a store must write: every ``@abstractmethod`` (Python refuses a class that lacks one).
 What it may write, each with its default here (or in ``queueing``):
 
-=====================  ==============================================================
-``holdup``             None: nothing but holders keep a key (a failover quarantine met)
-``quarantine``         None: no store-wide quarantine under way
-``lease_age``          0: the lease's TTL starts with the acquire (etcd: a kept lease)
-``note_processes``     nothing: ``free_if_holder_gone`` frees only kept leases
-``wait_for_break``     polls ``time_left`` every ``break_poll_s`` (0.25 s)
-``_prepare_wait``      nothing: no turn to take, nothing to start listening to
-``_await_wakeup``      polls ``_time_until_free`` every ``release_poll_s`` (0.25 s)
-``_wait_after_trouble``  sleeps out the wait
-``set_io_timeout``     nothing
-``init_schema``        None; ``schema_sql``: None (no DDL)
-``_close``             nothing (``close`` first leaves the queues: the base's part)
-=====================  ==============================================================
+- ``peek``: the lowest fencing token of ``holders``;
+- ``holdup``: None (nothing but holders keep a key; else a failover quarantine met);
+- ``quarantine``: None (no store-wide quarantine under way);
+- ``lease_age``: 0 (a lease's TTL starts with the acquire; etcd: a lease kept alive);
+- ``note_processes``: nothing (``free_if_holder_gone`` then frees only kept leases);
+- ``wait_for_break``: looks at ``time_left`` every ``break_poll_s`` (0.25 s);
+- ``_prepare_wait``: nothing (no turn to take, nothing to start listening to);
+- ``_await_wakeup``: looks at ``_time_until_free`` every ``release_poll_s`` (0.25 s);
+- ``_wait_after_trouble``: sleeps out the wait;
+- ``set_io_timeout``: nothing; ``init_schema``: None; ``schema_sql``: None (no DDL);
+- ``_close``: nothing (``close`` first leaves the queues: the base's part).
 
 Attributes (``traits``): ``display_url`` (the URL shown, password redacted),
 ``waiter_ttl`` (a queue place's life without a renewal), ``waiting_trouble`` (what the
 waiting primitives raise on trouble), ``break_poll_s`` and ``release_poll_s`` (the polling
-defaults' intervals: a store that only polls on a network sets its own), and the flags
-``signals_release``, ``concurrent_release``, ``waits_keep_places``, ``min_ttl``,
+defaults' intervals: one round trip each on a network store), ``release_look_s``, and the
+flags ``signals_release``, ``concurrent_release``, ``waits_keep_places``, ``min_ttl``,
 ``expiry_lag``, ``byte_keys``, ``failover_window``.
 
 The base keeps the queue places: ``_acquire`` returns a ``Lease``, ``QUEUED`` (no slot; a
@@ -33,13 +31,13 @@ place in the queue under the caller's owner token) or None (no slot, no place), 
 base records it; ``stop_waiting`` and ``close`` leave the places through ``_leave_queue``.
 A store's ``__init__`` owes the base nothing.
 
-Threads: one store object serves one holder. Its main thread acquires, waits, notes the
-processes, releases and closes; once a lease is held, its heartbeat thread calls ``renew``,
-``wait_for_break`` and ``broken_by`` until the wrapper stops it. The two overlap only where
-``concurrent_release`` is True: ``release`` (and ``close`` after it) may then run while the
-heartbeat is in ``wait_for_break`` or a renewal, so such a store serialises its calls and
-its release closes nothing that waiting uses. Elsewhere the wrapper joins the heartbeat
-before it releases: no two calls on one store overlap.
+Threads: a store object serves one holder. Its main thread acquires, waits, notes the
+processes, releases and closes; while a lease is held, the heartbeat thread calls
+``renew``, ``wait_for_break`` and ``broken_by``. Where ``concurrent_release`` is True,
+``release`` and ``close`` may run while the heartbeat is still in ``wait_for_break`` or a
+renewal: such a store serialises its calls, and its release closes nothing that waiting
+uses. Elsewhere the wrapper stops and joins the heartbeat before it releases, for at most
+the I/O timeout: only a renewal stuck past that may still be under way.
 """
 
 from __future__ import annotations
@@ -150,7 +148,8 @@ class Store(Waiting, ABC):
     ) -> Lease | Queued | None:
         """``acquire``, the store's own part: ``ask`` carries the rest of the request. The
         lease taken; else ``QUEUED`` when the caller holds a place in ``key``'s queue under
-        ``owner`` now (joined or kept), None when it holds none. The base records it."""
+        ``owner`` now (joined or kept), None when it holds none. The base records it (a
+        store whose waits keep its places, etcd, keeps them itself and returns None)."""
 
     def holdup(self, key: str) -> str | None:
         """Why no lease can be had on ``key`` now although none may show (a store's failover
