@@ -20,6 +20,10 @@ from collections.abc import Iterator
 from collections.abc import Sequence
 from pathlib import Path
 
+from bench.baselines import POSTGRES_BASE
+from bench.baselines import REDIS_BASE
+from bench.baselines import mysql_connect
+from bench.baselines import mysql_query
 from bench.builds import BEFORE_GUARD
 from bench.builds import Build
 from bench.builds import WrongBuild
@@ -46,12 +50,8 @@ from bench.roundtrips import section_round_trip_counts
 from bench.roundtrips import section_roundtrips
 from bench.scale import section_scale
 from bench.stores import ALL_STORES
-from bench.stores import POSTGRES_BASE
-from bench.stores import REDIS_BASE
 from bench.stores import StoreKind
 from bench.stores import make_stores
-from bench.stores import mysql_connect
-from bench.stores import mysql_query
 
 
 def machine_info() -> dict[str, str]:

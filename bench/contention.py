@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.builds import neutral_cwd
+from bench.etcd_member import etcdctl_prefix
 from bench.harness import HOLDER
 from bench.harness import LIVE_PROCS
 from bench.harness import TASKLOCK
@@ -161,7 +162,7 @@ def cli_commands(
             )
     etcd = next((k for k in kinds if k.name == "etcd" and k.reason is None), None)
     if etcd is not None and shutil.which("etcdctl"):
-        argv = etcdctl_lock(etcd, [f"{etcd.etcd_prefix('cli_contention')}etcdctl", "/bin/true"])
+        argv = etcdctl_lock(etcd, [f"{etcdctl_prefix('cli_contention')}etcdctl", "/bin/true"])
         cmds["etcdctl lock K /bin/true"] = (argv, {**envs.warm, "ETCDCTL_API": "3"})
     cmds["flock FILE /bin/true"] = (["flock", str(workdir / "cli.lock"), "/bin/true"], envs.warm)
     return cmds

@@ -15,6 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.harness import RUN_ID
+
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -35,6 +37,12 @@ def prefix_end(prefix: bytes) -> bytes:
         return b"\0"
     chars[-1] += 1
     return bytes(chars)
+
+
+def etcdctl_prefix(namespace: str = "") -> str:
+    """The bench's own keys on its member (etcdctl's locks, the raw baselines), beside
+    tasklock's namespaces: ``tlbench/<run id>/<namespace>/``."""
+    return f"tlbench/{RUN_ID}/" + (f"{namespace}/" if namespace else "")
 
 
 class Gateway:

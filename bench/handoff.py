@@ -20,6 +20,7 @@ from bench.builds import neutral_cwd
 from bench.builds import prove
 from bench.etcd_member import Gateway
 from bench.etcd_member import b64
+from bench.etcd_member import etcdctl_prefix
 from bench.etcd_member import prefix_end
 from bench.harness import TASKLOCK
 from bench.harness import Budget
@@ -78,7 +79,7 @@ class Contender:
     def argv(self, env: dict[str, str], tag: str) -> tuple[list[str], dict[str, str]]:
         """The command line before the child's `bash -c SCRIPT`, and its environment."""
         if self.etcdctl:
-            lock = f"{self.kind.etcd_prefix('handoff-etcdctl')}hot-{tag}"
+            lock = f"{etcdctl_prefix('handoff-etcdctl')}hot-{tag}"
             return etcdctl_lock(self.kind, [lock, "--", "bash", "-c"]), {
                 **env,
                 "ETCDCTL_API": "3",
@@ -95,7 +96,7 @@ class Contender:
         its own key, then waits for the keys created before it to go)."""
         if not self.etcdctl:
             return all("waiting" in e.read_text() for e in errs)
-        prefix = f"{self.kind.etcd_prefix('handoff-etcdctl')}hot-{tag}/".encode()
+        prefix = f"{etcdctl_prefix('handoff-etcdctl')}hot-{tag}/".encode()
         gateway = Gateway(self.kind.member().client_port)
         try:
             found = gateway.post(

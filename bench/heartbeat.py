@@ -37,8 +37,8 @@ from bench.stores import drop_namespace
 from bench.stores import floor_imports
 from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.errors import TasklockError
-from tasklock_cli.run.heartbeat import RenewalSchedule
-from tasklock_cli.run.heartbeat import renewal_schedule
+from tasklock_cli.run.schedule import RenewalSchedule
+from tasklock_cli.run.schedule import renewal_schedule
 from tasklock_cli.stores import open_store
 from tasklock_cli.stores.base import Store
 from tasklock_cli.stores.model import Lease

@@ -15,6 +15,7 @@ from bench.builds import Build
 from bench.builds import current_build
 from bench.builds import neutral_cwd
 from bench.builds import prove
+from bench.etcd_member import etcdctl_prefix
 from bench.harness import PYTHON
 from bench.harness import TASKLOCK
 from bench.harness import Budget
@@ -100,7 +101,7 @@ def overhead_commands(kinds: list[StoreKind], envs: Envs, workdir: Path) -> list
     ]
     etcd = next((k for k in kinds if k.name == "etcd"), None)
     if etcd is not None and shutil.which("etcdctl"):
-        argv = etcdctl_lock(etcd, [f"{etcd.etcd_prefix('overhead')}etcdctl", TRUE])
+        argv = etcdctl_lock(etcd, [f"{etcdctl_prefix('overhead')}etcdctl", TRUE])
         cmds.append(Cmd("etcdctl lock K /bin/true", argv, {**envs.warm, "ETCDCTL_API": "3"}))
     return cmds
 

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import TypeVar
 from urllib.parse import urlsplit
 
+from bench.baselines import POSTGRES_BASE
 from bench.harness import HOLDER
 from bench.harness import Budget
 from bench.harness import Table
@@ -21,7 +22,6 @@ from bench.harness import p99
 from bench.harness import prose
 from bench.harness import timer
 from bench.proxy import CountingProxy
-from bench.stores import POSTGRES_BASE
 from bench.stores import StoreKind
 from tasklock_cli.stores import open_store
 from tasklock_cli.stores.base import Store

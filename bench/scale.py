@@ -9,6 +9,7 @@ import secrets
 import time
 from typing import Any
 
+from bench.baselines import postgres_batch_insert
 from bench.harness import HOLDER
 from bench.harness import RUN_ID
 from bench.harness import TASKLOCK
@@ -25,7 +26,6 @@ from bench.harness import timed
 from bench.harness import timed_run
 from bench.harness import with_store
 from bench.stores import StoreKind
-from bench.stores import postgres_batch_insert
 from bench.sweep import sweep_table
 from tasklock_cli.stores import open_store
 from tasklock_cli.stores.base import Store

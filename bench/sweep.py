@@ -20,6 +20,11 @@ from dataclasses import field
 from pathlib import Path
 from typing import Any
 
+from bench.baselines import POSTGRES_BASE
+from bench.baselines import REDIS_BASE
+from bench.baselines import postgres_batch_insert
+from bench.baselines import redis_prefix
+from bench.baselines import sqlite_pragmas
 from bench.harness import HOLDER
 from bench.harness import RUN_ID
 from bench.harness import Budget
@@ -31,13 +36,8 @@ from bench.harness import ms
 from bench.harness import p99
 from bench.harness import prose
 from bench.harness import timed
-from bench.stores import POSTGRES_BASE
-from bench.stores import REDIS_BASE
 from bench.stores import StoreKind
 from bench.stores import drop_namespace
-from bench.stores import postgres_batch_insert
-from bench.stores import redis_prefix
-from bench.stores import sqlite_pragmas
 from tasklock_cli.errors import TasklockError
 from tasklock_cli.stores import open_store
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import sys
-import uuid
 from collections.abc import Callable
 from collections.abc import Generator
 from collections.abc import Iterator
@@ -15,31 +14,20 @@ import pytest
 from tasklock_cli.stores import open_store
 from tasklock_cli.stores.base import Store
 from tasklock_cli.stores.registry import STORE_PACKAGES
+from tasklock_cli.stores.registry import all_packages
 from tests.support import services
 from tests.support.cli import executable
 
-#: Every store of the registry; the network ones are those reached over TCP (a proxy can
-#: cut them off).
+#: Every store of the registry; the network ones are those on a server of their own,
+#: reached over TCP (a proxy can cut them off): their provisioning names a server.
 STORE_KINDS = list(STORE_PACKAGES)
-NETWORK_STORE_KINDS = [kind for kind in STORE_KINDS if kind != "sqlite"]
+NETWORK_STORE_KINDS = [kind for kind in STORE_KINDS if services.needs_server(kind)]
 
 
 def store_url_for(kind: str, tmp_path) -> str:
-    """A URL naming a fresh, empty namespace of the given store kind."""
-    unique = uuid.uuid4().hex[:12]
-    if kind == "sqlite":
-        return f"sqlite:///{tmp_path}/locks-{unique}.db"
-    if kind == "memory":
-        return f"memory://test-{unique}"
-    if kind == "postgres":
-        return services.postgres_url(table=f"tasklock_test_{unique}")
-    if kind == "redis":
-        return services.redis_url(prefix=f"tasklock-test-{unique}:")
-    if kind == "etcd":
-        return services.etcd_url(prefix=f"tasklock-test-{unique}/")
-    if kind == "mysql":
-        return services.mysql_url(table=f"tasklock_test_{unique}")
-    raise AssertionError(kind)
+    """A URL naming a fresh, empty namespace of the given store kind (its package's
+    provisioning; an unknown kind is a LookupError naming the registry's)."""
+    return services.fresh_url(kind, tmp_path)
 
 
 @pytest.fixture(params=STORE_KINDS)
@@ -61,40 +49,28 @@ def network_store_url(request, tmp_path) -> Iterator[str]:
     yield from _fresh_namespace(request.param, tmp_path)
 
 
-def _fresh_namespace(kind: str, tmp_path) -> Iterator[str]:
+def _fresh_namespace(kind: str, tmp_path, name: str | None = None) -> Iterator[str]:
     services.require(kind)
-    url = store_url_for(kind, tmp_path)
+    url = services.fresh_url(kind, tmp_path, name)
     yield url
     services.cleanup(kind, url)
 
 
-@pytest.fixture
-def pg_url(tmp_path) -> Iterator[str]:
-    """A fresh table on the shared PostgreSQL server."""
-    yield from _fresh_namespace("postgres", tmp_path)
+def _namespace_fixture(kind: str):
+    """The fixture ``<kind>_url``: a fresh namespace on that store for a test of its own
+    (a store without a server: ``locks.db``-like in the test's directory; one with: a
+    namespace of its own on the shared server, skipped or failed as ``require`` says)."""
+    name = None if services.needs_server(kind) else "locks"
+
+    def fixture(tmp_path) -> Iterator[str]:
+        yield from _fresh_namespace(kind, tmp_path, name)
+
+    fixture.__name__ = fixture.__qualname__ = f"{kind}_url"
+    return pytest.fixture(fixture)
 
 
-@pytest.fixture
-def my_url(tmp_path) -> Iterator[str]:
-    """A fresh table (and its procedures) on the shared MySQL/MariaDB server."""
-    yield from _fresh_namespace("mysql", tmp_path)
-
-
-@pytest.fixture
-def redis_url(tmp_path) -> Iterator[str]:
-    """A fresh namespace (key prefix) on the shared Redis server."""
-    yield from _fresh_namespace("redis", tmp_path)
-
-
-@pytest.fixture
-def raw_redis(redis_url):
-    """A plain redis-py client on the shared Redis server, for what a test reads or writes
-    in ``redis_url``'s namespace itself."""
-    from tests.support import redis_support
-
-    client, _ = redis_support._client_for(redis_url)
-    yield client
-    client.close()
+for _kind in STORE_KINDS:
+    globals()[f"{_kind}_url"] = _namespace_fixture(_kind)
 
 
 @pytest.fixture
@@ -122,11 +98,6 @@ def store_factory(store_url, opened_stores) -> Callable[[], Store]:
 @pytest.fixture
 def store(store_factory) -> Store:
     return store_factory()
-
-
-@pytest.fixture
-def sqlite_url(tmp_path) -> str:
-    return f"sqlite:///{tmp_path}/locks.db"
 
 
 @pytest.fixture
@@ -166,37 +137,55 @@ def pytest_configure(config: pytest.Config) -> None:
         compileall.compile_dir(root / package, quiet=2, workers=1)
 
 
-#: Test modules that need a store server, a private cluster or a proxy whatever their parameters.
+#: Test modules that need a store server, a private cluster or a proxy whatever their
+#: parameters: the fault tests, and each store's own ``test_<name>_store`` where its
+#: provisioning names a server.
 _SERVER_MODULES = (
     "test_faults_",
-    "test_postgres_store",
-    "test_redis_store",
-    "test_etcd_store",
-    "test_mysql_store",
+    *(f"test_{kind}_store" for kind in STORE_KINDS if services.needs_server(kind)),
 )
 
 
+#: Every store kind a test may be parametrized with (the in-process ones too).
+_ALL_KINDS = frozenset(all_packages())
 #: Fixtures that name a namespace on a store server: a test that takes one is not quick.
-_SERVER_FIXTURES = frozenset({"network_store_url", "pg_url", "my_url", "redis_url"})
+_SERVER_FIXTURES = frozenset(
+    {"network_store_url", *(f"{kind}_url" for kind in STORE_KINDS if services.needs_server(kind))}
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark ``quick`` (``pytest -m quick``: the edit-test loop) every test that runs on the
-    SQLite or the memory store or on none, needs no server, and is not marked slow; then spread the
-    stress and waiting tests over the run."""
+    """Mark ``quick`` (``pytest -m quick``: the edit-test loop) every test that runs on
+    stores without a server (a file, this process: their provisioning names none) or on
+    none, needs no server, and is not marked slow -- of a test of the executable (``cli_env``:
+    processes, most of the suite's CPU) parametrized with data variants, only the first
+    variant on each store (the rest run in the whole suite, and ``pytest tests/test_x.py``
+    runs them all); then spread the stress and waiting tests over the run."""
+    variants_seen: set[tuple[str, tuple[str, ...]]] = set()
     for item in items:
         if not isinstance(item, pytest.Function) or item.get_closest_marker("slow"):
             continue
         if item.module.__name__.rpartition(".")[2].startswith(_SERVER_MODULES):
             continue
         params = getattr(item, "callspec", None)
-        kinds = {
+        on_servers = {
             value
             for value in (params.params.values() if params else ())
-            if isinstance(value, str) and value in STORE_KINDS
+            if isinstance(value, str) and value in _ALL_KINDS and services.needs_server(value)
         }
         servers = _SERVER_FIXTURES.intersection(item.fixturenames)
-        if kinds <= {"sqlite", "memory"} and not servers and not item.get_closest_marker("server"):
+        if on_servers or servers or item.get_closest_marker("server"):
+            continue
+        stores = tuple(
+            sorted(
+                value
+                for value in (params.params.values() if params else ())
+                if isinstance(value, str) and value in _ALL_KINDS
+            )
+        )
+        variant = (f"{item.module.__name__}::{item.originalname}", stores)
+        if "cli_env" not in item.fixturenames or variant not in variants_seen:
+            variants_seen.add(variant)
             item.add_marker(pytest.mark.quick)
     _spread_the_stress(items)
 

@@ -97,3 +97,29 @@ def test_every_registry_store_is_benched_and_its_floor_imports_its_store_module(
         assert statement.endswith(f"tasklock_cli.stores.{name}.store")
     with pytest.raises(ValueError, match="not a store package"):
         floor_imports(StoreKind("mongodb", Path("/nonexistent")))
+
+
+def test_a_bench_url_comes_from_the_stores_provisioning_and_an_unknown_store_has_none(
+    tmp_path,
+) -> None:
+    """Each store's namespace is its package's (``namespace_url``): a file in the run's own
+    directory where the store has no server, the run's id in its name where it has one;
+    an unknown name is an error, never some other store's URL."""
+    from bench.harness import RUN_ID
+    from bench.stores import StoreKind
+    from tasklock_cli.stores.registry import STORE_PACKAGES
+    from tasklock_cli.stores.registry import package_for_scheme
+    from tasklock_cli.stores.registry import provisioning
+
+    for name in STORE_PACKAGES:
+        provision = provisioning(name)
+        if provision.private_server:
+            continue  # its URL names the bench's own member, started by a run
+        url = StoreKind(name, tmp_path).url("ns")
+        package = package_for_scheme(url.partition(":")[0])
+        assert package is not None and package.__name__.endswith(f".{name}"), url
+        mine = "ns" if provision.server is None else f"tlbench_{RUN_ID}_ns"
+        place = str(tmp_path) if provision.server is None else provision.base_url()
+        assert url == provision.namespace_url(place, mine)
+    with pytest.raises(ValueError, match="mongodb is not a store package"):
+        StoreKind("mongodb", tmp_path).url("ns")

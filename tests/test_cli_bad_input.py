@@ -16,6 +16,7 @@ from tests.support import services
 from tests.support.cli import executable
 from tests.support.cli import one_error_line
 from tests.support.cli import tasklock
+from tests.support.services import capabilities_for
 
 HUGE = "999999999999999999999"
 
@@ -131,7 +132,7 @@ def test_the_drivers_own_url_parameters_still_work(cli_env, tmp_path, kind, para
 @pytest.mark.server  # Redis
 def test_a_redis_database_the_server_lacks_is_78(cli_env):
     services.require("redis")
-    url = urlsplit(services.base_redis_url())._replace(path="/99", query="").geturl()
+    url = urlsplit(services.base_url("redis"))._replace(path="/99", query="").geturl()
     result = tasklock("--store", url, "peek", "k", env=cli_env)
     assert result.returncode == 78, result.stderr
     assert "no such database" in one_error_line(result.stderr)
@@ -188,8 +189,31 @@ def test_doctor_json(cli_env, sqlite_url):
     assert result.returncode == 0, result.stderr
     checks = json.loads(result.stdout)
     assert {"check": "config", "ok": True, "detail": "none (built-in defaults)"} in checks
-    assert all(set(check) == {"check", "ok", "detail"} for check in checks)
+    *plain, last = checks
+    assert all(set(check) == {"check", "ok", "detail"} for check in plain)
+    assert set(last) == {"check", "ok", "detail", "capabilities"}
     assert {check["check"] for check in checks} >= {"store", "reachable", "schema"}
+
+
+def test_doctor_json_shows_the_stores_capabilities(cli_env, sqlite_url):
+    """The record the SQLite package declares, through the real executable: last, of the
+    checks' shape, always ok, with the record itself under ``capabilities``."""
+    result = tasklock("--store", sqlite_url, "doctor", "--json", env=cli_env)
+    assert result.returncode == 0, result.stderr
+    last = json.loads(result.stdout)[-1]
+    assert (last["check"], last["ok"]) == ("capabilities", True)
+    assert last["capabilities"] == {
+        "signals_release": True,
+        "concurrent_release": False,
+        "waits_keep_places": False,
+        "byte_keys": True,
+        "min_ttl": 0.0,
+        "expiry_lag": 0.0,
+        "waiter_ttl": 3.0,
+        "failover_window": None,
+    }
+    assert last["capabilities"] == capabilities_for(sqlite_url).as_json()
+    assert "byte_keys=true" in last["detail"] and "failover_window=null" in last["detail"]
 
 
 def test_doctor_json_on_an_unreachable_store_is_69(cli_env):
@@ -229,9 +253,25 @@ LONG_LABEL = "a" * 64 + ".example.com"
 
 
 @pytest.mark.parametrize(
+    "args",
+    [
+        ["history", "k", "--limit", "٣"],
+        ["release", "k", "--force", "--token", "١"],
+        ["release", "k", "--force", "--token", "²"],
+    ],
+)
+def test_other_digits_in_integer_options_are_usage_errors(cli_env, sqlite_url, args):
+    """Integer options take ASCII digits only, on every command (not ``٣`` read as 3)."""
+    result = tasklock(*args, env={**cli_env, "TASKLOCK_STORE": sqlite_url})
+    assert (result.returncode, result.stdout) == (2, ""), result.stderr
+    assert "not a whole number in ASCII digits" in one_error_line(result.stderr)
+
+
+@pytest.mark.parametrize(
     "options",
     [
         ["--limit", "²"],
+        ["--limit", "٣"],  # (click's INT read Arabic-Indic 3 as 3)
         ["--limit", "--5"],
         ["--conflict-exit-code", "²"],
         ["--done-exit-code=--1"],
@@ -384,7 +424,7 @@ def test_a_key_that_is_not_utf8_is_looked_up_or_refused_never_exit_1(cli_env, st
         timeout=60,
     )
     stderr = result.stderr.decode()
-    if store_url.startswith(("postgres", "etcd")):
+    if not capabilities_for(store_url).byte_keys:  # PostgreSQL's text, etcd's keys
         assert result.returncode == 2, stderr
         assert "not valid UTF-8" in one_error_line(stderr)
     else:

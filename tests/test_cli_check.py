@@ -28,12 +28,14 @@ def test_the_command_gets_the_store_and_slot_and_its_check_says_current(env, sto
     first, seconds, as_json = result.stdout.splitlines()
     url, slot, key, token = first.split("|")
     assert (url, slot, key) == (store_url, "0", "k")
-    assert 15 < float(seconds) <= 20
+    # (Left of the 20 s lease: renewed every 6.7 s, so above 13 s unless the machine stalls
+    # the check for seconds; a wrong unit or a lease seen as expired is far outside.)
+    assert 5 < float(seconds) <= 20
     assert seconds == f"{float(seconds):.3f}"
     reply = json.loads(as_json)
     assert set(reply) == {"key", "fencing_token", "current", "expires_in"}
     assert (reply["key"], reply["fencing_token"], reply["current"]) == ("k", int(token), True)
-    assert 15 < reply["expires_in"] <= 20
+    assert 5 < reply["expires_in"] <= 20
 
 
 def test_the_store_given_by_flag_is_passed_to_the_command(cli_env, sqlite_url):

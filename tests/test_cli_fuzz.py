@@ -18,6 +18,7 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
+from tasklock_cli.stores.provisioning import with_query
 from tests.support import services
 from tests.support.cli import executable
 
@@ -77,9 +78,9 @@ def urls(tmp_path_factory) -> Iterator[list[str]]:
     tag = uuid.uuid4().hex[:8]
     found = [f"sqlite:///{tmp_path_factory.mktemp('fuzz')}/locks.db"]
     for kind, make in (
-        ("postgres", lambda: services.postgres_url(f"fuzz_{tag}")),
-        ("redis", lambda: services.redis_url(f"fuzz-{tag}:")),
-        ("mysql", lambda: services.mysql_url(f"fuzz_{tag}")),
+        ("postgres", lambda: with_query(services.base_url("postgres"), table=f"fuzz_{tag}")),
+        ("redis", lambda: with_query(services.base_url("redis"), prefix=f"fuzz-{tag}:")),
+        ("mysql", lambda: with_query(services.base_url("mysql"), table=f"fuzz_{tag}")),
     ):
         if services.unavailable_reason(kind) is None:
             found.append(make())

@@ -52,6 +52,8 @@ def held_in_other_store(other_url) -> Iterator[None]:
 
 
 def _lease_seconds(peek_json: str) -> float:
+    """The lease's length as peek shows it, which a renewal would lengthen: the tests use
+    TTLs of 45 s and more, whose first renewal comes after 15 s, not before the peek."""
     info = json.loads(peek_json)
     acquired, expires = (
         datetime.fromisoformat(info[f][:-1]) for f in ("acquired_at", "expires_at")
@@ -81,13 +83,13 @@ def test_store_given_before_and_after_takes_the_later(
 
 def test_run_with_store_and_verbose_after_the_key(env, other_url):
     result = tasklock(
-        "run", "k", "--ttl", "5s", "--store", other_url, "-v", "--", *PEEK_SELF,
+        "run", "k", "--ttl", "45s", "--store", other_url, "-v", "--", *PEEK_SELF,
         env={**env, "TASKLOCK_STORE": other_url},  # for the child's own peek
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    assert _lease_seconds(result.stdout) == 5
+    assert _lease_seconds(result.stdout) == 45
     assert result.stderr.splitlines() == [
-        "tasklock: acquired 'k' (fencing token 1, ttl 5s)",
+        "tasklock: acquired 'k' (fencing token 1, ttl 45s)",
         "tasklock: released 'k'",
     ]
     with open_store(other_url) as store:
@@ -116,7 +118,7 @@ def test_a_note_that_looks_like_an_option_is_the_note(env):
 
 def test_config_after_the_command(env, tmp_path, other_url, held_in_other_store):
     config = tmp_path / "after.toml"
-    config.write_text(f'store = "{other_url}"\nttl = "7s"\n')
+    config.write_text(f'store = "{other_url}"\nttl = "47s"\n')
     env = {k: v for k, v in env.items() if k != "TASKLOCK_STORE"}
     held = tasklock("peek", "k", "--config", str(config), env=env)
     assert held.returncode == 0, held.stderr
@@ -128,7 +130,7 @@ def test_config_after_the_command(env, tmp_path, other_url, held_in_other_store)
         env=env,
     )  # fmt: skip
     assert own.returncode == 0, own.stderr
-    assert _lease_seconds(own.stdout) == 7
+    assert _lease_seconds(own.stdout) == 47
     missing = tasklock("peek", "k", "--config", str(tmp_path / "nope.toml"), env=env)
     assert missing.returncode == 78
     one_error_line(missing.stderr)

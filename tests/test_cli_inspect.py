@@ -73,6 +73,7 @@ def test_list_json_plain_and_prefix(env, holder):
     assert plain[0].split("\t")[2] == str(holder[0].pid)
 
 
+@pytest.mark.slow  # (many leases listed)
 def test_a_long_listing_arrives_whole_through_a_pipe(env, sqlite_url):
     """Several pages of leases, written as they are read: nothing lost at exit."""
     from tasklock_cli.stores import open_store

@@ -18,6 +18,7 @@ import typer
 from typer.core import TyperGroup
 
 import tasklock_cli.cli.app
+from tasklock_cli.stores.provisioning import with_query
 from tests.support import services
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,8 +58,9 @@ def require_tool(name: str) -> str:
     return path
 
 
-def require_shell(name: str) -> str:
-    """A shell whose completions are tested: .ci/run installs it, so CI never skips."""
+def require_ci_tool(name: str) -> str:
+    """A tool .ci/run installs (zsh and fish, whose completions are tested; groff), so CI
+    never skips: there a missing one fails."""
     path = shutil.which(name)
     if path is None:
         if services.in_ci():
@@ -225,7 +227,7 @@ while zpty -r z line; do print -rn -- "$line"; done
 
 
 def _zsh_complete(line: str, work: Path) -> list[str]:
-    zsh = require_shell("zsh")
+    zsh = require_ci_tool("zsh")
     (work / "capture.zsh").write_text(_ZSH_CAPTURE)
     result = subprocess.run(
         [zsh, "-f", "-c", _ZSH_DRIVER, "zsh", str(COMPLETIONS), str(work), line],
@@ -261,7 +263,7 @@ def test_zsh_completes_commands_and_run_options(tmp_path):
 
 
 def test_fish_completes_commands_and_run_options(tmp_path):
-    require_shell("fish")
+    require_ci_tool("fish")
     assert sorted(_fish_complete("tasklock r", tmp_path)) == ["release", "run"]
     assert _fish_complete("tasklock run --t", tmp_path) == ["--ttl"]
 
@@ -269,13 +271,29 @@ def test_fish_completes_commands_and_run_options(tmp_path):
 # -- man page ------------------------------------------------------------------------------
 
 
+#: The terminal widths the page is checked at: man formats for the terminal's width (or
+#: MANWIDTH). A word too long to share a line leaves one that cannot be adjusted ("cannot
+#: adjust line"), at some widths and not others: every width from 60 to 100 columns, where
+#: that happens most, and wider ones.
+MAN_WIDTHS = (*range(60, 101), 120, 160, 200)
+
+
 def test_man_page_renders_without_warnings():
-    groff = require_tool("groff")
-    result = subprocess.run(
-        [groff, "-man", "-ww", "-z", str(MAN_PAGE)], capture_output=True, text=True, timeout=30
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stderr == ""
+    """Every warning groff has (-ww), for print and for a terminal of each width: what
+    `MANWIDTH=80 man --warnings -l man/tasklock.1` shows, and more. .ci/run installs groff."""
+    groff = require_ci_tool("groff")
+    warned = {}
+    for width in (None, *MAN_WIDTHS):
+        terminal = [] if width is None else ["-Tutf8", f"-rLL={width}n", f"-rLT={width}n"]
+        result = subprocess.run(
+            [groff, "-man", "-ww", "-z", *terminal, str(MAN_PAGE)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        if result.returncode != 0 or result.stderr:
+            warned[width or "print"] = result.stderr or f"exit {result.returncode}"
+    assert warned == {}
 
 
 def _man_source_text() -> str:
@@ -414,7 +432,9 @@ def test_the_readmes_local_etcd_line_does_what_it_says(cli_env):
     )
     assert "--listen-client-urls 'http://localhost:2379'" in shown.stdout + shown.stderr
     services.require("etcd")
-    url = services.etcd_url(prefix=f"tasklock-docs-{os.getpid()}-{time.monotonic_ns()}/")
+    url = with_query(
+        services.base_url("etcd"), prefix=f"tasklock-docs-{os.getpid()}-{time.monotonic_ns()}/"
+    )
     env = {**cli_env, "TASKLOCK_STORE": url}
     try:
         ran = subprocess.run(
@@ -1051,7 +1071,7 @@ def test_fencing_examples_against_postgresql(shell_env, tmp_path):
 
     psql = require_tool("psql")
     schema = f"doc_example_{uuid.uuid4().hex[:10]}"
-    url = services.base_postgres_url()
+    url = services.base_url("postgres")
 
     def query(sql: str) -> str:
         result = subprocess.run(
@@ -1106,7 +1126,7 @@ def test_forcing_a_new_epoch_example(shell_env, tmp_path):
     from tests.support.cli import tasklock
 
     table = f"doc_epoch_{uuid.uuid4().hex[:10]}"
-    url = services.postgres_url(table=table)
+    url = with_query(services.base_url("postgres"), table=table)
     env = {**shell_env, "TASKLOCK_STORE": url}
     (statement,) = example('{"identity": "new-epoch"}', "readme")
     try:
@@ -1122,6 +1142,7 @@ def test_forcing_a_new_epoch_example(shell_env, tmp_path):
         pg.drop_namespace(url)
 
 
+@pytest.mark.slow  # (a dozen commands with held leases)
 def test_inspection_examples_run(shell_env, tmp_path):
     lines = [
         line.split("  #", 1)[0].strip()
@@ -1449,6 +1470,7 @@ def test_api_leader_example_is_followed_when_killed(shell_env, tmp_path):
             each.wait()
 
 
+@pytest.mark.slow  # (a pytest run of its own)
 def test_api_testing_example_passes(shell_env, tmp_path):
     path = python_example("def test_a_paused_export_loses_its_lock", tmp_path, "test_export.py")
     result = run_python(path, shell_env, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0")

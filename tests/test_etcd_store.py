@@ -32,6 +32,7 @@ from tasklock_cli.stores.etcd.store import EtcdStore
 from tasklock_cli.stores.model import EXCLUSIVE
 from tasklock_cli.stores.model import SHARED
 from tasklock_cli.stores.model import Holder
+from tasklock_cli.stores.provisioning import with_query
 from tasklock_cli.testing.helpers import blocked_in
 from tasklock_cli.testing.helpers import wait_until
 from tests.support import services
@@ -77,7 +78,7 @@ def test_prefix_end_is_etcds_range_end():
 @pytest.fixture
 def url() -> Iterator[str]:
     services.require("etcd")
-    url = services.etcd_url(prefix=f"tasklock-test-{uuid.uuid4().hex[:12]}/")
+    url = with_query(services.base_url("etcd"), prefix=f"tasklock-test-{uuid.uuid4().hex[:12]}/")
     yield url
     services.cleanup("etcd", url)
 

@@ -41,9 +41,10 @@ OURS_ON_RUNS_PATH = {
     "tasklock_cli.config.file", "tasklock_cli.config.lines", "tasklock_cli.config.settings",
     "tasklock_cli.errors", "tasklock_cli.events", "tasklock_cli.proc", "tasklock_cli.proc.guard",
     "tasklock_cli.proc.process", "tasklock_cli.proc.proctree", "tasklock_cli.proc.protocol",
-    "tasklock_cli.run", "tasklock_cli.run.command", "tasklock_cli.run.conflict",
-    "tasklock_cli.run.heartbeat", "tasklock_cli.run.holding", "tasklock_cli.run.keeper",
-    "tasklock_cli.run.options", "tasklock_cli.run.supervisor", "tasklock_cli.run.waiter",
+    "tasklock_cli.run", "tasklock_cli.run.announce", "tasklock_cli.run.command",
+    "tasklock_cli.run.conflict", "tasklock_cli.run.environment", "tasklock_cli.run.heartbeat",
+    "tasklock_cli.run.holding", "tasklock_cli.run.keeper", "tasklock_cli.run.options",
+    "tasklock_cli.run.schedule", "tasklock_cli.run.supervisor", "tasklock_cli.run.waiter",
     "tasklock_cli.stores", "tasklock_cli.stores.base", "tasklock_cli.stores.model",
     "tasklock_cli.stores.queueing",
     "tasklock_cli.stores.registry", "tasklock_cli.stores.rows", "tasklock_cli.stores.sqlite",
@@ -72,9 +73,13 @@ STDLIB_ON_RUNS_PATH = {
 }  # fmt: skip
 #: At most this many modules in all (94 on Python 3.11 when it was set; 96 since
 #: stores.traits split from stores.base on main, c54f74c: that commit did not name it; 97
-#: since stores.queueing, the waiter's side of the interface, split from stores.base; 98
-#: since stores.sqlite.reads, the SQLite store's reads, split from its class for its size).
-RUN_IMPORT_BUDGET = 98
+#: since the supervisor's event wording and the command's environment became modules of
+#: their own, run.announce and run.environment (issue 42): 95 before, one under the budget;
+#: 98 since the renewal schedule left run.heartbeat for run.schedule, so that the heartbeat
+#: can take RunOptions typed: run.options imported it back; 100 since stores.queueing, the
+#: waiter's side of the interface, left stores.base, and stores.sqlite.reads, the SQLite
+#: store's reads, left its class for its size).
+RUN_IMPORT_BUDGET = 100
 
 
 def test_a_plain_run_with_global_options_on_both_sides():

@@ -24,6 +24,7 @@ from tasklock_cli.stores.failover import EPOCH_SHIFT
 from tasklock_cli.stores.model import Holder
 from tasklock_cli.stores.model import StoreCheck
 from tests.support import redis_support
+from tests.support import redis_support as _redis_support
 from tests.support import report
 from tests.support.cli import one_error_line
 from tests.support.cli import piped
@@ -43,6 +44,8 @@ from tests.support.redis_failover import replicated_redis
 from tests.support.redis_failover import sentinels_for
 from tests.support.redis_support import opened_redis
 from tests.support.redis_support import require_redis_server
+
+raw_redis = _redis_support.raw_redis  # the fixture, for this module's tests
 
 HOLDER = Holder(host="host-a", pid=4242, user="alice", command=["./job.sh"], note=None)
 OTHER = Holder(host="host-b", pid=99, user="bob", command=["true"], note=None)

@@ -128,3 +128,26 @@ def test_the_start_order_carries_the_first_backstop():
 
 def _only_standard_fds(pid: int) -> bool:
     return sorted(os.listdir(f"/proc/{pid}/fd")) == ["0", "1", "2"]
+
+
+def test_a_bug_in_the_guard_is_reported_escaped():
+    """The guard's last words on a bug are a traceback whose text may carry what a store
+    or another user wrote: escaped line by line, as everything else tasklock prints."""
+    from tasklock_cli.proc.guard import run_guard
+
+    class Hostile:  # a socket whose every use fails with a terminal's control sequence
+        def __getattr__(self, name: str) -> object:
+            raise RuntimeError("\x1b]0;pwned\x07 from the store")
+
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the guard's process: its stderr into the pipe (buffered, as in a log)
+        sys.stderr = os.fdopen(write_end, "w")
+        run_guard(Hostile(), lambda env, fd: 0, set(), {})  # type: ignore[arg-type]
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        printed = pipe.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 1
+    assert b"Traceback" in printed and b"\\x1b]0;pwned\\x07 from the store" in printed
+    assert b"\x1b" not in printed and b"\x07" not in printed, printed

@@ -324,6 +324,7 @@ def _count_listed_entries(monkeypatch) -> list[int]:
     return listed
 
 
+@pytest.mark.slow  # (thousands of entries)
 def test_many_entries_beside_the_store_do_not_slow_a_release(tmp_path, monkeypatch):
     """Entries of other keys (or planted junk) are never listed by a release of a key:
     counted, not timed (listing 20,000 entries takes milliseconds, as a loaded machine's

@@ -45,13 +45,13 @@ def probe(url: str, prelude: str = "") -> str:
     return done.stdout.strip()
 
 
-def test_a_store_without_tls_never_loads_ssl(my_url: str) -> None:
+def test_a_store_without_tls_never_loads_ssl(mysql_url: str) -> None:
     """This server offers no TLS and the URL asks for none (the test server's set-up)."""
-    assert probe(my_url) == "False False"
+    assert probe(mysql_url) == "False False"
 
 
-def test_where_ssl_is_already_loaded_pymysql_has_it(my_url: str) -> None:
-    assert probe(my_url, "import ssl\n") == "True True"
+def test_where_ssl_is_already_loaded_pymysql_has_it(mysql_url: str) -> None:
+    assert probe(mysql_url, "import ssl\n") == "True True"
 
 
 @pytest.fixture

@@ -33,7 +33,7 @@ HOLDER = Holder(host="h", pid=1, user="u", command=["job"], note=None)
 
 
 @pytest.fixture
-def stores(my_url, opened_stores) -> list[Store]:
+def stores(mysql_url, opened_stores) -> list[Store]:
     """The stores a test opens (open_my): closed before its table is dropped."""
     return opened_stores
 
@@ -90,7 +90,7 @@ def test_the_password_is_never_shown():
 
 def test_a_wrong_password_is_a_configuration_error_without_the_password():
     services.require("mysql")
-    kwargs, _ = parse_url(services.base_mysql_url(), "")
+    kwargs, _ = parse_url(services.base_url("mysql"), "")
     url = f"mysql://{kwargs['user']}:wr0ng-pw@{kwargs['host']}:{kwargs['port']}/test"
     with pytest.raises(ConfigError) as caught:
         open_store(url).peek("k")
@@ -100,7 +100,7 @@ def test_a_wrong_password_is_a_configuration_error_without_the_password():
 
 def test_a_missing_database_is_a_configuration_error():
     services.require("mysql")
-    base = services.base_mysql_url().rsplit("/", 1)[0]
+    base = services.base_url("mysql").rsplit("/", 1)[0]
     with pytest.raises(ConfigError, match="Unknown database"):
         open_store(f"{base}/tasklock_no_such_db").peek("k")
 
@@ -114,8 +114,8 @@ def test_an_unreachable_port_fails_fast_with_store_unavailable():
 # -- schema ----------------------------------------------------------------------------
 
 
-def test_racing_first_use_creates_the_schema_once_without_errors(my_url, stores):
-    clients = [open_my(my_url, stores) for _ in range(6)]
+def test_racing_first_use_creates_the_schema_once_without_errors(mysql_url, stores):
+    clients = [open_my(mysql_url, stores) for _ in range(6)]
     errors: list[BaseException] = []
     tokens: list[int] = []
 
@@ -131,46 +131,48 @@ def test_racing_first_use_creates_the_schema_once_without_errors(my_url, stores)
     assert tokens == [1] * 6
 
 
-def test_print_sql_creates_what_the_store_uses(my_url, stores):
+def test_print_sql_creates_what_the_store_uses(mysql_url, stores):
     client = shutil.which("mariadb") or shutil.which("mysql")
     if client is None:
         pytest.skip("no mariadb/mysql client to run the DDL with")
-    kwargs, table = parse_url(my_url, my_url)
-    ddl = open_store(my_url).schema_sql()
+    kwargs, table = parse_url(mysql_url, mysql_url)
+    ddl = open_store(mysql_url).schema_sql()
     subprocess.run(
         [client, "-h", kwargs["host"], "-P", str(kwargs["port"]), "-u", kwargs["user"],
          kwargs["database"]],
         input=ddl, text=True, check=True, capture_output=True,
     )  # fmt: skip
     procedures = admin(
-        my_url,
+        mysql_url,
         "SELECT COUNT(*) FROM information_schema.routines"
         " WHERE routine_schema = DATABASE() AND routine_name LIKE %s",
         (table + "\\_%",),
     )
     assert procedures == [(len(PROCEDURES),)]  # (7: admit, and acquire for older tasklocks)
-    store = open_my(my_url, stores)
+    store = open_my(mysql_url, stores)
     assert granted(store.acquire("k", 30, HOLDER, token())).fencing_token == 1
 
 
-def test_an_older_tasklock_sharing_the_store_queues_at_priority_0_and_no_one_flaps(my_url, stores):
+def test_an_older_tasklock_sharing_the_store_queues_at_priority_0_and_no_one_flaps(
+    mysql_url, stores
+):
     """An older tasklock calls ``acquire`` with version 5's parameters, and replaces the
     procedures it knows with its own (version 5, as their COMMENT says): a newer one then
     leaves them be, and the older one's place is a priority-0 place behind a priority-5 one."""
-    _, table = parse_url(my_url, my_url)
-    first = open_my(my_url, stores)
+    _, table = parse_url(mysql_url, mysql_url)
+    first = open_my(mysql_url, stores)
     held = granted(first.acquire("k", 30, HOLDER, token()))
     assert first.acquire("k", 30, HOLDER, token(), queue=True, priority=5) is None
     for proc in ("acquire", "release", "wake_queue"):  # what an older tasklock put back
-        admin(my_url, f"ALTER PROCEDURE `{table}_{proc}` COMMENT 'tasklock 5'")
+        admin(mysql_url, f"ALTER PROCEDURE `{table}_{proc}` COMMENT 'tasklock 5'")
     older = json.dumps({"host": "old", "pid": 7, "user": "u", "command": ["job"], "note": None})
     args = ("k", token(), older, 30.0, 1, True, 3.0, "exclusive", False, False)
-    (outcome,) = admin(my_url, f"CALL `{table}_acquire`({', '.join(['%s'] * 10)})", args)
+    (outcome,) = admin(mysql_url, f"CALL `{table}_acquire`({', '.join(['%s'] * 10)})", args)
     assert outcome[0] == "queued"
-    newer = open_my(my_url, stores)  # a new connection: its look finds the schema current
+    newer = open_my(mysql_url, stores)  # a new connection: its look finds the schema current
     assert newer.acquire("k", 30, HOLDER, token(), queue=True) is None
     comments = admin(
-        my_url,
+        mysql_url,
         "SELECT routine_name, routine_comment FROM information_schema.routines"
         " WHERE routine_schema = DATABASE() AND routine_name LIKE %s",
         (f"{table}\\_%",),
@@ -184,17 +186,17 @@ def test_an_older_tasklock_sharing_the_store_queues_at_priority_0_and_no_one_fla
     assert first.release(held) is True
 
 
-def test_a_foreign_table_with_the_same_name_is_refused_and_left_untouched(my_url, stores):
-    _, table = parse_url(my_url, my_url)
-    admin(my_url, f"CREATE TABLE `{table}` (id INT PRIMARY KEY, name TEXT)")
-    admin(my_url, f"INSERT INTO `{table}` VALUES (1, 'theirs')")
+def test_a_foreign_table_with_the_same_name_is_refused_and_left_untouched(mysql_url, stores):
+    _, table = parse_url(mysql_url, mysql_url)
+    admin(mysql_url, f"CREATE TABLE `{table}` (id INT PRIMARY KEY, name TEXT)")
+    admin(mysql_url, f"INSERT INTO `{table}` VALUES (1, 'theirs')")
     with pytest.raises(ConfigError, match="not a tasklock table"):
-        open_my(my_url, stores).acquire("k", 30, HOLDER, token())
-    assert admin(my_url, f"SELECT * FROM `{table}`") == [(1, "theirs")]
+        open_my(mysql_url, stores).acquire("k", 30, HOLDER, token())
+    assert admin(mysql_url, f"SELECT * FROM `{table}`") == [(1, "theirs")]
 
 
-def test_rows_are_kept_after_release_sweep_and_force_release(my_url, stores):
-    store = open_my(my_url, stores)
+def test_rows_are_kept_after_release_sweep_and_force_release(mysql_url, stores):
+    store = open_my(mysql_url, stores)
     tokens = []
     lease = granted(store.acquire("k", 30, HOLDER, token()))
     tokens.append(lease.fencing_token)
@@ -211,32 +213,32 @@ def test_rows_are_kept_after_release_sweep_and_force_release(my_url, stores):
 
 
 def test_forged_places_beyond_the_waiter_horizon_are_removed_by_sweep_and_the_next_acquire(
-    my_url, stores
+    mysql_url, stores
 ):
     """A place that runs out later than any renewal could have put it is dead: uncounted,
     and gone after ``sweep`` or the next acquire of its key (places within the horizon
     stay)."""
-    store = open_my(my_url, stores)
+    store = open_my(mysql_url, stores)
     assert store.acquire("k", 30, HOLDER, token()) is not None
-    _, table = parse_url(my_url, my_url)
+    _, table = parse_url(mysql_url, mysql_url)
 
     def places() -> list[tuple]:
-        return admin(my_url, f"SELECT `key` FROM `{table}_waiters` ORDER BY `key`")
+        return admin(mysql_url, f"SELECT `key` FROM `{table}_waiters` ORDER BY `key`")
 
-    forge.forge_waiter(my_url, "k", expires_in=10**6)
-    forge.forge_waiter(my_url, "other", expires_in=10**6)
+    forge.forge_waiter(mysql_url, "k", expires_in=10**6)
+    forge.forge_waiter(mysql_url, "other", expires_in=10**6)
     assert store.waiting_counts() == {} and store.waiters("k") == []
     assert store.acquire("k", 30, HOLDER, token()) is None
     assert places() == [(b"other",)]
     store.sweep()
     assert places() == []
-    forge.forge_waiter(my_url, "k", expires_in=30)
+    forge.forge_waiter(mysql_url, "k", expires_in=30)
     store.sweep()
     assert places() == [(b"k",)] and store.waiting_counts() == {"k": 1}
 
 
-def test_sessions_run_read_committed_in_utc_whatever_the_server_default(my_url, stores):
-    store = open_my(my_url, stores)
+def test_sessions_run_read_committed_in_utc_whatever_the_server_default(mysql_url, stores):
+    store = open_my(mysql_url, stores)
     store.peek("k")
 
     def settings(conn) -> tuple:
@@ -254,8 +256,8 @@ def test_sessions_run_read_committed_in_utc_whatever_the_server_default(my_url, 
     assert "NO_BACKSLASH_ESCAPES" not in mode and "ANSI_QUOTES" not in mode
 
 
-def test_hostile_keys_are_stored_exactly(my_url, stores):
-    store = open_my(my_url, stores)
+def test_hostile_keys_are_stored_exactly(mysql_url, stores):
+    store = open_my(mysql_url, stores)
     keys = ["a", "a ", "A", "é", "k'; DROP TABLE x; --", "\\", "x" * 512]
     leases = {key: store.acquire(key, 30, HOLDER, token()) for key in keys}
     assert all(lease is not None for lease in leases.values())
@@ -264,8 +266,8 @@ def test_hostile_keys_are_stored_exactly(my_url, stores):
 
 
 @pytest.mark.slow
-def test_heavy_contention_never_two_holders_and_tokens_strictly_increase(my_url, stores):
-    clients = [open_my(my_url, stores) for _ in range(6)]
+def test_heavy_contention_never_two_holders_and_tokens_strictly_increase(mysql_url, stores):
+    clients = [open_my(mysql_url, stores) for _ in range(6)]
     clients[0].init_schema()
     holding: list[str] = []
     seen: list[int] = []
@@ -295,22 +297,24 @@ def test_heavy_contention_never_two_holders_and_tokens_strictly_increase(my_url,
 
 
 @pytest.fixture
-def other_user_url(my_url) -> Iterator[str]:
-    """``my_url`` as a second database user without CONNECTION ADMIN: its KILLs of our
+def other_user_url(mysql_url) -> Iterator[str]:
+    """``mysql_url`` as a second database user without CONNECTION ADMIN: its KILLs of our
     connections are refused."""
-    kwargs, _ = parse_url(my_url, my_url)
+    kwargs, _ = parse_url(mysql_url, mysql_url)
     user, host = f"tasklock_test_other_{os.getpid()}", kwargs["host"]  # one per worker
-    admin(my_url, f"CREATE USER IF NOT EXISTS '{user}'@'{host}' IDENTIFIED BY 'other-pw'")
-    admin(my_url, f"GRANT ALL ON `{kwargs['database']}`.* TO '{user}'@'{host}'")
-    netloc = my_url.split("://", 1)[1].split("@", 1)[1]
+    admin(mysql_url, f"CREATE USER IF NOT EXISTS '{user}'@'{host}' IDENTIFIED BY 'other-pw'")
+    admin(mysql_url, f"GRANT ALL ON `{kwargs['database']}`.* TO '{user}'@'{host}'")
+    netloc = mysql_url.split("://", 1)[1].split("@", 1)[1]
     yield f"mysql://{user}:other-pw@{netloc}"
-    admin(my_url, f"DROP USER IF EXISTS '{user}'@'{host}'")  # leave the server as we found it
+    admin(mysql_url, f"DROP USER IF EXISTS '{user}'@'{host}'")  # leave the server as we found it
 
 
-def test_a_break_by_another_user_is_heard_at_the_holders_next_look(my_url, other_user_url, stores):
+def test_a_break_by_another_user_is_heard_at_the_holders_next_look(
+    mysql_url, other_user_url, stores
+):
     from tasklock_cli.stores.mysql.breaks import BREAK_LOOK_S
 
-    holder = open_my(my_url, stores)
+    holder = open_my(mysql_url, stores)
     lease = granted(holder.acquire("k", 30, HOLDER, token()))
     assert holder.wait_for_break(lease, 0.01) is False  # the watch sleeps from now on
     other = open_my(other_user_url, stores)
@@ -321,12 +325,14 @@ def test_a_break_by_another_user_is_heard_at_the_holders_next_look(my_url, other
     assert broken.fencing_token == lease.fencing_token
 
 
-def test_a_release_by_another_user_is_seen_at_the_waiters_next_look(my_url, other_user_url, stores):
+def test_a_release_by_another_user_is_seen_at_the_waiters_next_look(
+    mysql_url, other_user_url, stores
+):
     from tasklock_cli.stores.mysql.waiting import WAITER_SLEEP_S
 
     other = open_my(other_user_url, stores)
     lease = granted(other.acquire("k", 30, HOLDER, token()))
-    waiter, owner = open_my(my_url, stores), token()
+    waiter, owner = open_my(mysql_url, stores), token()
     assert waiter.acquire("k", 30, HOLDER, owner, queue=True) is None
     threading.Timer(0.3, lambda: other.release(lease)).start()
     started = time.monotonic()

@@ -28,7 +28,7 @@ STARTED = "floor(extract(epoch FROM pg_postmaster_start_time()) * 1000000)::bigi
 
 
 @pytest.fixture
-def stores(pg_url, opened_stores) -> list[Store]:
+def stores(postgres_url, opened_stores) -> list[Store]:
     """The stores a test opens (open_pg): closed before its table is dropped."""
     return opened_stores
 
@@ -63,87 +63,87 @@ def delete_epoch_row(url: str) -> None:
         conn.execute(f"DELETE FROM {table} WHERE key = '' AND slot = -2")
 
 
-def test_a_new_table_records_its_server_at_epoch_0(pg_url, stores):
-    store = open_pg(pg_url, stores)
+def test_a_new_table_records_its_server_at_epoch_0(postgres_url, stores):
+    store = open_pg(postgres_url, stores)
     store.init_schema()
-    assert epoch_row(pg_url)[:3] == (0, server_identity(pg_url), None)
+    assert epoch_row(postgres_url)[:3] == (0, server_identity(postgres_url), None)
     lease = granted(store.acquire("k", 5, HOLDER, token()))
     assert lease.fencing_token == 1  # epoch 0: tokens as before epochs
-    assert epoch_row(pg_url)[3] == 5  # the longest TTL asked so far
+    assert epoch_row(postgres_url)[3] == 5  # the longest TTL asked so far
 
 
-def test_a_used_table_without_its_epoch_row_starts_an_epoch(pg_url, stores):
+def test_a_used_table_without_its_epoch_row_starts_an_epoch(postgres_url, stores):
     """A table from before epochs, or a standby that missed the write of its row (and was
     promoted), or one restored to before it: the row cannot be told lost from never written,
     so its first acquire quarantines the table and tokens jump past every one in it."""
-    store = open_pg(pg_url, stores)
+    store = open_pg(postgres_url, stores)
     store.release(granted(store.acquire("k", 5, HOLDER, token())))
-    delete_epoch_row(pg_url)
+    delete_epoch_row(postgres_url)
     before = time.time()
     assert store.acquire("k", 5, HOLDER, token()) is None
     assert "primary changed" in (store.holdup("k") or "")
-    epoch, identity, previous, _, length, left = epoch_row(pg_url)
-    assert (identity, previous, length) == (server_identity(pg_url), "missing", 32)
+    epoch, identity, previous, _, length, left = epoch_row(postgres_url)
+    assert (identity, previous, length) == (server_identity(postgres_url), "missing", 32)
     assert 30 < left <= 32
     assert int(before) - 2 <= epoch <= time.time() + 2
-    end_quarantine(pg_url)
+    end_quarantine(postgres_url)
     assert granted(store.acquire("k", 5, HOLDER, token())).fencing_token == epoch << EPOCH_SHIFT
 
 
-def test_a_used_table_without_its_row_starts_above_the_epoch_of_its_tokens(pg_url, stores):
-    store = open_pg(pg_url, stores)
+def test_a_used_table_without_its_row_starts_above_the_epoch_of_its_tokens(postgres_url, stores):
+    store = open_pg(postgres_url, stores)
     store.release(granted(store.acquire("k", 5, HOLDER, token())))
     ahead = int(time.time()) + 100_000
-    table = split_table(pg_url)[1]
-    with pg.admin_connection(pg_url) as conn:  # a token of a later epoch than the clock
+    table = split_table(postgres_url)[1]
+    with pg.admin_connection(postgres_url) as conn:  # a token of a later epoch than the clock
         conn.execute(f"UPDATE {table} SET fencing_token = %s WHERE key = 'k'", [ahead << 30])
-    delete_epoch_row(pg_url)
+    delete_epoch_row(postgres_url)
     assert store.acquire("k", 5, HOLDER, token()) is None
-    assert epoch_row(pg_url)[0] == ahead + 1
+    assert epoch_row(postgres_url)[0] == ahead + 1
 
 
-def test_an_unused_table_without_its_epoch_row_gets_it_at_epoch_0(pg_url, stores):
+def test_an_unused_table_without_its_epoch_row_gets_it_at_epoch_0(postgres_url, stores):
     """Created by a tasklock before epochs and never used: nothing to lose, no quarantine."""
-    store = open_pg(pg_url, stores)
+    store = open_pg(postgres_url, stores)
     store.init_schema()
-    delete_epoch_row(pg_url)
+    delete_epoch_row(postgres_url)
     assert granted(store.acquire("k", 5, HOLDER, token())).fencing_token == 1
-    assert epoch_row(pg_url)[:3] == (0, server_identity(pg_url), None)
+    assert epoch_row(postgres_url)[:3] == (0, server_identity(postgres_url), None)
 
 
-def test_init_on_a_used_table_without_its_row_leaves_the_epoch_to_the_acquire(pg_url, stores):
-    store = open_pg(pg_url, stores)
+def test_init_on_a_used_table_without_its_row_leaves_the_epoch_to_the_acquire(postgres_url, stores):
+    store = open_pg(postgres_url, stores)
     store.release(granted(store.acquire("k", 5, HOLDER, token())))
-    delete_epoch_row(pg_url)
-    with pg.admin_connection(pg_url) as conn:  # what a DBA runs from init --print-sql
+    delete_epoch_row(postgres_url)
+    with pg.admin_connection(postgres_url) as conn:  # what a DBA runs from init --print-sql
         conn.execute(store.schema_sql())
-    assert find_epoch_row(pg_url) is None
+    assert find_epoch_row(postgres_url) is None
     assert store.acquire("k", 5, HOLDER, token()) is None
 
 
-def test_a_row_without_a_start_takes_this_one_without_an_epoch(pg_url, stores):
+def test_a_row_without_a_start_takes_this_one_without_an_epoch(postgres_url, stores):
     """A row written by a tasklock before start times: no quarantine for the upgrade."""
-    store = open_pg(pg_url, stores)
+    store = open_pg(postgres_url, stores)
     store.release(granted(store.acquire("k", 5, HOLDER, token())))
-    table = split_table(pg_url)[1]
-    with pg.admin_connection(pg_url) as conn:
+    table = split_table(postgres_url)[1]
+    with pg.admin_connection(postgres_url) as conn:
         conn.execute(f"UPDATE {table} SET holder = holder - 'started' WHERE key = '' AND slot = -2")
     assert granted(store.acquire("k", 5, HOLDER, token())).fencing_token == 2
-    assert epoch_row(pg_url)[0] == 0
-    assert epoch_field(pg_url, "started") == server_started(pg_url)
+    assert epoch_row(postgres_url)[0] == 0
+    assert epoch_field(postgres_url, "started") == server_started(postgres_url)
 
 
-def test_an_operator_forces_a_new_epoch(pg_url, stores):
+def test_an_operator_forces_a_new_epoch(postgres_url, stores):
     """The statement README gives for a table restored by hand (the server kept running)."""
-    store = open_pg(pg_url, stores)
+    store = open_pg(postgres_url, stores)
     store.release(granted(store.acquire("k", 5, HOLDER, token())))
-    table = split_table(pg_url)[1]
-    with pg.admin_connection(pg_url) as conn:
+    table = split_table(postgres_url)[1]
+    with pg.admin_connection(postgres_url) as conn:
         conn.execute(
             f'UPDATE {table} SET holder = holder || \'{{"identity": "new-epoch"}}\''
             " WHERE key = '' AND slot = -2"
         )
     assert store.acquire("k", 5, HOLDER, token()) is None
-    assert epoch_row(pg_url)[2] == "new-epoch"
+    assert epoch_row(postgres_url)[2] == "new-epoch"
     checks = {check.name: check for check in store.doctor()}
     assert "an operator asked for a new epoch" in checks["epoch"].detail

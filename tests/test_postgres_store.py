@@ -24,6 +24,7 @@ from tasklock_cli.stores.model import Lease
 from tasklock_cli.stores.postgres.store import DEFAULT_TABLE
 from tasklock_cli.stores.postgres.store import PostgresStore
 from tasklock_cli.stores.postgres.store import split_table
+from tasklock_cli.stores.provisioning import with_query
 from tests.support import pg
 from tests.support import services
 from tests.support.cli import tasklock
@@ -42,7 +43,7 @@ def fresh_table() -> str:
 
 
 @pytest.fixture
-def stores(pg_url, opened_stores) -> list[Store]:
+def stores(postgres_url, opened_stores) -> list[Store]:
     """The stores a test opens (open_pg): closed before its table is dropped."""
     return opened_stores
 
@@ -111,11 +112,11 @@ def test_unknown_libpq_parameter_is_a_configuration_error():
 
 def test_schema_qualified_table(stores):
     schema = f"tasklock_test_schema_{uuid.uuid4().hex[:8]}"
-    base = services.base_postgres_url()
+    base = services.base_url("postgres")
     with pg.admin_connection(base) as conn:
         conn.execute(f"CREATE SCHEMA {schema}")
     try:
-        url = services.postgres_url(table=f"{schema}.leases")
+        url = with_query(services.base_url("postgres"), table=f"{schema}.leases")
         store = open_pg(url, stores)
         lease = store.acquire("k", 30, HOLDER, token())
         assert lease is not None
@@ -132,17 +133,17 @@ def test_schema_qualified_table(stores):
 
 def test_missing_schema_is_a_configuration_error(stores):
     services.require("postgres")
-    url = services.postgres_url(table="tasklock_no_such_schema.leases")
+    url = with_query(services.base_url("postgres"), table="tasklock_no_such_schema.leases")
     with pytest.raises(ConfigError, match="cannot be created"):
         open_pg(url, stores).peek("k")
 
 
-def test_schema_sql_is_valid_ddl_and_the_store_uses_the_table(pg_url, stores):
-    store = open_pg(pg_url, stores)
+def test_schema_sql_is_valid_ddl_and_the_store_uses_the_table(postgres_url, stores):
+    store = open_pg(postgres_url, stores)
     ddl = store.schema_sql()
     assert "CREATE TABLE IF NOT EXISTS" in ddl and "fencing_token" in ddl
     assert "slot_limit" in ddl and "PRIMARY KEY (key, slot)" in ddl
-    with pg.admin_connection(pg_url) as conn:
+    with pg.admin_connection(postgres_url) as conn:
         conn.execute(ddl)
         conn.execute(ddl)  # idempotent
     assert store.doctor()[3].detail.endswith("is a tasklock table")
@@ -150,14 +151,14 @@ def test_schema_sql_is_valid_ddl_and_the_store_uses_the_table(pg_url, stores):
     assert lease is not None and lease.fencing_token == 1
 
 
-def test_init_schema_creates_the_table_and_doctor_sees_it(pg_url, stores):
-    store = open_pg(pg_url, stores)
-    table = split_table(pg_url)[1]
+def test_init_schema_creates_the_table_and_doctor_sees_it(postgres_url, stores):
+    store = open_pg(postgres_url, stores)
+    table = split_table(postgres_url)[1]
     checks = {c.name: c for c in store.doctor()}
     assert "will be created on first use" in checks["schema"].detail
-    assert not table_exists(pg_url, table)  # doctor changes nothing
+    assert not table_exists(postgres_url, table)  # doctor changes nothing
     store.init_schema()
-    assert table_exists(pg_url, table)
+    assert table_exists(postgres_url, table)
     store.init_schema()  # idempotent
     checks = {c.name: c for c in store.doctor()}
     assert checks["schema"].ok and "is a tasklock table" in checks["schema"].detail
@@ -188,8 +189,8 @@ def first_uses_at_once(
     return results, errors
 
 
-def test_racing_first_use_creates_the_table_once_without_errors(pg_url, stores):
-    clients = [open_pg(pg_url, stores) for _ in range(8)]
+def test_racing_first_use_creates_the_table_once_without_errors(postgres_url, stores):
+    clients = [open_pg(postgres_url, stores) for _ in range(8)]
     results, errors = first_uses_at_once(
         clients, lambda index, client: client.acquire(f"k{index}", 30, HOLDER, token())
     )
@@ -197,19 +198,19 @@ def test_racing_first_use_creates_the_table_once_without_errors(pg_url, stores):
     assert len(results) == 8 and all(r is not None for r in results)
 
 
-def test_foreign_table_with_the_same_name_is_refused_and_left_untouched(pg_url, stores):
-    table = split_table(pg_url)[1]
-    with pg.admin_connection(pg_url) as conn:
+def test_foreign_table_with_the_same_name_is_refused_and_left_untouched(postgres_url, stores):
+    table = split_table(postgres_url)[1]
+    with pg.admin_connection(postgres_url) as conn:
         conn.execute(f"CREATE TABLE {table} (id int PRIMARY KEY, payload text)")
         conn.execute(f"INSERT INTO {table} VALUES (1, 'precious')")
-    store = open_pg(pg_url, stores)
+    store = open_pg(postgres_url, stores)
     with pytest.raises(ConfigError, match=table):
         store.acquire("k", 30, HOLDER, token())
     with pytest.raises(ConfigError, match=table):
         store.init_schema()
     checks = {c.name: c for c in store.doctor()}
     assert checks["schema"].ok is False and table in checks["schema"].detail
-    with pg.admin_connection(pg_url) as conn:
+    with pg.admin_connection(postgres_url) as conn:
         assert conn.execute(f"SELECT * FROM {table}").fetchall() == [(1, "precious")]
         columns = conn.execute(
             "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0",
@@ -218,24 +219,24 @@ def test_foreign_table_with_the_same_name_is_refused_and_left_untouched(pg_url, 
         assert sorted(c[0] for c in columns) == ["id", "payload"]
 
 
-def test_a_view_with_the_same_name_is_refused(pg_url, stores):
-    table = split_table(pg_url)[1]
-    with pg.admin_connection(pg_url) as conn:
+def test_a_view_with_the_same_name_is_refused(postgres_url, stores):
+    table = split_table(postgres_url)[1]
+    with pg.admin_connection(postgres_url) as conn:
         conn.execute(f"CREATE VIEW {table} AS SELECT 1 AS x")
     try:
         with pytest.raises(ConfigError, match="not a table"):
-            open_pg(pg_url, stores).peek("k")
+            open_pg(postgres_url, stores).peek("k")
     finally:
-        with pg.admin_connection(pg_url) as conn:
+        with pg.admin_connection(postgres_url) as conn:
             conn.execute(f"DROP VIEW {table}")
 
 
-def test_rows_are_kept_after_release_sweep_and_force_release(pg_url, stores):
-    store = open_pg(pg_url, stores)
-    table = split_table(pg_url)[1]
+def test_rows_are_kept_after_release_sweep_and_force_release(postgres_url, stores):
+    store = open_pg(postgres_url, stores)
+    table = split_table(postgres_url)[1]
     lease = granted(store.acquire("k", 30, HOLDER, token()))
     store.release(lease)
-    with pg.admin_connection(pg_url) as conn:
+    with pg.admin_connection(postgres_url) as conn:
         rows = conn.execute(
             f"SELECT slot, fencing_token, owner_token FROM {table} WHERE key = 'k' ORDER BY slot"
         ).fetchall()
@@ -279,13 +280,13 @@ def end_upgrade_quarantine(url: str, table: str) -> int:
     return epoch << 30
 
 
-def test_a_table_from_before_semaphores_is_migrated_and_its_leases_kept(pg_url, stores):
-    table = make_table_before_slots(pg_url)
-    store = open_pg(pg_url, stores)
+def test_a_table_from_before_semaphores_is_migrated_and_its_leases_kept(postgres_url, stores):
+    table = make_table_before_slots(postgres_url)
+    store = open_pg(postgres_url, stores)
     (held,) = store.holders("held")
     assert (held.slot, held.limit, held.fencing_token, held.holder.host) == (0, 1, 41, "old")
     assert store.acquire("freed", 30, HOLDER, token()) is None  # the upgrade's quarantine
-    first = end_upgrade_quarantine(pg_url, table)
+    first = end_upgrade_quarantine(postgres_url, table)
     assert store.acquire("held", 30, HOLDER, token()) is None  # still live
     with pytest.raises(LimitMismatch):
         store.acquire("held", 30, HOLDER, token(), limit=2)
@@ -295,7 +296,7 @@ def test_a_table_from_before_semaphores_is_migrated_and_its_leases_kept(pg_url, 
     assert granted(store.acquire("held", 30, HOLDER, token())).fencing_token == first
     assert granted(store.acquire("freed", 30, HOLDER, token(), limit=2)).fencing_token == first
     assert granted(store.acquire("freed", 30, HOLDER, token(), limit=2)).fencing_token == first + 1
-    with pg.admin_connection(pg_url) as conn:
+    with pg.admin_connection(postgres_url) as conn:
         (primary_key,) = conn.execute(
             "SELECT pg_get_constraintdef(oid) FROM pg_constraint"
             " WHERE conrelid = %s::regclass AND contype = 'p'",
@@ -305,12 +306,12 @@ def test_a_table_from_before_semaphores_is_migrated_and_its_leases_kept(pg_url, 
     assert {c.name: c for c in store.doctor()}["schema"].detail.endswith("is a tasklock table")
 
 
-def test_print_sql_migrates_a_table_from_before_semaphores_too(pg_url, stores):
+def test_print_sql_migrates_a_table_from_before_semaphores_too(postgres_url, stores):
     """For a DBA who runs the schema himself: the printed SQL brings an older table to
     the current shape (and changes nothing when run again)."""
-    table = make_table_before_slots(pg_url)
-    store = open_pg(pg_url, stores)
-    with pg.admin_connection(pg_url) as conn:
+    table = make_table_before_slots(postgres_url)
+    store = open_pg(postgres_url, stores)
+    with pg.admin_connection(postgres_url) as conn:
         conn.execute(store.schema_sql())
         conn.execute(store.schema_sql())
         rows = conn.execute(
@@ -319,19 +320,19 @@ def test_print_sql_migrates_a_table_from_before_semaphores_too(pg_url, stores):
     # (no epoch row in a used table: its first acquire starts an epoch)
     assert rows == [("freed", 0, 1, 7), ("held", 0, 1, 41)]
     assert store.acquire("freed", 30, HOLDER, token(), limit=3) is None
-    first = end_upgrade_quarantine(pg_url, table)
+    first = end_upgrade_quarantine(postgres_url, table)
     assert granted(store.acquire("freed", 30, HOLDER, token(), limit=3)).fencing_token == first
     assert [info.fencing_token for info in store.holders("held")] == [41]
 
 
-def test_racing_clients_migrate_a_table_from_before_semaphores_once(pg_url, stores):
-    table = make_table_before_slots(pg_url)
-    clients = [open_pg(pg_url, stores) for _ in range(6)]
+def test_racing_clients_migrate_a_table_from_before_semaphores_once(postgres_url, stores):
+    table = make_table_before_slots(postgres_url)
+    clients = [open_pg(postgres_url, stores) for _ in range(6)]
     quarantined, errors = first_uses_at_once(
         clients, lambda _, client: client.acquire("freed", 30, HOLDER, token(), limit=6)
     )
     assert errors == [] and quarantined == [None] * 6
-    first = end_upgrade_quarantine(pg_url, table)
+    first = end_upgrade_quarantine(postgres_url, table)
     leases = [granted(client.acquire("freed", 30, HOLDER, token(), limit=6)) for client in clients]
     assert sorted(lease.fencing_token for lease in leases) == [first + n for n in range(6)]
     assert [info.slot for info in clients[0].holders("freed")] == [0, 1, 2, 3, 4, 5]
@@ -401,18 +402,20 @@ def columns_of(url: str, table: str) -> dict[str, str | None]:
     return dict(rows)
 
 
-def test_tables_from_before_lock_modes_are_migrated_and_their_leases_stay_exclusive(pg_url, stores):
-    table = make_tables_before_modes(pg_url)
-    assert schema_check(open_pg(pg_url, stores)).endswith("(migrated on first use)")
-    store = open_pg(pg_url, stores)
+def test_tables_from_before_lock_modes_are_migrated_and_their_leases_stay_exclusive(
+    postgres_url, stores
+):
+    table = make_tables_before_modes(postgres_url)
+    assert schema_check(open_pg(postgres_url, stores)).endswith("(migrated on first use)")
+    store = open_pg(postgres_url, stores)
     (held,) = store.holders("held")
     assert (held.mode, held.fencing_token, held.holder.host) == (EXCLUSIVE, 41, "old")
     assert [(w.holder.pid, w.mode) for w in store.waiters("held")] == [(8, EXCLUSIVE)]
-    assert columns_of(pg_url, table)["mode"] == "'exclusive'::text"
-    waiters = columns_of(pg_url, table + "_waiters")
+    assert columns_of(postgres_url, table)["mode"] == "'exclusive'::text"
+    waiters = columns_of(postgres_url, table + "_waiters")
     assert (waiters["supersede"], waiters["superseded"]) == ("false", "false")
     # an older tasklock still connected writes leases and places without the new columns
-    with pg.admin_connection(pg_url) as conn:
+    with pg.admin_connection(postgres_url) as conn:
         conn.execute(
             f"INSERT INTO {table} (key, slot, slot_limit, fencing_token, owner_token, holder,"
             " acquired_at, expires_at) VALUES ('old', 0, 1, 5, 'o', '{}', now(),"
@@ -420,7 +423,7 @@ def test_tables_from_before_lock_modes_are_migrated_and_their_leases_stay_exclus
         )
     assert [info.mode for info in store.holders("old")] == [EXCLUSIVE]
     assert store.acquire("free", 30, HOLDER, token()) is None  # the upgrade's quarantine
-    end_upgrade_quarantine(pg_url, table)
+    end_upgrade_quarantine(postgres_url, table)
     assert store.acquire("old", 30, HOLDER, token(), mode=SHARED) is None
     assert store.acquire("held", 30, HOLDER, token(), mode=SHARED) is None
     old_lease = Lease("held", "owner-held", 41, held.acquired_at, held.expires_at)
@@ -430,37 +433,37 @@ def test_tables_from_before_lock_modes_are_migrated_and_their_leases_stay_exclus
     assert schema_check(store).endswith("is a tasklock table")
 
 
-def test_print_sql_migrates_tables_from_before_lock_modes_too(pg_url, stores):
-    table = make_tables_before_modes(pg_url)
-    store = PostgresStore.from_url(pg_url)  # no connection: nothing migrated yet
-    with pg.admin_connection(pg_url) as conn:
+def test_print_sql_migrates_tables_from_before_lock_modes_too(postgres_url, stores):
+    table = make_tables_before_modes(postgres_url)
+    store = PostgresStore.from_url(postgres_url)  # no connection: nothing migrated yet
+    with pg.admin_connection(postgres_url) as conn:
         conn.execute(store.schema_sql())
         conn.execute(store.schema_sql())
-    assert "mode" in columns_of(pg_url, table)
-    assert "superseded" in columns_of(pg_url, table + "_waiters")
-    store = open_pg(pg_url, stores)
+    assert "mode" in columns_of(postgres_url, table)
+    assert "superseded" in columns_of(postgres_url, table + "_waiters")
+    store = open_pg(postgres_url, stores)
     assert [info.mode for info in store.holders("held")] == [EXCLUSIVE]
 
 
-def test_racing_clients_migrate_tables_from_before_lock_modes_once(pg_url, stores):
-    table = make_tables_before_modes(pg_url)
-    clients = [open_pg(pg_url, stores) for _ in range(6)]
+def test_racing_clients_migrate_tables_from_before_lock_modes_once(postgres_url, stores):
+    table = make_tables_before_modes(postgres_url)
+    clients = [open_pg(postgres_url, stores) for _ in range(6)]
     quarantined, errors = first_uses_at_once(
         clients, lambda _, client: client.acquire("free", 30, HOLDER, token(), mode=SHARED)
     )
     assert errors == [] and quarantined == [None] * 6
-    end_upgrade_quarantine(pg_url, table)
+    end_upgrade_quarantine(postgres_url, table)
     leases = [
         granted(client.acquire("free", 30, HOLDER, token(), mode=SHARED)) for client in clients
     ]
     assert sorted(lease.slot for lease in leases) == [0, 1, 2, 3, 4, 5]
 
 
-def test_sweep_works_in_batches_and_keeps_counters(pg_url, stores):
-    store = open_pg(pg_url, stores)
+def test_sweep_works_in_batches_and_keeps_counters(postgres_url, stores):
+    store = open_pg(postgres_url, stores)
     store.init_schema()
-    table = split_table(pg_url)[1]
-    with pg.admin_connection(pg_url) as conn:
+    table = split_table(postgres_url)[1]
+    with pg.admin_connection(postgres_url) as conn:
         conn.execute(
             f"INSERT INTO {table} (key, fencing_token, owner_token, holder, acquired_at,"
             " expires_at) SELECT 'k' || g, 7, 'owner' || g, '{}'::jsonb,"
@@ -469,7 +472,7 @@ def test_sweep_works_in_batches_and_keeps_counters(pg_url, stores):
         )
     live = granted(store.acquire("live", 30, HOLDER, token()))
     assert store.sweep(dry_run=True) == 2500
-    assert open_pg(pg_url, stores).sweep() == 2500  # a first call on a new connection
+    assert open_pg(postgres_url, stores).sweep() == 2500  # a first call on a new connection
     assert store.sweep() == 0
     assert [i.key for i in store.list(include_expired=True)] == ["live"]
     info = store.peek("live")
@@ -478,8 +481,8 @@ def test_sweep_works_in_batches_and_keeps_counters(pg_url, stores):
     assert again.fencing_token == 8
 
 
-def test_list_shows_expired_rows_only_when_asked(pg_url, stores):
-    store = open_pg(pg_url, stores)
+def test_list_shows_expired_rows_only_when_asked(postgres_url, stores):
+    store = open_pg(postgres_url, stores)
     store.acquire("dead", 0.2, HOLDER, token())
     time.sleep(0.4)
     assert list(store.list()) == []
@@ -490,8 +493,8 @@ def test_list_shows_expired_rows_only_when_asked(pg_url, stores):
 # -- concurrency ----------------------------------------------------------------------
 
 
-def test_heavy_contention_never_two_holders_and_tokens_strictly_increase(pg_url, stores):
-    clients = [open_pg(pg_url, stores) for _ in range(16)]
+def test_heavy_contention_never_two_holders_and_tokens_strictly_increase(postgres_url, stores):
+    clients = [open_pg(postgres_url, stores) for _ in range(16)]
     clients[0].init_schema()
     guard = threading.Lock()
     state: dict[str, int | None] = {"holder": None}
@@ -528,10 +531,12 @@ def test_heavy_contention_never_two_holders_and_tokens_strictly_increase(pg_url,
     assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens)
 
 
-def test_heavy_contention_on_slots_never_shares_a_slot_and_never_repeats_a_token(pg_url, stores):
+def test_heavy_contention_on_slots_never_shares_a_slot_and_never_repeats_a_token(
+    postgres_url, stores
+):
     """Acquirers of different slots queue on the key's counter row: no two compute the
     same token, and a token is above every token of a lease released before it."""
-    clients = [open_pg(pg_url, stores) for _ in range(12)]
+    clients = [open_pg(postgres_url, stores) for _ in range(12)]
     clients[0].init_schema()
     guard = threading.Lock()
     held: dict[int, int] = {}  # slot -> token
@@ -571,8 +576,8 @@ def test_heavy_contention_on_slots_never_shares_a_slot_and_never_repeats_a_token
     assert len(set(tokens)) == len(tokens)
 
 
-def test_same_owner_retry_after_lost_reply_is_idempotent(pg_url, stores):
-    a, b = open_pg(pg_url, stores), open_pg(pg_url, stores)
+def test_same_owner_retry_after_lost_reply_is_idempotent(postgres_url, stores):
+    a, b = open_pg(postgres_url, stores), open_pg(postgres_url, stores)
     owner = token()
     first = granted(a.acquire("k", 30, HOLDER, owner))
     again = granted(b.acquire("k", 30, HOLDER, owner))  # another connection, same owner token
@@ -583,8 +588,8 @@ def test_same_owner_retry_after_lost_reply_is_idempotent(pg_url, stores):
 # -- waiting --------------------------------------------------------------------------
 
 
-def test_the_next_waiter_takes_its_turn_when_the_first_waiter_goes_away(pg_url, stores):
-    holder, first, second = (open_pg(pg_url, stores) for _ in range(3))
+def test_the_next_waiter_takes_its_turn_when_the_first_waiter_goes_away(postgres_url, stores):
+    holder, first, second = (open_pg(postgres_url, stores) for _ in range(3))
     lease = granted(holder.acquire("k", 30, HOLDER, token()))
     first.wait_for_release("k", 0.2)  # times out, still first in line for "k"
     woke: list[float] = []
@@ -599,14 +604,14 @@ def test_the_next_waiter_takes_its_turn_when_the_first_waiter_goes_away(pg_url, 
     assert woke and time.monotonic() - released < 1.0
 
 
-def test_a_waiter_that_gets_the_lease_gives_its_turn_to_the_next(pg_url, stores):
-    holder, first, second = (open_pg(pg_url, stores) for _ in range(3))
+def test_a_waiter_that_gets_the_lease_gives_its_turn_to_the_next(postgres_url, stores):
+    holder, first, second = (open_pg(postgres_url, stores) for _ in range(3))
     lease = granted(holder.acquire("k", 30, HOLDER, token()))
     first.wait_for_release("k", 0.2)
     holder.release(lease)
     mine = first.acquire("k", 30, HOLDER, token())
     assert mine is not None
-    with pg.admin_connection(pg_url) as conn:
+    with pg.admin_connection(postgres_url) as conn:
         (turns_held,) = conn.execute(
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND pid = %s",
             [connection_of(first).info.backend_pid],
@@ -620,14 +625,14 @@ def test_a_waiter_that_gets_the_lease_gives_its_turn_to_the_next(pg_url, stores)
     assert 0.25 < time.monotonic() - started < 2.5  # the release, not the wait's 5 s end
 
 
-def test_a_waiter_does_not_take_a_lease_still_being_acquired_for_free(pg_url, stores):
+def test_a_waiter_does_not_take_a_lease_still_being_acquired_for_free(postgres_url, stores):
     """A woken waiter hands on its turn inside the statement that takes the lease, before
     that commits: the next waiter's look at the lease must wait for the commit instead of
     reading the lease as free from the snapshot before it."""
-    holder, waiter = (open_pg(pg_url, stores) for _ in range(2))
+    holder, waiter = (open_pg(postgres_url, stores) for _ in range(2))
     assert holder.release(granted(holder.acquire("k", 30, HOLDER, token()))) is True  # free now
-    _, table = split_table(pg_url)
-    with pg.admin_connection(pg_url) as in_flight:
+    _, table = split_table(postgres_url)
+    with pg.admin_connection(postgres_url) as in_flight:
         in_flight.autocommit = False
         in_flight.execute(  # an acquire that has not committed yet: counter row and slot 0
             f"UPDATE {table} SET fencing_token = fencing_token + 1 WHERE key = 'k' AND slot = -1"
@@ -652,8 +657,8 @@ def test_a_waiter_does_not_take_a_lease_still_being_acquired_for_free(pg_url, st
 # -- time -----------------------------------------------------------------------------
 
 
-def test_expiry_is_decided_by_the_server_clock_not_ours(pg_url, stores, monkeypatch):
-    store = open_pg(pg_url, stores)
+def test_expiry_is_decided_by_the_server_clock_not_ours(postgres_url, stores, monkeypatch):
+    store = open_pg(postgres_url, stores)
     real_time = time.time
     monkeypatch.setattr(time, "time", lambda: real_time() + 3600)  # our clock is 1 h off
     lease = store.acquire("k", 0.4, HOLDER, token())
@@ -670,7 +675,7 @@ def test_expiry_is_decided_by_the_server_clock_not_ours(pg_url, stores, monkeypa
 
 def test_connection_forces_read_committed_even_if_the_role_says_serializable(stores):
     services.require("postgres")
-    url = services.postgres_url(table=fresh_table())
+    url = with_query(services.base_url("postgres"), table=fresh_table())
     url += "&options=-c%20default_transaction_isolation%3Dserializable"
     try:
         store = open_pg(url, stores)
@@ -685,11 +690,11 @@ def test_connection_forces_read_committed_even_if_the_role_says_serializable(sto
 # -- faults ---------------------------------------------------------------------------
 
 
-def test_terminated_backend_reconnects(pg_url, stores):
-    store = open_pg(pg_url, stores)
+def test_terminated_backend_reconnects(postgres_url, stores):
+    store = open_pg(postgres_url, stores)
     lease = granted(store.acquire("k", 30, HOLDER, token()))
     pid = connection_of(store).info.backend_pid
-    with pg.admin_connection(pg_url) as admin:
+    with pg.admin_connection(postgres_url) as admin:
         assert admin.execute("SELECT pg_terminate_backend(%s)", [pid]).fetchone()[0]
     time.sleep(0.1)
     try:
@@ -701,8 +706,8 @@ def test_terminated_backend_reconnects(pg_url, stores):
     assert store.release(lease) is True
 
 
-def test_connections_are_close_on_exec(pg_url, stores):
-    store = open_pg(pg_url, stores)
+def test_connections_are_close_on_exec(postgres_url, stores):
+    store = open_pg(postgres_url, stores)
     store.peek("k")
     flags = fcntl.fcntl(connection_of(store).fileno(), fcntl.F_GETFD)
     assert flags & fcntl.FD_CLOEXEC
@@ -727,7 +732,7 @@ def test_unreachable_port_fails_fast_with_store_unavailable():
 
 def test_missing_database_is_a_configuration_error(stores):
     services.require("postgres")
-    base = services.base_postgres_url().rsplit("/", 1)[0]
+    base = services.base_url("postgres").rsplit("/", 1)[0]
     store = open_pg(f"{base}/tasklock_no_such_db?table=t", stores)
     with pytest.raises(ConfigError, match="does not exist"):
         store.peek("k")
@@ -841,19 +846,19 @@ def test_a_hung_server_fails_within_the_io_timeout_then_recovers(private_server)
             store.close()
 
 
-def test_sweep_removes_the_places_of_crashed_waiters(pg_url, stores):
+def test_sweep_removes_the_places_of_crashed_waiters(postgres_url, stores):
     """A place that ran out is cleared by the next acquire of its key, or else by sweep."""
-    store = open_pg(pg_url, stores)
+    store = open_pg(postgres_url, stores)
     assert store.acquire("k", 30, HOLDER, token()) is not None
-    crashed = open_pg(pg_url, stores)
+    crashed = open_pg(postgres_url, stores)
     crashed.waiter_ttl = 0.5  # still there when the next waiter queues, on a busy machine
     assert crashed.acquire("k", 30, HOLDER, token(), queue=True) is None
-    live = open_pg(pg_url, stores)
+    live = open_pg(postgres_url, stores)
     assert live.acquire("k", 30, HOLDER, token(), queue=True) is None
 
     def places() -> int:
-        with pg.admin_connection(pg_url) as conn:
-            return conn.execute(f"SELECT count(*) FROM {fresh_waiters(pg_url)}").fetchone()[0]
+        with pg.admin_connection(postgres_url) as conn:
+            return conn.execute(f"SELECT count(*) FROM {fresh_waiters(postgres_url)}").fetchone()[0]
 
     assert places() == 2
     time.sleep(0.6)  # the crashed waiter's place runs out (the store's clock)
@@ -888,8 +893,10 @@ def woken_after(woke: list[float], since: float, count: int) -> list[float]:
     return [moment - since for moment in woke]
 
 
-def test_a_release_wakes_the_run_of_shared_waiters_at_the_head_and_no_one_else(pg_url, stores):
-    holder, s1, s2, e3, s4 = (open_pg(pg_url, stores) for _ in range(5))
+def test_a_release_wakes_the_run_of_shared_waiters_at_the_head_and_no_one_else(
+    postgres_url, stores
+):
+    holder, s1, s2, e3, s4 = (open_pg(postgres_url, stores) for _ in range(5))
     lease = granted(holder.acquire("k", 30, HOLDER, token()))
     for client, mode in ((s1, SHARED), (s2, SHARED), (e3, EXCLUSIVE), (s4, SHARED)):
         assert client.acquire("k", 30, HOLDER, token(), queue=True, mode=mode) is None
@@ -901,8 +908,8 @@ def test_a_release_wakes_the_run_of_shared_waiters_at_the_head_and_no_one_else(p
     assert len(after) == 2 and all(seconds < 1.2 for seconds in after), after
 
 
-def test_a_waiter_leaving_wakes_the_shared_run_behind_it(pg_url, stores):
-    reader, writer, s1, s2 = (open_pg(pg_url, stores) for _ in range(4))
+def test_a_waiter_leaving_wakes_the_shared_run_behind_it(postgres_url, stores):
+    reader, writer, s1, s2 = (open_pg(postgres_url, stores) for _ in range(4))
     assert reader.acquire("k", 30, HOLDER, token(), mode=SHARED) is not None
     assert writer.acquire("k", 30, HOLDER, token(), queue=True) is None
     for client in (s1, s2):
@@ -915,8 +922,8 @@ def test_a_waiter_leaving_wakes_the_shared_run_behind_it(pg_url, stores):
     assert len(after) == 2 and all(seconds < 1.2 for seconds in after), after
 
 
-def test_a_superseded_waiter_is_woken_and_leaves(pg_url, stores):
-    holder, older, newer = (open_pg(pg_url, stores) for _ in range(3))
+def test_a_superseded_waiter_is_woken_and_leaves(postgres_url, stores):
+    holder, older, newer = (open_pg(postgres_url, stores) for _ in range(3))
     assert holder.acquire("k", 30, HOLDER, token()) is not None
     owner = token()
     assert older.acquire("k", 30, HOLDER, owner, queue=True, supersede=True) is None
@@ -927,6 +934,6 @@ def test_a_superseded_waiter_is_woken_and_leaves(pg_url, stores):
     assert len(after) == 1 and after[0] < 1.2, after
     with pytest.raises(Superseded):
         older.acquire("k", 30, HOLDER, owner, queue=True, supersede=True)
-    with pg.admin_connection(pg_url) as conn:
-        rows = conn.execute(f"SELECT owner_token FROM {fresh_waiters(pg_url)}").fetchall()
+    with pg.admin_connection(postgres_url) as conn:
+        rows = conn.execute(f"SELECT owner_token FROM {fresh_waiters(postgres_url)}").fetchall()
     assert owner not in [row[0] for row in rows]  # its place is gone, marker and all

@@ -24,8 +24,10 @@ from tasklock_cli.stores.model import FRONT_BAND
 from tasklock_cli.stores.model import PRIORITY_BAND
 from tasklock_cli.stores.model import SHARED
 from tasklock_cli.stores.model import Holder
+from tasklock_cli.stores.provisioning import with_query
 from tasklock_cli.stores.redis.store import RedisStore
 from tests.support import redis_support
+from tests.support import redis_support as _redis_support
 from tests.support import services
 from tests.support.contract import granted
 from tests.support.contract import in_threads
@@ -34,6 +36,8 @@ from tests.support.contract import waiting_thread
 from tests.support.ports import free_port
 from tests.support.proxy import TcpProxy
 from tests.support.redis_support import require_redis_server
+
+raw_redis = _redis_support.raw_redis  # the fixture, for this module's tests
 
 HOLDER = Holder(host="host-a", pid=4242, user="alice", command=["./job.sh"], note="n")
 OTHER = Holder(host="host-b", pid=99, user="bob", command=["true"], note=None)
@@ -667,8 +671,10 @@ def test_list_prefix_scans_only_the_prefix(redis_store, raw_redis, prefix, monke
 def test_a_namespace_with_glob_characters_lists_only_its_own(opened):
     services.require("redis")
     base = f"tasklock-test-{uuid.uuid4().hex[:12]}"
-    ours_url = services.redis_url(prefix=base + "[x]*:")
-    theirs_url = services.redis_url(prefix=base + "x:")  # what "[x]*" unescaped matches
+    ours_url = with_query(services.base_url("redis"), prefix=base + "[x]*:")
+    theirs_url = with_query(
+        services.base_url("redis"), prefix=base + "x:"
+    )  # what "[x]*" unescaped matches
     ours, theirs = open_store(ours_url), open_store(theirs_url)
     opened.extend([ours, theirs])
     try:

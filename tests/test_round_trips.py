@@ -12,17 +12,17 @@ from collections.abc import Iterator
 from typing import TypeVar
 from urllib.parse import urlsplit
 
-import psycopg
 import pytest
 
 from tasklock_cli.stores import open_store
 from tasklock_cli.stores.base import Store
 from tasklock_cli.stores.model import Holder
 from tasklock_cli.stores.model import Lease
-from tasklock_cli.stores.postgres.store import split_table
+from tasklock_cli.stores.provisioning import RoundTrips
 from tests.support.contract import granted
 from tests.support.contract import run_record
 from tests.support.proxy import TcpProxy
+from tests.support.services import provisioning_for
 
 HOLDER = Holder(host="h", pid=1, user="u", command=["true"])
 T = TypeVar("T")
@@ -60,15 +60,21 @@ def count_each_operation(store: Store, proxy: TcpProxy, owner: str) -> dict[str,
     return counts
 
 
+def expected_round_trips(url: str) -> RoundTrips:
+    """What the store of ``url`` declares in its provisioning (``provision.py``)."""
+    return provisioning_for(url).round_trips
+
+
 def test_acquire_renew_release_and_peek_each_take_one_round_trip(proxied, network_store_url):
-    """etcd's peek takes two: a key does not carry its lease's remaining time, so the
-    expiry is asked of the lease once the key names it."""
+    """Where a store's provisioning says otherwise, its own count (etcd's peek takes two:
+    a key does not carry its lease's remaining time, so the expiry is asked of the lease
+    once the key names it)."""
     store, proxy = proxied
     count_each_operation(store, proxy, "owner-warm-up")
     counts = count_each_operation(store, proxy, "owner-counted")
-    expected = dict.fromkeys(counts, 1)
-    if network_store_url.startswith("etcd"):
-        expected["peek"] = 2
+    declared = expected_round_trips(network_store_url)
+    expected = dict.fromkeys(counts, declared.each)
+    expected["peek"] = declared.peek
     assert counts == expected, counts
 
 
@@ -112,11 +118,11 @@ def test_a_woken_waiters_acquire_takes_one_round_trip(waiting, network_store_url
     assert holder.release(held) is True
     trips, lease = round_trips(proxy, lambda: waiter.acquire("w", 30, HOLDER, "waiter"))
     assert lease is not None
-    if network_store_url.startswith("etcd"):  # etcd's tokens are its global revisions
-        assert lease.fencing_token > held.fencing_token
-    else:
+    if expected_round_trips(network_store_url).consecutive_tokens:
         assert lease.fencing_token == held.fencing_token + 1
-    assert trips == 1
+    else:  # etcd's tokens are its global revisions
+        assert lease.fencing_token > held.fencing_token
+    assert trips == expected_round_trips(network_store_url).each
     assert waiter.release(lease) is True
 
 
@@ -125,7 +131,7 @@ def test_a_waiter_giving_up_takes_at_most_one_round_trip(waiting, network_store_
     queue deleted; Redis keeps no place."""
     waiter, proxy, holder, held = waiting
     trips, _ = round_trips(proxy, lambda: waiter.stop_waiting("w"))
-    assert trips == (1 if network_store_url.startswith(("postgres", "etcd")) else 0)
+    assert trips == expected_round_trips(network_store_url).stop_waiting
     trips, _ = round_trips(proxy, lambda: waiter.stop_waiting("w"))
     assert trips == 0  # nothing left to give up
     assert holder.release(held) is True
@@ -140,17 +146,14 @@ def test_a_new_connection_costs_its_handshake_and_one_round_trip_of_set_up(netwo
     with open_store(network_store_url) as warm_up:  # the table exists, the script is loaded
         warm_up.release(granted(warm_up.acquire("first", 30, HOLDER, "warm-up")))
     parts = urlsplit(network_store_url)
+    declared = provisioning_for(network_store_url)
     with TcpProxy(parts.hostname or "127.0.0.1", parts.port or 0) as proxy:
-        if network_store_url.startswith("postgres"):
-            conninfo, _ = split_table(network_store_url)
-            handshake, _ = round_trips(
-                proxy, lambda: psycopg.connect(proxy.url_for(conninfo)).close()
-            )
-        elif network_store_url.startswith("mysql"):
-            handshake, _ = round_trips(proxy, lambda: _mysql_handshake(proxy, network_store_url))
+        connect = declared.handshake
+        if connect is not None:
+            handshake, _ = round_trips(proxy, lambda: connect(proxy.url_for(network_store_url)))
         else:
             handshake = 0  # a TCP connect is no round trip at the proxy; RESP has no greeting
-        set_up = 0 if network_store_url.startswith("etcd") else 1
+        set_up = declared.round_trips.set_up
         store = open_store(proxy.url_for(network_store_url))
         try:
             trips, lease = round_trips(proxy, lambda: store.acquire("first", 30, HOLDER, "run"))
@@ -158,14 +161,3 @@ def test_a_new_connection_costs_its_handshake_and_one_round_trip_of_set_up(netwo
             assert trips == handshake + set_up + 1, (trips, handshake)
         finally:
             store.close()
-
-
-def _mysql_handshake(proxy: TcpProxy, url: str) -> None:
-    """PyMySQL's connect alone (greeting and authentication), as the store makes it."""
-    from tasklock_cli.stores.mysql.connection import MySQLConnection
-    from tasklock_cli.stores.mysql.connection import parse_url
-    from tasklock_cli.stores.mysql.schema import MySQLSchema
-
-    kwargs, table = parse_url(proxy.url_for(url), url)
-    db = MySQLConnection(url, url, MySQLSchema(table, url), kwargs)
-    db._connect().close()

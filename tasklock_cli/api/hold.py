@@ -23,15 +23,16 @@ from tasklock_cli.errors import LockLost
 from tasklock_cli.errors import LockNotAcquired
 from tasklock_cli.errors import LossKind
 from tasklock_cli.events import EventLog
+from tasklock_cli.run.announce import emit_acquired
+from tasklock_cli.run.announce import emit_conflict
+from tasklock_cli.run.announce import emit_lost
+from tasklock_cli.run.announce import emit_renewed
+from tasklock_cli.run.announce import emit_waiting
 from tasklock_cli.run.conflict import Conflict
 from tasklock_cli.run.heartbeat import Heartbeat
 from tasklock_cli.run.holding import Holding
 from tasklock_cli.run.holding import Loss
-from tasklock_cli.run.holding import current_holder
-from tasklock_cli.run.holding import emit_acquired
-from tasklock_cli.run.holding import emit_conflict
-from tasklock_cli.run.holding import emit_renewed
-from tasklock_cli.run.holding import emit_waiting
+from tasklock_cli.run.holding import keepers_of_run
 from tasklock_cli.run.holding import loss_by_now
 from tasklock_cli.run.holding import release_held
 from tasklock_cli.run.keeper import LeaseKeeper
@@ -66,11 +67,7 @@ class LeaseHold:
             raise
         options = replace(options, failover_window=self.store.failover_window)
         self.options = options
-        holder = current_holder(options.command, options.note)
-        keepers = [
-            LeaseKeeper.of_run(client, key, options, holder, clock)
-            for client, key in zip([self.store, *others], [options.key, *options.also], strict=True)
-        ]
+        keepers = keepers_of_run([self.store, *others], options, clock)
         self.keeper = keepers[0]
         self.loss: Loss | None = None
         self.lost = threading.Event()
@@ -206,9 +203,7 @@ class LeaseHold:
             self.loss = Loss(detected_by, detail, 0.0)
             callbacks = list(self._on_loss)
         self.lost.set()
-        key, token = self.options.key, self.keeper.fencing_token
-        message = f"lost the lease on {key!r} ({detected_by}: {detail})"
-        self.events.emit("lost", key, token, message, detected_by=detected_by, detail=detail)
+        emit_lost(self.events, self.keeper, detected_by, detail)
         for callback in callbacks:
             with contextlib.suppress(Exception):
                 callback()

@@ -66,10 +66,11 @@ class Locks:
     ) -> None:
         from tasklock_cli.config.file import load_config
         from tasklock_cli.config.file import resolve_store_url
+        from tasklock_cli.stores.urls import default_store_url
 
         if store is not None and not store.strip():
             raise ConfigError("store= is empty (give a store URL, or None for the default)")
-        self.store_url = resolve_store_url(store, load_config(config))
+        self.store_url = resolve_store_url(store, load_config(config), default_store_url)
         in_process = _in_process(self.store_url)
         if in_process and not allow_memory:
             raise ConfigError(

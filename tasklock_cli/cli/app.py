@@ -34,6 +34,7 @@ from tasklock_cli.util.durations import format_duration
 from tasklock_cli.util.durations import parse_duration
 from tasklock_cli.util.keys import is_utf8
 from tasklock_cli.util.keys import validate_key
+from tasklock_cli.util.numbers import is_decimal
 from tasklock_cli.util.sanitize import json_text
 
 if TYPE_CHECKING:
@@ -134,6 +135,16 @@ HISTORY_LIMIT_MAX = 2**31 - 1
 MIN_WATCH_INTERVAL_S = 0.1
 
 
+def _whole_number(value: str | int) -> int:
+    """An integer option's parser: ASCII digits after an optional ``-`` (click's INT
+    reads ``٣`` as 3 and refuses ``²`` with a ValueError's words)."""
+    if isinstance(value, int):
+        return value
+    if is_decimal(value.strip(), signed=True):
+        return int(value)
+    raise typer.BadParameter(f"{value!r} is not a whole number in ASCII digits")
+
+
 def _version(value: bool) -> None:
     if value:
         typer.echo(f"tasklock {__version__}")
@@ -195,6 +206,14 @@ def run(
     raise typer.Exit(run_command(ctx.obj, key, command, flags, note, switches, also or ()))
 
 
+def _setting_option(setting: settings.RunSetting) -> Any:
+    """A run setting's typer option (an integer's digits checked as ASCII)."""
+    parser = _whole_number if setting.integer else None
+    return typer.Option(
+        None, setting.flag, metavar=setting.metavar, help=setting.help, parser=parser
+    )
+
+
 def _run_signature() -> inspect.Signature:
     """run's parameters, its options derived from the table of run settings."""
     keyword = inspect.Parameter.KEYWORD_ONLY
@@ -205,7 +224,7 @@ def _run_signature() -> inspect.Signature:
     options = [
         param(
             setting.field,
-            typer.Option(None, setting.flag, metavar=setting.metavar, help=setting.help),
+            _setting_option(setting),
             (int | None) if setting.integer else (str | None),
         )
         for setting in settings.RUN_SETTINGS
@@ -353,7 +372,11 @@ def history(
     ctx: typer.Context,
     key: str = typer.Argument(..., metavar="KEY", help="The lock's name."),
     limit: int | None = typer.Option(
-        None, "--limit", metavar="N", help="Only the last N runs.  [default: all kept]"
+        None,
+        "--limit",
+        metavar="N",
+        help="Only the last N runs.  [default: all kept]",
+        parser=_whole_number,
     ),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON array, newest first."),
 ) -> None:
@@ -399,6 +422,7 @@ def check(
     token: int | None = typer.Option(
         None,
         "--token",
+        parser=_whole_number,
         metavar="T",
         help="The lease's fencing token.  [default: $TASKLOCK_FENCING_TOKEN]",
     ),
@@ -446,7 +470,11 @@ def release(
     key: str = typer.Argument(..., metavar="KEY", help="The lock's name."),
     force: bool = typer.Option(False, "--force", help="Required: this breaks a live lease."),
     token: int | None = typer.Option(
-        None, "--token", metavar="T", help="Break only the lease with fencing token T."
+        None,
+        "--token",
+        parser=_whole_number,
+        metavar="T",
+        help="Break only the lease with fencing token T.",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
@@ -505,13 +533,15 @@ def doctor(
 ) -> None:
     """Check the store: reachable, schema, round-trip time, clock skew."""
     from tasklock_cli.cli import render
+    from tasklock_cli.stores.traits import Capabilities
 
     g: Globals = ctx.obj
     config_file = str(g.config.path) if g.config.path else "none (built-in defaults)"
     with g.open_store() as store:
         checks = store.doctor()
+        capabilities = Capabilities.of(store)
     if as_json:
-        typer.echo(json_text(render.doctor_json(config_file, checks)))
+        typer.echo(json_text(render.doctor_json(config_file, checks, capabilities)))
     else:
         render.doctor_report(config_file, checks)
     failed = [check for check in checks if not check.ok]

@@ -13,8 +13,9 @@ from tasklock_cli.stores.model import LeaseInfo
 from tasklock_cli.stores.model import RunRecord
 from tasklock_cli.stores.model import StoreCheck
 from tasklock_cli.stores.model import WaiterInfo
-from tasklock_cli.stores.rows import problems
-from tasklock_cli.stores.rows import shown
+from tasklock_cli.stores.traits import Capabilities
+from tasklock_cli.util.display import problems
+from tasklock_cli.util.display import shown
 from tasklock_cli.util.durations import format_duration
 from tasklock_cli.util.sanitize import json_text
 from tasklock_cli.util.sanitize import safe
@@ -316,10 +317,17 @@ def _kept_row(info: LeaseInfo) -> list[tuple[str, str]]:
     return [("kept", f"until {until} by --hold-at-least; nothing runs under it")]
 
 
-def doctor_json(config_file: str, checks: list[StoreCheck]) -> list[dict[str, object]]:
-    """`doctor --json`: the checks of the text report, config first."""
+def doctor_json(
+    config_file: str, checks: list[StoreCheck], capabilities: Capabilities
+) -> list[dict[str, object]]:
+    """`doctor --json`: the checks of the text report, config first, then the store's
+    capabilities, an entry of the same shape (always ok) whose ``capabilities`` object
+    holds the record (``stores.traits.Capabilities``), for scripts and tests."""
     rows: list[dict[str, object]] = [{"check": "config", "ok": True, "detail": config_file}]
     rows += [{"check": check.name, "ok": check.ok, "detail": check.detail} for check in checks]
+    record = capabilities.as_json()
+    detail = ", ".join(f"{name}={json_text(value)}" for name, value in record.items())
+    rows.append({"check": "capabilities", "ok": True, "detail": detail, "capabilities": record})
     return rows
 
 

@@ -83,8 +83,9 @@ class Globals:
 
     def store_url(self) -> str:
         from tasklock_cli.config.file import resolve_store_url
+        from tasklock_cli.stores.urls import default_store_url
 
-        return resolve_store_url(self.store_flag, self.config)
+        return resolve_store_url(self.store_flag, self.config, default_store_url)
 
     def store_config_file(self) -> str | None:
         """The config file (absolute) when the store URL came from it, else None."""
@@ -134,18 +135,11 @@ def fail(message: str, code: int, args: list[str]) -> int:
         sys.stderr.write(json_text(record) + "\n")
         return code
     if details:
+        from tasklock_cli.util.sanitize import safe_lines
+
         sys.stderr.write(safe_lines(details))
     sys.stderr.write(f"tasklock: error: {safe(message)}\n")
     return code
-
-
-def safe_lines(text: str) -> str:
-    """``text`` (a traceback) with each line escaped as ``safe`` escapes one, the line
-    breaks kept: a server's error text inside it reaches the terminal as escapes, never
-    raw, as everything else tasklock prints."""
-    from tasklock_cli.util.sanitize import safe
-
-    return "".join(safe(line) + "\n" for line in text.splitlines())
 
 
 def log_format_in(args: list[str]) -> str:

@@ -20,8 +20,6 @@ from tasklock_cli.config.settings import BY_NAME
 from tasklock_cli.config.settings import SWITCHES_BY_NAME
 from tasklock_cli.errors import ConfigError
 from tasklock_cli.errors import UsageError
-from tasklock_cli.stores.urls import default_store_url
-from tasklock_cli.stores.urls import xdg_home
 from tasklock_cli.util import paths
 from tasklock_cli.util.durations import duration_examples
 from tasklock_cli.util.durations import parse_duration
@@ -31,6 +29,7 @@ from tasklock_cli.util.records import field
 #: typing costs ~2 ms per start: its names are for the type checker only.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from pathlib import Path
 
 
@@ -63,7 +62,7 @@ def config_candidates(explicit: str | None) -> list[tuple[str, bool]]:
         return [(paths.normal(explicit), True)]
     if os.environ.get("TASKLOCK_CONFIG"):
         return [(paths.normal(os.environ["TASKLOCK_CONFIG"]), True)]
-    config_home = xdg_home("XDG_CONFIG_HOME", ".config")
+    config_home = paths.xdg_home("XDG_CONFIG_HOME", ".config")
     return [
         ("tasklock.toml", False),
         (paths.joined(config_home, "tasklock", "config.toml"), False),
@@ -236,15 +235,17 @@ def _run_settings(path: Path, text: str, settings: dict) -> dict[str, object]:
 _EMPTY_STORE_HINT = "(give a store URL, or leave the setting out for the default store)"
 
 
-def resolve_store_url(flag: str | None, config: Config) -> str:
-    """--store > $TASKLOCK_STORE > the config file > the default. A setting that is given
-    but empty is an error, never "use the next one": a missing CI secret expands to empty."""
+def resolve_store_url(flag: str | None, config: Config, default: Callable[[], str]) -> str:
+    """--store > $TASKLOCK_STORE > the config file > ``default()`` (the caller's:
+    ``stores.default_store_url``, which config, below the stores, does not import). A
+    setting that is given but empty is an error, never "use the next one": a missing CI
+    secret expands to empty."""
     for where, value in (("--store", flag), ("TASKLOCK_STORE", os.environ.get("TASKLOCK_STORE"))):
         if value is not None:
             if not value.strip():
                 raise ConfigError(f"{where} is empty {_EMPTY_STORE_HINT}")
             return value
-    return config.store or default_store_url()
+    return config.store or default()
 
 
 def store_from_file(flag: str | None, config: Config) -> bool:

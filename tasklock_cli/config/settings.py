@@ -10,8 +10,6 @@ from __future__ import annotations
 import math
 
 from tasklock_cli.errors import UsageError
-from tasklock_cli.stores.model import MAX_PRIORITY
-from tasklock_cli.stores.model import MIN_PRIORITY
 from tasklock_cli.util.durations import format_duration
 from tasklock_cli.util.durations import parse_duration
 from tasklock_cli.util.records import dataclass
@@ -35,6 +33,9 @@ HOOK_EVENTS = {
 }
 #: --max-waiting's bound (a queue is never that long).
 MAX_WAITING = 1_000_000
+#: ``run --priority``: waiting runs are served highest priority first. (The stores fold a
+#: priority into a queue place's order within these bounds: ``stores.model``'s bands.)
+MIN_PRIORITY, MAX_PRIORITY = -100, 100
 
 
 class _Configured:

@@ -106,10 +106,14 @@ def run_guard(
     code = 1
     try:
         code = _Guard(sock, environ or {}).run(spawn, signal_mask)
-    except BaseException:  # a bug: say where, then leave the tree to the wrapper
+    except BaseException:  # a bug: say where (escaped), then leave the tree to the wrapper
+        import sys
         import traceback
 
-        traceback.print_exc()
+        from tasklock_cli.util.sanitize import safe_lines
+
+        sys.stderr.write(safe_lines(traceback.format_exc()))
+        sys.stderr.flush()  # (os._exit next: a log file or pipe would lose it)
     finally:
         os._exit(code)  # no interpreter teardown: the wrapper's objects are not ours to close
 

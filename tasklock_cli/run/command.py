@@ -5,11 +5,31 @@ from __future__ import annotations
 #: typing costs ~2 ms per start: its names are for the type checker only.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from tasklock_cli.cli.session import Globals
+    from typing import Protocol
+
+    from tasklock_cli.config.file import Config
+    from tasklock_cli.events import EventLog
+    from tasklock_cli.stores.base import Store
+
+    class Session(Protocol):
+        """What a run needs of the session that started it: the command line's
+        (``cli.session.Globals``) is one. Named here, so that `run`, below the command line,
+        imports nothing of it (tests/test_layout.py checks the direction)."""
+
+        events: EventLog
+
+        @property
+        def config(self) -> Config: ...
+
+        def store_url(self) -> str: ...
+
+        def store_config_file(self) -> str | None: ...
+
+        def open_store(self) -> Store: ...
 
 
 def run_command(
-    g: Globals,
+    g: Session,
     key: str,
     command: list[str] | None,
     flags: dict,

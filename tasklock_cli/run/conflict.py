@@ -34,7 +34,7 @@ class Conflict(TasklockError):
 
 
 def describe_holder(info: LeaseInfo) -> str:
-    from tasklock_cli.stores.rows import shown
+    from tasklock_cli.util.display import shown
 
     holder, bad = info.holder, info.malformed
     pid = shown(bad, "holder.pid", holder.pid)

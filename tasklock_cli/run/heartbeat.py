@@ -18,11 +18,11 @@ from tasklock_cli.errors import LossKind
 from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.events import EventLog
 from tasklock_cli.run.keeper import LeaseKeeper
+from tasklock_cli.run.options import RunOptions
 from tasklock_cli.stores.base import Store
 from tasklock_cli.stores.model import Lease
 from tasklock_cli.util import clock as clocks
 from tasklock_cli.util.fds import wait_readable
-from tasklock_cli.util.records import dataclass
 
 #: A lease broken by an operator: the command gets at most this long between SIGTERM and
 #: SIGKILL, so that `release --force` (which waits 10 s) sees the holder let go.
@@ -34,45 +34,11 @@ BROKEN_GRACE_CAP_S = 8.0
 QUIET_START_S = 0.1
 
 
-@dataclass(frozen=True)
-class RenewalSchedule:
-    """When `run` renews a lease of ``ttl``: the one definition of the schedule (the
-    wrapper's RunOptions and the benchmark's restated heartbeat both use it)."""
-
-    ttl: float
-    renew_every: float | None = None  # --renew-every; None: ttl/3
-
-    @property
-    def safety_margin(self) -> float:
-        """Kept between the child's SIGKILL and the local deadline."""
-        return min(1.0, max(0.05, self.ttl * 0.05))
-
-    @property
-    def renew_interval(self) -> float:
-        """--renew-every (ttl/3 by default), but never so close to the ttl that the first
-        renewal would come after the child had to be stopped."""
-        wanted = self.renew_every if self.renew_every is not None else self.ttl / 3
-        return min(wanted, (self.ttl - self.safety_margin) * 0.75)
-
-    @property
-    def renew_retry_interval(self) -> float:
-        return max(0.05, min(1.0, self.renew_interval / 4))
-
-    @property
-    def io_timeout(self) -> float:
-        return max(0.25, min(5.0, self.renew_interval / 2))
-
-
-def renewal_schedule(ttl: float, renew_every: float | None = None) -> RenewalSchedule:
-    """`run`'s renewal schedule for ``ttl`` and ``--renew-every`` (None: its default)."""
-    return RenewalSchedule(ttl, renew_every)
-
-
 class Heartbeat:
     def __init__(
         self,
         keeper: LeaseKeeper,
-        options,  # options.RunOptions
+        options: RunOptions,
         events: EventLog,
         on_loss: Callable[[LossKind, str, float], None],
         on_renewed: Callable[[Lease], None],

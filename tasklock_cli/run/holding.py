@@ -9,7 +9,8 @@ any one is losing the lock.
 Below ``Holding``, what holding leases involves besides supervising a command, shared by
 `tasklock run` (``run.supervisor``) and the Python API (``tasklock_cli.api``): who the
 holder is, what the clock alone says about a lease held (``loss_by_now``), releasing
-(``release_held``) and the events that report it. (Here rather than in a module of its
+(``release_held``, with its ``released`` event; the other events' words are in
+``run.announce``). (Here rather than in a module of its
 own: a module more on `run`'s path is start-up time, see tests/test_fastrun.py.)
 """
 
@@ -18,7 +19,6 @@ from __future__ import annotations
 import _socket  # not socket: its enums and selectors cost ~2 ms per start
 import contextlib
 import functools
-import math
 import os
 from collections.abc import Callable
 
@@ -26,23 +26,20 @@ from tasklock_cli.errors import LossKind
 from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.errors import TasklockError
 from tasklock_cli.events import EventLog
-from tasklock_cli.run.conflict import Conflict
-from tasklock_cli.run.conflict import describe_holder
+from tasklock_cli.run.announce import warn_ledger_failed
 from tasklock_cli.run.heartbeat import Heartbeat
 from tasklock_cli.run.keeper import LeaseKeeper
 from tasklock_cli.run.options import RunOptions
 from tasklock_cli.run.waiter import Waiter
 from tasklock_cli.stores.base import Store
-from tasklock_cli.stores.model import SHARED
 from tasklock_cli.stores.model import Holder
 from tasklock_cli.stores.model import Lease
-from tasklock_cli.stores.model import LeaseInfo
 from tasklock_cli.stores.model import RunRecord
+from tasklock_cli.util import clock as clocks
 from tasklock_cli.util.durations import format_duration
 from tasklock_cli.util.records import dataclass
 from tasklock_cli.util.records import replace
 from tasklock_cli.util.sanitize import recordable
-from tasklock_cli.util.times import rfc3339
 
 
 class Holding:
@@ -178,6 +175,19 @@ def current_holder(command: list[str], note: str | None, record_args: bool = Tru
     )
 
 
+def keepers_of_run(
+    stores: list[Store], options: RunOptions, clock: clocks.Clock
+) -> list[LeaseKeeper]:
+    """A keeper for KEY on ``stores[0]`` and one for each ``--also`` key on the next store
+    (a client serves one thread), each holding as us (``current_holder``)."""
+    holder = current_holder(options.command, options.note, options.record_args)
+    keys = [options.key, *options.also]
+    return [
+        LeaseKeeper.of_run(store, key, options, holder, clock)
+        for store, key in zip(stores, keys, strict=True)
+    ]
+
+
 def user_name() -> str:
     """The name of our real uid (its number when it has none): not ``$LOGNAME``, which
     anyone can set."""
@@ -252,84 +262,6 @@ def release_and_report(
         return
     held = f", held for {format_duration(keep_for)} more (--hold-at-least)" if keep_for else ""
     events.emit("released", key, token, f"released {key!r}{held}", kept_for=keep_for)
-
-
-def emit_renewed(events: EventLog, lease: Lease) -> None:
-    """The ``renewed`` event, as the CLI's run and an API lock emit it."""
-    events.emit(
-        "renewed",
-        lease.key,
-        lease.fencing_token,
-        f"renewed {lease.key!r} until {rfc3339(lease.expires_at)}",
-        expires_at=rfc3339(lease.expires_at),
-    )
-
-
-def emit_acquired(events: EventLog, options: RunOptions, keeper: LeaseKeeper) -> None:
-    lease = keeper.lease
-    assert lease is not None
-    slot = f" slot {lease.slot} of {lease.limit}" if lease.limit > 1 else ""
-    fields: dict[str, object] = {"slot": lease.slot} if lease.limit > 1 else {}
-    if lease.mode == SHARED:
-        slot, fields["mode"] = " (shared)", SHARED
-    events.emit(
-        "acquired",
-        keeper.key,
-        lease.fencing_token,
-        f"acquired {keeper.key!r}{slot} (fencing token {lease.fencing_token}, "
-        f"ttl {format_duration(options.ttl)})",
-        expires_at=rfc3339(lease.expires_at),
-        **fields,
-    )
-
-
-def warn_ledger_failed(events: EventLog, keeper: LeaseKeeper, exc: TasklockError) -> None:
-    """Writing the run's record failed (and with it that release): the release is retried
-    without it, and the command's exit code stands."""
-    events.warning(
-        f"could not write the run of {keeper.key!r} to the run ledger ({exc}); "
-        "releasing without it",
-        key=keeper.key,
-        fencing_token=keeper.fencing_token,
-    )
-
-
-def emit_waiting(
-    events: EventLog,
-    key: str,
-    wait: float,
-    info: LeaseInfo | None,
-    holdup_of: Callable[[str], str | None] = lambda key: None,
-) -> None:
-    """``holdup_of``: what keeps a key when no holder shows (``Store.holdup``), shown and
-    put in the event as ``reason``."""
-    holdup = None if info else holdup_of(key)
-    held_by = f" held by {describe_holder(info)}" if info else ""
-    because = f": {holdup}" if holdup else ""
-    extra = {"reason": holdup} if holdup else {}
-    events.emit(
-        "waiting",
-        key,
-        None,
-        f"waiting for {key!r}{held_by}{because}",
-        wait=wait if math.isfinite(wait) else "inf",
-        holder=info.holder.to_dict() if info else None,
-        **extra,
-    )
-
-
-def emit_conflict(events: EventLog, key: str, conflict: Conflict) -> None:
-    info = conflict.holder
-    extra = {"reason": conflict.holdup} if conflict.holdup else {}
-    events.emit(
-        "conflict",
-        key,
-        info.fencing_token if info else None,
-        f"{conflict}; not running the command",
-        holder=info.holder.to_dict() if info else None,
-        expires_at=rfc3339(info.expires_at) if info else None,
-        **extra,
-    )
 
 
 #: Losses after which the store may say who broke the lease (``broken_by``).

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from tasklock_cli.config import settings
 from tasklock_cli.errors import UsageError
-from tasklock_cli.run.heartbeat import RenewalSchedule
-from tasklock_cli.run.heartbeat import renewal_schedule
+from tasklock_cli.run.schedule import RenewalSchedule
+from tasklock_cli.run.schedule import renewal_schedule
 from tasklock_cli.stores.model import EXCLUSIVE
 from tasklock_cli.stores.model import SHARED
 from tasklock_cli.util.keys import validate_key

@@ -3,6 +3,9 @@
 The main thread watches the child and the clock; a heartbeat thread renews the lease.
 Whatever goes wrong with renewals, the child's process group is dead before the local
 deadline, which is itself earlier than the store's expiry.
+
+What the run says is worded in ``run.announce``, and what the command is given in
+``run.environment``: this module decides when, and what happens to the process tree.
 """
 
 from __future__ import annotations
@@ -25,20 +28,28 @@ from tasklock_cli.events import EventLog
 from tasklock_cli.proc.process import Child
 from tasklock_cli.proc.process import Terminal
 from tasklock_cli.proc.process import become_subreaper
+from tasklock_cli.run.announce import emit_acquired
+from tasklock_cli.run.announce import emit_done_already
+from tasklock_cli.run.announce import emit_guard_died
+from tasklock_cli.run.announce import emit_killing_after_grace
+from tasklock_cli.run.announce import emit_lost
+from tasklock_cli.run.announce import emit_orphans_terminated
+from tasklock_cli.run.announce import emit_refusal
+from tasklock_cli.run.announce import emit_renewed
+from tasklock_cli.run.announce import emit_replacing
+from tasklock_cli.run.announce import emit_waiting
+from tasklock_cli.run.announce import ran_late
+from tasklock_cli.run.announce import warn_ledger_failed
 from tasklock_cli.run.conflict import Conflict
-from tasklock_cli.run.conflict import describe_holder
+from tasklock_cli.run.environment import command_env
+from tasklock_cli.run.environment import lease_env
 from tasklock_cli.run.heartbeat import Heartbeat
 from tasklock_cli.run.holding import Holding
 from tasklock_cli.run.holding import Loss
-from tasklock_cli.run.holding import current_holder
-from tasklock_cli.run.holding import emit_acquired
-from tasklock_cli.run.holding import emit_conflict
-from tasklock_cli.run.holding import emit_renewed
-from tasklock_cli.run.holding import emit_waiting
+from tasklock_cli.run.holding import keepers_of_run
 from tasklock_cli.run.holding import loss_by_now
 from tasklock_cli.run.holding import release_and_report
 from tasklock_cli.run.holding import release_held
-from tasklock_cli.run.holding import warn_ledger_failed
 from tasklock_cli.run.keeper import LeaseKeeper
 from tasklock_cli.run.options import RunOptions
 from tasklock_cli.run.waiter import Waiter
@@ -47,11 +58,9 @@ from tasklock_cli.stores.model import Lease
 from tasklock_cli.stores.model import LeaseInfo
 from tasklock_cli.stores.model import RunRecord
 from tasklock_cli.util import clock as clocks
-from tasklock_cli.util.durations import format_duration
 from tasklock_cli.util.records import dataclass
 from tasklock_cli.util.records import field
 from tasklock_cli.util.records import replace
-from tasklock_cli.util.times import rfc3339
 
 FORWARDED_SIGNALS = (
     signal.SIGINT,
@@ -99,12 +108,8 @@ class Supervisor:
         self.options = options
         self.events = events
         self.clock = clock
-        holder = current_holder(options.command, options.note, options.record_args)
         own_stores = [open_store() for _ in options.also] if open_store else []
-        keepers = [
-            LeaseKeeper.of_run(client, key, options, holder, clock)
-            for client, key in zip([store, *own_stores], [options.key, *options.also], strict=True)
-        ]
+        keepers = keepers_of_run([store, *own_stores], options, clock)
         self.keeper = keepers[0]
         self.state = _State()
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -277,7 +282,7 @@ class Supervisor:
             self._note_guard_reports(child)
             if child.tree_empty:
                 if child.orphans and self.state.orphans_terminated_at is not None:
-                    emit_orphans_terminated(self.events, self.options.key, self.keeper, child)
+                    emit_orphans_terminated(self.events, self.keeper, child.orphans)
                 return
             now = self.clock()
             state = self.state
@@ -302,13 +307,9 @@ class Supervisor:
             exited_on_our_clock = self.clock() - (clocks.monotonic() - child.exited_at)
             if exited_on_our_clock >= self.holding.deadline():
                 late = exited_on_our_clock - self.holding.deadline()
-                detail = f"the command ran {format_duration(late)} past the local lease deadline"
-                self._lose(LossKind.RESUMED_LATE, detail, kill_at=0.0)
+                self._lose(LossKind.RESUMED_LATE, ran_late(late), kill_at=0.0)
         if child.guard_died:
-            self.events.error(
-                f"the guard of the command on {self.options.key!r} died; "
-                "the command's process tree was killed"
-            )
+            emit_guard_died(self.events, self.options.key)
 
     def _enforce(self, child: Child, now: float) -> None:
         state = self.state
@@ -318,9 +319,7 @@ class Supervisor:
         for signalled_at in (state.term_forwarded_at, state.orphans_terminated_at):
             if signalled_at is None or state.kill_sent or now < signalled_at + self.options.grace:
                 continue
-            self.events.debug(
-                f"ignored SIGTERM for {format_duration(self.options.grace)}; sending SIGKILL"
-            )
+            emit_killing_after_grace(self.events, self.options.grace)
             child.signal_tree(signal.SIGKILL)
             state.kill_sent = True
 
@@ -369,10 +368,7 @@ class Supervisor:
             else:
                 child.signal_tree(signal.SIGTERM)
                 child.signal_tree(signal.SIGCONT)  # a stopped process must run to handle it
-        key = self.options.key
-        message = f"lost the lease on {key!r} ({detected_by}: {detail}); terminating the command"
-        token = self.keeper.fencing_token
-        self.events.emit("lost", key, token, message, detected_by=detected_by, detail=detail)
+        emit_lost(self.events, self.keeper, detected_by, detail, "; terminating the command")
         self._wake()
 
     def _renewed(self, lease: Lease) -> None:
@@ -380,7 +376,7 @@ class Supervisor:
             self.child.set_backstop(self._backstop_in())
         emit_renewed(self.events, lease)
 
-    # -- release, events, signals ---------------------------------------------------------
+    # -- release, signals ---------------------------------------------------------
 
     def _release_all(self, outcome: str, exit_code: int | None) -> None:
         """Release every lease held, each recording the run (``outcome``) in its key's
@@ -415,35 +411,6 @@ class Supervisor:
             self.state.term_forwarded_at = self.clock()
 
 
-def command_env(options: RunOptions) -> dict[str, str]:
-    """The command's environment but the lease's variables (``lease_env``): ours, its key,
-    and where `tasklock check` in the command finds the store (the config file it came
-    from, else its URL)."""
-    env = dict(os.environ)
-    env["TASKLOCK_KEY"] = options.key
-    if options.config_file is not None:
-        env["TASKLOCK_CONFIG"] = options.config_file
-    elif options.store_url is not None:
-        env["TASKLOCK_STORE"] = options.store_url
-    return env
-
-
-def lease_env(keeper: LeaseKeeper, holding: Holding | None = None) -> dict[str, str]:
-    """The held lease's variables, over ``command_env``: its token (with --also, every
-    key's), expiry and slot."""
-    lease = keeper.lease
-    assert lease is not None, "the command starts only once the lease is taken"
-    env: dict[str, str] = {}
-    if holding is not None and holding.several:
-        import json
-
-        env["TASKLOCK_FENCING_TOKENS"] = json.dumps(holding.tokens(), ensure_ascii=False)
-    env["TASKLOCK_FENCING_TOKEN"] = str(lease.fencing_token)
-    env["TASKLOCK_LEASE_EXPIRES_AT"] = rfc3339(lease.expires_at)
-    env["TASKLOCK_SLOT"] = str(lease.slot)
-    return env
-
-
 def install_signal_handlers(on_signal, on_alarm, wake_fd: int) -> dict:
     """Our handlers for the run, and the wake-up fd for every signal; what they replaced."""
     previous: dict = {}
@@ -460,12 +427,6 @@ def restore_signal_handlers(previous: dict) -> None:
     signal.set_wakeup_fd(previous.pop("wakeup"))
     for signum, handler in previous.items():
         signal.signal(signum, handler)
-
-
-def emit_replacing(events: EventLog, key: str, broken: list[LeaseInfo]) -> None:
-    """--replace broke these leases: their holders terminate their trees and let go."""
-    for info in broken:
-        events.debug(f"--replace: broke {key!r} held by {describe_holder(info)}; taking it next")
 
 
 def hooks_of(options: RunOptions, events: EventLog) -> Hooks | None:
@@ -501,22 +462,11 @@ def emit_refused(
     hooks: Hooks | None,
     options: RunOptions,
 ) -> None:
-    """The lock was not acquired: a ``conflict`` event (reason ``queue-full`` for a full
-    queue), or ``superseded``; then the ``on-conflict`` hook."""
+    """The lock was not acquired: its event (``announce.emit_refusal``), then the
+    ``on-conflict`` hook."""
     emit_refusal(events, refused)
     if hooks is not None:
         hooks.conflict(command_env(options))
-
-
-def emit_refusal(events: EventLog, refused: Conflict | Superseded | QueueFull) -> None:
-    """``emit_refused``'s event."""
-    if isinstance(refused, Superseded):
-        events.emit("superseded", refused.key, None, str(refused))
-    elif isinstance(refused, QueueFull):
-        message = f"{refused}; not running the command"
-        events.emit("conflict", refused.key, None, message, reason=refused.reason)
-    else:
-        emit_conflict(events, refused.key, refused)
 
 
 def run_record_of(keeper: LeaseKeeper, loss: Loss | None, child: Child) -> RunRecord | None:
@@ -529,22 +479,3 @@ def run_record_of(keeper: LeaseKeeper, loss: Loss | None, child: Child) -> RunRe
     if child.status is not None and os.WIFSIGNALED(child.status):
         return keeper.run_record("signalled", code)
     return keeper.run_record("succeeded" if code == 0 else "failed", code)
-
-
-def emit_orphans_terminated(events: EventLog, key: str, keeper: LeaseKeeper, child: Child) -> None:
-    count = child.orphans
-    message = f"terminated {count} process{'' if count == 1 else 'es'} the command left running"
-    events.emit("orphans-terminated", key, keeper.fencing_token, message, count=count)
-
-
-def emit_done_already(events: EventLog, key: str, token: int | None, success: RunRecord) -> None:
-    events.emit(
-        "done-already",
-        key,
-        token,
-        f"{key!r} already succeeded in this --once-per window (fencing token "
-        f"{success.fencing_token}, started {rfc3339(success.started_at)}); "
-        "not running the command",
-        done_by=success.fencing_token,
-        done_at=rfc3339(success.started_at),
-    )

@@ -20,11 +20,11 @@ What it may write, each with its default here (or in ``queueing``):
 - ``_close``: nothing (``close`` first leaves the queues: the base's part).
 
 Attributes (``traits``): ``display_url`` (the URL shown, password redacted),
-``waiter_ttl`` (a queue place's life without a renewal), ``waiting_trouble`` (what the
-waiting primitives raise on trouble), ``break_poll_s`` and ``release_poll_s`` (the polling
-defaults' intervals: one round trip each on a network store), ``release_look_s``, and the
-flags ``signals_release``, ``concurrent_release``, ``waits_keep_places``, ``min_ttl``,
-``expiry_lag``, ``byte_keys``, ``failover_window``.
+``waiting_trouble`` (what the waiting primitives raise on trouble), ``break_poll_s`` and
+``release_poll_s`` (the polling defaults' intervals: one round trip each on a network
+store), ``release_look_s``, and those the package declares in its ``CAPABILITIES``:
+``signals_release``, ``concurrent_release``, ``waits_keep_places``, ``min_ttl``,
+``expiry_lag``, ``byte_keys``, ``waiter_ttl``, ``failover_window``.
 
 The base keeps the queue places: ``_acquire`` returns a ``Lease``, ``QUEUED`` (no slot; a
 place in the queue under the caller's owner token) or None (no slot, no place), and the

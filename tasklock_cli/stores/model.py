@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from datetime import datetime
 
+# --priority's bounds are the setting's (config sits below the stores); the bands use them.
+from tasklock_cli.config.settings import MAX_PRIORITY
+from tasklock_cli.config.settings import MIN_PRIORITY  # noqa: F401 - the stores import it here
 from tasklock_cli.util.records import dataclass
 from tasklock_cli.util.records import field
 from tasklock_cli.util.records import replace
@@ -58,8 +61,6 @@ EXCLUSIVE = "exclusive"
 SHARED = "shared"
 MODES = (EXCLUSIVE, SHARED)
 
-#: ``run --priority``: waiting runs are served highest priority first.
-MIN_PRIORITY, MAX_PRIORITY = -100, 100
 #: How the SQL stores fold a priority into a place's order number (``seq`` or ``ord``):
 #: ``arrival - priority * PRIORITY_BAND``, and for a ``front`` place ``-arrival -
 #: FRONT_BAND``. Arrival numbers stay below 2**40, so the bands never overlap: an order

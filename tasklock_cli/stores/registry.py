@@ -9,11 +9,18 @@ importing its driver:
 - ``DRIVER``: the third-party package its store module imports (``Driver``), or None.
 - ``__all__``: the store class's name alone; the class itself is imported on first use
   (``util.lazy.import_on_first_use``), so that reading these names costs no driver.
+- ``CAPABILITIES``: what the store can do (``traits.Capabilities``), which its store class
+  takes as its traits, ``doctor --json`` shows and the tests read.
 - optionally ``url_problem(url)``: what makes the URL unreadable (default: what
   ``urllib.parse.urlsplit`` refuses), for stores that read their URLs in their own way.
 
+and its module ``provision`` declares ``PROVISIONING`` (``provisioning.Provisioning``): how
+the tests and the bench get the store (``provisioning(name)``; never on ``run``'s path).
+``package_problems(name)`` says what a package lacks (``tests/test_layout.py`` asks).
+
 ``open_store`` (in ``tasklock_cli.stores``), the command line's help, the tests' store
-kinds and the layout test all read ``STORE_PACKAGES``: adding a store is adding its name here.
+kinds, the bench and the layout test all read ``STORE_PACKAGES``: adding a store is adding
+its name here.
 
 ``IN_PROCESS_PACKAGES`` are stores that live in one process (``memory://``, for tests of
 programs that use the Python API): their package declares ``IN_PROCESS = True``, the CLI
@@ -29,6 +36,8 @@ from tasklock_cli.util.records import dataclass
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from types import ModuleType
+
+    from tasklock_cli.stores.provisioning import Provisioning
 
 #: The store packages, in the order users meet them (the default store first).
 STORE_PACKAGES = ("sqlite", "postgres", "redis", "etcd", "mysql")
@@ -66,3 +75,54 @@ def known_schemes() -> list[str]:
 def url_forms() -> list[str]:
     """Each store's URL shape, for help."""
     return [store_package(name).URL_FORM for name in STORE_PACKAGES]
+
+
+def all_packages() -> tuple[str, ...]:
+    """Every store package: the CLI's, then the in-process ones."""
+    return (*STORE_PACKAGES, *IN_PROCESS_PACKAGES)
+
+
+def _known(name: str) -> str:
+    if name not in all_packages():
+        raise LookupError(
+            f"no store package {name!r} (the registry has {', '.join(all_packages())})"
+        )
+    return name
+
+
+def provisioning(name: str) -> Provisioning:
+    """How tests and the bench get the store ``name`` (its ``provision.PROVISIONING``); a
+    LookupError naming what is missing for a name or a module the registry does not know."""
+    try:
+        module = import_module(f"tasklock_cli.stores.{_known(name)}.provision")
+    except ModuleNotFoundError as exc:
+        raise LookupError(f"store package {name!r} has no provision module ({exc})") from exc
+    found = getattr(module, "PROVISIONING", None)
+    if found is None:
+        raise LookupError(f"tasklock_cli.stores.{name}.provision declares no PROVISIONING")
+    return found
+
+
+def package_problems(name: str) -> list[str]:
+    """What the store package ``name`` lacks of what every store declares, each a sentence
+    naming it: empty for a complete package."""
+    from tasklock_cli.stores.provisioning import Provisioning
+    from tasklock_cli.stores.traits import Capabilities
+
+    package = store_package(_known(name))
+    problems = [
+        f"tasklock_cli.stores.{name} declares no {attribute}"
+        for attribute in ("TITLE", "SCHEMES", "URL_FORM", "DRIVER", "CAPABILITIES")
+        if not hasattr(package, attribute)
+    ]
+    capabilities = getattr(package, "CAPABILITIES", None)
+    if capabilities is not None and not isinstance(capabilities, Capabilities):
+        problems.append(f"tasklock_cli.stores.{name}.CAPABILITIES is not a Capabilities record")
+    try:
+        if not isinstance(provisioning(name), Provisioning):
+            problems.append(
+                f"tasklock_cli.stores.{name}.provision.PROVISIONING is not a Provisioning"
+            )
+    except LookupError as exc:
+        problems.append(str(exc))
+    return problems

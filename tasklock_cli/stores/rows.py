@@ -10,7 +10,7 @@ Such a row is *malformed*:
 - Each field that could not be read gets a placeholder (``?``, 0, the epoch).
 - Each such field is named in the record's ``malformed``, as pairs of field and why.
 - It never stops the rows around it from being read.
-- When shown, its unreadable fields are ``?`` in text and null in JSON.
+- When shown, its unreadable fields are ``?`` in text (``util.display``) and null in JSON.
   The record says ``"malformed": true`` (see ``model``).
 - ``metrics`` counts such records.
 
@@ -169,19 +169,6 @@ class RowReader:
             command=list(command),
             note=self.optional_text(f"{name}.note", record.get("note")),
         )
-
-
-def shown(malformed: tuple, name: str, value: object) -> str:
-    """A field of a record as text: ``?`` when its row's field could not be read."""
-    part = name.partition(".")[0]
-    if any(bad in (name, part) for bad, _ in malformed):
-        return UNREADABLE
-    return str(value)
-
-
-def problems(malformed: tuple) -> str:
-    """What was wrong with a malformed row, in words ('' for a good one)."""
-    return "; ".join(f"{name} {why}" for name, why in malformed)
 
 
 def as_number(value: object) -> float | None:

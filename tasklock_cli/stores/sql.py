@@ -22,7 +22,6 @@ from abc import ABC
 from abc import abstractmethod
 
 from tasklock_cli.stores.base import Store
-from tasklock_cli.stores.failover import DEFAULT_TTL_S
 from tasklock_cli.stores.urls import scrub
 
 #: typing costs ~2 ms per start: its names are for the type checker only.
@@ -93,10 +92,9 @@ class SqlConnection(ABC):
 
 
 class SqlStore(Store):
-    """A store on a SQL server: its connection ``_db`` and its tables ``_schema``."""
-
-    #: A promoted asynchronous standby or replica may lack the last leases (see ``failover``).
-    failover_window: float | None = DEFAULT_TTL_S
+    """A store on a SQL server: its connection ``_db`` and its tables ``_schema``. Its
+    traits are its package's ``CAPABILITIES`` (``failover_window``: a promoted asynchronous
+    standby or replica may lack the last leases, see ``failover``)."""
 
     _db: SqlConnection
     _schema: _Schema

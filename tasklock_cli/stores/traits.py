@@ -1,14 +1,54 @@
-"""What a store declares about itself, as class attributes its class sets: the loops of
-``Store`` and the run engine read them (each store package sets its own in its store
-class). Kept apart from ``Store``'s methods, the interface itself."""
+"""What a store declares about itself, as class attributes of its class: the loops of
+``Store`` and the run engine read them. Each store package declares the ones that describe
+it in one ``Capabilities`` record (``CAPABILITIES`` in its ``__init__``), which its store
+class takes (``class XStore(Store, capabilities=CAPABILITIES)``), ``doctor --json`` shows
+and the tests read. Kept apart from ``Store``'s methods, the interface itself."""
 
 from __future__ import annotations
 
 from tasklock_cli.stores.model import WAITER_TTL_S
+from tasklock_cli.util.records import dataclass
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a store can do and how its leases behave: eight of ``StoreTraits`` (see each
+    there), declared by every store package as ``CAPABILITIES``, with no default, so that a
+    new store says each. Left out: ``break_poll_s``, ``release_poll_s`` and
+    ``release_look_s``, how often the base class's polling defaults and a signalled waiter
+    look (tuning of a loop, not a property of the store), and ``display_url``.
+    ``failover_window`` is the store's with its default URL: a store may set its own per
+    URL (Redis's ``wait_replicas``); ``of(store)`` reads the store's."""
+
+    signals_release: bool
+    concurrent_release: bool
+    waits_keep_places: bool
+    byte_keys: bool
+    min_ttl: float
+    expiry_lag: float
+    waiter_ttl: float
+    failover_window: float | None
+
+    @classmethod
+    def of(cls, store: object) -> Capabilities:
+        """The capabilities of a store (or store class) as it is: its own attributes."""
+        return cls(**{name: getattr(store, name) for name in cls.__match_args__})
+
+    def as_json(self) -> dict[str, object]:
+        """The record as ``doctor --json`` shows it (seconds as numbers, None as null)."""
+        return {name: getattr(self, name) for name in self.__match_args__}
 
 
 class StoreTraits:
     """A store's declared traits, with the defaults of a store that only polls."""
+
+    def __init_subclass__(cls, capabilities: Capabilities | None = None, **kwargs: object):
+        """``class XStore(Store, capabilities=CAPABILITIES)``: the package's record becomes
+        the class's traits, so that the record is their one source."""
+        super().__init_subclass__(**kwargs)
+        if capabilities is not None:
+            for name, value in capabilities.as_json().items():
+                setattr(cls, name, value)
 
     #: Shown by ``doctor`` and in errors, password redacted.
     display_url: str = ""

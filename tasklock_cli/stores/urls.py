@@ -12,16 +12,9 @@ from tasklock_cli.util import paths
 # sqlite:///PATH is taken apart here; other URLs import them when they need them.
 
 
-def xdg_home(variable: str, *fallback: str) -> str:
-    """``$variable`` when it is an absolute path (the XDG spec ignores a relative one),
-    else ``~/fallback``."""
-    value = os.environ.get(variable, "")
-    return value if value.startswith("/") else paths.joined(paths.home(), *fallback)
-
-
 def default_sqlite_file() -> str:
     """The default store's file: ``$XDG_STATE_HOME/tasklock/locks.db``."""
-    return paths.joined(xdg_home("XDG_STATE_HOME", ".local", "state"), "tasklock", "locks.db")
+    return paths.joined(paths.xdg_home("XDG_STATE_HOME", ".local", "state"), "tasklock", "locks.db")
 
 
 def sqlite_url(path: str | os.PathLike) -> str:

@@ -63,6 +63,14 @@ def home() -> str:
     return normal(found)
 
 
+def xdg_home(variable: str, *fallback: str) -> str:
+    """``$variable`` when it is an absolute path (the XDG spec ignores a relative one),
+    else ``~/fallback``: where the config file (``XDG_CONFIG_HOME``) and the default store
+    (``XDG_STATE_HOME``) are looked for."""
+    value = os.environ.get(variable, "")
+    return value if value.startswith("/") else joined(home(), *fallback)
+
+
 def is_file(path: str) -> bool:
     """``Path(path).is_file()``: False when absent, but other errors (EACCES) raised."""
     return _is_kind(path, stat.S_ISREG)

@@ -42,6 +42,13 @@ def safe(text: object) -> str:
     return "".join(_escape(ord(char)) if _escaped(ord(char)) else char for char in out)
 
 
+def safe_lines(text: str) -> str:
+    """``text`` (a traceback) with each line escaped as ``safe`` escapes one, the line
+    breaks kept: a server's error text inside it reaches the terminal as escapes, never
+    raw, as everything else tasklock prints."""
+    return "".join(safe(line) + "\n" for line in text.splitlines())
+
+
 def recordable(arg: str) -> str:
     """A command-line argument as the store keeps it.
 

@@ -1,5 +1,6 @@
 """etcd test helpers: private throwaway etcd members (one shared per test session for the
-contract suite, clusters of three for fault tests) and dropping a test's namespace."""
+contract suite, clusters of three for fault tests), and why there is none (``etcd``'s
+provisioning names this module as its ``private_server``)."""
 
 from __future__ import annotations
 
@@ -169,22 +170,19 @@ def base_url() -> str:
     return shared_member().url().split("?")[0]
 
 
-def drop_namespace(url: str) -> None:
-    """Delete every key under the URL's ``prefix=``."""
-    from tasklock_cli.stores.etcd.connection import b64
-    from tasklock_cli.stores.etcd.connection import parse_url
-    from tasklock_cli.stores.etcd.connection import prefix_end
-
-    config = parse_url(url)
-    if not config.prefix:
-        raise ValueError("refusing to drop an empty prefix (that is the whole keyspace)")
-    host, port = config.members[0]
-    start = config.prefix.encode()
-    post(
-        f"http://{host}:{port}",
-        "/v3/kv/deleterange",
-        {"key": b64(start), "range_end": b64(prefix_end(start))},
-    )
+def unavailable_reason() -> str | None:
+    """Why the etcd tests cannot run here (no binary, a member that did not start), or None
+    (``services.unavailable_reason``: etcd's provisioning names this module)."""
+    if not os.environ.get("TASKLOCK_TEST_ETCD_URL") and etcd_binary() is None:
+        return (
+            "the etcd binary is not installed (Debian: apt-get install etcd-server; "
+            "or set TASKLOCK_TEST_ETCD_URL)"
+        )
+    try:
+        base_url()
+    except (OSError, RuntimeError) as exc:
+        return f"could not start a private etcd member ({exc})"
+    return None
 
 
 def b64(text: str) -> str:

@@ -218,8 +218,7 @@ def corrupt_expiry(url: str, key: str, case: str) -> bool:
 def far_expiry(url: str, key: str) -> bool:
     """Make ``key``'s live lease (slot 0) run out in the year 9999 (SQLite: in 30 years), a
     forged expiry, readable but further ahead than any lease the store granted: False on
-    etcd, whose leases are its own TTLs, and on MySQL, whose break procedure does not bound
-    one yet (a first try raced the holders' renewals: see the turn 5 note)."""
+    etcd, whose leases are its own TTLs."""
     kind = kind_of(url)
     if kind == "sqlite":  # (30 years ahead: nearer than a clock nobody's boot reaches)
         statement = "UPDATE tasklock_leases SET expires_boot = expires_boot + 1e9, "
@@ -227,6 +226,9 @@ def far_expiry(url: str, key: str) -> bool:
     elif kind == "postgres":
         statement = "UPDATE {table} SET expires_at = '9999-12-31' WHERE key = %s AND slot = 0"
         _pg(url, statement, (key,))
+    elif kind == "mysql":
+        statement = "UPDATE {table} SET expires_at = '9999-12-31' WHERE `key` = %s AND slot = 0"
+        _mysql(url, statement, (key,))
     elif kind == "redis":
         client, names = _redis(url)
         try:

@@ -11,7 +11,7 @@ import pymysql
 from tasklock_cli.stores import open_store
 from tasklock_cli.stores.base import Store
 from tasklock_cli.stores.mysql.connection import parse_url
-from tasklock_cli.stores.mysql.schema import PROCEDURES
+from tasklock_cli.stores.mysql.provision import drop_namespace  # noqa: F401 - tests name it here
 from tasklock_cli.stores.mysql.store import MySQLStore
 
 
@@ -23,15 +23,6 @@ def admin_connection(url: str) -> Iterator[pymysql.connections.Connection]:
         yield conn
     finally:
         conn.close()
-
-
-def drop_namespace(url: str) -> None:
-    _, table = parse_url(url, url)
-    with admin_connection(url) as conn, conn.cursor() as cursor:
-        for proc in PROCEDURES:
-            cursor.execute(f"DROP PROCEDURE IF EXISTS `{table}_{proc}`")
-        for suffix in ("", "_runs", "_waiters"):
-            cursor.execute(f"DROP TABLE IF EXISTS `{table}{suffix}`")
 
 
 def open_my(url: str, opened: list[Store]) -> MySQLStore:

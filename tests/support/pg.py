@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from tasklock_cli.stores.postgres.provision import drop_namespace  # noqa: F401 - tests name it here
 from tests.support.ports import free_port
 
 TYPE_CHECKING = False
@@ -56,26 +57,6 @@ def open_pg(url: str, opened: list[Store]) -> PostgresStore:
 def admin_connection(url: str) -> Any:
     """A plain autocommit psycopg connection to the server and database of a store URL."""
     return _connect(url)[0]
-
-
-def drop_namespace(url: str) -> None:
-    """Drop the table named by the URL's ``table=`` (never the default table), and the run
-    ledger's and the waiters' tables beside it."""
-    from psycopg import sql
-
-    from tasklock_cli.stores.postgres.schema import parse_table
-    from tasklock_cli.stores.postgres.store import DEFAULT_TABLE
-
-    conn, table = _connect(url)
-    try:
-        if table == DEFAULT_TABLE:
-            raise ValueError("refusing to drop the default table; tests name their own")
-        parts = parse_table(table)
-        for suffix in ("", "_runs", "_waiters"):
-            name = (*parts[:-1], parts[-1][: 63 - len(suffix)] + suffix) if suffix else parts
-            conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(*name)))
-    finally:
-        conn.close()
 
 
 def pg_bin_dir() -> Path | None:

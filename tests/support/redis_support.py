@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tasklock_cli.stores.redis.provision import drop_namespace  # noqa: F401 - tests name it here
 from tests.support import services
 from tests.support.ports import free_port
 
@@ -23,6 +24,15 @@ if TYPE_CHECKING:
     from tasklock_cli.stores.redis.store import RedisStore
 
 REDIS_SERVER = os.environ.get("TASKLOCK_TEST_REDIS_SERVER", "/usr/bin/redis-server")
+
+
+@pytest.fixture
+def raw_redis(redis_url):
+    """A plain redis-py client on the shared Redis server, for what a test reads or writes
+    in ``redis_url``'s namespace itself (a fixture: its test modules import it)."""
+    client, _ = _client_for(redis_url)
+    yield client
+    client.close()
 
 
 def _client_for(url: str):
@@ -43,28 +53,6 @@ def opened_redis(url: str) -> Iterator[RedisStore]:
     with open_store(url) as store:
         assert isinstance(store, RedisStore)
         yield store
-
-
-def drop_namespace(url: str) -> int:
-    """Delete every key under the URL's ``prefix=`` (SCAN, never KEYS); returns how many."""
-    from tasklock_cli.stores.redis.keys import glob_escape
-
-    client, prefix = _client_for(url)
-    if not prefix:
-        raise ValueError("refusing to drop an empty prefix (that is the whole database)")
-    removed = 0
-    try:
-        batch: list[bytes] = []
-        for name in client.scan_iter(match=glob_escape(prefix.encode()) + b"*", count=10_000):
-            batch.append(name)
-            if len(batch) >= 1000:
-                removed += client.unlink(*batch)
-                batch = []
-        if batch:
-            removed += client.unlink(*batch)
-    finally:
-        client.close()
-    return removed
 
 
 def known_namespace(url: str) -> str:

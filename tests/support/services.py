@@ -1,100 +1,95 @@
-"""Where the test PostgreSQL, Redis, MySQL/MariaDB and etcd are, whether they are up, and how
-to clean up after a test. etcd is a private member the tests start themselves
-(``tests/support/etcd.py``), unless ``TASKLOCK_TEST_ETCD_URL`` names one.
+"""Where each store's test server is, whether it is up, and how to clean up after a test: all
+read from the store packages' provisioning (``tasklock_cli/stores/<name>/provision.py``,
+``registry.provisioning``). A store whose tests start a private server of their own (its
+``server.private``) asks that helper module, which also reads the server's ``url_env``.
 
-On a machine without them the store tests skip with the reason; in CI (``CI=true``) a missing
-service is a failure, never a skip.
+On a machine without a server the store's tests skip with the reason; in CI (``CI=true``)
+a missing service is a failure, never a skip.
 """
 
 from __future__ import annotations
 
 import functools
 import os
-import socket
+import uuid
+from importlib import import_module
 from urllib.parse import urlsplit
 
 import pytest
 
-DEFAULT_POSTGRES_URL = "postgresql://127.0.0.1:5432/test"
-DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
-DEFAULT_MYSQL_URL = "mysql://root@127.0.0.1:3306/test"
+from tasklock_cli.stores.provisioning import Provisioning
+from tasklock_cli.stores.registry import package_for_scheme
+from tasklock_cli.stores.registry import provisioning
+from tasklock_cli.stores.registry import store_package
+from tasklock_cli.stores.traits import Capabilities
 
 
 def in_ci() -> bool:
     return os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
-def base_postgres_url() -> str:
-    return os.environ.get("TASKLOCK_TEST_POSTGRES_URL", DEFAULT_POSTGRES_URL)
+def base_url(kind: str) -> str:
+    """The URL of the server ``kind``'s tests use (its namespaces are parameters of it)."""
+    provision = provisioning(kind)
+    if provision.private_server:
+        return import_module(provision.private_server).base_url()
+    return provision.base_url()
 
 
-def base_redis_url() -> str:
-    return os.environ.get("TASKLOCK_TEST_REDIS_URL", DEFAULT_REDIS_URL)
+def fresh_url(kind: str, tmp_path, name: str | None = None) -> str:
+    """A URL naming a fresh, empty namespace of ``kind``: ``name``, or a unique one. A store
+    without a server keeps its files in ``tmp_path``."""
+    name = name or f"tasklock_test_{uuid.uuid4().hex[:12]}"
+    provision = provisioning(kind)
+    place = str(tmp_path) if provision.server is None else base_url(kind)
+    return provision.namespace_url(place, name)
 
 
-def base_mysql_url() -> str:
-    return os.environ.get("TASKLOCK_TEST_MYSQL_URL", DEFAULT_MYSQL_URL)
+def needs_server(kind: str) -> bool:
+    """Whether ``kind``'s tests need a server (so that they are not ``quick``)."""
+    return provisioning(kind).server is not None
 
 
-def _with_query(url: str, **params: str) -> str:
-    separator = "&" if "?" in url else "?"
-    return url + separator + "&".join(f"{k}={v}" for k, v in params.items())
+def kind_of(url: str) -> str:
+    """The registry name of the store that opens ``url``."""
+    package = package_for_scheme(urlsplit(url).scheme)
+    if package is None:
+        raise LookupError(f"no store opens {url!r}")
+    return package.__name__.rpartition(".")[2]
 
 
-def postgres_url(table: str) -> str:
-    return _with_query(base_postgres_url(), table=table)
+def capabilities_for(url: str) -> Capabilities:
+    """What the store of ``url`` declares it can do (its package's ``CAPABILITIES``)."""
+    return store_package(kind_of(url)).CAPABILITIES
 
 
-def redis_url(prefix: str) -> str:
-    return _with_query(base_redis_url(), prefix=prefix)
-
-
-def mysql_url(table: str) -> str:
-    return _with_query(base_mysql_url(), table=table)
-
-
-def etcd_url(prefix: str) -> str:
-    from tests.support import etcd
-
-    return _with_query(etcd.base_url(), prefix=prefix)
-
-
-def _etcd_unavailable_reason() -> str | None:
-    import os
-
-    from tests.support import etcd
-
-    if not os.environ.get("TASKLOCK_TEST_ETCD_URL") and etcd.etcd_binary() is None:
-        return (
-            "the etcd binary is not installed (Debian: apt-get install etcd-server; "
-            "or set TASKLOCK_TEST_ETCD_URL)"
-        )
-    try:
-        etcd.base_url()
-    except (OSError, RuntimeError) as exc:
-        return f"could not start a private etcd member ({exc})"
-    return None
+def provisioning_for(url: str) -> Provisioning:
+    """How the tests get the store of ``url`` (its package's ``PROVISIONING``)."""
+    return provisioning(kind_of(url))
 
 
 @functools.cache
 def unavailable_reason(kind: str) -> str | None:
     """None when the store kind can be tested here, else why not."""
-    if kind in ("sqlite", "memory"):  # in this process or a file: always here
+    provision = provisioning(kind)
+    if provision.server is None:  # in this process or a file: always here
         return None
-    if kind == "etcd":
-        return _etcd_unavailable_reason()
-    module = {"postgres": "psycopg", "redis": "redis", "mysql": "pymysql"}[kind]
-    try:
-        __import__(module)
-    except ImportError:
-        return f"{module} is not installed (pip install '.[test]')"
-    url = {"postgres": base_postgres_url, "redis": base_redis_url, "mysql": base_mysql_url}[kind]()
-    parts = urlsplit(url)
-    port = parts.port or {"postgres": 5432, "redis": 6379, "mysql": 3306}[kind]
-    try:
-        socket.create_connection((parts.hostname or "127.0.0.1", port), timeout=2).close()
-    except OSError as exc:
-        return f"no {kind} server at {parts.hostname}:{port} ({exc.strerror or exc})"
+    if provision.private_server:
+        return import_module(provision.private_server).unavailable_reason()
+    return _server_unavailable(kind, provision)
+
+
+def _server_unavailable(kind: str, provision: Provisioning) -> str | None:
+    """Why the server beside the tests cannot be used: its driver, the server, the store."""
+    driver = store_package(kind).DRIVER
+    if driver is not None:
+        try:
+            __import__(driver.package)
+        except ImportError:
+            return f"{driver.package} is not installed (pip install '.[test]')"
+    problem = provision.unreachable(base_url(kind))
+    if problem is not None:
+        return problem
     try:
         __import__(f"tasklock_cli.stores.{kind}")
     except ImportError as exc:
@@ -113,23 +108,4 @@ def require(kind: str) -> None:
 
 def cleanup(kind: str, url: str) -> None:
     """Drop what a test's namespace left behind on a shared server."""
-    if kind == "memory":
-        from tasklock_cli.stores.memory.connection import drop_space
-
-        drop_space(url.removeprefix("memory://"))
-    elif kind == "postgres":
-        from tests.support import pg
-
-        pg.drop_namespace(url)
-    elif kind == "redis":
-        from tests.support import redis_support
-
-        redis_support.drop_namespace(url)
-    elif kind == "etcd":
-        from tests.support import etcd
-
-        etcd.drop_namespace(url)
-    elif kind == "mysql":
-        from tests.support import mysql_support
-
-        mysql_support.drop_namespace(url)
+    provisioning(kind).cleanup(url)

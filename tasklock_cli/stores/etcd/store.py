@@ -15,6 +15,7 @@ from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.errors import Superseded
 from tasklock_cli.errors import TasklockError
 from tasklock_cli.stores.base import Store
+from tasklock_cli.stores.etcd import CAPABILITIES
 from tasklock_cli.stores.etcd import http
 from tasklock_cli.stores.etcd.acquiring import SHARED_SLOTS_PER_TXN
 from tasklock_cli.stores.etcd.acquiring import SLOTS_PER_TXN
@@ -54,7 +55,6 @@ from tasklock_cli.stores.etcd.waiting import WaiterQueue
 from tasklock_cli.stores.etcd.waiting import poll_until
 from tasklock_cli.stores.etcd.waiting import waiter_value
 from tasklock_cli.stores.model import SHARED
-from tasklock_cli.stores.model import WAITER_TTL_S
 from tasklock_cli.stores.model import Ask
 from tasklock_cli.stores.model import Holder
 from tasklock_cli.stores.model import Lease
@@ -102,16 +102,8 @@ class _Held:
     broken: bool = False  # read back broken: its renewals fail, its release still frees it
 
 
-class EtcdStore(EtcdReads, Store):
-    signals_release = True
-    concurrent_release = True  # its calls take the client's lock; a break watch has its own stream
-    waits_keep_places = True  # the waits keep the waiter lease alive; watches start at a revision
-    # Whole seconds, raised to etcd's own minimum (1.5 x its election timeout, 2 s by
-    # default); the leader looks for expired leases twice a second.
-    min_ttl = 1.0
-    expiry_lag = 1.0  # its check every 0.5 s, then a Raft round: 0.7 s was passed under load
+class EtcdStore(EtcdReads, Store, capabilities=CAPABILITIES):
     waiting_trouble = (TasklockError, EtcdError, OSError, http.Woken)
-    waiter_ttl = float(math.ceil(WAITER_TTL_S))  # whole seconds (a waiter lease)
 
     def __init__(self, config: EtcdConfig, display_url: str) -> None:
         self.display_url = display_url

@@ -13,6 +13,8 @@ a lock that lives in one process excludes nobody else. ``Locks`` takes it only w
 
 from __future__ import annotations
 
+from tasklock_cli.stores.model import WAITER_TTL_S
+from tasklock_cli.stores.traits import Capabilities
 from tasklock_cli.util.lazy import import_on_first_use
 
 TITLE = "memory"
@@ -23,6 +25,17 @@ DRIVER = None
 IN_PROCESS = True
 __getattr__ = import_on_first_use(__name__, "store", "MemoryStore")
 __all__ = ["MemoryStore"]
+#: What the store can do, its class's traits (see ``traits.Capabilities``).
+CAPABILITIES = Capabilities(
+    signals_release=False,  # it only polls: the base class's defaults run through the contract
+    concurrent_release=True,  # every call holds the space's lock; nothing to close
+    waits_keep_places=False,
+    byte_keys=False,
+    min_ttl=0.0,
+    expiry_lag=0.0,
+    waiter_ttl=WAITER_TTL_S,
+    failover_window=None,
+)
 
 
 def url_problem(url: str) -> str | None:

@@ -16,6 +16,7 @@ from tasklock_cli.errors import LimitMismatch
 from tasklock_cli.errors import QueueFull
 from tasklock_cli.errors import Superseded
 from tasklock_cli.stores.base import Store
+from tasklock_cli.stores.memory import CAPABILITIES
 from tasklock_cli.stores.memory.connection import Place
 from tasklock_cli.stores.memory.connection import Slot
 from tasklock_cli.stores.memory.connection import Space
@@ -42,10 +43,9 @@ if TYPE_CHECKING:
     import builtins
 
 
-class MemoryStore(MemoryLedger, Store):
+class MemoryStore(MemoryLedger, Store, capabilities=CAPABILITIES):
     """Leases in this process (see the package's docstring)."""
 
-    concurrent_release = True  # every call holds the space's lock; nothing to close
     break_poll_s = 0.02  # a look is a dict read here: the polling defaults look often
     release_poll_s = 0.05
 

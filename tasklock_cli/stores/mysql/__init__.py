@@ -15,7 +15,10 @@ The design and its arguments: docs/design/mysql.md.
 
 from __future__ import annotations
 
+from tasklock_cli.stores.failover import DEFAULT_TTL_S
+from tasklock_cli.stores.model import WAITER_TTL_S
 from tasklock_cli.stores.registry import Driver
+from tasklock_cli.stores.traits import Capabilities
 from tasklock_cli.util.lazy import import_on_first_use
 
 TITLE = "mysql"
@@ -25,3 +28,14 @@ DRIVER = Driver("pymysql", "PyMySQL>=1.1")
 #: ``MySQLStore`` is imported on first use: a companion module never brings the driver.
 __getattr__ = import_on_first_use(__name__, "store", "MySQLStore")
 __all__ = ["MySQLStore"]
+#: What the store can do, its class's traits (see ``traits.Capabilities``).
+CAPABILITIES = Capabilities(
+    signals_release=True,  # KILL QUERY of the sleeping waiters
+    concurrent_release=True,
+    waits_keep_places=False,
+    byte_keys=True,  # VARBINARY keys
+    min_ttl=0.0,
+    expiry_lag=0.0,
+    waiter_ttl=WAITER_TTL_S,
+    failover_window=DEFAULT_TTL_S,  # a promoted asynchronous replica may lack the last leases
+)

@@ -68,6 +68,10 @@ _MAX_TTL = (
     " IN ('INTEGER', 'UNSIGNED INTEGER', 'DOUBLE', 'DECIMAL'),"
     " LEAST(JSON_EXTRACT(holder, '$.max_ttl'), {longest}), NULL)"
 )
+#: The longest TTL the epoch row records (s; NULL as none), for statements of other modules.
+MAX_TTL_FIELD = _MAX_TTL.format(longest=LONGEST_TTL_S)
+#: Where the epoch row is, for statements of other modules.
+EPOCH_ROW_WHERE = _ROW
 _READ = f"""SELECT fencing_token, {_FIELD.format(name="identity")},
                {_MAX_TTL.format(longest=LONGEST_TTL_S)}, expires_at
           INTO v_epoch, v_era, v_max_ttl, v_until

@@ -22,6 +22,8 @@ from tasklock_cli.stores.model import BROKEN_OWNER_PREFIX
 from tasklock_cli.stores.model import LEDGER_KEEP
 from tasklock_cli.stores.model import LIST_PAGE
 from tasklock_cli.stores.model import SHARED
+from tasklock_cli.stores.model import UNREADABLE_EXPIRY_FLOOR_S
+from tasklock_cli.stores.model import UNREADABLE_EXPIRY_MARGIN_S
 from tasklock_cli.stores.model import Ask
 from tasklock_cli.stores.model import Holder
 from tasklock_cli.stores.model import Lease
@@ -32,10 +34,13 @@ from tasklock_cli.stores.model import breaker
 from tasklock_cli.stores.model import breaker_of
 from tasklock_cli.stores.model import place_record
 from tasklock_cli.stores.model import prefix_upper_bound
+from tasklock_cli.stores.mysql import CAPABILITIES
 from tasklock_cli.stores.mysql.breaks import MySQLBreakWatches
 from tasklock_cli.stores.mysql.connection import MySQLConnection
 from tasklock_cli.stores.mysql.connection import parse_url
 from tasklock_cli.stores.mysql.driver import pymysql
+from tasklock_cli.stores.mysql.epochs import EPOCH_ROW_WHERE
+from tasklock_cli.stores.mysql.epochs import MAX_TTL_FIELD
 from tasklock_cli.stores.mysql.epochs import QUARANTINE_LEFT
 from tasklock_cli.stores.mysql.queue import LEAVE_QUEUE
 from tasklock_cli.stores.mysql.queue import SWEEP_WAITERS
@@ -119,6 +124,24 @@ _MARK_DONE = f"""UPDATE `{{table}}`
 _DONE = f"""SELECT 1 FROM `{{table}}`
  WHERE `key` = %(key)s AND slot >= 0 AND fencing_token = %(token)s AND owner_token IS NOT NULL
    AND {_LIVE} AND JSON_UNQUOTE(JSON_EXTRACT(holder, '$.done')) = 'true'"""
+# A live lease of the key whose expiry lies further ahead than any lease the table granted
+# could have (someone else wrote 9999-12-31), and not one kept after its command ended (a
+# hold may be longer, and release --force frees that at once): the break first bounds it
+# as the longest a holder's lease could still be valid (the epoch row's longest TTL, or the
+# floor, plus the margin). A statement of its own, committed at once, so that it holds the
+# key's row locks only for itself: inside the break's transaction it raced the holders'
+# renewals. (The derived table: MySQL refuses a subquery on the table being updated.)
+_BOUND_S = (
+    f"GREATEST(COALESCE((SELECT e.ttl FROM (SELECT {MAX_TTL_FIELD} AS ttl FROM `{{table}}`"
+    f" WHERE {EPOCH_ROW_WHERE}) AS e), 0), {UNREADABLE_EXPIRY_FLOOR_S})"
+    f" + {UNREADABLE_EXPIRY_MARGIN_S}"
+)
+_PAST_BOUND = f"SYSDATE(6) + INTERVAL ROUND(({_BOUND_S}) * 1000000) MICROSECOND"
+_BOUND_FORGED_EXPIRY = f"""UPDATE `{{table}}` SET expires_at = {_PAST_BOUND}
+ WHERE `key` = %(key)s AND slot >= 0 AND owner_token IS NOT NULL
+   AND (%(token)s IS NULL OR fencing_token = %(token)s) AND expires_at > {_PAST_BOUND}
+   AND NOT (IF(JSON_VALID(holder), JSON_UNQUOTE(JSON_EXTRACT(holder, '$.done')), NULL)
+            <=> 'true')"""
 _BROKEN_BY = """SELECT broken_by FROM `{table}`
  WHERE `key` = %(key)s AND slot = %(slot)s AND owner_token = %(broken)s
    AND fencing_token = %(fence)s"""
@@ -129,13 +152,10 @@ _SWEEP = f"""UPDATE `{{table}}`
  LIMIT {SWEEP_BATCH}"""
 
 
-class MySQLStore(SqlStore):
-    #: A release wakes the waiters it may admit (see ``waiting``); the others look again
-    #: every ``WAITER_SLEEP_S`` (reads only).
-    signals_release = True
+class MySQLStore(SqlStore, capabilities=CAPABILITIES):
+    # A release wakes the waiters it may admit (see ``waiting``); the others look again
+    # every ``WAITER_SLEEP_S`` (reads only).
     release_look_s = WAITER_SLEEP_S
-    byte_keys = True
-    concurrent_release = True
     _db: MySQLConnection
     _schema: MySQLSchema
 
@@ -344,6 +364,7 @@ class MySQLStore(SqlStore):
     def break_lease(
         self, key: str, token: int | None = None, by: Holder | None = None
     ) -> builtins.list[LeaseInfo]:
+        self._rows(_BOUND_FORGED_EXPIRY, {"key": stored_key(key), "token": token})
         rows = self._call("break", (stored_key(key), token, json.dumps(breaker(by))))
         return [_info(row) for row in rows]
 

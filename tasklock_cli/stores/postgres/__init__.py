@@ -12,7 +12,10 @@ The design and its arguments: docs/design/postgres.md.
 
 from __future__ import annotations
 
+from tasklock_cli.stores.failover import DEFAULT_TTL_S
+from tasklock_cli.stores.model import WAITER_TTL_S
 from tasklock_cli.stores.registry import Driver
+from tasklock_cli.stores.traits import Capabilities
 from tasklock_cli.util.lazy import import_on_first_use
 
 TITLE = "postgresql"
@@ -22,3 +25,14 @@ DRIVER = Driver("psycopg", "psycopg[binary]>=3.1")
 #: ``PostgresStore`` is imported on first use: a companion module never brings the driver.
 __getattr__ = import_on_first_use(__name__, "store", "PostgresStore")
 __all__ = ["PostgresStore"]
+#: What the store can do, its class's traits (see ``traits.Capabilities``).
+CAPABILITIES = Capabilities(
+    signals_release=True,  # LISTEN/NOTIFY
+    concurrent_release=False,
+    waits_keep_places=False,
+    byte_keys=False,  # text is UTF-8
+    min_ttl=0.0,
+    expiry_lag=0.0,
+    waiter_ttl=WAITER_TTL_S,
+    failover_window=DEFAULT_TTL_S,  # a promoted asynchronous standby may lack the last leases
+)

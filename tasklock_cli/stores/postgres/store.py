@@ -35,6 +35,7 @@ from tasklock_cli.stores.model import RunRecord
 from tasklock_cli.stores.model import breaker
 from tasklock_cli.stores.model import breaker_of
 from tasklock_cli.stores.model import place_record
+from tasklock_cli.stores.postgres import CAPABILITIES
 from tasklock_cli.stores.postgres.breaks import PgBreakListeners
 from tasklock_cli.stores.postgres.connection import Overrun
 from tasklock_cli.stores.postgres.connection import PgConnection
@@ -251,8 +252,7 @@ def split_table(url: str) -> tuple[str, str]:
     return base + ("?" + "&".join(kept) if kept else ""), table
 
 
-class PostgresStore(PgReads, SqlStore):
-    signals_release = True
+class PostgresStore(PgReads, SqlStore, capabilities=CAPABILITIES):
     #: Trouble while waiting: the wait sleeps out its time, the next acquire reports it.
     waiting_trouble = (TasklockError,)
     _db: PgConnection

@@ -12,7 +12,10 @@ The design and its arguments: docs/design/redis.md.
 
 from __future__ import annotations
 
+from tasklock_cli.stores.failover import DEFAULT_TTL_S
+from tasklock_cli.stores.model import WAITER_TTL_S
 from tasklock_cli.stores.registry import Driver
+from tasklock_cli.stores.traits import Capabilities
 from tasklock_cli.stores.urls import url_syntax_problem
 from tasklock_cli.util.lazy import import_on_first_use
 
@@ -33,3 +36,14 @@ def url_problem(url: str) -> str | None:
 #: ``RedisStore`` is imported on first use: a companion module never brings the driver.
 __getattr__ = import_on_first_use(__name__, "store", "RedisStore")
 __all__ = ["RedisStore"]
+#: What the store can do, its class's traits (see ``traits.Capabilities``).
+CAPABILITIES = Capabilities(
+    signals_release=True,  # wake lists and pub/sub
+    concurrent_release=False,
+    waits_keep_places=False,
+    byte_keys=True,  # key names are bytes
+    min_ttl=0.0,
+    expiry_lag=0.0,
+    waiter_ttl=WAITER_TTL_S,
+    failover_window=DEFAULT_TTL_S,  # None with ?wait_replicas=N (the store sets its own)
+)

@@ -35,6 +35,7 @@ from tasklock_cli.stores.model import breaker_of
 from tasklock_cli.stores.model import place_record as model_place_record
 from tasklock_cli.stores.queueing import QUEUED
 from tasklock_cli.stores.queueing import Queued
+from tasklock_cli.stores.redis import CAPABILITIES
 from tasklock_cli.stores.redis.breaks import open_break_subscription
 from tasklock_cli.stores.redis.connection import RedisConnection
 from tasklock_cli.stores.redis.connection import split_url
@@ -81,9 +82,7 @@ def _ttl_ms(seconds: float, what: str) -> int:
     return max(1, math.ceil(seconds * 1000))
 
 
-class RedisStore(RedisReads, Store):
-    signals_release = True
-    byte_keys = True
+class RedisStore(RedisReads, Store, capabilities=CAPABILITIES):
     waiting_trouble = WAITING_TROUBLE
 
     def __init__(

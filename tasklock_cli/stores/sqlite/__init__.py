@@ -12,6 +12,8 @@ The design and its arguments: docs/design/sqlite.md.
 
 from __future__ import annotations
 
+from tasklock_cli.stores.model import WAITER_TTL_S
+from tasklock_cli.stores.traits import Capabilities
 from tasklock_cli.stores.urls import url_syntax_problem
 from tasklock_cli.util.lazy import import_on_first_use
 
@@ -22,6 +24,17 @@ DRIVER = None
 #: ``SQLiteStore`` is imported on first use: a companion module never brings the driver.
 __getattr__ = import_on_first_use(__name__, "store", "SQLiteStore")
 __all__ = ["SQLiteStore"]
+#: What the store can do, its class's traits (see ``traits.Capabilities``).
+CAPABILITIES = Capabilities(
+    signals_release=True,  # among processes on this machine (see waiting and breaks)
+    concurrent_release=False,
+    waits_keep_places=False,
+    byte_keys=True,  # SQLite's text holds any bytes
+    min_ttl=0.0,
+    expiry_lag=0.0,
+    waiter_ttl=WAITER_TTL_S,
+    failover_window=None,  # one file: no failover
+)
 
 
 def url_problem(url: str) -> str | None:

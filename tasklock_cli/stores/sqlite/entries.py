@@ -54,7 +54,9 @@ _RETRIES = 3
 
 
 def key_dir_name(key: str) -> str:
-    return _sha256(key.encode()).hexdigest()[:24]
+    """The directory of a key's wake-up entries: a hash of its bytes (a key that is not
+    UTF-8, which someone else wrote into the file, carries its bytes as surrogates)."""
+    return _sha256(key.encode("utf-8", "surrogateescape")).hexdigest()[:24]
 
 
 def directory_mode(file_mode: int) -> int:

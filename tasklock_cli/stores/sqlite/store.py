@@ -34,6 +34,7 @@ from tasklock_cli.stores.model import place_record
 from tasklock_cli.stores.model import unreadable_expiry_bound
 from tasklock_cli.stores.queueing import QUEUED
 from tasklock_cli.stores.queueing import Queued
+from tasklock_cli.stores.sqlite import CAPABILITIES
 from tasklock_cli.stores.sqlite import queue
 from tasklock_cli.stores.sqlite.breaks import BreakAlarms
 from tasklock_cli.stores.sqlite.connection import SQLiteConnection
@@ -265,10 +266,7 @@ def _checked_parameters(url: str) -> dict[str, str]:
     return parameters
 
 
-class SQLiteStore(SQLiteReads, Store):
-    signals_release = True  # among processes on this machine (see waiting and breaks)
-    byte_keys = True
-
+class SQLiteStore(SQLiteReads, Store, capabilities=CAPABILITIES):
     def __init__(
         self,
         path: str | Path,
