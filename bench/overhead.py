@@ -34,6 +34,9 @@ from bench.stores import StoreKind
 from bench.stores import floor_imports
 
 PYTHON_FLOOR = "python -c 'import os; os._exit(0)'"
+#: `tasklock --version` without typer (issue 45: target ≤ 1.5 × the python floor).
+VERSION = "tasklock --version"
+VERSION_TARGET = 1.5
 TRUE = "/bin/true"
 RSS_TARGET_MIB = 20.0
 #: Runs argv[1:] in a forked child and prints the child's ru_maxrss (KiB). Linux keeps
@@ -94,6 +97,7 @@ def overhead_commands(kinds: list[StoreKind], envs: Envs, workdir: Path) -> list
     for kind in kinds:
         cmds += driver_command(kind, envs.warm)
     cmds += [
+        Cmd(VERSION, [TASKLOCK, "--version"], envs.warm, build=current_build()),
         Cmd("python -c pass (with teardown)", [PYTHON, "-c", "pass"], envs.warm),
         Cmd(PYTHON_FLOOR, [PYTHON, "-c", "import os; os._exit(0)"], envs.warm),
         Cmd("flock FILE /bin/true", ["flock", str(workdir / "flock.lock"), TRUE], envs.warm),
@@ -214,7 +218,8 @@ def section_overhead(
         overhead_row(table, old, python_floor, python_floor)
     for cmd in warm:
         if not cmd.group and cmd is not true:
-            overhead_row(table, cmd, python_floor if cmd.argv[0] == PYTHON else true, python_floor)
+            python_based = cmd.argv[0] == PYTHON or cmd.label == VERSION
+            overhead_row(table, cmd, python_floor if python_based else true, python_floor)
     overhead_row(table, true, None, python_floor)
     if not any(c.label.startswith("etcdctl") for c in warm):
         table.add("etcdctl lock K /bin/true", "skipped: no etcd member or no etcdctl", *[""] * 8)
@@ -273,6 +278,13 @@ def overhead_notes(olds: list[Cmd]) -> list[str]:
             run k -- true` samples with that import as its floor: the target is `× floor` ≤
             {DRIVER_TARGETS["postgres"]} on PostgreSQL and Redis, ≤ {DRIVER_TARGETS["mysql"]}
             on MySQL."""
+        )
+    )
+    notes.append(
+        prose(
+            f"""`{VERSION}`: the installed console script, which prints the version without
+            typer (issue 45's target: ≤ {VERSION_TARGET:g} × the python floor); its floor is
+            the python floor."""
         )
     )
     if olds:

@@ -8,6 +8,7 @@ import contextlib
 import functools
 import json
 import os
+import shlex
 import signal
 import socket
 import sqlite3
@@ -157,6 +158,30 @@ def test_a_local_holder_killed_as_its_command_starts_is_freed_at_once(cli_env, t
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(command, signal.SIGKILL)
+
+
+def test_the_acquire_itself_records_the_holder_and_its_guard(cli_env, tmp_path):
+    """The guard is forked before the acquire, and the acquire's own transaction records it
+    with the wrapper (issue 45): an --on-start hook, which runs after the acquire and before
+    the command starts, already finds both (the guard: the command's parent)."""
+    db = tmp_path / "locks.db"
+    env = {**cli_env, "TASKLOCK_STORE": f"sqlite:///{db}"}
+    seen = tmp_path / "seen"
+    read_record = (
+        "import sqlite3, sys\n"
+        "row = sqlite3.connect(sys.argv[1]).execute(\n"
+        "    \"SELECT json_extract(holder, '$.processes.pids') FROM tasklock_leases\"\n"
+        "    \" WHERE key = 'k'\"\n"
+        ").fetchone()\n"
+        "open(sys.argv[2], 'w').write(row[0])\n"
+    )
+    hook = f"{sys.executable} -c {shlex.quote(read_record)} {db} {seen}"
+    show = 'echo "$PPID"'  # its parent is the guard
+    ran = tasklock("run", "k", "--on-start", hook, "--", "sh", "-c", show, env=env)
+    assert ran.returncode == 0, ran.stderr
+    wrapper_and_guard = [pid for pid, _started in json.loads(seen.read_text())]
+    assert wrapper_and_guard[1:] == [int(ran.stdout)]
+    assert len(wrapper_and_guard) == 2 and wrapper_and_guard[0] != int(ran.stdout)
 
 
 def test_a_local_holder_killed_before_it_started_anything_is_freed_at_once(cli_env, tmp_path):

@@ -128,6 +128,12 @@ def no_expiry(env: dict, store_url: str, key: str, case: str) -> None:
     [shown] = json.loads(tasklock("list", "--json", env=env).stdout)
     assert shown["key"] == key and shown["malformed"] is True, shown
     assert shown["expires_at"] is None and shown["expired"] is False
+    # Text: `?`, not the placeholder's 1970 (list's TSV, peek, a run's conflict).
+    [line] = tasklock("list", env=env).stdout.splitlines()
+    assert line.split("\t")[5:7] == ["?", "malformed"], line
+    assert "expires   ?\n" in tasklock("peek", key, env=env).stdout
+    refused = tasklock("run", key, "--", "true", env=env)
+    assert refused.returncode == 75 and "until ?;" in refused.stderr, refused.stderr
 
 
 def assert_bounded(env: dict, key: str, bound: float) -> str:
@@ -145,6 +151,10 @@ def test_release_force_bounds_a_forged_far_expiry(env, store_url):
     hold(store_url, "far", ttl=HELD_S)
     if not forge.far_expiry(store_url, "far"):
         pytest.skip(f"{forge.kind_of(store_url)}: no forged far expiry bounded (see forge)")
+    if forge.kind_of(store_url) != "sqlite":  # (SQLite's forgery is 31 years ahead)
+        [listed] = json.loads(tasklock("list", "--json", env=env).stdout)
+        assert listed["malformed"] is True and listed["expires_at"] is None, listed
+        assert listed["problems"][0].startswith("expires_at: "), listed
     released = tasklock("release", "far", "--force", "--json", env=env)
     no_traceback(released)
     assert released.returncode == 75, released.stderr

@@ -140,6 +140,10 @@ def test_a_forged_quarantine_lasts_no_longer_than_a_real_one(cli_env):
         [conflict] = _events(done.stderr, "conflict")
         left = float(conflict["reason"].split(" for ")[1].split("s more")[0])
         assert left <= 32.5, conflict
+        # The bound is kept: the quarantine ends then, not at the next look again.
+        stored = int(client.hget(b"tasklock-test:{}:epoch", "quarantine_until"))
+        (seconds, micros) = client.time()
+        assert stored - (seconds * 1000 + micros // 1000) <= 32_500
         listed = tasklock("list", "--json", env=env)
         assert listed.returncode == 0 and json.loads(listed.stdout) == []
 

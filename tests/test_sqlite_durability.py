@@ -5,10 +5,12 @@ played here, a missing sync can be seen."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import sqlite3
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -65,3 +67,56 @@ def test_a_token_is_on_disk_before_the_command_and_a_success_before_exit(tmp_pat
         neighbour.close()
     assert before >= 1, "no sync between the acquire's commit and the command's exec"
     assert after >= 1, "no sync of the success record before tasklock exits"
+
+
+def test_a_run_leaves_the_wal_for_the_next_one_without_a_checkpoint(tmp_path, cli_env):
+    """`tasklock run` closes the store without the checkpoint SQLite makes as the last
+    connection closes (issue 45): no sync after the command but the release's own, which
+    here records a success (``--once-per``), and the WAL stays, so the next run does not make
+    it again (no sync before the command but the acquire's). The next run reads what the
+    WAL holds: the first run's record."""
+    db = tmp_path / "locks.db"
+    env = {**cli_env, "TASKLOCK_STORE": f"sqlite://{db}"}
+    first = tasklock("run", "k", "--once-per", "1s", "--", "true", env=env)
+    assert first.returncode == 0, first.stderr
+    assert Path(f"{db}-wal").stat().st_size > 0  # left, with the first run's commits
+    args = ["run", "j", "--once-per", "1h", "--", "/bin/true"]
+    assert _syncs_around_the_command(db, args, env) == (1, 1)
+    history = tasklock("history", "k", "--json", env=env)
+    assert history.returncode == 0, history.stderr
+    assert [run["outcome"] for run in json.loads(history.stdout)] == ["succeeded"]
+
+
+_RUN_AND_LEAVE = """
+import os, socket, sys
+from tasklock_cli.stores import open_store
+from tasklock_cli.stores.model import Holder, RunRecord
+
+holder = Holder(host=socket.gethostname(), pid=os.getpid(), user="u", command=["true"])
+for _ in range(int(sys.argv[2])):
+    pid = os.fork()
+    if pid == 0:  # one run's store work, ended as `tasklock run` ends: os._exit
+        store = open_store(sys.argv[1])
+        lease = store.acquire("k", 30, holder, os.urandom(8).hex())
+        record = RunRecord("k", lease.fencing_token, holder, lease.acquired_at, 0, "succeeded")
+        store.release(lease, record=record)
+        store.close_before_exit()
+        os._exit(0)
+    assert os.waitpid(pid, 0)[1] == 0
+"""
+
+
+@pytest.mark.slow
+def test_the_wal_runs_leave_stays_bounded(tmp_path):
+    """Runs that leave the WAL (``close_before_exit``) let it grow only to SQLite's
+    auto-checkpoint (1000 pages, checkpointed by the commit that passes it, then written
+    over from its start): 300 runs of 5 frames each would be 1500 pages without it."""
+    db = tmp_path / "locks.db"
+    runs = subprocess.run(
+        [sys.executable, "-c", _RUN_AND_LEAVE, f"sqlite://{db}", "300"], timeout=300
+    )
+    assert runs.returncode == 0
+    page = 4096
+    frame = page + 24
+    assert Path(f"{db}-wal").stat().st_size <= 32 + (1000 + 10) * frame
+    assert db.stat().st_size > page  # checkpointed into the database file

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-import threading
 from collections.abc import Callable
 
 from tasklock_cli.events import NORMAL
 from tasklock_cli.events import EventLog
+from tasklock_cli.util.listeners import Listeners
 from tasklock_cli.util.sanitize import json_text
 
 Subscriber = Callable[[dict[str, object]], object]
@@ -21,23 +21,14 @@ class Subscribers(EventLog):
 
     def __init__(self) -> None:
         super().__init__("json", NORMAL)
-        self._subscribers: list[Subscriber] = []
-        self._lock = threading.Lock()
+        self._subscribers: Listeners[Subscriber] = Listeners()
 
     def add(self, callback: Subscriber) -> Callable[[], None]:
-        with self._lock:
-            self._subscribers.append(callback)
-
-        def unsubscribe() -> None:
-            with self._lock:
-                if callback in self._subscribers:
-                    self._subscribers.remove(callback)
-
-        return unsubscribe
+        """Hand ``callback`` each event from now on; returns what stops that."""
+        return self._subscribers.add(callback)
 
     def _write_json(self, record: dict[str, object]) -> None:
-        with self._lock:
-            subscribers = list(self._subscribers)
+        subscribers = self._subscribers.snapshot()
         if not subscribers:
             return
         shown = json.loads(json_text(record, default=str))

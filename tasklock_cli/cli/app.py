@@ -145,6 +145,11 @@ def _whole_number(value: str | int) -> int:
     raise typer.BadParameter(f"{value!r} is not a whole number in ASCII digits")
 
 
+def _token_option(text: str) -> Any:
+    """``--token T``: a fencing token, in ASCII digits."""
+    return typer.Option(None, "--token", parser=_whole_number, metavar="T", help=text)
+
+
 def _version(value: bool) -> None:
     if value:
         typer.echo(f"tasklock {__version__}")
@@ -419,12 +424,8 @@ def check(
     key: str | None = typer.Argument(
         None, metavar="[KEY]", help="The lock's name.  [default: $TASKLOCK_KEY]"
     ),
-    token: int | None = typer.Option(
-        None,
-        "--token",
-        parser=_whole_number,
-        metavar="T",
-        help="The lease's fencing token.  [default: $TASKLOCK_FENCING_TOKEN]",
+    token: int | None = _token_option(
+        "The lease's fencing token.  [default: $TASKLOCK_FENCING_TOKEN]"
     ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
@@ -469,13 +470,7 @@ def release(
     ctx: typer.Context,
     key: str = typer.Argument(..., metavar="KEY", help="The lock's name."),
     force: bool = typer.Option(False, "--force", help="Required: this breaks a live lease."),
-    token: int | None = typer.Option(
-        None,
-        "--token",
-        parser=_whole_number,
-        metavar="T",
-        help="Break only the lease with fencing token T.",
-    ),
+    token: int | None = _token_option("Break only the lease with fencing token T."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Break the lease on KEY (ops): its holder terminates its command and lets go at once.

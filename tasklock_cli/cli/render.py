@@ -14,6 +14,7 @@ from tasklock_cli.stores.model import RunRecord
 from tasklock_cli.stores.model import StoreCheck
 from tasklock_cli.stores.model import WaiterInfo
 from tasklock_cli.stores.traits import Capabilities
+from tasklock_cli.util.display import UNREADABLE_SHOWN
 from tasklock_cli.util.display import problems
 from tasklock_cli.util.display import shown
 from tasklock_cli.util.durations import format_duration
@@ -28,6 +29,8 @@ def relative(moment: datetime, now: datetime | None = None) -> str:
 
 
 def _expiry(info: LeaseInfo) -> str:
+    if shown(info.malformed, "expires_at", "") == UNREADABLE_SHOWN:
+        return UNREADABLE_SHOWN
     if info.expired:
         return f"expired {relative(info.expires_at)}"
     if info.kept:  # its holder has exited: not a live run, however live the lease
@@ -73,10 +76,10 @@ def lease_table(leases: Iterable[LeaseInfo], waiting: dict[str, int]) -> None:
                 shown(info.malformed, "holder.pid", h.pid),
                 h.user,
                 shown(info.malformed, "fencing_token", info.fencing_token),
-                rfc3339(info.expires_at),
+                shown(info.malformed, "expires_at", rfc3339(info.expires_at)),
                 _state(info),
                 h.note or "",
-                str(info.slot),
+                shown(info.malformed, "slot", info.slot),
                 str(waiting.get(info.key, 0)),
             ]
             sys.stdout.write("\t".join(_one_line(f) for f in fields) + "\n")
@@ -107,7 +110,7 @@ def _rich_table(leases: list[LeaseInfo], waiting: dict[str, int]):
         table.add_column(column)
     for info in leases:
         h = info.holder
-        slot = (f"{info.slot} of {info.limit}",) if slots else ()
+        slot = (shown(info.malformed, "slot", f"{info.slot} of {info.limit}"),) if slots else ()
         mode = (info.mode,) if modes else ()
         table.add_row(
             *_cells(
@@ -116,7 +119,7 @@ def _rich_table(leases: list[LeaseInfo], waiting: dict[str, int]):
                 *mode,
                 _holder_text(info.holder, info.malformed),
                 shown(info.malformed, "fencing_token", info.fencing_token),
-                relative(info.acquired_at),
+                shown(info.malformed, "acquired_at", relative(info.acquired_at)),
                 _expiry(info),
                 str(waiting.get(info.key, 0)),
                 h.note or "",
@@ -301,11 +304,16 @@ def _lease_block(info: LeaseInfo) -> None:
         ("note", h.note or "-"),
         ("token", shown(info.malformed, "fencing_token", info.fencing_token)),
         *([("malformed", problems(info.malformed))] if info.malformed else []),
-        ("acquired", f"{rfc3339(info.acquired_at)} ({relative(info.acquired_at)})"),
-        ("expires", f"{rfc3339(info.expires_at)} ({relative(info.expires_at)})"),
+        ("acquired", _moment(info, "acquired_at", info.acquired_at)),
+        ("expires", _moment(info, "expires_at", info.expires_at)),
     ]
     for name, value in rows:
         sys.stdout.write(f"{name:<9} {_one_line(value)}\n")
+
+
+def _moment(info: LeaseInfo, field: str, moment: datetime) -> str:
+    """``peek``'s time and how long ago or ahead, ``?`` where it could not be read."""
+    return shown(info.malformed, field, f"{rfc3339(moment)} ({relative(moment)})")
 
 
 def _kept_row(info: LeaseInfo) -> list[tuple[str, str]]:

@@ -1,8 +1,9 @@
 """The guard: a small process between the wrapper and the command that outlives the wrapper.
 
-The wrapper forks the guard, and the guard starts the command when told to. A run that
-has to wait forks its guard while it waits, so that once the lock is its own only the
-command's start is left between the acquire and the command. The guard is the subreaper
+The wrapper forks the guard, and the guard starts the command when told to. A run forks
+its guard before the acquire: the guard sets itself up while the store is contacted, the
+store records it with the lease in the acquire itself, and once the lock is the run's only
+the command's start is left between the acquire and the command. The guard is the subreaper
 of the command's whole tree, so every process the command starts (one that calls setsid
 or double-forks included) stays below it, where it can be found and killed. It does what
 the wrapper orders (signal the command's group, signal the tree, kill the tree at a

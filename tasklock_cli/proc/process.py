@@ -134,10 +134,11 @@ def _popen(
 class Child:
     """The command and its whole process tree, as reported by its guard.
 
-    Made in two steps, so that a waiting run can have its guard ready before the lock is
-    free: ``Child(command, env)`` forks the guard, which sets itself up and waits; ``start``
-    hands it the rest of the command's environment and has it start the command. ``poll``
-    reads the guard's reports; ``fileno`` is readable when one is waiting.
+    Made in two steps, so that a run has its guard ready before the lock is its own (it
+    forks it before the acquire): ``Child(command, env)`` forks the guard, which sets itself
+    up and waits; ``start`` hands it the rest of the command's environment and has it start
+    the command. ``poll`` reads the guard's reports; ``fileno`` is readable when one is
+    waiting.
     """
 
     def __init__(self, command: list[str], env: dict[str, str] | None = None) -> None:

@@ -56,9 +56,12 @@ def run_command(
         store_url=g.store_url(),
         config_file=g.store_config_file(),
     )
-    with g.open_store() as store:
+    store = g.open_store()
+    try:
         collect_garbage_again()
         return Supervisor(store, options, g.events, open_store=g.open_store).run()
+    finally:
+        store.close_before_exit()  # the process ends right after (cli.session.exit_now)
 
 
 def collect_garbage_again() -> None:

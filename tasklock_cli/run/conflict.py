@@ -64,7 +64,9 @@ def describe_conflict(
     if waited <= 0:
         if info is None:
             return f"{held} by someone else"
-        until = f"{info.expires_at:%Y-%m-%dT%H:%M:%SZ}"
+        from tasklock_cli.util.display import shown
+
+        until = shown(info.malformed, "expires_at", f"{info.expires_at:%Y-%m-%dT%H:%M:%SZ}")
         return f"{held} by {describe_holder(info)} until {until}"
     gave_up = f"gave up waiting {format_duration(waited)}: {held} by"
     if info is None:

@@ -99,6 +99,13 @@ class Holding:
         for keeper in self.in_order:
             keeper.store.set_io_timeout(seconds)
 
+    def run_under(self, guard_pid: int) -> None:
+        """The leases are for a command under this guard, forked before the acquire: each
+        holder names it, so a store that can tell when a local holder is gone records both
+        processes with the acquire (``Holder.guard_pid``)."""
+        for keeper in self.in_order:
+            keeper.holder = replace(keeper.holder, guard_pid=guard_pid)
+
     def note_processes(self, guard_pid: int) -> None:
         """Record with every lease this process and the command's guard, before the
         command starts, where the store can later tell they are gone: a holder killed at

@@ -115,7 +115,7 @@ class Supervisor:
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.holding = Holding(keepers, self._heartbeat_of, own_stores)
         self.child: Child | None = None  # once the command started
-        self._guard: Child | None = None  # forked while waiting, the command not started
+        self._guard: Child | None = None  # forked before the acquire, the command not started
         self._on_ledger_failed = functools.partial(warn_ledger_failed, events, self.keeper)
         self._waiter: Waiter | None = None
         self._acquiring = False
@@ -159,6 +159,9 @@ class Supervisor:
     def _acquire_and_run(self) -> int:
         options = self.options
         self.holding.set_io_timeout(options.schedule.io_timeout)
+        # The guard first: it sets itself up while the store is contacted, and the store
+        # records it with the acquire (no second transaction before the command starts).
+        self.holding.run_under(self._fork_guard().guard_pid)
         self._acquiring = True
         try:
             done_by = self._acquire()
@@ -198,7 +201,6 @@ class Supervisor:
 
         def announce(info: LeaseInfo | None) -> None:
             emit_waiting(self.events, keeper.key, options.wait, info, keeper.store.holdup)
-            self._fork_guard()  # while we wait, not once the lock is free
 
         self._waiter = Waiter(
             keeper,
@@ -236,9 +238,8 @@ class Supervisor:
                 signum = self.state.pending_signals[0]
                 self._release_all("signalled", None)
                 return ExitCode.SIGNALLED + signum
-            child = self._fork_guard()
+            child = self._fork_guard()  # recorded with the leases (``run_under``)
             self._guard = None
-            self.holding.note_processes(child.guard_pid)  # before the command can start
             try:
                 child.start(lease_env(self.keeper, self.holding), terminal.fd, self._backstop_in())
             except TasklockError as exc:

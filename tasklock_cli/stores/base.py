@@ -18,6 +18,7 @@ What it may write, each with its default here (or in ``queueing``):
 - ``_wait_after_trouble``: sleeps out the wait;
 - ``set_io_timeout``: nothing; ``init_schema``: None; ``schema_sql``: None (no DDL);
 - ``_close``: nothing (``close`` first leaves the queues: the base's part).
+- ``close_before_exit``: ``close`` (SQLite: without the last close's checkpoint).
 
 Attributes (``traits``): ``display_url`` (the URL shown, password redacted),
 ``waiting_trouble`` (what the waiting primitives raise on trouble), ``break_poll_s`` and
@@ -50,7 +51,6 @@ from collections.abc import Iterator
 from datetime import datetime
 
 from tasklock_cli.errors import StoreUnavailable
-from tasklock_cli.errors import TasklockError
 from tasklock_cli.stores.model import EXCLUSIVE
 from tasklock_cli.stores.model import LEDGER_KEEP
 from tasklock_cli.stores.model import Ask
@@ -319,13 +319,17 @@ class Store(Waiting, ABC):
 
     def close(self) -> None:
         """Leave the queues we hold places in (``stop_waiting``), then ``_close``."""
-        for key in list(self._queue_places()):
-            with contextlib.suppress(TasklockError):
-                self.stop_waiting(key)
+        self._leave_queues()
         self._close()
 
     def _close(self) -> None:
         """``close``, the store's own part: release connections, stop listening."""
+
+    def close_before_exit(self) -> None:
+        """``close``, in a process that ends right after (`tasklock run` ends with
+        ``os._exit``): what the process's end does as well may be left to it. By default,
+        ``close``; a store that overrides it leaves the queues first (``_leave_queues``)."""
+        self.close()
 
     def __enter__(self) -> Store:
         return self

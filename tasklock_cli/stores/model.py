@@ -96,6 +96,10 @@ class Holder:
     user: str
     command: list[str] = field(default_factory=list)
     note: str | None = None
+    #: The guard of the holder's command (``proc.guard``), forked before the acquire: a
+    #: store that can tell when a holder on its machine is gone records it with the lease
+    #: in the acquire itself (SQLite). Not shown, not read back from a store.
+    guard_pid: int | None = None
 
     def to_dict(self) -> dict:
         return {

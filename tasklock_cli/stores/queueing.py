@@ -5,6 +5,7 @@ store's ``wait_for_release`` shares. A store supplies the parts (``_time_until_f
 
 from __future__ import annotations
 
+import contextlib
 import time
 from abc import ABC
 from abc import abstractmethod
@@ -13,6 +14,7 @@ from collections.abc import Callable
 from tasklock_cli.errors import LimitMismatch
 from tasklock_cli.errors import QueueFull
 from tasklock_cli.errors import Superseded
+from tasklock_cli.errors import TasklockError
 from tasklock_cli.stores.model import EXPIRY_SLACK_S
 from tasklock_cli.stores.model import Lease
 from tasklock_cli.stores.traits import StoreTraits
@@ -119,6 +121,13 @@ class Waiting(StoreTraits, ABC):
     def _queue_place(self, key: str) -> str | None:
         """The owner token of our place in ``key``'s queue; None when we have none."""
         return self._queue_places().get(key)
+
+    def _leave_queues(self) -> None:
+        """``stop_waiting`` for every key we hold a place for (at ``close``); trouble with
+        one leaves that place to run out."""
+        for key in list(self._queue_places()):
+            with contextlib.suppress(TasklockError):
+                self.stop_waiting(key)
 
     def stop_waiting(self, key: str) -> None:
         """The caller has given up waiting for ``key`` but keeps the store open: leave the

@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 from datetime import datetime
 from datetime import timezone
+from time import time as _time_now
 
 from tasklock_cli.stores.model import EXCLUSIVE
 from tasklock_cli.stores.model import MAX_FENCING_TOKEN
@@ -41,6 +42,7 @@ from tasklock_cli.stores.model import RunRecord
 from tasklock_cli.stores.model import WaiterInfo
 from tasklock_cli.stores.model import as_integer
 from tasklock_cli.stores.model import breaker_of
+from tasklock_cli.util.durations import MAX_DURATION_S
 from tasklock_cli.util.keys import is_utf8
 from tasklock_cli.util.records import replace
 
@@ -51,6 +53,10 @@ _LATEST = datetime(9999, 12, 31, tzinfo=timezone.utc).timestamp()
 _EPOCH = datetime.fromtimestamp(0, tz=timezone.utc)
 #: A pid, slot or limit a row may hold (pids are 32-bit, limits at most 1000).
 _MAX_SMALL = 2**31 - 1
+#: No lease runs out further ahead than this (s): the longest TTL or --hold-at-least a
+#: tasklock takes (util.durations.MAX_DURATION_S, 100 years), and a day. A later expiry was
+#: written by someone else: malformed (``release --force`` bounds it).
+_FURTHEST_EXPIRY_S = MAX_DURATION_S + 86400.0
 
 
 class NotUtf8(str):
@@ -215,12 +221,15 @@ def lease_info(
     record = read.json_object("holder", holder)
     if mode is None and "mode" in record:
         mode = record["mode"]
+    expiry = read.moment("expires_at", expires_at, per_second)
+    if expiry.timestamp() > _time_now() + _FURTHEST_EXPIRY_S:
+        read.note("expires_at", f"{expiry:%Y-%m-%d} is further ahead than any lease runs")
     return LeaseInfo(
         key=read.text("key", key),
         holder=read.holder(record),
         fencing_token=read.token("fencing_token", token),
         acquired_at=read.moment("acquired_at", acquired_at, per_second),
-        expires_at=read.moment("expires_at", expires_at, per_second),
+        expires_at=expiry,
         expired=expired,
         slot=read.integer("slot", slot),
         limit=read.integer("limit", 1 if limit is None else limit, 1, _MAX_SMALL) or 1,

@@ -5,6 +5,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+TYPE_CHECKING = False  # (not typing's: a run does without importing it)
+if TYPE_CHECKING:
+    from tasklock_cli.util.listeners import Listeners
+
 Clock = Callable[[], float]
 
 
@@ -50,7 +54,9 @@ class ManualClock(SystemClock):
         self._wall_at_start = time.time() if wall is None else wall
         self._start = start
         self._lock = threading.Lock()
-        self._listeners: list[Callable[[], None]] = []
+        from tasklock_cli.util.listeners import Listeners
+
+        self._listeners: Listeners[Callable[[], None]] = Listeners()
 
     def __call__(self) -> float:
         return self._now
@@ -68,18 +74,9 @@ class ManualClock(SystemClock):
             raise ValueError(f"a clock only moves forward (advance({by!r}))")
         with self._lock:
             self._now += seconds
-            listeners = list(self._listeners)
-        for listener in listeners:
+        for listener in self._listeners.snapshot():
             listener()
 
     def on_advance(self, listener: Callable[[], None]) -> Callable[[], None]:
         """Call ``listener`` after every ``advance``; returns what stops that."""
-        with self._lock:
-            self._listeners.append(listener)
-
-        def stop() -> None:
-            with self._lock:
-                if listener in self._listeners:
-                    self._listeners.remove(listener)
-
-        return stop
+        return self._listeners.add(listener)

@@ -159,6 +159,15 @@ SELECT fencing_token, {_FIELD.format(name="identity")}, {_FIELD.format(name="pre
 #: acquire procedure compares them (no row, or NULL: none recorded; 0 or less: over). A
 #: read only: the epoch starts with an acquire, never here.
 QUARANTINE_LEFT = f"SELECT {_QUARANTINE_LEFT} FROM `{{table}}` WHERE {_ROW}"
+_QUARANTINE_BOUND = "SYSDATE(6) + " + _MICROS.format(
+    seconds=f"(GREATEST(COALESCE({_MAX_TTL.format(longest=LONGEST_TTL_S)}, 0), "
+    f"{DEFAULT_TTL_S}) + {QUARANTINE_MARGIN_S})"
+)
+#: A quarantine end further ahead than a new quarantine would end (someone else wrote it:
+#: 9999-12-31) set to that end, so that it does end: run after an acquire met a quarantine
+#: (a real one never matches).
+BOUND_FORGED_QUARANTINE = f"""UPDATE `{{table}}` SET expires_at = {_QUARANTINE_BOUND}
+ WHERE {_ROW} AND expires_at > {_QUARANTINE_BOUND}"""
 # ``doctor``: this server's identity (without MySQL's uuid: see IDENTITY) and what decides
 # whether its leases survive it.
 SERVER = """

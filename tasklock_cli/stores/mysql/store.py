@@ -39,6 +39,7 @@ from tasklock_cli.stores.mysql.breaks import MySQLBreakWatches
 from tasklock_cli.stores.mysql.connection import MySQLConnection
 from tasklock_cli.stores.mysql.connection import parse_url
 from tasklock_cli.stores.mysql.driver import pymysql
+from tasklock_cli.stores.mysql.epochs import BOUND_FORGED_QUARANTINE
 from tasklock_cli.stores.mysql.epochs import EPOCH_ROW_WHERE
 from tasklock_cli.stores.mysql.epochs import MAX_TTL_FIELD
 from tasklock_cli.stores.mysql.epochs import QUARANTINE_LEFT
@@ -238,6 +239,8 @@ class MySQLStore(SqlStore, capabilities=CAPABILITIES):
         outcome, slot, slot_limit, token, acquired_at, expires_at, mode, seq, quarantine = row
         outcome = _text(outcome)
         self._quarantines.met(key, None if quarantine is None else int(quarantine))
+        if quarantine:
+            self._rows(BOUND_FORGED_QUARANTINE)
         if outcome == "queued":
             self._place_seqs[key] = int(seq)
             return QUEUED

@@ -237,6 +237,14 @@ _QUARANTINE_LEFT = (
     "CASE WHEN expires_at IS NOT NULL THEN extract(epoch FROM least(expires_at,"
     f" clock_timestamp() + {_quarantine(_max_ttl('r'))}) - clock_timestamp())::float8 END"
 )
+#: A quarantine end further ahead than a new quarantine would end (someone else wrote it:
+#: 1000 years, 'infinity') set to that end, so that it does end: run after an acquire met a
+#: quarantine (a real one never matches).
+BOUND_FORGED_QUARANTINE = f"""
+UPDATE {{table}} AS r SET expires_at = clock_timestamp() + {_quarantine(_max_ttl("r"))}
+ WHERE key = '{EPOCH_KEY}' AND slot = {EPOCH_SLOT}
+   AND expires_at > clock_timestamp() + {_quarantine(_max_ttl("r"))}
+"""
 EPOCH_ROW = f"""
 SELECT fencing_token, holder ->> 'identity', holder ->> 'started', holder ->> 'previous',
        holder ->> 'previous_started', {_max_ttl("r")}, {_QUARANTINE_LEFT}

@@ -161,8 +161,10 @@ seen AS (
     SELECT slot, slot_limit, fencing_token, owner_token, expires_at, mode
       FROM {table} WHERE key = %(key)s
 ), live AS (
+    -- (a lease without an expiry, which someone else wrote, is never judged expired)
     SELECT s.slot, s.slot_limit, s.mode FROM seen AS s, n
-     WHERE s.slot >= 0 AND s.owner_token IS NOT NULL AND s.expires_at > n.t
+     WHERE s.slot >= 0 AND s.owner_token IS NOT NULL
+       AND (s.expires_at > n.t OR s.expires_at IS NULL)
 ), mine AS (
     -- our own lease, live: a retry after a lost reply. One that ran out is never revived
     -- (another mode may hold the key since; a promoted standby's quarantine applies)

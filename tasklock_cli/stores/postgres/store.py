@@ -40,6 +40,7 @@ from tasklock_cli.stores.postgres.breaks import PgBreakListeners
 from tasklock_cli.stores.postgres.connection import Overrun
 from tasklock_cli.stores.postgres.connection import PgConnection
 from tasklock_cli.stores.postgres.connection import one_row
+from tasklock_cli.stores.postgres.epochs import BOUND_FORGED_QUARANTINE
 from tasklock_cli.stores.postgres.epochs import EPOCH_KEY
 from tasklock_cli.stores.postgres.epochs import EPOCH_SLOT
 from tasklock_cli.stores.postgres.epochs import QUARANTINE_LEFT
@@ -328,6 +329,8 @@ class PostgresStore(PgReads, SqlStore, capabilities=CAPABILITIES):
             queued = self._note_place(key, rows)
             left_ms = next((row[3] for row in rows if row[0] == "quarantine"), None)
             self._quarantines.met(key, None if left_ms is None else int(left_ms))
+            if left_ms:
+                self._db.run(lambda conn: conn.execute(self._sql(BOUND_FORGED_QUARANTINE)))
             outcome = _outcome(key, owner, limit, rows)
             if outcome is None and any(row[0] == "full" for row in rows):
                 raise QueueFull(key, ask.max_waiting or 0)

@@ -157,6 +157,9 @@ local function current_epoch(record, now, ttl, fsync_run_id)
   local rec = redis.call('HMGET', record, unpack(EPOCH_FIELDS))
   local epoch = recorded(rec[2])
   local quarantine_until = bounded_quarantine(rec, now)
+  if recorded(rec[3]) > quarantine_until then  -- forged: the bound, kept, so that it ends
+    redis.call('HSET', record, 'quarantine_until', ms(quarantine_until))
+  end
   local cause = rec[7] or 'failover'
   local replid, replid2, replicas = replication_state()
   local run_id = server_start(now)

@@ -160,8 +160,27 @@ class SQLiteConnection:
         except sqlite3.Error as exc:
             raise self._translate(exc) from exc
 
-    def close(self) -> None:
+    def close(self, checkpoint: bool = True) -> None:
+        """Close the connection. Without ``checkpoint`` (the process is about to end), skip
+        the checkpoint SQLite makes when the last connection to the file closes: ~1 ms, two
+        syncs, and the WAL deleted, so that the next run makes it again with two more. With
+        ``setconfig`` (Python 3.12) the connection is closed without it, else it is left for
+        the process's end (``os._exit``: no close runs). The WAL stays, bounded by SQLite's
+        auto-checkpoint (1000 pages: 4,152,992 bytes after 10,000 runs, issue 45); the next
+        open that is the only one reads it back (~0.3 ms of CPU, measured paired)."""
         with self._lock:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+            conn, self._conn = self._conn, None
+            if conn is None:
+                return
+            if not checkpoint:
+                no_checkpoint = getattr(sqlite3, "SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE", None)
+                if no_checkpoint is None or not hasattr(conn, "setconfig"):
+                    _LEFT_FOR_EXIT.append(conn)
+                    return
+                conn.setconfig(no_checkpoint, True)
+            conn.close()
+
+
+#: Connections closed before the process's end without their checkpoint (``close``): kept
+#: referenced, so that no garbage collection closes them (and checkpoints) meanwhile.
+_LEFT_FOR_EXIT: list[sqlite3.Connection] = []

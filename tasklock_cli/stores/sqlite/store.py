@@ -546,14 +546,19 @@ class SQLiteStore(SQLiteReads, Store, capabilities=CAPABILITIES):
     def schema_sql(self) -> str:
         return SCHEMA.strip() + f"\nPRAGMA user_version = {SCHEMA_VERSION};\n"
 
-    def _close(self) -> None:
+    def close_before_exit(self) -> None:
+        """``close`` without the checkpoint of SQLite's last close (``SQLiteConnection.close``)."""
+        self._leave_queues()
+        self._close(checkpoint=False)
+
+    def _close(self, checkpoint: bool = True) -> None:
         # Still listening at close (the base has left our places in queues): the wait was
         # cut short (a signal), maybe just after a wake-up was read. Waking the next waiter
         # costs it one look at most.
         if self._wakeups.key is not None:
             self._wakeups.give_up(self._wakeups.key)
         self._alarms.forget_all()
-        self._db.close()
+        self._db.close(checkpoint)
 
 
 def _record_run(conn: sqlite3.Connection, record: RunRecord, wall: float) -> None:
@@ -691,21 +696,25 @@ def _ask_params(ask: Ask, limit: int) -> dict:
     }
 
 
-#: This process as ``_own_processes`` records it, per (boot, pid): the same for every
-#: acquire of the process (a waiter's retries included), read from /proc once.
-_OWN_PROCESSES: dict[tuple[str, int], dict] = {}
+#: This process (and its command's guard) as ``_own_processes`` records them, per (boot,
+#: pid, guard): the same for every acquire of the process (a waiter's retries included),
+#: read from /proc once.
+_OWN_PROCESSES: dict[tuple[str, int, int | None], dict] = {}
 
 
 def _own_processes(boot: str, holder: Holder) -> dict:
-    """A holder that is this process records itself with its acquire, so that it is seen
-    as gone from the first instant (its guard is added before its command can start:
-    ``note_processes``); a holder named for another process records nothing."""
+    """A holder that is this process records itself with its acquire, and the guard of
+    its command when it has one already (``Holder.guard_pid``: a run forks it before the
+    acquire), so that it is seen as gone from the first instant; a holder named for another
+    process records nothing."""
     if holder.pid != os.getpid():
         return {}
-    recorded = _OWN_PROCESSES.get((boot, holder.pid))
+    which = (boot, holder.pid, holder.guard_pid)
+    recorded = _OWN_PROCESSES.get(which)
     if recorded is None:
         from tasklock_cli.stores.sqlite.processes import processes_of
 
-        recorded = {"processes": processes_of(boot, [holder.pid])}
-        _OWN_PROCESSES[(boot, holder.pid)] = recorded
+        pids = [holder.pid] if holder.guard_pid is None else [holder.pid, holder.guard_pid]
+        recorded = {"processes": processes_of(boot, pids)}
+        _OWN_PROCESSES[which] = recorded
     return recorded
