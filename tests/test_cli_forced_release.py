@@ -5,6 +5,7 @@ every store. Processes are named by pid and start time from /proc."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shlex
@@ -19,6 +20,7 @@ from datetime import datetime
 from datetime import timedelta
 from datetime import timezone
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -275,9 +277,29 @@ def _moment(ts: str) -> datetime:
 # -- forged notifications ------------------------------------------------------------
 
 
-def _forger(store_url: str, key: str, token: int):
+def _connections_to(pid: int, port: int) -> int:
+    """How many established TCP connections process ``pid`` has to ``port`` (its sockets'
+    inodes, looked up in its network namespace's tables)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if link.startswith("socket:["):
+                inodes.add(link[len("socket:[") : -1])
+    count = 0
+    for table in ("tcp", "tcp6"):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/net/{table}") as rows:
+            for row in list(rows)[1:]:
+                fields = row.split()
+                remote_port = int(fields[2].rsplit(":", 1)[1], 16)
+                count += remote_port == port and fields[3] == "01" and fields[9] in inodes
+    return count
+
+
+def _forger(store_url: str, key: str, token: int, holder_pid: int):
     """A function that sends one break notification for the lease, as anyone with access
-    to the store can (etcd has none to forge: a holder watches its key's own changes)."""
+    to the store can (etcd has none to forge: a holder watches its key's own changes); one
+    that tells whether the holder (process ``holder_pid``) listens for them now; the store."""
     from tasklock_cli.stores import open_store
 
     store = open_store(store_url)
@@ -288,6 +310,7 @@ def _forger(store_url: str, key: str, token: int):
         assert isinstance(store, SQLiteStore)
 
         fifo = f"{store.path}.holders/{key_dir_name(key)}/{token}"
+        made = functools.partial(os.path.exists, fifo)  # the holder makes it to listen
 
         def send() -> None:
             try:
@@ -301,13 +324,18 @@ def _forger(store_url: str, key: str, token: int):
             finally:
                 os.close(fd)
 
-        return send, store
+        return send, made, store
     if store_url.startswith("redis"):
         from tasklock_cli.stores.redis.store import RedisStore
 
         assert isinstance(store, RedisStore)
         channel = store._names.break_channel(key, token)
-        return (lambda: store._conn.client.publish(channel, "1")), store
+        client = store._conn.client
+
+        def subscribed() -> bool:
+            return client.pubsub_numsub(channel)[0][1] > 0
+
+        return (lambda: client.publish(channel, "1")), subscribed, store
     if store_url.startswith("postgres"):
         from tasklock_cli.stores.postgres.store import PostgresStore
 
@@ -315,9 +343,13 @@ def _forger(store_url: str, key: str, token: int):
         store.peek(key)  # learns the table's oid, which names the channel
         pg_channel = store._breaks.channel(key)
         notify = "SELECT pg_notify(%s, %s)"
+        # The holder LISTENs on a connection of its own: its second one to the server.
+        port = urlsplit(store_url).port or 5432
         return (
-            lambda: store._db.run(lambda conn: conn.execute(notify, (pg_channel, str(token))))
-        ), store
+            (lambda: store._db.run(lambda conn: conn.execute(notify, (pg_channel, str(token))))),
+            (lambda: _connections_to(holder_pid, port) >= 2),
+            store,
+        )
     if store_url.startswith("mysql"):  # a KILL QUERY of the holder's break watch
         from tasklock_cli.stores.mysql.queue import break_lock_name
         from tasklock_cli.stores.mysql.store import MySQLStore
@@ -334,7 +366,12 @@ def _forger(store_url: str, key: str, token: int):
                 if watch is not None:
                     cursor.execute(f"KILL QUERY {int(watch)}")
 
-        return (lambda: store._db.run(send_kill)), store
+        def watched(conn) -> bool:
+            with conn.cursor() as cursor:
+                cursor.execute(kill, (name,))
+                return cursor.fetchone()[0] is not None
+
+        return (lambda: store._db.run(send_kill)), (lambda: store._db.run(watched)), store
     pytest.skip("etcd: no notification to forge (a holder watches its own key)")
 
 
@@ -348,7 +385,7 @@ def test_a_forged_break_notification_changes_nothing(env, store_url):
         env=env,
     )  # fmt: skip
     token = int(piped(holder.stdout).readline())
-    send, store = _forger(store_url, "k", token)
+    send, listening, store = _forger(store_url, "k", token, holder.pid)
     sent = 0
     stop = threading.Event()
 
@@ -360,7 +397,7 @@ def test_a_forged_break_notification_changes_nothing(env, store_url):
             time.sleep(0.002)
 
     try:
-        time.sleep(0.3)  # past the holder's quiet start: it listens now
+        wait_until(listening)  # past the holder's quiet start: it listens now
         flooding = threading.Thread(target=flood)
         flooding.start()
         time.sleep(2.0)

@@ -33,6 +33,8 @@ from tasklock_cli.stores.model import EXCLUSIVE
 from tasklock_cli.stores.model import SHARED
 from tasklock_cli.stores.model import Holder
 from tasklock_cli.stores.provisioning import with_query
+from tasklock_cli.testing.helpers import blocked_in
+from tasklock_cli.testing.helpers import wait_until
 from tests.support import services
 from tests.support.cli import json_events
 from tests.support.cli import start
@@ -388,7 +390,10 @@ def test_a_release_wakes_the_run_of_shared_waiters_at_the_head_and_no_one_else(u
             assert client.acquire("k", 30, HOLDER, f"w{n}", queue=True, mode=mode) is None
         woken: dict[str, float] = {}
         threads = [_waits(client, "k", 2.5, woken, f"w{n}") for n, client in enumerate(waiters)]
-        time.sleep(0.5)  # each has taken its turn and watches
+        # each has taken its turn and watches: the shared ones the slots, the exclusive one
+        # the shared place ahead of it
+        watching = ("await_release", "await_release", "_watch_place")
+        wait_until(lambda: all(map(blocked_in, threads, watching)))
         assert woken == {}
         released = time.monotonic()
         assert writer.release(lease) is True
@@ -643,7 +648,7 @@ def test_a_release_right_after_a_waiters_look_wakes_it_at_once(clients, monkeypa
     from tasklock_cli.stores.etcd import store as etcd_store
 
     holder, waiter = clients
-    look = etcd_store._read_slots
+    look = etcd_store.read_slots
     heard_after: list[float] = []
     for attempt in range(5):
         held = holder.acquire("k", 30, HOLDER, f"holder-{attempt}")
@@ -657,10 +662,10 @@ def test_a_release_right_after_a_waiters_look_wakes_it_at_once(clients, monkeypa
                 released.append(time.monotonic())
             return found
 
-        monkeypatch.setattr(etcd_store, "_read_slots", look_then_release)
+        monkeypatch.setattr(etcd_store, "read_slots", look_then_release)
         waiter.wait_for_release("k", 5)
         heard_after.append(time.monotonic() - released[0])
-        monkeypatch.setattr(etcd_store, "_read_slots", look)
+        monkeypatch.setattr(etcd_store, "read_slots", look)
         lease = waiter.acquire("k", 30, HOLDER, "waiter", queue=True)
         assert lease is not None and waiter.release(lease) is True
     assert statistics.median(heard_after) < 0.025, heard_after

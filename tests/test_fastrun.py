@@ -46,10 +46,12 @@ OURS_ON_RUNS_PATH = {
     "tasklock_cli.run.holding", "tasklock_cli.run.keeper", "tasklock_cli.run.options",
     "tasklock_cli.run.schedule", "tasklock_cli.run.supervisor", "tasklock_cli.run.waiter",
     "tasklock_cli.stores", "tasklock_cli.stores.base", "tasklock_cli.stores.model",
+    "tasklock_cli.stores.queueing",
     "tasklock_cli.stores.registry", "tasklock_cli.stores.rows", "tasklock_cli.stores.sqlite",
     "tasklock_cli.stores.sqlite.breaks", "tasklock_cli.stores.sqlite.connection",
     "tasklock_cli.stores.sqlite.entries", "tasklock_cli.stores.sqlite.files",
     "tasklock_cli.stores.sqlite.processes", "tasklock_cli.stores.sqlite.queue",
+    "tasklock_cli.stores.sqlite.reads",
     "tasklock_cli.stores.sqlite.schema", "tasklock_cli.stores.sqlite.store",
     "tasklock_cli.stores.sqlite.waiting", "tasklock_cli.stores.traits", "tasklock_cli.stores.urls",
     "tasklock_cli.util",
@@ -74,8 +76,10 @@ STDLIB_ON_RUNS_PATH = {
 #: since the supervisor's event wording and the command's environment became modules of
 #: their own, run.announce and run.environment (issue 42): 95 before, one under the budget;
 #: 98 since the renewal schedule left run.heartbeat for run.schedule, so that the heartbeat
-#: can take RunOptions typed: run.options imported it back).
-RUN_IMPORT_BUDGET = 98
+#: can take RunOptions typed: run.options imported it back; 100 since stores.queueing, the
+#: waiter's side of the interface, left stores.base, and stores.sqlite.reads, the SQLite
+#: store's reads, left its class for its size).
+RUN_IMPORT_BUDGET = 100
 
 
 def test_a_plain_run_with_global_options_on_both_sides():

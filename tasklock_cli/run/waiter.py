@@ -1,4 +1,7 @@
-"""Acquiring with waiting: retries, back-off, wake-ups and the ``waiting`` events."""
+"""Acquiring with waiting: a place in the key's queue (``--priority``, ``--max-waiting``,
+``--supersede``), retries with back-off between the store's wake-ups, ``--replace``'s
+breaks, when a ``waiting`` report is due (``on_waiting``: the caller emits the event), and
+the ``Conflict`` when the wait runs out."""
 
 from __future__ import annotations
 

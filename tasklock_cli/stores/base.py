@@ -1,7 +1,44 @@
-"""The store interface every backend implements, and the records it passes around.
+"""The ``Store`` interface every store implements (the records it passes are in ``model``,
+its declared traits in ``traits``, the waiter's side in ``queueing``).
 
 A store decides expiry on its own clock. It never sees the client's deadline: that is
 the supervisor's business (see ``tasklock_cli.run.keeper``).
+
+What a store must write: every ``@abstractmethod`` (Python refuses a class that lacks one).
+What it may write, each with its default here (or in ``queueing``):
+
+- ``peek``: the lowest fencing token of ``holders``;
+- ``holdup``: None (nothing but holders keep a key; else a failover quarantine met);
+- ``quarantine``: None (no store-wide quarantine under way);
+- ``lease_age``: 0 (a lease's TTL starts with the acquire; etcd: a lease kept alive);
+- ``note_processes``: nothing (``free_if_holder_gone`` then frees only kept leases);
+- ``wait_for_break``: looks at ``time_left`` every ``break_poll_s`` (0.25 s);
+- ``_prepare_wait``: nothing (no turn to take, nothing to start listening to);
+- ``_await_wakeup``: looks at ``_time_until_free`` every ``release_poll_s`` (0.25 s);
+- ``_wait_after_trouble``: sleeps out the wait;
+- ``set_io_timeout``: nothing; ``init_schema``: None; ``schema_sql``: None (no DDL);
+- ``_close``: nothing (``close`` first leaves the queues: the base's part).
+- ``close_before_exit``: ``close`` (SQLite: without the last close's checkpoint).
+
+Attributes (``traits``): ``display_url`` (the URL shown, password redacted),
+``waiting_trouble`` (what the waiting primitives raise on trouble), ``break_poll_s`` and
+``release_poll_s`` (the polling defaults' intervals: one round trip each on a network
+store), ``release_look_s``, and those the package declares in its ``CAPABILITIES``:
+``signals_release``, ``concurrent_release``, ``waits_keep_places``, ``min_ttl``,
+``expiry_lag``, ``byte_keys``, ``waiter_ttl``, ``failover_window``.
+
+The base keeps the queue places: ``_acquire`` returns a ``Lease``, ``QUEUED`` (no slot; a
+place in the queue under the caller's owner token) or None (no slot, no place), and the
+base records it; ``stop_waiting`` and ``close`` leave the places through ``_leave_queue``.
+A store's ``__init__`` owes the base nothing.
+
+Threads: a store object serves one holder. Its main thread acquires, waits, notes the
+processes, releases and closes; while a lease is held, the heartbeat thread calls
+``renew``, ``wait_for_break`` and ``broken_by``. Where ``concurrent_release`` is True,
+``release`` and ``close`` may run while the heartbeat is still in ``wait_for_break`` or a
+renewal: such a store serialises its calls, and its release closes nothing that waiting
+uses. Elsewhere the wrapper stops and joins the heartbeat before it releases, for at most
+the I/O timeout: only a renewal stuck past that may still be under way.
 """
 
 from __future__ import annotations
@@ -15,7 +52,6 @@ from datetime import datetime
 
 from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.stores.model import EXCLUSIVE
-from tasklock_cli.stores.model import EXPIRY_SLACK_S
 from tasklock_cli.stores.model import LEDGER_KEEP
 from tasklock_cli.stores.model import Ask
 from tasklock_cli.stores.model import Holder
@@ -24,8 +60,8 @@ from tasklock_cli.stores.model import LeaseInfo
 from tasklock_cli.stores.model import RunRecord
 from tasklock_cli.stores.model import StoreCheck
 from tasklock_cli.stores.model import WaiterInfo
-from tasklock_cli.stores.traits import StoreTraits
-from tasklock_cli.util.fds import fd_readable
+from tasklock_cli.stores.queueing import Queued
+from tasklock_cli.stores.queueing import Waiting
 from tasklock_cli.util.fds import wait_readable
 
 #: ``list`` in the store class's body is its method: annotations there say builtins.list.
@@ -34,16 +70,13 @@ if TYPE_CHECKING:
     import builtins
 
 
-class Store(StoreTraits, ABC):
+class Store(Waiting, ABC):
     """acquire / renew / release / peek / list / sweep, plus waiting, force release and schema.
 
     Every method is one round trip where the backend allows it. Methods raise
     ``StoreUnavailable`` when the store cannot be reached and ``ConfigError`` when it is
     unusable as configured; ``renew`` raises ``LeaseLost`` when the store rejects the owner.
     """
-
-    def __init__(self) -> None:
-        self._places: dict[str, str] = {}  # see _queue_places
 
     @classmethod
     @abstractmethod
@@ -105,13 +138,18 @@ class Store(StoreTraits, ABC):
         (same slot and token), not a conflict with ourselves.
         """
         ask = Ask(mode, supersede, front, priority, max_waiting)
-        return self._acquire(key, ttl, holder, owner, limit, queue, ask)
+        return self._record_place(
+            key, owner, lambda: self._acquire(key, ttl, holder, owner, limit, queue, ask)
+        )
 
     @abstractmethod
     def _acquire(
         self, key: str, ttl: float, holder: Holder, owner: str, limit: int, queue: bool, ask: Ask
-    ) -> Lease | None:
-        """``acquire``, the store's own part: ``ask`` carries the rest of the request."""
+    ) -> Lease | Queued | None:
+        """``acquire``, the store's own part: ``ask`` carries the rest of the request. The
+        lease taken; else ``QUEUED`` when the caller holds a place in ``key``'s queue under
+        ``owner`` now (joined or kept), None when it holds none. The base records it (a
+        store whose waits keep its places, etcd, keeps them itself and returns None)."""
 
     def holdup(self, key: str) -> str | None:
         """Why no lease can be had on ``key`` now although none may show (a store's failover
@@ -223,13 +261,13 @@ class Store(StoreTraits, ABC):
         of its command), where the store can later tell they are gone
         (``free_if_holder_gone``). Nothing by default."""
 
+    @abstractmethod
     def free_if_holder_gone(self, key: str, token: int) -> bool:
         """Free the lease on ``key`` with fencing ``token`` when its holder's processes are
         known to be gone (``note_processes``), or it was kept after its command ended
         (``release`` with ``keep_for``: its holder has exited, nothing runs under it); True
         when freed. Otherwise nothing is freed: the lease then runs out on the store's
         clock. Every store frees a kept lease."""
-        return False
 
     @abstractmethod
     def force_release(self, key: str, token: int | None = None) -> builtins.list[LeaseInfo]:
@@ -254,80 +292,6 @@ class Store(StoreTraits, ABC):
             left = deadline - time.monotonic()
             if left <= 0 or wait_readable([wake_fd], min(left, self.break_poll_s)):
                 return False
-
-    #: What this store's waiting primitives raise on trouble; the wait then ends in
-    #: ``_wait_after_trouble`` and the caller's next acquire reports the store's state.
-    waiting_trouble: tuple[type[BaseException], ...] = (OSError,)
-
-    def wait_for_release(self, key: str, timeout: float, wake_fd: int | None = None) -> None:
-        """Block until a slot of ``key`` may be free, at most ``timeout`` seconds.
-
-        A slot may be free when a release woke us, or when the first live lease ran out. The
-        wait ends at once when ``wake_fd`` becomes readable. It is not read: a signal
-        handler's wake-up pipe ends a wait without raising out of a blocking call. Never
-        raises.
-
-        The skeleton every store shares: take this waiter's turn and start listening
-        (``_prepare_wait``). Then look at how long the key stays full (``_time_until_free``),
-        so a release after the listening began is not missed. Then wait for a wake-up until
-        then (``_await_wakeup``)."""
-        if timeout <= 0:
-            return
-        deadline = time.monotonic() + timeout
-        try:
-            if not self._prepare_wait(key, deadline, wake_fd) or fd_readable(wake_fd):
-                return
-            left = self._time_until_free(key)
-            if left is None:
-                return
-            until = min(deadline, time.monotonic() + max(0.0, left) + EXPIRY_SLACK_S)
-            self._await_wakeup(key, until, wake_fd)
-        except self.waiting_trouble:
-            self._wait_after_trouble(key, deadline, wake_fd)
-
-    def _prepare_wait(self, key: str, deadline: float, wake_fd: int | None) -> bool:
-        """Queue for ``key`` where waiters take turns, and start listening for its release.
-        False when the wait should end now (the turn did not come before ``deadline``: the
-        caller looks again)."""
-        return True
-
-    @abstractmethod
-    def _time_until_free(self, key: str) -> float | None:
-        """Seconds until the first live lease of a full ``key`` runs out on the store's
-        clock; None when a slot is free now for us (fewer live leases than their limit,
-        and fewer waiters ahead of us than free slots: see ``_queue_place``). Behind
-        waiters that come first, ``waiter_ttl`` (their places may run out)."""
-
-    def _await_wakeup(self, key: str, until: float, wake_fd: int | None) -> None:
-        """Wait for a release of ``key`` to wake us, until ``until`` (monotonic) or until
-        ``wake_fd`` is readable. By default nothing wakes us (a store that only polls):
-        the key is looked at again (``_time_until_free``) every ``release_poll_s``, so a
-        release is seen that late at most."""
-        poll_until_free(self, key, until, wake_fd)
-
-    def _wait_after_trouble(self, key: str, deadline: float, wake_fd: int | None) -> None:
-        """The waiting primitives failed: sleep out the wait (on ``wake_fd``)."""
-        wait_readable([wake_fd], deadline - time.monotonic())
-
-    def _queue_places(self) -> dict[str, str]:
-        """The keys in whose queues we hold a place, and the owner token it is under."""
-        return self._places
-
-    def _queue_place(self, key: str) -> str | None:
-        """The owner token of our place in ``key``'s queue; None when we have none."""
-        return self._queue_places().get(key)
-
-    def _note_queue_place(self, key: str, owner_token: str | None) -> None:
-        """An acquire joined (or kept) our place in ``key``'s queue, or left it (None)."""
-        if owner_token is None:
-            self._queue_places().pop(key, None)
-        else:
-            self._queue_places()[key] = owner_token
-
-    def stop_waiting(self, key: str) -> None:
-        """The caller has given up waiting for ``key`` but keeps the store open: leave the
-        key's queue of waiters (so releases wake the others) and pass on a wake-up it was
-        sent but will not use. Getting the lease, or ``close``, does the same."""
 
     def set_io_timeout(self, seconds: float) -> None:
         """Bound each later call (connect, statement, socket read) to about ``seconds``.
@@ -354,12 +318,17 @@ class Store(StoreTraits, ABC):
         return import_module(f"{package}.doctor").store_checks(self)
 
     def close(self) -> None:
-        """Release connections."""
+        """Leave the queues we hold places in (``stop_waiting``), then ``_close``."""
+        self._leave_queues()
+        self._close()
+
+    def _close(self) -> None:
+        """``close``, the store's own part: release connections, stop listening."""
 
     def close_before_exit(self) -> None:
         """``close``, in a process that ends right after (`tasklock run` ends with
         ``os._exit``): what the process's end does as well may be left to it. By default,
-        ``close``."""
+        ``close``; a store that overrides it leaves the queues first (``_leave_queues``)."""
         self.close()
 
     def __enter__(self) -> Store:
@@ -367,14 +336,3 @@ class Store(StoreTraits, ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def poll_until_free(store: Store, key: str, until: float, wake_fd: int | None) -> None:
-    """``Store._await_wakeup``'s default: look at ``key`` every ``release_poll_s`` until it
-    may be free, ``until`` (monotonic) passes or ``wake_fd`` is readable."""
-    while True:
-        left = until - time.monotonic()
-        if left <= 0 or wait_readable([wake_fd], min(left, store.release_poll_s)):
-            return
-        if store._time_until_free(key) is None:
-            return

@@ -1,7 +1,7 @@
 """Failover epochs: the design the PostgreSQL, Redis and MySQL stores share.
 
 Each store writes it in its own SQL or Lua.
-The argument is in the PostgreSQL package's docstring.
+The argument is in docs/design/postgres.md.
 
 - A store records the server its primary was.
 - An acquire that finds another starts a new epoch.

@@ -14,10 +14,11 @@ from tasklock_cli.util.records import dataclass
 class Capabilities:
     """What a store can do and how its leases behave: eight of ``StoreTraits`` (see each
     there), declared by every store package as ``CAPABILITIES``, with no default, so that a
-    new store says each. Left out: ``break_poll_s`` and ``release_poll_s``, how often the
-    base class's polling defaults look (tuning of a loop, not a property of the store), and
-    ``display_url``. ``failover_window`` is the store's with its default URL: a store may
-    set its own per URL (Redis's ``wait_replicas``); ``of(store)`` reads the store's."""
+    new store says each. Left out: ``break_poll_s``, ``release_poll_s`` and
+    ``release_look_s``, how often the base class's polling defaults and a signalled waiter
+    look (tuning of a loop, not a property of the store), and ``display_url``.
+    ``failover_window`` is the store's with its default URL: a store may set its own per
+    URL (Redis's ``wait_replicas``); ``of(store)`` reads the store's."""
 
     signals_release: bool
     concurrent_release: bool
@@ -53,6 +54,10 @@ class StoreTraits:
     display_url: str = ""
     #: True where ``wait_for_release`` wakes on a release (so waiters can poll rarely).
     signals_release: bool = False
+    #: Where ``signals_release``: how often a waiter also looks again by itself, woken or
+    #: not (MySQL's waits sleep on the server that long at most, the look where a wake-up
+    #: cannot be sent); None where only a release or a lease's expiry ends a wait.
+    release_look_s: float | None = None
     #: True where ``release`` may run while the holder's heartbeat thread is still in
     #: ``wait_for_break`` or a renewal. Such a store serialises its calls, and releasing
     #: closes nothing that waiting uses. The wrapper then releases without waiting for that
@@ -77,10 +82,12 @@ class StoreTraits:
     #: a store may round it up to its own minimum.
     waiter_ttl: float = WAITER_TTL_S
     #: How often ``wait_for_break``'s polling default looks at a held lease (stores that
-    #: hear of a break on a line of their own override ``wait_for_break``).
-    break_poll_s: float = 0.01
-    #: How often ``_await_wakeup``'s polling default looks at a full key.
-    release_poll_s: float = 0.05
+    #: hear of a break on a line of their own override ``wait_for_break``). Each look is a
+    #: round trip: 4 a second per holder on a network store; an in-process store sets less.
+    break_poll_s: float = 0.25
+    #: How often ``_await_wakeup``'s polling default looks at a full key (stores that hear
+    #: of a release override ``_await_wakeup``): a release is seen this late at most.
+    release_poll_s: float = 0.25
     #: The longest a holder may believe in its lease after sending its last renewal (or
     #: acquire), whatever its TTL: where a failover can lose a lease the new primary never
     #: received, the shortest quarantine that protects it (``failover.DEFAULT_TTL_S``), so

@@ -1,10 +1,12 @@
 """What the store contract's cases share: two holders, owner tokens, a short lease, a
 granted acquire, a run's ledger record, a waiter in a thread, calls raced in threads,
-hypothesis settings for a store (see ``tasklock_cli.testing``)."""
+hypothesis settings for a store, waiting for a condition or for a thread's wait to be under
+way (see ``tasklock_cli.testing``)."""
 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 import uuid
@@ -115,6 +117,37 @@ def wait_until(predicate: Callable[[], object], timeout: float = 10, interval: f
         if time.monotonic() > give_up:
             raise AssertionError(f"condition not met within {timeout}s")
         time.sleep(interval)
+
+
+def blocked_in(thread: threading.Thread, name: str, settle: float = 0.01) -> bool:
+    """Whether ``thread`` is blocked inside a call of the function ``name``: asleep in the
+    kernel on something other than a lock (a select, poll or read), at the same point of
+    its stack ``settle`` seconds apart -- its wait proper, not a round trip on the way.
+    For a test whose act must come while a wait is under way (Linux: ``/proc``)."""
+    first = _blocked_at(thread, name)
+    if first is None:
+        return False
+    time.sleep(settle)
+    return _blocked_at(thread, name) == first
+
+
+def _blocked_at(thread: threading.Thread, name: str) -> tuple[int, int] | None:
+    """Where ``thread`` is blocked inside ``name`` (its innermost frame and instruction);
+    None when it is not."""
+    top = sys._current_frames().get(thread.ident or 0)
+    frame = top
+    while frame is not None and frame.f_code.co_name != name:
+        frame = frame.f_back
+    if frame is None or top is None:
+        return None
+    try:
+        with open(f"/proc/self/task/{thread.native_id}/wchan") as wchan:
+            where = wchan.read().strip()
+    except OSError:
+        return None
+    if where in ("", "0") or "futex" in where:  # running, or waiting for a lock (the GIL)
+        return None
+    return id(top), top.f_lasti
 
 
 def wake_pipe_pair() -> Iterator[tuple[int, int]]:

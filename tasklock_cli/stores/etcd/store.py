@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Iterator
-from datetime import datetime
 from typing import Any
 from typing import NamedTuple
 
@@ -35,7 +33,6 @@ from tasklock_cli.stores.etcd.connection import Watch
 from tasklock_cli.stores.etcd.connection import b64
 from tasklock_cli.stores.etcd.connection import new_lease_id
 from tasklock_cli.stores.etcd.connection import parse_url
-from tasklock_cli.stores.etcd.connection import prefix_end
 from tasklock_cli.stores.etcd.connection import revision
 from tasklock_cli.stores.etcd.connection import ttl_seconds
 from tasklock_cli.stores.etcd.connection import unb64
@@ -48,21 +45,21 @@ from tasklock_cli.stores.etcd.keys import moves_to_lease
 from tasklock_cli.stores.etcd.keys import range_op
 from tasklock_cli.stores.etcd.ledger import EtcdLedger
 from tasklock_cli.stores.etcd.ledger import LedgerAtAcquire
+from tasklock_cli.stores.etcd.reads import EtcdReads
+from tasklock_cli.stores.etcd.reads import read_slots
+from tasklock_cli.stores.etcd.reads import with_infos
 from tasklock_cli.stores.etcd.waiting import AHEAD
 from tasklock_cli.stores.etcd.waiting import GONE
 from tasklock_cli.stores.etcd.waiting import SUPERSEDED
 from tasklock_cli.stores.etcd.waiting import WaiterQueue
 from tasklock_cli.stores.etcd.waiting import poll_until
 from tasklock_cli.stores.etcd.waiting import waiter_value
-from tasklock_cli.stores.model import LEDGER_KEEP
-from tasklock_cli.stores.model import LIST_PAGE
 from tasklock_cli.stores.model import SHARED
 from tasklock_cli.stores.model import Ask
 from tasklock_cli.stores.model import Holder
 from tasklock_cli.stores.model import Lease
 from tasklock_cli.stores.model import LeaseInfo
 from tasklock_cli.stores.model import RunRecord
-from tasklock_cli.stores.model import WaiterInfo
 from tasklock_cli.stores.model import breaker
 from tasklock_cli.stores.model import breaker_of
 from tasklock_cli.stores.urls import redact_url
@@ -105,11 +102,10 @@ class _Held:
     broken: bool = False  # read back broken: its renewals fail, its release still frees it
 
 
-class EtcdStore(Store, capabilities=CAPABILITIES):
+class EtcdStore(EtcdReads, Store, capabilities=CAPABILITIES):
     waiting_trouble = (TasklockError, EtcdError, OSError, http.Woken)
 
     def __init__(self, config: EtcdConfig, display_url: str) -> None:
-        super().__init__()
         self.display_url = display_url
         self.prefix = config.prefix
         self._client = EtcdClient(config, display_url)
@@ -133,6 +129,9 @@ class EtcdStore(Store, capabilities=CAPABILITIES):
     def _acquire(
         self, key: str, ttl: float, holder: Holder, owner: str, limit: int, queue: bool, ask: Ask
     ) -> Lease | None:
+        """Never ``QUEUED``: our places live in ``self._queue``, which the waits join and
+        keep too (``waits_keep_places``), and which ``_leave_queue`` and ``_close`` leave
+        (a revoke of the waiter lease at close: one write for every place)."""
         ttl_s = ttl_seconds(ttl, "lease TTL")
         start = 0  # the first slot the txn tries (past a txn's slots: where the read said)
         if queue and self._queue.place(key) is not None and key not in self._freed:
@@ -316,43 +315,6 @@ class EtcdStore(Store, capabilities=CAPABILITIES):
 
     # -- reading ----------------------------------------------------------------------
 
-    def time_left(self, key: str, fencing_token: int) -> float | None:
-        slots, broken, _ = _read_slots(self._client, self._keys, key)
-        mine = [held for held in slots if held.token == fencing_token]
-        if not mine or fencing_token in broken:
-            return None
-        remaining = self._client.remaining(mine[0].lease_id) if mine[0].lease_id else -1.0
-        return remaining if remaining > 0 else None
-
-    def history(self, key: str, limit: int = LEDGER_KEEP) -> list[RunRecord]:
-        return self._ledger.history(key, limit)
-
-    def last_success(self, key: str) -> tuple[RunRecord | None, datetime]:
-        return self._ledger.last_success(key)
-
-    def ledger_keys(self, prefix: str = "") -> list[str]:
-        return self._ledger.ledger_keys(prefix)
-
-    def holders(self, key: str) -> list[LeaseInfo]:
-        slots, _, _ = _read_slots(self._client, self._keys, key)
-        return [info for _, info in _with_infos(self._client, self._keys, slots)]
-
-    def list(self, prefix: str = "", include_expired: bool = False) -> Iterator[LeaseInfo]:
-        # etcd deletes a key with its lease: include_expired can only ever show live leases.
-        # A key's slots follow its lock key: NUL sorts before any character of a key.
-        start = self._keys.lock_key(prefix)
-        end = prefix_end(start)
-        while True:
-            body = {"key": b64(start), "range_end": b64(end), "limit": str(LIST_PAGE)}
-            reply = self._client.call(("/v3/kv/range", body))[0]
-            kvs = reply.get("kvs", [])
-            slots = [held for kv in kvs if (held := self._keys.slot_of(kv)) is not None]
-            for _, info in _with_infos(self._client, self._keys, slots):
-                yield info
-            if not reply.get("more") or not kvs:
-                return
-            start = unb64(kvs[-1]["key"]) + b"\0"
-
     def sweep(self, dry_run: bool = False) -> int:
         # etcd deletes expired leases' keys itself; counters are revisions. Dead places in
         # queues (see waiting) are deleted (not counted: no leases); the read also tells an
@@ -375,7 +337,7 @@ class EtcdStore(Store, capabilities=CAPABILITIES):
     def break_lease(
         self, key: str, token: int | None = None, by: Holder | None = None
     ) -> builtins.list[LeaseInfo]:
-        slots, broken, _ = _read_slots(self._client, self._keys, key)
+        slots, broken, _ = read_slots(self._client, self._keys, key)
         chosen = [held for held in slots if token is None or held.token == token]
         by_json = json.dumps(breaker(by)).encode()
         infos = [self._breaker.break_slot(held, held.token in broken, by_json) for held in chosen]
@@ -400,7 +362,7 @@ class EtcdStore(Store, capabilities=CAPABILITIES):
             stale.close()
         watch = self._client.open_watch(family(self._keys.lock_key(key)))  # before the look
         try:
-            slots, _, _ = _read_slots(self._client, self._keys, key)
+            slots, _, _ = read_slots(self._client, self._keys, key)
             if has_free_slot(slots, self._queue.mode_of(key)):
                 self._freed.add(key)
                 watch.close()
@@ -422,14 +384,8 @@ class EtcdStore(Store, capabilities=CAPABILITIES):
     def _wait_after_trouble(self, key: str, deadline: float, wake_fd: int | None) -> None:
         _poll_for_a_free_slot(self._client, self._keys, self._queue, key, deadline, wake_fd)
 
-    def stop_waiting(self, key: str) -> None:
+    def _leave_queue(self, key: str, owner: str | None) -> None:
         self._queue.leave(key)
-
-    def waiters(self, key: str) -> builtins.list[WaiterInfo]:
-        return self._queue.waiters(key)
-
-    def waiting_counts(self, prefix: str = "") -> dict[str, int]:
-        return self._queue.counts(prefix)
 
     # -- settings, diagnostics, closing -----------------------------------------------
 
@@ -437,7 +393,7 @@ class EtcdStore(Store, capabilities=CAPABILITIES):
         if math.isfinite(seconds) and seconds > 0:
             self._client.members.io_timeout = seconds
 
-    def close(self) -> None:
+    def _close(self) -> None:
         for watch in self._watching.values():
             watch.close()
         self._watching.clear()
@@ -461,7 +417,7 @@ def _poll_for_a_free_slot(
 
     def free_now() -> bool:
         queue.keep_if_due()
-        slots = _read_slots(client, keys, key)[0]
+        slots = read_slots(client, keys, key)[0]
         return has_free_slot(slots, queue.mode_of(key))
 
     poll_until(deadline, wake_fd, free_now)
@@ -547,13 +503,6 @@ def _own_lease(
     )
 
 
-def _read_slots(client: EtcdClient, keys: EtcdKeys, key: str) -> tuple[list[SlotKv], set[int], int]:
-    """``key``'s live slots, broken tokens, and the revision they were read at."""
-    reply = client.txn([], keys.slot_reads(key), [])
-    slots, broken = keys.slots_from(reply.get("responses", []))
-    return slots, broken, revision(reply)
-
-
 def _revoke_slots(
     client: EtcdClient, keys: EtcdKeys, key: str, token: int | None
 ) -> list[LeaseInfo]:
@@ -563,32 +512,18 @@ def _revoke_slots(
     freed: dict[int, LeaseInfo] = {}
     wanted: set[int] | None = None  # the tokens of the first read
     for _ in range(5):
-        slots, _, _ = _read_slots(client, keys, key)
+        slots, _, _ = read_slots(client, keys, key)
         chosen = [held for held in slots if token is None or held.token == token]
         wanted = {held.token for held in chosen} if wanted is None else wanted
         left = [held for held in chosen if held.token in wanted - freed.keys()]
         if not left:
             break
-        for held, info in _with_infos(client, keys, left):
+        for held, info in with_infos(client, keys, left):
             if held.lease_id and client.revoke(held.lease_id):
                 freed[held.token] = info
         if wanted <= freed.keys():
             break
     return sorted(freed.values(), key=lambda info: info.slot)
-
-
-def _with_infos(
-    client: EtcdClient, keys: EtcdKeys, slots: list[SlotKv]
-) -> list[tuple[SlotKv, LeaseInfo]]:
-    """Each slot with what an observer sees of it; those whose lease ran out meanwhile
-    are left out."""
-    remaining = client.remaining_many(sorted({held.lease_id for held in slots}))
-    pairs = []
-    for held in slots:
-        info = keys.info(held, remaining.get(held.lease_id, -1.0))
-        if info is not None:
-            pairs.append((held, info))
-    return pairs
 
 
 def _delete_as_owner(
@@ -628,7 +563,7 @@ def _json_done(record: dict[str, Any]) -> bytes:
 def _done(client: EtcdClient, keys: EtcdKeys, key: str, token: int) -> bool:
     """Is the live lease on ``key`` with fencing ``token`` one kept after its command ended
     (``_keep_done``)? Nothing runs under it, and its holder has exited."""
-    for held in _read_slots(client, keys, key)[0]:
+    for held in read_slots(client, keys, key)[0]:
         if held.token == token:
             record = decode_value(unb64(held.kv.get("value")))
             return record is not None and record.get("done") is True

@@ -73,7 +73,6 @@ from typing import Any
 from typing import NamedTuple
 
 from tasklock_cli.errors import TasklockError
-from tasklock_cli.stores import rows as row_parsing
 from tasklock_cli.stores.etcd.connection import EtcdClient
 from tasklock_cli.stores.etcd.connection import EtcdError
 from tasklock_cli.stores.etcd.connection import Watch
@@ -82,19 +81,18 @@ from tasklock_cli.stores.etcd.connection import kvs_of
 from tasklock_cli.stores.etcd.connection import new_lease_id
 from tasklock_cli.stores.etcd.connection import prefix_end
 from tasklock_cli.stores.etcd.connection import revision
-from tasklock_cli.stores.etcd.connection import unb64
 from tasklock_cli.stores.etcd.keys import EtcdKeys
 from tasklock_cli.stores.etcd.keys import absent
-from tasklock_cli.stores.etcd.keys import code_priority
 from tasklock_cli.stores.etcd.keys import place_class
 from tasklock_cli.stores.etcd.keys import priority_code
 from tasklock_cli.stores.etcd.keys import range_op
+from tasklock_cli.stores.etcd.places import Queued
+from tasklock_cli.stores.etcd.places import QueueReads
+from tasklock_cli.stores.etcd.places import ordered
 from tasklock_cli.stores.model import EXCLUSIVE
 from tasklock_cli.stores.model import SHARED
-from tasklock_cli.stores.model import WAITER_HORIZON_S
 from tasklock_cli.stores.model import Ask
 from tasklock_cli.stores.model import Holder
-from tasklock_cli.stores.model import WaiterInfo
 from tasklock_cli.stores.model import place_record
 from tasklock_cli.util.fds import wait_readable
 
@@ -133,25 +131,7 @@ class Place(NamedTuple):
     priority: int = 0
 
 
-class Queued(NamedTuple):
-    """A place in a queue as read back: its key, class letters and create_revision."""
-
-    name: bytes
-    letters: str
-    revision: int
-    kv: dict[str, Any]
-    priority: int = 0
-
-    @property
-    def front(self) -> bool:
-        return self.letters[0] == "F"
-
-    @property
-    def mode(self) -> str:
-        return SHARED if self.letters[1] == "S" else EXCLUSIVE
-
-
-class WaiterQueue:
+class WaiterQueue(QueueReads):
     """This client's places in the queues of keys: one waiter lease for all of them,
     refreshed while waiting."""
 
@@ -216,7 +196,7 @@ class WaiterQueue:
         run joined after it) or GONE (it lapsed), someone AHEAD that keeps us out, or CLEAR."""
         queue_kvs, marker_kvs = (kvs_of(response) for response in responses)
         queue_kvs = self.live_places(queue_kvs, delete=True)
-        placed = _ordered(self._keys.queue_prefix(key), queue_kvs)
+        placed = ordered(self._keys.queue_prefix(key), queue_kvs)
         place = self.place(key)
         if place is not None and not any(
             (queued.name, queued.revision) == (place.entry, place.revision) for queued in placed
@@ -232,63 +212,6 @@ class WaiterQueue:
     def length(self, key: str) -> int:
         """How many live places ``key``'s queue had at the last ``verdict``."""
         return self._lengths.get(key, 0)
-
-    def waiters(self, key: str) -> list[WaiterInfo]:
-        """The places in ``key``'s queue, in the order they are served."""
-        queue = self._keys.queue_prefix(key)
-        body = {"key": b64(queue), "range_end": b64(prefix_end(queue))}
-        kvs = self.live_places(self._client.call(("/v3/kv/range", body))[0].get("kvs", []))
-        return [
-            _waiter_info(unb64(queued.kv.get("value")), queued.mode)
-            for queued in _ordered(queue, kvs)
-        ]
-
-    def counts(self, prefix: str) -> dict[str, int]:
-        """How many places each key starting with ``prefix`` has in its queue."""
-        everything = self._keys.queue_prefix("")[: -len(b"0:/")]
-        body = {"key": b64(everything), "range_end": b64(prefix_end(everything))}
-        reply = self._client.call(("/v3/kv/range", {**body, "keys_only": True}))[0]
-        counts: dict[str, int] = {}
-        for kv in self.live_places(reply.get("kvs", [])):
-            key = _queue_key(unb64(kv["key"])[len(everything) :])
-            if key is not None and key.startswith(prefix):
-                counts[key] = counts.get(key, 0) + 1
-        return dict(sorted(counts.items()))
-
-    def live_places(self, kvs: list[dict[str, Any]], delete: bool = False) -> list[dict[str, Any]]:
-        """The places among ``kvs`` (a queue's, as read) that are not dead (see the
-        module's docstring); with ``delete``, the dead ones are deleted."""
-        # (a place's lease is its name's, and that lease is known: it may be live)
-        placed = [(kv, _lease_if_its_own(kv)) for kv in kvs]
-        unknown = {lease for _, lease in placed if lease is not None} - set(self._too_long)
-        if unknown:
-            self._learn_leases(sorted(unknown))
-        live, dead = [], []
-        for kv, lease in placed:
-            if lease is not None and not self._too_long.get(lease, False):
-                live.append(kv)
-            else:
-                dead.append(kv["key"])
-        if delete and dead:
-            deletes = [("/v3/kv/deleterange", {"key": name}) for name in dead]
-            with contextlib.suppress(TasklockError):
-                self._client.call(*deletes)
-        return live
-
-    def sweep(self) -> int:
-        """Delete the dead places of every key's queue; how many."""
-        everything = self._keys.queue_prefix("")[: -len(b"0:/")]
-        body = {"key": b64(everything), "range_end": b64(prefix_end(everything))}
-        kvs = self._client.call(("/v3/kv/range", {**body, "keys_only": True}))[0].get("kvs", [])
-        return len(kvs) - len(self.live_places(kvs, delete=True))
-
-    def _learn_leases(self, lease_ids: list[int]) -> None:
-        """Whether each lease was granted for longer than any waiter asks (a gone lease's
-        places are gone with it: not dead)."""
-        asks = [("/v3/lease/timetolive", {"ID": str(lease_id)}) for lease_id in lease_ids]
-        for lease_id, reply in zip(lease_ids, self._client.call(*asks), strict=True):
-            granted = int(reply.get("grantedTTL", 0))
-            self._too_long[lease_id] = granted > WAITER_HORIZON_S
 
     def join(
         self, key: str, value: bytes, mode: str, front: bool, supersede: bool, priority: int = 0
@@ -493,7 +416,7 @@ class WaiterQueue:
         queue = self._keys.queue_prefix(key)
         body = {"key": b64(queue), "range_end": b64(prefix_end(queue)), "keys_only": True}
         reply = self._client.call(("/v3/kv/range", body))[0]
-        placed = _ordered(queue, self.live_places(reply.get("kvs", []), delete=True))
+        placed = ordered(queue, self.live_places(reply.get("kvs", []), delete=True))
         if not any(queued.name == entry for queued in placed):
             return None, False
         place = self.place(key)
@@ -516,17 +439,6 @@ def _normal_place_guard(
         return [[own, _none_in(queue + b"F"), *higher, newer]]
     common = [own, _none_in(queue + b"FX"), *higher]
     return [[*common, _none_between(low, high)], [*common, newer]]
-
-
-def _lease_if_its_own(kv: dict[str, Any]) -> int | None:
-    """The lease of a place (as read) when it is the waiter lease its name ends with
-    (``keys.queue_entry``), else None (a place no waiter put)."""
-    tail = unb64(kv["key"]).rpartition(b"/")[2]
-    try:
-        named = int(tail, 16) if len(tail) == 16 else None
-    except ValueError:
-        return None
-    return named if named is not None and int(kv.get("lease", 0)) == named else None
 
 
 def _none_in(start: bytes) -> dict[str, Any]:
@@ -586,31 +498,6 @@ def _deletes_but(start: bytes, end: bytes, kept: bytes) -> list[dict[str, Any]]:
     ]
 
 
-def _ordered(queue: bytes, kvs: list[dict[str, Any]]) -> list[Queued]:
-    """The places read under ``queue``, in the order they are served: the front ones
-    newest first, then the others by band (highest priority first), oldest first."""
-    placed = [_queued(queue, kv) for kv in kvs]
-    fronts = sorted((queued for queued in placed if queued.front), key=lambda q: -q.revision)
-    others = sorted(
-        (queued for queued in placed if not queued.front), key=lambda q: (-q.priority, q.revision)
-    )
-    return fronts + others
-
-
-def _queued(queue: bytes, kv: dict[str, Any]) -> Queued:
-    """A place as read: its class letters (OMS) and band from its name; a name of no class
-    (an older tasklock's) is a plain exclusive place of priority 0."""
-    name = unb64(kv["key"])
-    found = name[len(queue) :].partition(b"/")[0].decode("ascii", "replace")
-    letters, priority = found, 0
-    if len(found) > 3 and found[:1] == "N":
-        banded = code_priority(found[1:-2])
-        letters, priority = ("N" + found[-2:], banded) if banded is not None else ("", 0)
-    if len(letters) != 3 or letters[:1] not in ("F", "N"):
-        letters = "NXP"
-    return Queued(name, letters, int(kv.get("create_revision", 0)), kv, priority)
-
-
 def _ahead(placed: list[Queued], entry: bytes | None) -> list[Queued]:
     """The places ahead of ``entry`` (all of them for a caller with none)."""
     names = [queued.name for queued in placed]
@@ -642,24 +529,6 @@ def waiter_value(holder: Holder, sent: float, ask: Ask | None = None) -> bytes:
     (ms, its clock)."""
     record = holder.to_dict() if ask is None else place_record(holder, ask)
     return json.dumps({"holder": record, "since": int(sent * 1000)}).encode()
-
-
-def _waiter_info(value: bytes, mode: str) -> WaiterInfo:
-    """A place's value (see ``waiter_value``), read defensively (see rows)."""
-    try:
-        data = json.loads(value) if value else None
-    except ValueError:
-        data = None
-    fields = data if isinstance(data, dict) else {}
-    return row_parsing.waiter_info(fields.get("holder"), fields.get("since"), mode, per_second=1000)
-
-
-def _queue_key(rest: bytes) -> str | None:
-    """The lock key of a queue entry's name after ``P wait/`` (``<len>:K/<id>``)."""
-    length, colon, tail = rest.partition(b":")
-    if not colon or not length.isdigit() or len(tail) <= int(length):
-        return None
-    return tail[: int(length)].decode("utf-8", "replace")
 
 
 def poll_until(deadline: float, wake_fd: int | None, done: Callable[[], bool]) -> bool:

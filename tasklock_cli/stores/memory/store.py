@@ -21,8 +21,8 @@ from tasklock_cli.stores.memory.connection import Place
 from tasklock_cli.stores.memory.connection import Slot
 from tasklock_cli.stores.memory.connection import Space
 from tasklock_cli.stores.memory.connection import space_named
+from tasklock_cli.stores.memory.ledger import MemoryLedger
 from tasklock_cli.stores.model import EXCLUSIVE
-from tasklock_cli.stores.model import LEDGER_KEEP
 from tasklock_cli.stores.model import MAX_FENCING_TOKEN
 from tasklock_cli.stores.model import SHARED
 from tasklock_cli.stores.model import WAITER_HORIZON_S
@@ -33,8 +33,9 @@ from tasklock_cli.stores.model import LeaseInfo
 from tasklock_cli.stores.model import RunRecord
 from tasklock_cli.stores.model import WaiterInfo
 from tasklock_cli.stores.model import breaker
+from tasklock_cli.stores.queueing import QUEUED
+from tasklock_cli.stores.queueing import Queued
 from tasklock_cli.util.clock import SystemClock
-from tasklock_cli.util.records import replace
 from tasklock_cli.util.times import utc_from_timestamp
 
 TYPE_CHECKING = False
@@ -42,13 +43,13 @@ if TYPE_CHECKING:
     import builtins
 
 
-class MemoryStore(Store, capabilities=CAPABILITIES):
+class MemoryStore(MemoryLedger, Store, capabilities=CAPABILITIES):
     """Leases in this process (see the package's docstring)."""
 
-    break_poll_s = 0.02
+    break_poll_s = 0.02  # a look is a dict read here: the polling defaults look often
+    release_poll_s = 0.05
 
     def __init__(self, name: str = "") -> None:
-        super().__init__()
         self.name = name
         self.display_url = f"memory://{name}"
         self.space: Space = space_named(name)
@@ -82,23 +83,20 @@ class MemoryStore(Store, capabilities=CAPABILITIES):
 
     def _acquire(
         self, key: str, ttl: float, holder: Holder, owner: str, limit: int, queue: bool, ask: Ask
-    ) -> Lease | None:
+    ) -> Lease | Queued | None:
         with self.space.lock:
             self._clear_dead_places(key)
             places = self.space.places.setdefault(key, {})
             mine = places.get(owner)
             if mine is not None and mine.superseded:
                 del places[owner]
-                self._note_queue_place(key, None)
                 raise Superseded(key)
             lease = self._take(key, ttl, holder, owner, limit, ask)
             if lease is not None or not queue:
                 places.pop(owner, None)
-                self._note_queue_place(key, None)
                 return lease
             self._keep_place(key, holder, owner, ask)
-            self._note_queue_place(key, owner)
-            return None
+            return QUEUED
 
     def _take(
         self, key: str, ttl: float, holder: Holder, owner: str, limit: int, ask: Ask
@@ -231,46 +229,12 @@ class MemoryStore(Store, capabilities=CAPABILITIES):
                 self._record(record)
             return slot is not None
 
-    def _record(self, record: RunRecord) -> None:
-        """Write ``record`` into the ledger (once per key and token), trimmed to the last
-        LEDGER_KEEP runs and the newest success."""
-        runs = self.space.ledger.setdefault(record.key, {})
-        ended = utc_from_timestamp(self.space.wall_at(self._now()))
-        runs[record.fencing_token] = replace(record, ended_at=ended)
-        newest = sorted(runs, reverse=True)
-        success = self._last_success(record.key)
-        for token in newest[LEDGER_KEEP:]:
-            if success is None or token != success.fencing_token:
-                del runs[token]
-
     def time_left(self, key: str, fencing_token: int) -> float | None:
         with self.space.lock:
             for slot in self._live(key).values():
                 if slot.fencing_token == fencing_token and not slot.broken:
                     return max(0.0, slot.expires - self._now())
             return None
-
-    # -- the ledger --------------------------------------------------------------------
-
-    def history(self, key: str, limit: int = LEDGER_KEEP) -> list[RunRecord]:
-        with self.space.lock:
-            runs = self.space.ledger.get(key, {})
-            return [runs[token] for token in sorted(runs, reverse=True)[:limit]]
-
-    def _last_success(self, key: str) -> RunRecord | None:
-        runs = self.space.ledger.get(key, {})
-        wins = [token for token, run in runs.items() if run.outcome == "succeeded"]
-        return runs[max(wins)] if wins else None
-
-    def last_success(self, key: str) -> tuple[RunRecord | None, datetime]:
-        with self.space.lock:
-            return self._last_success(key), self._utc(self._now())
-
-    def ledger_keys(self, prefix: str = "") -> list[str]:
-        with self.space.lock:
-            return sorted(
-                k for k, runs in self.space.ledger.items() if runs and k.startswith(prefix)
-            )
 
     # -- looking -----------------------------------------------------------------------
 
@@ -380,16 +344,10 @@ class MemoryStore(Store, capabilities=CAPABILITIES):
                 return min(left)
             return None if len(ahead) < limit - len(left) else self.waiter_ttl
 
-    def stop_waiting(self, key: str) -> None:
-        with self.space.lock:
-            owner = self._queue_place(key)
-            if owner is not None:
+    def _leave_queue(self, key: str, owner: str | None) -> None:
+        if owner is not None:
+            with self.space.lock:
                 self.space.places.get(key, {}).pop(owner, None)
-            self._note_queue_place(key, None)
-
-    def close(self) -> None:
-        for key in list(self._queue_places()):
-            self.stop_waiting(key)
 
 
 def lowest_free(live: dict[int, Slot], limit: int | None) -> int | None:

@@ -1,15 +1,10 @@
 """Failover epochs on MySQL/MariaDB.
 
 The acquire procedure checks that the server is still the primary under whose writes the
-table's rows were made.
-It also computes the fencing tokens of a new epoch.
-The argument is in the package's docstring.
-The design the stores share is in ``stores.failover``.
-
-The table's epoch row is a reserved row of the lease table.
-Its key is ``''``, which no lock has, and its slot is ``EPOCH_SLOT``.
-It has no owner, so no listing, sweep or older tasklock sees it.
-Its fields:
+table's rows were made, and computes the fencing tokens of a new epoch (the argument:
+docs/design/mysql.md; what the stores share: ``stores.failover``). The epoch row is the
+lease table's reserved row of key ``''`` (no lock's) and slot ``EPOCH_SLOT``; without an
+owner, no listing, sweep or older tasklock sees it. Its fields:
 
 - ``holder``: a JSON object with these fields:
 

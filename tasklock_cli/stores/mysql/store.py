@@ -3,7 +3,6 @@ docstring)."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 from collections.abc import Iterator
@@ -52,7 +51,10 @@ from tasklock_cli.stores.mysql.queue import WAITING_COUNTS
 from tasklock_cli.stores.mysql.schema import INFO_COLUMNS
 from tasklock_cli.stores.mysql.schema import MySQLSchema
 from tasklock_cli.stores.mysql.waiting import PLACELESS_LOOK_S
+from tasklock_cli.stores.mysql.waiting import WAITER_SLEEP_S
 from tasklock_cli.stores.mysql.waiting import WakeLine
+from tasklock_cli.stores.queueing import QUEUED
+from tasklock_cli.stores.queueing import Queued
 from tasklock_cli.stores.sql import SqlStore
 from tasklock_cli.stores.urls import redact_url
 from tasklock_cli.stores.watches import BreakWatches
@@ -154,11 +156,11 @@ _SWEEP = f"""UPDATE `{{table}}`
 class MySQLStore(SqlStore, capabilities=CAPABILITIES):
     # A release wakes the waiters it may admit (see ``waiting``); the others look again
     # every ``WAITER_SLEEP_S`` (reads only).
+    release_look_s = WAITER_SLEEP_S
     _db: MySQLConnection
     _schema: MySQLSchema
 
     def __init__(self, url: str, display_url: str | None = None) -> None:
-        super().__init__()
         self.display_url = display_url or redact_url(url)
         kwargs, table = parse_url(url, self.display_url)
         self._schema = MySQLSchema(table, self.display_url)
@@ -168,7 +170,7 @@ class MySQLStore(SqlStore, capabilities=CAPABILITIES):
         self._place_seqs: dict[str, int] = {}  # key -> our place's seq in its queue
         self._seen: dict[str, tuple[int, int]] = {}  # key -> (live leases, counter) at a look
         self._quarantines = Quarantines()  # the failover quarantines our acquires met
-        self._wake_line = WakeLine(self._db, table)
+        self._wake_line = WakeLine(self._db, table, lambda: self.release_look_s)
         self._break_watches = BreakWatches(
             MySQLBreakWatches(self._db, table).open,
             (pymysql.err.MySQLError, OSError, TasklockError),
@@ -218,7 +220,7 @@ class MySQLStore(SqlStore, capabilities=CAPABILITIES):
 
     def _acquire(
         self, key: str, ttl: float, holder: Holder, owner: str, limit: int, queue: bool, ask: Ask
-    ) -> Lease | None:
+    ) -> Lease | Queued | None:
         args = (
             key,
             owner,
@@ -239,11 +241,10 @@ class MySQLStore(SqlStore, capabilities=CAPABILITIES):
         self._quarantines.met(key, None if quarantine is None else int(quarantine))
         if quarantine:
             self._rows(BOUND_FORGED_QUARANTINE)
-        self._note_queue_place(key, owner if outcome == "queued" else None)
         if outcome == "queued":
             self._place_seqs[key] = int(seq)
-        else:
-            self._place_seqs.pop(key, None)
+            return QUEUED
+        self._place_seqs.pop(key, None)
         if outcome == "superseded":
             raise Superseded(key)
         if outcome == "mismatch":
@@ -436,17 +437,12 @@ class MySQLStore(SqlStore, capabilities=CAPABILITIES):
             if self._time_until_free(key) is None:
                 return
 
-    def stop_waiting(self, key: str) -> None:
-        owner = self._queue_place(key)
-        self._note_queue_place(key, None)
+    def _leave_queue(self, key: str, owner: str | None) -> None:
         self._place_seqs.pop(key, None)
         if owner is not None:
             self._rows(LEAVE_QUEUE, {"key": key, "owner": owner})
 
-    def close(self) -> None:
-        for key in list(self._queue_places()):
-            with contextlib.suppress(TasklockError):
-                self.stop_waiting(key)
+    def _close(self) -> None:
         self._break_watches.close()
         self._wake_line.close()
         self._db.close()

@@ -25,6 +25,7 @@ import contextlib
 import hashlib
 import threading
 import time
+from collections.abc import Callable
 
 from tasklock_cli.stores.mysql.connection import MySQLConnection
 from tasklock_cli.stores.mysql.driver import COMMAND
@@ -109,9 +110,10 @@ class WakeLine:
     waits in (one at a time), opened at the first wait with a place and kept. Trouble with
     it closes it: that wait looks again by itself, and the next one opens a new line."""
 
-    def __init__(self, db: MySQLConnection, table: str) -> None:
+    def __init__(self, db: MySQLConnection, table: str, longest_s: Callable[[], float]) -> None:
         self._db = db
         self._table = table
+        self._longest_s = longest_s  # the store's release_look_s (WAITER_SLEEP_S)
         self._sleep: ServerSleep | None = None
         self._held: str | None = None
 
@@ -141,7 +143,7 @@ class WakeLine:
         sleep = self._sleep
         if sleep is None:
             return None
-        sleep_s = max(0.0, min(WAITER_SLEEP_S, until - time.monotonic()))
+        sleep_s = max(0.0, min(self._longest_s(), until - time.monotonic()))
         statement = _LOOK.format(
             table=self._table,
             key=sleep.conn.escape(key),

@@ -4,7 +4,7 @@ The acquire statement checks that the server is still the primary.
 It also checks that it is the same run of the server, under whose writes the table's rows
 were made.
 And it computes the fencing tokens of a new epoch.
-The argument is in the package's docstring.
+The argument is in docs/design/postgres.md.
 The design the stores share is in ``stores.failover``.
 
 The table's epoch row is a reserved row of the lease table.

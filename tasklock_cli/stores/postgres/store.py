@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
-from collections.abc import Iterator
-from datetime import datetime
-from datetime import timezone
 from typing import Any
 from typing import Literal
 from urllib.parse import unquote
@@ -24,12 +20,10 @@ from tasklock_cli.errors import QueueFull
 from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.errors import Superseded
 from tasklock_cli.errors import TasklockError
-from tasklock_cli.stores import rows as rows_of
 from tasklock_cli.stores.failover import Quarantines
 from tasklock_cli.stores.failover import quarantine_text
 from tasklock_cli.stores.model import BROKEN_OWNER_PREFIX
 from tasklock_cli.stores.model import LEDGER_KEEP
-from tasklock_cli.stores.model import LIST_PAGE
 from tasklock_cli.stores.model import SHARED
 from tasklock_cli.stores.model import UNREADABLE_EXPIRY_FLOOR_S
 from tasklock_cli.stores.model import UNREADABLE_EXPIRY_MARGIN_S
@@ -38,11 +32,9 @@ from tasklock_cli.stores.model import Holder
 from tasklock_cli.stores.model import Lease
 from tasklock_cli.stores.model import LeaseInfo
 from tasklock_cli.stores.model import RunRecord
-from tasklock_cli.stores.model import WaiterInfo
 from tasklock_cli.stores.model import breaker
 from tasklock_cli.stores.model import breaker_of
 from tasklock_cli.stores.model import place_record
-from tasklock_cli.stores.model import prefix_upper_bound
 from tasklock_cli.stores.postgres import CAPABILITIES
 from tasklock_cli.stores.postgres.breaks import PgBreakListeners
 from tasklock_cli.stores.postgres.connection import Overrun
@@ -58,11 +50,16 @@ from tasklock_cli.stores.postgres.queue import LEAVE_QUEUE
 from tasklock_cli.stores.postgres.queue import PAYLOAD
 from tasklock_cli.stores.postgres.queue import SWEEP_WAITERS
 from tasklock_cli.stores.postgres.queue import TIME_UNTIL_FREE
-from tasklock_cli.stores.postgres.queue import WAITERS
-from tasklock_cli.stores.postgres.queue import WAITING_COUNTS
 from tasklock_cli.stores.postgres.queue import WAKE_CTES
+from tasklock_cli.stores.postgres.reads import INFO_COLUMNS
+from tasklock_cli.stores.postgres.reads import SUCCEEDED
+from tasklock_cli.stores.postgres.reads import PgReads
+from tasklock_cli.stores.postgres.reads import lease_info_of
+from tasklock_cli.stores.postgres.reads import utc
 from tasklock_cli.stores.postgres.schema import PgSchema
 from tasklock_cli.stores.postgres.waiting import PgListening
+from tasklock_cli.stores.queueing import QUEUED
+from tasklock_cli.stores.queueing import Queued
 from tasklock_cli.stores.sql import SqlStore
 from tasklock_cli.stores.urls import redact_url
 from tasklock_cli.stores.watches import BreakWatches
@@ -79,10 +76,7 @@ SWEEP_BATCH = 1000
 ACQUIRE_RACE_RETRIES = 50
 #: How often a waiter looks again at a key whose slots changed during its look.
 STALE_LOOKS = 3
-_EPOCH = datetime.fromtimestamp(0, tz=timezone.utc)
-
 _CLEARED = "owner_token = NULL, holder = NULL, acquired_at = NULL, expires_at = NULL"
-_INFO_COLUMNS = "key, slot, slot_limit, fencing_token, acquired_at, expires_at, holder, mode"
 # The lease of %(owner)s in slot %(slot)s, with fencing token %(fence)s.
 _OURS = (
     "key = %(key)s AND slot = %(slot)s AND owner_token = %(owner)s AND fencing_token = %(fence)s"
@@ -119,13 +113,6 @@ SELECT 'freed' FROM kept
 UNION ALL{_FREED}"""
 _RELEASE = f"""
 WITH cleared AS ({_FREE_OURS}), {WAKE_CTES}{_FREED}"""
-# The run ledger's part of a release:
-# - The run's record. When a retry writes it again, it is kept as first written.
-# - The trim to the key's last LEDGER_KEEP runs, counting the new one.
-#   (The statement's snapshot does not show its own insert.)
-# The key's newest success is never trimmed: ``--once-per`` and ``metrics`` need it.
-# With %(succeeded)s, that is the new run.
-_SUCCEEDED = "data->>'outcome' = 'succeeded'"
 _RECORD_RUN = f"""recorded AS (
     INSERT INTO {{runs}} (key, fencing_token, started_at, ended_at, data)
     VALUES (%(key)s, %(fence)s, %(started)s, clock_timestamp(), %(data)s)
@@ -138,7 +125,7 @@ _RECORD_RUN = f"""recorded AS (
          ORDER BY t DESC OFFSET {LEDGER_KEEP - 1} LIMIT 1)
       AND fencing_token <> coalesce((
         SELECT max(t) FROM (SELECT fencing_token AS t FROM {{runs}}
-                             WHERE key = %(key)s AND {_SUCCEEDED}
+                             WHERE key = %(key)s AND {SUCCEEDED}
                             UNION ALL SELECT %(fence)s::bigint WHERE %(succeeded)s) AS s), -1)
     RETURNING 1
 ), """
@@ -149,24 +136,6 @@ SELECT extract(epoch FROM expires_at - clock_timestamp())::float8 FROM {table}
  WHERE key = %(key)s AND fencing_token = %(token)s AND owner_token IS NOT NULL
    AND left(owner_token, length(%(prefix)s)) <> %(prefix)s AND expires_at > clock_timestamp()
 """
-_HISTORY = """
-SELECT key, fencing_token, started_at, ended_at, data FROM {runs}
- WHERE key = %(key)s ORDER BY fencing_token DESC LIMIT %(limit)s
-"""
-# The key's newest success and the server's clock, in one statement.
-_LAST_SUCCESS = f"""
-SELECT n.now, r.key, r.fencing_token, r.started_at, r.ended_at, r.data
-  FROM (SELECT clock_timestamp() AS now) AS n
-  LEFT JOIN LATERAL (
-    SELECT key, fencing_token, started_at, ended_at, data FROM {{runs}}
-     WHERE key = %(key)s AND {_SUCCEEDED} ORDER BY fencing_token DESC LIMIT 1
-  ) AS r ON true
-"""
-_LEDGER_KEYS = """
-SELECT DISTINCT key FROM {runs}
- WHERE key >= %(prefix)s COLLATE "C" AND left(key, char_length(%(prefix)s)) = %(prefix)s
- ORDER BY key
-"""
 # The leases on %(key)s, or the one with fencing token %(token)s when not NULL.
 _MATCHING = (
     "key = %(key)s AND owner_token IS NOT NULL"
@@ -174,7 +143,7 @@ _MATCHING = (
 )
 _FORCE_RELEASE = f"""
 WITH old AS (
-    SELECT {_INFO_COLUMNS}, expires_at > clock_timestamp() AS live
+    SELECT {INFO_COLUMNS}, expires_at > clock_timestamp() AS live
       FROM {{table}} WHERE {_MATCHING}
        FOR UPDATE
 ), cleared AS (
@@ -199,9 +168,9 @@ WITH broken AS (
         holder = CASE WHEN {_ALREADY_BROKEN} THEN holder
                       ELSE holder || jsonb_build_object('broken_by', %(by)s::jsonb) END
      WHERE {_MATCHING} AND expires_at > clock_timestamp()
-    RETURNING {_INFO_COLUMNS}
+    RETURNING {INFO_COLUMNS}
 )
-SELECT {_INFO_COLUMNS}, true, pg_notify(%(break_channel)s, fencing_token::text) FROM broken
+SELECT {INFO_COLUMNS}, true, pg_notify(%(break_channel)s, fencing_token::text) FROM broken
  ORDER BY slot
 """
 # A live lease kept after its command ended (--hold-at-least): nobody is there to let go.
@@ -222,7 +191,6 @@ _UNREADABLE_EXPIRY = (
     "owner_token IS NOT NULL"
     " AND (expires_at IS NULL OR expires_at >= '10000-01-01 00:00:00Z'::timestamptz)"
 )
-_NOT_RUN_OUT = "(expires_at > clock_timestamp() OR expires_at IS NULL)"
 _LONGEST_TTL = f"""(SELECT CASE WHEN jsonb_typeof(holder -> 'max_ttl') = 'number'
                    THEN (holder ->> 'max_ttl')::float8 END
      FROM {{table}} WHERE key = '{EPOCH_KEY}' AND slot = {EPOCH_SLOT})"""
@@ -243,19 +211,6 @@ UPDATE {{table}} SET expires_at = clock_timestamp() + {_BOUND}
    AND expires_at > clock_timestamp() + {_BOUND} AND NOT holder @> '{{{{"done": true}}}}'::jsonb
 """
 _OF_KEY = "AND key = %(key)s"
-_SELECT = f"SELECT {_INFO_COLUMNS}, {_NOT_RUN_OUT} AS live FROM {{table}}"
-_HOLDERS = (
-    _SELECT + f" WHERE key = %(key)s AND owner_token IS NOT NULL AND {_NOT_RUN_OUT} ORDER BY slot"
-)
-# Literal prefix match (no LIKE wildcards); the range bound lets the primary key help.
-_LIST = (
-    _SELECT + " WHERE owner_token IS NOT NULL {live}"
-    ' AND key >= %(prefix)s COLLATE "C" {upper}'
-    ' AND (key, slot) > (%(after)s COLLATE "C", %(after_slot)s::integer)'
-    ' AND left(key, char_length(%(prefix)s)) = %(prefix)s ORDER BY key COLLATE "C", slot'
-    f" LIMIT {LIST_PAGE}"
-)
-_UPPER = ' AND key < %(upper)s COLLATE "C"'
 _SWEEP_COUNT = (
     "SELECT count(*) FROM {table} WHERE owner_token IS NOT NULL AND expires_at <= clock_timestamp()"
 )
@@ -298,18 +253,13 @@ def split_table(url: str) -> tuple[str, str]:
     return base + ("?" + "&".join(kept) if kept else ""), table
 
 
-def _utc(moment: datetime | None) -> datetime:
-    return moment.astimezone(timezone.utc) if moment is not None else _EPOCH
-
-
-class PostgresStore(SqlStore, capabilities=CAPABILITIES):
+class PostgresStore(PgReads, SqlStore, capabilities=CAPABILITIES):
     #: Trouble while waiting: the wait sleeps out its time, the next acquire reports it.
     waiting_trouble = (TasklockError,)
     _db: PgConnection
     _schema: PgSchema
 
     def __init__(self, conninfo: str, table: str = DEFAULT_TABLE, display_url: str = "") -> None:
-        super().__init__()
         self.display_url = display_url or redact_url(conninfo)
         self._schema = PgSchema(table, self.display_url, lambda text: self._db.scrub(text))
         self._db = PgConnection(conninfo, self.display_url, self._schema)
@@ -347,7 +297,7 @@ class PostgresStore(SqlStore, capabilities=CAPABILITIES):
 
     def _acquire(
         self, key: str, ttl: float, holder: Holder, owner: str, limit: int, queue: bool, ask: Ask
-    ) -> Lease | None:
+    ) -> Lease | Queued | None:
         params = {
             "key": key,
             "owner": owner,
@@ -376,7 +326,7 @@ class PostgresStore(SqlStore, capabilities=CAPABILITIES):
 
         for _ in range(ACQUIRE_RACE_RETRIES):
             rows = self._db.run(attempt)
-            self._note_place(key, owner, rows)
+            queued = self._note_place(key, rows)
             left_ms = next((row[3] for row in rows if row[0] == "quarantine"), None)
             self._quarantines.met(key, None if left_ms is None else int(left_ms))
             if left_ms:
@@ -385,21 +335,20 @@ class PostgresStore(SqlStore, capabilities=CAPABILITIES):
             if outcome is None and any(row[0] == "full" for row in rows):
                 raise QueueFull(key, ask.max_waiting or 0)
             if outcome != "lost":
-                return outcome
+                return QUEUED if queued and outcome is None else outcome
             # "lost": another acquire of the key committed since the statement's snapshot
         raise StoreUnavailable(
             f"{self.display_url}: {key!r} is taken and freed too fast to acquire it"
         )
 
-    def _note_place(self, key: str, owner_token: str, rows: list) -> None:
-        """Our place in ``key``'s queue as the acquire left it."""
+    def _note_place(self, key: str, rows: list) -> bool:
+        """Our place in ``key``'s queue as the acquire left it: True when we have one."""
         seq = next((row[3] for row in rows if row[0] == "queued"), None)
         if seq is None:
             self._listening.places.pop(key, None)
-            self._note_queue_place(key, None)
-        else:
-            self._listening.places[key] = int(seq)
-            self._note_queue_place(key, owner_token)
+            return False
+        self._listening.places[key] = int(seq)
+        return True
 
     def holdup(self, key: str) -> str | None:
         return _quarantine_text(self._quarantines.left(key))
@@ -408,16 +357,6 @@ class PostgresStore(SqlStore, capabilities=CAPABILITIES):
         statement = self._sql(QUARANTINE_LEFT)
         row = self._db.run(lambda conn: conn.execute(statement).fetchone())
         return _quarantine_text(None if row is None else row[0])
-
-    def waiters(self, key: str) -> list[WaiterInfo]:
-        statement = self._sql(WAITERS)
-        rows = self._db.run(lambda conn: conn.execute(statement, {"key": key}).fetchall())
-        return [rows_of.waiter_info(holder, since, mode) for holder, since, mode in rows]
-
-    def waiting_counts(self, prefix: str = "") -> dict[str, int]:
-        statement = self._sql(WAITING_COUNTS)
-        rows = self._db.run(lambda conn: conn.execute(statement, {"prefix": prefix}).fetchall())
-        return {key: int(count) for key, count in rows}
 
     def renew(self, lease: Lease, ttl: float) -> Lease:
         params = {
@@ -429,7 +368,7 @@ class PostgresStore(SqlStore, capabilities=CAPABILITIES):
         }
         statement = self._sql(_RENEW)
         row = self._db.run(lambda conn: conn.execute(statement, params).fetchone())
-        return lease.renewed_until(None if row is None else _utc(row[0]))
+        return lease.renewed_until(None if row is None else utc(row[0]))
 
     def release(self, lease: Lease, keep_for: float = 0.0, record: RunRecord | None = None) -> bool:
         params: dict[str, Any] = {
@@ -470,42 +409,6 @@ class PostgresStore(SqlStore, capabilities=CAPABILITIES):
         params = {"key": key, "token": fencing_token, "prefix": BROKEN_OWNER_PREFIX}
         row = self._db.run(lambda conn: conn.execute(statement, params).fetchone())
         return max(0.0, float(row[0])) if row else None
-
-    def history(self, key: str, limit: int = LEDGER_KEEP) -> list[RunRecord]:
-        statement = self._sql(_HISTORY)
-        params = {"key": key, "limit": limit}
-        rows = self._db.run(lambda conn: conn.execute(statement, params).fetchall())
-        return [rows_of.run_record(*row) for row in rows]
-
-    def last_success(self, key: str) -> tuple[RunRecord | None, datetime]:
-        statement = self._sql(_LAST_SUCCESS)
-        now, *run = self._db.run(lambda conn: one_row(conn.execute(statement, {"key": key})))
-        if run[0] is None:
-            return None, _utc(now)
-        return rows_of.run_record(*run), _utc(now)
-
-    def ledger_keys(self, prefix: str = "") -> list[str]:
-        statement = self._sql(_LEDGER_KEYS)
-        rows = self._db.run(lambda conn: conn.execute(statement, {"prefix": prefix}).fetchall())
-        return [row[0] for row in rows]
-
-    def holders(self, key: str) -> list[LeaseInfo]:
-        statement = self._sql(_HOLDERS)
-        rows = self._db.run(lambda conn: conn.execute(statement, {"key": key}).fetchall())
-        return [_info(row) for row in rows]
-
-    def list(self, prefix: str = "", include_expired: bool = False) -> Iterator[LeaseInfo]:
-        live = "" if include_expired else f"AND {_NOT_RUN_OUT}"
-        upper = prefix_upper_bound(prefix)
-        statement = self._sql(_LIST, live, _UPPER if upper is not None else "")
-        # Keys are never empty, and slots are never below the counter's.
-        params = {"prefix": prefix, "upper": upper, "after": "", "after_slot": COUNTER_SLOT}
-        while True:
-            rows = self._db.run(lambda conn: conn.execute(statement, params).fetchall())
-            yield from (_info(row) for row in rows)
-            if len(rows) < LIST_PAGE:
-                return
-            params["after"], params["after_slot"] = rows[-1][0], rows[-1][1]
 
     def sweep(self, dry_run: bool = False) -> int:
         if dry_run:
@@ -554,7 +457,7 @@ class PostgresStore(SqlStore, capabilities=CAPABILITIES):
             return conn.execute(statement, {**params, "break_channel": channel}).fetchall()
 
         rows = self._db.run(run)  # idempotent: a broken lease is found again and told again
-        return [_info(row[:9]) for row in rows]
+        return [lease_info_of(row[:9]) for row in rows]
 
     def broken_by(self, lease: Lease) -> dict | None:
         statement = self._sql(_BROKEN_BY)
@@ -588,7 +491,7 @@ class PostgresStore(SqlStore, capabilities=CAPABILITIES):
             return conn.execute(statement, params).fetchall()
 
         rows = self._db.run(run, idempotent=False)
-        return [_info(row[:9]) for row in rows]
+        return [lease_info_of(row[:9]) for row in rows]
 
     # -- a holder waiting for a break ---------------------------------------------------
 
@@ -624,14 +527,10 @@ class PostgresStore(SqlStore, capabilities=CAPABILITIES):
     def _await_wakeup(self, key: str, until: float, wake_fd: int | None) -> None:
         self._listening.await_wakeup(key, until, wake_fd)
 
-    def stop_waiting(self, key: str) -> None:
-        self._note_queue_place(key, None)
+    def _leave_queue(self, key: str, owner: str | None) -> None:
         self._listening.stop(key, self._sql(LEAVE_QUEUE))
 
-    def close(self) -> None:
-        for key in list(self._listening.places):
-            with contextlib.suppress(TasklockError):
-                self.stop_waiting(key)
+    def _close(self) -> None:
         self._break_watches.close()
         self._db.close()
 
@@ -666,8 +565,8 @@ def _outcome(key: str, owner: str, limit: int, rows: list) -> Lease | Literal["l
         key,
         owner,
         int(token),
-        _utc(acquired_at),
-        _utc(expires_at),
+        utc(acquired_at),
+        utc(expires_at),
         slot=int(slot),
         limit=int(slot_limit),
         mode=mode,
@@ -678,11 +577,3 @@ def _freed(rows: list) -> int:
     """How many leases a release statement freed (or kept for later): its 'freed' rows (the
     others tell the waiters it woke)."""
     return sum(1 for row in rows if row[0] == "freed")
-
-
-def _info(row: tuple) -> LeaseInfo:
-    """A lease row, read defensively (see rows)."""
-    key, slot, slot_limit, token, acquired_at, expires_at, holder, mode, live = row
-    return rows_of.lease_info(
-        key, slot, slot_limit, token, acquired_at, expires_at, holder, mode, not live
-    )

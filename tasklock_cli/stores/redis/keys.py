@@ -1,4 +1,4 @@
-"""The Redis names of a lock key's parts (the layout is in the package's docstring)."""
+"""The Redis names of a lock key's parts (the layout is in docs/design/redis.md)."""
 
 from __future__ import annotations
 

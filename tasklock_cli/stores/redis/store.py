@@ -6,17 +6,12 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-from collections.abc import Iterator
-from datetime import datetime
 from typing import Any
-from typing import cast
 
 import redis
-import redis.exceptions as rexc
 
 from tasklock_cli.errors import ConfigError
 from tasklock_cli.errors import FencingExhausted
-from tasklock_cli.errors import ForeignKey
 from tasklock_cli.errors import LimitMismatch
 from tasklock_cli.errors import QueueFull
 from tasklock_cli.errors import StoreUnavailable
@@ -29,18 +24,17 @@ from tasklock_cli.stores.failover import Quarantines
 from tasklock_cli.stores.failover import fresh_server_text
 from tasklock_cli.stores.failover import quarantine_text
 from tasklock_cli.stores.model import BROKEN_OWNER_PREFIX
-from tasklock_cli.stores.model import LEDGER_KEEP
-from tasklock_cli.stores.model import LIST_PAGE
 from tasklock_cli.stores.model import SHARED
 from tasklock_cli.stores.model import Ask
 from tasklock_cli.stores.model import Holder
 from tasklock_cli.stores.model import Lease
 from tasklock_cli.stores.model import LeaseInfo
 from tasklock_cli.stores.model import RunRecord
-from tasklock_cli.stores.model import WaiterInfo
 from tasklock_cli.stores.model import breaker
 from tasklock_cli.stores.model import breaker_of
 from tasklock_cli.stores.model import place_record as model_place_record
+from tasklock_cli.stores.queueing import QUEUED
+from tasklock_cli.stores.queueing import Queued
 from tasklock_cli.stores.redis import CAPABILITIES
 from tasklock_cli.stores.redis.breaks import open_break_subscription
 from tasklock_cli.stores.redis.connection import RedisConnection
@@ -53,7 +47,9 @@ from tasklock_cli.stores.redis.keys import DEFAULT_PREFIX
 from tasklock_cli.stores.redis.keys import RedisKeys
 from tasklock_cli.stores.redis.queue import place_mode
 from tasklock_cli.stores.redis.queue import place_record
-from tasklock_cli.stores.redis.queue import waiter_info
+from tasklock_cli.stores.redis.reads import RedisReads
+from tasklock_cli.stores.redis.reads import lease_info_of
+from tasklock_cli.stores.redis.reads import scan
 from tasklock_cli.stores.redis.waiting import WAITING_TROUBLE
 from tasklock_cli.stores.redis.waiting import RedisWakeLists
 from tasklock_cli.stores.urls import redact_url
@@ -65,11 +61,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     import builtins
 
-SCAN_COUNT = 10_000
 #: Lease hashes per script call of a sweep.
 SWEEP_BATCH = 500
-#: A lease hash's fields as ``_record`` takes them (READ_MANY's order).
-_LEASE_FIELDS = ("fencing_token", "acquired_at", "expires_at", "holder", "limit", "mode")
 
 
 def _record_json(record: RunRecord | None) -> str:
@@ -89,7 +82,7 @@ def _ttl_ms(seconds: float, what: str) -> int:
     return max(1, math.ceil(seconds * 1000))
 
 
-class RedisStore(Store, capabilities=CAPABILITIES):
+class RedisStore(RedisReads, Store, capabilities=CAPABILITIES):
     waiting_trouble = WAITING_TROUBLE
 
     def __init__(
@@ -99,7 +92,6 @@ class RedisStore(Store, capabilities=CAPABILITIES):
         display_url: str | None = None,
         wait_replicas: int = 0,
     ):
-        super().__init__()
         self.prefix = prefix
         self.display_url = display_url or redact_url(url)
         self._names = RedisKeys(prefix)
@@ -127,7 +119,7 @@ class RedisStore(Store, capabilities=CAPABILITIES):
 
     def _acquire(
         self, key: str, ttl: float, holder: Holder, owner: str, limit: int, queue: bool, ask: Ask
-    ) -> Lease | None:
+    ) -> Lease | Queued | None:
         names = self._names
         keys = [names.lease(key), *(names.name(key, part) for part in ("fence", "wake", "limit"))]
         keys.append(names.epoch_record())
@@ -147,11 +139,11 @@ class RedisStore(Store, capabilities=CAPABILITIES):
             result, confirmed = self._conn.script_and_wait("acquire", keys, args, key)
         else:
             result = self._conn.script("acquire", keys, args, key)
-        waiting = result is None and queue
-        self._note_queue_place(key, owner if waiting else None)
         self._place_modes[key] = ask.mode
-        if met_quarantine(self._quarantines, key, result) or result is None:
+        if met_quarantine(self._quarantines, key, result):
             return None
+        if result is None:  # held: a queued caller joined or kept its place
+            return QUEUED if queue else None
         _raise_refusal(result, key, limit, ask)
         token, acquired_ms, expires_ms, slot = (int(v) for v in result)
         acquired_at = utc_from_timestamp(acquired_ms / 1000)
@@ -226,82 +218,13 @@ class RedisStore(Store, capabilities=CAPABILITIES):
                 return None if broken or pttl <= 0 else pttl / 1000
         return None
 
-    def _slots(self, key: str) -> list[list[Any]]:
-        """The key's live slots, in one read: per slot (ordered) [slot, fencing_token,
-        acquired_at, expires_at, holder, limit, pttl, broken, mode, done] (None for a
-        missing field)."""
-        keys = [self._names.lease(key), self._names.name(key, "limit")]
-        return self._conn.script("slots", keys, [], key)
-
-    def history(self, key: str, limit: int = LEDGER_KEEP) -> list[RunRecord]:
-        name = self._names.name(key, "runs")
-        try:
-            # (redis-py's type also covers withscores= and decode_responses=: plain bytes)
-            members = cast(
-                "list[bytes]", self._conn.call(lambda c: c.zrevrange(name, 0, limit - 1), key)
-            )
-        except ForeignKey as exc:  # another application's key: one malformed run
-            return [row_parsing.foreign_run(key, exc.found)]
-        return [row_parsing.run_record_json(key, member) for member in members]
-
-    def last_success(self, key: str) -> tuple[RunRecord | None, datetime]:
-        name = self._names.name(key, "success")
-
-        def read(client: redis.Redis) -> list[Any]:
-            pipe = client.pipeline(transaction=True)  # one round trip, one moment
-            pipe.get(name)
-            pipe.time()
-            return pipe.execute(raise_on_error=False)
-
-        member, (seconds, micros) = self._conn.call(read, key)
-        now = utc_from_timestamp(seconds + micros / 1_000_000)  # Redis's clock, as in TIME
-        if isinstance(member, rexc.ResponseError):  # another application's key: none
-            return None, now
-        return (row_parsing.run_record_json(key, member) if member else None), now
-
-    def ledger_keys(self, prefix: str = "") -> list[str]:
-        pattern = self._names.pattern(prefix, b"runs")
-        names = set(self._conn.call(lambda c: _scan(c, pattern)))
-        keys = {self._names.key_of(name, b"runs") for name in names}
-        return sorted(key for key in keys if key.startswith(prefix))
-
-    def holders(self, key: str) -> list[LeaseInfo]:
-        return [_slot_info(key, row) for row in self._slots(key)]
-
-    def list(self, prefix: str = "", include_expired: bool = False) -> Iterator[LeaseInfo]:
-        # Redis frees expired keys itself: include_expired can only ever show live leases.
-        # One pattern for every slot's hash (``}:lease`` and ``}:lease:N``); it may match
-        # other parts of keys that contain ``}:lease``, which ``slot_of`` leaves out.
-        pattern = self._names.pattern(prefix, b"lease*")
-        # SCAN returns names in no order: collect them (names only), sort by key and slot,
-        # then read and yield the leases page by page.
-        scanned = self._conn.call(lambda c: _scan(c, pattern))
-        slots = {name: self._names.slot_of(name) for name in scanned}
-        found = sorted((where, name) for name, where in slots.items() if where is not None)
-        return self._read_pages([(name, *where) for where, name in found], prefix)
-
-    def _read_pages(
-        self, names: builtins.list[tuple[bytes, str, int]], prefix: str
-    ) -> Iterator[LeaseInfo]:
-        for start in range(0, len(names), LIST_PAGE):
-            batch = names[start : start + LIST_PAGE]
-            # (ignore: mypy cannot infer a lambda with a default, which binds the loop's batch)
-            rows = self._conn.call(lambda c, batch=batch: _fetch(self._conn, c, batch))  # type: ignore[misc]
-            for (_, key, slot), row in zip(batch, rows, strict=True):
-                if row is None or not key.startswith(prefix):
-                    continue  # expired between SCAN and the read
-                if isinstance(row, str):  # another application's key: shown, not fatal
-                    yield row_parsing.foreign_lease(key, slot, f"a Redis {row}, not a lease hash")
-                    continue
-                yield _lease_info(key, slot, *row)
-
     def sweep(self, dry_run: bool = False) -> int:
         # Expired leases vanish by themselves (PX) and there is no index to prune; counters
         # are never touched. A lease hash whose expiry cannot be read (no PX: it would never
         # vanish) gets a bounded one (scripts.BOUND_EXPIRIES), and then vanishes as others
         # do. (The SCAN also tells an unreachable store, instead of claiming success.)
         pattern = self._names.pattern("", b"lease*")
-        scanned = self._conn.call(lambda c: _scan(c, pattern))
+        scanned = self._conn.call(lambda c: scan(c, pattern))
         names = [name for name in scanned if self._names.slot_of(name) is not None]
         if not dry_run:
             record = self._names.epoch_record()
@@ -351,29 +274,6 @@ class RedisStore(Store, capabilities=CAPABILITIES):
         """A subscription to the lease's break channel (see ``breaks``)."""
         return self._break_watches.wait(lease, timeout, wake_fd)
 
-    def waiters(self, key: str) -> builtins.list[WaiterInfo]:
-        return [waiter_info(value) for value in self._queue(key, "")[1:]]
-
-    def _queue(self, key: str, owner: str) -> builtins.list[Any]:
-        """How many live places are ahead of ``owner``'s, then each live place."""
-        return self._conn.script("waiters", [self._names.name(key, "wake")], [owner], key)
-
-    def waiting_counts(self, prefix: str = "") -> dict[str, int]:
-        names = self._conn.call(
-            lambda client: _scan(client, self._names.pattern(prefix, b"waiters")), None
-        )
-        counts: dict[str, int] = {}
-        for name in sorted(set(names)):
-            key = self._names.key_of(name, b"waiters")
-            if key.startswith(prefix):
-                try:
-                    count = len(self._queue(key, "")) - 1
-                except ForeignKey:  # another application's key: no queue of ours
-                    continue
-                if count:
-                    counts[key] = count
-        return counts
-
     # -- waiting for a release: the skeleton is Store.wait_for_release, the wake lists are
     # in waiting; a waiter's place in the queue is kept by its acquire (nothing to prepare).
 
@@ -407,11 +307,9 @@ class RedisStore(Store, capabilities=CAPABILITIES):
             wake += b":" + owner.encode()
         self._wake_lists.await_wakeup(key, until, wake_fd, wake)
 
-    def stop_waiting(self, key: str) -> None:
-        owner = self._queue_place(key)
+    def _leave_queue(self, key: str, owner: str | None) -> None:
         if owner is None:
             return
-        self._note_queue_place(key, None)
         names = self._names
         keys = [names.lease(key), names.name(key, "wake"), names.name(key, "limit")]
         with contextlib.suppress(TasklockError):
@@ -423,9 +321,7 @@ class RedisStore(Store, capabilities=CAPABILITIES):
         """No schema (keys appear on first use): marks the namespace new (``epochs``)."""
         return mark_new(self._conn)
 
-    def close(self) -> None:
-        for key in list(self._queue_places()):
-            self.stop_waiting(key)
+    def _close(self) -> None:
         self._wake_lists.close()
         self._break_watches.close()
         self._conn.close()
@@ -436,7 +332,7 @@ class RedisStore(Store, capabilities=CAPABILITIES):
         fields = [b"fencing_token", b"acquired_at", b"expires_at", b"holder", b"limit"]
         fields += [b"mode", b"done"]
         slot = data.get(b"slot") or 0  # (read by rows: a forged "x" is malformed)
-        return _lease_info(key, slot, *(data.get(field) for field in fields))
+        return lease_info_of(key, slot, *(data.get(field) for field in fields))
 
 
 def _quarantine_text(left: float, cause: str) -> str | None:
@@ -469,68 +365,6 @@ def _slots_covered(lease: Lease) -> int:
     """How many slots the key's limit record must cover while ``lease`` is live: its
     limit, or for a shared lease, its slot's and those below."""
     return lease.slot + 1 if lease.mode == SHARED else lease.limit
-
-
-def _slot_info(key: str, row: list[Any]) -> LeaseInfo:
-    """A lease from a row of the ``slots`` script (see ``RedisStore._slots``)."""
-    slot, token, acquired, expires, holder, limit, _pttl, _broken, mode, done = row
-    return _lease_info(key, slot, token, acquired, expires, holder, limit, mode, done)
-
-
-def _lease_info(
-    key: str,
-    slot: object,
-    token: Any,
-    acquired: Any,
-    expires: Any,
-    holder: Any,
-    limit: Any,
-    mode: Any = None,
-    done: Any = None,
-) -> LeaseInfo:
-    # A lease key that exists is live (Redis drops it at its PX); a plain lock's hash (an
-    # older tasklock's too) has no limit, an exclusive one no mode, a lease not kept after
-    # its command ended no done. (READ_MANY's JSON has false for a missing field.)
-    token, acquired, expires, holder, limit, mode = (
-        None if value is False else value
-        for value in (token, acquired, expires, holder, limit, mode)
-    )
-    kept = done in (b"1", "1")  # bytes from a script's reply, text from READ_MANY's JSON
-    return row_parsing.lease_info(
-        key, slot, limit or 1, token, acquired, expires, holder, mode, False, 1000, kept
-    )
-
-
-def _fetch(
-    conn: RedisConnection, client: redis.Redis, batch: list[tuple[bytes, str, int]]
-) -> list[Any]:
-    """Per lease hash: (token, acquired_at, expires_at, holder, limit, mode), None when
-    gone, or a type name."""
-    names = [name for name, _, _ in batch]
-    raw = conn.scripts["read_many"](keys=names, client=client)
-    try:
-        decoded = json.loads(raw)
-    except ValueError:  # a foreign hash with bytes that are not UTF-8: read it plainly
-        decoded = None
-    if isinstance(decoded, list) and len(decoded) == len(names):
-        return [None if row == 0 else row for row in decoded]
-    pipe = client.pipeline(transaction=False)
-    for name in names:
-        pipe.hmget(name, [*_LEASE_FIELDS])
-    rows: list[Any] = []
-    for name, result in zip(names, pipe.execute(raise_on_error=False), strict=True):
-        if isinstance(result, rexc.ResponseError):
-            kind = client.type(name)  # bytes: the client does not decode responses
-            rows.append(kind.decode() if isinstance(kind, bytes) else kind)
-        elif isinstance(result, Exception):
-            raise result
-        else:
-            rows.append(None if all(v is None for v in result) else result)
-    return rows
-
-
-def _scan(client: redis.Redis, pattern: bytes) -> list[bytes]:
-    return list(client.scan_iter(match=pattern, count=SCAN_COUNT))
 
 
 def _raise_refusal(result: list, key: str, limit: int, ask: Ask) -> None:

@@ -1,42 +1,13 @@
 """SQLite file store: one machine, many processes.
 
-Expiry runs on CLOCK_BOOTTIME tagged with the kernel's boot id, so a wall-clock jump
-changes nothing and a reboot (which ended every holder) frees every lease.
+What it keeps where: a row per key and slot (freed, never deleted: the highest fencing
+token among a key's rows is its counter) and the waiters' places in ``tasklock_waiters``.
+Expiry runs on CLOCK_BOOTTIME tagged with the boot id: a wall-clock jump changes nothing and
+a reboot frees every lease. A release wakes the waiters it may admit through their FIFOs in
+``<file>.waiters/`` (``waiting``); a break tells its holder through a FIFO in
+``<file>.holders/`` (``breaks``).
 
-A lease is a row per key and slot (a plain lock is slot 0 of limit 1). Rows are freed,
-never deleted, so the highest fencing token among a key's rows is its counter.
-
-A lease's mode (exclusive or shared) is kept in its holder JSON; shared holders each
-hold a slot of their own (0, 1, ...) under limit 1.
-
-Waiting runs queue in the ``tasklock_waiters`` table:
-
-- It has a row per waiter, with its mode.
-- Rows are served in ``(place, seq)`` order.
-- A row is live until it runs out on the boot clock.
-- For ``front`` and ``supersede`` places, see queue.
-- The acquire checks and keeps the queue in its write transaction.
-
-Wake-ups (see waiting and breaks):
-
-- A release wakes the waiters it may admit on this machine.
-  Those are the head of the queue, and the shared run at the head.
-- It wakes them through their FIFOs in ``<file>.waiters/``, named in their rows.
-- Waiters also look again when the lease runs out.
-- A break or forced release tells the lease's holder through its FIFO in
-  ``<file>.holders/``.
-- A broken lease keeps its row.
-  Its owner token is prefixed with ``broken:`` (see base).
-
-The row of key ``''`` keeps in its holder the longest TTL an acquire has asked for
-(``max_ttl``).
-No lock key is empty, and that row is never a lease: it has no owner.
-
-A lease whose expiry cannot be read is never judged expired.
-Its expiry cannot be read when it has no boot, or an expiry that is NULL or not a number.
-``sweep`` and ``release --force`` give it now + ``model.unreadable_expiry_bound(max_ttl)``.
-Past that time no holder's lease can be valid.
-Its last renewal was before now, and lasted at most max_ttl.
+The design and its arguments: docs/design/sqlite.md.
 """
 
 from __future__ import annotations

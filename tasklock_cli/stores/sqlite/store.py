@@ -8,8 +8,6 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Iterator
-from datetime import datetime
 
 from tasklock_cli.errors import ConfigError
 from tasklock_cli.errors import CounterUnreadable
@@ -23,7 +21,6 @@ from tasklock_cli.stores import rows as row_parsing
 from tasklock_cli.stores.base import Store
 from tasklock_cli.stores.model import BROKEN_OWNER_PREFIX
 from tasklock_cli.stores.model import LEDGER_KEEP
-from tasklock_cli.stores.model import LIST_PAGE
 from tasklock_cli.stores.model import MAX_FENCING_TOKEN
 from tasklock_cli.stores.model import SHARED
 from tasklock_cli.stores.model import Ask
@@ -31,12 +28,12 @@ from tasklock_cli.stores.model import Holder
 from tasklock_cli.stores.model import Lease
 from tasklock_cli.stores.model import LeaseInfo
 from tasklock_cli.stores.model import RunRecord
-from tasklock_cli.stores.model import WaiterInfo
 from tasklock_cli.stores.model import breaker
 from tasklock_cli.stores.model import breaker_of
 from tasklock_cli.stores.model import place_record
-from tasklock_cli.stores.model import prefix_upper_bound
 from tasklock_cli.stores.model import unreadable_expiry_bound
+from tasklock_cli.stores.queueing import QUEUED
+from tasklock_cli.stores.queueing import Queued
 from tasklock_cli.stores.sqlite import CAPABILITIES
 from tasklock_cli.stores.sqlite import queue
 from tasklock_cli.stores.sqlite.breaks import BreakAlarms
@@ -44,6 +41,14 @@ from tasklock_cli.stores.sqlite.connection import SQLiteConnection
 from tasklock_cli.stores.sqlite.entries import PRIVATE_MODE
 from tasklock_cli.stores.sqlite.entries import Owners
 from tasklock_cli.stores.sqlite.files import file_mode_parameter
+from tasklock_cli.stores.sqlite.reads import LIVE
+from tasklock_cli.stores.sqlite.reads import LIVE_ON_KEY
+from tasklock_cli.stores.sqlite.reads import NEWEST_SUCCESS
+from tasklock_cli.stores.sqlite.reads import SELECT_LEASES
+from tasklock_cli.stores.sqlite.reads import UNREADABLE_EXPIRY
+from tasklock_cli.stores.sqlite.reads import SQLiteReads
+from tasklock_cli.stores.sqlite.reads import by_key
+from tasklock_cli.stores.sqlite.reads import lease_info_of
 from tasklock_cli.stores.sqlite.schema import RUNS_TABLE
 from tasklock_cli.stores.sqlite.schema import SCHEMA
 from tasklock_cli.stores.sqlite.schema import SCHEMA_VERSION
@@ -57,8 +62,6 @@ from tasklock_cli.stores.urls import unknown_parameter
 from tasklock_cli.stores.urls import url_parameters
 from tasklock_cli.util import paths
 from tasklock_cli.util.fds import wait_readable
-from tasklock_cli.util.keys import is_utf8
-from tasklock_cli.util.keys import key_bytes
 from tasklock_cli.util.times import utc_from_timestamp
 
 #: typing costs ~2 ms per start: its names are for the type checker only. ``list`` in
@@ -75,11 +78,6 @@ UNSIGNALLED_POLL_S = 0.05
 #: A shared caller's slots have no bound (SQLite's largest integer).
 _UNBOUNDED = 9223372036854775807
 
-# A lease is live when it has an owner, was granted in this boot, and has not run out.
-_LIVE = "owner_token IS NOT NULL AND boot_id = :boot AND expires_boot > :now"
-# The same in a query of one key: the unary + keeps the planner on the primary key (key,
-# slot) rather than on the expiry index, whose range holds the live leases of every key.
-_LIVE_ON_KEY = "owner_token IS NOT NULL AND +boot_id = :boot AND +expires_boot > :now"
 # Expired = run out in this boot, or granted in another boot: three ranges of the expiry
 # index, so nothing scans the held leases (each repeats the partial index's condition).
 _EXPIRED_RANGES = (
@@ -88,20 +86,9 @@ _EXPIRED_RANGES = (
     "owner_token IS NOT NULL AND boot_id > :boot",
 )
 _EXPIRED = "(" + " OR ".join(f"({part})" for part in _EXPIRED_RANGES) + ")"
-# A lease whose expiry cannot be read:
-# - it has no boot;
-# - or in this boot it has no expiry;
-# - or its expiry is not a number, or lies further ahead than any boot lasts.
-# Text and blobs sort after every number, so both are index ranges.
-# No tasklock writes such a lease.
-# It is never judged expired: it may be a live holder's.
-# Sweep and release --force give it a bounded expiry (see model.UNREADABLE_EXPIRY_FLOOR_S).
-_FAR_S = 1e10
-_UNREADABLE_EXPIRY = f"""owner_token IS NOT NULL AND (boot_id IS NULL OR (boot_id = :boot
-    AND (expires_boot IS NULL OR expires_boot > :now + {_FAR_S})))"""
 _BOUND_EXPIRY = f"""UPDATE {TABLE} SET boot_id = :boot, expires_boot = :now + :bound,
                    expires_at = :wall + :bound
-WHERE {_UNREADABLE_EXPIRY}"""
+WHERE {UNREADABLE_EXPIRY}"""
 # A live lease of the key whose expiry lies further ahead than any lease the store granted
 # could have (someone else wrote 9999-12-31), and not one kept after its command ended (a
 # hold may be longer, and release --force frees that at once): release --force bounds it
@@ -135,13 +122,13 @@ _HOLDER_SET = "CASE WHEN json_valid(holder) THEN json_set(holder, '$.{}', {}) EL
 _OWN_SLOT = f"SELECT slot FROM {TABLE} WHERE key = :key AND owner_token = :owner AND slot < :span"
 _LOWEST_FREE_SLOT = f"""SELECT min(candidate) FROM (
     SELECT 0 AS candidate
-    UNION SELECT slot + 1 FROM {TABLE} WHERE key = :key AND {_LIVE_ON_KEY})
+    UNION SELECT slot + 1 FROM {TABLE} WHERE key = :key AND {LIVE_ON_KEY})
 WHERE candidate < :span AND NOT EXISTS (
-    SELECT 1 FROM {TABLE} WHERE key = :key AND slot = candidate AND {_LIVE_ON_KEY})"""
+    SELECT 1 FROM {TABLE} WHERE key = :key AND slot = candidate AND {LIVE_ON_KEY})"""
 # A live lease of the other mode: a shared caller waits for every exclusive holder to go,
 # an exclusive one for every shared holder (whatever slots they hold).
 _OTHER_MODE = f"""SELECT 1 FROM {TABLE}
-WHERE key = :key AND {_LIVE_ON_KEY} AND ({_SHARED_LEASE}) <> (:mode = 'shared')"""
+WHERE key = :key AND {LIVE_ON_KEY} AND ({_SHARED_LEASE}) <> (:mode = 'shared')"""
 # Rows are only ever freed, never deleted: the highest token of a key's rows counts on.
 # A token that is not an integer from 0 up (a real 9.3e18, text, -5: someone else wrote
 # it) leaves the counter unknown: NULL. So does the greatest token, which has no next one.
@@ -155,10 +142,10 @@ _NEXT_TOKEN = f"""SELECT CASE WHEN t < {MAX_FENCING_TOKEN} THEN t + 1 END
 FROM ({_HIGHEST_TOKEN})"""
 # A live lease of the key with another limit than asked (LimitMismatch).
 _OTHER_LIMIT = f"""SELECT slot_limit FROM {TABLE}
-WHERE key = :key AND slot_limit <> :limit AND {_LIVE_ON_KEY} LIMIT 1"""
+WHERE key = :key AND slot_limit <> :limit AND {LIVE_ON_KEY} LIMIT 1"""
 # The queue of waiters (first come, first served; see queue.py): the acquire clears the
 # key's dead places first, so the places ahead of ours are live.
-_LIVE_COUNT = f"SELECT count(*) FROM {TABLE} WHERE key = :key AND {_LIVE_ON_KEY}"
+_LIVE_COUNT = f"SELECT count(*) FROM {TABLE} WHERE key = :key AND {LIVE_ON_KEY}"
 # Our slot again (a retry); or, shared, no exclusive waiter ahead of us; or fewer waiters
 # ahead of us than free slots.
 _OUR_TURN = f"""(({_OWN_SLOT}) IS NOT NULL OR CASE WHEN :mode = 'shared'
@@ -180,14 +167,14 @@ ON CONFLICT (key, slot) DO UPDATE SET
     slot_limit = excluded.slot_limit, owner_token = excluded.owner_token,
     boot_id = excluded.boot_id, expires_boot = excluded.expires_boot,
     expires_at = excluded.expires_at, holder = excluded.holder
-WHERE owner_token IS NULL OR owner_token IS :owner OR NOT ({_LIVE})
+WHERE owner_token IS NULL OR owner_token IS :owner OR NOT ({LIVE})
 RETURNING slot, fencing_token, acquired_at, expires_at
 """
 # One lease: its key, slot and owner token.
 _OWN_LEASE = "key = :key AND slot = :slot AND owner_token = :owner"
 _RENEW = f"""
 UPDATE {TABLE} SET expires_boot = :now + :ttl, expires_at = :wall + :ttl
-WHERE {_OWN_LEASE} AND {_LIVE_ON_KEY}
+WHERE {_OWN_LEASE} AND {LIVE_ON_KEY}
 RETURNING expires_at
 """
 # Freeing a row clears the lease and keeps the key's fencing counter.
@@ -202,17 +189,13 @@ _FORCE_RELEASE = f"{_FREE} WHERE {_MATCHING}"
 _RELEASE_LATER = f"""
 UPDATE {TABLE} SET expires_boot = :now + :keep, expires_at = :wall + :keep,
                    holder = {_HOLDER_SET.format("done", "json('true')")}
-WHERE {_OWN_LEASE} AND {_LIVE_ON_KEY}
+WHERE {_OWN_LEASE} AND {LIVE_ON_KEY}
 """
 # The columns of a lease as observers see it. A lease whose expiry cannot be read shows
 # what it has instead: not a time, so malformed. (Not in a RETURNING clause: SQLite 3.40
 # compares a REAL column holding an integral value wrongly there; the break bounds such
 # expiries first, so its rows need no such check.)
 _RETURNED_COLUMNS = "key, slot, slot_limit, fencing_token, acquired_at, expires_at, holder"
-_INFO_COLUMNS = f"""key, slot, slot_limit, fencing_token, acquired_at,
-    CASE WHEN boot_id IS NOT NULL AND expires_boot <= :now + {_FAR_S} THEN expires_at
-         ELSE 'boot ' || quote(boot_id) || ', expires_boot ' || quote(expires_boot) END,
-    holder"""
 _ALREADY_BROKEN = "substr(owner_token, 1, length(:prefix)) = :prefix"
 # (the first break's breaker stays: SET sees the row as it was)
 _BREAK = f"""
@@ -220,7 +203,7 @@ UPDATE {TABLE} SET
     owner_token = CASE WHEN {_ALREADY_BROKEN} THEN owner_token ELSE :prefix || owner_token END,
     holder = CASE WHEN {_ALREADY_BROKEN} THEN holder
                   ELSE {_HOLDER_SET.format("broken_by", "json(:by)")} END
-WHERE {_MATCHING} AND {_LIVE_ON_KEY}
+WHERE {_MATCHING} AND {LIVE_ON_KEY}
 RETURNING {_RETURNED_COLUMNS}, 1
 """
 _BROKEN_BY = f"""SELECT {_HOLDER_FIELD.format("broken_by")} FROM {TABLE}
@@ -230,7 +213,7 @@ _NOTE_PROCESSES = f"""UPDATE {TABLE}
 SET holder = {_HOLDER_SET.format("processes", "json(:processes)")}
 WHERE key = :key AND slot = :slot AND fencing_token = :token AND owner_token IN (:owner, :broken)"""
 _PROCESSES = f"""SELECT {_HOLDER_FIELD.format("processes")}, {_HOLDER_FIELD.format("done")}
-FROM {TABLE} WHERE key = :key AND fencing_token = :token AND {_LIVE_ON_KEY}"""
+FROM {TABLE} WHERE key = :key AND fencing_token = :token AND {LIVE_ON_KEY}"""
 # Our lease is still ours, unbroken (expired or not: the renewal tells that).
 _INTACT = f"""SELECT 1 FROM {TABLE}
 WHERE key = :key AND owner_token = :owner AND fencing_token = :token"""
@@ -239,29 +222,18 @@ WHERE key = :key AND owner_token = :owner AND fencing_token = :token"""
 _FULLNESS = f"""SELECT count(*), max(slot_limit), min(expires_boot) - :now,
        min(CASE WHEN NOT ({_SHARED_LEASE}) THEN expires_boot END) - :now,
        coalesce(sum({_SHARED_LEASE}), 0)
-FROM {TABLE} WHERE key = :key AND {_LIVE_ON_KEY}"""
-_SELECT = f"SELECT {_INFO_COLUMNS}, ({_LIVE} OR {_UNREADABLE_EXPIRY}) AS live FROM {TABLE}"
+FROM {TABLE} WHERE key = :key AND {LIVE_ON_KEY}"""
 # Seconds left of the live, unbroken lease with a fencing token.
 _TIME_LEFT = f"""SELECT expires_boot - :now FROM {TABLE}
-WHERE key = :key AND fencing_token = :token AND {_LIVE_ON_KEY}
+WHERE key = :key AND fencing_token = :token AND {LIVE_ON_KEY}
   AND substr(owner_token, 1, length(:prefix)) <> :prefix"""
 # A run already in the ledger (a retried release) is kept as first written.
 _RECORD_RUN = f"""INSERT INTO {RUNS_TABLE} (key, fencing_token, started_at, ended_at, data)
 VALUES (:key, :token, :started, :wall, :data) ON CONFLICT DO NOTHING"""
-# The key's newest success (``--once-per``, ``metrics``); the trim never removes it.
-_NEWEST_SUCCESS = f"""FROM {RUNS_TABLE}
-WHERE key = :key
-  AND CASE WHEN json_valid(data) THEN json_extract(data, '$.outcome') END = 'succeeded'
-ORDER BY fencing_token DESC LIMIT 1"""
 _TRIM_RUNS = f"""DELETE FROM {RUNS_TABLE} WHERE key = :key AND fencing_token < (
     SELECT fencing_token FROM {RUNS_TABLE} WHERE key = :key
      ORDER BY fencing_token DESC LIMIT 1 OFFSET {LEDGER_KEEP - 1})
-  AND fencing_token IS NOT (SELECT fencing_token {_NEWEST_SUCCESS})"""
-_LAST_SUCCESS = f"SELECT key, fencing_token, started_at, ended_at, data {_NEWEST_SUCCESS}"
-_HISTORY = f"""SELECT key, fencing_token, started_at, ended_at, data FROM {RUNS_TABLE}
-WHERE key = :key ORDER BY fencing_token DESC LIMIT :limit"""
-_LEDGER_KEYS = f"""SELECT DISTINCT key FROM {RUNS_TABLE}
-WHERE key >= :prefix AND substr(key, 1, :n) = :prefix ORDER BY key"""
+  AND fencing_token IS NOT (SELECT fencing_token {NEWEST_SUCCESS})"""
 
 
 def boot_clock() -> float:
@@ -294,7 +266,7 @@ def _checked_parameters(url: str) -> dict[str, str]:
     return parameters
 
 
-class SQLiteStore(Store, capabilities=CAPABILITIES):
+class SQLiteStore(SQLiteReads, Store, capabilities=CAPABILITIES):
     def __init__(
         self,
         path: str | Path,
@@ -303,7 +275,6 @@ class SQLiteStore(Store, capabilities=CAPABILITIES):
         create_parent: bool = False,
         file_mode: int = PRIVATE_MODE,
     ) -> None:
-        super().__init__()
         self.path = paths.normal(path)
         self.file_mode = file_mode
         shared = "" if file_mode == PRIVATE_MODE else f"?mode={file_mode:04o}"
@@ -346,7 +317,7 @@ class SQLiteStore(Store, capabilities=CAPABILITIES):
 
     def _acquire(
         self, key: str, ttl: float, holder: Holder, owner: str, limit: int, queue: bool, ask: Ask
-    ) -> Lease | None:
+    ) -> Lease | Queued | None:
         recorded = json.dumps(
             {**place_record(holder, ask), "mode": ask.mode, **_own_processes(self._boot, holder)}
         )
@@ -363,7 +334,6 @@ class SQLiteStore(Store, capabilities=CAPABILITIES):
         }
         with self._db.write(durable=True) as conn:  # the queue and the taking, on disk
             taking = _Taking.run(conn, params, queue)
-        self._note_queue_place(key, owner if taking.queued else None)
         # The superseded waiters hear of it; the run now at the head of the queue, which a
         # superseded place may have held up, is woken.
         self._wakeups.wake(key, taking.to_tell, fallback=False)
@@ -374,7 +344,7 @@ class SQLiteStore(Store, capabilities=CAPABILITIES):
         taking.raise_refusal(key, limit, ask)
         row = taking.row
         if row is None:
-            return None
+            return QUEUED if taking.queued else None
         self._wakeups.leave(tidy=False)  # its directory goes at the release, after the wake-up
         slot, token, acquired_at, expires_at = row
         return Lease(
@@ -415,55 +385,8 @@ class SQLiteStore(Store, capabilities=CAPABILITIES):
 
     def time_left(self, key: str, fencing_token: int) -> float | None:
         params = {**self._times(), "key": key, "token": fencing_token}
-        rows = self._db.read(*_by_key(_TIME_LEFT, {**params, "prefix": BROKEN_OWNER_PREFIX}))
+        rows = self._db.read(*by_key(_TIME_LEFT, {**params, "prefix": BROKEN_OWNER_PREFIX}))
         return max(0.0, float(rows[0][0])) if rows else None
-
-    def history(self, key: str, limit: int = LEDGER_KEEP) -> list[RunRecord]:
-        rows = self._db.read(*_by_key(_HISTORY, {"key": key, "limit": limit}))
-        return [_run_record(*row) for row in rows]
-
-    def last_success(self, key: str) -> tuple[RunRecord | None, datetime]:
-        # This machine's wall clock, which also timed every run's start (acquired_at).
-        rows = self._db.read(*_by_key(_LAST_SUCCESS, {"key": key}))
-        now = utc_from_timestamp(self._wall())
-        return (_run_record(*rows[0]) if rows else None), now
-
-    def ledger_keys(self, prefix: str = "") -> list[str]:
-        rows = self._db.read(_LEDGER_KEYS, {"prefix": prefix, "n": len(prefix)})
-        return [row[0] for row in rows]
-
-    def holders(self, key: str) -> list[LeaseInfo]:
-        live = f"({_LIVE_ON_KEY} OR {_UNREADABLE_EXPIRY})"
-        sql = f"{_SELECT} WHERE key = :key AND {live} ORDER BY slot"
-        rows = self._db.read(*_by_key(sql, {**self._times(), "key": key}))
-        return [_lease_info(row) for row in rows]
-
-    def waiters(self, key: str) -> list[WaiterInfo]:
-        rows = self._db.read(*_by_key(queue.WAITERS, {**self._times(), "key": key}))
-        return [_waiter_info(*row) for row in rows]
-
-    def waiting_counts(self, prefix: str = "") -> dict[str, int]:
-        params = {**self._times(), "prefix": prefix, "n": len(prefix)}
-        return {key: int(count) for key, count in self._db.read(queue.WAITING_COUNTS, params)}
-
-    def list(self, prefix: str = "", include_expired: bool = False) -> Iterator[LeaseInfo]:
-        live = f"(({_LIVE}) OR ({_UNREADABLE_EXPIRY}))"
-        condition = "owner_token IS NOT NULL" if include_expired else live
-        upper = prefix_upper_bound(prefix)
-        bounded = " AND key < :upper" if upper is not None else ""
-        sql = (
-            f"{_SELECT} WHERE {condition} AND key >= :prefix{bounded}"
-            " AND (key, slot) > (:after, :after_slot) AND substr(key, 1, :n) = :prefix"
-            f" ORDER BY key, slot LIMIT {LIST_PAGE}"
-        )
-        after: tuple[str, int] = ("", -1)  # keys are never empty
-        while True:  # each page judged live on the clock as it is read
-            params = {**self._times(), "prefix": prefix, "n": len(prefix), "upper": upper}
-            rows = self._db.read(sql, {**params, "after": after[0], "after_slot": after[1]})
-            yield from (_lease_info(row) for row in rows)
-            if len(rows) < LIST_PAGE:
-                return
-            after = (rows[-1][0], rows[-1][1])
 
     def sweep(self, dry_run: bool = False) -> int:
         if dry_run:
@@ -503,9 +426,9 @@ class SQLiteStore(Store, capabilities=CAPABILITIES):
         }
         with self._db.write() as conn:
             bound = _bound_unreadable_expiries(conn, params)
-            conn.execute(*_by_key(_BOUND_FORGED_EXPIRY, {**params, "bound": bound}))
-            rows = conn.execute(*_by_key(_BREAK, params)).fetchall()
-        broken = sorted((_lease_info(row) for row in rows), key=lambda info: info.slot)
+            conn.execute(*by_key(_BOUND_FORGED_EXPIRY, {**params, "bound": bound}))
+            rows = conn.execute(*by_key(_BREAK, params)).fetchall()
+        broken = sorted((lease_info_of(row) for row in rows), key=lambda info: info.slot)
         for info in broken:
             self._alarms.alarm(key, info.fencing_token)
         return broken
@@ -533,7 +456,7 @@ class SQLiteStore(Store, capabilities=CAPABILITIES):
             conn.execute(_NOTE_PROCESSES, params)
 
     def free_if_holder_gone(self, key: str, token: int) -> bool:
-        rows = self._db.read(*_by_key(_PROCESSES, {**self._times(), "key": key, "token": token}))
+        rows = self._db.read(*by_key(_PROCESSES, {**self._times(), "key": key, "token": token}))
         if not rows:
             return False
         processes, done = rows[0]
@@ -544,12 +467,12 @@ class SQLiteStore(Store, capabilities=CAPABILITIES):
     def force_release(self, key: str, token: int | None = None) -> builtins.list[LeaseInfo]:
         params = {**self._times(), "key": key, "token": token}
         with self._db.write() as conn:
-            matching = f"{_SELECT} WHERE {_MATCHING} ORDER BY slot"
-            rows = conn.execute(*_by_key(matching, params)).fetchall()
+            matching = f"{SELECT_LEASES} WHERE {_MATCHING} ORDER BY slot"
+            rows = conn.execute(*by_key(matching, params)).fetchall()
             if rows:
-                conn.execute(*_by_key(_FORCE_RELEASE, params))
+                conn.execute(*by_key(_FORCE_RELEASE, params))
             head = _head_run(conn, params) if rows else []
-        freed = [_lease_info(row) for row in rows]
+        freed = [lease_info_of(row) for row in rows]
         if freed:
             self._wakeups.wake(key, head)
         for info in freed:
@@ -603,15 +526,13 @@ class SQLiteStore(Store, capabilities=CAPABILITIES):
         else:
             self._wakeups.wait(left, wake_fd)
 
-    def stop_waiting(self, key: str) -> None:
-        self._wakeups.give_up(key, self._leave_queue(key))
+    def _leave_queue(self, key: str, owner: str | None) -> None:
+        self._wakeups.give_up(key, self._leave_place(key, owner))
 
-    def _leave_queue(self, key: str) -> builtins.list[str]:
+    def _leave_place(self, key: str, owner: str | None) -> builtins.list[str]:
         """Leave our place in ``key``'s queue; the FIFOs of the run now first in it."""
-        owner = self._queue_place(key)
         if owner is None:
             return []
-        self._note_queue_place(key, None)
         params = {**self._times(), "key": key, "owner": owner}
         with contextlib.suppress(TasklockError), self._db.write() as conn:
             conn.execute(queue.LEAVE, params)
@@ -626,17 +547,16 @@ class SQLiteStore(Store, capabilities=CAPABILITIES):
         return SCHEMA.strip() + f"\nPRAGMA user_version = {SCHEMA_VERSION};\n"
 
     def close_before_exit(self) -> None:
-        """Without the checkpoint of SQLite's last close (``SqliteDb.close``)."""
-        self.close(checkpoint=False)
+        """``close`` without the checkpoint of SQLite's last close (``SQLiteConnection.close``)."""
+        self._leave_queues()
+        self._close(checkpoint=False)
 
-    def close(self, checkpoint: bool = True) -> None:
-        # Still in a queue at close: the wait was cut short (a signal), maybe just after
-        # a wake-up was read. Waking the next waiter costs it one look at most.
-        head: list[str] = []
-        for key in list(self._queue_places()):
-            head = self._leave_queue(key)
+    def _close(self, checkpoint: bool = True) -> None:
+        # Still listening at close (the base has left our places in queues): the wait was
+        # cut short (a signal), maybe just after a wake-up was read. Waking the next waiter
+        # costs it one look at most.
         if self._wakeups.key is not None:
-            self._wakeups.give_up(self._wakeups.key, head)
+            self._wakeups.give_up(self._wakeups.key)
         self._alarms.forget_all()
         self._db.close(checkpoint)
 
@@ -671,7 +591,7 @@ def _bound_unreadable_expiries(conn: sqlite3.Connection, params: dict) -> float:
     row = conn.execute(_LONGEST_TTL).fetchone()
     bound = unreadable_expiry_bound(row_parsing.as_number(row[0]) if row else None)
     where = " AND key = :key" if "key" in params else ""
-    conn.execute(*_by_key(_BOUND_EXPIRY + where, {**params, "bound": bound}))
+    conn.execute(*by_key(_BOUND_EXPIRY + where, {**params, "bound": bound}))
     return bound
 
 
@@ -685,35 +605,15 @@ def _lease_params(lease: Lease) -> dict:
     return {"key": lease.key, "slot": lease.slot, "owner": lease.owner_token}
 
 
-def _lease_info(row: tuple) -> LeaseInfo:
-    """A lease row (its mode is in its holder), read defensively (see rows)."""
-    key, slot, limit, token, acquired_at, expires_at, holder, live = row
-    return row_parsing.lease_info(
-        key, slot, limit, token, acquired_at, expires_at, holder, None, not live
-    )
-
-
 def _head_run(conn: sqlite3.Connection, params: dict) -> list[str]:
     """The FIFOs of the waiters a release may admit (see ``queue.WAKE_SET``)."""
-    return [row[0] for row in conn.execute(*_by_key(queue.WAKE_SET, params)) if row[0]]
+    return [row[0] for row in conn.execute(*by_key(queue.WAKE_SET, params)) if row[0]]
 
 
 def _a_success(record: RunRecord | None) -> bool:
     """Whether the release records a success, which is on disk before tasklock exits (its
     commit is durable): a power cut must not let ``--once-per`` run the job again."""
     return record is not None and record.outcome == "succeeded"
-
-
-def _by_key(sql: str, params: dict) -> tuple[str, dict]:
-    """``sql`` and ``params`` for a key that may not be UTF-8 (forged into the store; a
-    key on the command line carries such bytes as lone surrogates, which sqlite3 cannot
-    bind as text): then the statement compares with the key's bytes read as text, which
-    is what the row holds. A key that is UTF-8 (every run's) leaves both as they are.
-    For what reaches a forged key: peek, history, release --force."""
-    key = params.get("key")
-    if not isinstance(key, str) or is_utf8(key):
-        return sql, params
-    return sql.replace("key = :key", "key = CAST(:key AS TEXT)"), {**params, "key": key_bytes(key)}
 
 
 class _Taking:
@@ -794,14 +694,6 @@ def _ask_params(ask: Ask, limit: int) -> dict:
         "priority": ask.priority,
         "max_waiting": ask.max_waiting,
     }
-
-
-def _waiter_info(holder: str, since: float, mode: str) -> WaiterInfo:
-    return row_parsing.waiter_info(holder, since, mode)
-
-
-def _run_record(key: str, token: int, started: float, ended: float, data: str) -> RunRecord:
-    return row_parsing.run_record(key, token, started, ended, data)
 
 
 #: This process (and its command's guard) as ``_own_processes`` records them, per (boot,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import sys
@@ -17,10 +18,12 @@ from tasklock_cli.stores.model import LEDGER_KEEP
 from tasklock_cli.stores.model import Holder
 from tasklock_cli.testing.helpers import HOLDER
 from tasklock_cli.testing.helpers import OTHER
+from tasklock_cli.testing.helpers import blocked_in
 from tasklock_cli.testing.helpers import in_threads
 from tasklock_cli.testing.helpers import run_record
 from tasklock_cli.testing.helpers import short_ttl
 from tasklock_cli.testing.helpers import token
+from tasklock_cli.testing.helpers import wait_until
 from tasklock_cli.testing.helpers import wake_pipe_pair
 
 
@@ -300,16 +303,14 @@ def test_doctor_reports_the_store_reachable(store):
     assert checks["reachable"].ok
 
 
-def test_each_release_wakes_one_waiter_and_the_others_wait_their_turn(
-    store, store_factory, monkeypatch
-):
+def test_each_release_wakes_one_waiter_and_the_others_wait_their_turn(store, store_factory):
     """Stores that signal releases wake one waiter per release (the head of the queue), not
     the whole crowd."""
     if not store.signals_release:
         pytest.skip("this store's waiters poll: there are no wake-ups to count")
-    # A missed wake-up must show as the deadline, not as MySQL's own look every 0.25 s,
-    # which a loaded machine's delays cannot be told from.
-    monkeypatch.setattr("tasklock_cli.stores.mysql.waiting.WAITER_SLEEP_S", 10.0)
+    # A missed wake-up must show as the deadline, not as the waiter's own look (a store's
+    # release_look_s: MySQL's every 0.25 s), which a loaded machine's delays cannot be told
+    # from.
     lease = store.acquire("k", 30, OTHER, token())
     assert lease is not None
     deadline = time.monotonic() + 3.0
@@ -319,6 +320,8 @@ def test_each_release_wakes_one_waiter_and_the_others_wait_their_turn(
 
     def waiter(n: int) -> None:
         client = store_factory()
+        if client.release_look_s is not None:
+            client.release_look_s = 10.0
         owner, woke_early = token(), False
         while time.monotonic() < deadline:
             mine = client.acquire("k", 30, HOLDER, owner, queue=True)
@@ -487,9 +490,13 @@ def _break_heard_after(store, other, lease, act) -> float:
     """Seconds from ``act`` (by another client, in a thread) returning to the holder's
     wait_for_break returning True."""
     acted_at: list[float] = []
+    holder = threading.current_thread()
 
     def from_elsewhere() -> None:
-        time.sleep(0.1)  # the holder is waiting by then
+        # While the holder waits (a store that waits on a lock of its own is acted on after
+        # a second: its wait cannot be told from a round trip)
+        with contextlib.suppress(AssertionError):
+            wait_until(lambda: blocked_in(holder, "wait_for_break"), timeout=1, interval=0.002)
         act(other)
         acted_at.append(time.monotonic())
 

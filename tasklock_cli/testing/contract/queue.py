@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from tasklock_cli.stores.model import Holder
 from tasklock_cli.testing.helpers import OTHER
+from tasklock_cli.testing.helpers import granted
 from tasklock_cli.testing.helpers import on_the_store
 from tasklock_cli.testing.helpers import token
 
@@ -118,6 +119,22 @@ def test_a_waiter_that_gives_up_leaves_the_queue(store, store_factory):
     assert _queue(store) == [1, 2]
     assert store.release(lease) is True
     assert _served_next(runs[1:]) == [1]
+
+
+def test_a_waiter_whose_store_closes_leaves_every_queue(store, store_factory):
+    """``close`` alone, without ``stop_waiting`` first, leaves each queue the client has a
+    place in, so the waiters behind move up at once."""
+    leases = [granted(store.acquire(key, 30, OTHER, token())) for key in ("k", "j")]
+    closing = store_factory()
+    for key in ("k", "j"):
+        assert Waiting(closing, 0, key).attempt() is None
+    stays = Waiting(store_factory(), 1)
+    assert stays.attempt() is None
+    assert (_queue(store, "k"), _queue(store, "j")) == ([0, 1], [0])
+    closing.close()
+    assert (_queue(store, "k"), _queue(store, "j")) == ([1], [])
+    assert store.release(leases[0]) is True
+    assert stays.attempt() is not None
 
 
 def test_a_crashed_waiters_place_runs_out_by_itself(store, store_factory):
