@@ -7,23 +7,10 @@ use (PEP 562): the CLI imports this package at every start, and must not pay for
 
 __version__ = "0.1.0"
 
-#: The API's public names, each imported from tasklock_cli.api when first asked for.
-_API_NAMES = frozenset(
-    {
-        "Lease",
-        "LockContext",
-        "LockLost",
-        "LockNotAcquired",
-        "Locks",
-        "ManualClock",
-        "Outcome",
-        "TasklockError",
-        "current_lease",
-    }
-)
-
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from types import ModuleType
+
     from tasklock_cli.api import Lease as Lease
     from tasklock_cli.api import LockContext as LockContext
     from tasklock_cli.api import LockLost as LockLost
@@ -36,17 +23,27 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str) -> object:
-    if name not in _API_NAMES:
+    """An API name (``tasklock_cli.api.__all__``, the one list of them), imported now;
+    ``__all__`` too, for ``from tasklock_cli import *``."""
+    if (name.startswith("_") and name != "__all__") or name == "api":
         raise AttributeError(f"module 'tasklock_cli' has no attribute {name!r}")
-    from tasklock_cli import api
-
+    api = _api()
+    if name == "__all__":
+        return list(api.__all__)
+    if name not in api.__all__:
+        raise AttributeError(f"module 'tasklock_cli' has no attribute {name!r}")
     value = getattr(api, name)
     globals()[name] = value
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_API_NAMES})
+    return sorted({*globals(), *_api().__all__})
 
 
-__all__ = sorted(_API_NAMES)
+def _api() -> "ModuleType":
+    # (import_module, not `from tasklock_cli import api`: that asks this module's
+    # __getattr__ for "api" first)
+    from importlib import import_module
+
+    return import_module("tasklock_cli.api")
