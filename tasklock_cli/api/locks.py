@@ -105,7 +105,16 @@ class Locks:
     ) -> LockContext:
         """``with locks.lock(key) as lease:`` (or ``async with``): hold ``key`` for the
         block; LockNotAcquired when it is held elsewhere past ``wait``."""
-        options = lock_options(key, PLAIN_COMMAND, ttl, wait, max_lifetime, limit, shared, also)
+        options = lock_options(
+            key,
+            PLAIN_COMMAND,
+            ttl=ttl,
+            wait=wait,
+            max_lifetime=max_lifetime,
+            limit=limit,
+            shared=shared,
+            also=also,
+        )
         return self._context(options, note)
 
     def _context(self, options: RunOptions, note: str | None) -> LockContext:
@@ -229,19 +238,17 @@ class Locks:
         return f"Locks({redact_url(self.store_url)!r})"
 
 
-def lock_options(
-    key: str,
-    command: str,
-    ttl: Duration = "30s",
-    wait: Duration = 0,
-    max_lifetime: Duration = "24h",
-    limit: int = 1,
-    shared: bool = False,
-    also: Iterable[str] = (),
-) -> RunOptions:
-    """The lock's options, checked as the CLI checks its flags (UsageError)."""
+def lock_options(key: str, command: str, **given: Any) -> RunOptions:
+    """The lock's options (``Locks.lock``'s keywords, the one place of their defaults),
+    checked as the CLI checks its flags (UsageError)."""
+    defaults = _lock_defaults()
+    for name in given.keys() - defaults.keys():
+        raise TypeError(f"lock() got an unexpected keyword argument {name!r}")
+    opts = {**defaults, **given}
+    ttl, wait, max_lifetime = opts["ttl"], opts["wait"], opts["max_lifetime"]
+    limit, shared = opts["limit"], opts["shared"]
     validate_key(key)
-    also = tuple(also)
+    also = tuple(opts["also"])
     for other in also:
         validate_key(other)
     if len({key, *also}) < 1 + len(also):
@@ -261,6 +268,13 @@ def lock_options(
         shared=shared,
         also=also,
     )
+
+
+@functools.cache
+def _lock_defaults() -> dict[str, Any]:
+    """``Locks.lock``'s keyword options and their defaults (``note`` is not an option)."""
+    parameters = inspect.signature(Locks.lock).parameters.values()
+    return {p.name: p.default for p in parameters if p.kind is p.KEYWORD_ONLY and p.name != "note"}
 
 
 def seconds(name: str, value: Duration) -> float:

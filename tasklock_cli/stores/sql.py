@@ -22,6 +22,7 @@ from abc import ABC
 from abc import abstractmethod
 
 from tasklock_cli.stores.base import Store
+from tasklock_cli.stores.model import Lease
 from tasklock_cli.stores.urls import scrub
 
 #: typing costs ~2 ms per start: its names are for the type checker only.
@@ -29,6 +30,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
     from collections.abc import Iterable
+    from datetime import datetime
     from typing import Any
     from typing import Protocol
     from typing import TypeVar
@@ -108,3 +110,25 @@ class SqlStore(Store):
 
     def schema_sql(self) -> str:
         return self._schema.schema_sql()
+
+
+def taken_lease(
+    key: str,
+    owner: str,
+    columns: tuple,
+    to_utc: Callable[[Any], datetime],
+    to_text: Callable[[Any], str] = str,
+) -> Lease:
+    """The lease an acquire took, from its reply's ``(slot, slot_limit, fencing_token,
+    acquired_at, expires_at, mode)``, the driver's times made UTC by ``to_utc``."""
+    slot, slot_limit, token, acquired_at, expires_at, mode = columns
+    return Lease(
+        key,
+        owner,
+        int(token),
+        to_utc(acquired_at),
+        to_utc(expires_at),
+        slot=int(slot),
+        limit=int(slot_limit),
+        mode=to_text(mode),
+    )

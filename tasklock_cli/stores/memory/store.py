@@ -243,16 +243,17 @@ class MemoryStore(MemoryLedger, Store, capabilities=CAPABILITIES):
             return [self._info(key, n, s, False) for n, s in sorted(self._live(key).items())]
 
     def _info(self, key: str, number: int, slot: Slot, expired: bool) -> LeaseInfo:
+        lease = self._lease(key, slot, number)
         return LeaseInfo(
             key,
             slot.holder,
-            slot.fencing_token,
-            utc_from_timestamp(slot.acquired_at),
-            self._utc(slot.expires),
+            lease.fencing_token,
+            lease.acquired_at,
+            lease.expires_at,
             expired,
             slot=number,
-            limit=slot.limit,
-            mode=slot.mode,
+            limit=lease.limit,
+            mode=lease.mode,
         )
 
     def waiters(self, key: str) -> list[WaiterInfo]:

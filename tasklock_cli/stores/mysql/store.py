@@ -56,6 +56,7 @@ from tasklock_cli.stores.mysql.waiting import WakeLine
 from tasklock_cli.stores.queueing import QUEUED
 from tasklock_cli.stores.queueing import Queued
 from tasklock_cli.stores.sql import SqlStore
+from tasklock_cli.stores.sql import taken_lease
 from tasklock_cli.stores.urls import redact_url
 from tasklock_cli.stores.watches import BreakWatches
 from tasklock_cli.util.fds import fd_readable
@@ -236,7 +237,7 @@ class MySQLStore(SqlStore, capabilities=CAPABILITIES):
             ask.max_waiting,
         )
         (row,) = self._call("admit", args)
-        outcome, slot, slot_limit, token, acquired_at, expires_at, mode, seq, quarantine = row
+        outcome, slot_limit, seq, quarantine = row[0], row[2], row[7], row[8]
         outcome = _text(outcome)
         self._quarantines.met(key, None if quarantine is None else int(quarantine))
         if quarantine:
@@ -257,16 +258,7 @@ class MySQLStore(SqlStore, capabilities=CAPABILITIES):
             raise CounterUnreadable(key)
         if outcome != "taken":
             return None
-        return Lease(
-            key,
-            owner,
-            int(token),
-            _utc(acquired_at),
-            _utc(expires_at),
-            slot=int(slot),
-            limit=int(slot_limit),
-            mode=_text(mode),
-        )
+        return taken_lease(key, owner, row[1:7], _utc, _text)
 
     def holdup(self, key: str) -> str | None:
         return _quarantine_text(self._quarantines.left(key))

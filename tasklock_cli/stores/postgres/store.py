@@ -61,6 +61,7 @@ from tasklock_cli.stores.postgres.waiting import PgListening
 from tasklock_cli.stores.queueing import QUEUED
 from tasklock_cli.stores.queueing import Queued
 from tasklock_cli.stores.sql import SqlStore
+from tasklock_cli.stores.sql import taken_lease
 from tasklock_cli.stores.urls import redact_url
 from tasklock_cli.stores.watches import BreakWatches
 
@@ -556,21 +557,12 @@ def _outcome(key: str, owner: str, limit: int, rows: list) -> Lease | Literal["l
     outcomes.pop("quarantine", None)  # (noted by ``_acquire``)
     if not outcomes:
         return None
-    outcome, slot, slot_limit, token, acquired_at, expires_at, mode = next(iter(outcomes.values()))
+    outcome, *columns = next(iter(outcomes.values()))
     if outcome == "mismatch":
-        raise LimitMismatch(key, int(slot_limit), int(limit))
+        raise LimitMismatch(key, int(columns[1]), int(limit))
     if outcome != "taken":
         return outcome
-    return Lease(
-        key,
-        owner,
-        int(token),
-        utc(acquired_at),
-        utc(expires_at),
-        slot=int(slot),
-        limit=int(slot_limit),
-        mode=mode,
-    )
+    return taken_lease(key, owner, tuple(columns), utc)
 
 
 def _freed(rows: list) -> int:
