@@ -226,6 +226,10 @@ def test_a_lease_kept_by_hold_at_least_is_freed_at_once(env, store_url):
     assert (record["outcome"], record["exit_code"]) == ("failed", 3)
     assert record.get("broken_by") is None
     assert tasklock("run", "k", "--", "true", env=env).returncode == 0
+    # In words: nobody let go, the command had ended (not "the holder let go").
+    tasklock("run", "k", "--hold-at-least", "60s", "--", "true", env=env)
+    said = tasklock("release", "k", "--force", env=env)
+    assert said.returncode == 0 and "its command had ended: freed after" in said.stdout, said
 
 
 def test_a_paused_local_holder_is_not_taken_for_gone(cli_env, tmp_path):

@@ -387,7 +387,13 @@ def break_outcome(key: str, token: int | None, outcome, timeout: float) -> str:
         broke = f"broke the {len(outcome.broken)} leases on {key} (slots {slots})"
         holders, leases = "the holders", "their leases run"
     if outcome.let_go_after is not None:
-        return safe(f"{broke}; {holders} let go after {outcome.let_go_after:.2f}s")
+        after = f"{outcome.let_go_after:.2f}s"
+        if outcome.how == "ended":  # (kept by --hold-at-least: nobody was under it)
+            return safe(f"{broke}; its command had ended: freed after {after}")
+        if outcome.how == "ran out":
+            ran = "the lease ran" if len(outcome.broken) == 1 else "the leases ran"
+            return safe(f"{broke}; nobody let go: {ran} out after {after}")
+        return safe(f"{broke}; {holders} let go after {after}")
     from tasklock_cli.util.times import rfc3339
 
     return safe(

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from dataclasses import field
 from datetime import datetime
+from datetime import timezone
 
 from tasklock_cli.stores.base import Store
 from tasklock_cli.stores.model import Holder
@@ -34,6 +35,10 @@ class BreakOutcome:
     broken: list[LeaseInfo] = field(default_factory=list)
     let_go_after: float | None = None
     free_at: datetime | None = None
+    #: How the key came free: "let go" (its holders released), "ended" (a lease kept by
+    #: --hold-at-least after its command ended: nobody was under it) or "ran out" (a lease
+    #: nobody answered for reached its expiry within the wait).
+    how: str = "let go"
 
     @property
     def freed(self) -> bool:
@@ -65,17 +70,30 @@ def break_and_wait(
     tokens = {info.fencing_token for info in broken}
     started = time.monotonic()
     deadline = started + timeout
+    how = "let go"
+    last_expiry: datetime | None = None
     while still_held := _still_held(store, key, tokens):
         for info in still_held:
-            store.free_if_holder_gone(key, info.fencing_token)
+            if store.free_if_holder_gone(key, info.fencing_token):
+                how = "ended"
         left = deadline - time.monotonic()
         if left <= 0:
             still_held = _still_held(store, key, tokens)
             if not still_held:
                 break  # they let go at the last moment
             return BreakOutcome(broken, None, max(info.expires_at for info in still_held))
+        last_expiry = max(info.expires_at for info in still_held)
         time.sleep(min(LET_GO_POLL_S, left))
-    return BreakOutcome(broken, time.monotonic() - started)
+    if how == "let go" and _ran_out(last_expiry):
+        how = "ran out"
+    return BreakOutcome(broken, time.monotonic() - started, how=how)
+
+
+def _ran_out(last_expiry: datetime | None) -> bool:
+    """Whether the last expiry seen of a broken lease has passed (the store's clock and
+    ours agree within the wait's poll: a lease seen live a poll ago that has now run out
+    was not let go)."""
+    return last_expiry is not None and last_expiry <= datetime.now(timezone.utc)
 
 
 def _still_held(store: Store, key: str, tokens: set[int]) -> list[LeaseInfo]:
