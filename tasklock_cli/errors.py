@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import signal
 from enum import Enum
 from enum import IntEnum
+
+from tasklock_cli.util.signals import signal_name
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -191,4 +192,4 @@ class Interrupted(BaseException):
     def __init__(self, signum: int) -> None:
         self.signum = signum
         self.exit_code = ExitCode.SIGNALLED + signum
-        super().__init__(f"stopped by {signal.Signals(signum).name} before the command started")
+        super().__init__(f"stopped by {signal_name(signum)} before the command started")
