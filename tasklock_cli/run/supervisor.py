@@ -356,7 +356,7 @@ class Supervisor:
             while os.read(self._wake_r, 512):
                 pass
 
-    def _lose(self, detected_by: LossKind, detail: str, kill_at: float) -> None:
+    def _lose(self, detected_by: str, detail: str, kill_at: float) -> None:
         with self._loss_lock:
             if self.state.loss is not None:
                 return
