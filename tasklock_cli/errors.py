@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-import signal
-from enum import Enum
-from enum import IntEnum
+from tasklock_cli.util.signals import signal_name
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from tasklock_cli.stores.model import LeaseInfo
 
 
-class ExitCode(IntEnum):
-    """tasklock's own exit codes (the contract's table); a child's code passes through."""
+class ExitCode:
+    """tasklock's own exit codes (the contract's table); a child's code passes through.
+
+    Plain ints, and LossKind's plain strings, not enums: enum's import is ~17 M of the ~130 M
+    instructions a `run` starts with, and these two were all of it a run needed."""
 
     USAGE = 2
     UNAVAILABLE = 69  # the store is unreachable
@@ -25,17 +26,15 @@ class ExitCode(IntEnum):
     INTERRUPTED = 130  # 128 + SIGINT
 
 
-class LossKind(str, Enum):
-    """``detected_by`` of a ``lost`` event."""
+class LossKind:
+    """``detected_by`` of a ``lost`` event (``ALL``: every one)."""
 
     REJECTED = "rejected"  # the store says someone else holds it, or it was broken
     UNREACHABLE = "unreachable"  # could not renew before the deadline
     MAX_LIFETIME = "max-lifetime"
     RESUMED_LATE = "resumed-late"  # this process was paused past its deadline
     REPLACED = "replaced"  # broken by a `run --replace`, which takes the key next
-
-    def __str__(self) -> str:
-        return self.value
+    ALL = (REJECTED, UNREACHABLE, MAX_LIFETIME, RESUMED_LATE, REPLACED)
 
 
 class TasklockError(Exception):
@@ -191,4 +190,4 @@ class Interrupted(BaseException):
     def __init__(self, signum: int) -> None:
         self.signum = signum
         self.exit_code = ExitCode.SIGNALLED + signum
-        super().__init__(f"stopped by {signal.Signals(signum).name} before the command started")
+        super().__init__(f"stopped by {signal_name(signum)} before the command started")

@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from tasklock_cli.errors import UsageError
+from tasklock_cli.util.durations import _finite_seconds
 from tasklock_cli.util.durations import format_duration
 from tasklock_cli.util.durations import parse_duration
 from tasklock_cli.util.keys import validate_key
@@ -124,3 +126,41 @@ def test_every_key_with_the_prefix_sorts_below_the_bound(prefix, rest):
     key = prefix + rest
     assert upper is None or key < upper
     assert key >= prefix
+
+
+#: The regular expressions durations were read with before util.durations read them by
+#: hand (issue 45: re is off `run`'s path): the oracle of the reading below.
+_OLD_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_OLD_BARE_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+_OLD_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def _old_finite_seconds(raw: str) -> float | None:
+    if not raw.isascii():
+        return None
+    if _OLD_BARE_NUMBER.fullmatch(raw):
+        return float(raw)
+    if raw and _OLD_PART.sub("", raw) == "":
+        order = ["d", "h", "m", "s", "ms"]
+        positions = [order.index(unit) for _, unit in _OLD_PART.findall(raw)]
+        if positions == sorted(set(positions)):
+            return sum(float(n) * _OLD_UNIT_SECONDS[u] for n, u in _OLD_PART.findall(raw))
+    return None
+
+
+#: Strings made mostly of what durations are made of, so that most are near misses.
+_duration_like = st.text(alphabet=st.sampled_from("0123456789.smhdx ٣-+e"), max_size=14)
+
+
+@given(st.one_of(_duration_like, st.text(max_size=12)))
+def test_durations_read_by_hand_as_the_regular_expressions_read_them(raw):
+    assert _finite_seconds(raw) == _old_finite_seconds(raw)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    ["1ms", "1m", "1m1s", "1.ms", "1.5ms", "1.5.3s", "1h.5m", "5s1h", "1m1m", "1d2h3m4s5ms",
+     "", "1", "1.", ".5", "0.5", "00", "1m5", "ms", "1s ", "9" * 400, "9" * 400 + "d"],
+)  # fmt: skip
+def test_durations_read_by_hand_on_the_edge_cases(raw):
+    assert _finite_seconds(raw) == _old_finite_seconds(raw)

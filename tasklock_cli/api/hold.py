@@ -21,7 +21,6 @@ from datetime import datetime
 
 from tasklock_cli.errors import LockLost
 from tasklock_cli.errors import LockNotAcquired
-from tasklock_cli.errors import LossKind
 from tasklock_cli.events import EventLog
 from tasklock_cli.run.announce import emit_acquired
 from tasklock_cli.run.announce import emit_conflict
@@ -194,7 +193,7 @@ class LeaseHold:
         with self._loss_lock:
             self._on_loss.clear()
 
-    def lose(self, detected_by: LossKind, detail: str) -> None:
+    def lose(self, detected_by: str, detail: str) -> None:
         """The lease is lost (the first loss counts): ``lost`` is set and the callbacks
         called at once; the leases are still released when the block is left."""
         with self._loss_lock:

@@ -25,7 +25,6 @@ import contextlib
 import math
 import os
 import select
-import signal
 
 from tasklock_cli.errors import TasklockError
 from tasklock_cli.proc import proctree
@@ -44,6 +43,7 @@ from tasklock_cli.proc.protocol import START_ORDER
 from tasklock_cli.proc.protocol import encode
 from tasklock_cli.proc.protocol import receive
 from tasklock_cli.util import clock as clocks
+from tasklock_cli.util import signals as signal
 
 #: typing costs ~2 ms per start: its names are for the type checker only.
 TYPE_CHECKING = False

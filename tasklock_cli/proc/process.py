@@ -7,7 +7,6 @@ import contextlib
 import functools
 import math
 import os
-import signal
 import sys
 
 from tasklock_cli.errors import CommandNotExecutable
@@ -35,6 +34,7 @@ from tasklock_cli.proc.protocol import encode
 from tasklock_cli.proc.protocol import environ_pieces
 from tasklock_cli.proc.protocol import receive
 from tasklock_cli.util import clock as clocks
+from tasklock_cli.util import signals as signal
 from tasklock_cli.util.fds import fd_readable
 
 __all__ = ["Child", "Terminal", "become_subreaper", "spawn_command"]

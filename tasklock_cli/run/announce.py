@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from tasklock_cli.errors import LossKind
 from tasklock_cli.errors import QueueFull
 from tasklock_cli.errors import Superseded
 from tasklock_cli.errors import TasklockError
@@ -138,7 +137,7 @@ def emit_renewed(events: EventLog, lease: Lease) -> None:
 
 
 def emit_lost(
-    events: EventLog, keeper: LeaseKeeper, detected_by: LossKind, detail: str, then: str = ""
+    events: EventLog, keeper: LeaseKeeper, detected_by: str, detail: str, then: str = ""
 ) -> None:
     """The ``lost`` event of ``keeper``'s lease; ``then`` says what follows (the CLI
     terminates its command)."""

@@ -41,7 +41,7 @@ def lease_env(keeper: LeaseKeeper, holding: Holding | None = None) -> dict[str, 
     assert lease is not None, "the command starts only once the lease is taken"
     env: dict[str, str] = {}
     if holding is not None and holding.several:
-        import json
+        from tasklock_cli.util import jsontext as json
 
         env["TASKLOCK_FENCING_TOKENS"] = json.dumps(holding.tokens(), ensure_ascii=False)
     env["TASKLOCK_FENCING_TOKEN"] = str(lease.fencing_token)

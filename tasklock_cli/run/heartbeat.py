@@ -40,7 +40,7 @@ class Heartbeat:
         keeper: LeaseKeeper,
         options: RunOptions,
         events: EventLog,
-        on_loss: Callable[[LossKind, str, float], None],
+        on_loss: Callable[[str, str, float], None],
         on_renewed: Callable[[Lease], None],
         on_deadline: Callable[[], None],
         clock: clocks.Clock = clocks.monotonic,
@@ -134,7 +134,7 @@ class Heartbeat:
         self.on_renewed(lease)
         return self.clock() + options.schedule.renew_interval
 
-    def _rejected(self, why: str) -> tuple[LossKind, str]:
+    def _rejected(self, why: str) -> tuple[str, str]:
         """A rejected renewal, and why, naming who broke the lease where the store keeps it
         (``broken_by``): REPLACED when a `run --replace` broke it, else REJECTED. ``why``:
         the store's own words, for a lease nobody is known to have broken (it ran out)."""

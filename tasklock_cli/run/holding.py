@@ -164,7 +164,7 @@ class Holding:
 
 @dataclass
 class Loss:
-    detected_by: LossKind
+    detected_by: str
     detail: str
     kill_at: float  # clock time of the SIGKILL
 

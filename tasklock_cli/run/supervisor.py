@@ -14,7 +14,6 @@ import contextlib
 import functools
 import os
 import select
-import signal
 import threading
 from collections.abc import Callable
 
@@ -58,6 +57,7 @@ from tasklock_cli.stores.model import Lease
 from tasklock_cli.stores.model import LeaseInfo
 from tasklock_cli.stores.model import RunRecord
 from tasklock_cli.util import clock as clocks
+from tasklock_cli.util import signals as signal
 from tasklock_cli.util.records import dataclass
 from tasklock_cli.util.records import field
 from tasklock_cli.util.records import replace
@@ -356,7 +356,7 @@ class Supervisor:
             while os.read(self._wake_r, 512):
                 pass
 
-    def _lose(self, detected_by: LossKind, detail: str, kill_at: float) -> None:
+    def _lose(self, detected_by: str, detail: str, kill_at: float) -> None:
         with self._loss_lock:
             if self.state.loss is not None:
                 return

@@ -336,7 +336,7 @@ def breaker_of(data: object) -> dict | None:
     """``broken_by`` as a store returned it (a dict, or JSON text); None when none or
     not one."""
     if isinstance(data, (str, bytes)):
-        import json
+        from tasklock_cli.util import jsontext as json
 
         try:
             data = json.loads(data)

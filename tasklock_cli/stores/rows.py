@@ -26,7 +26,6 @@ For example:
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
 from datetime import timezone
 from time import time as _time_now
@@ -42,6 +41,7 @@ from tasklock_cli.stores.model import RunRecord
 from tasklock_cli.stores.model import WaiterInfo
 from tasklock_cli.stores.model import as_integer
 from tasklock_cli.stores.model import breaker_of
+from tasklock_cli.util import jsontext as json
 from tasklock_cli.util.durations import MAX_DURATION_S
 from tasklock_cli.util.keys import is_utf8
 from tasklock_cli.util.records import replace

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import os
-import re
 
 from tasklock_cli.errors import ConfigError
 from tasklock_cli.util import paths
 
 # urllib.parse (with ipaddress, ~3 ms) and pathlib are not imported on `run`'s path: a plain
-# sqlite:///PATH is taken apart here; other URLs import them when they need them.
+# sqlite:///PATH is taken apart here; other URLs import them when they need them. Nor is re
+# (~2 ms with its compiles): only a URL's error message and its passwords' scrubbing use the
+# patterns below, compiled then.
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import re
 
 
 def default_sqlite_file() -> str:
@@ -108,13 +113,33 @@ def url_parameters(url: str) -> dict[str, str]:
     return dict(parse_qsl(urlsplit(url).query, keep_blank_values=True))
 
 
-#: A conninfo's ``password=VALUE``, the value bare or in libpq's single quotes (which may
-#: hold spaces and ``\'``; an unclosed quote runs to the end).
-_PASSWORD_IN_CONNINFO = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'?|\S+)", re.IGNORECASE)
-#: A URL's query parameter, ``NAME=VALUE`` after ``?`` or ``&``.
-_PARAMETER = re.compile(r"([?&])([^=&#]*)=([^&#]*)")
-#: Where a query parameter starts: what ends a userinfo's search for its ``@``.
-_PARAMETER_START = re.compile(r"[?&][\w%.+-]+=")
+class _Patterns:
+    """The patterns of a URL's passwords, compiled on first use (``_Patterns.compiled()``)."""
+
+    _compiled: _Patterns | None = None
+
+    def __init__(self) -> None:
+        import re
+
+        #: A conninfo's ``password=VALUE``, the value bare or in libpq's single quotes
+        #: (which may hold spaces and ``\'``; an unclosed quote runs to the end).
+        self.password_in_conninfo = re.compile(
+            r"(password\s*=\s*)('(?:[^'\\]|\\.)*'?|\S+)", re.IGNORECASE
+        )
+        #: A URL's query parameter, ``NAME=VALUE`` after ``?`` or ``&``.
+        self.parameter = re.compile(r"([?&])([^=&#]*)=([^&#]*)")
+        #: Where a query parameter starts: what ends a userinfo's search for its ``@``.
+        self.parameter_start = re.compile(r"[?&][\w%.+-]+=")
+        #: What may cut a password that is not percent-encoded (``url_passwords``).
+        self.password_cut = re.compile("[/?#]")
+
+    @classmethod
+    def compiled(cls) -> _Patterns:
+        if cls._compiled is None:
+            cls._compiled = cls()
+        return cls._compiled
+
+
 #: The shortest piece of a password that is scrubbed on its own (see ``url_passwords``).
 MIN_PIECE = 3
 
@@ -136,8 +161,9 @@ def redact_url(url: str) -> str:
     still shown in the error that says so, and must not show its password there. The
     userinfo ends where ``_userinfo_end`` says, so a password with an unencoded ``/``,
     ``?`` or ``#`` is hidden whole."""
-    redacted = _PASSWORD_IN_CONNINFO.sub(r"\1***", url)
-    redacted = _PARAMETER.sub(_redacted_parameter, redacted)
+    patterns = _Patterns.compiled()
+    redacted = patterns.password_in_conninfo.sub(r"\1***", url)
+    redacted = patterns.parameter.sub(_redacted_parameter, redacted)
     scheme, sep, after = redacted.partition("://")
     at = _userinfo_end(after) if sep else -1
     if at < 0 or ":" not in after[:at]:
@@ -161,7 +187,7 @@ def _userinfo_end(after: str) -> int:
     show the rest. A "user" holding ``/``, ``?`` or ``#`` is a path (``sqlite:///a:b@c``):
     then only the netloc's own ``@`` counts."""
     end = min((at for at in (after.find(mark) for mark in "/?#") if at >= 0), default=len(after))
-    parameter = _PARAMETER_START.search(after, end)
+    parameter = _Patterns.compiled().parameter_start.search(after, end)
     at = after.rfind("@", 0, parameter.start() if parameter else len(after))
     if at >= 0 and not any(mark in after[:at].partition(":")[0] for mark in "/?#"):
         return at
@@ -201,6 +227,7 @@ def url_passwords(url: str) -> set[str]:
     from urllib.parse import unquote
     from urllib.parse import unquote_plus
 
+    patterns = _Patterns.compiled()
     found: set[str] = set()
     pieces: list[str] = []
     _, sep, after = url.partition("://")
@@ -208,11 +235,11 @@ def url_passwords(url: str) -> set[str]:
     if at >= 0 and ":" in after[:at]:
         raw = after[:at].split(":", 1)[1]
         found |= {raw, unquote(raw)}
-        pieces = re.split("[/?#]", raw)
-    for _, name, value in _PARAMETER.findall(url):
+        pieces = patterns.password_cut.split(raw)
+    for _, name, value in patterns.parameter.findall(url):
         if is_password_parameter(name):
             found |= {value, unquote_plus(value)}
-    for _, value in _PASSWORD_IN_CONNINFO.findall(url):
+    for _, value in patterns.password_in_conninfo.findall(url):
         found |= {value, value.strip("'").replace("\\'", "'")}
     found |= {piece for piece in pieces if len(piece) >= MIN_PIECE}
     return found - {""}

@@ -83,9 +83,9 @@ def json_text(value: object, **options) -> str:
     """``json.dumps(value, ensure_ascii=False)`` with what ``safe`` escapes written as
     ``\\uXXXX`` escapes too (json escapes C0 itself): valid JSON, valid UTF-8, and nothing
     raw that could reach a terminal. (These characters only ever occur inside strings.)"""
-    import json
+    from tasklock_cli.util import jsontext
 
-    text = json.dumps(value, ensure_ascii=False, **options)
+    text = jsontext.dumps(value, ensure_ascii=False, **options)
     if text.isascii():
         return text
     return _json_escaped().sub(lambda match: f"\\u{ord(match.group()):04x}", text)

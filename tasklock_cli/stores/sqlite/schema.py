@@ -195,7 +195,7 @@ def refuse_foreign(conn: sqlite3.Connection, where: str) -> None:
         "        WHERE type IN ('table', 'view') AND name NOT LIKE 'sqlite!_%' ESCAPE '!'),"
         "       (SELECT user_version FROM pragma_user_version)"
     ).fetchone()
-    import json
+    from tasklock_cli.util import jsontext as json
 
     names = set(json.loads(tables))
     others = sorted(names - {TABLE, RUNS_TABLE, WAITERS_TABLE, _REBUILT})

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import os
 import sqlite3
 import time
@@ -60,6 +59,7 @@ from tasklock_cli.stores.urls import sqlite_netloc_and_path
 from tasklock_cli.stores.urls import sqlite_url
 from tasklock_cli.stores.urls import unknown_parameter
 from tasklock_cli.stores.urls import url_parameters
+from tasklock_cli.util import jsontext as json
 from tasklock_cli.util import paths
 from tasklock_cli.util.fds import wait_readable
 from tasklock_cli.util.times import utc_from_timestamp
