@@ -105,17 +105,8 @@ class Locks:
     ) -> LockContext:
         """``with locks.lock(key) as lease:`` (or ``async with``): hold ``key`` for the
         block; LockNotAcquired when it is held elsewhere past ``wait``."""
-        options = lock_options(
-            key,
-            PLAIN_COMMAND,
-            ttl=ttl,
-            wait=wait,
-            max_lifetime=max_lifetime,
-            limit=limit,
-            shared=shared,
-            also=also,
-        )
-        return self._context(options, note)
+        given = {"ttl": ttl, "wait": wait, "max_lifetime": max_lifetime, "limit": limit}
+        return self._lock_for(key, None, {**given, "shared": shared, "also": also, "note": note})
 
     def _context(self, options: RunOptions, note: str | None) -> LockContext:
         from tasklock_cli.util.records import replace
