@@ -29,6 +29,7 @@ from pathlib import Path
 
 from bench.install import VENV_BIN
 from bench.install import interpreter_and_tasklock
+from bench.install import upgrade_pip
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The last commit before the guard process (tasklock_cli/proc/guard.py): issue 25's baseline.
@@ -97,6 +98,7 @@ def install_baseline(rev: str, workdir: Path) -> Build:
     print(f"building a regular install of {rev} in {venv} …", flush=True)
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, cwd=neutral_cwd())
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet"]
+    upgrade_pip(pip, neutral_cwd())
     subprocess.run(
         [*pip, "--disable-pip-version-check", str(source)], check=True, cwd=neutral_cwd()
     )
