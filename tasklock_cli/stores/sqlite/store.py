@@ -398,10 +398,7 @@ class SQLiteStore(Store, capabilities=CAPABILITIES):
         params = {**self._times(), **_lease_params(lease), "keep": keep_for}
         params["broken"] = BROKEN_OWNER_PREFIX + lease.owner_token
         freed, head = False, []
-        durable = _a_success(record)
-        # A success is synced after the wake-up, not before it: the next holder's acquire,
-        # durable itself, syncs it too (``SQLiteConnection.sync``), and its command starts
-        # only then; tasklock exits only after its own sync.
+        durable = _a_success(record)  # synced after the wake-up (SQLiteConnection.sync)
         with self._db.write(durable=durable, sync_later=True) as conn:
             kept = keep_for > 0 and conn.execute(_RELEASE_LATER, params).rowcount == 1
             if not kept:  # (a broken lease is freed, keep_for or not)
