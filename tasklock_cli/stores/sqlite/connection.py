@@ -35,6 +35,8 @@ BUSY_TIMEOUT_S = 5.0
 #: The handler gets only this long per try.
 #: tasklock retries itself every millisecond or so, until BUSY_TIMEOUT_S.
 BUSY_SLICE_S = 0.003
+#: How ``sync`` opens the WAL: never through a symlink, and never blocking (not a FIFO's open).
+_SYNC_OPEN = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 
 
 def when_not_busy(operation: Callable[[], _T]) -> _T:
@@ -164,7 +166,7 @@ class SQLiteConnection:
             if self._conn is None or not self._wal:
                 return
             try:
-                fd = os.open(self.path + "-wal", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                fd = os.open(self.path + "-wal", _SYNC_OPEN)
             except OSError as exc:  # never while our connection is open: it keeps the WAL
                 raise StoreUnavailable(f"{self.path}: cannot sync its WAL ({exc})") from exc
             try:
