@@ -11,6 +11,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -85,6 +86,68 @@ def test_a_run_leaves_the_wal_for_the_next_one_without_a_checkpoint(tmp_path, cl
     history = tasklock("history", "k", "--json", env=env)
     assert history.returncode == 0, history.stderr
     assert [run["outcome"] for run in json.loads(history.stdout)] == ["succeeded"]
+
+
+def test_a_release_wakes_the_next_waiter_before_syncing_its_success(tmp_path, cli_env):
+    """The release's sync of a success is off the hand-off: its commit wakes the waiter
+    first, then is synced (the waiter's acquire, durable itself, syncs it too: it comes
+    later in the same WAL), and tasklock exits only after that sync. (Again when the
+    waiter's own look took the key between the release's commit and its wake-up: then
+    there was nobody to wake.)"""
+    for attempt in range(3):
+        lines = _hand_off_trace(tmp_path / str(attempt), cli_env)
+        woke = [i for i, line in enumerate(lines) if re.search(r"write\(\d+<[^>]*\.waiters/", line)]
+        if woke:
+            break
+    assert woke, "the release woke no waiter"
+    synced = [i for i, line in enumerate(lines) if re.search(r"f(data)?sync\(\d+<[^>]*-wal>", line)]
+    [command_pid] = {line.split()[0] for line in lines if 'execve("/bin/sh", ["/bin/sh"' in line}
+    [ended] = [
+        i for i, line in enumerate(lines) if re.match(rf"{command_pid}\s+\+\+\+ exited", line)
+    ]
+    assert not [i for i in synced if ended < i < woke[0]], "the release synced before its wake-up"
+    assert [i for i in synced if i > woke[0]], "the success was not synced after the wake-up"
+
+
+def _hand_off_trace(directory: Path, cli_env: dict) -> list[str]:
+    """The system calls (strace) of a holder whose command succeeds while a waiter waits."""
+    directory.mkdir()
+    db = directory / "locks.db"
+    env = {**cli_env, "TASKLOCK_STORE": f"sqlite://{db}"}
+    assert tasklock("run", "warm", "--", "true", env=env).returncode == 0
+    trace, go = directory / "trace", directory / "go"
+    script = f"while [ ! -e {go} ]; do sleep 0.01; done"
+    calls = ["-f", "-y", "-o", str(trace), "-e", "trace=write,fdatasync,fsync,execve"]
+    holder = subprocess.Popen(
+        [_strace(), *calls, executable(), "run", "k", "--", "/bin/sh", "-c", script], env=env
+    )
+    waiter = None
+    try:
+        deadline = time.monotonic() + 30
+        while '"k"' not in tasklock("list", "--json", env=env).stdout:
+            assert time.monotonic() < deadline, "the holder never held k"
+            time.sleep(0.05)
+        waiter = subprocess.Popen(
+            [executable(), "run", "k", "--wait", "30s", "--", "true"],
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert waiter.stderr is not None
+        assert "waiting" in waiter.stderr.readline()
+        while not list(directory.glob("locks.db.waiters/*/0*")):  # its place made
+            assert time.monotonic() < deadline, "the waiter never made its FIFO"
+            time.sleep(0.01)
+        go.touch()
+        assert holder.wait(timeout=60) == 0
+        assert waiter.wait(timeout=60) == 0
+    finally:
+        go.touch()
+        for process in (holder, waiter):
+            if process is not None and process.poll() is None:
+                process.kill()
+                process.wait()
+    return trace.read_text().splitlines()
 
 
 _RUN_AND_LEAVE = """

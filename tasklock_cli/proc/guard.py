@@ -163,6 +163,8 @@ class _Guard:
         """The command's environment and terminal, once the wrapper says start (which also
         sets the first backstop); None when its end of the socket closed first."""
         environ = bytearray()
+        # The inherited part made ready before the order comes: the start is on a hand-off.
+        env = {os.fsencode(name): os.fsencode(value) for name, value in self.environ.items()}
         while True:
             try:
                 order = self.sock.recv(MESSAGE_SIZE)
@@ -180,7 +182,6 @@ class _Guard:
         # Before the command runs: a wrapper stopped right after the start still bounds it.
         self.backstop_at = float(backstop)
         pairs = (item.partition(b"=") for item in bytes(environ).split(b"\0") if item)
-        env = {os.fsencode(name): os.fsencode(value) for name, value in self.environ.items()}
         env.update((name, value) for name, _, value in pairs)
         return env, None if terminal_fd < 0 else terminal_fd
 

@@ -51,16 +51,21 @@ REPORT_SPIN_S = 0.001
 
 
 def spawn_command(
-    command: list[str], env: dict[str, str] | dict[bytes, bytes], terminal_fd: int | None = None
+    command: list[str],
+    env: dict[str, str] | dict[bytes, bytes],
+    terminal_fd: int | None = None,
+    listed_fds: list[int] | None = None,
 ) -> int:
     """Start ``command`` in its own process group with exactly ``env``; its pid.
 
     As ``subprocess.Popen(command, env=env, close_fds=True, process_group=0)`` would start it:
     with ``os.posix_spawnp``, which needs no import (subprocess costs ~4 ms of every start),
-    when that is the same (see ``_spawns_alike``); else through subprocess itself."""
+    when that is the same (see ``_spawns_alike``); else through subprocess itself.
+    ``listed_fds``: our inheritable descriptors, listed beforehand (``_inheritable_fds``);
+    else they are listed now."""
     try:
         if _spawns_alike(env, terminal_fd):
-            inherited = _inheritable_fds()
+            inherited = _inheritable_fds() if listed_fds is None else listed_fds
             if inherited is not None:
                 return _posix_spawn(command, env, inherited)
         return _popen(command, env, terminal_fd)
@@ -151,7 +156,11 @@ class Child:
             guard_pid = os.fork()
             if guard_pid == 0:
                 ours.close()
-                run_guard(theirs, functools.partial(spawn_command, command), blocked, env)
+                # Listed now, while the lock is still being taken, not after the start order:
+                # the guard opens nothing inheritable (its pipe and socket are close-on-exec).
+                listed = _inheritable_fds()
+                spawn = functools.partial(spawn_command, command, listed_fds=listed)
+                run_guard(theirs, spawn, blocked, env)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         theirs.close()

@@ -4,6 +4,7 @@ by the threads of a process, its errors told as tasklock's, and a busy file retr
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
 import threading
 import time
@@ -34,6 +35,8 @@ BUSY_TIMEOUT_S = 5.0
 #: The handler gets only this long per try.
 #: tasklock retries itself every millisecond or so, until BUSY_TIMEOUT_S.
 BUSY_SLICE_S = 0.003
+#: How ``sync`` opens the WAL: never through a symlink, and never blocking (not a FIFO's open).
+_SYNC_OPEN = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 
 
 def when_not_busy(operation: Callable[[], _T]) -> _T:
@@ -74,6 +77,7 @@ class SQLiteConnection:
         self._owners = owners or Owners(file_mode)
         self._conn: sqlite3.Connection | None = None
         self._lock = threading.RLock()
+        self._wal = False  # the connection is in WAL mode (it may not be, where WAL fails)
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
@@ -88,7 +92,8 @@ class SQLiteConnection:
             )
             # Before WAL mode or a table is set: another application's database is left as is.
             when_not_busy(lambda: refuse_foreign(conn, self.path))
-            when_not_busy(lambda: conn.execute("PRAGMA journal_mode=WAL"))
+            mode = when_not_busy(lambda: conn.execute("PRAGMA journal_mode=WAL").fetchone())
+            self._wal = str(mode[0]).lower() == "wal"
             when_not_busy(lambda: conn.execute("PRAGMA synchronous=NORMAL"))
             ensure_schema(conn, str(self.path), when_not_busy)
         except sqlite3.Error as exc:
@@ -110,7 +115,9 @@ class SQLiteConnection:
             self._connection()
 
     @contextlib.contextmanager
-    def write(self, durable: bool = False) -> Iterator[sqlite3.Connection]:
+    def write(
+        self, durable: bool = False, sync_later: bool = False
+    ) -> Iterator[sqlite3.Connection]:
         """A write transaction (BEGIN IMMEDIATE), committed when the block ends. Text that
         is not UTF-8 is read leniently (``rows.lenient_text``): the few a write returns.
 
@@ -118,9 +125,16 @@ class SQLiteConnection:
         power cut cannot take it back: for what must never repeat after a reboot, a fencing
         token issued and a run's success that ``--once-per`` reads. Other commits are synced
         at the next checkpoint (``synchronous=NORMAL``): losing one loses only what the
-        reboot ended anyway (a renewal, a lease)."""
+        reboot ended anyway (a renewal, a lease).
+
+        ``sync_later`` (with ``durable``): in WAL mode the commit is not synced here but by
+        the caller's ``sync`` right after, so that others may be told of it first (a
+        release wakes the next waiter before its sync, which is then off the hand-off);
+        elsewhere (no WAL) the commit is synced at once, as ``durable`` alone."""
         with self._lock:
             conn = self._connection()
+            if sync_later and self._wal:
+                durable = False
             conn.text_factory = lenient_text
             try:
                 if durable:  # (the level may not change inside a transaction)
@@ -139,6 +153,28 @@ class SQLiteConnection:
                 if durable:
                     with contextlib.suppress(sqlite3.Error):
                         conn.execute("PRAGMA synchronous=NORMAL")
+
+    def sync(self) -> None:
+        """Put every commit made so far on disk: after ``write(durable=True,
+        sync_later=True)``, before the process may end. In WAL mode a commit is its frames
+        appended to the WAL, so syncing the WAL (fdatasync, as SQLite's synchronous=FULL
+        does at a commit) syncs it and every commit before it; a checkpoint syncs the WAL
+        before copying from it. A reader that commits durably after seeing the commit
+        (the next holder's acquire) syncs it too: its frames come later in the same WAL.
+        Without WAL mode the commit was synced already."""
+        with self._lock:
+            if self._conn is None or not self._wal:
+                return
+            try:
+                fd = os.open(self.path + "-wal", _SYNC_OPEN)
+            except OSError as exc:  # never while our connection is open: it keeps the WAL
+                raise StoreUnavailable(f"{self.path}: cannot sync its WAL ({exc})") from exc
+            try:
+                os.fdatasync(fd)
+            except OSError as exc:
+                raise StoreUnavailable(f"{self.path}: cannot sync its WAL ({exc})") from exc
+            finally:
+                os.close(fd)
 
     def read(self, sql: str, params: dict) -> list[tuple[Any, ...]]:
         """The rows of a query, as plain tuples (no row_factory). Text that is not UTF-8

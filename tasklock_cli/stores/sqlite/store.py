@@ -368,7 +368,8 @@ class SQLiteStore(SQLiteReads, Store, capabilities=CAPABILITIES):
         params = {**self._times(), **_lease_params(lease), "keep": keep_for}
         params["broken"] = BROKEN_OWNER_PREFIX + lease.owner_token
         freed, head = False, []
-        with self._db.write(durable=_a_success(record)) as conn:
+        durable = _a_success(record)  # synced after the wake-up (SQLiteConnection.sync)
+        with self._db.write(durable=durable, sync_later=True) as conn:
             kept = keep_for > 0 and conn.execute(_RELEASE_LATER, params).rowcount == 1
             if not kept:  # (a broken lease is freed, keep_for or not)
                 freed = conn.execute(_RELEASE, params).rowcount == 1
@@ -377,6 +378,8 @@ class SQLiteStore(SQLiteReads, Store, capabilities=CAPABILITIES):
                 _record_run(conn, record, params["wall"])
         if freed:
             self._wakeups.wake(lease.key, head)
+        if durable:
+            self._db.sync()
         # Then the tidying, which the next run need not wait for: its removals are
         # journalled writes (milliseconds each on a busy disk).
         self._alarms.forget(lease.key, lease.fencing_token)
