@@ -416,7 +416,9 @@ def test_a_forged_break_notification_changes_nothing(env, store_url):
     assert holder.returncode == 0, stderr
     renewed = [e for e in json_events(stderr) if e["event"] == "renewed"]
     # 3 s of command: 3 scheduled renewals, and 2 s of flood at one per 0.25 s at most
-    assert sent > 100
+    # (a flood: several notifications per retry interval, so that a holder that renewed on
+    # each would show far more than the bound below; 69 in 2 s on a loaded machine, once)
+    assert sent > 30
     assert 1 <= len(renewed) <= 3 + 8 + 1, len(renewed)
     after = [e for e in renewed if _moment(e["ts"]) > flood_ended + timedelta(seconds=0.3)]
     assert len(after) <= 1, after  # back on the schedule (every 1 s) once the flood ended

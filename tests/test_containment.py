@@ -159,6 +159,9 @@ def test_the_scan_for_survivors_reads_any_arguments_and_vanished_processes():
     with arguments that are not UTF-8, or one that ends meanwhile, must not break it."""
     named = subprocess.Popen([b"sh", b"-c", b"sleep 30", b"caf\xe9.db"])
     try:
+        # (Popen returns once the exec closed its pipe, which the kernel does before it
+        # sets up the new image's arguments: for a moment they read empty.)
+        wait_until(lambda: procs.cmdline(named.pid) != b"")
         assert procs.cmdline(named.pid) == b"sh\x00-c\x00sleep 30\x00caf\xe9.db\x00"
     finally:
         named.kill()
