@@ -105,8 +105,16 @@ class Locks:
     ) -> LockContext:
         """``with locks.lock(key) as lease:`` (or ``async with``): hold ``key`` for the
         block; LockNotAcquired when it is held elsewhere past ``wait``."""
-        given = {"ttl": ttl, "wait": wait, "max_lifetime": max_lifetime, "limit": limit}
-        return self._lock_for(key, None, {**given, "shared": shared, "also": also, "note": note})
+        options = {
+            "ttl": ttl,
+            "wait": wait,
+            "max_lifetime": max_lifetime,
+            "limit": limit,
+            "shared": shared,
+            "also": also,
+            "note": note,
+        }
+        return self._lock_for(key, None, options)
 
     def _context(self, options: RunOptions, note: str | None) -> LockContext:
         from tasklock_cli.util.records import replace
@@ -233,8 +241,9 @@ def lock_options(key: str, command: str, **given: Any) -> RunOptions:
     """The lock's options (``Locks.lock``'s keywords, the one place of their defaults),
     checked as the CLI checks its flags (UsageError)."""
     defaults = _lock_defaults()
-    for name in given.keys() - defaults.keys():
-        raise TypeError(f"lock() got an unexpected keyword argument {name!r}")
+    unknown = sorted(given.keys() - defaults.keys())
+    if unknown:
+        raise TypeError(f"lock() got an unexpected keyword argument {unknown[0]!r}")
     opts = {**defaults, **given}
     ttl, wait, max_lifetime = opts["ttl"], opts["wait"], opts["max_lifetime"]
     limit, shared = opts["limit"], opts["shared"]

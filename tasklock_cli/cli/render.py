@@ -17,6 +17,7 @@ from tasklock_cli.stores.traits import Capabilities
 from tasklock_cli.util.display import UNREADABLE_SHOWN
 from tasklock_cli.util.display import problems
 from tasklock_cli.util.display import shown
+from tasklock_cli.util.display import unreadable
 from tasklock_cli.util.durations import format_duration
 from tasklock_cli.util.sanitize import json_text
 from tasklock_cli.util.sanitize import safe
@@ -29,7 +30,7 @@ def relative(moment: datetime, now: datetime | None = None) -> str:
 
 
 def _expiry(info: LeaseInfo) -> str:
-    if shown(info.malformed, "expires_at", "") == UNREADABLE_SHOWN:
+    if unreadable(info.malformed, "expires_at"):
         return UNREADABLE_SHOWN
     if info.expired:
         return f"expired {relative(info.expires_at)}"

@@ -14,13 +14,16 @@ from __future__ import annotations
 UNREADABLE_SHOWN = "?"
 
 
-def shown(malformed: tuple, name: str, value: object) -> str:
-    """Field ``name`` (or its record, ``holder`` for ``holder.pid``) as text: ``?`` when
-    ``malformed`` names it."""
+def unreadable(malformed: tuple, name: str) -> bool:
+    """Whether ``malformed`` names field ``name`` or its record (``holder`` for
+    ``holder.pid``)."""
     part = name.partition(".")[0]
-    if any(bad in (name, part) for bad, _ in malformed):
-        return UNREADABLE_SHOWN
-    return str(value)
+    return any(bad in (name, part) for bad, _ in malformed)
+
+
+def shown(malformed: tuple, name: str, value: object) -> str:
+    """Field ``name`` as text: ``?`` when it could not be read (``unreadable``)."""
+    return UNREADABLE_SHOWN if unreadable(malformed, name) else str(value)
 
 
 def problems(malformed: tuple) -> str:

@@ -237,8 +237,8 @@ class MySQLStore(SqlStore, capabilities=CAPABILITIES):
             ask.max_waiting,
         )
         (row,) = self._call("admit", args)
-        outcome, slot_limit, seq, quarantine = row[0], row[2], row[7], row[8]
-        outcome = _text(outcome)
+        outcome, *lease_columns, seq, quarantine = row
+        outcome, slot_limit = _text(outcome), lease_columns[1]
         self._quarantines.met(key, None if quarantine is None else int(quarantine))
         if quarantine:
             self._rows(BOUND_FORGED_QUARANTINE)
@@ -258,7 +258,7 @@ class MySQLStore(SqlStore, capabilities=CAPABILITIES):
             raise CounterUnreadable(key)
         if outcome != "taken":
             return None
-        return taken_lease(key, owner, row[1:7], _utc, _text)
+        return taken_lease(key, owner, tuple(lease_columns), _utc, _text)
 
     def holdup(self, key: str) -> str | None:
         return _quarantine_text(self._quarantines.left(key))
