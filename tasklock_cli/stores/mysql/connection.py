@@ -14,9 +14,9 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import socket
 import time
 from collections.abc import Callable
-from urllib.parse import unquote
 
 from tasklock_cli.errors import ConfigError
 from tasklock_cli.errors import StoreUnavailable
@@ -29,8 +29,10 @@ from tasklock_cli.stores.mysql.schema import INSPECT
 from tasklock_cli.stores.mysql.schema import MySQLSchema
 from tasklock_cli.stores.sql import SqlConnection
 from tasklock_cli.stores.urls import check_host
+from tasklock_cli.stores.urls import query_parameters
 from tasklock_cli.stores.urls import split_url
 from tasklock_cli.stores.urls import unknown_parameter
+from tasklock_cli.stores.urls import unquote
 from tasklock_cli.stores.urls import url_passwords
 from tasklock_cli.util.numbers import decimal
 
@@ -90,7 +92,25 @@ class _Connection(pymysql.connections.Connection):
         if not self.ssl:  # type: ignore[has-type]  # (PyMySQL's attribute, untyped)
             # PyMySQL without ssl: its "preferred" TLS, made if the server offers TLS.
             self.ssl, self._ssl_required, self.ctx = True, False, _PreferredTLS(self)
-        self.connect()
+        self.connect(None if self.unix_socket else self._tcp_socket())
+
+    def _tcp_socket(self) -> socket.socket:
+        """The TCP connection PyMySQL's ``connect`` would make, set up as it sets it up.
+
+        The look-up gets an ASCII host name as bytes: Python's resolver encodes a str with
+        the ``idna`` codec, whose import (encodings.idna, stringprep, unicodedata) is ~5 M
+        instructions of every start."""
+        host = self.host.encode("ascii") if self.host.isascii() else self.host
+        try:
+            sock = socket.create_connection((host, self.port), self.connect_timeout)
+        except OSError as exc:  # as PyMySQL's connect words it
+            raise pymysql.err.OperationalError(
+                2003, f"Can't connect to MySQL server on {self.host!r} ({exc})"
+            ) from None
+        self.host_info = f"socket {self.host}:{self.port}"
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        return sock
 
     def set_character_set(self, charset: str, collation: str | None = None) -> None:
         self.encoding = charset_by_name(charset).encoding
@@ -134,8 +154,6 @@ class _PreferredTLS:
 def parse_url(url: str, display_url: str) -> tuple[dict[str, Any], str]:
     """``(PyMySQL's connect arguments, the table)`` from ``mysql://USER[:PASSWORD]@HOST
     [:PORT]/DB[?table=NAME&...]``; ConfigError naming what is wrong."""
-    from urllib.parse import parse_qsl
-
     scheme, netloc, path, query = split_url(url)
     userinfo, _, hostport = netloc.rpartition("@")
     user, _, password = userinfo.partition(":")
@@ -154,7 +172,7 @@ def parse_url(url: str, display_url: str) -> tuple[dict[str, Any], str]:
             f"MySQL store URL {display_url!r} names no database "
             f"(expected {scheme}://USER[:PASSWORD]@HOST[:PORT]/DB)"
         )
-    params = dict(parse_qsl(query, keep_blank_values=True))
+    params = query_parameters(query)
     for name in params:
         if name not in _PARAMETERS:
             raise unknown_parameter("MySQL", url, name, ", ".join(f"{p}=" for p in _PARAMETERS))

@@ -3,7 +3,6 @@ docstring)."""
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 from datetime import datetime
@@ -59,6 +58,7 @@ from tasklock_cli.stores.sql import SqlStore
 from tasklock_cli.stores.sql import taken_lease
 from tasklock_cli.stores.urls import redact_url
 from tasklock_cli.stores.watches import BreakWatches
+from tasklock_cli.util import jsontext as json
 from tasklock_cli.util.fds import fd_readable
 from tasklock_cli.util.fds import wait_readable
 from tasklock_cli.util.keys import stored_key
