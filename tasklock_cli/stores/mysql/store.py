@@ -204,18 +204,23 @@ class MySQLStore(SqlStore, capabilities=CAPABILITIES):
     def _call(
         self, procedure: str, args: tuple, *, idempotent: bool = True
     ) -> builtins.list[tuple]:
-        """CALL ``<table>_<procedure>`` (one round trip): the first result set's rows."""
+        """CALL ``<table>_<procedure>`` (one round trip): the first result set's rows. An
+        idempotent call on a new connection takes its session settings along (a run's
+        acquire: no round trip of set-up, see ``MySQLConnection.run``)."""
         statement = f"CALL `{self.table_name}_{procedure}`({', '.join(['%s'] * len(args))})"
 
         def run(conn: pymysql.connections.Connection) -> builtins.list[tuple]:
             with conn.cursor() as cursor:
-                cursor.execute(statement, args)
+                set_up = self._db.take_set_up()
+                cursor.execute(set_up + statement, args)
+                for _ in range(set_up.count(";")):  # past the settings' results
+                    cursor.nextset()
                 rows = list(cursor.fetchall())
                 while cursor.nextset():  # to the end (an error after the rows is raised)
                     pass
                 return rows
 
-        return self._db.run(run, idempotent=idempotent)
+        return self._db.run(run, idempotent=idempotent, set_up_in_band=idempotent)
 
     # -- the interface --------------------------------------------------------------
 
