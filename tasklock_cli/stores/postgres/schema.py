@@ -5,7 +5,6 @@ modes)."""
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import re
 from collections.abc import Callable
 
@@ -262,6 +261,8 @@ class PgSchema:
         self.channel = f"tasklock_released_{self.oid}"
 
     def _lock_id(self) -> int:
+        import hashlib  # (here: OpenSSL's libcrypto, ~11 M instructions, for a first use only)
+
         digest = hashlib.sha256(f"tasklock:{self.table_name}".encode()).digest()
         return int.from_bytes(digest[:8], "big", signed=True)
 
