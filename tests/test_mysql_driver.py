@@ -102,8 +102,8 @@ import sys
 from tasklock_cli.stores import open_store
 with open_store(sys.argv[1]) as store:
     store.peek("k")
-deferred = ("traceback", "hashlib", "configparser", "urllib.parse", "json", "encodings.idna",
-            "ipaddress", "unicodedata", "ssl")
+deferred = ("traceback", "hashlib", "configparser", "getpass", "urllib.parse", "json",
+            "encodings.idna", "ipaddress", "unicodedata", "ssl")
 print(" ".join(name for name in deferred if name in sys.modules) or "none")
 """
 

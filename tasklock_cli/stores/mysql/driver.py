@@ -7,15 +7,17 @@ never touches. Together they are a third of PyMySQL's import (callgrind, Python 
 - ``traceback`` (with linecache, tokenize, textwrap: ~11 M), for one message of a failed
   connect;
 - ``hashlib`` (OpenSSL's libcrypto: ~11 M), for the password scrambles;
-- ``configparser`` (~8 M), through ``pymysql.optionfile``, for ``read_default_file``.
+- ``configparser`` (~8 M), through ``pymysql.optionfile``, for ``read_default_file``;
+- ``getpass`` (with termios: ~1.5 M), for the default user's name from the environment.
 
 So the store imports PyMySQL through this module, which hides them from that one import:
 
 - ``ssl`` is hidden (``import ssl`` fails), so PyMySQL reads as built without it.
   ``enable_ssl`` hands PyMySQL the module once a connection needs TLS: with ``ssl_*=`` in
   the URL, or with a server that offers TLS (see ``connection._PreferredTLS``).
-- ``traceback``, ``hashlib`` and ``pymysql.optionfile`` are stand-ins (``_Deferred``):
-  whatever PyMySQL asks of one imports the real module then and hands over its answer.
+- ``traceback``, ``hashlib``, ``getpass`` and ``pymysql.optionfile`` are stand-ins
+  (``_Deferred``): whatever PyMySQL asks of one imports the real module then and hands
+  over its answer.
   PyMySQL keeps the stand-in; everyone else imports the real module as usual.
 
 Import PyMySQL's names from here, never from ``pymysql`` itself: whichever module of the
@@ -27,12 +29,13 @@ again as it is.
 
 from __future__ import annotations
 
+import os
 import sys
 from types import ModuleType
 
 #: What PyMySQL's import gets as a stand-in: the module, and the names the stand-in answers
 #: itself (those PyMySQL reads while it is imported), as ``_Deferred`` functions.
-_DEFERRED = ("traceback", "hashlib", "pymysql.optionfile")
+_DEFERRED = ("traceback", "hashlib", "getpass", "pymysql.optionfile")
 
 
 class _Deferred(ModuleType):
@@ -59,6 +62,19 @@ def _hash(name: str, data: bytes = b"", **kwargs: object) -> object:
     return _real("hashlib").new(name, data, **kwargs)  # type: ignore[attr-defined]
 
 
+def _user_name() -> str:
+    """``getpass.getuser()``, which PyMySQL calls when it is imported, as getpass reads it:
+    the environment's name, else the password database's (whose KeyError PyMySQL takes for
+    no default user, as it takes getpass's KeyError or OSError)."""
+    for name in ("LOGNAME", "USER", "LNAME", "USERNAME"):
+        user = os.environ.get(name)
+        if user:
+            return user
+    import pwd
+
+    return pwd.getpwuid(os.getuid())[0]
+
+
 def _option_file_parser(**kwargs: object) -> object:
     """``pymysql.optionfile.Parser()``, for a ``read_default_file`` (never the store's)."""
     return _real("pymysql.optionfile").Parser(**kwargs)  # type: ignore[attr-defined]
@@ -68,6 +84,8 @@ def _stand_ins() -> dict[str, _Deferred]:
     stand_ins = {name: _Deferred(name) for name in _DEFERRED if name not in sys.modules}
     if "hashlib" in stand_ins:
         stand_ins["hashlib"].new = _hash  # type: ignore[attr-defined]
+    if "getpass" in stand_ins:
+        stand_ins["getpass"].getuser = _user_name  # type: ignore[attr-defined]
     if "pymysql.optionfile" in stand_ins:
         stand_ins["pymysql.optionfile"].Parser = _option_file_parser  # type: ignore[attr-defined]
     return stand_ins
