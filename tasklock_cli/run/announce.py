@@ -9,7 +9,6 @@ how the release went.)
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 from tasklock_cli.errors import QueueFull
@@ -22,6 +21,7 @@ from tasklock_cli.stores.model import SHARED
 from tasklock_cli.stores.model import Lease
 from tasklock_cli.stores.model import LeaseInfo
 from tasklock_cli.stores.model import RunRecord
+from tasklock_cli.util.durations import INFINITY
 from tasklock_cli.util.durations import format_duration
 from tasklock_cli.util.times import rfc3339
 
@@ -53,7 +53,7 @@ def emit_waiting(
         key,
         None,
         f"waiting for {key!r}{held_by}{because}",
-        wait=wait if math.isfinite(wait) else "inf",
+        wait=wait if wait < INFINITY else "inf",
         holder=info.holder.to_dict() if info else None,
         **extra,
     )

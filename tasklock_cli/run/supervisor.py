@@ -10,11 +10,10 @@ What the run says is worded in ``run.announce``, and what the command is given i
 
 from __future__ import annotations
 
-import contextlib
+import _thread
 import functools
 import os
 import select
-import threading
 from collections.abc import Callable
 
 from tasklock_cli.errors import ExitCode
@@ -58,6 +57,7 @@ from tasklock_cli.stores.model import LeaseInfo
 from tasklock_cli.stores.model import RunRecord
 from tasklock_cli.util import clock as clocks
 from tasklock_cli.util import signals as signal
+from tasklock_cli.util import suppressed
 from tasklock_cli.util.records import dataclass
 from tasklock_cli.util.records import field
 from tasklock_cli.util.records import replace
@@ -119,7 +119,7 @@ class Supervisor:
         self._on_ledger_failed = functools.partial(warn_ledger_failed, events, self.keeper)
         self._waiter: Waiter | None = None
         self._acquiring = False
-        self._loss_lock = threading.Lock()
+        self._loss_lock = _thread.allocate_lock()
         self.hooks = hooks_of(options, events)
 
     def _heartbeat_of(self, keeper: LeaseKeeper) -> Heartbeat:
@@ -350,9 +350,9 @@ class Supervisor:
             if signalled_at is not None and not state.kill_sent:
                 wake_times.append(signalled_at + options.grace)
         timeout = min(max(min(wake_times) - now, 0.0), 1.0)
-        with contextlib.suppress(InterruptedError):
+        with suppressed(InterruptedError):
             select.select([self._wake_r, *child.waitables()], [], [], timeout)
-        with contextlib.suppress(BlockingIOError):
+        with suppressed(BlockingIOError):
             while os.read(self._wake_r, 512):
                 pass
 
@@ -387,7 +387,7 @@ class Supervisor:
             release_and_report(keeper, self.options, self.events, record=record)
 
     def _wake(self) -> None:
-        with contextlib.suppress(BlockingIOError, OSError):
+        with suppressed(BlockingIOError, OSError):
             os.write(self._wake_w, b"!")
 
     def _on_signal(self, signum: int, _frame: object) -> None:
