@@ -19,8 +19,7 @@ from collections.abc import Callable
 from tasklock_cli.errors import ExitCode
 from tasklock_cli.errors import Interrupted
 from tasklock_cli.errors import LossKind
-from tasklock_cli.errors import QueueFull
-from tasklock_cli.errors import Superseded
+from tasklock_cli.errors import NotGranted
 from tasklock_cli.errors import TasklockError
 from tasklock_cli.events import EventLog
 from tasklock_cli.proc.process import Child
@@ -38,7 +37,6 @@ from tasklock_cli.run.announce import emit_replacing
 from tasklock_cli.run.announce import emit_waiting
 from tasklock_cli.run.announce import ran_late
 from tasklock_cli.run.announce import warn_ledger_failed
-from tasklock_cli.run.conflict import Conflict
 from tasklock_cli.run.environment import command_env
 from tasklock_cli.run.environment import lease_env
 from tasklock_cli.run.heartbeat import Heartbeat
@@ -165,7 +163,7 @@ class Supervisor:
         self._acquiring = True
         try:
             done_by = self._acquire()
-        except (Conflict, Superseded, QueueFull) as refused:
+        except NotGranted as refused:
             emit_refused(self.events, refused, self.hooks, options)
             return options.conflict_exit_code
         finally:
@@ -459,7 +457,7 @@ def how_it_ended(child_of: Callable[[], Child | None], state: _State) -> tuple[b
 
 def emit_refused(
     events: EventLog,
-    refused: Conflict | Superseded | QueueFull,
+    refused: NotGranted,
     hooks: Hooks | None,
     options: RunOptions,
 ) -> None:

@@ -10,7 +10,6 @@ import os
 from tasklock_cli.errors import Interrupted
 from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.errors import TasklockError
-from tasklock_cli.run.conflict import Conflict
 from tasklock_cli.run.keeper import LeaseKeeper
 from tasklock_cli.stores.model import LeaseInfo
 from tasklock_cli.stores.model import Replacer
@@ -141,6 +140,8 @@ class Waiter:
                 waited = self.wait if announced_at is not None else 0.0
                 holder = self._current_holder()
                 holdup = keeper.store.holdup(keeper.key)
+                from tasklock_cli.run.conflict import Conflict
+
                 raise Conflict(keeper.key, holder, waited, first_holder, holdup)
             if announced_at is None or clock() - announced_at >= WAITING_EVENT_EVERY_S:
                 holder = self._current_holder()
