@@ -3,6 +3,7 @@ without importing them (issue 45)."""
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -58,6 +59,21 @@ def test_a_daemon_thread_whose_target_raises_ends_and_says_so(monkeypatch):
     thread.join(5.0)
     assert not thread.is_alive()
     assert [str(exc) for exc in seen] == ["boom"]
+
+
+def test_a_daemon_thread_is_not_alive_in_a_process_forked_after_its_start():
+    flag = Flag()
+    thread = DaemonThread(lambda: flag.wait(5.0))
+    thread.start()
+    pid = os.fork()
+    if pid == 0:  # the child: the thread was not copied, and join does not wait for it
+        started = time.monotonic()
+        thread.join(5.0)
+        os._exit(0 if not thread.is_alive() and time.monotonic() - started < 1.0 else 1)
+    _, status = os.waitpid(pid, 0)
+    flag.set()
+    thread.join(5.0)
+    assert os.waitstatus_to_exitcode(status) == 0
 
 
 def test_suppressed_ends_the_block_on_the_exceptions_named_and_their_subclasses():

@@ -10,6 +10,7 @@ it, sees these threads as dummy threads; nothing here needs more of it.
 from __future__ import annotations
 
 import _thread
+import os
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -46,16 +47,20 @@ class Flag:
 class DaemonThread:
     """``threading.Thread(target=..., daemon=True)``: ``start``, ``is_alive``, ``join``.
     It never keeps the process alive (`run` ends with ``os._exit``). An exception that
-    ``target`` lets out is printed by ``sys.unraisablehook``, as ``_thread`` does."""
+    ``target`` lets out is printed by ``sys.unraisablehook``, as ``_thread`` does. In a
+    process forked after its start (a program using the Python API may fork) it is not
+    alive, as ``threading`` says of its threads there: it was not copied."""
 
-    __slots__ = ("_running", "_target")
+    __slots__ = ("_pid", "_running", "_target")
 
     def __init__(self, target: Callable[[], None]) -> None:
         self._target = target
         self._running = _thread.allocate_lock()  # held from start to the target's end
+        self._pid = 0  # the process that started it
 
     def start(self) -> None:
         self._running.acquire()
+        self._pid = os.getpid()
         try:
             _thread.start_new_thread(self._run, ())
         except BaseException:
@@ -69,8 +74,8 @@ class DaemonThread:
             self._running.release()
 
     def is_alive(self) -> bool:
-        return self._running.locked()
+        return self._running.locked() and self._pid == os.getpid()
 
     def join(self, timeout: float) -> None:
-        if self._running.acquire(timeout=max(0.0, timeout)):
+        if self.is_alive() and self._running.acquire(timeout=max(0.0, timeout)):
             self._running.release()
