@@ -21,8 +21,8 @@ A waiter without a place looks again every ``PLACELESS_LOOK_S``.
 
 from __future__ import annotations
 
+import _thread
 import contextlib
-import threading
 import time
 from collections.abc import Callable
 
@@ -61,7 +61,7 @@ class ServerSleep:
     not answered within its sleep and the I/O timeout means a dead connection: OSError."""
 
     def __init__(self, conn: pymysql.connections.Connection, io_timeout: float) -> None:
-        self.lock = threading.Lock()  # one waiter at a time
+        self.lock = _thread.allocate_lock()  # one waiter at a time
         self.conn = conn
         self._io_timeout = io_timeout
         self._due: float | None = None  # when the statement in flight must have answered
