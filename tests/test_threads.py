@@ -24,8 +24,12 @@ def test_a_flag_not_set_waits_out_its_timeout():
 
 def test_a_flag_set_by_another_thread_ends_the_wait_at_once():
     flag = Flag()
-    setter = DaemonThread(lambda: (time.sleep(0.05), flag.set()))
-    setter.start()
+
+    def set_soon() -> None:
+        time.sleep(0.05)
+        flag.set()
+
+    DaemonThread(set_soon).start()
     started = time.monotonic()
     assert flag.wait(5.0) is True
     # Woken by the set, not by the timeout (5 s): well under a second even when loaded.

@@ -53,7 +53,7 @@ class DaemonThread:
 
     __slots__ = ("_pid", "_running", "_target")
 
-    def __init__(self, target: Callable[[], None]) -> None:
+    def __init__(self, target: Callable[[], object]) -> None:
         self._target = target
         self._running = _thread.allocate_lock()  # held from start to the target's end
         self._pid = 0  # the process that started it
