@@ -45,9 +45,19 @@ def probe(url: str, prelude: str = "", code: str = PROBE) -> str:
     return done.stdout.strip()
 
 
+#: What `tasklock`'s entry point does first: this process is the command's own.
+AS_THE_COMMAND = "import tasklock_cli.util as util\nutil.own_process = True\n"
+
+
 def test_a_store_without_tls_never_loads_ssl(mysql_url: str) -> None:
     """This server offers no TLS and the URL asks for none (the test server's set-up)."""
-    assert probe(mysql_url) == "False False"
+    assert probe(mysql_url, AS_THE_COMMAND) == "False False"
+
+
+def test_a_program_using_the_api_gets_pymysql_with_ssl(mysql_url: str) -> None:
+    """Not the command's process: its own PyMySQL connections may want TLS, so PyMySQL is
+    loaded as it is, ssl and all."""
+    assert probe(mysql_url) == "True True"
 
 
 def test_where_ssl_is_already_loaded_pymysql_has_it(mysql_url: str) -> None:
@@ -113,7 +123,7 @@ def test_a_plain_call_loads_none_of_what_it_does_not_use(mysql_url: str) -> None
     and the idna codec: a URL without a password, parameters or a non-ASCII host needs
     none of them (``driver``, ``urls``), and neither does a call on a server offering no
     TLS to a user without a password (the test server's set-up)."""
-    assert probe(mysql_url, "", LEAN_PROBE) == "none"
+    assert probe(mysql_url, AS_THE_COMMAND, LEAN_PROBE) == "none"
 
 
 def test_the_stand_ins_answer_as_the_modules_do() -> None:

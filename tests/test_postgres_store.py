@@ -716,11 +716,11 @@ def test_an_acquire_that_sets_up_its_own_session_mends_the_schema_first(
         )
     store = open_pg(postgres_url, stores)
     lease = granted(store.acquire("k", 30, HOLDER, token()))
-    oid = (
-        connection_of(store)
-        .execute("SELECT to_regclass(%s)::oid", [schema.quoted_name])
-        .fetchone()[0]
+    row = (
+        connection_of(store).execute("SELECT to_regclass(%s)::oid", [schema.quoted_name]).fetchone()
     )
+    assert row is not None
+    oid = row[0]
     assert store._schema.channel == f"tasklock_released_{oid}"
     assert store.release(lease, record=run_record(lease, HOLDER)) is True
     assert [run.fencing_token for run in store.history("k")] == [lease.fencing_token]

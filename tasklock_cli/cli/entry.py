@@ -26,11 +26,13 @@ def main(argv: list[str] | None = None) -> NoReturn:
     # collector's passes over them cost `run` ~2.5 ms. Back on once the run's store is open
     # (run.command), at once for every other command.
     gc.disable()
+    import tasklock_cli.util as util
     from tasklock_cli.cli.argv import run_args
     from tasklock_cli.cli.session import checked_standard_streams
     from tasklock_cli.cli.session import exit_now
     from tasklock_cli.errors import UsageError
 
+    util.own_process = True  # (a program using the Python API never comes here)
     checked_standard_streams()
     try:
         args = run_args(args)

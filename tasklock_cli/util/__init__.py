@@ -6,6 +6,12 @@ classes and paths without their costly imports, file descriptors, times, lazy im
 
 from __future__ import annotations
 
+#: True in the `tasklock` command's own process (``cli.entry.main`` sets it), False in a
+#: program using the Python API. What the start-up trims at the cost of a third party's
+#: shared state (PyMySQL loaded as if built without ``ssl``) is trimmed only in our own
+#: process: a program's own PyMySQL connections may want TLS.
+own_process = False
+
 
 class suppressed:
     """``contextlib.suppress`` without ``contextlib``: that module costs ~2.5 M instructions

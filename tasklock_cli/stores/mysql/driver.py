@@ -12,7 +12,9 @@ never touches. Together they are a third of PyMySQL's import (callgrind, Python 
 
 So the store imports PyMySQL through this module, which hides them from that one import:
 
-- ``ssl`` is hidden (``import ssl`` fails), so PyMySQL reads as built without it.
+- ``ssl`` is hidden (``import ssl`` fails), so PyMySQL reads as built without it, in the
+  `tasklock` command's own process only (``util.own_process``): a program using the Python
+  API may make TLS connections of its own with PyMySQL.
   ``enable_ssl`` hands PyMySQL the module once a connection needs TLS: with ``ssl_*=`` in
   the URL, or with a server that offers TLS (see ``connection._PreferredTLS``).
 - ``traceback``, ``hashlib``, ``getpass`` and ``pymysql.optionfile`` are stand-ins
@@ -94,7 +96,9 @@ def _stand_ins() -> dict[str, _Deferred]:
 def _import_lean() -> None:
     if "pymysql" in sys.modules:
         return
-    hidden = {"ssl": None} if "ssl" not in sys.modules else {}
+    import tasklock_cli.util as util
+
+    hidden = {"ssl": None} if "ssl" not in sys.modules and util.own_process else {}
     stand_ins = _stand_ins()
     sys.modules.update(hidden)  # type: ignore[arg-type]  # None: `import ssl` raises ImportError
     sys.modules.update(stand_ins)
