@@ -357,6 +357,15 @@ def test_a_host_name_no_resolver_takes_is_78_on_every_network_store(cli_env, url
     assert "is not a valid host name" in one_error_line(result.stderr)
 
 
+def test_an_empty_command_name_is_not_found(cli_env, sqlite_url):
+    """As a shell says of it (127), not a traceback of the guard's (exit 1)."""
+    env = {**cli_env, "TASKLOCK_STORE": sqlite_url}
+    result = tasklock("run", "k", "--", "", "arg", env=env)
+    assert result.returncode == 127, result.stderr
+    assert one_error_line(result.stderr) == "tasklock: error: command not found: ''"
+    assert tasklock("peek", "k", env=env).returncode == 1  # released
+
+
 def test_a_command_name_that_is_not_utf8_is_not_found(cli_env, sqlite_url):
     env = {**cli_env, "TASKLOCK_STORE": sqlite_url}
     result = subprocess.run(

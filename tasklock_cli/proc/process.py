@@ -63,6 +63,8 @@ def spawn_command(
     when that is the same (see ``_spawns_alike``); else through subprocess itself.
     ``listed_fds``: our inheritable descriptors, listed beforehand (``_inheritable_fds``);
     else they are listed now."""
+    if not command[0]:  # (posix_spawnp refuses it with a ValueError; a shell says 127)
+        raise CommandNotFound("command not found: ''")
     try:
         if _spawns_alike(env, terminal_fd):
             inherited = _inheritable_fds() if listed_fds is None else listed_fds
