@@ -71,6 +71,13 @@ def test_on_a_terminal_the_command_takes_it_in_the_child_before_exec(fp):
     assert "process_group" not in call.kwargs  # the preexec function makes the group
 
 
+def test_what_exec_cannot_take_is_an_error_of_the_command_not_a_crash():
+    with pytest.raises(CommandNotFound, match="command not found: ''"):
+        spawn_command(["", "arg"], {})
+    with pytest.raises(CommandNotExecutable, match=r"cannot run true: .*null"):
+        spawn_command(["true"], {"X": "a\x00b", "PATH": os.environ["PATH"]})
+
+
 def test_a_missing_command_is_not_found(tmp_path):
     with pytest.raises(CommandNotFound, match="command not found: ") as raised:
         spawn_command([str(tmp_path / "missing")], {})

@@ -77,6 +77,8 @@ def spawn_command(
         raise CommandNotExecutable(f"command not executable: {command[0]}") from None
     except OSError as exc:
         raise CommandNotExecutable(f"cannot run {command[0]}: {exc.strerror}") from None
+    except ValueError as exc:  # what exec cannot take (a NUL byte): the guard reports it
+        raise CommandNotExecutable(f"cannot run {command[0]}: {exc}") from None
 
 
 def _spawns_alike(env: dict[str, str] | dict[bytes, bytes], terminal_fd: int | None) -> bool:
