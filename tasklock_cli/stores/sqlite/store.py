@@ -381,8 +381,8 @@ class SQLiteStore(SQLiteReads, Store, capabilities=CAPABILITIES):
         if durable:
             self._db.sync()
         # Then the tidying, which the next run need not wait for: its removals are
-        # journalled writes (milliseconds each on a busy disk).
-        self._alarms.forget(lease.key, lease.fencing_token)
+        # journalled writes (milliseconds each on a busy disk). The lease's break FIFO stays
+        # until ``close``: the heartbeat may still wait on it (``concurrent_release``).
         self._wakeups.tidy(lease.key)
         return kept or freed
 
@@ -484,7 +484,8 @@ class SQLiteStore(SQLiteReads, Store, capabilities=CAPABILITIES):
 
     def wait_for_break(self, lease: Lease, timeout: float, wake_fd: int | None = None) -> bool:
         """Wait on the lease's FIFO in ``<file>.holders/``, which a break writes to. Made
-        at the first wait and kept until release, then looked at once: a break before the
+        at the first wait and kept until the store is closed (a release may come while
+        this wait goes on: ``concurrent_release``), then looked at once: a break before the
         FIFO existed told nobody."""
         fd, new = self._alarms.listen(lease.key, lease.fencing_token)
         if fd is None:  # no FIFOs here: learnt of at the next renewal
