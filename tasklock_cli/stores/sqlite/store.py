@@ -332,8 +332,12 @@ class SQLiteStore(SQLiteReads, Store, capabilities=CAPABILITIES):
             "waiter_ttl": self.waiter_ttl,
             "fifo": self._wakeups.name if self._wakeups.key == key else None,
         }
-        with self._db.write(durable=True) as conn:  # the queue and the taking, on disk
+        with self._db.write(durable=True) as conn:  # the queue and the taking
             taking = _Taking.run(conn, params, queue)
+        if taking.row is not None:  # a token issued: on disk before the acquire returns
+            self._db.sync()
+        elif taking.queued:  # (ahead of the taking, which then syncs the WAL alone)
+            self._db.sync_directory()
         # The superseded waiters hear of it; the run now at the head of the queue, which a
         # superseded place may have held up, is woken.
         self._wakeups.wake(key, taking.to_tell, fallback=False)
@@ -369,7 +373,7 @@ class SQLiteStore(SQLiteReads, Store, capabilities=CAPABILITIES):
         params["broken"] = BROKEN_OWNER_PREFIX + lease.owner_token
         freed, head = False, []
         durable = _a_success(record)  # synced after the wake-up (SQLiteConnection.sync)
-        with self._db.write(durable=durable, sync_later=True) as conn:
+        with self._db.write(durable=durable) as conn:
             kept = keep_for > 0 and conn.execute(_RELEASE_LATER, params).rowcount == 1
             if not kept:  # (a broken lease is freed, keep_for or not)
                 freed = conn.execute(_RELEASE, params).rowcount == 1
