@@ -80,11 +80,13 @@ class SQLiteConnection:
         self._lock = threading.RLock()
         self._wal = False  # the connection is in WAL mode (it may not be, where WAL fails)
         self._directory_synced = False  # by this connection (``sync_directory``)
+        self._prepared: set[tuple[str, ...]] = set()  # compiled ahead (``prepare``)
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
             self._conn = self._connect()
             self._directory_synced = False
+            self._prepared = set()
         return self._conn
 
     def _connect(self) -> sqlite3.Connection:
@@ -195,6 +197,21 @@ class SQLiteConnection:
                     os.fdatasync(fd)
                 finally:
                     os.close(fd)
+
+    def prepare(self, statements: tuple[str, ...]) -> None:
+        """Compile ``statements`` into the connection's statement cache without running
+        them, once per connection: Python's sqlite3 compiles a statement and caches it
+        before it binds the parameters, and an empty mapping then fails the binding, so
+        nothing runs. For statements a hand-off would otherwise compile (0.05-0.35 ms
+        each), compiled while there is time. Best effort: an error leaves them to be
+        compiled when used."""
+        with self._lock:
+            if self._conn is None or statements in self._prepared:
+                return
+            self._prepared.add(statements)
+            for sql in statements:
+                with contextlib.suppress(sqlite3.Error):
+                    self._conn.execute(sql, {})
 
     def read(self, sql: str, params: dict) -> list[tuple[Any, ...]]:
         """The rows of a query, as plain tuples (no row_factory). Text that is not UTF-8
