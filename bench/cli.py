@@ -44,6 +44,7 @@ from bench.harness import prose
 from bench.harness import timed_run
 from bench.heartbeat import section_heartbeat
 from bench.install import described
+from bench.instructions import section_instructions
 from bench.overhead import overhead_commands
 from bench.overhead import section_overhead
 from bench.roundtrips import section_round_trip_counts
@@ -180,13 +181,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--markdown", metavar="FILE", help="also write the tables as Markdown to FILE"
     )
     parser.add_argument(
-        "--sections", default="1,2,3,4,5,6", help="comma-separated section numbers to run"
+        "--sections", default="1,2,3,4,5,6,7", help="comma-separated section numbers to run"
     )
     parser.add_argument(
         "--baselines",
         default=BEFORE_GUARD,
         metavar="REV[,REV…]",
-        help="commits whose regular installs sections 1 and 3 time on SQLite beside this one",
+        help="commits whose regular installs sections 1, 3 and 7 time on SQLite beside this one",
     )
     parser.add_argument(
         "--dev-install",
@@ -206,7 +207,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def baseline_builds(args: argparse.Namespace, workdir: Path, kinds: list[StoreKind]) -> list[Build]:
     """A private install of each baseline commit, when a section that times them runs."""
     sqlite_live = any(k.name == "sqlite" and k.reason is None for k in kinds)
-    if not sqlite_live or not args.sections & {1, 3}:
+    if not sqlite_live or not args.sections & {1, 3, 7}:
         return []
     return [install_baseline(rev, workdir) for rev in args.baselines]
 
@@ -245,6 +246,7 @@ def run_sections(args: argparse.Namespace, workdir: Path, kinds: list[StoreKind]
         ],
         5: lambda: section_scale(kinds, envs, budget),
         6: lambda: section_heartbeat(kinds, envs, budget),
+        7: lambda: section_instructions(kinds, envs, workdir, baselines),
     }
     tables = []
     for number, section in sections.items():

@@ -112,21 +112,25 @@ class ForeignKey(ConfigError):
         super().__init__(message)
 
 
-class Superseded(TasklockError):
-    """A newer ``run --supersede`` of the key started waiting: this waiting run gives up."""
+class NotGranted(TasklockError):
+    """The lock was not granted: someone holds it (``run.conflict.Conflict``), a newer run
+    superseded this one, or its queue is full. The run ends with the conflict exit code."""
 
     exit_code = ExitCode.CONFLICT
+
+
+class Superseded(NotGranted):
+    """A newer ``run --supersede`` of the key started waiting: this waiting run gives up."""
 
     def __init__(self, key: str) -> None:
         self.key = key
         super().__init__(f"a newer --supersede run of {key!r} is waiting; giving up our place")
 
 
-class QueueFull(TasklockError):
+class QueueFull(NotGranted):
     """``run --max-waiting N``: N runs already wait for the key, so this one does not join
     them (a conflict whose reason is ``queue-full``)."""
 
-    exit_code = ExitCode.CONFLICT
     reason = "queue-full"
 
     def __init__(self, key: str, max_waiting: int) -> None:

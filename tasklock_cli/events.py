@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
-from datetime import datetime
-from datetime import timezone
 
+from tasklock_cli.util import suppressed
 from tasklock_cli.util.sanitize import json_text
 from tasklock_cli.util.sanitize import safe
 from tasklock_cli.util.times import rfc3339
+from tasklock_cli.util.times import utc_now
 
 #: typing costs ~2 ms per start: its names are for the type checker only.
 TYPE_CHECKING = False
@@ -46,7 +45,7 @@ def stop_spinners() -> None:
 
 
 def now_rfc3339() -> str:
-    return rfc3339(datetime.now(timezone.utc))
+    return rfc3339(utc_now())
 
 
 class EventLog:
@@ -126,7 +125,7 @@ class EventLog:
         spinner, self._spinner = self._spinner, None
         _live_spinners.discard(self)
         if spinner is not None:
-            with contextlib.suppress(OSError, ValueError):  # the terminal may be gone
+            with suppressed(OSError, ValueError):  # the terminal may be gone
                 spinner.stop()
 
     def debug(self, message: str) -> None:

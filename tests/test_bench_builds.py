@@ -123,3 +123,22 @@ def test_a_bench_url_comes_from_the_stores_provisioning_and_an_unknown_store_has
         assert url == provision.namespace_url(place, mine)
     with pytest.raises(ValueError, match="mongodb is not a store package"):
         StoreKind("mongodb", tmp_path).url("ns")
+
+
+@pytest.mark.slow  # two interpreters under valgrind: seconds each
+def test_the_instructions_section_counts_the_started_process_not_its_forked_child() -> None:
+    """Section 7 reads the wrapper's count, not its guard's: a forked child reports its
+    own total under valgrind, the parent's work before the fork included (issue 45)."""
+    import shutil
+
+    from bench.instructions import instructions
+
+    if shutil.which("valgrind") is None:
+        pytest.skip("valgrind is not installed")
+    busy = "sum(range(2_000_000))"
+    forks = f"import os\nif os.fork() == 0:\n    {busy}\n    os._exit(0)\nos.wait()\nos._exit(0)\n"
+    alone = f"import os\n{busy}\nos._exit(0)\n"
+    parent = instructions([sys.executable, "-c", forks], bare_env())
+    busy_alone = instructions([sys.executable, "-c", alone], bare_env())
+    # The busy loop is tens of millions of instructions: the parent never ran it.
+    assert parent < busy_alone - 20_000_000

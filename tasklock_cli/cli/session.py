@@ -4,7 +4,6 @@ code. Both the typer command line (cli.py) and the fast `run` parser (fastrun.py
 
 from __future__ import annotations
 
-import contextlib
 import io  # (loaded by the interpreter's start already: sys.stdout is one)
 import os
 import sys
@@ -14,6 +13,7 @@ from tasklock_cli.events import NORMAL
 from tasklock_cli.events import QUIET
 from tasklock_cli.events import VERBOSE
 from tasklock_cli.events import EventLog
+from tasklock_cli.util import suppressed
 from tasklock_cli.util.records import dataclass
 from tasklock_cli.util.records import replace
 
@@ -164,12 +164,12 @@ def exit_now(code: int) -> NoReturn:
     from tasklock_cli.errors import OutputFailed
 
     try:
-        with contextlib.suppress(OSError, ValueError):  # a closed pipe: the reader is gone
+        with suppressed(OSError, ValueError):  # a closed pipe: the reader is gone
             if sys.stdout is not None:
                 sys.stdout.flush()
     except OutputFailed as exc:
         code = fail(str(exc), exc.exit_code, [])
-    with contextlib.suppress(OSError, ValueError):
+    with suppressed(OSError, ValueError):
         sys.stderr.flush()
     os._exit(code)
 

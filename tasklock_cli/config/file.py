@@ -14,8 +14,6 @@ from __future__ import annotations
 import os
 import sys
 
-from tasklock_cli.config.lines import bad_setting
-from tasklock_cli.config.lines import setting_error
 from tasklock_cli.config.settings import BY_NAME
 from tasklock_cli.config.settings import SWITCHES_BY_NAME
 from tasklock_cli.errors import ConfigError
@@ -253,9 +251,19 @@ def store_from_file(flag: str | None, config: Config) -> bool:
     return flag is None and "TASKLOCK_STORE" not in os.environ and config.store is not None
 
 
+def bad_setting(path: Path, text: str, setting: str, problem: str) -> ConfigError:
+    """``config.lines.bad_setting``, imported when a file has a bad setting (not at every
+    start: it names the setting's line with ``re``)."""
+    from tasklock_cli.config.lines import bad_setting as at_its_line
+
+    return at_its_line(path, text, setting, problem)
+
+
 def store_setting_error(config: Config, problem: str) -> ConfigError:
     """A problem with the config file's ``store`` URL, naming the file and line."""
     assert config.path is not None
+    from tasklock_cli.config.lines import setting_error
+
     return setting_error(config.path, "store", problem)
 
 

@@ -7,9 +7,8 @@ defaults from it.
 
 from __future__ import annotations
 
-import math
-
 from tasklock_cli.errors import UsageError
+from tasklock_cli.util.durations import INFINITY
 from tasklock_cli.util.durations import format_duration
 from tasklock_cli.util.durations import parse_duration
 from tasklock_cli.util.records import dataclass
@@ -91,13 +90,13 @@ class RunSetting(_Configured):
         if self.integer:
             low, high = self.integer
             return None if low <= value <= high else f"must be from {low} to {high}"
-        if self.name == "ttl" and not 0 < value < math.inf:
+        if self.name == "ttl" and not 0 < value < INFINITY:
             return "must be a positive, finite duration"
         if self.name == "ttl" and value < 0.1:
             return "must be at least 100ms"
         if self.name in ("renew-every", "max-lifetime", "hook-timeout") and value <= 0:
             return "must be positive"
-        if self.name == "once-per" and not 1 <= value < math.inf:
+        if self.name == "once-per" and not 1 <= value < INFINITY:
             return "must be a finite duration of at least 1s"
         return None
 

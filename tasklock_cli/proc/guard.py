@@ -21,8 +21,6 @@ The messages between the two are in ``protocol``.
 from __future__ import annotations
 
 import _socket  # not socket: its enums and selectors cost ~2 ms per start
-import contextlib
-import math
 import os
 import select
 
@@ -44,6 +42,8 @@ from tasklock_cli.proc.protocol import encode
 from tasklock_cli.proc.protocol import receive
 from tasklock_cli.util import clock as clocks
 from tasklock_cli.util import signals as signal
+from tasklock_cli.util import suppressed
+from tasklock_cli.util.durations import INFINITY
 
 #: typing costs ~2 ms per start: its names are for the type checker only.
 TYPE_CHECKING = False
@@ -74,7 +74,7 @@ GUARD_SIGNALS = (*_DEAF_TO, signal.SIGCHLD, signal.SIGCONT, signal.SIGALRM)
 
 def become_subreaper() -> None:
     """Orphans below us are re-parented to us instead of init. Linux only; harmless elsewhere."""
-    with contextlib.suppress(OSError, AttributeError):
+    with suppressed(OSError, AttributeError):
         _call_libc("prctl", PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
@@ -131,7 +131,7 @@ class _Guard:
         self.child_pid = 0  # the command's, once started
         self.child_done = False
         self.wrapper_gone_at: float | None = None
-        self.backstop_at = math.inf
+        self.backstop_at = INFINITY
         self.terminating = False
         self.killing = False
         self.terminated: set[int] = set()
@@ -139,7 +139,7 @@ class _Guard:
     def run(self, spawn, signal_mask: set[int | signal.Signals]) -> int:
         wake_r = self._listen_to_signals()
         signal.pthread_sigmask(signal.SIG_SETMASK, signal_mask)
-        with contextlib.suppress(OSError):
+        with suppressed(OSError):
             os.setpgid(0, 0)  # a kill of the wrapper's group must leave us to clean up
         become_subreaper()
         start = self._await_start()
@@ -240,7 +240,7 @@ class _Guard:
     def _signal_group(self, signum: int) -> None:
         assert self.child_pid, "orders are read once the command runs"  # never killpg(0)
         if not self.child_done:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
+            with suppressed(ProcessLookupError, PermissionError):
                 os.killpg(self.child_pid, signum)
             return
         # The command is gone; its group lives on only in what it left running.
@@ -280,15 +280,15 @@ class _Guard:
         wake_at = self.backstop_at
         if self.wrapper_gone_at is not None:
             wake_at = min(wake_at, self.wrapper_gone_at + ORPHANED_GRACE_S)
-        timeout = max(0.0, wake_at - now) if math.isfinite(wake_at) else None
+        timeout = max(0.0, wake_at - now) if wake_at < INFINITY else None
         if self.killing or self.terminating:
             timeout = KILL_POLL_S if timeout is None else min(timeout, KILL_POLL_S)
         watched: list[int | _socket.socket] = (
             [wake_r] if self.wrapper_gone_at is not None else [wake_r, self.sock]
         )
-        with contextlib.suppress(InterruptedError):
+        with suppressed(InterruptedError):
             select.select(watched, [], [], timeout)
-        with contextlib.suppress(BlockingIOError):
+        with suppressed(BlockingIOError):
             while os.read(wake_r, 512):
                 pass
 

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import _socket  # not socket: its enums and selectors cost ~2 ms per start
-import contextlib
 import functools
-import math
 import os
 import sys
 
@@ -35,6 +33,8 @@ from tasklock_cli.proc.protocol import environ_pieces
 from tasklock_cli.proc.protocol import receive
 from tasklock_cli.util import clock as clocks
 from tasklock_cli.util import signals as signal
+from tasklock_cli.util import suppressed
+from tasklock_cli.util.durations import INFINITY
 from tasklock_cli.util.fds import fd_readable
 
 __all__ = ["Child", "Terminal", "become_subreaper", "spawn_command"]
@@ -96,7 +96,7 @@ def _inheritable_fds() -> list[int] | None:
         return None
     inheritable = []
     for fd in map(int, names):
-        with contextlib.suppress(OSError):  # the listing's own descriptor, closed by now
+        with suppressed(OSError):  # the listing's own descriptor, closed by now
             if fd > 2 and os.get_inheritable(fd):
                 inheritable.append(fd)
     return inheritable
@@ -177,7 +177,7 @@ class Child:
         self.guard_died = False
 
     def start(
-        self, env: dict[str, str], terminal_fd: int | None = None, backstop_in: float = math.inf
+        self, env: dict[str, str], terminal_fd: int | None = None, backstop_in: float = INFINITY
     ) -> None:
         """Have the guard start the command with the environment it was forked with and
         ``env`` over it (exactly that: nothing else); returns once the command runs. The guard kills
@@ -187,7 +187,7 @@ class Child:
         terminal = -1 if terminal_fd is None else terminal_fd
         backstop_at = clocks.monotonic() + max(0.0, backstop_in)
         start = START_ORDER + f"{terminal} {backstop_at!r} ".encode()
-        with contextlib.suppress(OSError):  # the guard is gone: _started says so
+        with suppressed(OSError):  # the guard is gone: _started says so
             for piece in pieces[:-1]:
                 self._sock.send(ENV_ORDER + piece)
             self._sock.send(start + pieces[-1])  # one wake-up of the guard when it fits
@@ -197,9 +197,9 @@ class Child:
     def cancel(self) -> None:
         """Do without the command: end the guard, which has started nothing."""
         self._sock.close()
-        with contextlib.suppress(ProcessLookupError):
+        with suppressed(ProcessLookupError):
             os.kill(self.guard_pid, signal.SIGKILL)
-        with contextlib.suppress(ChildProcessError):
+        with suppressed(ChildProcessError):
             os.waitpid(self.guard_pid, 0)
 
     def _started(self) -> int:
@@ -310,7 +310,7 @@ class Child:
     def _order(self, *words: object) -> None:
         if self.tree_empty:
             return
-        with contextlib.suppress(OSError):  # the guard is gone: poll() finds out
+        with suppressed(OSError):  # the guard is gone: poll() finds out
             self._sock.send(encode(*words))
 
     def _take_over(self) -> None:
@@ -328,7 +328,7 @@ class Child:
         self.tree_empty = True
 
     def _collect_guard(self) -> None:
-        with contextlib.suppress(ChildProcessError):
+        with suppressed(ChildProcessError):
             os.waitpid(self.guard_pid, os.WNOHANG)
         _reap_all()
 
@@ -357,7 +357,7 @@ def _reap_all() -> None:
 def _foreground_own_group(terminal_fd: int) -> None:
     os.setpgrp()
     signal.signal(signal.SIGTTOU, signal.SIG_IGN)
-    with contextlib.suppress(OSError):
+    with suppressed(OSError):
         os.tcsetpgrp(terminal_fd, os.getpgrp())
     signal.signal(signal.SIGTTOU, signal.SIG_DFL)
 
@@ -403,7 +403,7 @@ class Terminal:
         # A background group calling tcsetpgrp gets SIGTTOU; ignore it for the call.
         previous = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
         try:
-            with contextlib.suppress(OSError):
+            with suppressed(OSError):
                 os.tcsetpgrp(self.fd, pgid)
         finally:
             signal.signal(signal.SIGTTOU, previous)

@@ -6,8 +6,9 @@ called setsid or double-forked included. Zombies are left out: they run nothing.
 
 from __future__ import annotations
 
-import contextlib
 import os
+
+from tasklock_cli.util import suppressed
 
 
 def _children_files(pid: int) -> list[int]:
@@ -78,5 +79,5 @@ def _safe_children(children_of, pid: int) -> list[int]:
 
 def signal_all(pids: list[int], signum: int) -> None:
     for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
+        with suppressed(ProcessLookupError, PermissionError):
             os.kill(pid, signum)

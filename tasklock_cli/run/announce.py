@@ -9,25 +9,25 @@ how the release went.)
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
+from tasklock_cli.errors import NotGranted
 from tasklock_cli.errors import QueueFull
 from tasklock_cli.errors import Superseded
 from tasklock_cli.errors import TasklockError
 from tasklock_cli.events import EventLog
-from tasklock_cli.run.conflict import Conflict
-from tasklock_cli.run.conflict import describe_holder
 from tasklock_cli.stores.model import SHARED
 from tasklock_cli.stores.model import Lease
 from tasklock_cli.stores.model import LeaseInfo
 from tasklock_cli.stores.model import RunRecord
+from tasklock_cli.util.durations import INFINITY
 from tasklock_cli.util.durations import format_duration
 from tasklock_cli.util.times import rfc3339
 
 #: typing costs ~2 ms per start: its names are for the type checker only.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from tasklock_cli.run.conflict import Conflict
     from tasklock_cli.run.keeper import LeaseKeeper
     from tasklock_cli.run.options import RunOptions
 
@@ -53,10 +53,18 @@ def emit_waiting(
         key,
         None,
         f"waiting for {key!r}{held_by}{because}",
-        wait=wait if math.isfinite(wait) else "inf",
+        wait=wait if wait < INFINITY else "inf",
         holder=info.holder.to_dict() if info else None,
         **extra,
     )
+
+
+def describe_holder(info: LeaseInfo) -> str:
+    """``run.conflict.describe_holder``, imported when a holder is described (not by a run
+    that gets its lock)."""
+    from tasklock_cli.run.conflict import describe_holder as described
+
+    return described(info)
 
 
 def emit_replacing(events: EventLog, key: str, broken: list[LeaseInfo]) -> None:
@@ -97,7 +105,7 @@ def emit_conflict(events: EventLog, key: str, conflict: Conflict) -> None:
     )
 
 
-def emit_refusal(events: EventLog, refused: Conflict | Superseded | QueueFull) -> None:
+def emit_refusal(events: EventLog, refused: NotGranted) -> None:
     """The lock was not acquired: a ``conflict`` event (reason ``queue-full`` for a full
     queue), or ``superseded``."""
     if isinstance(refused, Superseded):
@@ -106,6 +114,9 @@ def emit_refusal(events: EventLog, refused: Conflict | Superseded | QueueFull) -
         message = f"{refused}; not running the command"
         events.emit("conflict", refused.key, None, message, reason=refused.reason)
     else:
+        from tasklock_cli.run.conflict import Conflict
+
+        assert isinstance(refused, Conflict)
         emit_conflict(events, refused.key, refused)
 
 

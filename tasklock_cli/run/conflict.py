@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from tasklock_cli.errors import ExitCode
-from tasklock_cli.errors import TasklockError
+from tasklock_cli.errors import NotGranted
 from tasklock_cli.stores.model import LeaseInfo
 from tasklock_cli.util.durations import format_duration
 
 
-class Conflict(TasklockError):
-    """The lock is held by someone else and the wait (if any) ran out."""
-
-    exit_code = ExitCode.CONFLICT
+class Conflict(NotGranted):
+    """The lock is held by someone else and the wait (if any) ran out. (Imported where one
+    is raised or shown: a run that gets its lock never imports this module.)"""
 
     def __init__(
         self,

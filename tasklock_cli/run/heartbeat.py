@@ -8,9 +8,8 @@ a renewal that succeeds contradicts it, and the store's watch has consumed it.""
 
 from __future__ import annotations
 
-import contextlib
+import _thread
 import os
-import threading
 from collections.abc import Callable
 
 from tasklock_cli.errors import LeaseLost
@@ -22,7 +21,10 @@ from tasklock_cli.run.options import RunOptions
 from tasklock_cli.stores.base import Store
 from tasklock_cli.stores.model import Lease
 from tasklock_cli.util import clock as clocks
+from tasklock_cli.util import suppressed
 from tasklock_cli.util.fds import wait_readable
+from tasklock_cli.util.threads import DaemonThread
+from tasklock_cli.util.threads import Flag
 
 #: A lease broken by an operator: the command gets at most this long between SIGTERM and
 #: SIGKILL, so that `release --force` (which waits 10 s) sees the holder let go.
@@ -53,13 +55,13 @@ class Heartbeat:
         self.on_renewed = on_renewed
         self.on_deadline = on_deadline
         self.clock = clock
-        self.stopped = threading.Event()
+        self.stopped = Flag()
         #: The command's guard, whose pid the store records with the lease (set before start).
         self.guard_pid: int | None = None
         self._hint_renewal_not_before = 0.0
-        self._reporting = threading.Lock()  # held over a renewal and its report
+        self._reporting = _thread.allocate_lock()  # held over a renewal and its report
         self._stop_r, self._stop_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self._thread = threading.Thread(target=self._run, name="tasklock-heartbeat", daemon=True)
+        self._thread = DaemonThread(self._run)
 
     def start(self) -> None:
         self._thread.start()
@@ -84,10 +86,10 @@ class Heartbeat:
         """Wake the thread if it still waits, and wait up to ``within`` for it to end."""
         self._wake()
         if self._thread.is_alive():
-            self._thread.join(timeout=within)
+            self._thread.join(within)
 
     def _wake(self) -> None:
-        with contextlib.suppress(BlockingIOError, OSError):
+        with suppressed(BlockingIOError, OSError):
             os.write(self._stop_w, b"!")
 
     def close(self) -> None:

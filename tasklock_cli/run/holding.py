@@ -17,7 +17,6 @@ own: a module more on `run`'s path is start-up time, see tests/test_fastrun.py.)
 from __future__ import annotations
 
 import _socket  # not socket: its enums and selectors cost ~2 ms per start
-import contextlib
 import functools
 import os
 from collections.abc import Callable
@@ -36,6 +35,7 @@ from tasklock_cli.stores.model import Holder
 from tasklock_cli.stores.model import Lease
 from tasklock_cli.stores.model import RunRecord
 from tasklock_cli.util import clock as clocks
+from tasklock_cli.util import suppressed
 from tasklock_cli.util.durations import format_duration
 from tasklock_cli.util.records import dataclass
 from tasklock_cli.util.records import replace
@@ -152,7 +152,7 @@ class Holding:
         for heartbeat in self.heartbeats:
             heartbeat.close()
         for store in self._own_stores:
-            with contextlib.suppress(Exception):
+            with suppressed(Exception):
                 store.close()
 
 

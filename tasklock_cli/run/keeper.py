@@ -9,9 +9,8 @@ Where a failover could lose the lease unseen, the deadline is nearer still: the 
 
 from __future__ import annotations
 
-import contextlib
+import _thread
 import os
-import threading
 import time
 
 from tasklock_cli.errors import LeaseLost
@@ -23,6 +22,7 @@ from tasklock_cli.stores.model import Holder
 from tasklock_cli.stores.model import Lease
 from tasklock_cli.stores.model import RunRecord
 from tasklock_cli.util import clock as clocks
+from tasklock_cli.util import suppressed
 from tasklock_cli.util.records import dataclass
 
 TYPE_CHECKING = False
@@ -61,7 +61,7 @@ class LeaseKeeper:
         self.lease: Lease | None = None
         self.deadline = 0.0
         self.acquired_at = 0.0
-        self.lock = threading.Lock()
+        self.lock = _thread.allocate_lock()
 
     @property
     def fencing_token(self) -> int | None:
@@ -166,7 +166,7 @@ class LeaseKeeper:
         try:
             self.renew()
         except TasklockError:
-            with contextlib.suppress(TasklockError):
+            with suppressed(TasklockError):
                 self.release(lock_timeout=io_timeout)
             raise
 
@@ -180,7 +180,7 @@ class LeaseKeeper:
         try:
             success, now = self.store.last_success(self.key)
         except TasklockError:
-            with contextlib.suppress(TasklockError):
+            with suppressed(TasklockError):
                 self.release(lock_timeout=io_timeout)
             raise
         from tasklock_cli.run.windows import done_in_window  # --once-per only

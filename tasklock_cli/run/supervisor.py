@@ -10,18 +10,16 @@ What the run says is worded in ``run.announce``, and what the command is given i
 
 from __future__ import annotations
 
-import contextlib
+import _thread
 import functools
 import os
 import select
-import threading
 from collections.abc import Callable
 
 from tasklock_cli.errors import ExitCode
 from tasklock_cli.errors import Interrupted
 from tasklock_cli.errors import LossKind
-from tasklock_cli.errors import QueueFull
-from tasklock_cli.errors import Superseded
+from tasklock_cli.errors import NotGranted
 from tasklock_cli.errors import TasklockError
 from tasklock_cli.events import EventLog
 from tasklock_cli.proc.process import Child
@@ -39,7 +37,6 @@ from tasklock_cli.run.announce import emit_replacing
 from tasklock_cli.run.announce import emit_waiting
 from tasklock_cli.run.announce import ran_late
 from tasklock_cli.run.announce import warn_ledger_failed
-from tasklock_cli.run.conflict import Conflict
 from tasklock_cli.run.environment import command_env
 from tasklock_cli.run.environment import lease_env
 from tasklock_cli.run.heartbeat import Heartbeat
@@ -58,6 +55,7 @@ from tasklock_cli.stores.model import LeaseInfo
 from tasklock_cli.stores.model import RunRecord
 from tasklock_cli.util import clock as clocks
 from tasklock_cli.util import signals as signal
+from tasklock_cli.util import suppressed
 from tasklock_cli.util.records import dataclass
 from tasklock_cli.util.records import field
 from tasklock_cli.util.records import replace
@@ -119,7 +117,7 @@ class Supervisor:
         self._on_ledger_failed = functools.partial(warn_ledger_failed, events, self.keeper)
         self._waiter: Waiter | None = None
         self._acquiring = False
-        self._loss_lock = threading.Lock()
+        self._loss_lock = _thread.allocate_lock()
         self.hooks = hooks_of(options, events)
 
     def _heartbeat_of(self, keeper: LeaseKeeper) -> Heartbeat:
@@ -165,7 +163,7 @@ class Supervisor:
         self._acquiring = True
         try:
             done_by = self._acquire()
-        except (Conflict, Superseded, QueueFull) as refused:
+        except NotGranted as refused:
             emit_refused(self.events, refused, self.hooks, options)
             return options.conflict_exit_code
         finally:
@@ -350,9 +348,9 @@ class Supervisor:
             if signalled_at is not None and not state.kill_sent:
                 wake_times.append(signalled_at + options.grace)
         timeout = min(max(min(wake_times) - now, 0.0), 1.0)
-        with contextlib.suppress(InterruptedError):
+        with suppressed(InterruptedError):
             select.select([self._wake_r, *child.waitables()], [], [], timeout)
-        with contextlib.suppress(BlockingIOError):
+        with suppressed(BlockingIOError):
             while os.read(self._wake_r, 512):
                 pass
 
@@ -387,7 +385,7 @@ class Supervisor:
             release_and_report(keeper, self.options, self.events, record=record)
 
     def _wake(self) -> None:
-        with contextlib.suppress(BlockingIOError, OSError):
+        with suppressed(BlockingIOError, OSError):
             os.write(self._wake_w, b"!")
 
     def _on_signal(self, signum: int, _frame: object) -> None:
@@ -459,7 +457,7 @@ def how_it_ended(child_of: Callable[[], Child | None], state: _State) -> tuple[b
 
 def emit_refused(
     events: EventLog,
-    refused: Conflict | Superseded | QueueFull,
+    refused: NotGranted,
     hooks: Hooks | None,
     options: RunOptions,
 ) -> None:

@@ -5,16 +5,15 @@ the ``Conflict`` when the wait runs out."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 
 from tasklock_cli.errors import Interrupted
 from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.errors import TasklockError
-from tasklock_cli.run.conflict import Conflict
 from tasklock_cli.run.keeper import LeaseKeeper
 from tasklock_cli.stores.model import LeaseInfo
 from tasklock_cli.stores.model import Replacer
+from tasklock_cli.util import suppressed
 
 # Waiting: first retry soon, then back off; stores that signal releases wake us earlier.
 FIRST_RETRY_S = 0.005
@@ -106,7 +105,7 @@ class Waiter:
             # The wait ran out or the store failed: a store kept open must not go on
             # holding this waiter's place. (A wait cut short by a signal may have left a
             # store call half done: the caller closes that store, which gives all up.)
-            with contextlib.suppress(TasklockError):
+            with suppressed(TasklockError):
                 self.keeper.store.stop_waiting(self.keeper.key)
             raise
 
@@ -141,6 +140,8 @@ class Waiter:
                 waited = self.wait if announced_at is not None else 0.0
                 holder = self._current_holder()
                 holdup = keeper.store.holdup(keeper.key)
+                from tasklock_cli.run.conflict import Conflict
+
                 raise Conflict(keeper.key, holder, waited, first_holder, holdup)
             if announced_at is None or clock() - announced_at >= WAITING_EVENT_EVERY_S:
                 holder = self._current_holder()
@@ -196,6 +197,6 @@ class Waiter:
 def _drain(fd: int | None) -> None:
     if fd is None:
         return
-    with contextlib.suppress(BlockingIOError, OSError):
+    with suppressed(BlockingIOError, OSError):
         while os.read(fd, 512):
             pass

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 from tasklock_cli.errors import ConfigError
 from tasklock_cli.errors import TasklockError
 from tasklock_cli.stores.base import Store
@@ -43,8 +40,11 @@ def open_store(url: str, allow_in_process: bool = False) -> Store:
     problem = getattr(package, "url_problem", url_syntax_problem)(url)
     if problem:
         raise ConfigError(f"malformed store URL {redact_url(url)!r}: {problem}")
-    with _driver_needed(package):
+    try:
         store_class = getattr(package, package.__all__[0])
+    except ImportError as exc:
+        _say_which_driver(package, exc)
+        raise
     try:
         return store_class.from_url(url)
     except TasklockError as exc:
@@ -61,21 +61,18 @@ def _scrubbed(exc: TasklockError, url: str) -> None:
         exc.args = (scrub(exc, sorted(secrets)), *exc.args[1:])
 
 
-@contextmanager
-def _driver_needed(package: ModuleType) -> Iterator[None]:
+def _say_which_driver(package: ModuleType, exc: ImportError) -> None:
     """Turn the ImportError of the store package's driver (``DRIVER``) into one line naming
     the package to install; an ImportError of anything else (our own modules included, or
-    of a store without a driver) stays a bug with its traceback."""
+    of a store without a driver) stays a bug with its traceback (returns: the caller
+    raises it again)."""
     driver: Driver | None = package.DRIVER
-    try:
-        yield
-    except ImportError as exc:
-        if driver is None or not _raised_by(exc, driver.package):
-            raise
-        message = f"the {package.TITLE} store needs the {driver.package} driver"
-        if exc.name != driver.package:  # installed but broken or too old: say what failed
-            message += f" ({str(exc).splitlines()[0] if str(exc) else exc.name})"
-        raise ConfigError(f"{message}: pip install '{driver.install}'") from exc
+    if driver is None or not _raised_by(exc, driver.package):
+        return
+    message = f"the {package.TITLE} store needs the {driver.package} driver"
+    if exc.name != driver.package:  # installed but broken or too old: say what failed
+        message += f" ({str(exc).splitlines()[0] if str(exc) else exc.name})"
+    raise ConfigError(f"{message}: pip install '{driver.install}'") from exc
 
 
 def _raised_by(exc: ImportError, package: str) -> bool:

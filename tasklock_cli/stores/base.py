@@ -43,12 +43,10 @@ the I/O timeout: only a renewal stuck past that may still be under way.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from abc import ABC
 from abc import abstractmethod
 from collections.abc import Iterator
-from datetime import datetime
 
 from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.stores.model import EXCLUSIVE
@@ -62,12 +60,14 @@ from tasklock_cli.stores.model import StoreCheck
 from tasklock_cli.stores.model import WaiterInfo
 from tasklock_cli.stores.queueing import Queued
 from tasklock_cli.stores.queueing import Waiting
+from tasklock_cli.util import suppressed
 from tasklock_cli.util.fds import wait_readable
 
 #: ``list`` in the store class's body is its method: annotations there say builtins.list.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import builtins
+    from datetime import datetime
 
 
 class Store(Waiting, ABC):
@@ -286,7 +286,7 @@ class Store(Waiting, ABC):
         the caller checks with a renewal. Trouble reaching the store is not a break."""
         deadline = time.monotonic() + max(0.0, timeout)
         while True:
-            with contextlib.suppress(StoreUnavailable):
+            with suppressed(StoreUnavailable):
                 if self.time_left(lease.key, lease.fencing_token) is None:
                     return True
             left = deadline - time.monotonic()

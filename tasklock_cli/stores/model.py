@@ -3,8 +3,6 @@ checks of ``doctor``, and the constants every store keeps to."""
 
 from __future__ import annotations
 
-from datetime import datetime
-
 # --priority's bounds are the setting's (config sits below the stores); the bands use them.
 from tasklock_cli.config.settings import MAX_PRIORITY
 from tasklock_cli.config.settings import MIN_PRIORITY  # noqa: F401 - the stores import it here
@@ -12,6 +10,10 @@ from tasklock_cli.util.records import dataclass
 from tasklock_cli.util.records import field
 from tasklock_cli.util.records import replace
 from tasklock_cli.util.times import rfc3339
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from datetime import datetime
 
 #: The greatest fencing token (a signed 64-bit integer: SQL's bigint): an acquire that would
 #: issue a greater one fails (``FencingExhausted``), and a token above it read from a

@@ -5,7 +5,6 @@ store's ``wait_for_release`` shares. A store supplies the parts (``_time_until_f
 
 from __future__ import annotations
 
-import contextlib
 import time
 from abc import ABC
 from abc import abstractmethod
@@ -18,6 +17,7 @@ from tasklock_cli.errors import TasklockError
 from tasklock_cli.stores.model import EXPIRY_SLACK_S
 from tasklock_cli.stores.model import Lease
 from tasklock_cli.stores.traits import StoreTraits
+from tasklock_cli.util import suppressed
 from tasklock_cli.util.fds import fd_readable
 from tasklock_cli.util.fds import wait_readable
 
@@ -126,7 +126,7 @@ class Waiting(StoreTraits, ABC):
         """``stop_waiting`` for every key we hold a place for (at ``close``); trouble with
         one leaves that place to run out."""
         for key in list(self._queue_places()):
-            with contextlib.suppress(TasklockError):
+            with suppressed(TasklockError):
                 self.stop_waiting(key)
 
     def stop_waiting(self, key: str) -> None:

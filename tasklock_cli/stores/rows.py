@@ -26,8 +26,6 @@ For example:
 
 from __future__ import annotations
 
-from datetime import datetime
-from datetime import timezone
 from time import time as _time_now
 
 from tasklock_cli.stores.model import EXCLUSIVE
@@ -45,6 +43,8 @@ from tasklock_cli.util import jsontext as json
 from tasklock_cli.util.durations import MAX_DURATION_S
 from tasklock_cli.util.keys import is_utf8
 from tasklock_cli.util.records import replace
+from tasklock_cli.util.times import datetime
+from tasklock_cli.util.times import timezone
 
 #: The placeholder of a text field that could not be read.
 UNREADABLE = "?"

@@ -48,12 +48,12 @@ class ManualClock(SystemClock):
     with ``on_advance`` so that a step is seen at once."""
 
     def __init__(self, start: float = 0.0, wall: float | None = None) -> None:
-        import threading
+        import _thread
 
         self._now = start
         self._wall_at_start = time.time() if wall is None else wall
         self._start = start
-        self._lock = threading.Lock()
+        self._lock = _thread.allocate_lock()
         from tasklock_cli.util.listeners import Listeners
 
         self._listeners: Listeners[Callable[[], None]] = Listeners()

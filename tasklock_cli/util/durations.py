@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 from tasklock_cli.errors import UsageError
 
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -13,13 +11,15 @@ _DIGITS = frozenset("0123456789")  # ASCII only: str.isdigit takes other scripts
 #: reach (``99999999999999999999999`` seconds is past year 9999), some only after the
 #: lock was taken.
 MAX_DURATION_S = 36500 * 86400.0
+#: ``inf``: for ever (``math.inf``, without loading ``math`` on `run`'s path).
+INFINITY = float("inf")
 
 
 def parse_duration(text: str, *, option: str = "duration", allow_inf: bool = True) -> float:
-    """Return seconds (``math.inf`` for ``inf``); raise UsageError on anything else."""
+    """Return seconds (``INFINITY`` for ``inf``); raise UsageError on anything else."""
     raw = text.strip().lower()
     if raw in ("inf", "infinity") and allow_inf:
-        return math.inf
+        return INFINITY
     seconds = _finite_seconds(raw)
     or_inf = " or inf" if allow_inf else ""
     if seconds is None:
@@ -91,7 +91,7 @@ def _units_in_order(parts: list[tuple[str, str]]) -> bool:
 
 def format_duration(seconds: float) -> str:
     """Compact human form: ``1h30m``, ``12s``, ``250ms``, ``inf``."""
-    if math.isinf(seconds):
+    if seconds in (INFINITY, -INFINITY):
         return "inf"
     if seconds < 1:
         return f"{round(seconds * 1000)}ms"

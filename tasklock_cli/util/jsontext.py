@@ -9,8 +9,6 @@ interpreter without ``_json``.
 
 from __future__ import annotations
 
-import math
-
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -24,7 +22,7 @@ else:
     ACCELERATED = True
 
 #: json.loads's NaN, Infinity and -Infinity (JSONDecoder's parse_constant).
-_CONSTANTS = {"-Infinity": -math.inf, "Infinity": math.inf, "NaN": math.nan}
+_CONSTANTS = {"-Infinity": float("-inf"), "Infinity": float("inf"), "NaN": float("nan")}
 _WHITESPACE = " \t\n\r"  # json.decoder.WHITESPACE
 
 

@@ -6,9 +6,9 @@
 
 from __future__ import annotations
 
+import _thread
 import errno
 import os
-import threading
 
 from tasklock_cli.stores.sqlite import entries
 
@@ -32,7 +32,7 @@ class BreakAlarms(entries.KeyDirectories):
         owners: entries.Owners | None = None,
     ) -> None:
         super().__init__(directory, file_mode, owners)
-        self._lock = threading.Lock()
+        self._lock = _thread.allocate_lock()
         #: (key, token) -> (the key's directory fd, the FIFO's fd)
         self._fifos: dict[tuple[str, int], tuple[int, int]] = {}
 

@@ -3,10 +3,9 @@ by the threads of a process, its errors told as tasklock's, and a busy file retr
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import os
-import sqlite3
-import threading
 import time
 from collections.abc import Callable
 from collections.abc import Iterator
@@ -19,14 +18,25 @@ from tasklock_cli.stores.sqlite.entries import PRIVATE_MODE
 from tasklock_cli.stores.sqlite.entries import Owners
 from tasklock_cli.stores.sqlite.schema import ensure_schema
 from tasklock_cli.stores.sqlite.schema import refuse_foreign
+from tasklock_cli.util import suppressed
 
 #: typing costs ~2 ms per start: its names are for the type checker only.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import sqlite3
     from typing import Any
     from typing import TypeVar
 
     _T = TypeVar("_T")
+else:
+    # The driver's C module, which the ``sqlite3`` package re-exports (connect, Connection and
+    # the errors are the same objects): the package's dbapi2 imports ``datetime`` (~6 M
+    # instructions of every `run`) for date adapters tasklock never uses. Other Pythons: the
+    # package. The SQLite store's modules take it from here.
+    try:
+        import _sqlite3 as sqlite3
+    except ImportError:  # not CPython
+        import sqlite3
 _BUSY_CODES = {getattr(sqlite3, "SQLITE_BUSY", 5), getattr(sqlite3, "SQLITE_LOCKED", 6)}
 BUSY_TIMEOUT_S = 5.0
 #: SQLite's own busy handler sleeps ever longer (up to 100 ms a time) while the write lock
@@ -77,7 +87,7 @@ class SQLiteConnection:
         self._file_mode = file_mode
         self._owners = owners or Owners(file_mode)
         self._conn: sqlite3.Connection | None = None
-        self._lock = threading.RLock()
+        self._lock = _thread.RLock()
         self._wal = False  # the connection is in WAL mode (it may not be, where WAL fails)
         self._directory_synced = False  # by this connection (``sync_directory``)
         self._prepared: set[tuple[str, ...]] = set()  # compiled ahead (``prepare``)
@@ -151,7 +161,7 @@ class SQLiteConnection:
             finally:
                 conn.text_factory = str
                 if full:
-                    with contextlib.suppress(sqlite3.Error):
+                    with suppressed(sqlite3.Error):
                         conn.execute("PRAGMA synchronous=NORMAL")
 
     def sync(self) -> None:
@@ -191,7 +201,7 @@ class SQLiteConnection:
             if self._conn is None or not self._wal or self._directory_synced:
                 return
             self._directory_synced = True
-            with contextlib.suppress(OSError):
+            with suppressed(OSError):
                 fd = os.open(os.path.dirname(self.path) or ".", _DIRECTORY_OPEN)
                 try:
                     os.fdatasync(fd)
@@ -210,7 +220,7 @@ class SQLiteConnection:
                 return
             self._prepared.add(statements)
             for sql in statements:
-                with contextlib.suppress(sqlite3.Error):
+                with suppressed(sqlite3.Error):
                     self._conn.execute(sql, {})
 
     def read(self, sql: str, params: dict) -> list[tuple[Any, ...]]:

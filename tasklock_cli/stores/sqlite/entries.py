@@ -24,7 +24,6 @@ A name can be swapped for a symlink between ``mkdir`` and ``chmod``.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import stat
@@ -38,6 +37,7 @@ except ImportError:  # pragma: no cover - the module's name from 3.12 on
         from hashlib import sha256 as _sha256
 
 from tasklock_cli.util import paths
+from tasklock_cli.util import suppressed
 
 #: typing costs ~2 ms per start: its names are for the type checker only.
 TYPE_CHECKING = False
@@ -226,7 +226,7 @@ def _open_dir(name: str, dir_fd: int | None, owners: Owners, create: bool) -> in
     try:
         status = os.fstat(fd)
         if made and status.st_uid == os.geteuid():  # as asked, whatever the umask
-            with contextlib.suppress(OSError):
+            with suppressed(OSError):
                 os.fchmod(fd, directory_mode(owners.file_mode))
                 status = os.fstat(fd)
     except OSError:
@@ -298,7 +298,7 @@ def make_fifo(making: str, final: str, dir_fd: int, file_mode: int) -> int:
 
 
 def remove(name: str, dir_fd: int) -> None:
-    with contextlib.suppress(OSError):
+    with suppressed(OSError):
         os.unlink(name, dir_fd=dir_fd)
 
 
@@ -308,7 +308,7 @@ def remove_key_dir(top: str, key: str, owners: Owners) -> None:
     if top_fd is None:
         return
     try:
-        with contextlib.suppress(OSError):
+        with suppressed(OSError):
             os.rmdir(key_dir_name(key), dir_fd=top_fd)
     finally:
         os.close(top_fd)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from collections.abc import Iterator
-from datetime import datetime
 
 from tasklock_cli.stores import rows as row_parsing
 from tasklock_cli.stores.model import LEDGER_KEEP
@@ -22,6 +21,10 @@ from tasklock_cli.stores.sqlite.schema import TABLE
 from tasklock_cli.util.keys import is_utf8
 from tasklock_cli.util.keys import key_bytes
 from tasklock_cli.util.times import utc_from_timestamp
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from datetime import datetime
 
 # A lease is live when it has an owner, was granted in this boot, and has not run out.
 LIVE = "owner_token IS NOT NULL AND boot_id = :boot AND expires_boot > :now"

@@ -22,7 +22,6 @@ So two processes opening an old file at once migrate it once.
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Callable
 
 from tasklock_cli.errors import ConfigError
@@ -34,6 +33,7 @@ SCHEMA_VERSION = 6
 #: typing costs ~2 ms per start: its names are for the type checker only.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import sqlite3
     from typing import Protocol
     from typing import TypeVar
 

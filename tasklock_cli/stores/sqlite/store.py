@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
-import sqlite3
 import time
 
 from tasklock_cli.errors import ConfigError
@@ -37,6 +35,7 @@ from tasklock_cli.stores.sqlite import CAPABILITIES
 from tasklock_cli.stores.sqlite import queue
 from tasklock_cli.stores.sqlite.breaks import BreakAlarms
 from tasklock_cli.stores.sqlite.connection import SQLiteConnection
+from tasklock_cli.stores.sqlite.connection import sqlite3
 from tasklock_cli.stores.sqlite.entries import PRIVATE_MODE
 from tasklock_cli.stores.sqlite.entries import Owners
 from tasklock_cli.stores.sqlite.files import file_mode_parameter
@@ -61,6 +60,7 @@ from tasklock_cli.stores.urls import unknown_parameter
 from tasklock_cli.stores.urls import url_parameters
 from tasklock_cli.util import jsontext as json
 from tasklock_cli.util import paths
+from tasklock_cli.util import suppressed
 from tasklock_cli.util.fds import wait_readable
 from tasklock_cli.util.times import utc_from_timestamp
 
@@ -557,7 +557,7 @@ class SQLiteStore(SQLiteReads, Store, capabilities=CAPABILITIES):
         if owner is None:
             return []
         params = {**self._times(), "key": key, "owner": owner}
-        with contextlib.suppress(TasklockError), self._db.write() as conn:
+        with suppressed(TasklockError), self._db.write() as conn:
             conn.execute(queue.LEAVE, params)
             return _head_run(conn, params)
         return []
@@ -620,7 +620,7 @@ def _bound_unreadable_expiries(conn: sqlite3.Connection, params: dict) -> float:
 
 
 def _drain(fd: int) -> None:
-    with contextlib.suppress(OSError):
+    with suppressed(OSError):
         while os.read(fd, 512):
             pass
 

@@ -30,11 +30,11 @@ A break or forced release writes to it.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 
 from tasklock_cli.stores.sqlite import entries
+from tasklock_cli.util import suppressed
 from tasklock_cli.util.fds import wait_readable
 
 
@@ -90,9 +90,9 @@ class LocalWakeups(entries.KeyDirectories):
         """Block up to ``timeout`` for a wake-up on the registered key, or until ``wake_fd``
         is readable (not read); True when woken by a release."""
         fd = self._fd
-        with contextlib.suppress(InterruptedError):
+        with suppressed(InterruptedError):
             if fd in wait_readable([fd, wake_fd], timeout):
-                with contextlib.suppress(BlockingIOError):
+                with suppressed(BlockingIOError):
                     os.read(fd, 64)
                 return True
         return False
