@@ -32,10 +32,10 @@ print("ssl" in sys.modules, pymysql.connections.SSL_ENABLED)
 """
 
 
-def probe(url: str, prelude: str = "") -> str:
+def probe(url: str, prelude: str = "", code: str = PROBE) -> str:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "TASKLOCK_"))}
     done = subprocess.run(
-        [sys.executable, "-c", prelude + PROBE, url],
+        [sys.executable, "-c", prelude + code, url],
         env=env,
         capture_output=True,
         text=True,
@@ -93,3 +93,61 @@ def test_preferred_tls_makes_its_context_when_the_handshake_wraps(
     assert answered == [b"ping!"]
     assert isinstance(connection.ctx, ssl.SSLContext)
     assert connection.ctx.verify_mode == ssl.CERT_NONE
+
+
+#: Opens the store, makes one call, and says which of the modules PyMySQL's import brings,
+#: and the store's own imports could, the process loaded.
+LEAN_PROBE = """
+import sys
+from tasklock_cli.stores import open_store
+with open_store(sys.argv[1]) as store:
+    store.peek("k")
+deferred = ("traceback", "hashlib", "configparser", "getpass", "urllib.parse", "json",
+            "encodings.idna", "ipaddress", "unicodedata", "ssl")
+print(" ".join(name for name in deferred if name in sys.modules) or "none")
+"""
+
+
+def test_a_plain_call_loads_none_of_what_it_does_not_use(mysql_url: str) -> None:
+    """PyMySQL's traceback, hashlib and option file (configparser), and urllib.parse, json
+    and the idna codec: a URL without a password, parameters or a non-ASCII host needs
+    none of them (``driver``, ``urls``), and neither does a call on a server offering no
+    TLS to a user without a password (the test server's set-up)."""
+    assert probe(mysql_url, "", LEAN_PROBE) == "none"
+
+
+def test_the_stand_ins_answer_as_the_modules_do() -> None:
+    """PyMySQL's password scrambles and option files, through the stand-ins."""
+    code = """
+import sys
+import tasklock_cli.stores.mysql.driver
+from pymysql import _auth
+from pymysql.connections import Parser
+print(type(_auth.hashlib).__name__, "hashlib" in sys.modules)
+print(_auth.scramble_native_password(b"pw", b"x" * 20).hex())
+print(_auth.scramble_caching_sha2(b"pw", b"y" * 20).hex())
+parser = Parser()
+parser.read_string("[client]\\nuser = 'bob'\\n")
+print(parser.get("client", "user"))
+"""
+    lean = run_python(code)
+    import hashlib
+
+    native = hashlib.sha1(b"pw").digest()
+    expected = bytes(
+        a ^ b
+        for a, b in zip(
+            hashlib.sha1(b"x" * 20 + hashlib.sha1(native).digest()).digest(), native, strict=True
+        )
+    )
+    assert lean.splitlines()[:2] == ["_Deferred False", expected.hex()]
+    plain = run_python(code.replace("import tasklock_cli.stores.mysql.driver\n", ""))
+    assert lean.splitlines()[2:] == plain.splitlines()[2:]
+    assert lean.splitlines()[3] == "bob"
+
+
+def run_python(code: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    return done.stdout.strip()

@@ -195,6 +195,31 @@ def test_a_foreign_table_with_the_same_name_is_refused_and_left_untouched(mysql_
     assert admin(mysql_url, f"SELECT * FROM `{table}`") == [(1, "theirs")]
 
 
+@pytest.mark.parametrize(
+    "change",
+    [
+        "DROP PROCEDURE `{table}_admit`",
+        "DROP PROCEDURE `{table}_admit`; CREATE PROCEDURE `{table}_admit`(IN p_key INT)"
+        " COMMENT 'tasklock 7' SELECT 'taken', 0, 1, 99, NOW(6), NOW(6), 'exclusive', 0, NULL",
+        "DROP TABLE `{table}_waiters`",
+    ],
+    ids=["admit missing", "admit of another version", "a table missing"],
+)
+def test_an_acquire_that_sets_up_its_own_session_mends_the_schema_first(mysql_url, stores, change):
+    """A run's acquire on a new connection does not look at the schema first: its call
+    failing, it is made again on a connection set up as usual, which mends the schema."""
+    _, table = parse_url(mysql_url, mysql_url)
+    first = open_my(mysql_url, stores)
+    first.release(granted(first.acquire("k", 30, HOLDER, token())))
+    for statement in change.format(table=table).split("; "):
+        admin(mysql_url, statement)
+    store = open_my(mysql_url, stores)
+    lease = granted(store.acquire("k", 30, HOLDER, token()))
+    assert lease.fencing_token == 2
+    assert store.release(lease) is True
+    assert store._db._schema_ok
+
+
 def test_rows_are_kept_after_release_sweep_and_force_release(mysql_url, stores):
     store = open_my(mysql_url, stores)
     tokens = []
@@ -237,9 +262,16 @@ def test_forged_places_beyond_the_waiter_horizon_are_removed_by_sweep_and_the_ne
     assert places() == [(b"k",)] and store.waiting_counts() == {"k": 1}
 
 
-def test_sessions_run_read_committed_in_utc_whatever_the_server_default(mysql_url, stores):
+@pytest.mark.parametrize("first", ["peek", "acquire"])
+def test_sessions_run_read_committed_in_utc_whatever_the_server_default(mysql_url, stores, first):
+    """Set up in a round trip of its own (peek), or in the acquire's query (a run's first
+    call: ``MySQLConnection.run``'s ``set_up_in_band``)."""
     store = open_my(mysql_url, stores)
-    store.peek("k")
+    open_my(mysql_url, stores).peek("k")  # the schema exists: no second connection's look
+    if first == "peek":
+        store.peek("k")
+    else:
+        assert store.acquire("k", 30, HOLDER, token()) is not None
 
     def settings(conn) -> tuple:
         with conn.cursor() as cursor:

@@ -31,6 +31,7 @@ from tests.support.cli import tasklock
 from tests.support.cli import wait_until
 from tests.support.contract import granted
 from tests.support.contract import in_threads
+from tests.support.contract import run_record
 from tests.support.contract import token
 from tests.support.contract import waiting_thread
 from tests.support.pg import open_pg
@@ -673,18 +674,56 @@ def test_expiry_is_decided_by_the_server_clock_not_ours(postgres_url, stores, mo
     assert clock.warning and clock.ok
 
 
-def test_connection_forces_read_committed_even_if_the_role_says_serializable(stores):
+@pytest.mark.parametrize("first", ["init", "acquire"])
+def test_connection_forces_read_committed_even_if_the_role_says_serializable(stores, first):
+    """Set up in a round trip of its own, or by a run's acquire in its own query
+    (``PgConnection.run``'s ``in_band``), whose transaction is made READ COMMITTED too."""
     services.require("postgres")
     url = with_query(services.base_url("postgres"), table=fresh_table())
     url += "&options=-c%20default_transaction_isolation%3Dserializable"
     try:
+        open_pg(url, stores).init_schema()
         store = open_pg(url, stores)
-        store.init_schema()
-        [(level,)] = connection_of(store).execute("SHOW default_transaction_isolation").fetchall()
+        if first == "init":
+            store.init_schema()
+        lease = store.acquire("k", 30, HOLDER, token())
+        assert lease is not None
+        conn = connection_of(store)
+        [(level,)] = conn.execute("SHOW default_transaction_isolation").fetchall()
         assert level == "read committed"
-        assert store.acquire("k", 30, HOLDER, token()) is not None
+        assert conn.execute("SHOW TimeZone").fetchall() == [("UTC",)]
+        assert conn.execute("SHOW statement_timeout").fetchall() == [("4s",)]
+        assert store.release(lease) is True
     finally:
         pg.drop_namespace(url)
+
+
+@pytest.mark.parametrize("dropped", ["{runs}", "{waiters}", "{table} CASCADE"])
+def test_an_acquire_that_sets_up_its_own_session_mends_the_schema_first(
+    postgres_url, stores, dropped
+):
+    """A run's acquire on a new connection does not look at the table first: its call
+    failing, it is made again on a connection set up as usual, which creates the table;
+    the release notifies the channel of the table as it is now."""
+    first = open_pg(postgres_url, stores)
+    first.release(granted(first.acquire("k", 30, HOLDER, token())))
+    schema = first._schema
+    with pg.admin_connection(postgres_url) as admin:
+        admin.execute(
+            psycopg.sql.SQL("DROP TABLE " + dropped).format(
+                table=schema.table, runs=schema.runs, waiters=schema.waiters
+            )
+        )
+    store = open_pg(postgres_url, stores)
+    lease = granted(store.acquire("k", 30, HOLDER, token()))
+    oid = (
+        connection_of(store)
+        .execute("SELECT to_regclass(%s)::oid", [schema.quoted_name])
+        .fetchone()[0]
+    )
+    assert store._schema.channel == f"tasklock_released_{oid}"
+    assert store.release(lease, record=run_record(lease, HOLDER)) is True
+    assert [run.fencing_token for run in store.history("k")] == [lease.fencing_token]
 
 
 # -- faults ---------------------------------------------------------------------------
@@ -937,3 +976,24 @@ def test_a_superseded_waiter_is_woken_and_leaves(postgres_url, stores):
     with pg.admin_connection(postgres_url) as conn:
         rows = conn.execute(f"SELECT owner_token FROM {fresh_waiters(postgres_url)}").fetchall()
     assert owner not in [row[0] for row in rows]  # its place is gone, marker and all
+
+
+def test_a_call_does_not_load_hashlib(postgres_url):
+    """hashlib (OpenSSL's libcrypto, ~11 M instructions) only for a schema's creation and a
+    key too long for a notification, never a plain call."""
+    import subprocess
+    import sys
+
+    from tasklock_cli.stores import open_store
+
+    with open_store(postgres_url) as first:  # the table created (its advisory lock's id)
+        first.peek("k")
+    code = (
+        "import sys\nfrom tasklock_cli.stores import open_store\n"
+        "with open_store(sys.argv[1]) as store:\n    store.peek('k')\n"
+        "print('hashlib' in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, postgres_url], capture_output=True, text=True, timeout=60
+    )
+    assert done.stdout.strip() == "False", done.stderr

@@ -1284,3 +1284,21 @@ def test_a_semaphores_operations_take_one_round_trip_each(redis_url):
         finally:
             store.close()
     assert len(counted) == 7 and counted == dict.fromkeys(counted, 1), counted
+
+
+def test_a_call_reads_no_package_metadata(redis_url):
+    """No CLIENT SETINFO, so no redis-py version read from its package metadata
+    (importlib.metadata with the email package's parser, ~4 ms of a run): the connections
+    are given ``driver_info=None`` wherever redis-py takes it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\nfrom tasklock_cli.stores import open_store\n"
+        "with open_store(sys.argv[1]) as store:\n    store.peek('k')\n"
+        "print('email.parser' in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, redis_url], capture_output=True, text=True, timeout=60
+    )
+    assert done.stdout.strip() == "False", done.stderr

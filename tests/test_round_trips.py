@@ -139,10 +139,10 @@ def test_a_waiter_giving_up_takes_at_most_one_round_trip(waiting, network_store_
 
 def test_a_new_connection_costs_its_handshake_and_one_round_trip_of_set_up(network_store_url):
     """Every `tasklock run` opens a new connection, so its first acquire is what a run pays:
-    the driver's connect, one round trip of set-up (PostgreSQL: the session settings, the
-    statement timeout and the look at the table, together; Redis: CLIENT SETNAME, without
-    CLIENT SETINFO or a health-check PING; MySQL: the session settings and the look at the
-    schema, together; etcd without auth: none) and the acquire."""
+    the driver's connect, one round trip of set-up (PostgreSQL: none, the session settings
+    and the statement timeout go in the acquire's query; Redis: CLIENT SETNAME, without
+    CLIENT SETINFO or a health-check PING; MySQL: none, the session settings go in the
+    acquire's query; etcd without auth: none) and the acquire."""
     with open_store(network_store_url) as warm_up:  # the table exists, the script is loaded
         warm_up.release(granted(warm_up.acquire("first", 30, HOLDER, "warm-up")))
     parts = urlsplit(network_store_url)

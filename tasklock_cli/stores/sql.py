@@ -15,9 +15,9 @@ this machine: it shares none of this.)
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import math
-import threading
 from abc import ABC
 from abc import abstractmethod
 
@@ -52,7 +52,7 @@ class SqlConnection(ABC):
         self.display_url = display_url
         self._secrets = list(secrets)
         self.io_timeout = DEFAULT_IO_TIMEOUT_S
-        self.lock = threading.RLock()
+        self.lock = _thread.RLock()  # threading.RLock (threading is not on `run`'s path)
         self.current: Any = None
         self._applied_timeout: float | None = None  # the I/O timeout the session has
         self._schema_ok = False  # the schema was found or made current in this session

@@ -4,7 +4,7 @@ lease, ``SocketBreakWatch`` is a watch on a socket."""
 
 from __future__ import annotations
 
-import threading
+import _thread
 import time
 from collections.abc import Callable
 
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
         """A holder's open line for hearing that its lease was broken (a LISTEN connection,
         a subscription): made at its first wait, kept until its release."""
 
-        lock: threading.Lock
+        lock: _thread.LockType
 
         def wait(self, deadline: float, wake_fd: int | None) -> bool: ...
 
@@ -35,7 +35,7 @@ class SocketBreakWatch:
     one): a wait returns it once, and the caller asks the store (it renews)."""
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()  # one waiter at a time
+        self.lock = _thread.allocate_lock()  # one waiter at a time
 
     def _fileno(self) -> int:
         raise NotImplementedError
@@ -75,7 +75,7 @@ class BreakWatches:
     def __init__(self, open_watch: Callable[[Lease], tuple[BreakWatch, bool]], trouble: tuple):
         self._open = open_watch  # -> (watch, found broken when opened)
         self._trouble = trouble  # the exceptions that mean "this watch failed"
-        self._lock = threading.Lock()
+        self._lock = _thread.allocate_lock()
         self._watches: dict[tuple[str, int], BreakWatch] = {}
 
     def wait(self, lease: Lease, timeout: float, wake_fd: int | None) -> bool:

@@ -3,6 +3,7 @@
 - Its URL is read here.
 - It is opened on first use.
 - It is set up in one round trip: the session settings and the look at the schema.
+  A run's acquire takes the session settings along in its own query instead.
 - Every call is bounded by the I/O timeout.
   That means socket timeouts, and the server's statement and lock-wait timeouts.
 - Failures are mapped to tasklock errors.
@@ -14,9 +15,9 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import socket
 import time
 from collections.abc import Callable
-from urllib.parse import unquote
 
 from tasklock_cli.errors import ConfigError
 from tasklock_cli.errors import StoreUnavailable
@@ -29,8 +30,10 @@ from tasklock_cli.stores.mysql.schema import INSPECT
 from tasklock_cli.stores.mysql.schema import MySQLSchema
 from tasklock_cli.stores.sql import SqlConnection
 from tasklock_cli.stores.urls import check_host
+from tasklock_cli.stores.urls import query_parameters
 from tasklock_cli.stores.urls import split_url
 from tasklock_cli.stores.urls import unknown_parameter
+from tasklock_cli.stores.urls import unquote
 from tasklock_cli.stores.urls import url_passwords
 from tasklock_cli.util.numbers import decimal
 
@@ -90,7 +93,25 @@ class _Connection(pymysql.connections.Connection):
         if not self.ssl:  # type: ignore[has-type]  # (PyMySQL's attribute, untyped)
             # PyMySQL without ssl: its "preferred" TLS, made if the server offers TLS.
             self.ssl, self._ssl_required, self.ctx = True, False, _PreferredTLS(self)
-        self.connect()
+        self.connect(None if self.unix_socket else self._tcp_socket())
+
+    def _tcp_socket(self) -> socket.socket:
+        """The TCP connection PyMySQL's ``connect`` would make, set up as it sets it up.
+
+        The look-up gets an ASCII host name as bytes: Python's resolver encodes a str with
+        the ``idna`` codec, whose import (encodings.idna, stringprep, unicodedata) is ~5 M
+        instructions of every start."""
+        host = self.host.encode("ascii") if self.host.isascii() else self.host
+        try:
+            sock = socket.create_connection((host, self.port), self.connect_timeout)
+        except OSError as exc:  # as PyMySQL's connect words it
+            raise pymysql.err.OperationalError(
+                2003, f"Can't connect to MySQL server on {self.host!r} ({exc})"
+            ) from None
+        self.host_info = f"socket {self.host}:{self.port}"
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        return sock
 
     def set_character_set(self, charset: str, collation: str | None = None) -> None:
         self.encoding = charset_by_name(charset).encoding
@@ -134,8 +155,6 @@ class _PreferredTLS:
 def parse_url(url: str, display_url: str) -> tuple[dict[str, Any], str]:
     """``(PyMySQL's connect arguments, the table)`` from ``mysql://USER[:PASSWORD]@HOST
     [:PORT]/DB[?table=NAME&...]``; ConfigError naming what is wrong."""
-    from urllib.parse import parse_qsl
-
     scheme, netloc, path, query = split_url(url)
     userinfo, _, hostport = netloc.rpartition("@")
     user, _, password = userinfo.partition(":")
@@ -154,7 +173,7 @@ def parse_url(url: str, display_url: str) -> tuple[dict[str, Any], str]:
             f"MySQL store URL {display_url!r} names no database "
             f"(expected {scheme}://USER[:PASSWORD]@HOST[:PORT]/DB)"
         )
-    params = dict(parse_qsl(query, keep_blank_values=True))
+    params = query_parameters(query)
     for name in params:
         if name not in _PARAMETERS:
             raise unknown_parameter("MySQL", url, name, ", ".join(f"{p}=" for p in _PARAMETERS))
@@ -192,6 +211,9 @@ class MySQLConnection(SqlConnection):
         self._kwargs = kwargs
         self.mariadb = True
         self.inspected: tuple = ()
+        #: The session settings a new connection has not had yet: the first call sends
+        #: them in its own query (``run``'s ``set_up_in_band``, ``take_set_up``).
+        self._pending_set_up = ""
 
     @property
     def database(self) -> str:
@@ -256,6 +278,25 @@ class MySQLConnection(SqlConnection):
             raise
         return conn
 
+    def _open_without_set_up(self) -> pymysql.connections.Connection:
+        """A new connection whose session settings go with its first call (see ``run``)."""
+        self.drop()
+        conn = self.current = self._connect()
+        self.mariadb = "mariadb" in conn.get_server_info().lower()
+        self._pending_set_up = self._setup() + ";"
+        self._applied_timeout = self.io_timeout
+        return conn
+
+    def take_set_up(self) -> str:
+        """What a call sends before its statement, in the same query: the session settings
+        of a connection that has not had them (``run``'s ``set_up_in_band``), else ""."""
+        set_up, self._pending_set_up = self._pending_set_up, ""
+        return set_up
+
+    def _session_ended(self) -> None:
+        super()._session_ended()
+        self._pending_set_up = ""
+
     def _connection(self, ensure_schema: bool) -> pymysql.connections.Connection:
         conn = self.current
         if conn is None or not conn.open:
@@ -303,8 +344,16 @@ class MySQLConnection(SqlConnection):
         *,
         idempotent: bool = True,
         ensure_schema: bool = True,
+        set_up_in_band: bool = False,
     ) -> _T:
         """Run ``operation`` on the connection, mapping every failure to a tasklock error.
+
+        ``set_up_in_band`` (an idempotent call: a run's acquire): a new connection is not
+        set up, nor its schema looked at, in a round trip of their own. The operation sends
+        the session settings (``take_set_up``) in its own query, and the schema is taken as
+        it is: a call that fails (a procedure missing or of other parameters: 1305, 1318;
+        a table missing) is made again on a connection set up as usual, whose look at the
+        schema creates or replaces what is missing.
 
         Retried here:
 
@@ -313,6 +362,13 @@ class MySQLConnection(SqlConnection):
         - a connection found broken when reused, once, on a new one.
           A non-idempotent call is retried only when it failed before it was sent."""
         with self.lock:
+            if (
+                set_up_in_band
+                and idempotent
+                and not (self.current is not None and self.current.open)
+            ):
+                with contextlib.suppress(_CallAgain):
+                    return self._first_call_in_band(operation)
             conflicts = 0
             reconnected = recreated = False
             while True:
@@ -340,6 +396,27 @@ class MySQLConnection(SqlConnection):
                     self.drop()
                     raise StoreUnavailable(f"{self.display_url}: {self.scrub(str(exc))}") from None
 
+    def _first_call_in_band(self, operation: Callable[[pymysql.connections.Connection], _T]) -> _T:
+        """``operation`` on a new connection that it sets up itself (``run``); _CallAgain
+        when the call failed, not the connection."""
+        try:
+            conn = self._open_without_set_up()
+            result = operation(conn)
+        except pymysql.err.MySQLError as exc:
+            broken = self._broken(exc)
+            self.drop()
+            if broken:  # (a new connection's failure: not retried, as in run)
+                raise self._translate(exc) from None
+            raise _CallAgain() from None
+        except OSError as exc:
+            self.drop()
+            raise StoreUnavailable(f"{self.display_url}: {self.scrub(str(exc))}") from None
+        if self._pending_set_up:  # never: the operation sends it
+            self.drop()
+            raise AssertionError("the session settings were not sent")
+        self._schema_ok = True  # (the call found what it needed)
+        return result
+
     def _broken(self, exc: Exception) -> bool:
         current = self.current
         return (
@@ -366,6 +443,11 @@ class MySQLConnection(SqlConnection):
         if isinstance(exc, pymysql.err.ProgrammingError):
             return ConfigError(f"{where}: table {self.schema.table_name} is unusable ({text})")
         return StoreUnavailable(f"{where}: {text}")
+
+
+class _CallAgain(Exception):
+    """A first call that set up its own session failed: again, on a connection set up as
+    usual."""
 
 
 def _jitter() -> float:

@@ -20,6 +20,10 @@ _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_$]{0,47}")
 #: Version 6 adds ``admit``, the acquire with ``p_priority`` and ``p_max_waiting`` (``run
 #: --priority``, ``--max-waiting``); ``acquire`` keeps version 5's parameters and calls it
 #: with priority 0 and no cap. The tables are unchanged.
+#: A run's acquire calls ``admit`` without looking at the versions first (the look costs a
+#: round trip and ~1 ms of the server's: see ``MySQLConnection.run``); only a call that fails
+#: has them looked at and mended. So a version whose ``admit`` must not serve an older
+#: tasklock changes its parameters (the older one's call then fails: 1318) or its name.
 VERSION = "tasklock 6"
 #: An older tasklock sharing the store replaces the procedures it knows with its own:
 #: version 5's have the same parameters and read the queue's order as it is, so they serve

@@ -3,7 +3,6 @@ docstring)."""
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 from datetime import datetime
@@ -59,6 +58,7 @@ from tasklock_cli.stores.sql import SqlStore
 from tasklock_cli.stores.sql import taken_lease
 from tasklock_cli.stores.urls import redact_url
 from tasklock_cli.stores.watches import BreakWatches
+from tasklock_cli.util import jsontext as json
 from tasklock_cli.util.fds import fd_readable
 from tasklock_cli.util.fds import wait_readable
 from tasklock_cli.util.keys import stored_key
@@ -204,18 +204,23 @@ class MySQLStore(SqlStore, capabilities=CAPABILITIES):
     def _call(
         self, procedure: str, args: tuple, *, idempotent: bool = True
     ) -> builtins.list[tuple]:
-        """CALL ``<table>_<procedure>`` (one round trip): the first result set's rows."""
+        """CALL ``<table>_<procedure>`` (one round trip): the first result set's rows. An
+        idempotent call on a new connection takes its session settings along (a run's
+        acquire: no round trip of set-up, see ``MySQLConnection.run``)."""
         statement = f"CALL `{self.table_name}_{procedure}`({', '.join(['%s'] * len(args))})"
 
         def run(conn: pymysql.connections.Connection) -> builtins.list[tuple]:
             with conn.cursor() as cursor:
-                cursor.execute(statement, args)
+                set_up = self._db.take_set_up()
+                cursor.execute(set_up + statement, args)
+                for _ in range(set_up.count(";")):  # past the settings' results
+                    cursor.nextset()
                 rows = list(cursor.fetchall())
                 while cursor.nextset():  # to the end (an error after the rows is raised)
                     pass
                 return rows
 
-        return self._db.run(run, idempotent=idempotent)
+        return self._db.run(run, idempotent=idempotent, set_up_in_band=idempotent)
 
     # -- the interface --------------------------------------------------------------
 

@@ -21,9 +21,8 @@ A waiter without a place looks again every ``PLACELESS_LOOK_S``.
 
 from __future__ import annotations
 
+import _thread
 import contextlib
-import hashlib
-import threading
 import time
 from collections.abc import Callable
 
@@ -49,7 +48,10 @@ _LOOK = (
 
 def place_lock_name(database: str, table: str, seq: int) -> str:
     """The named lock a waiter holds for its place ``seq`` (at most 64 characters); the
-    ``<table>_wake_queue`` procedure computes the same name."""
+    ``<table>_wake_queue`` procedure computes the same name. (hashlib is imported here:
+    see ``queue.break_lock_name``.)"""
+    import hashlib
+
     digest = hashlib.sha1(f"{database}.{table}".encode()).hexdigest()[:32]
     return f"tl:{digest}:w{seq}"
 
@@ -59,7 +61,7 @@ class ServerSleep:
     not answered within its sleep and the I/O timeout means a dead connection: OSError."""
 
     def __init__(self, conn: pymysql.connections.Connection, io_timeout: float) -> None:
-        self.lock = threading.Lock()  # one waiter at a time
+        self.lock = _thread.allocate_lock()  # one waiter at a time
         self.conn = conn
         self._io_timeout = io_timeout
         self._due: float | None = None  # when the statement in flight must have answered

@@ -66,6 +66,20 @@ _SESSION_SETUP = (
 )
 
 
+#: Before the session settings of a call that sends them itself (``run``'s ``in_band``):
+#: its transaction began with the server's or role's isolation level.
+_IN_BAND_SET_UP = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; "
+
+#: ``run``'s ``in_band``: (connection, the session settings to send first) -> (the lease
+#: table's oid, the result).
+InBand = Callable[[psycopg.Connection, str], tuple[int, _T]]
+
+
+class _CallAgain(Exception):
+    """A first call that set up its own session failed: again, on a connection set up as
+    usual."""
+
+
 # Connection failures that mean "fix the URL / the server's setup", not "try again later".
 #: libpq's words for a parameter it does not know, in a URL and in a conninfo string.
 _UNKNOWN_PARAMETER = re.compile(r'invalid (?:URI query parameter|connection option):? "([^"]*)"')
@@ -246,6 +260,43 @@ class PgConnection(SqlConnection):
             conn.close()
             raise
 
+    def _first_call_in_band(self, in_band: InBand[_T]) -> _T:
+        """``in_band`` on a new connection: it sends the session settings it is given
+        before its own statement, in one simple query (one round trip, one transaction),
+        and answers the table's oid with its result.
+
+        The schema is not looked at first (a look at the catalogs costs a new session
+        ~5 ms of the server's). A call that fails (a table missing or of an older shape)
+        raises _CallAgain: ``run`` makes it again as its ``operation``, on a connection
+        set up as usual, whose look creates or migrates the table."""
+        try:
+            conn = self.connect()
+        except psycopg.Error as exc:
+            raise self._translate(exc) from None
+        self.current = conn
+        self._applied_timeout = self.io_timeout
+        self._session_ended()
+        set_up = _SESSION_SETUP.format(timeout=self._statement_timeout_ms())
+        try:
+            oid, result = self._guarded(conn, lambda: in_band(conn, _IN_BAND_SET_UP + set_up))
+        except Overrun:
+            self.drop()
+            raise StoreUnavailable(
+                f"{self.display_url}: no answer within {self.io_timeout:g} s"
+            ) from None
+        except psycopg.Error as exc:
+            broken = conn.closed or conn.broken
+            self.drop()
+            if broken or isinstance(exc, pgerr.QueryCanceled):
+                raise self._translate(exc) from None
+            raise _CallAgain() from None
+        except BaseException:
+            self.drop()  # (its session settings went back with the call's transaction)
+            raise
+        self._schema.found(oid)
+        self._schema_ok = True
+        return result
+
     def _statement_timeout_ms(self) -> int:
         return max(100, int(self.io_timeout * 800))  # the server cancels before we give up
 
@@ -297,8 +348,12 @@ class PgConnection(SqlConnection):
         *,
         idempotent: bool = True,
         ensure_schema: bool = True,
+        in_band: InBand[_T] | None = None,
     ) -> _T:
         """Run ``operation`` on the connection, mapping every failure to a tasklock error.
+
+        ``in_band`` (an idempotent call: a run's acquire): made instead of ``operation`` on
+        a new connection, which it sets up itself (``_first_call_in_band``).
 
         Retried here:
 
@@ -309,6 +364,10 @@ class PgConnection(SqlConnection):
           statement: it was shutting down, or it terminated the session.
         """
         with self.lock:
+            current = self.current
+            if in_band is not None and idempotent and (current is None or current.closed):
+                with contextlib.suppress(_CallAgain):
+                    return self._first_call_in_band(in_band)
             conflicts = 0
             reconnected = recreated = False
             while True:

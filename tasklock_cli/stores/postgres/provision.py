@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from tasklock_cli.stores.provisioning import Provisioning
+from tasklock_cli.stores.provisioning import RoundTrips
 from tasklock_cli.stores.provisioning import Server
 from tasklock_cli.stores.provisioning import parameter
 
@@ -57,4 +58,5 @@ PROVISIONING = Provisioning(
     namespace_url=parameter("table"),
     cleanup=drop_namespace,
     handshake=_handshake,
+    round_trips=RoundTrips(set_up=0),  # (a new connection's acquire sets its session up)
 )

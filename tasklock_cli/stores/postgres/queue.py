@@ -322,6 +322,12 @@ ACQUIRE = ACQUIRE.replace("{_FRONT_BAND}", str(FRONT_BAND)).replace(
     "{_PRIORITY_BAND}", str(PRIORITY_BAND)
 )
 
+#: ACQUIRE on a connection whose set-up has not looked the table's oid up yet: the release
+#: channel it notifies is named from the oid as the statement finds it.
+ACQUIRE_IN_BAND = ACQUIRE.replace(
+    "%(channel)s", "('tasklock_released_' || {table_name}::regclass::oid)"
+)
+
 # Whether the key is free for us, or for how long it is not.
 # "Us" is our place %(seq)s (NULL when we have none) and its mode.
 # The statement answers:

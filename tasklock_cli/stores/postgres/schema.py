@@ -5,7 +5,6 @@ modes)."""
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import re
 from collections.abc import Callable
 
@@ -258,10 +257,16 @@ class PgSchema:
                 # instead (and the run's release is retried without it).
                 with contextlib.suppress(ConfigError):
                     self._create(conn)
-        self.oid = found[0]
-        self.channel = f"tasklock_released_{self.oid}"
+        self.found(found[0])
+
+    def found(self, oid: int) -> None:
+        """The table is ours, current, and has this oid (which names the channels)."""
+        self.oid = oid
+        self.channel = f"tasklock_released_{oid}"
 
     def _lock_id(self) -> int:
+        import hashlib  # (here: OpenSSL's libcrypto, ~11 M instructions, for a first use only)
+
         digest = hashlib.sha256(f"tasklock:{self.table_name}".encode()).digest()
         return int.from_bytes(digest[:8], "big", signed=True)
 

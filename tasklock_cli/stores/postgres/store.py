@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 from typing import Literal
 from urllib.parse import unquote
@@ -45,6 +47,7 @@ from tasklock_cli.stores.postgres.epochs import EPOCH_KEY
 from tasklock_cli.stores.postgres.epochs import EPOCH_SLOT
 from tasklock_cli.stores.postgres.epochs import QUARANTINE_LEFT
 from tasklock_cli.stores.postgres.queue import ACQUIRE
+from tasklock_cli.stores.postgres.queue import ACQUIRE_IN_BAND
 from tasklock_cli.stores.postgres.queue import COUNTER_SLOT
 from tasklock_cli.stores.postgres.queue import LEAVE_QUEUE
 from tasklock_cli.stores.postgres.queue import PAYLOAD
@@ -82,6 +85,11 @@ _CLEARED = "owner_token = NULL, holder = NULL, acquired_at = NULL, expires_at = 
 _OURS = (
     "key = %(key)s AND slot = %(slot)s AND owner_token = %(owner)s AND fencing_token = %(fence)s"
 )
+#: A new connection's acquire sets the session up itself (``_acquire``, ``PgConnection.run``):
+#: before its statement, the lease table's oid, which names the channels, and a read of each
+#: of the tables (a missing one fails the call, which is then made again on a connection set
+#: up as usual, whose look at the schema creates it).
+_IN_BAND_OID = "SELECT {table}::regclass::oid, {runs}::regclass, {waiters}::regclass; "
 _RENEW = f"""
 UPDATE {{table}} SET expires_at = clock_timestamp() + make_interval(secs => %(ttl)s::float8)
  WHERE {_OURS} AND expires_at > clock_timestamp()
@@ -288,6 +296,7 @@ class PostgresStore(PgReads, SqlStore, capabilities=CAPABILITIES):
                 runs=self._schema.runs,
                 waiters=self._schema.waiters,
                 waiters_name=sql.Literal(self._schema.waiters_quoted_name),
+                table_name=sql.Literal(self._schema.quoted_name),
                 live=sql.SQL(live),
                 upper=sql.SQL(upper),
             )
@@ -318,15 +327,15 @@ class PostgresStore(PgReads, SqlStore, capabilities=CAPABILITIES):
 
         def attempt(conn: psycopg.Connection) -> list:
             channel = self._schema.channel  # known once connected
-            try:
+            with _counter_errors(key):
                 return self._listening.acquire(conn, statement, {**params, "channel": channel})
-            except pgerr.NumericValueOutOfRange:  # the counter at 2**63-1 has no next token
-                raise FencingExhausted(key) from None
-            except pgerr.DivisionByZero:  # a counter below 0 (see queue._ACQUIRE_TAKE)
-                raise CounterUnreadable(key) from None
+
+        def in_band(conn: psycopg.Connection, set_up: str) -> tuple[int, list]:
+            with _counter_errors(key):
+                return self._acquire_in_band(conn, set_up, params)
 
         for _ in range(ACQUIRE_RACE_RETRIES):
-            rows = self._db.run(attempt)
+            rows = self._db.run(attempt, in_band=in_band)
             queued = self._note_place(key, rows)
             left_ms = next((row[3] for row in rows if row[0] == "quarantine"), None)
             self._quarantines.met(key, None if left_ms is None else int(left_ms))
@@ -341,6 +350,23 @@ class PostgresStore(PgReads, SqlStore, capabilities=CAPABILITIES):
         raise StoreUnavailable(
             f"{self.display_url}: {key!r} is taken and freed too fast to acquire it"
         )
+
+    def _acquire_in_band(self, conn: psycopg.Connection, set_up: str, params: dict) -> tuple:
+        """``(the table's oid, the acquire's rows)`` on a new connection, with its session
+        settings (``PgConnection.run``'s ``in_band``): the release channel named by the oid
+        as the statement finds it, and the tables read (a missing one fails the call)."""
+        query = sql.SQL(set_up + _IN_BAND_OID).format(
+            table=sql.Literal(self._schema.quoted_name),
+            runs=sql.Literal(self._schema.runs.as_string(conn)),
+            waiters=sql.Literal(self._schema.waiters_quoted_name),
+        ) + self._sql(ACQUIRE_IN_BAND)
+        cursor = psycopg.ClientCursor(conn)  # one simple query, parameters bound here
+        cursor.execute(query, params)
+        while cursor.description is None:  # the settings'
+            cursor.nextset()
+        oid = one_row(cursor)[0]
+        cursor.nextset()
+        return int(oid), cursor.fetchall()
 
     def _note_place(self, key: str, rows: list) -> bool:
         """Our place in ``key``'s queue as the acquire left it: True when we have one."""
@@ -569,3 +595,15 @@ def _freed(rows: list) -> int:
     """How many leases a release statement freed (or kept for later): its 'freed' rows (the
     others tell the waiters it woke)."""
     return sum(1 for row in rows if row[0] == "freed")
+
+
+@contextmanager
+def _counter_errors(key: str) -> Iterator[None]:
+    """A key's fencing counter that has no next token (at 2**63-1), or that is below 0 (see
+    queue._ACQUIRE_TAKE), as tasklock's errors."""
+    try:
+        yield
+    except pgerr.NumericValueOutOfRange:
+        raise FencingExhausted(key) from None
+    except pgerr.DivisionByZero:
+        raise CounterUnreadable(key) from None

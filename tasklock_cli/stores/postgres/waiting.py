@@ -11,7 +11,6 @@ turn at its next look."""
 
 from __future__ import annotations
 
-import hashlib
 import time
 
 import psycopg
@@ -34,6 +33,8 @@ def payload_for(key: str) -> str:
     encoded = key.encode("utf-8")
     if len(encoded) <= MAX_PAYLOAD_KEY_BYTES:
         return key
+    import hashlib  # (here: OpenSSL's libcrypto, ~11 M instructions, for a long key only)
+
     return hashlib.md5(encoded).hexdigest()
 
 

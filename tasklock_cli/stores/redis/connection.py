@@ -197,6 +197,17 @@ def _url_parameters(scheme: str) -> frozenset[str]:
     return frozenset(names)
 
 
+def _takes_driver_info() -> bool:
+    """Whether this redis-py's connections take ``driver_info`` (redis-py 7.1 and later;
+    from 8 its constructor is wrapped by a decorator that warns of deprecated arguments)."""
+    init = redis.connection.AbstractConnection.__init__
+    init = getattr(init, "__wrapped__", init)
+    return "driver_info" in init.__code__.co_varnames
+
+
+_TAKES_DRIVER_INFO = _takes_driver_info()
+
+
 def _set_up_lean(connection: redis.connection.AbstractConnection) -> None:
     """The connection's handshake, without two steps that each cost a round trip.
 
@@ -329,9 +340,10 @@ class RedisConnection:
         }
         if self._tcp:
             kwargs["socket_keepalive"] = True
-        if "driver_info" in redis.connection.AbstractConnection.__init__.__code__.co_varnames:
+        if _TAKES_DRIVER_INFO:
             # No CLIENT SETINFO (see _set_up_lean): and no reading redis-py's own version
-            # from its package metadata for it, 4 ms per connection made.
+            # from its package metadata for it (importlib.metadata and the email package's
+            # parser: ~4 ms, once a process).
             kwargs["driver_info"] = None
         return kwargs
 
