@@ -204,7 +204,7 @@ def test_doctor_json_shows_the_stores_capabilities(cli_env, sqlite_url):
     assert (last["check"], last["ok"]) == ("capabilities", True)
     assert last["capabilities"] == {
         "signals_release": True,
-        "concurrent_release": False,
+        "concurrent_release": True,
         "waits_keep_places": False,
         "byte_keys": True,
         "min_ttl": 0.0,

@@ -27,7 +27,9 @@ __all__ = ["SQLiteStore"]
 #: What the store can do, its class's traits (see ``traits.Capabilities``).
 CAPABILITIES = Capabilities(
     signals_release=True,  # among processes on this machine (see waiting and breaks)
-    concurrent_release=False,
+    # Its calls take the connection's lock, and a release closes nothing a wait for a break
+    # uses (``breaks``): the heartbeat is joined after the release, off the hand-off.
+    concurrent_release=True,
     waits_keep_places=False,
     byte_keys=True,  # SQLite's text holds any bytes
     min_ttl=0.0,

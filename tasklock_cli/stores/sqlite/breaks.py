@@ -21,8 +21,9 @@ if TYPE_CHECKING:
 class BreakAlarms(entries.KeyDirectories):
     """The FIFOs through which this process's held leases hear of a break, one per lease
     (key and fencing token) whose holder waits for one. A FIFO is kept from the first wait
-    until the lease is released, so a break between two waits is still there to be read:
-    it is never drained (a broken lease stays broken)."""
+    until the store is closed (``forget_all``), so a break between two waits is still there
+    to be read: it is never drained (a broken lease stays broken). Not at the release: the
+    holder's heartbeat may still wait on it then (the store's ``concurrent_release``)."""
 
     def __init__(
         self,
@@ -57,12 +58,6 @@ class BreakAlarms(entries.KeyDirectories):
                 return None, True
             self._fifos[(key, token)] = (dir_fd, fd)
             return fd, True
-
-    def forget(self, key: str, token: int) -> None:
-        with self._lock:
-            known = self._fifos.pop((key, token), None)
-        if known is not None:
-            self._close(key, token, *known)
 
     def forget_all(self) -> None:
         with self._lock:

@@ -47,6 +47,7 @@ BUSY_TIMEOUT_S = 5.0
 BUSY_SLICE_S = 0.003
 #: How ``sync`` opens the WAL: never through a symlink, and never blocking (not a FIFO's open).
 _SYNC_OPEN = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+_DIRECTORY_OPEN = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
 
 def when_not_busy(operation: Callable[[], _T]) -> _T:
@@ -88,10 +89,14 @@ class SQLiteConnection:
         self._conn: sqlite3.Connection | None = None
         self._lock = _thread.RLock()
         self._wal = False  # the connection is in WAL mode (it may not be, where WAL fails)
+        self._directory_synced = False  # by this connection (``sync_directory``)
+        self._prepared: set[tuple[str, ...]] = set()  # compiled ahead (``prepare``)
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
             self._conn = self._connect()
+            self._directory_synced = False
+            self._prepared = set()
         return self._conn
 
     def _connect(self) -> sqlite3.Connection:
@@ -125,29 +130,24 @@ class SQLiteConnection:
             self._connection()
 
     @contextlib.contextmanager
-    def write(
-        self, durable: bool = False, sync_later: bool = False
-    ) -> Iterator[sqlite3.Connection]:
+    def write(self, durable: bool = False) -> Iterator[sqlite3.Connection]:
         """A write transaction (BEGIN IMMEDIATE), committed when the block ends. Text that
         is not UTF-8 is read leniently (``rows.lenient_text``): the few a write returns.
 
-        ``durable``: the commit is on disk when the block ends (the WAL is synced), so a
-        power cut cannot take it back: for what must never repeat after a reboot, a fencing
-        token issued and a run's success that ``--once-per`` reads. Other commits are synced
-        at the next checkpoint (``synchronous=NORMAL``): losing one loses only what the
-        reboot ended anyway (a renewal, a lease).
-
-        ``sync_later`` (with ``durable``): in WAL mode the commit is not synced here but by
-        the caller's ``sync`` right after, so that others may be told of it first (a
-        release wakes the next waiter before its sync, which is then off the hand-off);
-        elsewhere (no WAL) the commit is synced at once, as ``durable`` alone."""
+        Commits are synced at the next checkpoint (``synchronous=NORMAL``): losing one to a
+        power cut loses only what the reboot ended anyway (a renewal, a waiter's place, a
+        lease). What must never repeat after a reboot, a fencing token issued and a run's
+        success that ``--once-per`` reads, the caller makes durable with ``sync`` after the
+        block, once it knows it wrote such a thing (and, for a release, once it has woken
+        the next waiter). ``durable`` says it may: where the commit cannot be synced after
+        it (no WAL mode) it is synced at once (``synchronous=FULL``), and ``sync`` does
+        nothing."""
         with self._lock:
             conn = self._connection()
-            if sync_later and self._wal:
-                durable = False
+            full = durable and not self._wal
             conn.text_factory = lenient_text
             try:
-                if durable:  # (the level may not change inside a transaction)
+                if full:  # (the level may not change inside a transaction)
                     conn.execute("PRAGMA synchronous=FULL")
                 when_not_busy(lambda: conn.execute("BEGIN IMMEDIATE"))
                 try:
@@ -160,18 +160,21 @@ class SQLiteConnection:
                 raise self._translate(exc) from exc
             finally:
                 conn.text_factory = str
-                if durable:
+                if full:
                     with suppressed(sqlite3.Error):
                         conn.execute("PRAGMA synchronous=NORMAL")
 
     def sync(self) -> None:
-        """Put every commit made so far on disk: after ``write(durable=True,
-        sync_later=True)``, before the process may end. In WAL mode a commit is its frames
-        appended to the WAL, so syncing the WAL (fdatasync, as SQLite's synchronous=FULL
-        does at a commit) syncs it and every commit before it; a checkpoint syncs the WAL
-        before copying from it. A reader that commits durably after seeing the commit
-        (the next holder's acquire) syncs it too: its frames come later in the same WAL.
-        Without WAL mode the commit was synced already."""
+        """Put every commit made so far on disk (after ``write(durable=True)``), as
+        ``synchronous=FULL`` would have at the commit, before anything relies on it: the
+        command starts, the process ends. In WAL mode a commit is its frames appended to the
+        WAL, so syncing the WAL (fdatasync, as SQLite does) syncs it and every commit
+        before it; a checkpoint syncs the WAL before copying from it, and the WAL starts
+        over only once all of it is in the database file, synced. A later commit that is
+        synced syncs this one too: its frames come later in the same WAL (a release's
+        success is so synced by the next holder's acquire as well). The first sync of a
+        connection also syncs the directory, as SQLite's does, so that the WAL's name is
+        on disk too (``sync_directory``). Without WAL mode the commit was synced already."""
         with self._lock:
             if self._conn is None or not self._wal:
                 return
@@ -185,6 +188,40 @@ class SQLiteConnection:
                 raise StoreUnavailable(f"{self.path}: cannot sync its WAL ({exc})") from exc
             finally:
                 os.close(fd)
+            self.sync_directory()
+
+    def sync_directory(self) -> None:
+        """Sync the directory of the file once per connection, as SQLite does at its first
+        sync of the WAL: the WAL may be new, and its name must reach the disk with it. The
+        WAL stays while our connection is open (only the last close removes it), so this
+        may come ahead of ``sync``: a waiter does it as it joins the queue, and its taking
+        later syncs the WAL alone. Where the directory cannot be opened, nothing (SQLite
+        does the same)."""
+        with self._lock:
+            if self._conn is None or not self._wal or self._directory_synced:
+                return
+            self._directory_synced = True
+            with suppressed(OSError):
+                fd = os.open(os.path.dirname(self.path) or ".", _DIRECTORY_OPEN)
+                try:
+                    os.fdatasync(fd)
+                finally:
+                    os.close(fd)
+
+    def prepare(self, statements: tuple[str, ...]) -> None:
+        """Compile ``statements`` into the connection's statement cache without running
+        them, once per connection: Python's sqlite3 compiles a statement and caches it
+        before it binds the parameters, and an empty mapping then fails the binding, so
+        nothing runs. For statements a hand-off would otherwise compile (0.05-0.35 ms
+        each), compiled while there is time. Best effort: an error leaves them to be
+        compiled when used."""
+        with self._lock:
+            if self._conn is None or statements in self._prepared:
+                return
+            self._prepared.add(statements)
+            for sql in statements:
+                with suppressed(sqlite3.Error):
+                    self._conn.execute(sql, {})
 
     def read(self, sql: str, params: dict) -> list[tuple[Any, ...]]:
         """The rows of a query, as plain tuples (no row_factory). Text that is not UTF-8

@@ -235,6 +235,18 @@ _TRIM_RUNS = f"""DELETE FROM {RUNS_TABLE} WHERE key = :key AND fencing_token < (
      ORDER BY fencing_token DESC LIMIT 1 OFFSET {LEDGER_KEEP - 1})
   AND fencing_token IS NOT (SELECT fencing_token {NEWEST_SUCCESS})"""
 
+#: What a hand-off runs that nothing before it has: the release's statements, and those of
+#: an acquire that takes the key after a wait. Compiled ahead (``SQLiteConnection.prepare``)
+#: by a run that waits, and by a holder as it first waits for a break (~0.2 ms together).
+_HAND_OFF_STATEMENTS = (
+    _RELEASE,
+    queue.WAKE_SET,
+    _RECORD_RUN,
+    _TRIM_RUNS,
+    _RAISE_LONGEST_TTL,
+    queue.LEAVE,
+)
+
 
 def boot_clock() -> float:
     return time.clock_gettime(time.CLOCK_BOOTTIME)
@@ -332,8 +344,12 @@ class SQLiteStore(SQLiteReads, Store, capabilities=CAPABILITIES):
             "waiter_ttl": self.waiter_ttl,
             "fifo": self._wakeups.name if self._wakeups.key == key else None,
         }
-        with self._db.write(durable=True) as conn:  # the queue and the taking, on disk
+        with self._db.write(durable=True) as conn:  # the queue and the taking
             taking = _Taking.run(conn, params, queue)
+        if taking.row is not None:  # a token issued: on disk before the acquire returns
+            self._db.sync()
+        elif taking.queued:  # (ahead of the taking, which then syncs the WAL alone)
+            self._db.sync_directory()
         # The superseded waiters hear of it; the run now at the head of the queue, which a
         # superseded place may have held up, is woken.
         self._wakeups.wake(key, taking.to_tell, fallback=False)
@@ -345,7 +361,7 @@ class SQLiteStore(SQLiteReads, Store, capabilities=CAPABILITIES):
         row = taking.row
         if row is None:
             return QUEUED if taking.queued else None
-        self._wakeups.leave(tidy=False)  # its directory goes at the release, after the wake-up
+        self._wakeups.leave(tidy=False)  # its FIFO and directory go at the release, later
         slot, token, acquired_at, expires_at = row
         return Lease(
             key,
@@ -369,7 +385,7 @@ class SQLiteStore(SQLiteReads, Store, capabilities=CAPABILITIES):
         params["broken"] = BROKEN_OWNER_PREFIX + lease.owner_token
         freed, head = False, []
         durable = _a_success(record)  # synced after the wake-up (SQLiteConnection.sync)
-        with self._db.write(durable=durable, sync_later=True) as conn:
+        with self._db.write(durable=durable) as conn:
             kept = keep_for > 0 and conn.execute(_RELEASE_LATER, params).rowcount == 1
             if not kept:  # (a broken lease is freed, keep_for or not)
                 freed = conn.execute(_RELEASE, params).rowcount == 1
@@ -381,8 +397,8 @@ class SQLiteStore(SQLiteReads, Store, capabilities=CAPABILITIES):
         if durable:
             self._db.sync()
         # Then the tidying, which the next run need not wait for: its removals are
-        # journalled writes (milliseconds each on a busy disk).
-        self._alarms.forget(lease.key, lease.fencing_token)
+        # journalled writes (milliseconds each on a busy disk). The lease's break FIFO stays
+        # until ``close``: the heartbeat may still wait on it (``concurrent_release``).
         self._wakeups.tidy(lease.key)
         return kept or freed
 
@@ -484,14 +500,17 @@ class SQLiteStore(SQLiteReads, Store, capabilities=CAPABILITIES):
 
     def wait_for_break(self, lease: Lease, timeout: float, wake_fd: int | None = None) -> bool:
         """Wait on the lease's FIFO in ``<file>.holders/``, which a break writes to. Made
-        at the first wait and kept until release, then looked at once: a break before the
+        at the first wait and kept until the store is closed (a release may come while
+        this wait goes on: ``concurrent_release``), then looked at once: a break before the
         FIFO existed told nobody."""
         fd, new = self._alarms.listen(lease.key, lease.fencing_token)
         if fd is None:  # no FIFOs here: learnt of at the next renewal
             wait_readable([wake_fd], timeout)
             return False
-        if new and not self._intact(lease):
-            return True
+        if new:
+            if not self._intact(lease):
+                return True
+            self._db.prepare(_HAND_OFF_STATEMENTS)  # while the command runs: for the release
         if fd not in wait_readable([fd, wake_fd], timeout):
             return False
         _drain(fd)  # a hint, told once: the renewal that follows asks the store
@@ -505,6 +524,7 @@ class SQLiteStore(SQLiteReads, Store, capabilities=CAPABILITIES):
 
     def _prepare_wait(self, key: str, deadline: float, wake_fd: int | None) -> bool:
         self._wakeups.register(key)  # (before the look: a release after it is not missed)
+        self._db.prepare(_HAND_OFF_STATEMENTS)  # (once)
         return True
 
     def _time_until_free(self, key: str) -> float | None:
@@ -560,6 +580,7 @@ class SQLiteStore(SQLiteReads, Store, capabilities=CAPABILITIES):
         # costs it one look at most.
         if self._wakeups.key is not None:
             self._wakeups.give_up(self._wakeups.key)
+        self._wakeups.tidy_left()  # (an acquire's, not released)
         self._alarms.forget_all()
         self._db.close(checkpoint)
 

@@ -46,6 +46,8 @@ class LocalWakeups(entries.KeyDirectories):
     _name: str | None = None
     _dir_fd: int | None = None
     _fd: int | None = None
+    # What ``leave(tidy=False)`` left for ``tidy``: (key, its directory's fd, our FIFO's name).
+    _left: tuple[str, int, str] | None = None
 
     @property
     def key(self) -> str | None:
@@ -97,14 +99,20 @@ class LocalWakeups(entries.KeyDirectories):
 
     def leave(self, tidy: bool = True) -> None:
         """Leave the queue: the holder, or a waiter that gave up, wants no wake-ups. Without
-        ``tidy`` the key's directory stays for ``tidy`` to remove later: a run that has just
-        acquired keeps that removal (a journalled write, milliseconds on a busy disk) off
-        the hand-off, between its acquire and its command's start."""
+        ``tidy`` our FIFO and the key's directory stay for ``tidy`` to remove later: a run
+        that has just acquired keeps those removals (journalled writes, milliseconds on a
+        busy disk) off the hand-off, between its acquire and its command's start. The FIFO
+        has no reader from now on: a release that tries it takes it for a dead waiter's
+        (it removes it and wakes the next one), as it would after a crash."""
+        self.tidy_left()
         key, fd, name, dir_fd = self._key, self._fd, self._name, self._dir_fd
         self._key = self._name = self._dir_fd = self._fd = None
         if fd is not None:
             os.close(fd)
         if dir_fd is not None:
+            if key is not None and name is not None and not tidy:
+                self._left = (key, dir_fd, name)
+                return
             if name is not None:
                 entries.remove(name, dir_fd)
             os.close(dir_fd)
@@ -112,8 +120,25 @@ class LocalWakeups(entries.KeyDirectories):
             self.tidy(key)
 
     def tidy(self, key: str) -> None:
-        """Remove ``key``'s directory if it is empty (no waiter's FIFO in it)."""
+        """Remove our FIFO that ``leave(tidy=False)`` left, and ``key``'s directory if it
+        is empty (no waiter's FIFO in it)."""
+        self._remove_left()
         self.remove_key_dir(key)
+
+    def tidy_left(self) -> None:
+        """``tidy`` the key that ``leave(tidy=False)`` left our FIFO in, if any."""
+        key = self._remove_left()
+        if key is not None:
+            self.remove_key_dir(key)
+
+    def _remove_left(self) -> str | None:
+        if self._left is None:
+            return None
+        key, dir_fd, name = self._left
+        self._left = None
+        entries.remove(name, dir_fd)
+        os.close(dir_fd)
+        return key
 
     def give_up(self, key: str, first: list[str] | None = None) -> None:
         """Leave ``key``'s queue and wake the next waiters (``first``: the run at the head
