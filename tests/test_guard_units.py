@@ -151,3 +151,36 @@ def test_a_bug_in_the_guard_is_reported_escaped():
     assert os.waitstatus_to_exitcode(status) == 1
     assert b"Traceback" in printed and b"\\x1b]0;pwned\\x07 from the store" in printed
     assert b"\x1b" not in printed and b"\x07" not in printed, printed
+
+
+def test_one_poll_after_a_command_that_left_nothing_reads_the_guards_empty_too():
+    """`exited` (no orphans) then `empty`, a moment apart: the poll that reads the first
+    waits that moment for the second, so the wrapper releases without sleeping again. (The
+    guard's `empty` is sent as the poll starts its wait: deterministic on a loaded machine.)"""
+    import _socket
+    import time
+
+    from tasklock_cli.proc.process import REPORT_SPIN_S
+    from tasklock_cli.proc.process import Child
+    from tasklock_cli.proc.protocol import encode
+
+    child = Child.__new__(Child)
+    ours, guards = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)
+    child._sock, child._exit_fd, child.guard_pid = ours, None, 0
+    child.status = child.exited_at = None
+    child.orphans, child.tree_empty, child.stopped_by = 0, False, None
+    child.backstop_fired = child.guard_died = False
+    child._collect_guard = lambda: None  # type: ignore[method-assign]  # no guard to reap
+    waits: list[float] = []
+
+    def guard_reports_empty(seconds: float) -> None:
+        waits.append(seconds)
+        guards.send(encode("empty"))
+
+    child._await_report = guard_reports_empty  # type: ignore[method-assign]
+    guards.send(encode("exited", 0, 0, time.monotonic()))
+    child.poll()
+    assert child.exited and child.tree_empty
+    assert waits == [REPORT_SPIN_S]
+    ours.close()
+    guards.close()

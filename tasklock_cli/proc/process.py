@@ -273,12 +273,21 @@ class Child:
         self._order(ORDER_BACKSTOP, repr(clocks.monotonic() + max(0.0, seconds)))
 
     def poll(self) -> None:
-        """Read every report the guard has sent (never blocks)."""
+        """Read every report the guard has sent (never blocks but for a spin of at most
+        ``REPORT_SPIN_S`` when a report is due at once: see ``_await_report``)."""
         if self._exit_fd is not None and fd_readable(self._exit_fd):
             self._close_exit_fd()  # it has exited: the guard's reports tell the rest
             self._await_report(REPORT_SPIN_S)
+        empty_due = False
         while not self.tree_empty:
             report = receive(self._sock)
+            if report is None and not empty_due and self.exited and not self.orphans:
+                # The command left nothing running: the guard's "empty" follows its
+                # "exited" at once (its next reap finds no child). Waiting for it here
+                # rather than in the caller's next sleep saves a wake-up before the release.
+                empty_due = True
+                self._await_report(REPORT_SPIN_S)
+                continue
             if report is None:
                 return
             if not report:
