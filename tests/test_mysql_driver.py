@@ -7,12 +7,10 @@ when the server offers TLS (``connection._PreferredTLS``).
 
 from __future__ import annotations
 
-import os
 import shutil
 import socket
 import ssl
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -20,6 +18,8 @@ import pytest
 
 from tasklock_cli.stores.mysql.connection import _Connection
 from tasklock_cli.stores.mysql.connection import _PreferredTLS
+from tests.support.imports import loaded_after_a_call
+from tests.support.imports import python_output
 
 #: Opens the store, makes one call, and says which TLS modules the process loaded.
 PROBE = """
@@ -32,17 +32,8 @@ print("ssl" in sys.modules, pymysql.connections.SSL_ENABLED)
 """
 
 
-def probe(url: str, prelude: str = "", code: str = PROBE) -> str:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "TASKLOCK_"))}
-    done = subprocess.run(
-        [sys.executable, "-c", prelude + code, url],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr
-    return done.stdout.strip()
+def probe(url: str, prelude: str = "") -> str:
+    return python_output(prelude + PROBE, url).strip()
 
 
 #: What `tasklock`'s entry point does first: this process is the command's own.
@@ -105,17 +96,9 @@ def test_preferred_tls_makes_its_context_when_the_handshake_wraps(
     assert connection.ctx.verify_mode == ssl.CERT_NONE
 
 
-#: Opens the store, makes one call, and says which of the modules PyMySQL's import brings,
-#: and the store's own imports could, the process loaded.
-LEAN_PROBE = """
-import sys
-from tasklock_cli.stores import open_store
-with open_store(sys.argv[1]) as store:
-    store.peek("k")
-deferred = ("traceback", "hashlib", "configparser", "getpass", "urllib.parse", "json",
-            "encodings.idna", "ipaddress", "unicodedata", "ssl")
-print(" ".join(name for name in deferred if name in sys.modules) or "none")
-"""
+#: The modules PyMySQL's import brings, and the store's own imports could.
+DEFERRED = ["traceback", "hashlib", "configparser", "getpass", "urllib.parse", "json",
+            "encodings.idna", "ipaddress", "unicodedata", "ssl"]  # fmt: skip
 
 
 def test_a_plain_call_loads_none_of_what_it_does_not_use(mysql_url: str) -> None:
@@ -123,7 +106,7 @@ def test_a_plain_call_loads_none_of_what_it_does_not_use(mysql_url: str) -> None
     and the idna codec: a URL without a password, parameters or a non-ASCII host needs
     none of them (``driver``, ``urls``), and neither does a call on a server offering no
     TLS to a user without a password (the test server's set-up)."""
-    assert probe(mysql_url, AS_THE_COMMAND, LEAN_PROBE) == "none"
+    assert loaded_after_a_call(mysql_url, DEFERRED, AS_THE_COMMAND) == []
 
 
 def test_the_stand_ins_answer_as_the_modules_do() -> None:
@@ -157,7 +140,4 @@ print(parser.get("client", "user"))
 
 
 def run_python(code: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
-    )
-    return done.stdout.strip()
+    return python_output(code).strip()

@@ -981,19 +981,9 @@ def test_a_superseded_waiter_is_woken_and_leaves(postgres_url, stores):
 def test_a_call_does_not_load_hashlib(postgres_url):
     """hashlib (OpenSSL's libcrypto, ~11 M instructions) only for a schema's creation and a
     key too long for a notification, never a plain call."""
-    import subprocess
-    import sys
-
     from tasklock_cli.stores import open_store
+    from tests.support.imports import loaded_after_a_call
 
     with open_store(postgres_url) as first:  # the table created (its advisory lock's id)
         first.peek("k")
-    code = (
-        "import sys\nfrom tasklock_cli.stores import open_store\n"
-        "with open_store(sys.argv[1]) as store:\n    store.peek('k')\n"
-        "print('hashlib' in sys.modules)"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", code, postgres_url], capture_output=True, text=True, timeout=60
-    )
-    assert done.stdout.strip() == "False", done.stderr
+    assert loaded_after_a_call(postgres_url, ["hashlib"]) == []

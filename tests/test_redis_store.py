@@ -1292,15 +1292,6 @@ def test_a_call_reads_no_package_metadata(redis_url):
     """No CLIENT SETINFO, so no redis-py version read from its package metadata
     (importlib.metadata with the email package's parser, ~4 ms of a run): the connections
     are given ``driver_info=None`` wherever redis-py takes it."""
-    import subprocess
-    import sys
+    from tests.support.imports import loaded_after_a_call
 
-    code = (
-        "import sys\nfrom tasklock_cli.stores import open_store\n"
-        "with open_store(sys.argv[1]) as store:\n    store.peek('k')\n"
-        "print('email.parser' in sys.modules)"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", code, redis_url], capture_output=True, text=True, timeout=60
-    )
-    assert done.stdout.strip() == "False", done.stderr
+    assert loaded_after_a_call(redis_url, ["email.parser"]) == []
