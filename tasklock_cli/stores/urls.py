@@ -121,10 +121,9 @@ def url_parameters(url: str) -> dict[str, str]:
     """The query parameters of a URL, the last of each name winning (none: ``{}``)."""
     if "?" not in url:
         return {}
-    from urllib.parse import parse_qsl
     from urllib.parse import urlsplit
 
-    return dict(parse_qsl(urlsplit(url).query, keep_blank_values=True))
+    return query_parameters(urlsplit(url).query)
 
 
 class _Patterns:
