@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import _socket  # not socket: its enums and selectors cost ~2 ms per start
-import functools
 import os
 import sys
 
@@ -163,8 +162,7 @@ class Child:
                 # Listed now, while the lock is still being taken, not after the start order:
                 # the guard opens nothing inheritable (its pipe and socket are close-on-exec).
                 listed = _inheritable_fds()
-                spawn = functools.partial(spawn_command, command, listed_fds=listed)
-                run_guard(theirs, spawn, blocked, env)
+                run_guard(theirs, lambda e, f: spawn_command(command, e, f, listed), blocked, env)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         theirs.close()

@@ -9,8 +9,6 @@ how the release went.)
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from tasklock_cli.errors import NotGranted
 from tasklock_cli.errors import QueueFull
 from tasklock_cli.errors import Superseded
@@ -27,6 +25,8 @@ from tasklock_cli.util.times import rfc3339
 #: typing costs ~2 ms per start: its names are for the type checker only.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from tasklock_cli.run.conflict import Conflict
     from tasklock_cli.run.keeper import LeaseKeeper
     from tasklock_cli.run.options import RunOptions

@@ -17,9 +17,7 @@ own: a module more on `run`'s path is start-up time, see tests/test_fastrun.py.)
 from __future__ import annotations
 
 import _socket  # not socket: its enums and selectors cost ~2 ms per start
-import functools
 import os
-from collections.abc import Callable
 
 from tasklock_cli.errors import LossKind
 from tasklock_cli.errors import StoreUnavailable
@@ -40,6 +38,11 @@ from tasklock_cli.util.durations import format_duration
 from tasklock_cli.util.records import dataclass
 from tasklock_cli.util.records import replace
 from tasklock_cli.util.sanitize import recordable
+
+#: typing costs ~2 ms per start: its names are for the type checker only.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 
 class Holding:
@@ -256,7 +259,7 @@ def release_and_report(
             options.schedule.renew_retry_interval,
             events.debug,
             record,
-            functools.partial(warn_ledger_failed, events, keeper),
+            lambda exc: warn_ledger_failed(events, keeper, exc),
         )
     except StoreUnavailable as exc:
         events.error(
@@ -293,7 +296,11 @@ def release_held(
     if loss is not None and loss.detected_by in (LossKind.REJECTED, LossKind.REPLACED):
         # Broken by an operator: still ours to let go, token-checked, unless someone
         # else holds it by now (then this frees nothing). One try: it is not ours to keep.
-        on_failed = functools.partial(warn_ledger_failed, events, holding.primary)
+        primary = holding.primary
+
+        def on_failed(exc: TasklockError) -> None:
+            warn_ledger_failed(events, primary, exc)
+
         for k in holding.release_quietly(options.schedule.io_timeout, records, on_failed):
             events.emit("released", k.key, k.fencing_token, f"released {k.key!r}")
         return

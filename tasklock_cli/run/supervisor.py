@@ -11,10 +11,8 @@ What the run says is worded in ``run.announce``, and what the command is given i
 from __future__ import annotations
 
 import _thread
-import functools
 import os
 import select
-from collections.abc import Callable
 
 from tasklock_cli.errors import ExitCode
 from tasklock_cli.errors import Interrupted
@@ -71,6 +69,8 @@ FORWARDED_SIGNALS = (
 #: typing costs ~2 ms per start: its names are for the type checker only.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from tasklock_cli.run.hooks import Hooks
 
 #: A signal that arrives during a store call (connecting, acquiring) lets the call finish
@@ -114,7 +114,8 @@ class Supervisor:
         self.holding = Holding(keepers, self._heartbeat_of, own_stores)
         self.child: Child | None = None  # once the command started
         self._guard: Child | None = None  # forked before the acquire, the command not started
-        self._on_ledger_failed = functools.partial(warn_ledger_failed, events, self.keeper)
+        keeper = self.keeper
+        self._on_ledger_failed = lambda exc: warn_ledger_failed(events, keeper, exc)
         self._waiter: Waiter | None = None
         self._acquiring = False
         self._loss_lock = _thread.allocate_lock()
@@ -207,7 +208,7 @@ class Supervisor:
             wake_fd=self._wake_r,
             supersede=options.supersede,
             replace=options.replace,
-            on_broken=functools.partial(emit_replacing, self.events, keeper.key),
+            on_broken=lambda broken: emit_replacing(self.events, keeper.key, broken),
             priority=options.priority,
             max_waiting=options.max_waiting,
         )
@@ -443,7 +444,10 @@ def between_hooks(supervisor: Supervisor) -> int:
     if hooks is None:
         return supervisor._run_child()
     env = {**command_env(options), **lease_env(supervisor.keeper, supervisor.holding)}
-    ended = functools.partial(how_it_ended, lambda: supervisor.child, supervisor.state)
+
+    def ended() -> tuple[bool, int | None]:
+        return how_it_ended(lambda: supervisor.child, supervisor.state)
+
     return hooks.around_command(env, supervisor.holding, supervisor._run_child, ended)
 
 

@@ -46,7 +46,6 @@ from __future__ import annotations
 import time
 from abc import ABC
 from abc import abstractmethod
-from collections.abc import Iterator
 
 from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.stores.model import EXCLUSIVE
@@ -67,6 +66,7 @@ from tasklock_cli.util.fds import wait_readable
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import builtins
+    from collections.abc import Iterator
     from datetime import datetime
 
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 import _thread
 import os
 import time
-from collections.abc import Callable
 
 from tasklock_cli.errors import ConfigError
 from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.stores.rows import lenient_text
 from tasklock_cli.stores.sqlite import files
+from tasklock_cli.stores.sqlite.driver import sqlite3  # (the store's modules take it here)
 from tasklock_cli.stores.sqlite.entries import PRIVATE_MODE
 from tasklock_cli.stores.sqlite.entries import Owners
 from tasklock_cli.stores.sqlite.schema import ensure_schema
@@ -21,20 +21,11 @@ from tasklock_cli.util import suppressed
 #: typing costs ~2 ms per start: its names are for the type checker only.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    import sqlite3
+    from collections.abc import Callable
     from typing import Any
     from typing import TypeVar
 
     _T = TypeVar("_T")
-else:
-    # The driver's C module, which the ``sqlite3`` package re-exports (connect, Connection and
-    # the errors are the same objects): the package's dbapi2 imports ``datetime`` (~6 M
-    # instructions of every `run`) for date adapters tasklock never uses. Other Pythons: the
-    # package. The SQLite store's modules take it from here.
-    try:
-        import _sqlite3 as sqlite3
-    except ImportError:  # not CPython
-        import sqlite3
 _BUSY_CODES = {getattr(sqlite3, "SQLITE_BUSY", 5), getattr(sqlite3, "SQLITE_LOCKED", 6)}
 BUSY_TIMEOUT_S = 5.0
 #: SQLite's own busy handler sleeps ever longer (up to 100 ms a time) while the write lock

@@ -4,9 +4,6 @@ judged live on the boot clock as it is read. A mixin of ``SQLiteStore``."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from collections.abc import Iterator
-
 from tasklock_cli.stores import rows as row_parsing
 from tasklock_cli.stores.model import LEDGER_KEEP
 from tasklock_cli.stores.model import LIST_PAGE
@@ -24,6 +21,8 @@ from tasklock_cli.util.times import utc_from_timestamp
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
+    from collections.abc import Iterator
     from datetime import datetime
 
 # A lease is live when it has an owner, was granted in this boot, and has not run out.

@@ -22,8 +22,6 @@ So two processes opening an old file at once migrate it once.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from tasklock_cli.errors import ConfigError
 
 TABLE = "tasklock_leases"
@@ -34,6 +32,7 @@ SCHEMA_VERSION = 6
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import sqlite3
+    from collections.abc import Callable
     from typing import Protocol
     from typing import TypeVar
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import os
 import time
 
@@ -296,9 +295,9 @@ class SQLiteStore(SQLiteReads, Store, capabilities=CAPABILITIES):
         self._boot = current_boot_id()
         owners = Owners(file_mode)  # whose directories beside the file to use (learnt at open)
         self._db = SQLiteConnection(self.path, create_parent, file_mode, owners)
-        beside = functools.partial(paths.with_name_suffix, self.path)
-        self._wakeups = LocalWakeups(beside(".waiters"), file_mode, owners)
-        self._alarms = BreakAlarms(beside(".holders"), file_mode, owners)
+        beside = paths.with_name_suffix
+        self._wakeups = LocalWakeups(beside(self.path, ".waiters"), file_mode, owners)
+        self._alarms = BreakAlarms(beside(self.path, ".holders"), file_mode, owners)
 
     @classmethod
     def from_url(cls, url: str) -> SQLiteStore:
