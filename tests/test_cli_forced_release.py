@@ -108,7 +108,8 @@ def _processes_noted(db: Path, key: str) -> bool:
     wait_for_holder(f"sqlite:///{db}", key)  # (the file and its tables exist)
     with sqlite3.connect(db) as conn:
         row = conn.execute(
-            "SELECT json_extract(holder, '$.processes') FROM tasklock_leases WHERE key = ?",
+            "SELECT json_extract(holder, '$.processes') FROM tasklock_leases"
+            " WHERE key = ? AND slot = 0",
             (key,),
         ).fetchone()
     return bool(row and row[0])
@@ -171,7 +172,7 @@ def test_the_acquire_itself_records_the_holder_and_its_guard(cli_env, tmp_path):
         "import sqlite3, sys\n"
         "row = sqlite3.connect(sys.argv[1]).execute(\n"
         "    \"SELECT json_extract(holder, '$.processes.pids') FROM tasklock_leases\"\n"
-        "    \" WHERE key = 'k'\"\n"
+        "    \" WHERE key = 'k' AND slot = 0\"\n"
         ").fetchone()\n"
         "open(sys.argv[2], 'w').write(row[0])\n"
     )

@@ -1,6 +1,7 @@
-"""SQLite's durability across a power cut (issue 39): the commit that issues a fencing token
-is on disk before the command starts, and a run's success (what ``--once-per`` reads) is on
-disk before tasklock exits. Seen in the system calls, under strace: a power cut cannot be
+"""SQLite's durability across a power cut (issue 39): the commit that reserves a new block of
+fencing tokens is on disk before the command starts (the tokens within a block need no
+sync: tests/test_sqlite_token_blocks.py), and a run's success (what ``--once-per`` reads) is
+on disk before tasklock exits. Seen in the system calls, under strace: a power cut cannot be
 played here, a missing sync can be seen."""
 
 from __future__ import annotations
@@ -52,8 +53,9 @@ def _syncs_around_the_command(db: Path, args: list[str], env: dict) -> tuple[int
 
 def test_a_token_is_on_disk_before_the_command_and_a_success_before_exit(tmp_path, cli_env):
     """With ``synchronous=NORMAL`` alone a WAL commit reaches the disk at the next
-    checkpoint: after a power cut the counter could roll back and the same token be issued
-    again, or a ``--once-per`` success vanish and the job run twice in its window. Another
+    checkpoint: after a power cut the counter could roll back past its block and the same
+    token be issued again, or a ``--once-per`` success vanish and the job run twice in its
+    window. The first run of a key in a boot reserves its block. Another
     connection stays open here, as a neighbouring run's would, so neither the WAL's creation
     nor the last close's checkpoint syncs in tasklock's place."""
     db = tmp_path / "locks.db"
@@ -74,15 +76,18 @@ def test_a_run_leaves_the_wal_for_the_next_one_without_a_checkpoint(tmp_path, cl
     """`tasklock run` closes the store without the checkpoint SQLite makes as the last
     connection closes (issue 45): no sync after the command but the release's own, which
     here records a success (``--once-per``), and the WAL stays, so the next run does not make
-    it again (no sync before the command but the acquire's). The next run reads what the
-    WAL holds: the first run's record."""
+    it again (no sync before the command but the acquire's, which reserves the key's first
+    block; none on the next run of that key). The next run reads what the WAL holds: the
+    first run's record."""
     db = tmp_path / "locks.db"
     env = {**cli_env, "TASKLOCK_STORE": f"sqlite://{db}"}
     first = tasklock("run", "k", "--once-per", "1s", "--", "true", env=env)
     assert first.returncode == 0, first.stderr
     assert Path(f"{db}-wal").stat().st_size > 0  # left, with the first run's commits
     args = ["run", "j", "--once-per", "1h", "--", "/bin/true"]
-    assert _syncs_around_the_command(db, args, env) == (1, 1)
+    assert _syncs_around_the_command(db, args, env) == (1, 1)  # j's first block
+    again = ["run", "j", "--", "/bin/true"]
+    assert _syncs_around_the_command(db, again, env) == (0, 1)  # a token of that block
     history = tasklock("history", "k", "--json", env=env)
     assert history.returncode == 0, history.stderr
     assert [run["outcome"] for run in json.loads(history.stdout)] == ["succeeded"]
@@ -90,8 +95,8 @@ def test_a_run_leaves_the_wal_for_the_next_one_without_a_checkpoint(tmp_path, cl
 
 def test_a_release_wakes_the_next_waiter_before_syncing_its_success(tmp_path, cli_env):
     """The release's sync of a success is off the hand-off: its commit wakes the waiter
-    first, then is synced (the waiter's acquire, durable itself, syncs it too: it comes
-    later in the same WAL), and tasklock exits only after that sync. (Again when the
+    first, then is synced (the waiter's acquire, a token of the key's block, syncs nothing),
+    and tasklock exits only after that sync. (Again when the
     waiter's own look took the key between the release's commit and its wake-up: then
     there was nobody to wake.)"""
     for attempt in range(3):

@@ -1,7 +1,9 @@
 """SQLite file store: one machine, many processes.
 
 What it keeps where: a row per key and slot (freed, never deleted: the highest fencing
-token among a key's rows is its counter) and the waiters' places in ``tasklock_waiters``.
+token among a key's rows is its counter; slot -1, never a lease, reserves the key's block of
+tokens for this boot, so that most acquires need no sync) and the waiters' places in
+``tasklock_waiters``.
 Expiry runs on CLOCK_BOOTTIME tagged with the boot id: a wall-clock jump changes nothing and
 a reboot frees every lease. A release wakes the waiters it may admit through their FIFOs in
 ``<file>.waiters/`` (``waiting``); a break tells its holder through a FIFO in

@@ -124,10 +124,11 @@ class SQLiteConnection:
 
         Commits are synced at the next checkpoint (``synchronous=NORMAL``): losing one to a
         power cut loses only what the reboot ended anyway (a renewal, a waiter's place, a
-        lease). What must never repeat after a reboot, a fencing token issued and a run's
-        success that ``--once-per`` reads, the caller makes durable with ``sync`` after the
-        block, once it knows it wrote such a thing (and, for a release, once it has woken
-        the next waiter). ``durable`` says it may: where the commit cannot be synced after
+        lease, a token within a block reserved for this boot). What must never repeat
+        after a reboot, a new block of fencing tokens and a run's success that
+        ``--once-per`` reads, the caller makes durable with ``sync`` after the block, once
+        it knows it wrote such a thing (and, for a release, once it has woken the next
+        waiter). ``durable`` says it may: where the commit cannot be synced after
         it (no WAL mode) it is synced at once (``synchronous=FULL``), and ``sync`` does
         nothing."""
         return WriteTransaction(self, durable)

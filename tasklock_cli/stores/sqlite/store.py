@@ -137,8 +137,37 @@ _HIGHEST_TOKEN = f"""SELECT CASE WHEN max(typeof(fencing_token) <> 'integer'
                                      OR fencing_token < 0) THEN NULL
                             ELSE coalesce(max(fencing_token), 0) END AS t
 FROM {TABLE} WHERE key = :key"""
-_NEXT_TOKEN = f"""SELECT CASE WHEN t < {MAX_FENCING_TOKEN} THEN t + 1 END
-FROM ({_HIGHEST_TOKEN})"""
+# Tokens are reserved in blocks, so that most acquires need no sync (docs/design/sqlite.md,
+# "Fencing tokens in blocks"): a key's row of slot -1, never a lease (no owner), holds the
+# ceiling of its block and, once the block is on disk, the boot it was synced in. Within
+# this boot's block the next token is the highest a lease row holds + 1, unsynced; else the
+# highest of all the key's rows + 1 (past any boot's ceiling: a power cut may lose the rows'
+# tokens, never a synced ceiling), with a new block.
+RESERVED_SLOT = -1
+#: Tokens per block: a power cut costs the key's tokens at most this jump.
+TOKEN_BLOCK = 1024
+_TOKENS = f"""SELECT ({_HIGHEST_TOKEN}) AS highest,
+    coalesce(max(CASE WHEN slot <> {RESERVED_SLOT} THEN fencing_token END), 0) AS issued,
+    max(CASE WHEN slot = {RESERVED_SLOT} AND boot_id IS :boot THEN fencing_token END) AS ceiling
+FROM {TABLE} WHERE key = :key"""
+_NEXT_TOKEN = f"""SELECT CASE WHEN highest IS NULL THEN NULL
+                   WHEN issued < ceiling - 1 THEN issued + 1
+                   WHEN highest < {MAX_FENCING_TOKEN} THEN highest + 1 END
+FROM ({_TOKENS})"""
+# After a token was issued: a new block from it, unless it lies within this boot's block.
+# The block has no boot until it is synced (_CONFIRM_BLOCK): until then no acquire draws
+# from it (one that finds it so reserves another). :block is 0 where the boot is unknown:
+# every token is then a block of its own, synced. Returns the new ceiling.
+_RESERVE = f"""INSERT INTO {TABLE} (key, slot, slot_limit, fencing_token, boot_id)
+VALUES (:key, {RESERVED_SLOT}, 1, CASE WHEN :token > {MAX_FENCING_TOKEN} - :block
+    THEN {MAX_FENCING_TOKEN} ELSE :token + :block END, NULL)
+ON CONFLICT (key, slot) DO UPDATE SET
+    fencing_token = excluded.fencing_token, boot_id = excluded.boot_id
+WHERE NOT (boot_id IS :boot AND typeof(fencing_token) = 'integer' AND fencing_token > :token)
+RETURNING fencing_token"""
+# The block, synced, is this boot's (unless another acquire reserved past it meanwhile).
+_CONFIRM_BLOCK = f"""UPDATE {TABLE} SET boot_id = :boot
+WHERE key = :key AND slot = {RESERVED_SLOT} AND boot_id IS NULL AND fencing_token = :ceiling"""
 # A live lease of the key with another limit than asked (LimitMismatch).
 _OTHER_LIMIT = f"""SELECT slot_limit FROM {TABLE}
 WHERE key = :key AND slot_limit <> :limit AND {LIVE_ON_KEY} LIMIT 1"""
@@ -251,12 +280,17 @@ def boot_clock() -> float:
     return time.clock_gettime(time.CLOCK_BOOTTIME)
 
 
+#: The boot where the kernel does not say: a reboot cannot be told from it, so every token
+#: issued then is synced (a block of one, ``_RESERVE``).
+UNKNOWN_BOOT = "unknown-boot"
+
+
 def current_boot_id() -> str:
     try:
         with open("/proc/sys/kernel/random/boot_id") as boot_id:
             return boot_id.read().strip()
     except OSError:
-        return "unknown-boot"
+        return UNKNOWN_BOOT
 
 
 #: The query parameters a sqlite:/// URL may carry: ``mode=0660``, a group-shared store.
@@ -342,11 +376,14 @@ class SQLiteStore(SQLiteReads, Store, capabilities=CAPABILITIES):
             **_ask_params(ask, limit),
             "waiter_ttl": self.waiter_ttl,
             "fifo": self._wakeups.name if self._wakeups.key == key else None,
+            "block": TOKEN_BLOCK if self._boot != UNKNOWN_BOOT else 0,
         }
         with self._db.write(durable=True) as conn:  # the queue and the taking
             taking = _Taking.run(conn, params, queue)
-        if taking.row is not None:  # a token issued: on disk before the acquire returns
+        if taking.new_block is not None:  # on disk before any token of it is used
             self._db.sync()
+            if params["block"]:
+                self._confirm_block(key, taking.new_block)
         elif taking.queued:  # (ahead of the taking, which then syncs the WAL alone)
             self._db.sync_directory()
         # The superseded waiters hear of it; the run now at the head of the queue, which a
@@ -372,6 +409,13 @@ class SQLiteStore(SQLiteReads, Store, capabilities=CAPABILITIES):
             limit=limit,
             mode=ask.mode,
         )
+
+    def _confirm_block(self, key: str, ceiling: int) -> None:
+        """Mark the block of tokens up to ``ceiling``, synced, as this boot's: the next
+        acquires draw from it unsynced. Should this fail, they reserve another."""
+        params = {"key": key, "ceiling": ceiling, "boot": self._boot}
+        with suppressed(TasklockError), self._db.write() as conn:
+            conn.execute(_CONFIRM_BLOCK, params)
 
     def renew(self, lease: Lease, ttl: float) -> Lease:
         params = {**self._times(), **_lease_params(lease), "ttl": ttl}
@@ -654,6 +698,7 @@ class _Taking:
     run's."""
 
     row: tuple | None = None
+    new_block: int | None = None  # the ceiling of a new block of tokens reserved
     other_limit: int | None = None
     queued = False
     left_superseded = False
@@ -687,6 +732,8 @@ class _Taking:
             taking.other_limit = None if other is None else int(other[0])
         if taking.row is not None:
             conn.execute(_RAISE_LONGEST_TTL, params)
+            reserved = conn.execute(_RESERVE, {**params, "token": taking.row[1]}).fetchone()
+            taking.new_block = None if reserved is None else reserved[0]
         if taking.row is not None or taking.other_limit is not None or not queue_up:
             conn.execute(queue.LEAVE, params)
             return taking

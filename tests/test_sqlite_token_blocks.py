@@ -1,0 +1,163 @@
+"""SQLite's fencing tokens in blocks (docs/design/sqlite.md, "Fencing tokens in blocks"):
+only an acquire that reserves a new block syncs, and a power cut, played here by putting
+back the files as the last sync left them and starting a new boot, never has a token
+issued twice, by this tasklock or by one that predates the blocks."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from tasklock_cli.stores.model import Holder
+from tasklock_cli.stores.sqlite.store import RESERVED_SLOT
+from tasklock_cli.stores.sqlite.store import TABLE
+from tasklock_cli.stores.sqlite.store import TOKEN_BLOCK
+from tasklock_cli.stores.sqlite.store import UNKNOWN_BOOT
+from tasklock_cli.stores.sqlite.store import SQLiteStore
+
+pytestmark = pytest.mark.quick
+
+HOLDER = Holder(host="h", pid=1, user="u", command=["true"])
+FILES = ("", "-wal")  # the database and its WAL; -shm is rebuilt from them at the next open
+
+
+def store_in_boot(path: Path, boot: str) -> SQLiteStore:
+    store = SQLiteStore(path)
+    store._boot = boot
+    return store
+
+
+def runs(store: SQLiteStore, key: str, count: int) -> list[int]:
+    """The tokens of ``count`` acquires and releases of ``key``."""
+    tokens = []
+    for n in range(count):
+        lease = store.acquire(key, 30, HOLDER, f"owner-{n}-{os.urandom(4).hex()}")
+        assert lease is not None
+        tokens.append(lease.fencing_token)
+        assert store.release(lease)
+    return tokens
+
+
+@pytest.fixture
+def syncs(monkeypatch) -> list[str]:
+    """The WALs os.fdatasync is called on, from now (the directory's, once per connection,
+    is not counted)."""
+    called: list[str] = []
+    real = os.fdatasync
+
+    def counted(fd: int) -> None:
+        synced = os.readlink(f"/proc/self/fd/{fd}")
+        if synced.endswith("-wal"):
+            called.append(synced)
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", counted)
+    return called
+
+
+def test_a_power_cut_never_has_a_token_issued_twice(tmp_path):
+    path = tmp_path / "locks.db"
+    store = store_in_boot(path, "boot-1")
+    assert runs(store, "k", 1) == [1]  # a new block, synced: on disk as it is now
+    snapshot = tmp_path / "disk"
+    snapshot.mkdir()
+    for suffix in FILES:
+        shutil.copyfile(f"{path}{suffix}", snapshot / f"locks.db{suffix}")
+    assert runs(store, "k", 10) == list(range(2, 12))  # within the block: not synced
+    store.close()
+
+    # The power cut: the disk holds what the last sync left; the tokens 2-11 are gone.
+    for suffix in (*FILES, "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+    for suffix in FILES:
+        shutil.copyfile(snapshot / f"locks.db{suffix}", f"{path}{suffix}")
+    with sqlite3.connect(path) as conn:
+        rows = conn.execute(f"SELECT slot, fencing_token FROM {TABLE} WHERE key = 'k'")
+        assert sorted(rows) == [(RESERVED_SLOT, 1 + TOKEN_BLOCK), (0, 1)]
+        # A tasklock from before the blocks counts on from the highest token of the key's
+        # rows: past the block too.
+        (older,) = conn.execute(f"SELECT max(fencing_token) + 1 FROM {TABLE} WHERE key = 'k'")
+        assert older[0] > 11
+
+    after = store_in_boot(path, "boot-2")
+    try:
+        assert runs(after, "k", 2) == [2 + TOKEN_BLOCK, 3 + TOKEN_BLOCK]
+    finally:
+        after.close()
+
+
+def test_only_an_acquire_that_reserves_a_block_syncs(tmp_path, syncs):
+    path = tmp_path / "locks.db"
+    store = store_in_boot(path, "boot-1")
+    try:
+        assert runs(store, "k", 1) == [1]
+        assert len(syncs) == 1  # the key's first block in this boot
+        assert runs(store, "k", 5) == [2, 3, 4, 5, 6]
+        assert len(syncs) == 1  # within it
+
+        with sqlite3.connect(path) as conn:  # the block ends at the next token
+            conn.execute(f"UPDATE {TABLE} SET fencing_token = 7 WHERE slot = {RESERVED_SLOT}")
+        assert runs(store, "k", 2) == [8, 9]  # (7 is skipped: the ceiling is never issued)
+        assert len(syncs) == 2  # a new block: synced once
+    finally:
+        store.close()
+
+
+def test_another_boots_block_is_left_and_synced(tmp_path, syncs):
+    path = tmp_path / "locks.db"
+    first = store_in_boot(path, "boot-1")
+    assert runs(first, "k", 3) == [1, 2, 3]
+    first.close()
+    syncs.clear()
+    second = store_in_boot(path, "boot-2")
+    try:
+        assert runs(second, "k", 2) == [2 + TOKEN_BLOCK, 3 + TOKEN_BLOCK]
+        assert len(syncs) == 1
+    finally:
+        second.close()
+
+
+def test_where_the_boot_is_unknown_every_token_is_synced(tmp_path, syncs):
+    """No boot id (no /proc): a reboot cannot be told, so no token is left unsynced."""
+    path = tmp_path / "locks.db"
+    store = store_in_boot(path, UNKNOWN_BOOT)
+    try:
+        assert runs(store, "k", 3) == [1, 2, 3]
+        assert len(syncs) == 3
+    finally:
+        store.close()
+
+
+def test_the_reservation_is_never_a_lease(tmp_path):
+    """Its row has no owner: listed nowhere, swept never, and no slot is taken from it."""
+    path = tmp_path / "locks.db"
+    store = store_in_boot(path, "boot-1")
+    try:
+        runs(store, "k", 1)
+        assert list(store.list(include_expired=True)) == []
+        assert store.peek("k") is None
+        assert store.sweep() == 0
+        lease = store.acquire("k", 30, HOLDER, "owner", limit=2)
+        assert lease is not None and lease.slot == 0
+    finally:
+        store.close()
+
+
+def test_a_block_never_synced_is_never_drawn_from(tmp_path, syncs):
+    """An acquire that reserved a block and died before its sync leaves the block without
+    a boot: the next acquire, finding it so, reserves past it and syncs."""
+    path = tmp_path / "locks.db"
+    store = store_in_boot(path, "boot-1")
+    try:
+        assert runs(store, "k", 2) == [1, 2]
+        with sqlite3.connect(path) as conn:  # as its reserver left it: committed, unsynced
+            conn.execute(f"UPDATE {TABLE} SET boot_id = NULL WHERE slot = {RESERVED_SLOT}")
+        syncs.clear()
+        assert runs(store, "k", 2) == [2 + TOKEN_BLOCK, 3 + TOKEN_BLOCK]
+        assert len(syncs) == 1
+    finally:
+        store.close()
