@@ -21,9 +21,10 @@ if TYPE_CHECKING:
 class BreakAlarms(entries.KeyDirectories):
     """The FIFOs through which this process's held leases hear of a break, one per lease
     (key and fencing token) whose holder waits for one. A FIFO is kept from the first wait
-    until the store is closed (``forget_all``), so a break between two waits is still there
-    to be read: it is never drained (a broken lease stays broken). Not at the release: the
-    holder's heartbeat may still wait on it then (the store's ``concurrent_release``)."""
+    until the lease is released and no wait on it is under way (the holder's heartbeat may
+    still wait on it as the release comes: the store's ``concurrent_release``), or until
+    the store is closed (``forget_all``); so a break between two waits is still there to be
+    read: it is never drained (a broken lease stays broken)."""
 
     def __init__(
         self,
@@ -35,6 +36,10 @@ class BreakAlarms(entries.KeyDirectories):
         self._lock = _thread.allocate_lock()
         #: (key, token) -> (the key's directory fd, the FIFO's fd)
         self._fifos: dict[tuple[str, int], tuple[int, int]] = {}
+        #: (key, token) -> how many waits on its FIFO are under way (``listen`` to ``done``)
+        self._waits: dict[tuple[str, int], int] = {}
+        #: Released leases whose FIFO goes when the last wait on it is done.
+        self._released: set[tuple[str, int]] = set()
 
     def listen(self, key: str, token: int) -> tuple[int | None, bool]:
         """``(fd to select on, new)`` for the lease; ``new`` when just made (the caller must
@@ -43,6 +48,7 @@ class BreakAlarms(entries.KeyDirectories):
         with self._lock:
             known = self._fifos.get((key, token))
             if known is not None:
+                self._count_wait(key, token)
                 return known[1], False
             dir_fd = self.key_dir(key, create=True)
             if dir_fd is None:
@@ -57,11 +63,45 @@ class BreakAlarms(entries.KeyDirectories):
                 os.close(dir_fd)
                 return None, True
             self._fifos[(key, token)] = (dir_fd, fd)
+            self._count_wait(key, token)
             return fd, True
+
+    def _count_wait(self, key: str, token: int) -> None:
+        self._waits[(key, token)] = self._waits.get((key, token), 0) + 1
+
+    def done(self, key: str, token: int) -> None:
+        """A wait on the FIFO that ``listen`` gave is over (whatever came of it): the FIFO
+        goes if its lease was released meanwhile."""
+        with self._lock:
+            left = self._waits.pop((key, token), 1) - 1
+            if left > 0:
+                self._waits[(key, token)] = left
+                return
+            closing = self._closable(key, token)
+        if closing is not None:
+            self._close(key, token, *closing)
+
+    def release(self, key: str, token: int) -> None:
+        """The lease was released: its FIFO goes now, or when the wait on it under way is
+        done (a holder's heartbeat, woken after the release)."""
+        with self._lock:
+            self._released.add((key, token))
+            closing = None if (key, token) in self._waits else self._closable(key, token)
+        if closing is not None:
+            self._close(key, token, *closing)
+
+    def _closable(self, key: str, token: int) -> tuple[int, int] | None:
+        """The FIFO's descriptors, taken out of the books, when its lease was released."""
+        if (key, token) not in self._released:
+            return None
+        self._released.discard((key, token))
+        return self._fifos.pop((key, token), None)
 
     def forget_all(self) -> None:
         with self._lock:
             fifos, self._fifos = dict(self._fifos), {}
+            self._waits.clear()
+            self._released.clear()
         for (key, token), (dir_fd, fd) in fifos.items():
             self._close(key, token, dir_fd, fd)
 

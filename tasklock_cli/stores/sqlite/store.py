@@ -440,9 +440,10 @@ class SQLiteStore(SQLiteReads, Store, capabilities=CAPABILITIES):
         if durable:
             self._db.sync()
         # Then the tidying, which the next run need not wait for: its removals are
-        # journalled writes (milliseconds each on a busy disk). The lease's break FIFO stays
-        # until ``close``: the heartbeat may still wait on it (``concurrent_release``).
+        # journalled writes (milliseconds each on a busy disk). The lease's break FIFO goes
+        # once no wait on it is under way: the heartbeat may still wait (``concurrent_release``).
         self._wakeups.tidy(lease.key)
+        self._alarms.release(lease.key, lease.fencing_token)
         return kept or freed
 
     def time_left(self, key: str, fencing_token: int) -> float | None:
@@ -543,21 +544,24 @@ class SQLiteStore(SQLiteReads, Store, capabilities=CAPABILITIES):
 
     def wait_for_break(self, lease: Lease, timeout: float, wake_fd: int | None = None) -> bool:
         """Wait on the lease's FIFO in ``<file>.holders/``, which a break writes to. Made
-        at the first wait and kept until the store is closed (a release may come while
-        this wait goes on: ``concurrent_release``), then looked at once: a break before the
-        FIFO existed told nobody."""
+        at the first wait, then looked at once: a break before the FIFO existed told nobody;
+        kept until the lease is released and this wait is over (a release may come while
+        it goes on: ``concurrent_release``), or the store is closed."""
         fd, new = self._alarms.listen(lease.key, lease.fencing_token)
         if fd is None:  # no FIFOs here: learnt of at the next renewal
             wait_readable([wake_fd], timeout)
             return False
-        if new:
-            if not self._intact(lease):
-                return True
-            self._db.prepare(_HAND_OFF_STATEMENTS)  # while the command runs: for the release
-        if fd not in wait_readable([fd, wake_fd], timeout):
-            return False
-        _drain(fd)  # a hint, told once: the renewal that follows asks the store
-        return True
+        try:
+            if new:
+                if not self._intact(lease):
+                    return True
+                self._db.prepare(_HAND_OFF_STATEMENTS)  # while the command runs: for the release
+            if fd not in wait_readable([fd, wake_fd], timeout):
+                return False
+            _drain(fd)  # a hint, told once: the renewal that follows asks the store
+            return True
+        finally:
+            self._alarms.done(lease.key, lease.fencing_token)
 
     def _intact(self, lease: Lease) -> bool:
         params = {"key": lease.key, "owner": lease.owner_token, "token": lease.fencing_token}
