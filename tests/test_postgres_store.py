@@ -777,6 +777,17 @@ def test_missing_database_is_a_configuration_error(stores):
         store.peek("k")
 
 
+def test_tls_required_of_a_server_without_it_is_a_configuration_error(private_server):
+    """sslmode=require (or verify-ca, verify-full) where the server offers no TLS: no retry
+    makes it, so 78 with libpq's words, not an outage (69)."""
+    with private_server() as server:
+        url = server.url_for(table="leases")
+        for mode in ("require", "verify-full"):
+            store = PostgresStore.from_url(f"{url}&sslmode={mode}&sslrootcert=/nonexistent")
+            with pytest.raises(ConfigError, match="does not support SSL"):
+                store.peek("k")
+
+
 def test_wrong_password_is_a_configuration_error_without_the_password(private_server):
     with private_server(password="right-horse-battery") as server:
         good = PostgresStore.from_url(server.url_for(table="leases"))

@@ -96,6 +96,7 @@ _CONFIG_FAILURES = (
     "invalid uri",
     "invalid sslmode",
     "invalid integer value",
+    "server does not support ssl",  # sslmode=require (or verify-*) and a server without TLS
 )
 
 
