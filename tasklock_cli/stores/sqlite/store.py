@@ -272,6 +272,7 @@ _HAND_OFF_STATEMENTS = (
     _RECORD_RUN,
     _TRIM_RUNS,
     _RAISE_LONGEST_TTL,
+    _RESERVE,
     queue.LEAVE,
 )
 
