@@ -385,7 +385,7 @@ class SQLiteStore(SQLiteReads, Store, capabilities=CAPABILITIES):
             self._db.sync()
             if params["block"]:
                 self._confirm_block(key, taking.new_block)
-        elif taking.queued:  # (ahead of the taking, which then syncs the WAL alone)
+        elif taking.queued:  # (ahead of a later sync, a new block's or a success's: the WAL alone)
             self._db.sync_directory()
         # The superseded waiters hear of it; the run now at the head of the queue, which a
         # superseded place may have held up, is woken.
