@@ -163,8 +163,8 @@ class SQLiteConnection:
         """Sync the directory of the file once per connection, as SQLite does at its first
         sync of the WAL: the WAL may be new, and its name must reach the disk with it. The
         WAL stays while our connection is open (only the last close removes it), so this
-        may come ahead of ``sync``: a waiter does it as it joins the queue, and its taking
-        later syncs the WAL alone. Where the directory cannot be opened, nothing (SQLite
+        may come ahead of ``sync``: a waiter does it as it joins the queue, and a later
+        sync (a new block of tokens its taking reserves, its success) syncs the WAL alone. Where the directory cannot be opened, nothing (SQLite
         does the same)."""
         with self._lock:
             if self._conn is None or not self._wal or self._directory_synced:
