@@ -93,3 +93,18 @@ def test_a_break_still_reaches_a_lease_that_is_held(tmp_path):
         assert store.wait_for_break(held, 5) is True
     finally:
         store.close()
+
+
+def test_a_wait_begun_after_the_release_leaves_no_fifo(tmp_path):
+    """The heartbeat's last wait may begin just after the release (it checked for a stop
+    before): the FIFO it makes finds the lease gone, and goes with that wait."""
+    path = tmp_path / "locks.db"
+    store = SQLiteStore(path)
+    try:
+        lease = store.acquire("k", 30, HOLDER, "owner")
+        assert lease is not None
+        assert store.release(lease)
+        assert store.wait_for_break(lease, 1) is True  # gone: told at once
+        assert fifos(path) == []
+    finally:
+        store.close()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tasklock_cli.stores.model import MAX_FENCING_TOKEN
 from tasklock_cli.stores.model import Holder
 from tasklock_cli.stores.sqlite.store import RESERVED_SLOT
 from tasklock_cli.stores.sqlite.store import TABLE
@@ -101,8 +102,8 @@ def test_only_an_acquire_that_reserves_a_block_syncs(tmp_path, syncs):
 
         with sqlite3.connect(path) as conn:  # the block ends at the next token
             conn.execute(f"UPDATE {TABLE} SET fencing_token = 7 WHERE slot = {RESERVED_SLOT}")
-        assert runs(store, "k", 2) == [8, 9]  # (7 is skipped: the ceiling is never issued)
-        assert len(syncs) == 2  # a new block: synced once
+        assert runs(store, "k", 3) == [7, 8, 9]  # 7 its last, 8 a new block's first
+        assert len(syncs) == 2  # that new block: synced once
     finally:
         store.close()
 
@@ -159,5 +160,67 @@ def test_a_block_never_synced_is_never_drawn_from(tmp_path, syncs):
         syncs.clear()
         assert runs(store, "k", 2) == [2 + TOKEN_BLOCK, 3 + TOKEN_BLOCK]
         assert len(syncs) == 1
+    finally:
+        store.close()
+
+
+def test_the_same_owner_retrying_after_a_power_cut_keeps_its_token_not_the_block(tmp_path):
+    """A retry with the same owner (a program that keeps its owner across restarts) gets
+    its lease back, token and all, and leaves the key's block as it is: the tokens issued
+    from it before the power cut stay below the next ones."""
+    path = tmp_path / "locks.db"
+    store = store_in_boot(path, "boot-1")
+    lease = store.acquire("k", 30, HOLDER, "kept-owner")
+    assert lease is not None and lease.fencing_token == 1  # a new block, synced
+    snapshot = tmp_path / "disk"
+    snapshot.mkdir()
+    for suffix in FILES:
+        shutil.copyfile(f"{path}{suffix}", snapshot / f"locks.db{suffix}")
+    store.release(lease)
+    assert runs(store, "k", 5) == [2, 3, 4, 5, 6]  # unsynced, then lost
+    store.close()
+    for suffix in (*FILES, "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+    for suffix in FILES:
+        shutil.copyfile(snapshot / f"locks.db{suffix}", f"{path}{suffix}")
+
+    after = store_in_boot(path, "boot-2")
+    try:
+        again = after.acquire("k", 30, HOLDER, "kept-owner")
+        assert again is not None and again.fencing_token == 1
+        assert after.release(again)
+        assert runs(after, "k", 2) == [2 + TOKEN_BLOCK, 3 + TOKEN_BLOCK]
+    finally:
+        after.close()
+
+
+def test_a_retry_whose_block_was_never_synced_syncs(tmp_path, syncs):
+    """Its first try reserved a block and failed before the sync (the block has no boot):
+    the retry keeps its token and syncs it before returning."""
+    path = tmp_path / "locks.db"
+    store = store_in_boot(path, "boot-1")
+    try:
+        first = store.acquire("k", 30, HOLDER, "owner")
+        assert first is not None
+        with sqlite3.connect(path) as conn:
+            conn.execute(f"UPDATE {TABLE} SET boot_id = NULL WHERE slot = {RESERVED_SLOT}")
+        syncs.clear()
+        again = store.acquire("k", 30, HOLDER, "owner")
+        assert again is not None and again.fencing_token == first.fencing_token
+        assert len(syncs) == 1
+    finally:
+        store.close()
+
+
+def test_the_greatest_token_is_still_issued(tmp_path):
+    path = tmp_path / "locks.db"
+    store = store_in_boot(path, "boot-1")
+    try:
+        runs(store, "k", 1)
+        with sqlite3.connect(path) as conn:
+            conn.execute(
+                f"UPDATE {TABLE} SET fencing_token = ? WHERE slot = 0", (MAX_FENCING_TOKEN - 2,)
+            )
+        assert runs(store, "k", 2) == [MAX_FENCING_TOKEN - 1, MAX_FENCING_TOKEN]
     finally:
         store.close()

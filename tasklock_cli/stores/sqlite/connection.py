@@ -141,7 +141,8 @@ class SQLiteConnection:
         before it; a checkpoint syncs the WAL before copying from it, and the WAL starts
         over only once all of it is in the database file, synced. A later commit that is
         synced syncs this one too: its frames come later in the same WAL (a release's
-        success is so synced by the next holder's acquire as well). The first sync of a
+        success is so synced by any later sync, a new block's or another success's). The
+        first sync of a
         connection also syncs the directory, as SQLite's does, so that the WAL's name is
         on disk too (``sync_directory``). Without WAL mode the commit was synced already."""
         with self._lock:
@@ -164,8 +165,8 @@ class SQLiteConnection:
         sync of the WAL: the WAL may be new, and its name must reach the disk with it. The
         WAL stays while our connection is open (only the last close removes it), so this
         may come ahead of ``sync``: a waiter does it as it joins the queue, and a later
-        sync (a new block of tokens its taking reserves, its success) syncs the WAL alone. Where the directory cannot be opened, nothing (SQLite
-        does the same)."""
+        sync (a new block of tokens its taking reserves, its success) syncs the WAL alone.
+        Where the directory cannot be opened, nothing (SQLite does the same)."""
         with self._lock:
             if self._conn is None or not self._wal or self._directory_synced:
                 return

@@ -139,31 +139,35 @@ _HIGHEST_TOKEN = f"""SELECT CASE WHEN max(typeof(fencing_token) <> 'integer'
 FROM {TABLE} WHERE key = :key"""
 # Tokens are reserved in blocks, so that most acquires need no sync (docs/design/sqlite.md,
 # "Fencing tokens in blocks"): a key's row of slot -1, never a lease (no owner), holds the
-# ceiling of its block and, once the block is on disk, the boot it was synced in. Within
-# this boot's block the next token is the highest a lease row holds + 1, unsynced; else the
-# highest of all the key's rows + 1 (past any boot's ceiling: a power cut may lose the rows'
-# tokens, never a synced ceiling), with a new block.
+# ceiling of its block (the highest token it may issue) and, once the block is on disk,
+# the boot it was synced in. Within this boot's block the next token is the highest a
+# lease row holds + 1, unsynced; else the highest of all the key's rows + 1 (past any
+# boot's ceiling: a power cut may lose the rows' tokens, never a synced ceiling), with a
+# new block.
 RESERVED_SLOT = -1
-#: Tokens per block: a power cut costs the key's tokens at most this jump.
+#: Tokens per block: what a key's tokens may jump by after a reboot.
 TOKEN_BLOCK = 1024
 _TOKENS = f"""SELECT ({_HIGHEST_TOKEN}) AS highest,
     coalesce(max(CASE WHEN slot <> {RESERVED_SLOT} THEN fencing_token END), 0) AS issued,
     max(CASE WHEN slot = {RESERVED_SLOT} AND boot_id IS :boot THEN fencing_token END) AS ceiling
 FROM {TABLE} WHERE key = :key"""
 _NEXT_TOKEN = f"""SELECT CASE WHEN highest IS NULL THEN NULL
-                   WHEN issued < ceiling - 1 THEN issued + 1
+                   WHEN issued < ceiling THEN issued + 1
                    WHEN highest < {MAX_FENCING_TOKEN} THEN highest + 1 END
 FROM ({_TOKENS})"""
-# After a token was issued: a new block from it, unless it lies within this boot's block.
-# The block has no boot until it is synced (_CONFIRM_BLOCK): until then no acquire draws
-# from it (one that finds it so reserves another). :block is 0 where the boot is unknown:
-# every token is then a block of its own, synced. Returns the new ceiling.
+# The key's block, after a token was taken: its ceiling, and whether it is this boot's
+# (synced). None: no block yet.
+_BLOCK = f"""SELECT fencing_token, boot_id IS :boot FROM {TABLE}
+WHERE key = :key AND slot = {RESERVED_SLOT}"""
+# A new block from a token drawn past the ceiling, with no boot until it is synced
+# (_CONFIRM_BLOCK): until then no acquire draws from it (one that finds it so reserves
+# another). :block is 0 where the boot is unknown: every token is then a block of its own,
+# synced. Returns the new ceiling.
 _RESERVE = f"""INSERT INTO {TABLE} (key, slot, slot_limit, fencing_token, boot_id)
 VALUES (:key, {RESERVED_SLOT}, 1, CASE WHEN :token > {MAX_FENCING_TOKEN} - :block
     THEN {MAX_FENCING_TOKEN} ELSE :token + :block END, NULL)
 ON CONFLICT (key, slot) DO UPDATE SET
     fencing_token = excluded.fencing_token, boot_id = excluded.boot_id
-WHERE NOT (boot_id IS :boot AND typeof(fencing_token) = 'integer' AND fencing_token > :token)
 RETURNING fencing_token"""
 # The block, synced, is this boot's (unless another acquire reserved past it meanwhile).
 _CONFIRM_BLOCK = f"""UPDATE {TABLE} SET boot_id = :boot
@@ -272,6 +276,7 @@ _HAND_OFF_STATEMENTS = (
     _RECORD_RUN,
     _TRIM_RUNS,
     _RAISE_LONGEST_TTL,
+    _BLOCK,
     _RESERVE,
     queue.LEAVE,
 )
@@ -381,9 +386,9 @@ class SQLiteStore(SQLiteReads, Store, capabilities=CAPABILITIES):
         }
         with self._db.write(durable=True) as conn:  # the queue and the taking
             taking = _Taking.run(conn, params, queue)
-        if taking.new_block is not None:  # on disk before any token of it is used
+        if taking.unsynced:  # on disk before the token is used
             self._db.sync()
-            if params["block"]:
+            if taking.new_block is not None and params["block"]:
                 self._confirm_block(key, taking.new_block)
         elif taking.queued:  # (ahead of a later sync, a new block's or a success's: the WAL alone)
             self._db.sync_directory()
@@ -554,7 +559,8 @@ class SQLiteStore(SQLiteReads, Store, capabilities=CAPABILITIES):
             return False
         try:
             if new:
-                if not self._intact(lease):
+                if not self._intact(lease):  # broken, or released already: this wait its last
+                    self._alarms.release(lease.key, lease.fencing_token)
                     return True
                 self._db.prepare(_HAND_OFF_STATEMENTS)  # while the command runs: for the release
             if fd not in wait_readable([fd, wake_fd], timeout):
@@ -704,6 +710,7 @@ class _Taking:
 
     row: tuple | None = None
     new_block: int | None = None  # the ceiling of a new block of tokens reserved
+    unsynced = False  # its token lies in no block synced in this boot (see _take_token)
     other_limit: int | None = None
     queued = False
     left_superseded = False
@@ -716,6 +723,19 @@ class _Taking:
             raise LimitMismatch(key, self.other_limit, limit)
         if self.queue_full:
             raise QueueFull(key, ask.max_waiting or 0)
+
+    def _take_token(self, conn: sqlite3.Connection, params: dict) -> None:
+        """The lease's token against the key's block: past its ceiling (a token drawn anew
+        past every row), a new block, to be synced; within this boot's block, nothing to
+        sync; otherwise (a token kept by a retry of the same owner, from a block not yet
+        synced or of another boot) a sync, and the block stays as it is: its ceiling still
+        bounds what was issued from it."""
+        block = conn.execute(_BLOCK, params).fetchone()
+        if block is None or block[0] < params["token"]:
+            self.new_block = conn.execute(_RESERVE, params).fetchone()[0]
+            self.unsynced = True
+        else:
+            self.unsynced = not block[1]
 
     @classmethod
     def run(cls, conn: sqlite3.Connection, params: dict, queue_up: bool) -> _Taking:
@@ -737,8 +757,7 @@ class _Taking:
             taking.other_limit = None if other is None else int(other[0])
         if taking.row is not None:
             conn.execute(_RAISE_LONGEST_TTL, params)
-            reserved = conn.execute(_RESERVE, {**params, "token": taking.row[1]}).fetchone()
-            taking.new_block = None if reserved is None else reserved[0]
+            taking._take_token(conn, {**params, "token": taking.row[1]})
         if taking.row is not None or taking.other_limit is not None or not queue_up:
             conn.execute(queue.LEAVE, params)
             return taking
