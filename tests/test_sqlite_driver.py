@@ -58,3 +58,23 @@ def test_where_functools_is_loaded_already_it_is_the_one_used() -> None:
         + CACHE_PROBE.replace('assert "functools" not in sys.modules\n', "")
     )
     assert python_output(code).split() == ["ok", "sqlite3"]
+
+
+#: A stand-in asked for another name while it stands in (as a later Python's _sqlite3
+#: might ask): the real functools' answer, and the real module in sys.modules from then on.
+OTHER_NAME_PROBE = """
+import sys
+from tasklock_cli.stores.sqlite import driver
+stand_in = type(sys)("functools")
+stand_in.__getattr__ = driver._real_functools
+sys.modules["functools"] = stand_in
+reduce = stand_in.reduce
+import functools
+assert reduce is functools.reduce and sys.modules["functools"] is functools
+assert functools is not stand_in
+print("ok")
+"""
+
+
+def test_the_stand_in_answers_any_other_name_with_the_real_modules() -> None:
+    assert python_output(OTHER_NAME_PROBE).split() == ["ok"]

@@ -11,7 +11,8 @@ and ``functools`` brings ``collections`` with ``operator``, ``keyword``, ``reprl
 command's own process (``util.own_process``, one thread while it imports) its import gets
 a stand-in ``functools`` whose ``lru_cache`` builds the same cache, from ``_functools``
 (the C half that ``functools.lru_cache`` itself wraps); the stand-in is gone once
-``_sqlite3`` is loaded, so any later ``import functools`` gets the real module. Where
+``_sqlite3`` is loaded, so any later ``import functools`` gets the real module (and any
+other name asked of the stand-in is the real module's). Where
 ``functools`` is loaded already (a program using the Python API), or the stand-in does not
 serve, ``_sqlite3`` is imported as it is.
 
@@ -45,6 +46,19 @@ def _lru_cache(maxsize: int | None = 128, typed: bool = False) -> Callable:
     return decorating
 
 
+def _real_functools(name: str) -> object:
+    """Any other name asked of the stand-in (a later Python's ``_sqlite3`` may keep the
+    module and ask more of it): the real ``functools``' (imported then)."""
+    if name.startswith("__"):  # the import machinery's questions (__path__, __spec__...)
+        raise AttributeError(name)
+    stand_in = sys.modules.get("functools")
+    if stand_in is not None and getattr(stand_in, "__getattr__", None) is _real_functools:
+        del sys.modules["functools"]  # (asked while _sqlite3 is being imported)
+    import functools
+
+    return getattr(functools, name)
+
+
 def _import_lean() -> None:
     """Import ``_sqlite3`` with the stand-in ``functools`` where that is safe (see above)."""
     import tasklock_cli.util as util
@@ -53,6 +67,7 @@ def _import_lean() -> None:
         return
     stand_in = type(sys)("functools")  # (a module: types.ModuleType without `types`)
     stand_in.lru_cache = _lru_cache  # type: ignore[attr-defined]
+    stand_in.__getattr__ = _real_functools  # type: ignore[method-assign]
     sys.modules["functools"] = stand_in
     try:
         import _sqlite3  # noqa: F401
