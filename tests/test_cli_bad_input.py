@@ -376,7 +376,7 @@ def test_a_command_name_that_is_not_utf8_is_not_found(cli_env, sqlite_url):
     )
     stderr = result.stderr.decode()
     assert result.returncode == 127, stderr
-    assert one_error_line(stderr) == "tasklock: error: command not found: \\udcff"
+    assert one_error_line(stderr) == "tasklock: error: command not found: \\xff"
     assert tasklock("peek", "k", env=env).returncode == 1  # released
 
 

@@ -35,6 +35,7 @@ from tasklock_cli.util import signals as signal
 from tasklock_cli.util import suppressed
 from tasklock_cli.util.durations import INFINITY
 from tasklock_cli.util.fds import fd_readable
+from tasklock_cli.util.sanitize import recordable
 
 __all__ = ["Child", "Terminal", "become_subreaper", "spawn_command"]
 
@@ -64,6 +65,7 @@ def spawn_command(
     else they are listed now."""
     if not command[0]:  # (posix_spawnp refuses it with a ValueError; a shell says 127)
         raise CommandNotFound("command not found: ''")
+    named = recordable(command[0])  # (a byte that is not UTF-8 as \xff, as the store keeps it)
     try:
         if _spawns_alike(env, terminal_fd):
             inherited = _inheritable_fds() if listed_fds is None else listed_fds
@@ -71,13 +73,13 @@ def spawn_command(
                 return _posix_spawn(command, env, inherited)
         return _popen(command, env, terminal_fd)
     except FileNotFoundError:
-        raise CommandNotFound(f"command not found: {command[0]}") from None
+        raise CommandNotFound(f"command not found: {named}") from None
     except (PermissionError, IsADirectoryError):
-        raise CommandNotExecutable(f"command not executable: {command[0]}") from None
+        raise CommandNotExecutable(f"command not executable: {named}") from None
     except OSError as exc:
-        raise CommandNotExecutable(f"cannot run {command[0]}: {exc.strerror}") from None
+        raise CommandNotExecutable(f"cannot run {named}: {exc.strerror}") from None
     except ValueError as exc:  # what exec cannot take (a NUL byte): the guard reports it
-        raise CommandNotExecutable(f"cannot run {command[0]}: {exc}") from None
+        raise CommandNotExecutable(f"cannot run {named}: {exc}") from None
 
 
 def _spawns_alike(env: dict[str, str] | dict[bytes, bytes], terminal_fd: int | None) -> bool:
