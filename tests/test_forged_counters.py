@@ -31,7 +31,11 @@ def test_a_forged_counter_is_refused_not_counted_on(url, cli_env, forged):
     assert set_counter(url, "k", forged)
     done = tasklock("run", "k", "--", "sh", "-c", "echo $TASKLOCK_FENCING_TOKEN", env=env)
     assert done.returncode == 78, (done.returncode, done.stdout, done.stderr)
-    refusal = "{k}:fence' holds a non-integer" if "redis" in url else "fencing counter of 'k'"
+    refusal = (
+        "{k}:fence' holds a string, not an integer counter from 0 to 2**63-1"
+        if "redis" in url
+        else "fencing counter of 'k'"
+    )
     assert done.stdout == "" and refusal in done.stderr, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
     assert tasklock("run", "other", "--", "true", env=env).returncode == 0  # no other key

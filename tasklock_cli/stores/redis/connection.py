@@ -60,7 +60,7 @@ _T = TypeVar("_T")
 #: What each part of a lock key must be, as foreign-key errors describe it.
 _EXPECTED_TYPES = {
     "lease": "a tasklock lease hash",
-    "fence": "an integer counter",
+    "fence": "an integer counter from 0 to 2**63-1",
     "wake": "a tasklock wake-up list",
     "runs": "a tasklock run ledger (sorted set)",
     "success": "a tasklock run record (string)",

@@ -199,7 +199,7 @@ leave_queue(KEYS[3], ARGV[1])
 if fence_type == 'string' then
   local value = redis.call('GET', KEYS[2])
   if not string.match(value, '^%d+$') then
-    return redis.error_reply('WRONGTYPE fence non-integer string')
+    return redis.error_reply('WRONGTYPE fence string')  -- (not digits: -5, 1e3, text)
   end
   -- (as text: Lua's numbers are doubles) no token after 2**63-1
   if #value > 19 or (#value == 19 and value >= '9223372036854775807') then
