@@ -133,7 +133,7 @@ print(parser.get("client", "user"))
             hashlib.sha1(b"x" * 20 + hashlib.sha1(native).digest()).digest(), native, strict=True
         )
     )
-    assert lean.splitlines()[:2] == ["_Deferred False", expected.hex()]
+    assert lean.splitlines()[:2] == ["StandIn False", expected.hex()]
     plain = run_python(code.replace("import tasklock_cli.stores.mysql.driver\n", ""))
     assert lean.splitlines()[2:] == plain.splitlines()[2:]
     assert lean.splitlines()[3] == "bob"

@@ -64,9 +64,8 @@ def test_where_functools_is_loaded_already_it_is_the_one_used() -> None:
 #: might ask): the real functools' answer, and the real module in sys.modules from then on.
 OTHER_NAME_PROBE = """
 import sys
-from tasklock_cli.stores.sqlite import driver
-stand_in = type(sys)("functools")
-stand_in.__getattr__ = driver._real_functools
+from tasklock_cli.util.lazy import StandIn
+stand_in = StandIn("functools")
 sys.modules["functools"] = stand_in
 reduce = stand_in.reduce
 import functools

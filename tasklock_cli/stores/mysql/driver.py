@@ -18,7 +18,7 @@ So the store imports PyMySQL through this module, which hides them from that one
   ``enable_ssl`` hands PyMySQL the module once a connection needs TLS: with ``ssl_*=`` in
   the URL, or with a server that offers TLS (see ``connection._PreferredTLS``).
 - ``traceback``, ``hashlib``, ``getpass`` and ``pymysql.optionfile`` are stand-ins
-  (``_Deferred``): whatever PyMySQL asks of one imports the real module then and hands
+  (``util.lazy.StandIn``): whatever PyMySQL asks of one imports the real module then and hands
   over its answer.
   PyMySQL keeps the stand-in; everyone else imports the real module as usual.
 
@@ -33,35 +33,18 @@ from __future__ import annotations
 
 import os
 import sys
-from types import ModuleType
+
+from tasklock_cli.util.lazy import StandIn
+from tasklock_cli.util.lazy import real_module
 
 #: What PyMySQL's import gets as a stand-in: the module, and the names the stand-in answers
-#: itself (those PyMySQL reads while it is imported), as ``_Deferred`` functions.
+#: itself (those PyMySQL reads while it is imported), set on each as functions.
 _DEFERRED = ("traceback", "hashlib", "getpass", "pymysql.optionfile")
-
-
-class _Deferred(ModuleType):
-    """A module's stand-in: the real module is imported on the first use of a name."""
-
-    def __getattr__(self, name: str) -> object:
-        if name.startswith("__"):  # the import machinery's questions (__path__, __spec__...)
-            raise AttributeError(name)
-        return getattr(_real(self.__name__), name)
-
-
-def _real(name: str) -> object:
-    """The module ``name`` itself (imported now, if it is not yet)."""
-    module = sys.modules.get(name)
-    if module is None or isinstance(module, _Deferred):
-        sys.modules.pop(name, None)
-        __import__(name)
-        module = sys.modules[name]
-    return module
 
 
 def _hash(name: str, data: bytes = b"", **kwargs: object) -> object:
     """``hashlib.new``, which PyMySQL binds when it is imported (``partial``)."""
-    return _real("hashlib").new(name, data, **kwargs)  # type: ignore[attr-defined]
+    return real_module("hashlib").new(name, data, **kwargs)
 
 
 def _user_name() -> str:
@@ -79,11 +62,11 @@ def _user_name() -> str:
 
 def _option_file_parser(**kwargs: object) -> object:
     """``pymysql.optionfile.Parser()``, for a ``read_default_file`` (never the store's)."""
-    return _real("pymysql.optionfile").Parser(**kwargs)  # type: ignore[attr-defined]
+    return real_module("pymysql.optionfile").Parser(**kwargs)
 
 
-def _stand_ins() -> dict[str, _Deferred]:
-    stand_ins = {name: _Deferred(name) for name in _DEFERRED if name not in sys.modules}
+def _stand_ins() -> dict[str, StandIn]:
+    stand_ins = {name: StandIn(name) for name in _DEFERRED if name not in sys.modules}
     if "hashlib" in stand_ins:
         stand_ins["hashlib"].new = _hash  # type: ignore[attr-defined]
     if "getpass" in stand_ins:

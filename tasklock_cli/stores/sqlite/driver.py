@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import sys
 
+from tasklock_cli.util.lazy import StandIn
+
 #: typing costs ~2 ms per start: its names are for the type checker only.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -46,28 +48,14 @@ def _lru_cache(maxsize: int | None = 128, typed: bool = False) -> Callable:
     return decorating
 
 
-def _real_functools(name: str) -> object:
-    """Any other name asked of the stand-in (a later Python's ``_sqlite3`` may keep the
-    module and ask more of it): the real ``functools``' (imported then)."""
-    if name.startswith("__"):  # the import machinery's questions (__path__, __spec__...)
-        raise AttributeError(name)
-    stand_in = sys.modules.get("functools")
-    if stand_in is not None and getattr(stand_in, "__getattr__", None) is _real_functools:
-        del sys.modules["functools"]  # (asked while _sqlite3 is being imported)
-    import functools
-
-    return getattr(functools, name)
-
-
 def _import_lean() -> None:
     """Import ``_sqlite3`` with the stand-in ``functools`` where that is safe (see above)."""
     import tasklock_cli.util as util
 
     if "_sqlite3" in sys.modules or "functools" in sys.modules or not util.own_process:
         return
-    stand_in = type(sys)("functools")  # (a module: types.ModuleType without `types`)
+    stand_in = StandIn("functools")  # any other name: the real module's
     stand_in.lru_cache = _lru_cache  # type: ignore[attr-defined]
-    stand_in.__getattr__ = _real_functools  # type: ignore[method-assign]
     sys.modules["functools"] = stand_in
     try:
         import _sqlite3  # noqa: F401
