@@ -33,8 +33,7 @@ def open_fds() -> int:
 
 def test_leases_held_one_after_another_leave_no_fifo_behind(tmp_path):
     path = tmp_path / "locks.db"
-    store = SQLiteStore(path)
-    try:
+    with SQLiteStore(path) as store:
         lease = store.acquire("k", 30, HOLDER, "owner-0")
         assert lease is not None
         assert store.wait_for_break(lease, 0.01) is False  # its FIFO made
@@ -48,14 +47,11 @@ def test_leases_held_one_after_another_leave_no_fifo_behind(tmp_path):
             store.release(lease)
         assert fifos(path) == []
         assert open_fds() <= baseline
-    finally:
-        store.close()
 
 
 def test_a_wait_under_way_at_the_release_keeps_its_fifo_until_it_is_over(tmp_path):
     path = tmp_path / "locks.db"
-    store = SQLiteStore(path)
-    try:
+    with SQLiteStore(path) as store:
         lease = store.acquire("k", 30, HOLDER, "owner")
         assert lease is not None
         assert store.wait_for_break(lease, 0.001) is False  # made, and looked at once
@@ -74,15 +70,12 @@ def test_a_wait_under_way_at_the_release_keeps_its_fifo_until_it_is_over(tmp_pat
         assert fifos(path) == []
         os.close(stop_r)
         os.close(stop_w)
-    finally:
-        store.close()
 
 
 def test_a_break_still_reaches_a_lease_that_is_held(tmp_path):
     """Another lease's release takes only its own FIFO."""
     path = tmp_path / "locks.db"
-    store = SQLiteStore(path)
-    try:
+    with SQLiteStore(path) as store:
         held = store.acquire("a", 30, HOLDER, "owner-a")
         other = store.acquire("b", 30, HOLDER, "owner-b")
         assert held is not None and other is not None
@@ -91,20 +84,15 @@ def test_a_break_still_reaches_a_lease_that_is_held(tmp_path):
         store.release(other)
         assert store.force_release("a", held.fencing_token)
         assert store.wait_for_break(held, 5) is True
-    finally:
-        store.close()
 
 
 def test_a_wait_begun_after_the_release_leaves_no_fifo(tmp_path):
     """The heartbeat's last wait may begin just after the release (it checked for a stop
     before): the FIFO it makes finds the lease gone, and goes with that wait."""
     path = tmp_path / "locks.db"
-    store = SQLiteStore(path)
-    try:
+    with SQLiteStore(path) as store:
         lease = store.acquire("k", 30, HOLDER, "owner")
         assert lease is not None
         assert store.release(lease)
         assert store.wait_for_break(lease, 1) is True  # gone: told at once
         assert fifos(path) == []
-    finally:
-        store.close()
