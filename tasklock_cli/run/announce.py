@@ -157,15 +157,19 @@ def emit_lost(
     events.emit("lost", keeper.key, token, message, detected_by=detected_by, detail=detail)
 
 
-def warn_ledger_failed(events: EventLog, keeper: LeaseKeeper, exc: TasklockError) -> None:
-    """Writing the run's record failed (and with it that release): the release is retried
-    without it, and the command's exit code stands."""
-    events.warning(
-        f"could not write the run of {keeper.key!r} to the run ledger ({exc}); "
-        "releasing without it",
-        key=keeper.key,
-        fencing_token=keeper.fencing_token,
-    )
+def ledger_warning(events: EventLog, keeper: LeaseKeeper) -> Callable[[TasklockError], None]:
+    """What to say when writing the run's record for ``keeper`` failed (and with it that
+    release): the release is retried without it, and the command's exit code stands."""
+
+    def warn(exc: TasklockError) -> None:
+        events.warning(
+            f"could not write the run of {keeper.key!r} to the run ledger ({exc}); "
+            "releasing without it",
+            key=keeper.key,
+            fencing_token=keeper.fencing_token,
+        )
+
+    return warn
 
 
 # -- the command's end ------------------------------------------------------------------

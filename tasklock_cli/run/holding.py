@@ -23,7 +23,7 @@ from tasklock_cli.errors import LossKind
 from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.errors import TasklockError
 from tasklock_cli.events import EventLog
-from tasklock_cli.run.announce import warn_ledger_failed
+from tasklock_cli.run.announce import ledger_warning
 from tasklock_cli.run.heartbeat import Heartbeat
 from tasklock_cli.run.keeper import LeaseKeeper
 from tasklock_cli.run.options import RunOptions
@@ -259,7 +259,7 @@ def release_and_report(
             options.schedule.renew_retry_interval,
             events.debug,
             record,
-            lambda exc: warn_ledger_failed(events, keeper, exc),
+            ledger_warning(events, keeper),
         )
     except StoreUnavailable as exc:
         events.error(
@@ -296,11 +296,7 @@ def release_held(
     if loss is not None and loss.detected_by in (LossKind.REJECTED, LossKind.REPLACED):
         # Broken by an operator: still ours to let go, token-checked, unless someone
         # else holds it by now (then this frees nothing). One try: it is not ours to keep.
-        primary = holding.primary
-
-        def on_failed(exc: TasklockError) -> None:
-            warn_ledger_failed(events, primary, exc)
-
+        on_failed = ledger_warning(events, holding.primary)
         for k in holding.release_quietly(options.schedule.io_timeout, records, on_failed):
             events.emit("released", k.key, k.fencing_token, f"released {k.key!r}")
         return

@@ -33,8 +33,8 @@ from tasklock_cli.run.announce import emit_refusal
 from tasklock_cli.run.announce import emit_renewed
 from tasklock_cli.run.announce import emit_replacing
 from tasklock_cli.run.announce import emit_waiting
+from tasklock_cli.run.announce import ledger_warning
 from tasklock_cli.run.announce import ran_late
-from tasklock_cli.run.announce import warn_ledger_failed
 from tasklock_cli.run.environment import command_env
 from tasklock_cli.run.environment import lease_env
 from tasklock_cli.run.heartbeat import Heartbeat
@@ -114,8 +114,7 @@ class Supervisor:
         self.holding = Holding(keepers, self._heartbeat_of, own_stores)
         self.child: Child | None = None  # once the command started
         self._guard: Child | None = None  # forked before the acquire, the command not started
-        keeper = self.keeper
-        self._on_ledger_failed = lambda exc: warn_ledger_failed(events, keeper, exc)
+        self._on_ledger_failed = ledger_warning(events, self.keeper)
         self._waiter: Waiter | None = None
         self._acquiring = False
         self._loss_lock = _thread.allocate_lock()
