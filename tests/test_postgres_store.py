@@ -777,15 +777,21 @@ def test_missing_database_is_a_configuration_error(stores):
         store.peek("k")
 
 
-def test_tls_required_of_a_server_without_it_is_a_configuration_error(private_server):
+def test_tls_required_of_a_server_without_it_is_a_configuration_error(private_server, cli_env):
     """sslmode=require (or verify-ca, verify-full) where the server offers no TLS: no retry
-    makes it, so 78 with libpq's words, not an outage (69)."""
+    makes it, so 78 with libpq's words, not an outage (69); through the executable, one
+    line."""
     with private_server() as server:
         url = server.url_for(table="leases")
         for mode in ("require", "verify-full"):
-            store = PostgresStore.from_url(f"{url}&sslmode={mode}&sslrootcert=/nonexistent")
+            tls_url = f"{url}&sslmode={mode}&sslrootcert=/nonexistent"
+            store = PostgresStore.from_url(tls_url)
             with pytest.raises(ConfigError, match="does not support SSL"):
                 store.peek("k")
+            ran = tasklock("run", "k", "--", "true", env={**cli_env, "TASKLOCK_STORE": tls_url})
+            assert ran.returncode == 78, ran.stderr
+            lines = ran.stderr.splitlines()
+            assert len(lines) == 1 and "does not support SSL" in lines[0], ran.stderr
 
 
 def test_wrong_password_is_a_configuration_error_without_the_password(private_server):
