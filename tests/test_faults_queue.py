@@ -40,6 +40,7 @@ from tests.support.cli import json_events
 from tests.support.cli import peek
 from tests.support.cli import start
 from tests.support.cli import tasklock
+from tests.support.cli import wait_for_command
 from tests.support.cli import wait_until
 from tests.support.proxy import TcpProxy
 
@@ -121,20 +122,6 @@ def _peek_json(env: dict[str, str]) -> dict:
     return json.loads(tasklock("peek", KEY, "--json", env=env).stdout)
 
 
-def _wait_for_holder(holder, ready: Path) -> None:
-    """Until the holder's command is up; else fail with what the holder said (a CI run
-    once waited 30 s for it on PostgreSQL and said nothing more)."""
-    try:
-        wait_until(ready.exists, timeout=30)
-    except AssertionError:
-        if holder.poll() is None:
-            holder.kill()
-        _, stderr = holder.communicate(timeout=10)
-        raise AssertionError(
-            f"the holder's command never started (exit {holder.returncode}): {stderr[-2000:]}"
-        ) from None
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("holder_fate", ["rides-out", "loses"])
 def test_store_blacked_out_while_a_queue_waits(network_store_url, cli_env, tmp_path, holder_fate):
@@ -154,7 +141,7 @@ def test_store_blacked_out_while_a_queue_waits(network_store_url, cli_env, tmp_p
         holder = start(*json_run, "--ttl", ttl, "--grace", "1s", "--", *hold, env=cut_off)
         runs = [holder]
         try:
-            _wait_for_holder(holder, Path(f"{go}.ready"))
+            wait_for_command(holder, Path(f"{go}.ready"), timeout=30)
             held = peek(url, KEY)
             assert held is not None and held.holder.pid == holder.pid
             tree = procs.command_tree(holder.pid)

@@ -19,6 +19,7 @@ from tests.support.cli import lost_by
 from tests.support.cli import peek
 from tests.support.cli import start
 from tests.support.cli import tasklock
+from tests.support.cli import wait_for_command
 from tests.support.cli import wait_for_holder
 from tests.support.cli import wait_until
 
@@ -80,7 +81,7 @@ def test_paused_holder_is_fenced_and_killed_on_resume(env, store_url, tmp_path):
         env=env,
         start_new_session=True,
     )
-    wait_until(ready.exists)
+    wait_for_command(wrapper, ready)
     old = peek(store_url, "k")
     assert old is not None
     child_pgids = procs.other_groups_in_session(wrapper.pid)

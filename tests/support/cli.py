@@ -59,6 +59,20 @@ def wait_for_holder(url: str, key: str, timeout: float = 10) -> LeaseInfo:
     return wait_until(lambda: peek(url, key), timeout)
 
 
+def wait_for_command(holder: subprocess.Popen, ready: Path, timeout: float = 10) -> None:
+    """Until ``ready`` exists (the holder's command is up); else fail with what the holder
+    said (CI runs have waited for a PostgreSQL holder's command and said nothing more)."""
+    try:
+        wait_until(ready.exists, timeout=timeout)
+    except AssertionError:
+        if holder.poll() is None:
+            holder.kill()
+        _, stderr = holder.communicate(timeout=10)
+        raise AssertionError(
+            f"the holder's command never started (exit {holder.returncode}): {stderr[-2000:]}"
+        ) from None
+
+
 def json_events(stderr: str) -> list[dict]:
     return [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
 
