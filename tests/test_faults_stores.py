@@ -76,6 +76,9 @@ def test_paused_holder_is_fenced_and_killed_on_resume(env, store_url, tmp_path):
     db.execute("INSERT INTO guarded VALUES (1, 0)")
     ready, log = tmp_path / "ready", tmp_path / "log"
     writer = [sys.executable, "-c", GUARDED_WRITER, str(guard), str(ready), str(log)]
+    # The store's tables first, with the default I/O timeout: a first run with a 1.5 s TTL
+    # makes them within its own 0.25 s, which a loaded CI run once missed (PostgreSQL).
+    assert tasklock("init", env=env).returncode == 0
     wrapper = start(
         *json_run("k", "--ttl", "1500ms", command=writer),
         env=env,
