@@ -27,20 +27,15 @@ from tests.support.failover import assert_lost_holder_fenced
 from tests.support.failover import long_ttl_holder_fenced
 from tests.support.mysql_replication import PrivateMariaDB
 from tests.support.mysql_replication import ReplicatedMariaDB
-from tests.support.mysql_replication import private_mariadb_unavailable
 from tests.support.mysql_replication import replicated_mariadb
-from tests.support.services import in_ci
+from tests.support.mysql_replication import require_private_mariadb
 
 pytestmark = [pytest.mark.slow, pytest.mark.waits]
 
 
 @pytest.fixture
 def pair() -> Iterator[ReplicatedMariaDB]:
-    reason = private_mariadb_unavailable()
-    if reason is not None:
-        if in_ci():
-            pytest.fail(f"CI=true but a private MariaDB pair cannot be started: {reason}")
-        pytest.skip(reason)
+    require_private_mariadb("a private MariaDB pair")
     with replicated_mariadb() as started:
         yield started
 

@@ -48,6 +48,19 @@ def private_mariadb_unavailable() -> str | None:
     return None
 
 
+def require_private_mariadb(what: str = "a private MariaDB") -> None:
+    """Skip (fail in CI) unless ``what`` can be started here."""
+    import pytest
+
+    from tests.support import services
+
+    reason = private_mariadb_unavailable()
+    if reason is not None:
+        if services.in_ci():
+            pytest.fail(f"CI=true but {what} cannot be started: {reason}")
+        pytest.skip(reason)
+
+
 def _as_user() -> list[str]:
     """mariadbd refuses to run as root unless told to."""
     return ["--user=root"] if os.geteuid() == 0 else []
@@ -65,7 +78,10 @@ class PrivateMariaDB:
         self.process: subprocess.Popen | None = None
 
     def install(self) -> None:
-        subprocess.run(
+        # Each server's own temporary directory: bootstraps sharing /tmp at once failed
+        # now and then ("Could not remove temporary table '/tmp/#sql-temptable-...'").
+        (self.root / "tmp").mkdir(exist_ok=True)
+        done = subprocess.run(
             [
                 INSTALL_DB,
                 "--no-defaults",
@@ -73,12 +89,17 @@ class PrivateMariaDB:
                 *_as_user(),
                 "--auth-root-authentication-method=normal",
                 "--skip-test-db",
+                f"--tmpdir={self.root / 'tmp'}",
                 *_SMALL,
             ],
-            check=True,
             capture_output=True,
+            text=True,
             timeout=120,
         )
+        if done.returncode != 0:
+            raise RuntimeError(
+                f"mariadb-install-db failed ({done.returncode}): {done.stderr[-3000:]}"
+            )
 
     def start(self, timeout: float = 30.0) -> PrivateMariaDB:
         args = [
@@ -95,6 +116,7 @@ class PrivateMariaDB:
             "--log-bin=binlog",
             "--skip-name-resolve",
             "--skip-performance-schema",
+            f"--tmpdir={self.root / 'tmp'}",
             *_SMALL,
         ]
         if self.read_only:
@@ -214,4 +236,20 @@ def replicated_mariadb() -> Iterator[ReplicatedMariaDB]:
         yield pair
     finally:
         pair.destroy()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def private_mariadb() -> Iterator[PrivateMariaDB]:
+    """One private server with an empty database ``test`` (about a second to make)."""
+    root = Path(tempfile.mkdtemp(prefix="tasklock-mariadb-"))
+    server = PrivateMariaDB(root / "server", 1)
+    try:
+        server.root.mkdir(parents=True)
+        server.install()
+        server.start()
+        server.execute("CREATE DATABASE test")
+        yield server
+    finally:
+        server.destroy()
         shutil.rmtree(root, ignore_errors=True)
