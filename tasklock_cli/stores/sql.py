@@ -71,6 +71,12 @@ class SqlConnection(ABC):
         """``text`` without the secrets, on one line (the drivers' messages may span lines)."""
         return " ".join(scrub(text, self._secrets).split())
 
+    def schema_timeout(self) -> float:
+        """How long making or migrating the tables may take: the default I/O timeout at
+        least, whatever a run's own (a short TTL's is a fraction of a second). A first use
+        may meet a busy server, or wait for another first user making them."""
+        return max(self.io_timeout, DEFAULT_IO_TIMEOUT_S)
+
     def set_io_timeout(self, seconds: float) -> None:
         if math.isfinite(seconds) and seconds > 0:
             with self.lock:

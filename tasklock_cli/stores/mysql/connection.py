@@ -18,6 +18,7 @@ import os
 import socket
 import time
 from collections.abc import Callable
+from collections.abc import Iterator
 
 from tasklock_cli.errors import ConfigError
 from tasklock_cli.errors import StoreUnavailable
@@ -246,11 +247,12 @@ class MySQLConnection(SqlConnection):
             program_name="tasklock",
         )
 
-    def _setup(self) -> str:
+    def _setup(self, io: float | None = None) -> str:
         """The session settings, one multi-statement query: UTC (SYSDATE(6) gives UTC
         times), READ COMMITTED, a known sql_mode (backslash escapes on: PyMySQL quotes
-        with them), and statements and lock waits bounded by the I/O timeout."""
-        io = self.io_timeout
+        with them), and statements and lock waits bounded by the I/O timeout (``io``,
+        else the connection's)."""
+        io = self.io_timeout if io is None else io
         limit = (
             f"max_statement_time = {io * 0.8:.3f}"
             if self.mariadb
@@ -317,9 +319,17 @@ class MySQLConnection(SqlConnection):
 
     def _create(self, conn: pymysql.connections.Connection) -> None:
         """Create what is missing under the schema's named lock: racing first users
-        queue on it, and the second finds everything done."""
-        with conn.cursor() as cursor:
-            cursor.execute("SELECT GET_LOCK(%s, %s)", (self.schema.lock_name(), self.io_timeout))
+        queue on it, and the second finds everything done. It may take ``schema_timeout``
+        (``_patient``), and never goes on without the lock."""
+        patience = self.schema_timeout()
+        with self._patient(conn, patience), conn.cursor() as cursor:
+            cursor.execute("SELECT GET_LOCK(%s, %s)", (self.schema.lock_name(), patience))
+            row = cursor.fetchone()
+            if row is None or row[0] != 1:
+                raise StoreUnavailable(
+                    f"{self.display_url}: another client has been making table "
+                    f"{self.schema.table_name} and its procedures for {patience:g} s"
+                )
             try:
                 cursor.execute(INSPECT, self.schema.inspection_params())
                 if self.schema.judge(cursor.fetchall()) == "ok":
@@ -337,6 +347,32 @@ class MySQLConnection(SqlConnection):
             finally:
                 with contextlib.suppress(pymysql.err.MySQLError):
                     cursor.execute("DO RELEASE_LOCK(%s)", (self.schema.lock_name(),))
+
+    @contextlib.contextmanager
+    def _patient(self, conn: pymysql.connections.Connection, seconds: float) -> Iterator[None]:
+        """Within: the socket's timeouts and the session's statement and lock wait limits
+        are ``seconds``; after, the I/O timeout's again (a round trip each way, when they
+        differ). A connection that cannot be set back is closed: the next call opens one."""
+        io = self.io_timeout
+        if seconds == io:
+            yield
+            return
+        self._set_limits(conn, seconds)
+        try:
+            yield
+        finally:
+            try:
+                self._set_limits(conn, io)
+            except BaseException:
+                self.drop()
+                raise
+
+    def _set_limits(self, conn: pymysql.connections.Connection, seconds: float) -> None:
+        conn._read_timeout = conn._write_timeout = seconds + 0.05
+        with conn.cursor() as cursor:
+            cursor.execute(self._setup(seconds))
+            while cursor.nextset():
+                pass
 
     def run(
         self,

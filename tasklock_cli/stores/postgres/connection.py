@@ -301,9 +301,11 @@ class PgConnection(SqlConnection):
     def _statement_timeout_ms(self) -> int:
         return max(100, int(self.io_timeout * 800))  # the server cancels before we give up
 
-    def _guarded(self, conn: psycopg.Connection, operation: Callable[[], _T]) -> _T:
-        """Run ``operation`` with the watchdog armed for one I/O timeout."""
-        self._watchdog.arm(conn.fileno(), self.io_timeout + 0.05)
+    def _guarded(
+        self, conn: psycopg.Connection, operation: Callable[[], _T], seconds: float | None = None
+    ) -> _T:
+        """Run ``operation`` with the watchdog armed for ``seconds`` (one I/O timeout)."""
+        self._watchdog.arm(conn.fileno(), (seconds or self.io_timeout) + 0.05)
         overran = False
         try:
             return operation()
@@ -330,7 +332,9 @@ class PgConnection(SqlConnection):
             self._guarded(conn, lambda: conn.execute(f"SET statement_timeout = {millis}"))
             self._applied_timeout = self.io_timeout
         if ensure_schema and not self._schema_ok:
-            self._guarded(conn, lambda: self._schema.ensure(conn, inspected))
+            patience = self.schema_timeout()
+            millis = max(100, int(patience * 800))
+            self._guarded(conn, lambda: self._schema.ensure(conn, inspected, millis), patience)
             self._schema_ok = True
         return conn
 

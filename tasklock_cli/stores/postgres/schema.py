@@ -236,12 +236,16 @@ class PgSchema:
             )
         return True, f"table {self.table_name} is a tasklock table"
 
-    def ensure(self, conn: psycopg.Connection, inspected: tuple | Unset | None) -> None:
+    def ensure(
+        self, conn: psycopg.Connection, inspected: tuple | Unset | None, timeout_ms: int
+    ) -> None:
         """The table exists (created if missing), is ours, and is current (migrated).
-        ``inspected``: the table's row, when the connection's set-up read it already."""
+        ``inspected``: the table's row, when the connection's set-up read it already.
+        ``timeout_ms``: the statement timeout of a creation or migration (its own
+        transaction's; the session keeps its own)."""
         found = self.inspect(conn) if isinstance(inspected, Unset) else self.judge(inspected)
         if found is None:
-            self._create(conn)
+            self._create(conn, timeout_ms)
             found = self.inspect(conn)
             if found is None:
                 raise ConfigError(
@@ -249,14 +253,14 @@ class PgSchema:
                 )
         else:
             if found[2]:
-                self._migrate(conn)
+                self._migrate(conn, timeout_ms)
                 found = self.inspect(conn) or found
             if not found[1]:
                 # A lease table from before the run ledger or the queues. Leases work
                 # without the ledger: when it cannot be created, writing a run fails
                 # instead (and the run's release is retried without it).
                 with contextlib.suppress(ConfigError):
-                    self._create(conn)
+                    self._create(conn, timeout_ms)
         self.found(found[0])
 
     def found(self, oid: int) -> None:
@@ -270,12 +274,18 @@ class PgSchema:
         digest = hashlib.sha256(f"tasklock:{self.table_name}".encode()).digest()
         return int.from_bytes(digest[:8], "big", signed=True)
 
-    def _create(self, conn: psycopg.Connection) -> None:
+    def _lock(self, conn: psycopg.Connection, timeout_ms: int) -> None:
+        """Within a creation's or migration's transaction: its statement timeout, and the
+        schema lock (racing first users queue on it)."""
+        conn.execute(f"SET LOCAL statement_timeout = {int(timeout_ms)}")
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", [self._lock_id()])
+
+    def _create(self, conn: psycopg.Connection, timeout_ms: int) -> None:
         try:
             # Racing first users queue on the advisory lock; CREATE ... IF NOT EXISTS
             # alone can still fail with unique_violation on pg_type when two race.
             with conn.transaction():
-                conn.execute("SELECT pg_advisory_xact_lock(%s)", [self._lock_id()])
+                self._lock(conn, timeout_ms)
                 conn.execute(self.ddl())
                 conn.execute(self.epoch_row())  # with the table: a standby has both or none
         except (pgerr.UniqueViolation, pgerr.DuplicateTable, pgerr.DuplicateObject):
@@ -289,7 +299,7 @@ class PgSchema:
                 "`tasklock init --print-sql`"
             ) from None
 
-    def _migrate(self, conn: psycopg.Connection) -> None:
+    def _migrate(self, conn: psycopg.Connection, timeout_ms: int) -> None:
         """Bring a table of an older shape to the current one (see ``_MIGRATE``).
 
         - The rows of a table from before semaphores become slot 0 of limit 1.
@@ -301,7 +311,7 @@ class PgSchema:
         So racing clients migrate the table once; one that comes second finds it done."""
         try:
             with conn.transaction():
-                conn.execute("SELECT pg_advisory_xact_lock(%s)", [self._lock_id()])
+                self._lock(conn, timeout_ms)
                 found = self.inspect(conn)
                 if found is not None and found[2]:
                     conn.execute(self.migration())
