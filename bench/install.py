@@ -40,9 +40,10 @@ def prepare(argv: list[str]) -> None:
 
 
 def upgrade_pip(pip: list[str], cwd: str | None = None) -> None:
-    """The venv's pip as users have it today: the console script that pip before 25.0
-    writes imports ``re`` (and ``enum``) at every start, which the run no longer does; the
-    rows would time pip's script, not tasklock. Left as it is when no newer pip is found."""
+    """The venv's pip as users have it today. tasklock's own script (bin/tasklock) does not
+    depend on it, but a baseline from before it is a console-scripts entry point, whose
+    script from pip before 25.0 imports ``re`` (and ``enum``) at every start: its rows
+    would time pip's script. Left as it is when no newer pip is found."""
     subprocess.run([*pip, "--disable-pip-version-check", "--upgrade", "pip"], check=False, cwd=cwd)
 
 
