@@ -26,6 +26,9 @@ def main(argv: list[str] | None = None) -> NoReturn:
     # collector's passes over them cost `run` ~2.5 ms. Back on once the run's store is open
     # (run.command), at once for every other command.
     gc.disable()
+    from tasklock_cli.util import imports
+
+    imports.install()  # tasklock's modules with less of importlib's search (util.imports)
     import tasklock_cli.util as util
     from tasklock_cli.cli.argv import run_args
     from tasklock_cli.cli.session import checked_standard_streams
