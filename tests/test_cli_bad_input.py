@@ -216,6 +216,16 @@ def test_doctor_json_shows_the_stores_capabilities(cli_env, sqlite_url):
     assert "byte_keys=true" in last["detail"] and "failover_window=null" in last["detail"]
 
 
+def test_doctor_text_ends_with_the_same_capabilities(cli_env, sqlite_url):
+    """The text report has the JSON's checks, capabilities last, the same words."""
+    text = tasklock("--store", sqlite_url, "doctor", env=cli_env)
+    as_json = json.loads(tasklock("--store", sqlite_url, "doctor", "--json", env=cli_env).stdout)
+    assert text.returncode == 0, text.stderr
+    lines = text.stdout.splitlines()
+    assert [line.split()[1] for line in lines] == [check["check"] for check in as_json]
+    assert lines[-1] == f"ok    capabilities {as_json[-1]['detail']}"
+
+
 def test_doctor_json_on_an_unreachable_store_is_69(cli_env):
     result = tasklock("--store", "redis://127.0.0.1:1/0", "doctor", "--json", env=cli_env)
     assert result.returncode == 69

@@ -538,7 +538,7 @@ def doctor(
     if as_json:
         typer.echo(json_text(render.doctor_json(config_file, checks, capabilities)))
     else:
-        render.doctor_report(config_file, checks)
+        render.doctor_report(config_file, checks, capabilities)
     failed = [check for check in checks if not check.ok]
     if any(check.name == "reachable" for check in failed):
         raise typer.Exit(StoreUnavailable.exit_code)

@@ -335,16 +335,24 @@ def doctor_json(
     rows: list[dict[str, object]] = [{"check": "config", "ok": True, "detail": config_file}]
     rows += [{"check": check.name, "ok": check.ok, "detail": check.detail} for check in checks]
     record = capabilities.as_json()
-    detail = ", ".join(f"{name}={json_text(value)}" for name, value in record.items())
+    detail = _capabilities_detail(capabilities)
     rows.append({"check": "capabilities", "ok": True, "detail": detail, "capabilities": record})
     return rows
 
 
-def doctor_report(config_file: str, checks: list[StoreCheck]) -> None:
+def _capabilities_detail(capabilities: Capabilities) -> str:
+    """The record on one line, as ``name=value`` (values as JSON writes them)."""
+    return ", ".join(f"{name}={json_text(value)}" for name, value in capabilities.as_json().items())
+
+
+def doctor_report(config_file: str, checks: list[StoreCheck], capabilities: Capabilities) -> None:
+    """`doctor`: a line per check (config first), then the store's capabilities, as
+    ``doctor --json`` has them."""
     lines = [("ok", "config", config_file)]
     for check in checks:
         status = "fail" if not check.ok else "warn" if check.warning else "ok"
         lines.append((status, check.name, check.detail))
+    lines.append(("ok", "capabilities", _capabilities_detail(capabilities)))
     for status, name, detail in lines:
         sys.stdout.write(f"{status:<5} {name:<12} {safe(detail)}\n")
 
