@@ -296,6 +296,61 @@ def test_man_page_renders_without_warnings():
     assert warned == {}
 
 
+#: The font macros, whose arguments troff splits at spaces and quotes.
+_FONT_MACRO = re.compile(r"^\.(B|I|BR|RB|BI|IB|IR|RI|SM|SB) ")
+
+
+def _quotes_troff_drops(line: str) -> list[str]:
+    """Where a font macro's arguments lose a double quote meant to be printed: an argument
+    that starts with one is quoted up to the next (``"held":`` prints ``held :``), and an
+    empty quoted one prints nothing (``store = ""`` prints ``store =``). A literal double
+    quote is written ``\\(dq``."""
+    args, found, i = line.split(" ", 1)[1], [], 0
+    while i < len(args):
+        if args[i] != '"':
+            end = args.find(" ", i)
+            i = len(args) if end < 0 else end + 1
+            continue
+        end = i + 1
+        while end < len(args) and (args[end] != '"' or args[end + 1 : end + 2] == '"'):
+            end += 2 if args[end] == '"' else 1
+        if end == i + 1:
+            found.append("an empty quoted argument")
+        if args[end + 1 : end + 2] not in ("", " "):
+            found.append(f"a quote closed before {args[end + 1 :]!r}")
+        i = end + 1
+    return found
+
+
+def test_man_page_prints_every_double_quote_it_means():
+    dropped = {
+        number: problems
+        for number, line in enumerate(MAN_PAGE.read_text(encoding="utf-8").splitlines(), 1)
+        if _FONT_MACRO.match(line) and (problems := _quotes_troff_drops(line))
+    }
+    assert dropped == {}
+
+
+def test_man_page_shows_its_json_and_config_samples_as_written():
+    """As groff prints them (a font macro's arguments once lost their quotes and spaces)."""
+    groff = require_ci_tool("groff")
+    result = subprocess.run(
+        [groff, "-man", "-Tutf8", "-P-cbou", "-rLL=200n", str(MAN_PAGE)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    text = " ".join(result.stdout.split())
+    for sample in (
+        'store = ""',
+        'ttl = "inf"',
+        '{"key": ..., "held": false, "waiters": [...]}',
+        '{"removed": N}; with --dry-run, {"would_remove": N}.',
+        '{"check", "ok", "detail"}',
+    ):
+        assert sample in text
+
+
 def _man_source_text() -> str:
     """The page's source with the roff escapes that appear around option names undone."""
     text = MAN_PAGE.read_text(encoding="utf-8")
