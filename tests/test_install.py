@@ -1,7 +1,8 @@
 """What `pip install` of this repository puts in place: the man page under the environment's
 share/man/man1, where `man` finds it (from PREFIX/bin on PATH) and pipx >= 1.5 links it; an
 editable install (`pip install -e`) too, so the README's two install lines keep it in either
-order."""
+order. And the `tasklock` command: our own script (bin/tasklock), not the one an installer
+writes for an entry point (pip before 25.0 writes `import re` into it)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 #: What building the wheel reads: a copy, so the build leaves nothing in the checkout.
-SOURCES = ["pyproject.toml", "MANIFEST.in", "setup_commands.py", "README.md", "man", "tasklock_cli"]
+SOURCES = [
+    "pyproject.toml", "MANIFEST.in", "setup_commands.py", "README.md", "man", "bin", "tasklock_cli"
+]  # fmt: skip
 
 
 def _copy_sources(source: Path) -> Path:
@@ -49,6 +52,15 @@ def test_pip_install_puts_the_man_page_under_share_man_man1(tmp_path):
     assert installed.returncode == 0, installed.stderr
     man_page = prefix / "share" / "man" / "man1" / "tasklock.1"
     assert man_page.read_bytes() == (ROOT / "man" / "tasklock.1").read_bytes()
+    assert_our_command(prefix / "bin" / "tasklock")
+
+
+def assert_our_command(installed: Path) -> None:
+    """``installed`` is bin/tasklock, its first line (the interpreter) set by the installer."""
+    assert installed.stat().st_mode & 0o111, "not executable"
+    first, _, rest = installed.read_text().partition("\n")
+    assert first.startswith("#!") and "python" in first
+    assert rest == (ROOT / "bin" / "tasklock").read_text().partition("\n")[2]
 
 
 def _pip_into(venv: Path, *args: str) -> None:
@@ -72,3 +84,8 @@ def test_the_readmes_two_install_lines_keep_the_man_page_in_either_order(tmp_pat
     for how in (["."], ["-e", "."], ["."]):  # regular, editable over it, regular over that
         _pip_into(venv, *how[:-1], str(source))
         assert man_page.read_bytes() == (ROOT / "man" / "tasklock.1").read_bytes(), how
+        assert_our_command(venv / "bin" / "tasklock")
+    version = subprocess.run(
+        [str(venv / "bin" / "tasklock"), "--version"], capture_output=True, text=True, timeout=30
+    )
+    assert version.stdout.startswith("tasklock "), version.stderr
