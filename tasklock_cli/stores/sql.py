@@ -56,6 +56,7 @@ class SqlConnection(ABC):
         self.current: Any = None
         self._applied_timeout: float | None = None  # the I/O timeout the session has
         self._schema_ok = False  # the schema was found or made current in this session
+        self._schema_seen = False  # ... in any session of this process (``schema_timeout``)
 
     @abstractmethod
     def run(
@@ -72,9 +73,14 @@ class SqlConnection(ABC):
         return " ".join(scrub(text, self._secrets).split())
 
     def schema_timeout(self) -> float:
-        """How long making or migrating the tables may take: the default I/O timeout at
-        least, whatever a run's own (a short TTL's is a fraction of a second). A first use
-        may meet a busy server, or wait for another first user making them."""
+        """How long making or migrating the tables may take: on this process's first look
+        at them, the default I/O timeout at least, whatever a run's own (a short TTL's is a
+        fraction of a second): a first use may meet a busy server, or wait for another first
+        user making them. Once they were found or made, the I/O timeout: a renewal or release
+        that finds them changed (after a reconnection) holds a lease, and must not wait
+        past it (the supervisor's deadline would end the run meanwhile)."""
+        if self._schema_seen:
+            return self.io_timeout
         return max(self.io_timeout, DEFAULT_IO_TIMEOUT_S)
 
     def set_io_timeout(self, seconds: float) -> None:

@@ -314,7 +314,7 @@ class MySQLConnection(SqlConnection):
         if ensure_schema and not self._schema_ok:
             if self.schema.judge(self.inspected) != "ok":
                 self._create(conn)
-            self._schema_ok = True
+            self._schema_ok = self._schema_seen = True
         return conn
 
     def _create(self, conn: pymysql.connections.Connection) -> None:
@@ -322,13 +322,18 @@ class MySQLConnection(SqlConnection):
         queue on it, and the second finds everything done. It may take ``schema_timeout``
         (``_patient``), and never goes on without the lock."""
         patience = self.schema_timeout()
+        # Within the session's statement limit (0.8 of it), which would end the wait early.
+        wait = round(patience * 0.7, 3)
         with self._patient(conn, patience), conn.cursor() as cursor:
-            cursor.execute("SELECT GET_LOCK(%s, %s)", (self.schema.lock_name(), patience))
+            cursor.execute("SELECT GET_LOCK(%s, %s)", (self.schema.lock_name(), wait))
             row = cursor.fetchone()
             if row is None or row[0] != 1:
                 raise StoreUnavailable(
                     f"{self.display_url}: another client has been making table "
-                    f"{self.schema.table_name} and its procedures for {patience:g} s"
+                    f"{self.schema.table_name} and its procedures for {wait:g} s"
+                    if row is not None and row[0] == 0
+                    else f"{self.display_url}: the wait for the lock on making table "
+                    f"{self.schema.table_name} was ended by the server"
                 )
             try:
                 cursor.execute(INSPECT, self.schema.inspection_params())
@@ -352,20 +357,19 @@ class MySQLConnection(SqlConnection):
     def _patient(self, conn: pymysql.connections.Connection, seconds: float) -> Iterator[None]:
         """Within: the socket's timeouts and the session's statement and lock wait limits
         are ``seconds``; after, the I/O timeout's again (a round trip each way, when they
-        differ). A connection that cannot be set back is closed: the next call opens one."""
+        differ). Where that fails, or the block does, the connection is closed (its limits
+        are the long ones): the next call opens another, and the block's error stands."""
         io = self.io_timeout
         if seconds == io:
             yield
             return
-        self._set_limits(conn, seconds)
         try:
+            self._set_limits(conn, seconds)
             yield
-        finally:
-            try:
-                self._set_limits(conn, io)
-            except BaseException:
-                self.drop()
-                raise
+            self._set_limits(conn, io)
+        except BaseException:
+            self.drop()
+            raise
 
     def _set_limits(self, conn: pymysql.connections.Connection, seconds: float) -> None:
         conn._read_timeout = conn._write_timeout = seconds + 0.05
@@ -450,7 +454,7 @@ class MySQLConnection(SqlConnection):
         if self._pending_set_up:  # never: the operation sends it
             self.drop()
             raise AssertionError("the session settings were not sent")
-        self._schema_ok = True  # (the call found what it needed)
+        self._schema_ok = self._schema_seen = True  # (the call found what it needed)
         return result
 
     def _broken(self, exc: Exception) -> bool:

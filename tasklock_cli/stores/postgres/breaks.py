@@ -46,7 +46,7 @@ class BreakListener(SocketBreakWatch):
             return operation()
         finally:
             if self._watchdog.disarm():
-                raise Overrun()
+                raise Overrun(self.io_timeout)
 
     def _fileno(self) -> int:
         return self.conn.fileno()

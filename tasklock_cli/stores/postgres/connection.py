@@ -109,7 +109,12 @@ def one_row(cursor: psycopg.Cursor[tuple[Any, ...]]) -> tuple[Any, ...]:
 
 
 class Overrun(Exception):
-    """The watchdog shut the socket: the server did not answer within the I/O timeout."""
+    """The watchdog shut the socket: the server did not answer within ``seconds`` (the I/O
+    timeout, or a first creation's longer one)."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(seconds)
+        self.seconds = seconds
 
 
 class Watchdog:
@@ -295,7 +300,7 @@ class PgConnection(SqlConnection):
             self.drop()  # (its session settings went back with the call's transaction)
             raise
         self._schema.found(oid)
-        self._schema_ok = True
+        self._schema_ok = self._schema_seen = True
         return result
 
     def _statement_timeout_ms(self) -> int:
@@ -305,14 +310,15 @@ class PgConnection(SqlConnection):
         self, conn: psycopg.Connection, operation: Callable[[], _T], seconds: float | None = None
     ) -> _T:
         """Run ``operation`` with the watchdog armed for ``seconds`` (one I/O timeout)."""
-        self._watchdog.arm(conn.fileno(), (seconds or self.io_timeout) + 0.05)
+        seconds = seconds or self.io_timeout
+        self._watchdog.arm(conn.fileno(), seconds + 0.05)
         overran = False
         try:
             return operation()
         finally:
             overran = self._watchdog.disarm()
             if overran:
-                raise Overrun()
+                raise Overrun(seconds)
 
     def _connection(self, ensure_schema: bool = True) -> psycopg.Connection:
         conn = self.current
@@ -335,7 +341,7 @@ class PgConnection(SqlConnection):
             patience = self.schema_timeout()
             millis = max(100, int(patience * 800))
             self._guarded(conn, lambda: self._schema.ensure(conn, inspected, millis), patience)
-            self._schema_ok = True
+            self._schema_ok = self._schema_seen = True
         return conn
 
     def _session_ended(self) -> None:
@@ -382,10 +388,10 @@ class PgConnection(SqlConnection):
                 try:
                     conn = self._connection(ensure_schema)
                     return self._guarded(conn, functools.partial(operation, conn))
-                except Overrun:
+                except Overrun as overrun:
                     self.drop()
                     raise StoreUnavailable(
-                        f"{self.display_url}: no answer within {self.io_timeout:g} s"
+                        f"{self.display_url}: no answer within {overrun.seconds:g} s"
                     ) from None
                 except (pgerr.SerializationFailure, pgerr.DeadlockDetected) as exc:
                     conflicts += 1
