@@ -7,6 +7,8 @@ finder installed for that package as ``cli.entry`` installs it for tasklock's.""
 from __future__ import annotations
 
 import compileall
+import importlib.machinery
+import importlib.util
 import json
 import os
 import py_compile
@@ -78,9 +80,7 @@ def test_modules_and_subpackages_load_through_it_as_importlib_would(tmp_path):
     assert value["loader"] == sub["loader"] == leaf["loader"] == "SourceLoader"
     assert value["values"] == {"VALUE": "first"}
     assert value["file"] == str(package / "value.py")
-    assert value["cached"] == str(package / "__pycache__" / "value.cpython-311.pyc").replace(
-        "cpython-311", sys.implementation.cache_tag
-    )
+    assert value["cached"] == importlib.util.cache_from_source(value["file"])  # (-O too)
     assert sub["path"] == [str(package / "sub")] and sub["values"] == {"SUB": True}
     assert leaf["values"] == {"LEAF": "leaf"}
 
@@ -177,3 +177,41 @@ def test_the_command_imports_its_modules_through_it(cli_env, sqlite_url):
     first.add("tasklock_cli.util.imports")
     assert {name for name, kind in by_loader.items() if kind != "SourceLoader"} == first
     assert len(by_loader) > 40
+
+
+def test_a_package_wins_over_a_module_and_an_extension_is_left_to_importlib(tmp_path):
+    """importlib's order: ``dup/__init__.py`` before ``dup.py``; beside an extension module
+    (a compiled build) the name is importlib's to find, whatever it then picks."""
+    package = make_package(tmp_path)
+    (package / "dup").mkdir()
+    (package / "dup" / "__init__.py").write_text("WHICH = 'package'\n")
+    (package / "dup.py").write_text("WHICH = 'module'\n")
+    (package / "ext.py").write_text("WHICH = 'source'\n")
+    (package / f"ext{importlib.machinery.EXTENSION_SUFFIXES[0]}").write_bytes(b"not a library")
+    found = import_with_finder(tmp_path, f"{PACKAGE}.dup", f"{PACKAGE}.ext")
+    assert found[f"{PACKAGE}.dup"]["values"] == {"WHICH": "package"}
+    assert found[f"{PACKAGE}.dup"]["loader"] == "SourceLoader"
+    assert found[f"{PACKAGE}.ext"] == {"error": "ImportError"}  # importlib's: a bad library
+
+
+def test_a_module_removed_after_the_listing_is_not_found(tmp_path):
+    """A package upgraded under a long run: the name was listed, its file is gone."""
+    package = make_package(tmp_path)
+    (package / "sub" / "other.py").write_text("")
+    code = textwrap.dedent(
+        f"""
+        import os, sys
+        import {PACKAGE}.sub.other  # lists sub's directory, leaf.py in it
+        os.remove({str(package / "sub" / "leaf.py")!r})
+        try:
+            import {PACKAGE}.sub.leaf
+        except ModuleNotFoundError as exc:
+            print(exc.name)
+        """
+    )
+    preamble = f"import sys; sys.path.insert(0, {str(tmp_path)!r}); import {PACKAGE}\n"
+    preamble += f"from tasklock_cli.util import imports; imports.install({PACKAGE!r})\n"
+    result = subprocess.run(
+        [sys.executable, "-c", preamble + code], capture_output=True, text=True, timeout=30
+    )
+    assert result.stdout.strip() == f"{PACKAGE}.sub.leaf", result.stderr

@@ -24,13 +24,16 @@ import sys
 
 #: typing costs ~2 ms per start: its names are for the type checker only.
 TYPE_CHECKING = False
-_external = sys.modules["_frozen_importlib_external"]  # importlib's, loaded at every start
 if TYPE_CHECKING:
     from collections.abc import Sequence
+    from importlib import _bootstrap_external as _external
     from importlib.machinery import ModuleSpec
     from importlib.machinery import SourceFileLoader
     from types import CodeType
 else:
+    _external = sys.modules.get("_frozen_importlib_external")  # importlib's, loaded at start
+    if _external is None:  # (an interpreter that does not freeze it)
+        from importlib import _bootstrap_external as _external
     SourceFileLoader = _external.SourceFileLoader
 _CODE = type(sys._getframe().f_code)  # types.CodeType, without importing types
 #: The header of bytecode cached by timestamp (flags 0) for this Python.
@@ -49,7 +52,7 @@ class SourceLoader(SourceFileLoader):
             with _io.open_code(cached) as file:
                 data = file.read()
         except (OSError, NotImplementedError):
-            return super().get_code(fullname)
+            return self._importlibs(fullname)
         if (
             data[:8] == _TIMESTAMP_HEADER
             and int.from_bytes(data[8:12], "little") == int(stat.st_mtime) & 0xFFFFFFFF
@@ -60,20 +63,30 @@ class SourceLoader(SourceFileLoader):
             except (EOFError, ValueError, TypeError):
                 code = None
             if not isinstance(code, _CODE):
-                return super().get_code(fullname)  # a truncated or foreign cache
+                return self._importlibs(fullname)  # a truncated or foreign cache
             _imp._fix_co_filename(code, source)  # type: ignore[attr-defined]  # (a moved tree)
             return code
-        return super().get_code(fullname)
+        return self._importlibs(fullname)
+
+    def _importlibs(self, fullname: str) -> CodeType | None:
+        """importlib's ``get_code``; a source gone since the listing (a package upgraded
+        under a long run) is a module not found, as importlib's finder would have said."""
+        try:
+            return super().get_code(fullname)
+        except FileNotFoundError:
+            raise ModuleNotFoundError(f"No module named {fullname!r}", name=fullname) from None
 
 
 class PackageFinder:
     """Finds the modules and subpackages of ``package`` (imported already) from a listing
-    of each of its directories, read once; None for anything else, which importlib's
-    finders then look for (a name not listed, a package of several directories)."""
+    of each of its directories, read once, in importlib's order (a package before a module
+    of the same name); None for anything else, which importlib's finders then look for (a
+    name not listed, an extension module, a package of several directories)."""
 
     def __init__(self, package: str) -> None:
         self._prefix = package + "."
         self._listings: dict[str, frozenset[str]] = {}
+        self._extensions = tuple(_imp.extension_suffixes())
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None = None, target: object = None
@@ -82,12 +95,15 @@ class PackageFinder:
             return None
         directory = path[0]
         name = fullname.rpartition(".")[2]
-        if name + ".py" in self._listing(directory):
-            location, search = f"{directory}/{name}.py", None
-        elif "__init__.py" in self._listing(f"{directory}/{name}"):
+        listing = self._listing(directory)
+        if name in listing and "__init__.py" in self._listing(f"{directory}/{name}"):
             location, search = f"{directory}/{name}/__init__.py", [f"{directory}/{name}"]
+        elif name + ".py" in listing:
+            location, search = f"{directory}/{name}.py", None
         else:
             return None
+        if any(name + suffix in listing for suffix in self._extensions):
+            return None  # importlib would take the extension module (a compiled build)
         loader = SourceLoader(fullname, location)
         return _external.spec_from_file_location(
             fullname, location, loader=loader, submodule_search_locations=search
