@@ -18,6 +18,7 @@ from tests.support.cli import lost_by
 from tests.support.cli import one_error_line
 from tests.support.cli import peek
 from tests.support.cli import piped
+from tests.support.cli import python
 from tests.support.cli import start
 from tests.support.cli import tasklock
 from tests.support.cli import wait_for_holder
@@ -305,9 +306,7 @@ def test_lazy_imports_sqlite_path_imports_no_network_driver(env):
         "bad = [m for m in ('psycopg', 'redis') if m in sys.modules]\n"
         "print(bad)\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30
-    )
+    result = python(code, env)
     assert result.stdout.strip().splitlines()[-1] == "[]", result.stderr
 
 

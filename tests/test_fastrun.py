@@ -4,14 +4,12 @@ test_cli_global_options.py)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
 from tasklock_cli.cli.fastrun import parse
 from tests.support.blocked_imports import attempts
 from tests.support.blocked_imports import env_without
+from tests.support.cli import python
 from tests.support.cli import tasklock
 
 #: Modules a plain `run` on SQLite must not import: the CLI framework and the network
@@ -155,9 +153,7 @@ def run_imports(env: dict[str, str], args: list[str]) -> tuple[int, list[str]]:
         "from tasklock_cli.cli.entry import main\n"
         f"main({args!r})\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30
-    )
+    result = python(code, env)
     assert result.stdout, result.stderr
     exit_code, *imported = result.stdout.splitlines()[-1].split()
     return int(exit_code), imported
@@ -205,3 +201,28 @@ def test_version_alone_imports_nothing_of_the_command_line(cli_env):
         "tasklock_cli.cli",
         "tasklock_cli.cli.entry",
     }
+
+
+def test_the_guard_is_forked_before_the_store_is_opened(cli_env, sqlite_url):
+    """The command's guard is forked before the store's package and driver are imported
+    (run.command): a smaller fork (a third of the page tables with psycopg), and the
+    driver's pages the wrapper's alone. The guard, as it exits, has none of them, and its
+    garbage collector on (the wrapper forks it with the collector off: it imports without)."""
+    env = {**cli_env, "TASKLOCK_STORE": sqlite_url}
+    code = (
+        "import gc, os, sys\n"
+        "me, exit_now = os.getpid(), os._exit\n"
+        "def report(code):\n"
+        "    role = 'wrapper' if os.getpid() == me else 'guard'\n"
+        "    loaded = sorted(name for name in sys.modules if '.stores.sqlite' in name)\n"
+        "    print(role, gc.isenabled(), *loaded, flush=True)\n"
+        "    exit_now(code)\n"
+        "os._exit = report\n"
+        "from tasklock_cli.cli.entry import main\n"
+        "main(['run', 'k', '--', 'true'])\n"
+    )
+    result = python(code, env)
+    lines = {line.split()[0]: line.split()[1:] for line in result.stdout.splitlines()}
+    assert set(lines) == {"wrapper", "guard"}, result.stdout + result.stderr
+    assert "tasklock_cli.stores.sqlite.store" in lines["wrapper"]
+    assert lines["guard"] == ["True"]

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.cli import python
+
 PACKAGE = "finderprobe"
 
 
@@ -167,9 +169,7 @@ def test_the_command_imports_its_modules_through_it(cli_env, sqlite_url):
         "main(['run', 'k', '--', 'true'])\n"
     )
     env = {**cli_env, "TASKLOCK_STORE": sqlite_url}
-    result = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30
-    )
+    result = python(code, env)
     exit_code, loaders = result.stdout.splitlines()[-1].split(" ", 1)
     assert exit_code == "0", result.stderr
     by_loader = json.loads(loaders)

@@ -21,6 +21,7 @@ The messages between the two are in ``protocol``.
 from __future__ import annotations
 
 import _socket  # not socket: its enums and selectors cost ~2 ms per start
+import gc
 import os
 import select
 
@@ -106,6 +107,11 @@ def run_guard(
     blocked; ``signal_mask`` is the mask to go back to); never returns."""
     code = 1
     try:
+        # The wrapper may fork us with its collector off (it imports without it): on, for a
+        # life as long as the command's, and never over what we inherited (a pass over it
+        # would copy every page it touches).
+        gc.freeze()
+        gc.enable()
         code = _Guard(sock, environ or {}).run(spawn, signal_mask)
     except BaseException:  # a bug: say where (escaped), then leave the tree to the wrapper
         import sys

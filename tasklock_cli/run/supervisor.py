@@ -99,8 +99,11 @@ class Supervisor:
         events: EventLog,
         clock: clocks.Clock = clocks.monotonic,
         open_store: Callable[[], Store] | None = None,
+        guard: Child | None = None,
     ) -> None:
-        """``open_store`` opens a client of the store for each ``--also`` key."""
+        """``open_store`` opens a client of the store for each ``--also`` key. ``guard``:
+        the command's guard, forked already (``fork_guard``); else the run forks it before
+        its acquire. Either way the run owns it: cancelled if the command never starts."""
         self.store = store
         options = replace(options, failover_window=store.failover_window)
         self.options = options
@@ -113,7 +116,7 @@ class Supervisor:
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.holding = Holding(keepers, self._heartbeat_of, own_stores)
         self.child: Child | None = None  # once the command started
-        self._guard: Child | None = None  # forked before the acquire, the command not started
+        self._guard = guard  # forked before the acquire, the command not started
         self._on_ledger_failed = ledger_warning(events, self.keeper)
         self._waiter: Waiter | None = None
         self._acquiring = False
@@ -216,8 +219,7 @@ class Supervisor:
 
     def _fork_guard(self) -> Child:
         if self._guard is None:
-            become_subreaper()
-            self._guard = Child(self.options.command, command_env(self.options))
+            self._guard = fork_guard(self.options)
         return self._guard
 
     def _raise_if_signalled(self) -> None:
@@ -408,6 +410,13 @@ class Supervisor:
         child.signal_group(signum)
         if signum == signal.SIGTERM and self.state.term_forwarded_at is None:
             self.state.term_forwarded_at = self.clock()
+
+
+def fork_guard(options: RunOptions) -> Child:
+    """The command's guard, forked now (``Child``), this process its subreaper first: if
+    the guard dies, what it leaves running comes to us."""
+    become_subreaper()
+    return Child(options.command, command_env(options))
 
 
 def install_signal_handlers(on_signal, on_alarm, wake_fd: int) -> dict:

@@ -31,6 +31,13 @@ def tasklock(
     )
 
 
+def python(code: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``code`` run by this Python in a process of its own (``python -c``), its output."""
+    return subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30
+    )
+
+
 def start(*args: str, env: dict[str, str], **kwargs) -> subprocess.Popen:
     kwargs.setdefault("stdout", subprocess.PIPE)
     kwargs.setdefault("stderr", subprocess.PIPE)
