@@ -191,3 +191,21 @@ def test_mysql_a_connection_lost_while_making_the_tables_says_so(mysql_url):
             store.peek("k")
     assert "InterfaceError" not in str(raised.value)
     assert "Lost connection" in str(raised.value) or "2013" in str(raised.value), raised.value
+
+
+def test_mysql_a_renewal_needs_none_of_the_procedures(mysql_url):
+    """After a reconnection, a renewal (a plain UPDATE) neither looks at the procedures
+    nor waits for another client remaking them: the holder keeps its lease."""
+    from tasklock_cli.stores import open_store
+    from tasklock_cli.stores.model import Holder
+    from tests.support.mysql_support import admin_connection
+
+    with admin_connection(mysql_url) as admin, contextlib.closing(open_store(mysql_url)) as store:
+        store.set_io_timeout(0.25)
+        lease = store.acquire("k", 30, Holder("host", 1, "user"), "owner")
+        assert lease is not None
+        _broken_under_a_held_schema_lock("mysql", mysql_url, admin)
+        store._db.drop()  # type: ignore[attr-defined]  # (a reconnection)
+        renewed = store.renew(lease, 30)
+    assert renewed.fencing_token == lease.fencing_token
+    assert renewed.expires_at > lease.expires_at

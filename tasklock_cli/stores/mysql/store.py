@@ -187,7 +187,9 @@ class MySQLStore(SqlStore, capabilities=CAPABILITIES):
             statement = self._statements[template] = template.replace("{table}", self.table_name)
         return statement
 
-    def _rows(self, template: str, params: dict | None = None) -> builtins.list[tuple]:
+    def _rows(
+        self, template: str, params: dict | None = None, *, ensure_schema: bool = True
+    ) -> builtins.list[tuple]:
         statement = self._sql(template)
 
         def run(conn: pymysql.connections.Connection) -> builtins.list[tuple]:
@@ -199,7 +201,7 @@ class MySQLStore(SqlStore, capabilities=CAPABILITIES):
                         rows = list(cursor.fetchall())  # the last result set's rows
                 return rows
 
-        return self._db.run(run)
+        return self._db.run(run, ensure_schema=ensure_schema)
 
     def _call(
         self, procedure: str, args: tuple, *, idempotent: bool = True
@@ -275,7 +277,10 @@ class MySQLStore(SqlStore, capabilities=CAPABILITIES):
 
     def renew(self, lease: Lease, ttl: float) -> Lease:
         params = {**_ours(lease), "micros": round(float(ttl) * 1e6)}
-        rows = self._rows(_RENEW, params)
+        # A plain UPDATE of the lease's row: it needs none of the procedures, so a renewal
+        # after a reconnection does not look at them, nor wait for another client making
+        # them (a holder's heartbeat has the least time of anyone).
+        rows = self._rows(_RENEW, params, ensure_schema=False)
         expiry = rows[0][0] if rows else None
         return lease.renewed_until(None if expiry is None else _utc(expiry))
 
