@@ -372,3 +372,28 @@ def test_a_release_by_another_user_is_seen_at_the_waiters_next_look(
     # a look (every WAITER_SLEEP_S) saw the release at 0.3 s, not the wait's end at 5 s
     assert 0.25 < time.monotonic() - started < 0.3 + WAITER_SLEEP_S + 2.0
     assert waiter.acquire("k", 30, HOLDER, owner, queue=True) is not None
+
+
+def test_a_break_watch_released_while_it_waits_ends_as_the_stores_trouble(mysql_url, stores):
+    """The release closes the lease's watch while the heartbeat's wait sleeps on it (on
+    another thread): the wait ends with an OSError, which the watches take as trouble (the
+    watch goes, the next wait opens another), not PyMySQL's AttributeError of a socket
+    gone, which escaped as "'NoneType' object has no attribute 'read'"."""
+    holder = open_my(mysql_url, stores)
+    lease = holder.acquire("k", 30, Holder("h", 1, "u"), "o")
+    assert lease is not None
+    assert holder.wait_for_break(lease, 0.01) is False  # the watch is open, a look in flight
+    outcome: list[object] = []
+
+    def wait() -> None:
+        try:
+            outcome.append(holder.wait_for_break(lease, 3))
+        except Exception as exc:  # what the heartbeat would log and retry on
+            outcome.append(exc)
+
+    waiting = threading.Thread(target=wait)
+    waiting.start()
+    time.sleep(0.2)
+    holder._break_watches.drop(lease)  # (as release does)
+    waiting.join(5)
+    assert outcome == [False]

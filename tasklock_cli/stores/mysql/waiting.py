@@ -76,10 +76,13 @@ class ServerSleep:
         Returns the answer, 1 when KILLed.
         Returns None at the deadline, or when ``wake_fd`` is readable.
         An unanswered statement is read at the next wait."""
+        sock = self.conn._sock
+        if sock is None:  # (closed)
+            raise OSError("the connection is closed")
         if self._due is None:
             self.conn._execute_command(COMMAND.COM_QUERY, statement)
             self._due = time.monotonic() + sleep_s + self._io_timeout
-        fileno = self.conn._sock.fileno()
+        fileno = sock.fileno()
         until = min(deadline, self._due)
         ready = wait_readable([fileno, wake_fd], max(0.0, until - time.monotonic()))
         if fileno not in ready:
@@ -93,6 +96,10 @@ class ServerSleep:
             if exc.args and exc.args[0] == _INTERRUPTED:
                 return 1
             raise
+        except AttributeError:  # PyMySQL's socket gone: ``close`` from another thread
+            if self.conn._sock is not None:
+                raise
+            raise OSError("the connection was closed while its statement slept") from None
         rows = self.conn._result.rows or ((0,),)
         return int(rows[0][0])
 
