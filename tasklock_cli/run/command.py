@@ -41,9 +41,9 @@ def run_command(
     run; the run's exit code.
 
     The guard is forked before the store is opened: the store's driver (psycopg, redis-py,
-    PyMySQL: 20-35 MB mapped) is not yet in the process, so the fork copies a third of the
-    page tables (0.22 against 0.65 ms with psycopg), and the driver's pages are the
-    wrapper's alone: no copy-on-write fault when the wrapper then writes them."""
+    PyMySQL: 20-35 MB mapped) is not yet in the process, so the fork has fewer page tables
+    to copy (0.22 ms, against 0.65 with psycopg), and the driver's pages are the wrapper's
+    alone: no copy-on-write fault when the wrapper then writes them."""
     from tasklock_cli.run.options import resolve_options
     from tasklock_cli.run.supervisor import Supervisor
     from tasklock_cli.run.supervisor import fork_guard
