@@ -2,8 +2,9 @@
 
 A build is a regular install (``pip install``) in a venv of its own: this checkout's
 (bench/install.py) and, for the baseline rows, the tree of an older commit (``git archive``).
-Every row runs its build's ``tasklock`` console script, whose ``sys.path`` starts with the
-venv's bin directory, from an empty directory outside any checkout, with no ``PYTHONPATH``.
+Every row runs its build's ``tasklock`` command (its script in the venv), whose
+``sys.path`` starts with the venv's bin directory, from an empty directory outside any
+checkout, with no ``PYTHONPATH``.
 
 Why: the baselines once ran as ``python -m tasklock_cli`` with the old package first on
 ``PYTHONPATH`` and the checkout as the working directory; ``-m`` puts the working directory

@@ -282,9 +282,9 @@ def overhead_notes(olds: list[Cmd]) -> list[str]:
     )
     notes.append(
         prose(
-            f"""`{VERSION}`: the installed console script, which prints the version without
-            typer (issue 45's target: ≤ {VERSION_TARGET:g} × the python floor); its floor is
-            the python floor."""
+            f"""`{VERSION}`: the installed `tasklock` script (bin/tasklock), which prints the
+            version without typer (issue 45's target: ≤ {VERSION_TARGET:g} × the python
+            floor); its floor is the python floor."""
         )
     )
     if olds:
