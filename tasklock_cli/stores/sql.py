@@ -83,6 +83,10 @@ class SqlConnection(ABC):
             return self.io_timeout
         return max(self.io_timeout, DEFAULT_IO_TIMEOUT_S)
 
+    def _schema_confirmed(self) -> None:
+        """The tables were found or made current: in this session, and so in this process."""
+        self._schema_ok = self._schema_seen = True
+
     def set_io_timeout(self, seconds: float) -> None:
         if math.isfinite(seconds) and seconds > 0:
             with self.lock:

@@ -225,10 +225,7 @@ class MySQLConnection(SqlConnection):
         session settings) but without a look at the schema: a break watch's own."""
         conn = self._connect()
         try:
-            with conn.cursor() as cursor:
-                cursor.execute(self._setup())
-                while cursor.nextset():
-                    pass
+            self._set_limits(conn, self.io_timeout)
         except BaseException:
             conn.close()
             raise
@@ -306,15 +303,12 @@ class MySQLConnection(SqlConnection):
             conn = self.current = self._open()
             self._applied_timeout = self.io_timeout
         if self._applied_timeout != self.io_timeout:
-            with conn.cursor() as cursor:
-                cursor.execute(self._setup())
-                while cursor.nextset():
-                    pass
+            self._set_limits(conn, self.io_timeout)
             self._applied_timeout = self.io_timeout
         if ensure_schema and not self._schema_ok:
             if self.schema.judge(self.inspected) != "ok":
                 self._create(conn)
-            self._schema_ok = self._schema_seen = True
+            self._schema_confirmed()
         return conn
 
     def _create(self, conn: pymysql.connections.Connection) -> None:
@@ -372,6 +366,7 @@ class MySQLConnection(SqlConnection):
             raise
 
     def _set_limits(self, conn: pymysql.connections.Connection, seconds: float) -> None:
+        """The socket's timeouts and the session's settings (``_setup``) for ``seconds``."""
         conn._read_timeout = conn._write_timeout = seconds + 0.05
         with conn.cursor() as cursor:
             cursor.execute(self._setup(seconds))
@@ -454,7 +449,7 @@ class MySQLConnection(SqlConnection):
         if self._pending_set_up:  # never: the operation sends it
             self.drop()
             raise AssertionError("the session settings were not sent")
-        self._schema_ok = self._schema_seen = True  # (the call found what it needed)
+        self._schema_confirmed()  # (the call found what it needed)
         return result
 
     def _broken(self, exc: Exception) -> bool:

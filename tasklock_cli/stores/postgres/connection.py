@@ -300,11 +300,12 @@ class PgConnection(SqlConnection):
             self.drop()  # (its session settings went back with the call's transaction)
             raise
         self._schema.found(oid)
-        self._schema_ok = self._schema_seen = True
+        self._schema_confirmed()
         return result
 
-    def _statement_timeout_ms(self) -> int:
-        return max(100, int(self.io_timeout * 800))  # the server cancels before we give up
+    def _statement_timeout_ms(self, seconds: float | None = None) -> int:
+        """The server's limit for ``seconds`` (the I/O timeout): it cancels before we give up."""
+        return max(100, int((seconds or self.io_timeout) * 800))
 
     def _guarded(
         self, conn: psycopg.Connection, operation: Callable[[], _T], seconds: float | None = None
@@ -339,9 +340,9 @@ class PgConnection(SqlConnection):
             self._applied_timeout = self.io_timeout
         if ensure_schema and not self._schema_ok:
             patience = self.schema_timeout()
-            millis = max(100, int(patience * 800))
+            millis = self._statement_timeout_ms(patience)
             self._guarded(conn, lambda: self._schema.ensure(conn, inspected, millis), patience)
-            self._schema_ok = self._schema_seen = True
+            self._schema_confirmed()
         return conn
 
     def _session_ended(self) -> None:
