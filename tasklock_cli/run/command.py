@@ -64,17 +64,15 @@ def run_command(
         config_file=g.store_config_file(),
     )
     guard = fork_guard(options)
+    store: Store | None = None
     try:
         store = g.open_store()
-    except BaseException:
-        guard.cancel()
-        raise
-    try:
         collect_garbage_again()
         supervisor = Supervisor(store, options, g.events, open_store=g.open_store, guard=guard)
     except BaseException:
-        guard.cancel()
-        store.close_before_exit()
+        guard.cancel()  # (no run took it over)
+        if store is not None:
+            store.close_before_exit()
         raise
     try:
         return supervisor.run()  # (which owns the guard from now on)
