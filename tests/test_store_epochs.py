@@ -13,11 +13,13 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from tasklock_cli.errors import LeaseLost
 from tasklock_cli.errors import StoreUnavailable
 from tasklock_cli.stores import open_store
 from tasklock_cli.stores.base import Store
 from tasklock_cli.stores.failover import EPOCH_SHIFT
 from tasklock_cli.stores.model import Holder
+from tasklock_cli.stores.model import RunRecord
 from tests.conftest import store_url_for
 from tests.support import services
 from tests.support.cli import json_events
@@ -255,6 +257,32 @@ def test_a_fresh_table_runs_at_once_with_or_without_init(url, stores, cli_env):
     assert tasklock("init", env=env).returncode == 0
     again = tasklock("run", "k", "--", *command, env=env)
     assert (again.returncode, again.stdout.strip()) == (0, "2"), again.stderr
+
+
+def test_a_lease_table_lost_in_use_is_made_again_at_a_new_epoch(url, stores):
+    """The lease table dropped while a lease is held, its run ledger kept: the holder's next
+    renewal loses the lease at once (MySQL's failed until its deadline), and the table the
+    next acquire makes again starts a new epoch, a quarantine, then tokens above every one
+    the ledger recorded. Before, that acquire was granted at once with token 1, beside the
+    holder still running."""
+    store, other = open_one(url, stores), open_one(url, stores)
+    for _ in range(3):
+        lease = granted(store.acquire("k", 10, HOLDER, token()))
+        ran = RunRecord("k", lease.fencing_token, HOLDER, lease.acquired_at, 0, "succeeded")
+        store.release(lease, record=ran)
+    held = granted(store.acquire("k", 10, HOLDER, token()))
+    admin(url, "DROP TABLE {table}")
+
+    with pytest.raises(LeaseLost):
+        store.renew(held, 10)
+    assert other.acquire("k", 5, HOLDER, token()) is None
+    assert "the table was lost and made again" in (other.holdup("k") or "")
+    epoch, _, previous, _, length, left = epoch_row(url)
+    assert (previous, length) == ("recreated", 32)  # (no TTL on record: the default's)
+    assert 30 < left <= 32
+    end_quarantine(url)
+    taken = granted(other.acquire("k", 5, HOLDER, token()))
+    assert taken.fencing_token >= epoch << EPOCH_SHIFT > held.fencing_token
 
 
 def test_a_forged_quarantine_end_lasts_no_longer_than_a_real_one(url, stores, cli_env):

@@ -60,7 +60,8 @@ _CONFIG_CODES = {
 _STATEMENT_TIMEOUT_CODES = {1969, 3024}
 #: The connection is gone (client-side codes) or the server is going away.
 _CONNECTION_CODES = {2003, 2006, 2013, 2014, 2055, 1053, 1077, 1927}
-_TABLE_MISSING = {1146, 1305}  # table, procedure
+NO_SUCH_TABLE = 1146
+_TABLE_MISSING = {NO_SUCH_TABLE, 1305}  # table, procedure
 _PARAMETERS = ("table", "unix_socket", "ssl_ca", "ssl_cert", "ssl_key")
 _SQL_MODE = "STRICT_ALL_TABLES,NO_ZERO_DATE,NO_ENGINE_SUBSTITUTION"
 
@@ -336,7 +337,7 @@ class MySQLConnection(SqlConnection):
                 for statement in self.schema.statements():
                     cursor.execute(statement)
             except pymysql.err.MySQLError as exc:
-                if _code(exc) in _CONFIG_CODES:
+                if error_code(exc) in _CONFIG_CODES:
                     raise ConfigError(
                         f"{self.display_url}: table {self.schema.table_name} or its procedures "
                         f"are missing and cannot be created ({self.scrub(str(exc))}); have a "
@@ -412,7 +413,7 @@ class MySQLConnection(SqlConnection):
                     conn = self._connection(ensure_schema)
                     return operation(conn)
                 except pymysql.err.MySQLError as exc:
-                    code = _code(exc)
+                    code = error_code(exc)
                     if code in (_DEADLOCK, _LOCK_WAIT_TIMEOUT):
                         conflicts += 1
                         if conflicts > CONFLICT_RETRIES:
@@ -456,13 +457,13 @@ class MySQLConnection(SqlConnection):
         current = self.current
         return (
             isinstance(exc, pymysql.err.InterfaceError)
-            or _code(exc) in _CONNECTION_CODES
+            or error_code(exc) in _CONNECTION_CODES
             or current is None
             or not current.open
         )
 
     def _translate(self, exc: Exception) -> TasklockError:
-        code = _code(exc)
+        code = error_code(exc)
         text = self.scrub(str(exc.args[1] if len(exc.args) > 1 else exc)) or type(exc).__name__
         where = self.display_url
         if code in _CONFIG_CODES:
@@ -490,6 +491,7 @@ def _jitter() -> float:
     return 0.001 + int.from_bytes(os.urandom(2), "big") / 65536 * 0.004
 
 
-def _code(exc: BaseException) -> int:
+def error_code(exc: BaseException) -> int:
+    """The server's (or PyMySQL's) error number of ``exc``; 0 when it has none."""
     args = getattr(exc, "args", ())
     return args[0] if args and isinstance(args[0], int) else 0

@@ -16,6 +16,7 @@ from tasklock_cli.stores.failover import quarantine_length
 from tasklock_cli.stores.model import StoreCheck
 from tasklock_cli.stores.mysql.driver import pymysql
 from tasklock_cli.stores.mysql.epochs import EPOCH_ROW
+from tasklock_cli.stores.mysql.epochs import RECREATED
 from tasklock_cli.stores.mysql.epochs import SERVER
 from tasklock_cli.stores.mysql.epochs import describe_identity
 from tasklock_cli.stores.mysql.schema import INSPECT
@@ -177,11 +178,14 @@ def _epoch_check(identity: str, epoch: tuple | None, length: float) -> StoreChec
         )
     if quarantine_left is not None and float(quarantine_left) > 0:
         previous = _text(previous) if previous is not None else None
+        why = (
+            "the table was made again beside the run ledger of a lost one"
+            if previous == RECREATED
+            else f"the primary changed from {describe_identity(previous)} to {here}"
+        )
         return warning(
             "epoch",
-            f"epoch {number} began when the primary changed from "
-            f"{describe_identity(previous)} to {here}: no new lease for "
-            f"{float(quarantine_left):.1f}s more",
+            f"epoch {number} began when {why}: no new lease for {float(quarantine_left):.1f}s more",
         )
     return StoreCheck(
         "epoch",

@@ -22,6 +22,11 @@ owner, no listing, sweep or older tasklock sees it. Its fields:
 DDL commits by itself, so the row cannot be written together with the tables.
 The first acquire writes it (epoch 0), in the transaction that grants its lease.
 So a replica that has any lease of the table has the row.
+
+Tables made where the run ledger already holds runs were lost and made again (dropped while
+in use): the making writes the row at once (``RECREATED_ROW``), naming no server and holding
+the ledger's epoch, so the first acquire starts a new epoch, with a quarantine, and tokens
+above the ledger's.
 """
 
 from __future__ import annotations
@@ -36,6 +41,9 @@ from tasklock_cli.stores.failover import QUARANTINE_MARGIN_S
 #: The epoch row's key and slot (no lock key is empty; slot -1 is a key's counter).
 EPOCH_KEY = ""
 EPOCH_SLOT = -2
+#: The ``identity`` of a new table's row when the run ledger beside it holds runs: the
+#: table was lost (dropped) and made again, without its counters.
+RECREATED = "recreated"
 
 #: The server as an epoch knows it, ``SERVER_ID:HOSTNAME:PORT`` (and ``:SERVER_UUID`` on
 #: MySQL).
@@ -72,6 +80,15 @@ _MAX_TTL = (
 MAX_TTL_FIELD = _MAX_TTL.format(longest=LONGEST_TTL_S)
 #: Where the epoch row is, for statements of other modules.
 EPOCH_ROW_WHERE = _ROW
+#: Run after the tables are made: an empty lease table beside a ledger that holds runs gets
+#: the row of a table made again (``RECREATED``), in the ledger's epoch.
+RECREATED_ROW = f"""\
+INSERT IGNORE INTO `{{table}}` (`key`, slot, slot_limit, fencing_token, holder, acquired_at)
+SELECT '{EPOCH_KEY}', {EPOCH_SLOT}, 0, MAX(fencing_token) >> {EPOCH_SHIFT},
+       JSON_OBJECT('identity', '{RECREATED}', 'max_ttl', 0), SYSDATE(6)
+  FROM `{{table}}_runs`
+ WHERE NOT EXISTS (SELECT 1 FROM `{{table}}`)
+HAVING COUNT(*) > 0"""
 _READ = f"""SELECT fencing_token, {_FIELD.format(name="identity")},
                {_MAX_TTL.format(longest=LONGEST_TTL_S)}, expires_at
           INTO v_epoch, v_era, v_max_ttl, v_until

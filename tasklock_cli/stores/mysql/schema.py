@@ -9,6 +9,7 @@ import re
 from tasklock_cli.errors import ConfigError
 from tasklock_cli.stores.model import BROKEN_OWNER_PREFIX
 from tasklock_cli.stores.model import LEDGER_KEEP
+from tasklock_cli.stores.mysql.epochs import RECREATED_ROW
 from tasklock_cli.stores.mysql.queue import ACQUIRE_BODY
 from tasklock_cli.stores.mysql.queue import WAKE_BODY
 from tasklock_cli.stores.mysql.queue import WAKE_QUEUE_BODY
@@ -329,10 +330,12 @@ class MySQLSchema:
         return f"tasklock:schema:{self.table_name}"
 
     def statements(self) -> list[str]:
-        """The DDL, statement by statement: tables (if missing), then each procedure
+        """The DDL, statement by statement: tables (if missing), the epoch row of a lease
+        table made again beside its ledger (``epochs.RECREATED_ROW``), then each procedure
         replaced by the current one."""
         name = self.table_name
         out = [part.strip() for part in _TABLES.format(table=name).split(";")]
+        out.append(RECREATED_ROW.format(table=name))
         for proc, text in _PROCEDURE_SQL.items():
             out.append(f"DROP PROCEDURE IF EXISTS `{name}_{proc}`")
             out.append(text.format(table=name, version=VERSION))

@@ -35,7 +35,9 @@ from tasklock_cli.stores.model import place_record
 from tasklock_cli.stores.model import prefix_upper_bound
 from tasklock_cli.stores.mysql import CAPABILITIES
 from tasklock_cli.stores.mysql.breaks import MySQLBreakWatches
+from tasklock_cli.stores.mysql.connection import NO_SUCH_TABLE
 from tasklock_cli.stores.mysql.connection import MySQLConnection
+from tasklock_cli.stores.mysql.connection import error_code
 from tasklock_cli.stores.mysql.connection import parse_url
 from tasklock_cli.stores.mysql.driver import pymysql
 from tasklock_cli.stores.mysql.epochs import BOUND_FORGED_QUARANTINE
@@ -188,17 +190,29 @@ class MySQLStore(SqlStore, capabilities=CAPABILITIES):
         return statement
 
     def _rows(
-        self, template: str, params: dict | None = None, *, ensure_schema: bool = True
+        self,
+        template: str,
+        params: dict | None = None,
+        *,
+        ensure_schema: bool = True,
+        if_no_table: builtins.list[tuple] | None = None,
     ) -> builtins.list[tuple]:
+        """The last result set's rows of ``template``. ``if_no_table``: the answer when a
+        table it names does not exist (else that is an error, and the tables are made)."""
         statement = self._sql(template)
 
         def run(conn: pymysql.connections.Connection) -> builtins.list[tuple]:
             with conn.cursor() as cursor:
-                cursor.execute(statement, params)
-                rows = list(cursor.fetchall())
-                while cursor.nextset():
-                    if cursor.description is not None:
-                        rows = list(cursor.fetchall())  # the last result set's rows
+                try:
+                    cursor.execute(statement, params)
+                    rows = list(cursor.fetchall())
+                    while cursor.nextset():
+                        if cursor.description is not None:
+                            rows = list(cursor.fetchall())  # the last result set's rows
+                except pymysql.err.MySQLError as exc:
+                    if if_no_table is None or error_code(exc) != NO_SUCH_TABLE:
+                        raise
+                    return if_no_table
                 return rows
 
         return self._db.run(run, ensure_schema=ensure_schema)
@@ -279,8 +293,9 @@ class MySQLStore(SqlStore, capabilities=CAPABILITIES):
         params = {**_ours(lease), "micros": round(float(ttl) * 1e6)}
         # A plain UPDATE of the lease's row: it needs none of the procedures, so a renewal
         # after a reconnection does not look at them, nor wait for another client making
-        # them (a holder's heartbeat has the least time of anyone).
-        rows = self._rows(_RENEW, params, ensure_schema=False)
+        # them (a holder's heartbeat has the least time of anyone). A lease table that is
+        # gone took the lease with it: lost at once, as a row that is gone.
+        rows = self._rows(_RENEW, params, ensure_schema=False, if_no_table=[])
         expiry = rows[0][0] if rows else None
         return lease.renewed_until(None if expiry is None else _utc(expiry))
 
@@ -453,7 +468,10 @@ class MySQLStore(SqlStore, capabilities=CAPABILITIES):
 def _quarantine_text(left: float | None) -> str | None:
     """What a failover quarantine with ``left`` seconds to run means; None when over."""
     return quarantine_text(
-        "the MySQL primary changed (a failover, or another server behind the URL)", "table", left
+        "the MySQL primary changed (a failover, or another server behind the URL), or the "
+        "table was lost and made again",
+        "table",
+        left,
     )
 
 

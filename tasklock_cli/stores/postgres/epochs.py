@@ -28,6 +28,9 @@ Its fields:
 
 The row is created with the table, in one transaction.
 So a standby that has the table has the row.
+A table made where the run ledger already holds runs was lost and made again (dropped while
+in use): its row names no server (``RECREATED``) and holds the ledger's epoch, so its first
+acquire starts a new epoch, with a quarantine, and tokens above the ledger's.
 
 An acquire that finds no row creates it:
 
@@ -91,6 +94,9 @@ IDENTITY_FUNCTIONS = (
 MISSING_ROW = "missing"
 #: The ``identity`` an operator writes to have the next acquire start a new epoch.
 NEW_EPOCH = "new-epoch"
+#: The ``identity`` of a new table's row when the run ledger beside it holds runs: the
+#: table was lost (dropped) and made again, without its counters.
+RECREATED = "recreated"
 
 
 def _max_ttl(row: str) -> str:
@@ -209,13 +215,19 @@ here AS (SELECT {IDENTITY} AS identity, {STARTED} AS started, {CLEAN_START} AS c
 #: The least token of the statement's epoch (``epoch`` has at most one row).
 FIRST_TOKEN = f"(SELECT epoch << {EPOCH_SHIFT} FROM epoch)"
 
-# The epoch row of a new table, written with it (DDL; ``{table}`` is formatted in). A table
-# that holds rows already (from before epochs) gets its row from its next acquire, which
-# starts a new epoch (the row may have been lost).
+# The epoch row of a new table, written with it (DDL; ``{table}`` and ``{runs}`` are
+# formatted in). A table that holds rows already (from before epochs) gets its row from its
+# next acquire, which starts a new epoch (the row may have been lost). A new table beside a
+# run ledger that holds runs is one made again (``RECREATED``): its row names no server, so
+# its first acquire starts an epoch above the ledger's tokens, with a quarantine.
 EPOCH_ROW_DDL = f"""
 INSERT INTO {{table}} (key, slot, slot_limit, fencing_token, holder, acquired_at)
-SELECT '{EPOCH_KEY}', {EPOCH_SLOT}, 0, 0,
-       jsonb_build_object('identity', {IDENTITY}, 'started', {STARTED}), clock_timestamp()
+SELECT '{EPOCH_KEY}', {EPOCH_SLOT}, 0, coalesce(ran.token >> {EPOCH_SHIFT}, 0),
+       CASE WHEN ran.token IS NULL
+            THEN jsonb_build_object('identity', {IDENTITY}, 'started', {STARTED})
+            ELSE jsonb_build_object('identity', '{RECREATED}') END,
+       clock_timestamp()
+  FROM (SELECT max(fencing_token) AS token FROM {{runs}}) AS ran
  WHERE NOT pg_is_in_recovery() AND NOT EXISTS (SELECT FROM {{table}})
 ON CONFLICT DO NOTHING;
 """
@@ -288,6 +300,8 @@ def describe_change(previous: object, previous_started: object, identity: object
         return "the table was found without its epoch row (from before epochs, or restored)"
     if previous == NEW_EPOCH:
         return "an operator asked for a new epoch"
+    if previous == RECREATED:
+        return "the table was made again beside the run ledger of a lost one"
     if previous == identity and _IDENTITY_TEXT.fullmatch(str(identity)):
         since = describe_start(previous_started)
         return "the server restarted by crash recovery (a crash, or a backup or snapshot of "

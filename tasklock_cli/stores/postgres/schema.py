@@ -343,7 +343,7 @@ class PgSchema:
 
     def epoch_row(self) -> sql.Composed:
         """The table's failover epoch row (see ``epochs``), unless it has one."""
-        return sql.SQL(EPOCH_ROW_DDL).format(table=self.table)
+        return sql.SQL(EPOCH_ROW_DDL).format(table=self.table, runs=self.runs)
 
     def schema_sql(self) -> str:
         return (

@@ -566,7 +566,7 @@ def _quarantine_text(left: float | None) -> str | None:
     """What a failover quarantine with ``left`` seconds to run means; None when over."""
     return quarantine_text(
         "the PostgreSQL primary changed or restarted without a clean shutdown (a failover, "
-        "a crash, a restored backup)",
+        "a crash, a restored backup), or the table was lost and made again",
         "table",
         left,
     )
