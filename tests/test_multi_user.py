@@ -349,6 +349,24 @@ def test_many_entries_beside_the_store_do_not_slow_a_release(tmp_path, monkeypat
 # -- the store file -----------------------------------------------------------------------
 
 
+def test_a_store_that_lost_its_lease_table_is_refused_not_made_again(cli_env, tmp_path):
+    """The lease table dropped (its run ledger kept): made again, it would issue fencing
+    tokens from 1 again, so the store is refused (78), saying why, and left as it is."""
+    db = tmp_path / "locks.db"
+    env = {**cli_env, "TASKLOCK_STORE": f"sqlite://{db}"}
+    for _ in range(2):
+        assert tasklock("run", "k", "--", "true", env=env).returncode == 0
+    conn = sqlite3.connect(db)
+    conn.execute("DROP TABLE tasklock_leases")
+    conn.commit()
+    conn.close()
+    before = db.read_bytes()
+    result = tasklock("run", "k", "--", "true", env=env)
+    assert result.returncode == 78, result.stderr
+    assert "run ledger but not its lease table" in one_error_line(result.stderr)
+    assert db.read_bytes() == before
+
+
 def _foreign_database(path: Path, tables: bool = True) -> bytes:
     conn = sqlite3.connect(path)
     if tables:

@@ -187,8 +187,10 @@ def upgrade_steps(conn: sqlite3.Connection, where: str) -> tuple[str, ...]:
 
 def refuse_foreign(conn: sqlite3.Connection, where: str) -> None:
     """ConfigError when the file is another application's database: it holds tables other
-    than tasklock's, or no tasklock table and a ``user_version`` someone set. (One
-    statement, so one snapshot: another process may be creating the tables right now.)"""
+    than tasklock's, or no tasklock table and a ``user_version`` someone set. So too when it
+    is tasklock's but lost its lease table (its ledger is there): made again, the table
+    would issue tokens from 1 again. (One statement, so one snapshot: another process may be
+    creating the tables right now.)"""
     tables, version = conn.execute(
         "SELECT (SELECT json_group_array(name) FROM sqlite_master"
         "        WHERE type IN ('table', 'view') AND name NOT LIKE 'sqlite!_%' ESCAPE '!'),"
@@ -203,6 +205,12 @@ def refuse_foreign(conn: sqlite3.Connection, where: str) -> None:
         raise ConfigError(
             f"{where} holds tables that are not tasklock's ({shown}): refusing to use "
             "another application's database as a store"
+        )
+    if TABLE not in names and RUNS_TABLE in names:
+        raise ConfigError(
+            f"{where} holds tasklock's run ledger but not its lease table {TABLE} (dropped?):"
+            " refusing to make it again, which would issue fencing tokens already issued;"
+            " move the file away to start a new store"
         )
     if TABLE not in names and version != 0:
         raise ConfigError(
