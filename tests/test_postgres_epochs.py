@@ -12,6 +12,7 @@ import pytest
 from tasklock_cli.stores.base import Store
 from tasklock_cli.stores.failover import EPOCH_SHIFT
 from tasklock_cli.stores.model import Holder
+from tasklock_cli.stores.model import RunRecord
 from tasklock_cli.stores.postgres.store import split_table
 from tests.support import pg
 from tests.support.contract import granted
@@ -100,6 +101,28 @@ def test_a_used_table_without_its_row_starts_above_the_epoch_of_its_tokens(postg
     delete_epoch_row(postgres_url)
     assert store.acquire("k", 5, HOLDER, token()) is None
     assert epoch_row(postgres_url)[0] == ahead + 1
+
+
+def test_a_table_emptied_in_use_starts_above_the_tokens_of_its_ledger(postgres_url, stores):
+    """Every row deleted while a lease is held (an operator clearing "stale locks"), the run
+    ledger kept: the next acquire finds no epoch row and no token in the table, but the
+    ledger's, and starts an epoch above them, with a quarantine. Before, it wrote epoch 0 and
+    was granted at once with token 1, beside the holder still running."""
+    store, other = open_pg(postgres_url, stores), open_pg(postgres_url, stores)
+    lease = granted(store.acquire("k", 5, HOLDER, token()))
+    ran = RunRecord("k", lease.fencing_token, HOLDER, lease.acquired_at, 0, "succeeded")
+    store.release(lease, record=ran)
+    held = granted(store.acquire("k", 5, HOLDER, token()))
+    table = split_table(postgres_url)[1]
+    with pg.admin_connection(postgres_url) as conn:
+        conn.execute(f"DELETE FROM {table}")
+
+    assert other.acquire("k", 5, HOLDER, token()) is None
+    epoch, _, previous, _, length, _ = epoch_row(postgres_url)
+    assert (previous, length) == ("missing", 32)
+    end_quarantine(postgres_url)
+    assert granted(other.acquire("k", 5, HOLDER, token())).fencing_token == epoch << EPOCH_SHIFT
+    assert epoch << EPOCH_SHIFT > held.fencing_token
 
 
 def test_an_unused_table_without_its_epoch_row_gets_it_at_epoch_0(postgres_url, stores):

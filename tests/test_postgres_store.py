@@ -884,6 +884,36 @@ def test_a_server_refusing_an_identity_function_is_one_line_78(private_server, c
     assert "refuses pg_walfile_name()" in failing[0]
 
 
+def test_a_lease_table_whose_ledger_cannot_be_made_still_grants(private_server):
+    """A lease table beside which the run ledger is missing and cannot be made (a role
+    without CREATE): leases work without it, and the acquire that finds no epoch row reads
+    no ledger's tokens (it would fail on the missing table)."""
+    with private_server() as server:
+        with server.connection() as conn:
+            conn.execute("CREATE ROLE limited LOGIN")
+            conn.execute("GRANT CREATE ON SCHEMA public TO limited")
+        url = f"postgresql://limited@127.0.0.1:{server.port}/postgres?table=leases"
+        first = PostgresStore.from_url(url)
+        try:
+            first.release(granted(first.acquire("k", 30, HOLDER, token())))
+        finally:
+            first.close()
+        with server.connection() as conn:
+            conn.execute("DROP TABLE leases_runs")
+            conn.execute("REVOKE CREATE ON SCHEMA public FROM limited")
+        store = PostgresStore.from_url(url)
+        try:
+            lease = granted(store.acquire("k", 30, HOLDER, token()))
+            assert lease.fencing_token == 2
+            assert store.release(lease)
+            with server.connection() as conn:
+                conn.execute("DELETE FROM leases WHERE key = '' AND slot = -2")
+            assert store.acquire("k", 30, HOLDER, token()) is None  # a new epoch's quarantine
+            assert "primary changed" in (store.holdup("k") or "")
+        finally:
+            store.close()
+
+
 def test_a_hung_server_fails_within_the_io_timeout_then_recovers(private_server):
     with private_server() as server:
         store = PostgresStore.from_url(server.url_for(table="leases"))

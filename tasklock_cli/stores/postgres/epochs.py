@@ -139,8 +139,10 @@ _QUARANTINE_UNTIL = (
     " THEN least(excluded.acquired_at, to_timestamp((excluded.holder ->> 'started')::float8"
     f" / 1000000)) ELSE excluded.acquired_at END + {_QUARANTINE}"
 )
-# When the row is missing: the highest token in the table, NULL when it holds no lease or
-# counter (never used). NULL too when the row is there, and then ``used`` is never scanned.
+# When the row is missing: the highest token in the table or its run ledger
+# (``{ledger_tokens}``, the schema's ``ledger_tokens``), NULL when neither holds one (never
+# used): a table whose rows were deleted while in use starts an epoch too. NULL too when the
+# row is there, and then ``used`` is never scanned.
 _USED = "(SELECT token FROM used WHERE NOT EXISTS (SELECT FROM era))"
 # The acquire statement's look at the epoch.
 # It comes after ``n``, its clock reading; %(ttl)s is the TTL asked.
@@ -162,7 +164,8 @@ here AS (SELECT {IDENTITY} AS identity, {STARTED} AS started, {CLEAN_START} AS c
            expires_at AS quarantine_until, {_max_ttl("r")} AS max_ttl
       FROM {{table}} AS r WHERE key = '{EPOCH_KEY}' AND slot = {EPOCH_SLOT}
 ), used AS (
-    SELECT max(fencing_token) AS token FROM {{table}} WHERE slot <> {EPOCH_SLOT}
+    SELECT greatest(max(fencing_token), {{ledger_tokens}}) AS token
+      FROM {{table}} WHERE slot <> {EPOCH_SLOT}
 ), epoch_written AS (
     INSERT INTO {{table}} AS e (key, slot, slot_limit, fencing_token, holder, acquired_at,
                                 expires_at)

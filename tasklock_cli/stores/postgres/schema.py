@@ -188,6 +188,9 @@ class PgSchema:
         self.waiters_quoted_name = ".".join(f'"{part}"' for part in waiters_parts)
         self.oid = 0
         self.channel = ""  # where releases are notified
+        #: The run ledger's table exists (it may not beside a lease table from before it,
+        #: where it cannot be made): the acquire reads its tokens (``ledger_tokens``).
+        self.has_runs = True
 
     def inspection_params(self, conn: psycopg.Connection) -> list[str]:
         waiters = self.waiters.as_string(conn)
@@ -261,7 +264,16 @@ class PgSchema:
                 # instead (and the run's release is retried without it).
                 with contextlib.suppress(ConfigError):
                     self._create(conn, timeout_ms)
+                found = self.inspect(conn) or found
+        self.has_runs = found[1]
         self.found(found[0])
+
+    def ledger_tokens(self) -> sql.Composable:
+        """The acquire's reading of the highest token the run ledger recorded (the epoch
+        steps read it when the table has no epoch row); NULL without a ledger."""
+        if not self.has_runs:
+            return sql.SQL("NULL::bigint")
+        return sql.SQL("(SELECT max(fencing_token) FROM {})").format(self.runs)
 
     def found(self, oid: int) -> None:
         """The table is ours, current, and has this oid (which names the channels)."""

@@ -274,7 +274,7 @@ class PostgresStore(PgReads, SqlStore, capabilities=CAPABILITIES):
         self._db = PgConnection(conninfo, self.display_url, self._schema)
         self.table_name = table
         self.runs_table_name = self._schema.runs_table_name
-        self._statements: dict[tuple[str, str, str], sql.Composed] = {}
+        self._statements: dict[tuple[str, str, str, bool], sql.Composed] = {}
         self._listening = PgListening(self._db, self._schema)
         self._quarantines = Quarantines()  # the failover quarantines our acquires met
         self._breaks = PgBreakListeners(self._db, self._schema, self._sql(_INTACT))
@@ -288,8 +288,10 @@ class PostgresStore(PgReads, SqlStore, capabilities=CAPABILITIES):
         return cls(clean, table=table, display_url=redact_url(url))
 
     def _sql(self, template: str, live: str = "", upper: str = "") -> sql.Composed:
-        """A statement with the table names quoted in; built once per template."""
-        statement = self._statements.get((template, live, upper))
+        """A statement with the table names quoted in; built once per template (and
+        whether the run ledger exists)."""
+        cache_key = (template, live, upper, self._schema.has_runs)
+        statement = self._statements.get(cache_key)
         if statement is None:
             statement = sql.SQL(template).format(
                 table=self._schema.table,
@@ -297,10 +299,11 @@ class PostgresStore(PgReads, SqlStore, capabilities=CAPABILITIES):
                 waiters=self._schema.waiters,
                 waiters_name=sql.Literal(self._schema.waiters_quoted_name),
                 table_name=sql.Literal(self._schema.quoted_name),
+                ledger_tokens=self._schema.ledger_tokens(),
                 live=sql.SQL(live),
                 upper=sql.SQL(upper),
             )
-            self._statements[(template, live, upper)] = statement
+            self._statements[cache_key] = statement
         return statement
 
     # -- the interface --------------------------------------------------------------
@@ -323,10 +326,10 @@ class PostgresStore(PgReads, SqlStore, capabilities=CAPABILITIES):
             "priority": int(ask.priority),
             "max_waiting": ask.max_waiting,
         }
-        statement = self._sql(ACQUIRE)
 
         def attempt(conn: psycopg.Connection) -> list:
             channel = self._schema.channel  # known once connected
+            statement = self._sql(ACQUIRE)  # (as the connection found the run ledger)
             with _counter_errors(key):
                 return self._listening.acquire(conn, statement, {**params, "channel": channel})
 
