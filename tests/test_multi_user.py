@@ -367,6 +367,20 @@ def test_a_store_that_lost_its_lease_table_is_refused_not_made_again(cli_env, tm
     assert db.read_bytes() == before
 
 
+def test_a_lease_table_dropped_after_the_first_look_is_not_made_again(tmp_path):
+    """The lease table dropped between the open's first look (refuse_foreign) and the
+    making of what is missing (in its own write transaction): that making refuses too."""
+    from tasklock_cli.errors import ConfigError
+    from tasklock_cli.stores.sqlite.schema import RUNS_TABLE
+    from tasklock_cli.stores.sqlite.schema import upgrade_steps
+
+    conn = sqlite3.connect(tmp_path / "locks.db")
+    conn.execute(f"CREATE TABLE {RUNS_TABLE} (key TEXT, fencing_token INTEGER)")
+    with pytest.raises(ConfigError, match="run ledger but not its lease table"):
+        upgrade_steps(conn, "locks.db")
+    conn.close()
+
+
 def _foreign_database(path: Path, tables: bool = True) -> bytes:
     conn = sqlite3.connect(path)
     if tables:

@@ -893,11 +893,7 @@ def test_a_lease_table_whose_ledger_cannot_be_made_still_grants(private_server):
             conn.execute("CREATE ROLE limited LOGIN")
             conn.execute("GRANT CREATE ON SCHEMA public TO limited")
         url = f"postgresql://limited@127.0.0.1:{server.port}/postgres?table=leases"
-        first = PostgresStore.from_url(url)
-        try:
-            first.release(granted(first.acquire("k", 30, HOLDER, token())))
-        finally:
-            first.close()
+        _used_once(url)
         with server.connection() as conn:
             conn.execute("DROP TABLE leases_runs")
             conn.execute("REVOKE CREATE ON SCHEMA public FROM limited")
@@ -912,6 +908,36 @@ def test_a_lease_table_whose_ledger_cannot_be_made_still_grants(private_server):
             assert "primary changed" in (store.holdup("k") or "")
         finally:
             store.close()
+
+
+def test_a_role_granted_the_leases_alone_still_acquires(private_server):
+    """A role that may use the lease and waiters tables but not read the run ledger: its
+    acquire reads no ledger's tokens (PostgreSQL checks the privileges of every table a
+    statement names, also in a branch that never runs), and its leases work as before."""
+    with private_server() as server:
+        _used_once(server.url_for(table="leases"))
+        with server.connection() as conn:
+            conn.execute("CREATE ROLE leases_only LOGIN")
+            conn.execute("GRANT SELECT, INSERT, UPDATE ON leases, leases_waiters TO leases_only")
+            conn.execute("GRANT DELETE ON leases_waiters TO leases_only")
+            conn.execute("GRANT USAGE ON SEQUENCE leases_waiters_seq_seq TO leases_only")
+        url = f"postgresql://leases_only@127.0.0.1:{server.port}/postgres?table=leases"
+        store = PostgresStore.from_url(url)
+        try:
+            lease = granted(store.acquire("k", 30, HOLDER, token()))
+            assert lease.fencing_token == 2
+            assert store.release(lease)
+        finally:
+            store.close()
+
+
+def _used_once(url: str) -> None:
+    """The tables made on ``url``, and one lease taken and released there (token 1)."""
+    store = PostgresStore.from_url(url)
+    try:
+        store.release(granted(store.acquire("k", 30, HOLDER, token())))
+    finally:
+        store.close()
 
 
 def test_a_hung_server_fails_within_the_io_timeout_then_recovers(private_server):

@@ -138,7 +138,8 @@ SELECT c.oid::bigint, c.relkind::text,
               CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, n)
                JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
               WHERE i.indrelid = c.oid AND i.indisunique AND i.indpred IS NULL
-              GROUP BY i.indexrelid)
+              GROUP BY i.indexrelid),
+       coalesce(has_table_privilege(to_regclass(%s), 'SELECT'), false)
   FROM pg_class c
  WHERE c.oid = to_regclass(%s)
 """
@@ -188,24 +189,26 @@ class PgSchema:
         self.waiters_quoted_name = ".".join(f'"{part}"' for part in waiters_parts)
         self.oid = 0
         self.channel = ""  # where releases are notified
-        #: The run ledger's table exists (it may not beside a lease table from before it,
-        #: where it cannot be made): the acquire reads its tokens (``ledger_tokens``).
+        #: The run ledger's table exists and this role may read it (it may not beside a
+        #: lease table from before it, where it cannot be made, or for a role granted the
+        #: leases alone): the acquire reads its tokens (``ledger_tokens``).
         self.has_runs = True
 
     def inspection_params(self, conn: psycopg.Connection) -> list[str]:
         waiters = self.waiters.as_string(conn)
-        return [self.runs.as_string(conn), waiters, waiters, waiters, self.table.as_string(conn)]
+        runs = self.runs.as_string(conn)
+        return [runs, waiters, waiters, waiters, runs, self.table.as_string(conn)]
 
-    def inspect(self, conn: psycopg.Connection) -> tuple[int, bool, bool] | None:
+    def inspect(self, conn: psycopg.Connection) -> tuple[int, bool, bool, bool] | None:
         return self.judge(conn.execute(INSPECT, self.inspection_params(conn)).fetchone())
 
-    def judge(self, row: tuple | None) -> tuple[int, bool, bool] | None:
+    def judge(self, row: tuple | None) -> tuple[int, bool, bool, bool] | None:
         """(the table's oid, whether the run ledger's table exists, whether it or the
-        waiters' table is of an older shape, to migrate) when it is a tasklock table, None
-        when missing; else ConfigError."""
+        waiters' table is of an older shape, to migrate, whether the ledger may be read)
+        when it is a tasklock table, None when missing; else ConfigError."""
         if row is None:
             return None
-        oid, relkind, has_runs, old_waiters, columns, unique_keys = row
+        oid, relkind, has_runs, old_waiters, columns, unique_keys, ledger_readable = row
         columns = dict(columns or {})
         unique_keys = set(unique_keys or ())
         if relkind not in ("r", "p"):
@@ -222,7 +225,7 @@ class PgSchema:
                 f"{self._display_url}: table {self.table_name} exists but is not a tasklock "
                 f"table (columns: {found or 'none'}{why}); choose another name with ?table="
             )
-        return int(oid), bool(has_runs), not current or bool(old_waiters)
+        return int(oid), bool(has_runs), not current or bool(old_waiters), bool(ledger_readable)
 
     def describe(self, conn: psycopg.Connection) -> tuple[bool, str]:
         """``doctor``'s line about the table (it changes nothing)."""
@@ -265,7 +268,7 @@ class PgSchema:
                 with contextlib.suppress(ConfigError):
                     self._create(conn, timeout_ms)
                 found = self.inspect(conn) or found
-        self.has_runs = found[1]
+        self.has_runs = found[1] and found[3]
         self.found(found[0])
 
     def ledger_tokens(self) -> sql.Composable:

@@ -171,6 +171,10 @@ def upgrade_steps(conn: sqlite3.Connection, where: str) -> tuple[str, ...]:
     there is not tasklock's."""
     columns, version = schema_state(conn)
     if not columns:
+        if conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (RUNS_TABLE,)
+        ).fetchone():
+            raise _lost_lease_table(where)  # (dropped since refuse_foreign looked)
         steps: tuple[str, ...] = _CREATE
     elif columns == COLUMNS:
         # all idempotent; the queue's new columns before the index that uses them
@@ -183,6 +187,14 @@ def upgrade_steps(conn: sqlite3.Connection, where: str) -> tuple[str, ...]:
             f"(columns: {', '.join(sorted(columns))})"
         )
     return (*steps, f"PRAGMA user_version={SCHEMA_VERSION}") if steps else ()
+
+
+def _lost_lease_table(where: str) -> ConfigError:
+    return ConfigError(
+        f"{where} holds tasklock's run ledger but not its lease table {TABLE} (dropped?):"
+        " refusing to make it again, which would issue fencing tokens already issued;"
+        " move the file away to start a new store"
+    )
 
 
 def refuse_foreign(conn: sqlite3.Connection, where: str) -> None:
@@ -207,11 +219,7 @@ def refuse_foreign(conn: sqlite3.Connection, where: str) -> None:
             "another application's database as a store"
         )
     if TABLE not in names and RUNS_TABLE in names:
-        raise ConfigError(
-            f"{where} holds tasklock's run ledger but not its lease table {TABLE} (dropped?):"
-            " refusing to make it again, which would issue fencing tokens already issued;"
-            " move the file away to start a new store"
-        )
+        raise _lost_lease_table(where)
     if TABLE not in names and version != 0:
         raise ConfigError(
             f"{where} has user_version {version} but no tasklock table: refusing to use "
