@@ -31,6 +31,12 @@ DEFAULT_TTL_S = 30.0
 QUARANTINE_MARGIN_S = 2.0
 #: A recorded longest TTL above this (s, about 31 years) is no TTL a client asked for.
 LONGEST_TTL_S = 1e9
+#: The ``identity`` of a new lease table's epoch row when the run ledger beside it holds
+#: runs: the table was lost (dropped) and made again, without its counters. Naming no
+#: server, it has the first acquire start an epoch above the ledger's tokens.
+RECREATED = "recreated"
+#: Why such an epoch began, as the end of "epoch N began when ...".
+RECREATED_CHANGE = "the table was made again beside the run ledger of a lost one"
 
 
 def quarantine_length(max_ttl: float | None) -> float:

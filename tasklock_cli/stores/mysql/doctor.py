@@ -11,12 +11,13 @@ from tasklock_cli.stores.doctor import closest_clock_offset
 from tasklock_cli.stores.doctor import reachable_checks
 from tasklock_cli.stores.doctor import server_clock_check
 from tasklock_cli.stores.doctor import warning
+from tasklock_cli.stores.failover import RECREATED
+from tasklock_cli.stores.failover import RECREATED_CHANGE
 from tasklock_cli.stores.failover import after_failover
 from tasklock_cli.stores.failover import quarantine_length
 from tasklock_cli.stores.model import StoreCheck
 from tasklock_cli.stores.mysql.driver import pymysql
 from tasklock_cli.stores.mysql.epochs import EPOCH_ROW
-from tasklock_cli.stores.mysql.epochs import RECREATED
 from tasklock_cli.stores.mysql.epochs import SERVER
 from tasklock_cli.stores.mysql.epochs import describe_identity
 from tasklock_cli.stores.mysql.schema import INSPECT
@@ -179,7 +180,7 @@ def _epoch_check(identity: str, epoch: tuple | None, length: float) -> StoreChec
     if quarantine_left is not None and float(quarantine_left) > 0:
         previous = _text(previous) if previous is not None else None
         why = (
-            "the table was made again beside the run ledger of a lost one"
+            RECREATED_CHANGE
             if previous == RECREATED
             else f"the primary changed from {describe_identity(previous)} to {here}"
         )

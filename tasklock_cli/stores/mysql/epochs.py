@@ -37,13 +37,11 @@ from tasklock_cli.stores.failover import DEFAULT_TTL_S
 from tasklock_cli.stores.failover import EPOCH_SHIFT
 from tasklock_cli.stores.failover import LONGEST_TTL_S
 from tasklock_cli.stores.failover import QUARANTINE_MARGIN_S
+from tasklock_cli.stores.failover import RECREATED
 
 #: The epoch row's key and slot (no lock key is empty; slot -1 is a key's counter).
 EPOCH_KEY = ""
 EPOCH_SLOT = -2
-#: The ``identity`` of a new table's row when the run ledger beside it holds runs: the
-#: table was lost (dropped) and made again, without its counters.
-RECREATED = "recreated"
 
 #: The server as an epoch knows it, ``SERVER_ID:HOSTNAME:PORT`` (and ``:SERVER_UUID`` on
 #: MySQL).

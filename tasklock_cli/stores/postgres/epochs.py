@@ -58,6 +58,8 @@ from tasklock_cli.stores.failover import DEFAULT_TTL_S
 from tasklock_cli.stores.failover import EPOCH_SHIFT
 from tasklock_cli.stores.failover import LONGEST_TTL_S
 from tasklock_cli.stores.failover import QUARANTINE_MARGIN_S
+from tasklock_cli.stores.failover import RECREATED
+from tasklock_cli.stores.failover import RECREATED_CHANGE
 
 #: The epoch row's key and slot (no lock key is empty; slot -1 is a key's counter).
 EPOCH_KEY = ""
@@ -94,9 +96,6 @@ IDENTITY_FUNCTIONS = (
 MISSING_ROW = "missing"
 #: The ``identity`` an operator writes to have the next acquire start a new epoch.
 NEW_EPOCH = "new-epoch"
-#: The ``identity`` of a new table's row when the run ledger beside it holds runs: the
-#: table was lost (dropped) and made again, without its counters.
-RECREATED = "recreated"
 
 
 def _max_ttl(row: str) -> str:
@@ -304,7 +303,7 @@ def describe_change(previous: object, previous_started: object, identity: object
     if previous == NEW_EPOCH:
         return "an operator asked for a new epoch"
     if previous == RECREATED:
-        return "the table was made again beside the run ledger of a lost one"
+        return RECREATED_CHANGE
     if previous == identity and _IDENTITY_TEXT.fullmatch(str(identity)):
         since = describe_start(previous_started)
         return "the server restarted by crash recovery (a crash, or a backup or snapshot of "

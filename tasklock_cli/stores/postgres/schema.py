@@ -192,7 +192,7 @@ class PgSchema:
         #: The run ledger's table exists and this role may read it (it may not beside a
         #: lease table from before it, where it cannot be made, or for a role granted the
         #: leases alone): the acquire reads its tokens (``ledger_tokens``).
-        self.has_runs = True
+        self.reads_ledger = True
 
     def inspection_params(self, conn: psycopg.Connection) -> list[str]:
         waiters = self.waiters.as_string(conn)
@@ -268,13 +268,13 @@ class PgSchema:
                 with contextlib.suppress(ConfigError):
                     self._create(conn, timeout_ms)
                 found = self.inspect(conn) or found
-        self.has_runs = found[1] and found[3]
+        self.reads_ledger = found[1] and found[3]
         self.found(found[0])
 
     def ledger_tokens(self) -> sql.Composable:
         """The acquire's reading of the highest token the run ledger recorded (the epoch
         steps read it when the table has no epoch row); NULL without a ledger."""
-        if not self.has_runs:
+        if not self.reads_ledger:
             return sql.SQL("NULL::bigint")
         return sql.SQL("(SELECT max(fencing_token) FROM {})").format(self.runs)
 

@@ -289,8 +289,8 @@ class PostgresStore(PgReads, SqlStore, capabilities=CAPABILITIES):
 
     def _sql(self, template: str, live: str = "", upper: str = "") -> sql.Composed:
         """A statement with the table names quoted in; built once per template (and
-        whether the run ledger exists)."""
-        cache_key = (template, live, upper, self._schema.has_runs)
+        whether the acquire reads the run ledger)."""
+        cache_key = (template, live, upper, self._schema.reads_ledger)
         statement = self._statements.get(cache_key)
         if statement is None:
             statement = sql.SQL(template).format(

@@ -168,13 +168,18 @@ def is_current(conn: sqlite3.Connection) -> bool:
 def upgrade_steps(conn: sqlite3.Connection, where: str) -> tuple[str, ...]:
     """The statements that make the file current, read inside the write transaction that
     will run them (another process may have just done it); ConfigError when the table
-    there is not tasklock's."""
+    there is not tasklock's, or when it is gone and its run ledger is there: made again, it
+    would issue fencing tokens from 1 again."""
     columns, version = schema_state(conn)
     if not columns:
         if conn.execute(
             "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (RUNS_TABLE,)
         ).fetchone():
-            raise _lost_lease_table(where)  # (dropped since refuse_foreign looked)
+            raise ConfigError(
+                f"{where} holds tasklock's run ledger but not its lease table {TABLE}"
+                " (dropped?): refusing to make it again, which would issue fencing tokens"
+                " already issued; move the file away to start a new store"
+            )
         steps: tuple[str, ...] = _CREATE
     elif columns == COLUMNS:
         # all idempotent; the queue's new columns before the index that uses them
@@ -189,20 +194,12 @@ def upgrade_steps(conn: sqlite3.Connection, where: str) -> tuple[str, ...]:
     return (*steps, f"PRAGMA user_version={SCHEMA_VERSION}") if steps else ()
 
 
-def _lost_lease_table(where: str) -> ConfigError:
-    return ConfigError(
-        f"{where} holds tasklock's run ledger but not its lease table {TABLE} (dropped?):"
-        " refusing to make it again, which would issue fencing tokens already issued;"
-        " move the file away to start a new store"
-    )
-
-
 def refuse_foreign(conn: sqlite3.Connection, where: str) -> None:
     """ConfigError when the file is another application's database: it holds tables other
-    than tasklock's, or no tasklock table and a ``user_version`` someone set. So too when it
-    is tasklock's but lost its lease table (its ledger is there): made again, the table
-    would issue tokens from 1 again. (One statement, so one snapshot: another process may be
-    creating the tables right now.)"""
+    than tasklock's, or none of tasklock's and a ``user_version`` someone set. (A file with
+    tasklock's ledger but not its lease table is tasklock's: ``upgrade_steps`` refuses to make
+    that table again. One statement, so one snapshot: another process may be creating the
+    tables right now.)"""
     tables, version = conn.execute(
         "SELECT (SELECT json_group_array(name) FROM sqlite_master"
         "        WHERE type IN ('table', 'view') AND name NOT LIKE 'sqlite!_%' ESCAPE '!'),"
@@ -218,9 +215,7 @@ def refuse_foreign(conn: sqlite3.Connection, where: str) -> None:
             f"{where} holds tables that are not tasklock's ({shown}): refusing to use "
             "another application's database as a store"
         )
-    if TABLE not in names and RUNS_TABLE in names:
-        raise _lost_lease_table(where)
-    if TABLE not in names and version != 0:
+    if TABLE not in names and RUNS_TABLE not in names and version != 0:
         raise ConfigError(
             f"{where} has user_version {version} but no tasklock table: refusing to use "
             "another application's database as a store"
