@@ -23,7 +23,11 @@ from tasklock_cli.stores.model import RunRecord
 from tests.conftest import store_url_for
 from tests.support import services
 from tests.support.cli import json_events
+from tests.support.cli import json_run
+from tests.support.cli import lost_by
+from tests.support.cli import start
 from tests.support.cli import tasklock
+from tests.support.cli import wait_for_holder
 from tests.support.contract import granted
 from tests.support.contract import in_threads
 from tests.support.contract import token
@@ -283,6 +287,22 @@ def test_a_lease_table_lost_in_use_is_made_again_at_a_new_epoch(url, stores):
     end_quarantine(url)
     taken = granted(other.acquire("k", 5, HOLDER, token()))
     assert taken.fencing_token >= epoch << EPOCH_SHIFT > held.fencing_token
+
+
+def test_a_run_whose_lease_table_is_dropped_ends_and_the_next_waits(url, cli_env):
+    """The same through the executable: the holder exits 70 at its next renewal
+    (``rejected``), and the next run is refused (75) with the quarantine's reason, not
+    granted token 1 beside it."""
+    env = {**cli_env, "TASKLOCK_STORE": url}
+    assert tasklock("run", "k", "--", "true", env=env).returncode == 0  # (in the ledger)
+    holder = start(*json_run("k", "--ttl", "3s", command=["sleep", "30"]), env=env)
+    wait_for_holder(url, "k")
+    admin(url, "DROP TABLE {table}")
+    _, stderr = holder.communicate(timeout=30)
+    assert (holder.returncode, lost_by(stderr)) == (70, ["rejected"]), stderr
+    refused = tasklock("run", "k", "--", "true", env=env)
+    assert refused.returncode == 75, refused.stderr
+    assert "the table was lost and made again" in refused.stderr
 
 
 def test_a_forged_quarantine_end_lasts_no_longer_than_a_real_one(url, stores, cli_env):
