@@ -381,6 +381,33 @@ def test_a_lease_table_dropped_after_the_first_look_is_not_made_again(tmp_path):
     conn.close()
 
 
+def test_tables_made_by_another_process_meanwhile_are_not_a_lost_lease_table(tmp_path):
+    """The first look (outside any transaction) finds no lease table, and another process
+    makes the tables before the look at the ledger: that is a first use racing ours, not a
+    lost lease table (a clean-clone CI run's eight racing first users met it)."""
+    from tasklock_cli.stores.sqlite.schema import RUNS_TABLE
+    from tasklock_cli.stores.sqlite.schema import TABLE
+    from tasklock_cli.stores.sqlite.schema import upgrade_steps
+
+    path = tmp_path / "locks.db"
+    ours = sqlite3.connect(path, isolation_level=None)
+    other = sqlite3.connect(path, isolation_level=None)
+
+    def make_the_tables_meanwhile(statement: str) -> None:
+        if statement == "PRAGMA user_version":  # (after the lease table's columns were read)
+            other.execute("BEGIN")
+            other.execute(f"CREATE TABLE {TABLE} (key TEXT)")
+            other.execute(f"CREATE TABLE {RUNS_TABLE} (key TEXT)")
+            other.execute("COMMIT")
+
+    ours.set_trace_callback(make_the_tables_meanwhile)
+    try:
+        assert upgrade_steps(ours, "locks.db")  # (what it makes; the transaction reads again)
+    finally:
+        ours.close()
+        other.close()
+
+
 def _foreign_database(path: Path, tables: bool = True) -> bytes:
     conn = sqlite3.connect(path)
     if tables:

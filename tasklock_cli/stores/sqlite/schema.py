@@ -172,9 +172,14 @@ def upgrade_steps(conn: sqlite3.Connection, where: str) -> tuple[str, ...]:
     would issue fencing tokens from 1 again."""
     columns, version = schema_state(conn)
     if not columns:
-        if conn.execute(
-            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (RUNS_TABLE,)
-        ).fetchone():
+        # One statement, so one snapshot (the first look is outside any transaction):
+        # another process making the tables commits both at once.
+        (lost,) = conn.execute(
+            "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?)"
+            " AND NOT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?)",
+            (RUNS_TABLE, TABLE),
+        ).fetchone()
+        if lost:
             raise ConfigError(
                 f"{where} holds tasklock's run ledger but not its lease table {TABLE}"
                 " (dropped?): refusing to make it again, which would issue fencing tokens"
